@@ -1,0 +1,246 @@
+"""The functional perturbation Phi(eta_bar)(x_S) on selected parameters: value and gradient."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from efpsn.basis import OrthonormalSystem
+
+__all__ = ["SELECTION_SPECS", "FunctionalPerturbation", "select_indices"]
+
+SELECTION_SPECS = ("last-bias", "random", "indices:I,J,...", "all")
+
+
+def select_indices(
+    spec: str,
+    *,
+    num_params: int,
+    m: int,
+    last_bias: Sequence[int] | None = None,
+    seed: int = 0,
+) -> np.ndarray:
+    """The m flat (0-based) parameter indices the perturbation acts on, as int64.
+
+    spec:
+      "last-bias"         the last-layer bias (``last_bias``, from the task); needs m of them;
+      "random"            ``default_rng(seed).choice(num_params, m, replace=False)``, sorted;
+      "indices:3,17,42"   explicit 0-based flat indices, in the given order (x1 is the first);
+      "all"               every parameter, in order; m must equal num_params.
+    """
+    if (
+        isinstance(num_params, bool)
+        or not isinstance(num_params, (int, np.integer))
+        or num_params < 1
+    ):
+        raise ValueError(f"num_params must be a positive integer, got {num_params!r}")
+    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+        raise ValueError(
+            f"m (number of perturbed parameters) must be a positive integer, got {m!r}"
+        )
+    if m > num_params:
+        raise ValueError(f"cannot perturb m = {m} parameters of a model with {num_params}")
+    spec = spec.strip()
+    if spec == "last-bias":
+        if last_bias is None:
+            raise ValueError(
+                "selection 'last-bias' needs the task's last-layer bias indices, got None"
+            )
+        chosen = _validated(last_bias, num_params=num_params, what="last-layer bias indices")
+        if len(chosen) != m:
+            raise ValueError(
+                f"selection 'last-bias': the last layer has {len(chosen)} bias parameters but "
+                f"m = {m}; set m = {len(chosen)} or choose another selection"
+            )
+        return chosen
+    if spec == "random":
+        rng = np.random.default_rng(seed)
+        return np.sort(rng.choice(num_params, size=m, replace=False)).astype(np.int64)
+    if spec == "all":
+        if m != num_params:
+            raise ValueError(f"selection 'all' perturbs all {num_params} parameters, but m = {m}")
+        return np.arange(num_params, dtype=np.int64)
+    if spec.startswith("indices:"):
+        body = spec[len("indices:") :]
+        try:
+            raw = [int(t) for t in body.split(",") if t.strip()]
+        except ValueError as err:
+            raise ValueError(
+                f"selection {spec!r}: expected comma-separated integers like 'indices:3,17,42'"
+            ) from err
+        chosen = _validated(raw, num_params=num_params, what=f"selection {spec!r}")
+        if len(chosen) != m:
+            raise ValueError(f"selection {spec!r} names {len(chosen)} parameters, expected m = {m}")
+        return chosen
+    raise ValueError(
+        f"unknown parameter selection {spec!r}: expected one of {', '.join(SELECTION_SPECS)}"
+    )
+
+
+def _validated(indices: Sequence[int], *, num_params: int, what: str) -> np.ndarray:
+    arr = np.asarray(list(indices))
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise ValueError(f"{what}: expected a list of integers, got {list(indices)!r}")
+    arr = arr.astype(np.int64)
+    bad = arr[(arr < 0) | (arr >= num_params)]
+    if bad.size:
+        raise ValueError(f"{what}: indices must be in [0, {num_params}), got {bad.tolist()}")
+    values, counts = np.unique(arr, return_counts=True)
+    if (counts > 1).any():
+        raise ValueError(
+            f"{what}: indices must be distinct, repeated: {values[counts > 1].tolist()}"
+        )
+    return arr
+
+
+class FunctionalPerturbation:
+    """Phi(eta)(x[indices]) = sum_k eta_k e_k(x_S), written once in the monomial basis.
+
+    With p = C^T eta (the polynomial's monomial coefficients) and exponent slots (V, E),
+    Phi(x_S) = sum_l p_l prod_j x_S[V_lj]^E_lj: a gather and a product, float64. The domain is
+    [-1, 1]^m; outside it this is simply the same polynomial. When every monomial has degree <= 1
+    the perturbation is affine and its gradient a constant vector, computed once and cached.
+    """
+
+    def __init__(
+        self,
+        *,
+        system: OrthonormalSystem,
+        indices: np.ndarray | Sequence[int],
+        eta: np.ndarray | Sequence[float],
+    ) -> None:
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise ValueError(
+                f"indices must be a 1-D integer array, got shape {idx.shape}, dtype {idx.dtype}"
+            )
+        if idx.size != system.m:
+            raise ValueError(f"the system has m = {system.m} variables but {idx.size} indices came")
+        if (idx < 0).any():
+            raise ValueError(f"indices must be >= 0, got {idx[idx < 0].tolist()}")
+        if np.unique(idx).size != idx.size:
+            raise ValueError("indices must be distinct")
+        eta_arr = np.asarray(eta, dtype=np.float64)
+        if eta_arr.shape != (system.size,):
+            raise ValueError(
+                f"expected eta of shape ({system.size},) (one per basis function), "
+                f"got {eta_arr.shape}"
+            )
+        if not np.isfinite(eta_arr).all():
+            raise ValueError("eta must be finite")
+        self._system = system
+        self._indices_np = idx.astype(np.int64)
+        self._eta = eta_arr.copy()
+        self._eta.setflags(write=False)
+        coeffs = system.monomial_coefficients(eta_arr)
+        variables, exponents = system.exponent_slots
+        self._indices = torch.from_numpy(self._indices_np.copy())
+        self._max_index = int(self._indices_np.max())
+        # A contiguous ascending run (the last-layer bias, or "all") is read as a slice: a view,
+        # no gather kernel.
+        start = int(self._indices_np[0])
+        contiguous = np.array_equal(self._indices_np, np.arange(start, start + idx.size))
+        self._slice: tuple[int, int] | None = (start, idx.size) if contiguous else None
+        self._p = torch.from_numpy(coeffs.copy())
+        self._variables = torch.from_numpy(variables.copy())
+        self._exponents = torch.from_numpy(exponents.copy()).to(torch.float64)
+        self._affine = system.max_degree <= 1
+        if self._affine:
+            # Phi(x_S) = p_const + sum_v g_v x_S[v]: split constant and linear parts once.
+            degree = exponents.sum(axis=1)
+            self._constant = float(coeffs[degree == 0].sum())
+            g = np.zeros(system.m, dtype=np.float64)
+            linear = degree == 1
+            np.add.at(g, variables[linear, 0], coeffs[linear])
+            self._linear = torch.from_numpy(g)
+        self._grad_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    @property
+    def system(self) -> OrthonormalSystem:
+        """The orthonormal system e_1..e_N."""
+        return self._system
+
+    @property
+    def indices(self) -> np.ndarray:
+        """The perturbed flat parameter indices (x1 is x[indices[0]])."""
+        return self._indices_np.copy()
+
+    @property
+    def eta(self) -> np.ndarray:
+        """The coefficients eta_1..eta_N (read-only)."""
+        return self._eta
+
+    @property
+    def is_affine(self) -> bool:
+        """True when every monomial has degree <= 1 (constant gradient)."""
+        return self._affine
+
+    def _select(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1)
+        if self._max_index >= flat.numel():
+            raise ValueError(
+                f"x has {flat.numel()} entries but the perturbation uses index {self._max_index}"
+            )
+        flat = flat.to(torch.float64)
+        if self._slice is not None:
+            return flat.narrow(0, *self._slice)
+        return flat[self._indices.to(flat.device)]
+
+    def _scatter(self, full: torch.Tensor, values: torch.Tensor) -> None:
+        if self._slice is not None:
+            full.narrow(0, *self._slice).copy_(values)
+        else:
+            full[self._indices.to(full.device)] = values
+
+    def value(self, x: torch.Tensor) -> torch.Tensor:
+        """Phi(eta)(x[indices]) as a differentiable float64 scalar."""
+        xs = self._select(x)
+        # Multiply-and-sum rather than torch.dot: BLAS dot spins its threads, which costs
+        # milliseconds when the CPUs are busy with other agents.
+        if self._affine:
+            return self._constant + (self._linear.to(xs.device) * xs).sum()
+        base = xs[self._variables.to(xs.device)]  # (N, s)
+        powers = base ** self._exponents.to(xs.device)  # padded slots give x^0 = 1
+        return (self._p.to(xs.device) * powers.prod(dim=1)).sum()
+
+    def gradient(self, x: torch.Tensor) -> torch.Tensor:
+        """d Phi / dx: float64, same shape as x, zero off the selected indices (no autograd)."""
+        numel = x.numel()
+        if self._affine:
+            key = (numel, x.device)
+            cached = self._grad_cache.get(key)
+            if cached is None:
+                self._select(x)  # validates the size
+                cached = torch.zeros(numel, dtype=torch.float64, device=x.device)
+                self._scatter(cached, self._linear.to(x.device))
+                self._grad_cache[key] = cached
+            return cached.clone().reshape(x.shape)
+        with torch.no_grad():
+            xs = self._select(x.detach())
+            device = xs.device
+            variables = self._variables.to(device)
+            exps = self._exponents.to(device)
+            base = xs[variables]
+            powers = base**exps
+            p = self._p.to(device)
+            grad_s = torch.zeros_like(xs)
+            # d/dx_v prod_j x_{V_j}^{E_j} = sum over slots j with V_j = v of
+            #   E_j x_v^(E_j - 1) prod_{i != j} x_{V_i}^{E_i}; padded slots have E_j = 0.
+            for j in range(variables.shape[1]):
+                others = torch.ones_like(p)
+                for i in range(variables.shape[1]):
+                    if i != j:
+                        others = others * powers[:, i]
+                deriv = exps[:, j] * base[:, j] ** torch.clamp(exps[:, j] - 1, min=0)
+                grad_s.index_add_(0, variables[:, j], p * deriv * others)
+            full = torch.zeros(numel, dtype=torch.float64, device=device)
+            self._scatter(full, grad_s)
+        return full.reshape(x.shape)
+
+    def __repr__(self) -> str:
+        return (
+            f"FunctionalPerturbation(m={self._system.m}, N={self._system.size}, "
+            f"affine={self._affine})"
+        )

@@ -1,0 +1,224 @@
+"""Theorem 4.1 as pure functions: (gamma, graph, ...) -> (epsilon, delta) and its inverse."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import zeta
+
+from efpsn.topology import Graph, laplacian_spectrum
+
+__all__ = [
+    "PrivacyResult",
+    "account",
+    "calibrate",
+    "epsilon_delta",
+    "gamma_for_epsilon",
+    "vq_norm",
+]
+
+
+@dataclass(frozen=True)
+class PrivacyResult:
+    """(epsilon, delta)-DP of EFPSN by Theorem 4.1, with every input that produced it."""
+
+    epsilon: float
+    delta: float
+    R: float
+    A: float
+    gamma: float
+    p: float
+    q: float
+    sensitivity: float
+    mu2: float
+    mu_max: float
+
+    def __str__(self) -> str:
+        return (
+            f"(epsilon={self.epsilon:.6g}, delta={self.delta:.3g})-DP at gamma={self.gamma:g} "
+            f"(p={self.p:g}, q={self.q:g}, ||f_I - f_I'||_Vq={self.sensitivity:g}, "
+            f"mu2={self.mu2:.4g}, mu_max={self.mu_max:.4g}, R={self.R:.4g})"
+        )
+
+
+def vq_norm(delta_coeffs: Sequence[float] | np.ndarray, q: float) -> float:
+    """||f||_{V_q} = (sum_k k^(2q) delta_k^4)^(1/4), k = 1..N, delta = Phi^-1(f) (0-based array)."""
+    d = np.asarray(delta_coeffs, dtype=np.float64)
+    if d.ndim != 1:
+        raise ValueError(f"expected a 1-D coefficient vector, got shape {d.shape}")
+    if not np.isfinite(d).all():
+        raise ValueError("coefficients must be finite")
+    _check_finite_positive("q", q)
+    k = np.arange(1, d.size + 1, dtype=np.float64)
+    # Factor out the largest |delta| so the fourth powers neither overflow nor underflow.
+    scale = float(np.max(np.abs(d))) if d.size else 0.0
+    if scale == 0.0:
+        return 0.0
+    return scale * float(np.sum(k ** (2.0 * q) * (d / scale) ** 4)) ** 0.25
+
+
+def _check_finite_positive(name: str, value: float) -> None:
+    if not isinstance(value, (int, float, np.floating, np.integer)) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+
+
+def _check_common(*, p: float, q: float, sensitivity: float, mu2: float, mu_max: float) -> None:
+    _check_finite_positive("q", q)
+    if q <= 1:
+        raise ValueError(f"Theorem 4.1 needs q > 1, got q = {q!r}")
+    if not isinstance(p, (int, float, np.floating, np.integer)) or not math.isfinite(p):
+        raise ValueError(f"p must be a finite real number, got {p!r}")
+    if not 0.5 < p < q - 0.5:
+        raise ValueError(
+            f"Theorem 4.1 needs p in (1/2, q - 1/2) = (0.5, {q - 0.5:g}), got p = {p!r}"
+        )
+    _check_finite_positive("sensitivity (||f_I - f_I'||_Vq)", sensitivity)
+    _check_finite_positive("mu2 (algebraic connectivity; 0 means a disconnected graph)", mu2)
+    _check_finite_positive("mu_max", mu_max)
+    if mu_max < mu2:
+        raise ValueError(f"mu_max must be >= mu2, got mu_max = {mu_max!r} < mu2 = {mu2!r}")
+
+
+def _zeta_factor(p: float, q: float) -> float:
+    # sqrt(zeta(2(q - p))): the sum over k of (sigma_k^2-normalised) k^-2(q-p) from the V_q norm;
+    # finite because p < q - 1/2 makes the argument exceed 1.
+    return math.sqrt(float(zeta(2.0 * (q - p))))
+
+
+def _delta_to_R(delta: float) -> float:
+    if not isinstance(delta, (int, float, np.floating)) or not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    # delta = exp(-R^2 / 2)  <=>  R = sqrt(2 ln(1/delta)).
+    return math.sqrt(-2.0 * math.log(delta))
+
+
+def epsilon_delta(
+    *,
+    gamma: float,
+    p: float,
+    q: float,
+    sensitivity: float,
+    mu2: float,
+    mu_max: float,
+    delta: float | None = None,
+    R: float | None = None,
+) -> PrivacyResult:
+    """Theorem 4.1: epsilon = (1/mu2)(A/4 + R sqrt(mu_max A / 2)), delta = exp(-R^2/2).
+
+    A = (1/gamma) sqrt(zeta(2(q - p))) ||f_I - f_I'||_{V_q}^2. Give exactly one of delta or R.
+    """
+    _check_finite_positive("gamma", gamma)
+    _check_common(p=p, q=q, sensitivity=sensitivity, mu2=mu2, mu_max=mu_max)
+    if (delta is None) == (R is None):
+        raise ValueError(f"give exactly one of delta or R, got delta={delta!r}, R={R!r}")
+    if R is None:
+        assert delta is not None
+        R = _delta_to_R(delta)
+    else:
+        _check_finite_positive("R", R)
+        delta = math.exp(-R * R / 2.0)
+    A = _zeta_factor(p, q) * sensitivity**2 / gamma
+    epsilon = (A / 4.0 + R * math.sqrt(mu_max * A / 2.0)) / mu2
+    return PrivacyResult(
+        epsilon=epsilon,
+        delta=float(delta),
+        R=float(R),
+        A=A,
+        gamma=float(gamma),
+        p=float(p),
+        q=float(q),
+        sensitivity=float(sensitivity),
+        mu2=float(mu2),
+        mu_max=float(mu_max),
+    )
+
+
+def gamma_for_epsilon(
+    *,
+    target_epsilon: float,
+    delta: float,
+    p: float,
+    q: float,
+    sensitivity: float,
+    mu2: float,
+    mu_max: float,
+) -> float:
+    """The smallest gamma with epsilon_delta(gamma, ...).epsilon <= target_epsilon at this delta.
+
+    epsilon is increasing in A and A is proportional to 1/gamma, so solve for equality. With
+    u = sqrt(A), b = R sqrt(mu_max / 2), c = mu2 * target: u^2/4 + b u - c = 0, whose positive
+    root is u = 2(sqrt(b^2 + c) - b) = 2c / (sqrt(b^2 + c) + b) (the latter without cancellation).
+    Then gamma = sqrt(zeta(2(q - p))) sensitivity^2 / u^2, nudged up by ulps if rounding left
+    epsilon a hair above the target.
+    """
+    _check_finite_positive("target_epsilon", target_epsilon)
+    _check_common(p=p, q=q, sensitivity=sensitivity, mu2=mu2, mu_max=mu_max)
+    R = _delta_to_R(delta)
+    b = R * math.sqrt(mu_max / 2.0)
+    c = mu2 * target_epsilon
+    u = 2.0 * c / (math.sqrt(b * b + c) + b)
+    gamma = _zeta_factor(p, q) * sensitivity**2 / (u * u)
+    if not math.isfinite(gamma) or gamma <= 0:
+        raise ValueError(
+            f"target_epsilon = {target_epsilon!r} needs gamma = {gamma!r}, outside the float range"
+        )
+    for _ in range(64):
+        got = epsilon_delta(
+            gamma=gamma, p=p, q=q, sensitivity=sensitivity, mu2=mu2, mu_max=mu_max, delta=delta
+        ).epsilon
+        if got <= target_epsilon:
+            return gamma
+        gamma = math.nextafter(gamma, math.inf)
+    raise AssertionError(  # pragma: no cover - a few ulps always suffice
+        f"round trip failed: gamma = {gamma!r} gives epsilon = {got!r} > {target_epsilon!r}"
+    )
+
+
+def account(
+    graph: Graph,
+    *,
+    gamma: float,
+    p: float,
+    q: float,
+    sensitivity: float,
+    delta: float | None = None,
+    R: float | None = None,
+) -> PrivacyResult:
+    """epsilon_delta with mu2 and mu_max taken from the graph's combinatorial Laplacian."""
+    mu2, mu_max = _spectrum(graph)
+    return epsilon_delta(
+        gamma=gamma, p=p, q=q, sensitivity=sensitivity, mu2=mu2, mu_max=mu_max, delta=delta, R=R
+    )
+
+
+def calibrate(
+    graph: Graph,
+    *,
+    target_epsilon: float,
+    delta: float,
+    p: float,
+    q: float,
+    sensitivity: float,
+) -> float:
+    """gamma_for_epsilon with mu2 and mu_max taken from the graph's combinatorial Laplacian."""
+    mu2, mu_max = _spectrum(graph)
+    return gamma_for_epsilon(
+        target_epsilon=target_epsilon,
+        delta=delta,
+        p=p,
+        q=q,
+        sensitivity=sensitivity,
+        mu2=mu2,
+        mu_max=mu_max,
+    )
+
+
+def _spectrum(graph: Graph) -> tuple[float, float]:
+    if not graph.is_connected():
+        graph.require_connected()  # raises DisconnectedGraphError naming the components
+    return laplacian_spectrum(graph)

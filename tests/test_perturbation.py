@@ -1,0 +1,201 @@
+"""Tests for efpsn.perturbation: parameter selection, Phi(eta)(x_S) value and gradient."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from efpsn.basis import OrthonormalSystem, choose_monomials
+from efpsn.perturbation import FunctionalPerturbation, select_indices
+
+PAPER_MONOMIALS = [(0, 0), (0, 1), (0, 3), (1, 0), (2, 1)]
+PAPER_ETA = [0.180, 0.628, -0.374, 0.817, 2.015]
+
+
+def autograd_gradient(pert: FunctionalPerturbation, x: torch.Tensor) -> torch.Tensor:
+    leaf = x.detach().clone().to(torch.float64).requires_grad_(True)
+    pert.value(leaf).backward()
+    assert leaf.grad is not None
+    return leaf.grad
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def test_select_last_bias() -> None:
+    got = select_indices("last-bias", num_params=7850, m=10, last_bias=range(7840, 7850), seed=0)
+    np.testing.assert_array_equal(got, np.arange(7840, 7850))
+    assert got.dtype == np.int64
+
+
+def test_select_last_bias_errors() -> None:
+    with pytest.raises(ValueError, match="has 10 bias parameters but m = 5"):
+        select_indices("last-bias", num_params=7850, m=5, last_bias=range(7840, 7850), seed=0)
+    with pytest.raises(ValueError, match="got None"):
+        select_indices("last-bias", num_params=7850, m=10, last_bias=None, seed=0)
+    with pytest.raises(ValueError, match=r"in \[0, 20\)"):
+        select_indices("last-bias", num_params=20, m=2, last_bias=[19, 20], seed=0)
+
+
+def test_select_random_seeded_sorted_distinct() -> None:
+    a = select_indices("random", num_params=100, m=10, last_bias=None, seed=3)
+    b = select_indices("random", num_params=100, m=10, last_bias=None, seed=3)
+    c = select_indices("random", num_params=100, m=10, last_bias=None, seed=4)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+    assert len(set(a.tolist())) == 10 and a.min() >= 0 and a.max() < 100
+    assert (np.diff(a) > 0).all()
+
+
+def test_select_explicit_indices() -> None:
+    got = select_indices("indices:42,3,17", num_params=50, m=3, last_bias=None, seed=0)
+    np.testing.assert_array_equal(got, [42, 3, 17])  # order kept: x1 is parameter 42
+    with pytest.raises(ValueError, match="distinct"):
+        select_indices("indices:3,3,17", num_params=50, m=3, last_bias=None, seed=0)
+    with pytest.raises(ValueError, match=r"in \[0, 50\)"):
+        select_indices("indices:3,50,17", num_params=50, m=3, last_bias=None, seed=0)
+    with pytest.raises(ValueError, match="expected m = 4"):
+        select_indices("indices:3,4,17", num_params=50, m=4, last_bias=None, seed=0)
+    with pytest.raises(ValueError, match="comma-separated integers"):
+        select_indices("indices:3,x", num_params=50, m=2, last_bias=None, seed=0)
+
+
+def test_select_all_and_unknown() -> None:
+    np.testing.assert_array_equal(
+        select_indices("all", num_params=7, m=7, last_bias=None, seed=0), np.arange(7)
+    )
+    with pytest.raises(ValueError, match="all 7 parameters, but m = 6"):
+        select_indices("all", num_params=7, m=6, last_bias=None, seed=0)
+    with pytest.raises(ValueError, match="unknown parameter selection 'first'"):
+        select_indices("first", num_params=7, m=6, last_bias=None, seed=0)
+    with pytest.raises(ValueError, match="cannot perturb m = 8"):
+        select_indices("random", num_params=7, m=8, last_bias=None, seed=0)
+
+
+# ----------------------------------------------------------------------------- perturbation
+
+
+def test_paper_function_on_selected_parameters() -> None:
+    # prepare: x1 = x[4], x2 = x[1] in a 6-parameter model
+    system = OrthonormalSystem.from_monomials(PAPER_MONOMIALS)
+    pert = FunctionalPerturbation(system=system, indices=np.array([4, 1]), eta=np.array(PAPER_ETA))
+    x = torch.tensor([9.0, 0.3, 9.0, 9.0, -0.7, 9.0], dtype=torch.float64)
+    x1, x2 = -0.7, 0.3
+    # corrected perturbing function (see test_basis)
+    expected = (
+        5.853046081955959 * x1**2 * x2
+        - 1.236888737922696 * x2**3
+        + 0.7075427548918863 * x1
+        - 0.6650181643217414 * x2
+        + 0.09
+    )
+    # execute / assert
+    assert pert.value(x).item() == pytest.approx(expected, rel=1e-12)
+    grad = pert.gradient(x)
+    assert grad.dtype == torch.float64 and grad.shape == x.shape
+    d1 = 2 * 5.853046081955959 * x1 * x2 + 0.7075427548918863
+    d2 = 5.853046081955959 * x1**2 - 3 * 1.236888737922696 * x2**2 - 0.6650181643217414
+    np.testing.assert_allclose(grad.numpy(), [0, d2, 0, 0, d1, 0], rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(grad, autograd_gradient(pert, x))
+
+
+def test_value_matches_system_evaluate() -> None:
+    system = OrthonormalSystem.from_monomials(choose_monomials(m=4, K=3, N=15, seed=5))
+    rng = np.random.default_rng(1)
+    indices = np.array([7, 2, 11, 0])
+    eta = rng.normal(size=15)
+    pert = FunctionalPerturbation(system=system, indices=indices, eta=eta)
+    x = torch.from_numpy(rng.uniform(-1.5, 1.5, size=12))  # also outside [-1, 1]
+    expected = system.evaluate(x.numpy()[indices]) @ eta
+    assert pert.value(x).item() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+def test_affine_gradient_is_constant_and_cached() -> None:
+    system = OrthonormalSystem.from_monomials(choose_monomials(m=10, K=1, N=10, seed=0))
+    eta = np.random.default_rng(2).normal(size=10)
+    indices = np.arange(7840, 7850)
+    pert = FunctionalPerturbation(system=system, indices=indices, eta=eta)
+    assert pert.is_affine
+    x = torch.randn(7850, dtype=torch.float64)
+    g1 = pert.gradient(x)
+    g1.add_(1.0)  # callers may write into the result without touching the cache
+    g2 = pert.gradient(torch.randn(7850, dtype=torch.float64))
+    torch.testing.assert_close(g2, autograd_gradient(pert, x))
+    assert torch.count_nonzero(g2[:7840]) == 0
+
+
+def test_float32_input_gives_float64() -> None:
+    system = OrthonormalSystem.from_monomials(PAPER_MONOMIALS)
+    pert = FunctionalPerturbation(system=system, indices=[0, 1], eta=PAPER_ETA)
+    x = torch.tensor([0.25, -0.5], dtype=torch.float32)
+    assert pert.value(x).dtype == torch.float64
+    assert pert.gradient(x).dtype == torch.float64
+
+
+def test_constructor_validation() -> None:
+    system = OrthonormalSystem.from_monomials(PAPER_MONOMIALS)
+    with pytest.raises(ValueError, match="m = 2 variables but 3 indices"):
+        FunctionalPerturbation(system=system, indices=[0, 1, 2], eta=PAPER_ETA)
+    with pytest.raises(ValueError, match="distinct"):
+        FunctionalPerturbation(system=system, indices=[1, 1], eta=PAPER_ETA)
+    with pytest.raises(ValueError, match=r"shape \(5,\)"):
+        FunctionalPerturbation(system=system, indices=[0, 1], eta=PAPER_ETA[:4])
+    pert = FunctionalPerturbation(system=system, indices=[0, 9], eta=PAPER_ETA)
+    with pytest.raises(ValueError, match="x has 5 entries"):
+        pert.value(torch.zeros(5, dtype=torch.float64))
+
+
+def test_all_parameters_k1_is_fast() -> None:
+    # m = 7850, K = 1, N = 7851: the whole logistic-regression model.
+    start = time.perf_counter()
+    system = OrthonormalSystem.from_monomials(
+        choose_monomials(m=7850, K=1, N=7851, seed=0), measure="uniform"
+    )
+    eta = np.random.default_rng(0).normal(size=7851)
+    indices = select_indices("all", num_params=7850, m=7850, last_bias=None, seed=0)
+    pert = FunctionalPerturbation(system=system, indices=indices, eta=eta)
+    x = torch.randn(7850, dtype=torch.float64)
+    grad = pert.gradient(x)
+    build = time.perf_counter() - start
+    assert build < 2.0, f"took {build:.2f} s"
+    start = time.perf_counter()
+    for _ in range(100):
+        pert.gradient(x)
+        pert.value(x)
+    assert time.perf_counter() - start < 1.0
+    torch.testing.assert_close(grad, autograd_gradient(pert, x))
+    # affine: Phi(x) = p_0 + <g, x>
+    assert pert.value(x).item() == pytest.approx(
+        pert.value(torch.zeros(7850, dtype=torch.float64)).item() + float(grad @ x), rel=1e-10
+    )
+
+
+@st.composite
+def perturbations(draw: st.DrawFn) -> tuple[FunctionalPerturbation, torch.Tensor]:
+    m = draw(st.integers(1, 4))
+    K = draw(st.integers(0, 3))
+    N = draw(st.integers(1, min(math.comb(m + K, K), 20)))
+    seed = draw(st.integers(0, 2**31))
+    system = OrthonormalSystem.from_monomials(choose_monomials(m=m, K=K, N=N, seed=seed))
+    rng = np.random.default_rng(seed)
+    num_params = m + draw(st.integers(0, 6))
+    indices = rng.choice(num_params, size=m, replace=False)
+    eta = rng.normal(scale=3.0, size=N)
+    x = torch.from_numpy(rng.uniform(-1.2, 1.2, size=num_params))
+    return FunctionalPerturbation(system=system, indices=indices, eta=eta), x
+
+
+@settings(max_examples=60, deadline=None)
+@given(perturbations())
+def test_gradient_equals_autograd(case: tuple[FunctionalPerturbation, torch.Tensor]) -> None:
+    pert, x = case
+    grad = pert.gradient(x)
+    torch.testing.assert_close(grad, autograd_gradient(pert, x), rtol=1e-10, atol=1e-10)
+    off = np.setdiff1d(np.arange(x.numel()), pert.indices)
+    assert torch.count_nonzero(grad[torch.from_numpy(off)]) == 0
