@@ -1,0 +1,33 @@
+"""Decentralized optimization algorithms as sans-I/O step functions."""
+
+from __future__ import annotations
+
+from efpsn.algorithms.base import AgentState, Algorithm, GradientOracle, Message, StepContext, mix
+from efpsn.algorithms.dsgd import DSGD
+from efpsn.algorithms.gt import GradientTracking
+
+ALGORITHMS: dict[str, type] = {"dsgd": DSGD, "gt": GradientTracking}
+
+
+def make_algorithm(name: str) -> Algorithm:
+    """Return the algorithm called `name` ("dsgd" or "gt")."""
+    try:
+        return ALGORITHMS[name]()
+    except KeyError:
+        raise ValueError(
+            f"unknown algorithm {name!r}: expected one of {sorted(ALGORITHMS)}"
+        ) from None
+
+
+__all__ = [
+    "ALGORITHMS",
+    "DSGD",
+    "AgentState",
+    "Algorithm",
+    "GradientOracle",
+    "GradientTracking",
+    "Message",
+    "StepContext",
+    "make_algorithm",
+    "mix",
+]

@@ -1,0 +1,95 @@
+"""Step-function protocol shared by every decentralized algorithm, and the mixing primitive."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+Message = dict[str, torch.Tensor]
+"""What one agent sends its neighbours in one round: named flat tensors (e.g. "x", "y")."""
+
+GradientOracle = Callable[[torch.Tensor, int], torch.Tensor]
+"""oracle(x, t) -> the agent's (masked, possibly stochastic) gradient at x for round t."""
+
+
+@dataclass(frozen=True)
+class AgentState:
+    """An agent's algorithm state after `t` completed rounds: named tensors, nothing else.
+
+    Keeping state as plain named tensors makes checkpoints and wire messages trivial.
+    """
+
+    t: int
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """Everything a step needs besides state and inbox: who I am, my weights, my step size."""
+
+    agent: int
+    weights: Mapping[int, float]  # w_ij for j in N_i and j == agent (self weight)
+    lr: float
+    oracle: GradientOracle
+
+    @property
+    def neighbours(self) -> tuple[int, ...]:
+        return tuple(sorted(j for j in self.weights if j != self.agent))
+
+
+class Algorithm(Protocol):
+    """A decentralized algorithm as a sans-I/O state machine."""
+
+    name: str
+    message_keys: tuple[str, ...]
+
+    def init(self, x0: torch.Tensor, ctx: StepContext) -> tuple[AgentState, Message]:
+        """State at t = 0 and the message to send in round 0."""
+        ...
+
+    def step(
+        self, state: AgentState, inbox: Mapping[int, Message], ctx: StepContext
+    ) -> tuple[AgentState, Message]:
+        """Consume the neighbours' round-t messages; return the state at t + 1 and its message."""
+        ...
+
+
+def check_inbox(inbox: Mapping[int, Message], ctx: StepContext, keys: tuple[str, ...]) -> None:
+    """Raise ValueError unless the inbox holds exactly one well-formed message per neighbour."""
+    expected = set(ctx.neighbours)
+    got = set(inbox)
+    if got != expected:
+        missing = sorted(expected - got)
+        extra = sorted(got - expected)
+        raise ValueError(
+            f"agent {ctx.agent}: inbox must hold messages from neighbours {sorted(expected)}; "
+            f"missing {missing}, unexpected {extra}"
+        )
+    for j, msg in inbox.items():
+        absent = [k for k in keys if k not in msg]
+        if absent:
+            raise ValueError(f"agent {ctx.agent}: message from {j} lacks tensors {absent}")
+
+
+def mix(
+    key: str, own: Message, inbox: Mapping[int, Message], ctx: StepContext
+) -> torch.Tensor:
+    """sum_j w_ij v_j over j in N_i and i itself, always in ascending agent order.
+
+    The fixed order makes the floating-point result identical wherever the step runs
+    (in-process simulator or networked agent), so both give bitwise-equal iterates.
+    """
+    messages = dict(inbox)
+    messages[ctx.agent] = own
+    total: torch.Tensor | None = None
+    for j in sorted(messages):
+        term = messages[j][key] * ctx.weights[j]
+        total = term if total is None else total + term
+    assert total is not None
+    return total

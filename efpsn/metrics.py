@@ -1,0 +1,45 @@
+"""Network-level metrics of a set of local iterates: loss, accuracy, consensus, optimality."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from efpsn.problem import Problem, average
+
+
+def evaluate(
+    problem: Problem, xs: Sequence[torch.Tensor], *, x_star: torch.Tensor | None = None
+) -> dict[str, float]:
+    """Metrics of the paper's figures, all on the TRUE (unmasked) local functions.
+
+    loss:        (1/n) sum_i f_i(x_i)
+    grad_norm2:  ||(1/n) sum_i grad f_i(x_i)||^2          (non-convex figure)
+    consensus:   (1/n) sum_i ||x_i - x_bar||^2
+    accuracy:    test accuracy of x_bar
+    deviation:   ||x_bar - x*|| and its relative version   (convex figure; when x* is known)
+    """
+    n = len(xs)
+    x_bar = average(xs)
+    losses = []
+    grad_sum = torch.zeros_like(x_bar)
+    for x, shard in zip(xs, problem.shards, strict=True):
+        loss, grad = problem.task.loss_and_grad(x, shard.images, shard.labels)
+        losses.append(float(loss))
+        grad_sum = grad_sum + grad
+    out = {
+        "loss": sum(losses) / n,
+        "grad_norm2": float(torch.sum((grad_sum / n) ** 2)),
+        "consensus": float(sum(torch.sum((x - x_bar) ** 2) for x in xs) / n),
+        "accuracy": float(problem.task.accuracy(x_bar, problem.test)),
+    }
+    if x_star is not None:
+        dev = float(torch.linalg.vector_norm(x_bar - x_star))
+        out["deviation"] = dev
+        out["relative_deviation"] = dev / max(float(torch.linalg.vector_norm(x_star)), 1e-300)
+    for key, value in out.items():
+        if not math.isfinite(value):
+            out[key] = float("nan") if math.isnan(value) else value
+    return out

@@ -1,0 +1,141 @@
+"""The public, deterministic part of a run: graph, weights, data shards, basis, objectives."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from efpsn.basis import OrthonormalSystem, choose_monomials
+from efpsn.config import RunConfig
+from efpsn.encoding import SlotLayout
+from efpsn.masking import MaskCoefficients, NoiseSpec
+from efpsn.perturbation import FunctionalPerturbation, select_indices
+from efpsn.tasks import BatchSampler, Dataset, Task, load_data, make_task, partition
+from efpsn.topology import Graph, build_graph, metropolis_weights
+
+
+class LocalObjective:
+    """Agent i's masked objective f_hat_i = f_i + Phi(eta_bar_i)(x_S), as a gradient oracle."""
+
+    def __init__(
+        self,
+        *,
+        task: Task,
+        shard: Dataset,
+        perturbation: FunctionalPerturbation | None,
+        sampler: BatchSampler,
+    ) -> None:
+        self.task = task
+        self.shard = shard
+        self.perturbation = perturbation
+        self.sampler = sampler
+
+    def __call__(self, x: torch.Tensor, t: int) -> torch.Tensor:
+        """The masked mini-batch gradient for round t (the oracle the algorithms call)."""
+        idx = self.sampler.indices(t)
+        _, grad = self.task.loss_and_grad(x, self.shard.images[idx], self.shard.labels[idx])
+        if self.perturbation is not None:
+            grad = grad + self.perturbation.gradient(x)
+        return grad
+
+    def loss_and_grad(self, x: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """The true (unmasked) full-batch local loss and gradient: for metrics only."""
+        return self.task.loss_and_grad(x, self.shard.images, self.shard.labels)
+
+
+@dataclass
+class Problem:
+    """Everything every agent can derive from the public RunConfig alone."""
+
+    config: RunConfig
+    graph: Graph
+    weights: np.ndarray
+    task: Task
+    shards: list[Dataset]
+    test: Dataset
+    system: OrthonormalSystem
+    indices: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return self.graph.n
+
+    @cached_property
+    def noise_spec(self) -> NoiseSpec:
+        c = self.config
+        return NoiseSpec(gamma=c.gamma, p=c.p, precision=c.precision, num_coefficients=c.N)
+
+    @cached_property
+    def layout(self) -> SlotLayout | None:
+        """The packing layout every agent uses (None when packing is off)."""
+        c = self.config
+        if not c.packed:
+            return None
+        return SlotLayout.plan(
+            precision=c.precision, gamma=c.gamma, max_terms=self.graph.max_degree,
+            key_bits=c.key_bits,
+        )
+
+    def agent_weights(self, i: int) -> dict[int, float]:
+        """w_ij for j in N_i and w_ii, as exact floats from the Metropolis matrix."""
+        return {j: float(self.weights[i, j]) for j in (i, *self.graph.neighbours(i))}
+
+    def initial_params(self) -> torch.Tensor:
+        """x_i^0, the same at every agent (a function of the public seed)."""
+        return self.task.init_params(self.config.seed)
+
+    def perturbation(self, mask: MaskCoefficients) -> FunctionalPerturbation | None:
+        values = mask.values()
+        if not np.any(values):
+            return None
+        return FunctionalPerturbation(system=self.system, indices=self.indices, eta=values)
+
+    def objective(self, i: int, mask: MaskCoefficients) -> LocalObjective:
+        c = self.config
+        sampler = BatchSampler(
+            len(self.shards[i].labels), batch_size=c.batch_size or None, seed=c.seed, agent=i
+        )
+        return LocalObjective(
+            task=self.task, shard=self.shards[i], perturbation=self.perturbation(mask),
+            sampler=sampler,
+        )
+
+
+def build_problem(config: RunConfig, *, data: tuple[Dataset, Dataset] | None = None) -> Problem:
+    """Validate the config against the graph/task/basis and build the public problem.
+
+    Every check that can fail (disconnected graph, bad selection, basis too large) fails here,
+    before any agent starts phase I.
+    """
+    c = config
+    graph = build_graph(c.topology, c.agents, seed=c.seed)
+    task = make_task(c.task, l2=None if c.l2 < 0 else c.l2)
+    indices = select_indices(
+        c.selection, num_params=task.num_params, m=c.m, last_bias=task.last_bias_indices(),
+        seed=c.basis_seed,
+    )
+    system = OrthonormalSystem.from_monomials(
+        choose_monomials(m=c.m, K=c.K, N=c.N, seed=c.basis_seed)
+    )
+    train, test = data if data is not None else load_data(
+        c.data, test_fraction=c.test_fraction, seed=c.seed
+    )
+    shards = partition(train, c.agents, mode=c.partition, seed=c.seed)
+    problem = Problem(
+        config=c, graph=graph, weights=metropolis_weights(graph), task=task, shards=shards,
+        test=test, system=system, indices=indices,
+    )
+    _ = problem.layout  # refuse overflow-prone packing parameters now
+    return problem
+
+
+def average(xs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """x_bar = (1/n) sum_i x_i, summed in agent order."""
+    total = xs[0].clone()
+    for x in xs[1:]:
+        total = total + x
+    return total / len(xs)

@@ -1,0 +1,138 @@
+"""Step functions: DSGD and gradient tracking on hand-made quadratics; schedules; mixing order."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from efpsn.algorithms import DSGD, GradientTracking, StepContext, make_algorithm, mix
+from efpsn.schedules import Constant, PaperSchedule, make_schedule
+
+RING5 = {i: ((i - 1) % 5, (i + 1) % 5) for i in range(5)}
+# Metropolis weights on a 5-ring: every degree is 2, so w_ij = 1/3 and w_ii = 1/3.
+WEIGHTS = {i: {i: 1 / 3, **{j: 1 / 3 for j in RING5[i]}} for i in range(5)}
+
+
+def quadratic_oracles(offsets: list[torch.Tensor]) -> tuple[list, torch.Tensor]:
+    """f_i(x) = 0.5 ||x - c_i||^2 + <offset_i, x>; returns oracles and the minimiser of sum_i f_i."""
+    gen = torch.Generator().manual_seed(0)
+    centers = [torch.randn(3, generator=gen, dtype=torch.float64) for _ in range(5)]
+    oracles = [
+        (lambda x, t, c=c, o=o: (x - c) + o) for c, o in zip(centers, offsets, strict=True)
+    ]
+    x_star = sum(centers) / 5 - sum(offsets) / 5
+    return oracles, x_star
+
+
+def run(algorithm, oracles, lr, rounds):
+    ctxs = [StepContext(agent=i, weights=WEIGHTS[i], lr=lr, oracle=oracles[i]) for i in range(5)]
+    x0 = torch.zeros(3, dtype=torch.float64)
+    pairs = [algorithm.init(x0, c) for c in ctxs]
+    states = [s for s, _ in pairs]
+    outs = [o for _, o in pairs]
+    for _ in range(rounds):
+        stepped = [algorithm.step(states[i], {j: outs[j] for j in RING5[i]}, ctxs[i])
+                   for i in range(5)]
+        states = [s for s, _ in stepped]
+        outs = [o for _, o in stepped]
+    return states
+
+
+def zero_sum_offsets(scale: float) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    raw = [scale * torch.randn(3, generator=gen, dtype=torch.float64) for _ in range(5)]
+    mean = sum(raw) / 5
+    return [r - mean for r in raw]
+
+
+@pytest.mark.parametrize("scale", [0.0, 1.0, 1e3, 1e6])
+def test_gradient_tracking_is_exact_under_zero_sum_offsets(scale: float) -> None:
+    # prepare: zero-sum linear perturbations of any size leave the minimiser unchanged
+    oracles, x_star = quadratic_oracles(zero_sum_offsets(scale))
+    # execute
+    states = run(GradientTracking(), oracles, lr=0.3, rounds=1500)
+    # assert: every agent reaches x* (up to float rounding relative to the offsets)
+    for s in states:
+        assert torch.allclose(s["x"], x_star, atol=1e-9 * max(1.0, scale), rtol=0)
+
+
+def test_dsgd_constant_step_consensus_error_grows_with_offsets() -> None:
+    # With a constant step, DSGD's local iterates disagree by O(lr * heterogeneity of the local
+    # gradients); zero-sum offsets add heterogeneity, so the disagreement (the source of the
+    # paper's residual error at large gamma) grows in proportion to them. GT above is exact.
+    def consensus(scale: float) -> float:
+        oracles, _ = quadratic_oracles(zero_sum_offsets(scale))
+        states = run(DSGD(), oracles, lr=0.1, rounds=500)
+        x_bar = sum(s["x"] for s in states) / 5
+        return float(sum(torch.sum((s["x"] - x_bar) ** 2) for s in states))
+
+    assert consensus(1e2) > 1e3 * consensus(1.0) > 0
+
+
+def test_dsgd_step_matches_hand_computation() -> None:
+    ctx = StepContext(agent=0, weights={0: 0.5, 1: 0.25, 4: 0.25}, lr=0.1,
+                      oracle=lambda x, t: 2 * x)
+    state, out = DSGD().init(torch.tensor([1.0], dtype=torch.float64), ctx)
+    inbox = {1: {"x": torch.tensor([3.0], dtype=torch.float64)},
+             4: {"x": torch.tensor([5.0], dtype=torch.float64)}}
+    nxt, msg = DSGD().step(state, inbox, ctx)
+    # 0.5*1 + 0.25*3 + 0.25*5 - 0.1*2*1 = 2.5 - 0.2
+    assert nxt["x"].item() == pytest.approx(2.3, abs=1e-15)
+    assert nxt.t == 1 and msg["x"] is nxt["x"]
+
+
+def test_inbox_must_match_neighbours() -> None:
+    ctx = StepContext(agent=0, weights=WEIGHTS[0], lr=0.1, oracle=lambda x, t: x)
+    state, _ = DSGD().init(torch.zeros(2, dtype=torch.float64), ctx)
+    with pytest.raises(ValueError, match=r"missing \[4\]"):
+        DSGD().step(state, {1: {"x": torch.zeros(2, dtype=torch.float64)}}, ctx)
+    gt_state, _ = GradientTracking().init(torch.zeros(2, dtype=torch.float64), ctx)
+    with pytest.raises(ValueError, match="lacks tensors"):
+        GradientTracking().step(
+            gt_state, {j: {"x": torch.zeros(2, dtype=torch.float64)} for j in (1, 4)}, ctx
+        )
+
+
+def test_mix_sums_in_ascending_agent_order() -> None:
+    # Values chosen so that float addition order matters: (1e16 + 1) - 1e16 != 1e16 - 1e16 + 1.
+    ctx = StepContext(agent=1, weights={0: 1.0, 1: 1.0, 2: 1.0}, lr=0.0, oracle=lambda x, t: x)
+    own = {"v": torch.tensor([1.0], dtype=torch.float64)}
+    inbox = {2: {"v": torch.tensor([-1e16], dtype=torch.float64)},
+             0: {"v": torch.tensor([1e16], dtype=torch.float64)}}
+    expected = (torch.tensor([1e16]) + 1.0) + -1e16  # order 0, 1, 2
+    assert mix("v", own, inbox, ctx).item() == expected.item()
+
+
+def test_make_algorithm_rejects_unknown_names() -> None:
+    assert isinstance(make_algorithm("gt"), GradientTracking)
+    with pytest.raises(ValueError, match="unknown algorithm 'adam'"):
+        make_algorithm("adam")
+
+
+def test_paper_schedule_holds_then_reaches_final() -> None:
+    s = PaperSchedule()
+    assert s(0) == s(1999) == 0.2
+    assert s(9999) == pytest.approx(4e-5, rel=1e-12)
+    lrs = np.array([s(t) for t in range(2000, 10_000)])
+    assert np.all(np.diff(lrs) < 0)
+    # geometric: the log step is constant
+    assert np.allclose(np.diff(np.log(lrs)), np.log(4e-5 / 0.2) / 7999)
+
+
+def test_make_schedule_specs() -> None:
+    assert make_schedule("constant:0.05", iterations=10)(7) == 0.05
+    short = make_schedule("paper", iterations=100)
+    assert short(0) == 0.2 and short(99) == pytest.approx(4e-5)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        make_schedule("cosine", iterations=10)
+    with pytest.raises(ValueError, match="finite positive"):
+        Constant(-1.0)
+
+
+def test_step_context_is_immutable_and_replaceable() -> None:
+    ctx = StepContext(agent=0, weights=WEIGHTS[0], lr=0.1, oracle=lambda x, t: x)
+    assert dataclasses.replace(ctx, lr=0.5).lr == 0.5
+    assert ctx.neighbours == (1, 4)
