@@ -1,0 +1,1 @@
+"""Wire format of EFPSN: protobuf contract, stubs, conversions and transport limits."""

@@ -1,0 +1,527 @@
+"""Conversions between efpsn.v1 protobuf messages and plain Python, NumPy and torch values."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import itertools
+import math
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from google.protobuf.descriptor import FieldDescriptor
+
+from efpsn.wire import limits
+from efpsn.wire.v1 import agent_pb2, common_pb2, coordinator_pb2
+
+FINGERPRINT_BYTES = 32  # sha256
+_UINT32_END = 2**32
+_UINT64_END = 2**64
+_WEIGHT_TOLERANCE = 1e-9
+
+
+class WireError(ValueError):
+    """A message (or a value headed for one) breaks the efpsn.v1 wire contract."""
+
+
+class Phase(enum.IntEnum):
+    """Mirror of efpsn.v1.Phase, so callers need not import the generated stubs."""
+
+    PHASE_UNSPECIFIED = 0
+    KEYS = 1
+    SHARES = 2
+    OPTIMIZE = 3
+    DONE = 4
+
+
+# --------------------------------------------------------------------------------------- tensors
+
+# Wire dtype name -> (little-endian NumPy dtype, torch dtype). Nothing else may travel.
+_DTYPES: dict[str, tuple[np.dtype, torch.dtype]] = {
+    "float64": (np.dtype("<f8"), torch.float64),
+    "float32": (np.dtype("<f4"), torch.float32),
+    "int64": (np.dtype("<i8"), torch.int64),
+}
+WIRE_DTYPES: tuple[str, ...] = tuple(_DTYPES)
+_TORCH_TO_WIRE: dict[torch.dtype, str] = {t: name for name, (_, t) in _DTYPES.items()}
+
+
+def tensor_to_proto(value: torch.Tensor | np.ndarray) -> common_pb2.Tensor:
+    """Encode a float64/float32/int64 tensor as raw little-endian C-order bytes plus dtype and shape."""
+    if isinstance(value, torch.Tensor):
+        name = _TORCH_TO_WIRE.get(value.dtype)
+        if name is None:
+            raise WireError(f"tensor dtype must be one of {WIRE_DTYPES}, got {value.dtype}")
+        array = value.detach().cpu().resolve_conj().resolve_neg().contiguous().numpy()
+    elif isinstance(value, np.ndarray):
+        name = value.dtype.name  # byte-order independent: '>f8' is also "float64"
+        if name not in _DTYPES or value.dtype.kind not in "fi":
+            raise WireError(f"array dtype must be one of {WIRE_DTYPES}, got {value.dtype}")
+        array = value
+    else:
+        raise TypeError(f"expected a torch.Tensor or numpy.ndarray, got {type(value).__name__}")
+    wire_dtype = _DTYPES[name][0]
+    data = np.ascontiguousarray(array).astype(wire_dtype, copy=False).tobytes(order="C")
+    return common_pb2.Tensor(dtype=name, shape=list(array.shape), data=data)
+
+
+def tensor_from_proto(
+    pb: common_pb2.Tensor,
+    *,
+    max_elements: int = limits.MAX_TENSOR_ELEMENTS,
+    expected_shape: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """Decode and validate a Tensor; the result is a fresh, writable CPU tensor (never a view)."""
+    if not isinstance(pb, common_pb2.Tensor):
+        raise TypeError(f"expected efpsn.v1.Tensor, got {type(pb).__name__}")
+    if pb.dtype not in _DTYPES:
+        raise WireError(f"tensor dtype must be one of {WIRE_DTYPES}, got {pb.dtype!r}")
+    wire_dtype = _DTYPES[pb.dtype][0]
+    shape = tuple(int(d) for d in pb.shape)
+    if len(shape) > limits.MAX_TENSOR_DIMS:
+        raise WireError(f"tensor has {len(shape)} dimensions, more than {limits.MAX_TENSOR_DIMS}")
+    if any(d < 0 for d in shape):
+        raise WireError(f"tensor shape must have non-negative dimensions, got {list(shape)}")
+    count = math.prod(shape)  # exact Python int: no overflow however large the dimensions
+    if count > max_elements:
+        raise WireError(
+            f"tensor of shape {list(shape)} has {count} elements, more than the cap {max_elements}"
+        )
+    if expected_shape is not None and shape != tuple(expected_shape):
+        raise WireError(f"tensor shape must be {list(expected_shape)}, got {list(shape)}")
+    expected_bytes = count * wire_dtype.itemsize
+    if len(pb.data) != expected_bytes:
+        raise WireError(
+            f"tensor data must be {expected_bytes} bytes ({count} x {pb.dtype} for shape "
+            f"{list(shape)}), got {len(pb.data)}"
+        )
+    native = wire_dtype.newbyteorder("=")
+    if count == 0:
+        array = np.empty(shape, dtype=native)
+    else:
+        # astype copies out of the (read-only) bytes buffer, swapping bytes on big-endian hosts.
+        array = np.frombuffer(pb.data, dtype=wire_dtype).reshape(shape).astype(native, copy=True)
+    return torch.from_numpy(array)
+
+
+# ---------------------------------------------------------------------------------- big integers
+
+
+def int_to_bytes(value: int) -> bytes:
+    """Unsigned big-endian bytes of minimal length; zero is b"\\x00"."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an int, got {type(value).__name__}")
+    if value < 0:
+        raise WireError(f"only non-negative integers travel on the wire, got {value}")
+    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
+
+
+def int_from_bytes(data: bytes, *, max_bytes: int | None = None) -> int:
+    """Inverse of int_to_bytes; rejects empty input, leading zero bytes and oversize input."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise TypeError(f"expected bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if not data:
+        raise WireError("integer must be at least one byte long, got empty bytes")
+    if max_bytes is not None and len(data) > max_bytes:
+        raise WireError(f"integer must be at most {max_bytes} bytes long, got {len(data)}")
+    if len(data) > 1 and data[0] == 0:
+        raise WireError(f"integer encoding of {len(data)} bytes is not minimal (leading zero byte)")
+    return int.from_bytes(data, "big")
+
+
+def key_fingerprint(n: int) -> bytes:
+    """sha256 of the minimal big-endian bytes of n: how ciphertexts name their public key."""
+    return hashlib.sha256(int_to_bytes(n)).digest()
+
+
+def public_key_to_proto(n: int) -> common_pb2.PaillierPublicKey:
+    """Encode a Paillier public key (given by its modulus n) with its fingerprint."""
+    _check_modulus(n, max_bits=limits.MAX_KEY_BITS)
+    data = int_to_bytes(n)
+    return common_pb2.PaillierPublicKey(n=data, fingerprint=hashlib.sha256(data).digest())
+
+
+def public_key_from_proto(
+    pb: common_pb2.PaillierPublicKey, *, max_bits: int = limits.MAX_KEY_BITS
+) -> int:
+    """Decode a public key to its modulus n, checking the encoding and the fingerprint."""
+    if not isinstance(pb, common_pb2.PaillierPublicKey):
+        raise TypeError(f"expected efpsn.v1.PaillierPublicKey, got {type(pb).__name__}")
+    try:
+        n = int_from_bytes(pb.n, max_bytes=(max_bits + 7) // 8)
+    except WireError as exc:
+        raise WireError(f"public key n (at most {max_bits} bits): {exc}") from None
+    _check_modulus(n, max_bits=max_bits)
+    if len(pb.fingerprint) != FINGERPRINT_BYTES:
+        raise WireError(
+            f"key fingerprint must be {FINGERPRINT_BYTES} bytes, got {len(pb.fingerprint)}"
+        )
+    if hashlib.sha256(pb.n).digest() != pb.fingerprint:
+        raise WireError("key fingerprint is not sha256 of n: the key was corrupted or forged")
+    return n
+
+
+def _check_modulus(n: int, *, max_bits: int) -> None:
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"Paillier modulus n must be an int, got {type(n).__name__}")
+    if n < 3 or n % 2 == 0:
+        raise WireError(f"Paillier modulus n must be an odd integer >= 3, got {n}")
+    if n.bit_length() > max_bits:
+        raise WireError(f"Paillier modulus has {n.bit_length()} bits, more than {max_bits}")
+
+
+@dataclass(frozen=True)
+class CiphertextBatch:
+    """Plain form of efpsn.v1.CiphertextBatch."""
+
+    key_fingerprint: bytes
+    ciphertexts: tuple[int, ...]
+    num_coefficients: int
+    packed: bool
+
+
+def ciphertexts_to_proto(
+    fingerprint: bytes, cts: Sequence[int], *, num_coefficients: int, packed: bool
+) -> common_pb2.CiphertextBatch:
+    """Encode ciphertexts under the key with this fingerprint (big-endian, minimal length)."""
+    batch = CiphertextBatch(bytes(fingerprint), tuple(cts), num_coefficients, packed)
+    _check_batch(batch)
+    return common_pb2.CiphertextBatch(
+        key_fingerprint=batch.key_fingerprint,
+        ciphertexts=[int_to_bytes(c) for c in batch.ciphertexts],
+        num_coefficients=num_coefficients,
+        packed=packed,
+    )
+
+
+def ciphertexts_from_proto(
+    pb: common_pb2.CiphertextBatch,
+    *,
+    expected_fingerprint: bytes | None = None,
+    expected_num_coefficients: int | None = None,
+    expected_packed: bool | None = None,
+    max_ciphertext_bytes: int = limits.MAX_CIPHERTEXT_BYTES,
+) -> CiphertextBatch:
+    """Decode a CiphertextBatch; range checks against n^2 belong to the Paillier layer."""
+    if not isinstance(pb, common_pb2.CiphertextBatch):
+        raise TypeError(f"expected efpsn.v1.CiphertextBatch, got {type(pb).__name__}")
+    if expected_fingerprint is not None and pb.key_fingerprint != expected_fingerprint:
+        raise WireError(
+            "ciphertexts are under key "
+            f"{pb.key_fingerprint.hex()[:16]}..., expected {expected_fingerprint.hex()[:16]}..."
+        )
+    if expected_num_coefficients is not None and pb.num_coefficients != expected_num_coefficients:
+        raise WireError(
+            f"batch must carry {expected_num_coefficients} coefficients, got {pb.num_coefficients}"
+        )
+    if expected_packed is not None and pb.packed != expected_packed:
+        raise WireError(f"batch packed must be {expected_packed}, got {pb.packed}")
+    cts = []
+    for i, data in enumerate(pb.ciphertexts):
+        try:
+            cts.append(int_from_bytes(data, max_bytes=max_ciphertext_bytes))
+        except WireError as exc:
+            raise WireError(f"ciphertext {i}: {exc}") from None
+    batch = CiphertextBatch(pb.key_fingerprint, tuple(cts), pb.num_coefficients, pb.packed)
+    _check_batch(batch)
+    return batch
+
+
+def _check_batch(batch: CiphertextBatch) -> None:
+    if len(batch.key_fingerprint) != FINGERPRINT_BYTES:
+        raise WireError(
+            f"key fingerprint must be {FINGERPRINT_BYTES} bytes, got {len(batch.key_fingerprint)}"
+        )
+    n_coef = batch.num_coefficients
+    if isinstance(n_coef, bool) or not isinstance(n_coef, int) or not 1 <= n_coef < _UINT32_END:
+        raise WireError(f"num_coefficients must be an int in [1, 2^32), got {n_coef!r}")
+    if not isinstance(batch.packed, bool):
+        raise TypeError(f"packed must be a bool, got {type(batch.packed).__name__}")
+    count = len(batch.ciphertexts)
+    if batch.packed and not 1 <= count <= n_coef:
+        raise WireError(f"a packed batch of {n_coef} coefficients needs 1..{n_coef} ciphertexts, "
+                        f"got {count}")
+    if not batch.packed and count != n_coef:
+        raise WireError(f"an unpacked batch needs one ciphertext per coefficient ({n_coef}), "
+                        f"got {count}")
+    for i, c in enumerate(batch.ciphertexts):
+        if isinstance(c, bool) or not isinstance(c, int):
+            raise TypeError(f"ciphertext {i} must be an int, got {type(c).__name__}")
+        if c <= 0:
+            raise WireError(f"ciphertext {i} must be positive, got {c}")
+
+
+# --------------------------------------------------------------------------------------- headers
+
+
+@dataclass(frozen=True)
+class Header:
+    """Plain form of efpsn.v1.Header."""
+
+    run_id: str
+    sender: str
+    round: int
+    phase: Phase
+
+
+def make_header(*, run_id: str, sender: str, round: int, phase: Phase) -> common_pb2.Header:
+    """Build a Header; run_id and sender non-empty, 0 <= round < 2^64, phase specified."""
+    header = Header(run_id, sender, round, phase)
+    _check_header(header)
+    return common_pb2.Header(run_id=run_id, sender=sender, round=round, phase=int(phase))
+
+
+def header_from_proto(pb: common_pb2.Header) -> Header:
+    """Decode and sanity-check a Header (non-empty ids, known phase)."""
+    if not isinstance(pb, common_pb2.Header):
+        raise TypeError(f"expected efpsn.v1.Header, got {type(pb).__name__}")
+    try:
+        phase = Phase(pb.phase)
+    except ValueError:
+        raise WireError(f"header phase {pb.phase} is not a known Phase") from None
+    header = Header(pb.run_id, pb.sender, pb.round, phase)
+    _check_header(header)
+    return header
+
+
+def validate_header(
+    pb: common_pb2.Header,
+    *,
+    run_id: str,
+    phase: Phase,
+    senders: Collection[str] | None = None,
+    round: int | None = None,
+) -> Header:
+    """Decode a Header and check it belongs to this run, phase, sender set and (if given) round."""
+    header = header_from_proto(pb)
+    if header.run_id != run_id:
+        raise WireError(f"message is for run {header.run_id!r}, expected run {run_id!r}")
+    if header.phase != phase:
+        raise WireError(f"message is for phase {header.phase.name}, expected {Phase(phase).name}")
+    if senders is not None and header.sender not in senders:
+        raise WireError(f"sender {header.sender!r} is not one of {sorted(senders)}")
+    if round is not None and header.round != round:
+        raise WireError(f"message is for round {header.round}, expected round {round}")
+    return header
+
+
+def _check_header(header: Header) -> None:
+    if not isinstance(header.run_id, str) or not header.run_id:
+        raise WireError(f"header run_id must be a non-empty string, got {header.run_id!r}")
+    if not isinstance(header.sender, str) or not header.sender:
+        raise WireError(f"header sender must be a non-empty string, got {header.sender!r}")
+    r = header.round
+    if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < _UINT64_END:
+        raise WireError(f"header round must be an int in [0, 2^64), got {r!r}")
+    if not isinstance(header.phase, int) or header.phase not in set(Phase):
+        raise WireError(f"header phase must be a Phase, got {header.phase!r}")
+    if header.phase == Phase.PHASE_UNSPECIFIED:
+        raise WireError("header phase must not be PHASE_UNSPECIFIED")
+
+
+# ------------------------------------------------------------------------------ agent messages
+
+
+def public_key_message(*, header: common_pb2.Header, n: int) -> agent_pb2.PublicKeyMessage:
+    """PublicKeyMessage carrying the Paillier modulus n."""
+    return agent_pb2.PublicKeyMessage(header=header, key=public_key_to_proto(n))
+
+
+def shares_message(
+    *,
+    header: common_pb2.Header,
+    fingerprint: bytes,
+    ciphertexts: Sequence[int],
+    num_coefficients: int,
+    packed: bool,
+) -> agent_pb2.SharesMessage:
+    """SharesMessage carrying ciphertexts under the recipient's key."""
+    batch = ciphertexts_to_proto(
+        fingerprint, ciphertexts, num_coefficients=num_coefficients, packed=packed
+    )
+    return agent_pb2.SharesMessage(header=header, batch=batch)
+
+
+def message_to_proto(
+    message: Mapping[str, torch.Tensor | np.ndarray], *, header: common_pb2.Header
+) -> agent_pb2.RoundMessage:
+    """Encode an algorithm's outbox {name: tensor} as a RoundMessage, tensors sorted by name."""
+    for name in message:
+        if not isinstance(name, str) or not name:
+            raise WireError(f"tensor names must be non-empty strings, got {name!r}")
+    tensors = [
+        agent_pb2.NamedTensor(name=name, tensor=tensor_to_proto(message[name]))
+        for name in sorted(message)
+    ]
+    return agent_pb2.RoundMessage(header=header, tensors=tensors)
+
+
+def message_from_proto(
+    pb: agent_pb2.RoundMessage,
+    *,
+    max_elements: int = limits.MAX_TENSOR_ELEMENTS,
+    expected_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Decode a RoundMessage's tensors into {name: tensor} ordered by name.
+
+    Names must be non-empty, unique and sorted. With expected_shapes, the names must be exactly
+    its keys and every tensor must have the given shape.
+    """
+    if not isinstance(pb, agent_pb2.RoundMessage):
+        raise TypeError(f"expected efpsn.v1.RoundMessage, got {type(pb).__name__}")
+    names = [named.name for named in pb.tensors]
+    if any(not name for name in names):
+        raise WireError("tensor names must be non-empty")
+    if len(set(names)) != len(names):
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        raise WireError(f"tensor names must be unique, got duplicates {duplicates}")
+    if names != sorted(names):
+        raise WireError(f"tensors must be sorted by name, got {names}")
+    if expected_shapes is not None and set(names) != set(expected_shapes):
+        raise WireError(f"message must carry tensors {sorted(expected_shapes)}, got {names}")
+    out: dict[str, torch.Tensor] = {}
+    for named in pb.tensors:
+        shape = None if expected_shapes is None else expected_shapes[named.name]
+        try:
+            out[named.name] = tensor_from_proto(
+                named.tensor, max_elements=max_elements, expected_shape=shape
+            )
+        except WireError as exc:
+            raise WireError(f"tensor {named.name!r}: {exc}") from None
+    return out
+
+
+# ------------------------------------------------------------------------- coordinator messages
+
+RUN_PARAMETER_FIELDS: tuple[str, ...] = tuple(
+    field.name for field in coordinator_pb2.RunParameters.DESCRIPTOR.fields
+)
+
+
+def run_parameters_to_proto(values: Mapping[str, Any]) -> coordinator_pb2.RunParameters:
+    """Encode a plain dict with exactly the RUN_PARAMETER_FIELDS keys (e.g. RunConfig.to_dict())."""
+    missing = sorted(set(RUN_PARAMETER_FIELDS) - set(values))
+    unknown = sorted(set(values) - set(RUN_PARAMETER_FIELDS))
+    if missing or unknown:
+        raise WireError(f"run parameters: missing {missing}, unknown {unknown}")
+    fields = coordinator_pb2.RunParameters.DESCRIPTOR.fields_by_name
+    kwargs = {name: _check_scalar(name, fields[name].type, values[name]) for name in values}
+    return coordinator_pb2.RunParameters(**kwargs)
+
+
+def run_parameters_from_proto(pb: coordinator_pb2.RunParameters) -> dict[str, Any]:
+    """Decode RunParameters to a plain dict (keys in field order; int, float, str, bool values)."""
+    if not isinstance(pb, coordinator_pb2.RunParameters):
+        raise TypeError(f"expected efpsn.v1.RunParameters, got {type(pb).__name__}")
+    return {name: getattr(pb, name) for name in RUN_PARAMETER_FIELDS}
+
+
+def _check_scalar(name: str, field_type: int, value: Any) -> Any:
+    if field_type == FieldDescriptor.TYPE_STRING:
+        if not isinstance(value, str):
+            raise WireError(f"run parameter {name} must be a str, got {value!r}")
+        return value
+    if field_type == FieldDescriptor.TYPE_BOOL:
+        if not isinstance(value, bool):
+            raise WireError(f"run parameter {name} must be a bool, got {value!r}")
+        return value
+    if field_type == FieldDescriptor.TYPE_DOUBLE:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise WireError(f"run parameter {name} must be a float, got {value!r}")
+        return float(value)
+    end = {FieldDescriptor.TYPE_UINT32: _UINT32_END, FieldDescriptor.TYPE_UINT64: _UINT64_END}
+    if field_type in end:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < end[field_type]:
+            raise WireError(f"run parameter {name} must be an int in [0, {end[field_type]}), "
+                            f"got {value!r}")
+        return value
+    raise AssertionError(f"run parameter {name} has an unhandled protobuf type {field_type}")
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Plain form of efpsn.v1.Peer."""
+
+    name: str
+    index: int
+    address: str
+    weight: float
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Plain form of efpsn.v1.Assignment; params as in run_parameters_from_proto."""
+
+    run_id: str
+    index: int
+    name: str
+    neighbours: tuple[Peer, ...]
+    self_weight: float
+    params: dict[str, Any]
+    num_agents: int
+
+
+def assignment_to_proto(assignment: Assignment) -> coordinator_pb2.Assignment:
+    """Encode an Assignment after checking its invariants (see _check_assignment)."""
+    _check_assignment(assignment)
+    return coordinator_pb2.Assignment(
+        run_id=assignment.run_id,
+        index=assignment.index,
+        name=assignment.name,
+        neighbours=[
+            coordinator_pb2.Peer(name=p.name, index=p.index, address=p.address, weight=p.weight)
+            for p in assignment.neighbours
+        ],
+        self_weight=assignment.self_weight,
+        params=run_parameters_to_proto(assignment.params),
+        num_agents=assignment.num_agents,
+    )
+
+
+def assignment_from_proto(pb: coordinator_pb2.Assignment) -> Assignment:
+    """Decode an Assignment and check its invariants (see _check_assignment)."""
+    if not isinstance(pb, coordinator_pb2.Assignment):
+        raise TypeError(f"expected efpsn.v1.Assignment, got {type(pb).__name__}")
+    assignment = Assignment(
+        run_id=pb.run_id,
+        index=pb.index,
+        name=pb.name,
+        neighbours=tuple(Peer(p.name, p.index, p.address, p.weight) for p in pb.neighbours),
+        self_weight=pb.self_weight,
+        params=run_parameters_from_proto(pb.params),
+        num_agents=pb.num_agents,
+    )
+    _check_assignment(assignment)
+    return assignment
+
+
+def _check_assignment(a: Assignment) -> None:
+    """Non-empty ids; neighbours ascending, distinct, not self, in range, with addresses;
+    weights in (0, 1] summing (with self_weight) to 1; num_agents == params["agents"]."""
+    if not a.run_id or not a.name:
+        raise WireError(f"assignment needs a run_id and a name, got {a.run_id!r}, {a.name!r}")
+    if a.num_agents != a.params.get("agents"):
+        raise WireError(f"num_agents {a.num_agents} != params agents {a.params.get('agents')}")
+    if not 0 <= a.index < a.num_agents:
+        raise WireError(f"index {a.index} is out of range for {a.num_agents} agents")
+    indices = [p.index for p in a.neighbours]
+    if any(i == a.index for i in indices):
+        raise WireError(f"agent {a.index} lists itself as a neighbour")
+    if any(not 0 <= i < a.num_agents for i in indices):
+        raise WireError(f"neighbour indices {indices} out of range for {a.num_agents} agents")
+    if any(x >= y for x, y in itertools.pairwise(indices)):
+        raise WireError(f"neighbour indices must be strictly ascending, got {indices}")
+    for p in a.neighbours:
+        if not p.name or not p.address:
+            raise WireError(f"neighbour {p.index} needs a name and an address, got {p}")
+    weights = [a.self_weight] + [p.weight for p in a.neighbours]
+    if not all(math.isfinite(w) and 0 <= w <= 1 for w in weights):
+        raise WireError(f"mixing weights must be in [0, 1], got {weights}")
+    if any(p.weight <= 0 for p in a.neighbours):
+        raise WireError(f"neighbour weights must be > 0, got {[p.weight for p in a.neighbours]}")
+    if abs(math.fsum(weights) - 1.0) > _WEIGHT_TOLERANCE:
+        raise WireError(f"mixing weights must sum to 1, got {math.fsum(weights)!r}")

@@ -1,0 +1,68 @@
+from efpsn.wire.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PublicKeyMessage(_message.Message):
+    __slots__ = ("header", "key")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    key: _common_pb2.PaillierPublicKey
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., key: _Optional[_Union[_common_pb2.PaillierPublicKey, _Mapping]] = ...) -> None: ...
+
+class SharesMessage(_message.Message):
+    __slots__ = ("header", "batch")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    batch: _common_pb2.CiphertextBatch
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., batch: _Optional[_Union[_common_pb2.CiphertextBatch, _Mapping]] = ...) -> None: ...
+
+class NamedTensor(_message.Message):
+    __slots__ = ("name", "tensor")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tensor: _common_pb2.Tensor
+    def __init__(self, name: _Optional[str] = ..., tensor: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
+
+class RoundMessage(_message.Message):
+    __slots__ = ("header", "tensors")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    tensors: _containers.RepeatedCompositeFieldContainer[NamedTensor]
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[NamedTensor, _Mapping]]] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class AgentStatus(_message.Message):
+    __slots__ = ("run_id", "name", "phase", "round", "total_rounds", "loss", "accuracy", "error", "finished")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    name: str
+    phase: _common_pb2.Phase
+    round: int
+    total_rounds: int
+    loss: float
+    accuracy: float
+    error: str
+    finished: bool
+    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., phase: _Optional[_Union[_common_pb2.Phase, str]] = ..., round: _Optional[int] = ..., total_rounds: _Optional[int] = ..., loss: _Optional[float] = ..., accuracy: _Optional[float] = ..., error: _Optional[str] = ..., finished: _Optional[bool] = ...) -> None: ...

@@ -1,0 +1,117 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("name", "address")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class Peer(_message.Message):
+    __slots__ = ("name", "index", "address", "weight")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    index: int
+    address: str
+    weight: float
+    def __init__(self, name: _Optional[str] = ..., index: _Optional[int] = ..., address: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
+
+class RunParameters(_message.Message):
+    __slots__ = ("agents", "topology", "task", "algorithm", "mask", "gamma", "p", "precision", "K", "m", "N", "selection", "basis_seed", "iterations", "batch_size", "schedule", "seed", "key_bits", "packed", "partition", "data", "test_fraction", "l2", "eval_every", "round_timeout_seconds")
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    MASK_FIELD_NUMBER: _ClassVar[int]
+    GAMMA_FIELD_NUMBER: _ClassVar[int]
+    P_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    M_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    SELECTION_FIELD_NUMBER: _ClassVar[int]
+    BASIS_SEED_FIELD_NUMBER: _ClassVar[int]
+    ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    KEY_BITS_FIELD_NUMBER: _ClassVar[int]
+    PACKED_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TEST_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    L2_FIELD_NUMBER: _ClassVar[int]
+    EVAL_EVERY_FIELD_NUMBER: _ClassVar[int]
+    ROUND_TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    agents: int
+    topology: str
+    task: str
+    algorithm: str
+    mask: str
+    gamma: float
+    p: float
+    precision: int
+    K: int
+    m: int
+    N: int
+    selection: str
+    basis_seed: int
+    iterations: int
+    batch_size: int
+    schedule: str
+    seed: int
+    key_bits: int
+    packed: bool
+    partition: str
+    data: str
+    test_fraction: float
+    l2: float
+    eval_every: int
+    round_timeout_seconds: float
+    def __init__(self, agents: _Optional[int] = ..., topology: _Optional[str] = ..., task: _Optional[str] = ..., algorithm: _Optional[str] = ..., mask: _Optional[str] = ..., gamma: _Optional[float] = ..., p: _Optional[float] = ..., precision: _Optional[int] = ..., K: _Optional[int] = ..., m: _Optional[int] = ..., N: _Optional[int] = ..., selection: _Optional[str] = ..., basis_seed: _Optional[int] = ..., iterations: _Optional[int] = ..., batch_size: _Optional[int] = ..., schedule: _Optional[str] = ..., seed: _Optional[int] = ..., key_bits: _Optional[int] = ..., packed: _Optional[bool] = ..., partition: _Optional[str] = ..., data: _Optional[str] = ..., test_fraction: _Optional[float] = ..., l2: _Optional[float] = ..., eval_every: _Optional[int] = ..., round_timeout_seconds: _Optional[float] = ...) -> None: ...
+
+class Assignment(_message.Message):
+    __slots__ = ("run_id", "index", "name", "neighbours", "self_weight", "params", "num_agents")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
+    SELF_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    NUM_AGENTS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    index: int
+    name: str
+    neighbours: _containers.RepeatedCompositeFieldContainer[Peer]
+    self_weight: float
+    params: RunParameters
+    num_agents: int
+    def __init__(self, run_id: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., neighbours: _Optional[_Iterable[_Union[Peer, _Mapping]]] = ..., self_weight: _Optional[float] = ..., params: _Optional[_Union[RunParameters, _Mapping]] = ..., num_agents: _Optional[int] = ...) -> None: ...
+
+class RunStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RunStatus(_message.Message):
+    __slots__ = ("run_id", "registered", "expected", "names", "assigned")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNED_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    registered: int
+    expected: int
+    names: _containers.RepeatedScalarFieldContainer[str]
+    assigned: bool
+    def __init__(self, run_id: _Optional[str] = ..., registered: _Optional[int] = ..., expected: _Optional[int] = ..., names: _Optional[_Iterable[str]] = ..., assigned: _Optional[bool] = ...) -> None: ...
