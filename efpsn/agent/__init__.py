@@ -1,0 +1,1 @@
+"""The EFPSN agent: one gRPC service per agent, running phase I and phase II with its neighbours."""

@@ -1,0 +1,1 @@
+"""The bootstrap coordinator: registry (pure) and its gRPC service."""

@@ -1,0 +1,211 @@
+"""`efpsn up`: a coordinator and n agents as separate local processes, watched to the end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from efpsn.agent.status import fetch_statuses
+from efpsn.cli_common import format_metrics, write_json
+from efpsn.config import RunConfig
+from efpsn.metrics import evaluate
+from efpsn.problem import build_problem
+from efpsn.services_cli import check_key_policy, config_to_args
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    port_file: Path
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+
+def _efpsn_command() -> list[str]:
+    return [sys.executable, "-m", "efpsn"]
+
+
+def _spawn(name: str, args: list[str], folder: Path) -> Child:
+    log_path = folder / "logs" / f"{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    port_file = folder / "ports" / name
+    port_file.parent.mkdir(parents=True, exist_ok=True)
+    port_file.unlink(missing_ok=True)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [*_efpsn_command(), *args, "--port-file", str(port_file)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,  # our Ctrl-C is handled here, then we stop them ourselves
+        )
+    return Child(name=name, process=process, log_path=log_path, port_file=port_file)
+
+
+def _wait_port(child: Child, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child.process.poll() is not None:
+            raise RuntimeError(
+                f"{child.name} exited with code {child.process.returncode} before serving:\n"
+                f"{child.log_tail()}"
+            )
+        try:
+            return int(child.port_file.read_text())
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    raise TimeoutError(f"{child.name} did not start serving within {timeout:.0f}s")
+
+
+def stop_children(children: list[Child], *, grace: float = 5.0) -> None:
+    """SIGTERM every child still running, then SIGKILL what is left after `grace` seconds."""
+    for c in children:
+        if c.process.poll() is None:
+            try:
+                os.killpg(c.process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    for c in children:
+        try:
+            c.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(c.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            c.process.wait()
+
+
+def launch_local_network(
+    config: RunConfig,
+    *,
+    results: Path | None = None,
+    host: str = "127.0.0.1",
+    quiet: bool = False,
+    insecure_noise_seed: int | None = None,
+    debug_expose_mask: bool = False,
+    allow_insecure_keys: bool = False,
+    start_timeout: float = 120.0,
+) -> dict[str, Any]:
+    """Run a whole network locally; return the summary (also written to RESULTS/summary.json)."""
+    from tqdm import tqdm
+
+    check_key_policy(config, allow_insecure_keys=allow_insecure_keys)
+    problem = build_problem(config)  # fail on bad parameters before starting anything
+    folder = results or Path("results") / time.strftime("run-%Y%m%d-%H%M%S")
+    folder.mkdir(parents=True, exist_ok=True)
+    run_args = config_to_args(config)
+    debug: list[str] = []
+    if insecure_noise_seed is not None:
+        debug += ["--insecure-noise-seed", str(insecure_noise_seed)]
+    if debug_expose_mask:
+        debug.append("--debug-expose-mask")
+    if allow_insecure_keys:
+        debug.append("--allow-insecure-keys")
+        run_args.append("--allow-insecure-keys")
+
+    children: list[Child] = []
+    names = [f"agent{i + 1}" for i in range(config.agents)]
+    bar = None
+    started = time.perf_counter()
+    try:
+        coordinator = _spawn(
+            "coordinator", ["coordinator", "--listen", f"{host}:0", *run_args], folder
+        )
+        children.append(coordinator)
+        coord_port = _wait_port(coordinator, start_timeout)
+        agents = [
+            _spawn(name, ["agent", "--name", name, "--listen", f"{host}:0",
+                          "--coordinator", f"{host}:{coord_port}",
+                          "--results", str(folder), *debug], folder)
+            for name in names
+        ]
+        children += agents
+        addresses = {a.name: f"{host}:{_wait_port(a, start_timeout)}" for a in agents}
+        print(f"efpsn up: coordinator on {host}:{coord_port}; {config.agents} agents "
+              f"({config.topology}); results in {folder}", flush=True)
+        bar = tqdm(total=config.iterations, disable=quiet, unit="round", desc="network")
+        while any(a.process.poll() is None for a in agents):
+            failed = [a for a in agents if a.process.poll() not in (None, 0)]
+            if failed:
+                f = failed[0]
+                raise RuntimeError(
+                    f"{f.name} failed (exit {f.process.returncode}):\n{f.log_tail()}"
+                )
+            if coordinator.process.poll() not in (None, 0):
+                raise RuntimeError(f"coordinator failed:\n{coordinator.log_tail()}")
+            statuses = asyncio.run(fetch_statuses(
+                {n: a for n, a in addresses.items()
+                 if next(c for c in agents if c.name == n).process.poll() is None}
+            ))
+            if statuses:
+                rounds = min(s.round for s in statuses.values())
+                bar.update(max(0, rounds - bar.n))
+                losses = [s.loss for s in statuses.values() if not math.isnan(s.loss)]
+                accs = [s.accuracy for s in statuses.values() if not math.isnan(s.accuracy)]
+                if losses:
+                    bar.set_postfix(loss=f"{np.mean(losses):.4f}", acc=f"{np.mean(accs):.3f}")
+            time.sleep(0.5)
+        failed = [a for a in agents if a.process.returncode != 0]
+        if failed:
+            f = failed[0]
+            raise RuntimeError(f"{f.name} failed (exit {f.process.returncode}):\n{f.log_tail()}")
+        bar.update(config.iterations - bar.n)
+        bar.close()
+        bar = None
+        summary = summarize(problem, folder, names)
+        summary["wall_seconds"] = time.perf_counter() - started
+        write_json(folder / "summary.json", summary)
+        print("final: " + format_metrics(summary["final"]))
+        print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}")
+        return summary
+    finally:
+        if bar is not None:
+            bar.close()
+        stop_children(children)
+
+
+def load_agent_results(folder: Path, names: list[str]) -> tuple[list[dict], list[torch.Tensor]]:
+    """Each agent's result.json and final iterate (model.npy, read without pickle)."""
+    results, xs = [], []
+    for name in names:
+        sub = folder / name
+        results.append(json.loads((sub / "result.json").read_text()))
+        xs.append(torch.from_numpy(np.load(sub / "model.npy", allow_pickle=False)))
+    return results, xs
+
+
+def summarize(problem: Any, folder: Path, names: list[str]) -> dict[str, Any]:
+    """Network-level metrics of the agents' final iterates (same function as the simulator)."""
+    results, xs = load_agent_results(folder, names)
+    x_star = None
+    if problem.config.task == "logreg":
+        from efpsn.tasks import centralized_optimum
+
+        x_star = centralized_optimum(problem.task, problem.shards).x
+    final = evaluate(problem, xs, x_star=x_star)
+    return {
+        "ok": True,
+        "settings": problem.config.to_dict(),
+        "run_id": results[0]["run_id"],
+        "final": final,
+        "agents": {r["name"]: {"final": r["final"], "timings": r["timings"]} for r in results},
+    }

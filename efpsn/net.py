@@ -1,0 +1,136 @@
+"""The gRPC edge shared by coordinator and agents: servers with health and reflection, retries."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import signal
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from efpsn.wire import limits
+
+log = logging.getLogger("efpsn.net")
+T = TypeVar("T")
+
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """'host:port' -> (host, port); ValueError with the offending text otherwise."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT, got {address!r}")
+    return host, int(port)
+
+
+@dataclass
+class Server:
+    """A running grpc.aio server with its health servicer and the port it bound."""
+
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    port: int
+
+    async def set_serving(self, serving: bool = True) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.health.set("", status)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+async def start_server(
+    listen: str,
+    *,
+    add_servicers: Callable[[grpc.aio.Server], Iterable[str]],
+    credentials: grpc.ServerCredentials | None = None,
+    interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+) -> Server:
+    """Start a server on `listen` (port 0 picks a free port) with grpc.health.v1 and reflection.
+
+    add_servicers registers the service implementations and returns their full service names.
+    """
+    split_address(listen)
+    server = grpc.aio.server(options=limits.server_options(), interceptors=list(interceptors))
+    names = list(add_servicers(server))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names += [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
+    reflection.enable_server_reflection(names, server)
+    if credentials is None:
+        port = server.add_insecure_port(listen)
+    else:
+        port = server.add_secure_port(listen, credentials)
+    if port == 0:
+        raise OSError(f"could not listen on {listen} (address in use or not local?)")
+    await server.start()
+    return Server(server=server, health=health_servicer, port=port)
+
+
+def open_channel(
+    address: str, *, credentials: grpc.ChannelCredentials | None = None,
+    server_name: str | None = None,
+) -> grpc.aio.Channel:
+    """A channel with the project's message limits and keepalive (TLS when credentials given)."""
+    options = list(limits.channel_options())
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=options)
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return grpc.aio.secure_channel(address, credentials, options=options)
+
+
+async def call_with_retry(
+    call: Callable[[], Awaitable[T]],
+    *,
+    deadline: float,
+    what: str,
+    base_delay: float = 0.05,
+    max_delay: float = 2.0,
+) -> T:
+    """Await call() until it succeeds, retrying UNAVAILABLE with exponential backoff and full
+    jitter until the loop-time `deadline`; then raise TimeoutError naming `what`."""
+    loop = asyncio.get_running_loop()
+    delay = base_delay
+    last: grpc.aio.AioRpcError | None = None
+    while True:
+        try:
+            return await call()
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in RETRYABLE:
+                raise
+            last = exc
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            detail = last.details() if last is not None else "no answer"
+            raise TimeoutError(f"{what}: unreachable until the deadline ({detail})")
+        await asyncio.sleep(min(remaining, random.uniform(0, delay)))
+        delay = min(max_delay, delay * 2)
+
+
+def write_port_file(path: str | None, port: int) -> None:
+    """Write the bound port so a parent process can find a server started on port 0."""
+    if path:
+        tmp = Path(path + ".part")
+        tmp.write_text(f"{port}\n")
+        tmp.replace(path)
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    """SIGINT/SIGTERM set `stop` (so containers and `efpsn up` can shut us down cleanly)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass

@@ -1,0 +1,200 @@
+"""Integration: a real coordinator and real agent processes on loopback ports."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from efpsn.config import RunConfig
+from efpsn.launcher import launch_local_network, load_agent_results
+from efpsn.simulator import run_simulation
+
+pytestmark = pytest.mark.timeout(600)
+
+SMALL = RunConfig(iterations=40, eval_every=20, key_bits=2048, round_timeout_seconds=60.0)
+NAMES = [f"agent{i}" for i in range(1, 6)]
+
+
+def efpsn(*args: str) -> list[str]:
+    return [sys.executable, "-m", "efpsn", *args]
+
+
+@pytest.fixture(scope="module")
+def dsgd_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunConfig, Path, dict]:
+    folder = tmp_path_factory.mktemp("dsgd")
+    summary = launch_local_network(
+        SMALL, results=folder, quiet=True, insecure_noise_seed=7, debug_expose_mask=True
+    )
+    return SMALL, folder, summary
+
+
+def test_network_completes_both_phases_with_exactly_zero_sum_masks(dsgd_run) -> None:
+    config, folder, summary = dsgd_run
+    assert summary["ok"]
+    results, xs = load_agent_results(folder, NAMES)
+    assert [r["final"]["round"] for r in results] == [config.iterations] * 5
+    assert {r["run_id"] for r in results} == {summary["run_id"]}
+    numerators = [[int(v) for v in r["debug_mask_numerators"]] for r in results]
+    assert len(numerators[0]) == config.N
+    assert all(any(v != 0 for v in row) for row in numerators)  # each mask is non-trivial
+    assert [sum(col) for col in zip(*numerators, strict=True)] == [0] * config.N
+    # phase I really used Paillier with packing: one ciphertext per neighbour, one decryption
+    for r in results:
+        assert r["timings"]["encryptions"] == 2 and r["timings"]["decryptions"] == 1
+
+
+def test_network_matches_the_simulator_bitwise(dsgd_run) -> None:
+    config, folder, summary = dsgd_run
+    _, xs = load_agent_results(folder, NAMES)
+    sim = run_simulation(config, protocol="fast", noise_seed=7)
+    diffs = [float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)]
+    # Same masks (same noise integers), same batches, same weights, same summation order:
+    # the iterates agree bit for bit, not only to 1e-6.
+    assert max(diffs) == 0.0, diffs
+    assert summary["final"]["accuracy"] == pytest.approx(sim.final["accuracy"], abs=0)
+    sim_masks = [[str(v) for v in m.numerators] for m in sim.masks]
+    results, _ = load_agent_results(folder, NAMES)
+    assert [r["debug_mask_numerators"] for r in results] == sim_masks
+
+
+def test_production_results_do_not_expose_masks(tmp_path: Path) -> None:
+    config = SMALL.replace(iterations=4, eval_every=2, algorithm="gt", schedule="constant:0.05")
+    summary = launch_local_network(config, results=tmp_path, quiet=True, insecure_noise_seed=3)
+    results, xs = load_agent_results(tmp_path, NAMES)
+    text = json.dumps(results) + json.dumps(summary)
+    assert "mask" not in text.replace('"mask": "zero-sum"', "")
+    # gradient tracking over the network (x and y travel) equals the simulator too
+    sim = run_simulation(config, noise_seed=3)
+    assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
+
+
+def _wait_port(path: Path, proc: subprocess.Popen, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"process exited early with {proc.returncode}"
+        if path.exists() and path.read_text().strip():
+            return int(path.read_text())
+        time.sleep(0.05)
+    raise TimeoutError(path)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def test_stopped_neighbour_is_named_within_the_deadline(tmp_path: Path) -> None:
+    # prepare: a 5-ring with a short round deadline and enough rounds to still be running
+    timeout = 4.0
+    procs: list[subprocess.Popen] = []
+    try:
+        coord = subprocess.Popen(
+            efpsn("coordinator", "--listen", "127.0.0.1:0", "--port-file", str(tmp_path / "c"),
+                  "--iterations", "100000", "--eval-every", "100000", "--key-bits", "2048",
+                  "--round-timeout", str(timeout)),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        procs.append(coord)
+        port = _wait_port(tmp_path / "c", coord)
+        logs = {}
+        for name in NAMES:
+            logs[name] = open(tmp_path / f"{name}.log", "w")
+            procs.append(subprocess.Popen(
+                efpsn("agent", "--name", name, "--listen", "127.0.0.1:0",
+                      "--coordinator", f"127.0.0.1:{port}", "--results", str(tmp_path)),
+                stdout=logs[name], stderr=subprocess.STDOUT,
+            ))
+        agents = dict(zip(NAMES, procs[1:], strict=True))
+        # wait until phase II is under way everywhere
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if all("neighbours" in (tmp_path / f"{n}.log").read_text() for n in NAMES):
+                break
+            time.sleep(0.2)
+        time.sleep(3.0)
+        # execute: agent3 disappears without a word
+        agents["agent3"].kill()
+        killed_at = time.monotonic()
+        for name in ("agent2", "agent4"):  # agent3's neighbours on the ring
+            agents[name].wait(timeout=timeout + 30)
+        elapsed = time.monotonic() - killed_at
+        # assert: its neighbours fail with an error naming agent3, within the deadline (+ slack)
+        for name in ("agent2", "agent4"):
+            assert agents[name].returncode != 0
+            text = (tmp_path / f"{name}.log").read_text()
+            assert "agent3" in text and "round" in text, text[-2000:]
+        assert elapsed < timeout + 15
+    finally:
+        _stop(procs)
+
+
+def test_coordinator_serves_health_and_reflection_and_rejects_bad_runs(tmp_path: Path) -> None:
+    # bad parameters are one-line errors before anything listens
+    bad = subprocess.run(
+        efpsn("coordinator", "--listen", "127.0.0.1:0", "--topology", "edges:" + str(tmp_path / "g")),
+        capture_output=True, text=True, timeout=120,
+    )
+    assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "efpsn: error" in bad.stderr
+    (tmp_path / "g").write_text("1 2\n3 4\n5 1\n")
+    disconnected = subprocess.run(
+        efpsn("coordinator", "--listen", "127.0.0.1:0", "--topology", f"edges:{tmp_path / 'g'}"),
+        capture_output=True, text=True, timeout=120,
+    )
+    assert disconnected.returncode != 0 and "connected" in disconnected.stderr
+    small_key = subprocess.run(
+        efpsn("coordinator", "--listen", "127.0.0.1:0", "--key-bits", "1024"),
+        capture_output=True, text=True, timeout=120,
+    )
+    assert small_key.returncode != 0 and "2048" in small_key.stderr
+
+    proc = subprocess.Popen(
+        efpsn("coordinator", "--listen", "127.0.0.1:0", "--port-file", str(tmp_path / "p")),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        port = _wait_port(tmp_path / "p", proc)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=10
+            )
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            reply = next(stub.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
+            ))
+            names = {s.name for s in reply.list_services_response.service}
+            assert "efpsn.v1.Coordinator" in names and "grpc.health.v1.Health" in names
+    finally:
+        _stop([proc])
+    assert proc.returncode == 0  # SIGTERM is a clean shutdown
+
+
+def test_up_fails_cleanly_on_bad_data(tmp_path: Path) -> None:
+    # Bad data is caught before any process starts: one error line, nothing left running.
+    out = subprocess.run(
+        efpsn("up", "--iterations", "5", "--key-bits", "2048", "--quiet",
+              "--results", str(tmp_path), "--data", "idx:" + str(tmp_path / "missing")),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode != 0
+    assert "efpsn: error" in out.stderr
+    leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", leftover.stdout
+    assert not any(p.name.startswith("agent") for p in tmp_path.iterdir() if p.is_dir())
