@@ -53,6 +53,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _privacy(args: argparse.Namespace) -> int:
+    import dataclasses
     import json
 
     from efpsn.privacy import epsilon_delta, gamma_for_epsilon
@@ -73,7 +74,7 @@ def _privacy(args: argparse.Namespace) -> int:
               f"(gamma {args.gamma:g}, mu_2 {mu2:.4g}, mu_max {mu_max:.4g})")
     if args.json:
         payload = {"topology": args.topology, "agents": args.agents, "mu2": mu2,
-                   "mu_max": mu_max, **result.to_dict()}
+                   "mu_max": mu_max, **dataclasses.asdict(result)}
         if args.json == "-":
             print(json.dumps(payload, indent=2))
         else:

@@ -36,8 +36,8 @@ class LocalObjective:
 
     def __call__(self, x: torch.Tensor, t: int) -> torch.Tensor:
         """The masked mini-batch gradient for round t (the oracle the algorithms call)."""
-        idx = self.sampler.indices(t)
-        _, grad = self.task.loss_and_grad(x, self.shard.images[idx], self.shard.labels[idx])
+        images, labels = self.shard.batch(self.sampler.indices(t))
+        _, grad = self.task.loss_and_grad(x, images, labels)
         if self.perturbation is not None:
             grad = grad + self.perturbation.gradient(x)
         return grad

@@ -23,4 +23,10 @@ def configure_threads() -> int:
     if threads < 1:
         raise ValueError(f"EFPSN_TORCH_THREADS must be a positive integer, got {raw!r}")
     torch.set_num_threads(threads)
+    # numpy's BLAS (used by the logistic-regression gradient) too: besides speed, the number of
+    # BLAS threads changes the bits of a matrix product, and the simulator and the networked
+    # agents must compute bit-identical gradients.
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=threads)
     return threads

@@ -117,7 +117,7 @@ def test_make_task_rejects_unknown_names_and_bad_l2():
         make_task("resnet")
     with pytest.raises(ValueError, match="l2"):
         make_task("logreg", l2=-1.0)
-    assert make_task("logreg").l2 == DEFAULT_L2["logreg"] == 1e-3
+    assert make_task("logreg").l2 == DEFAULT_L2["logreg"] == 1e-2
     assert make_task("lenet").l2 == 0.0
     assert make_task("logreg", l2=0.5).l2 == 0.5
 

