@@ -23,6 +23,7 @@ from efpsn.config import RunConfig
 from efpsn.metrics import evaluate
 from efpsn.problem import build_problem
 from efpsn.services_cli import check_key_policy, config_to_args
+from efpsn.tls import TlsConfig, generate_certificates
 
 
 @dataclass
@@ -100,19 +101,37 @@ def launch_local_network(
     results: Path | None = None,
     host: str = "127.0.0.1",
     quiet: bool = False,
+    insecure: bool = False,
+    checkpoint_every: int | None = None,
     insecure_noise_seed: int | None = None,
     debug_expose_mask: bool = False,
     allow_insecure_keys: bool = False,
     start_timeout: float = 120.0,
 ) -> dict[str, Any]:
-    """Run a whole network locally; return the summary (also written to RESULTS/summary.json)."""
+    """Run a whole network locally; return the summary (also written to RESULTS/summary.json).
+
+    Mutual TLS by default: a fresh CA and one certificate per process go to RESULTS/tls
+    (insecure=True runs plaintext). The coordinator may exit once every agent is assigned."""
     from tqdm import tqdm
 
     check_key_policy(config, allow_insecure_keys=allow_insecure_keys)
     problem = build_problem(config)  # fail on bad parameters before starting anything
     folder = results or Path("results") / time.strftime("run-%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
+    names = [f"agent{i + 1}" for i in range(config.agents)]
     run_args = config_to_args(config)
+    tls_args: list[str] = ["--insecure"]
+    monitor: TlsConfig | None = None
+    if not insecure:
+        tls_dir = folder / "tls"
+        generate_certificates(tls_dir, ["coordinator", *names],
+                              ips=sorted({"127.0.0.1", host}), overwrite=True)
+        tls_args = ["--tls-dir", str(tls_dir)]
+        monitor = TlsConfig.from_dir(tls_dir, "coordinator")  # status polling, as the bootstrapper
+    agent_args = list(tls_args)
+    if checkpoint_every is not None:
+        agent_args += ["--checkpoint-every", str(checkpoint_every),
+                       "--keep-rounds", str(max(128, 2 * checkpoint_every + 3))]
     debug: list[str] = []
     if insecure_noise_seed is not None:
         debug += ["--insecure-noise-seed", str(insecure_noise_seed)]
@@ -123,26 +142,27 @@ def launch_local_network(
         run_args.append("--allow-insecure-keys")
 
     children: list[Child] = []
-    names = [f"agent{i + 1}" for i in range(config.agents)]
     bar = None
     started = time.perf_counter()
     try:
         coordinator = _spawn(
-            "coordinator", ["coordinator", "--listen", f"{host}:0", *run_args], folder
+            "coordinator", ["coordinator", "--listen", f"{host}:0", *tls_args, *run_args], folder
         )
         children.append(coordinator)
         coord_port = _wait_port(coordinator, start_timeout)
         agents = [
             _spawn(name, ["agent", "--name", name, "--listen", f"{host}:0",
                           "--coordinator", f"{host}:{coord_port}",
-                          "--results", str(folder), *debug], folder)
+                          "--results", str(folder), *agent_args, *debug], folder)
             for name in names
         ]
         children += agents
         addresses = {a.name: f"{host}:{_wait_port(a, start_timeout)}" for a in agents}
         print(f"efpsn up: coordinator on {host}:{coord_port}; {config.agents} agents "
-              f"({config.topology}); results in {folder}", flush=True)
+              f"({config.topology}); {'PLAINTEXT' if insecure else 'mutual TLS'}; "
+              f"results in {folder}", flush=True)
         bar = tqdm(total=config.iterations, disable=quiet, unit="round", desc="network")
+        assigned: set[str] = set()
         while any(a.process.poll() is None for a in agents):
             failed = [a for a in agents if a.process.poll() not in (None, 0)]
             if failed:
@@ -150,12 +170,14 @@ def launch_local_network(
                 raise RuntimeError(
                     f"{f.name} failed (exit {f.process.returncode}):\n{f.log_tail()}"
                 )
-            if coordinator.process.poll() not in (None, 0):
+            # After bootstrap the agents no longer need the coordinator.
+            if coordinator.process.poll() not in (None, 0) and assigned != set(names):
                 raise RuntimeError(f"coordinator failed:\n{coordinator.log_tail()}")
             statuses = asyncio.run(fetch_statuses(
                 {n: a for n, a in addresses.items()
-                 if next(c for c in agents if c.name == n).process.poll() is None}
+                 if next(c for c in agents if c.name == n).process.poll() is None}, tls=monitor,
             ))
+            assigned |= {n for n, s in statuses.items() if s.run_id}
             if statuses:
                 rounds = min(s.round for s in statuses.values())
                 bar.update(max(0, rounds - bar.n))

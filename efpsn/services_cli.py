@@ -7,9 +7,13 @@ import asyncio
 import dataclasses
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from efpsn.cli_common import add_run_arguments, config_from_args
 from efpsn.config import RunConfig
+
+if TYPE_CHECKING:
+    from efpsn.tls import TlsConfig
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -45,20 +49,71 @@ def check_key_policy(config: RunConfig, *, allow_insecure_keys: bool) -> None:
         )
 
 
+def tls_from_args(args: argparse.Namespace, name: str) -> TlsConfig | None:
+    """The node's mutual-TLS material from --tls-dir or --tls-cert/--tls-key/--tls-ca; None with
+    --insecure. Neither is a (one-line) error: plaintext must be asked for explicitly."""
+    from efpsn.tls import TlsConfig
+
+    explicit = {"--tls-cert": args.tls_cert, "--tls-key": args.tls_key, "--tls-ca": args.tls_ca}
+    given = [flag for flag, value in explicit.items() if value]
+    if args.insecure:
+        if args.tls_dir or given:
+            raise ValueError("--insecure (plaintext) contradicts --tls-dir/--tls-cert/--tls-key/"
+                             "--tls-ca: give one or the other")
+        return None
+    if args.tls_dir:
+        if given:
+            raise ValueError(f"give --tls-dir or {'/'.join(explicit)}, not both")
+        config = TlsConfig.from_dir(args.tls_dir, name)
+    elif len(given) == len(explicit):
+        config = TlsConfig.from_files(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
+    elif given:
+        missing = [flag for flag in explicit if flag not in given]
+        raise ValueError(f"{', '.join(given)} also need {', '.join(missing)}")
+    else:
+        raise ValueError(
+            "no TLS material: give --tls-dir DIR (with ca.pem, NAME.pem, NAME.key, e.g. from "
+            "`efpsn certs`) or --tls-cert/--tls-key/--tls-ca, or --insecure for plaintext"
+        )
+    config.require_name(name)
+    return config
+
+
+def _add_tls_flags(p: argparse.ArgumentParser, *, own_name: str) -> None:
+    g = p.add_argument_group("security (mutual TLS is required unless --insecure)")
+    g.add_argument("--tls-dir", default=None,
+                   help=f"folder with ca.pem, NAME.pem and NAME.key (NAME = {own_name}), as "
+                        "written by `efpsn certs`")
+    g.add_argument("--tls-cert", default=None, help="this node's certificate (PEM)")
+    g.add_argument("--tls-key", default=None, help="this node's private key (PEM)")
+    g.add_argument("--tls-ca", default=None, help="the CA certificate every node trusts (PEM)")
+    g.add_argument("--insecure", action="store_true",
+                   help="plaintext gRPC without authentication (tests, trusted networks only)")
+
+
 def _coordinator(args: argparse.Namespace) -> int:
+    from efpsn.coordinator.registry import default_names
     from efpsn.coordinator.service import serve
     from efpsn.problem import build_problem
 
     setup_logging(args.verbose)
     config = config_from_args(args)
     check_key_policy(config, allow_insecure_keys=args.allow_insecure_keys)
+    tls = tls_from_args(args, args.tls_name)
+    expected = _names(args.expected_names) if args.expected_names else default_names(config.agents)
+    if len(expected) != config.agents:
+        raise ValueError(f"--expected-names lists {len(expected)} names for {config.agents} agents")
     if not args.skip_data_check:
         build_problem(config)  # every parameter error surfaces here, before agents start
     asyncio.run(serve(
         config, listen=args.listen, run_id=args.run_id, port_file=args.port_file,
-        register_timeout=args.register_timeout,
+        register_timeout=args.register_timeout, expected_names=expected, tls=tls,
     ))
     return 0
+
+
+def _names(text: str) -> set[str]:
+    return {n.strip() for n in text.split(",") if n.strip()}
 
 
 def _agent(args: argparse.Namespace) -> int:
@@ -69,6 +124,9 @@ def _agent(args: argparse.Namespace) -> int:
         name=args.name, listen=args.listen, advertise=args.advertise,
         coordinator=args.coordinator, results_dir=Path(args.results),
         register_timeout=args.register_timeout, port_file=args.port_file,
+        tls=tls_from_args(args, args.name), coordinator_name=args.coordinator_name,
+        state_dir=Path(args.state_dir) if args.state_dir else None,
+        checkpoint_every=args.checkpoint_every, keep_rounds=args.keep_rounds,
         insecure_noise_seed=args.insecure_noise_seed, debug_expose_mask=args.debug_expose_mask,
         allow_insecure_keys=args.allow_insecure_keys,
     )
@@ -84,10 +142,27 @@ def _up(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     summary = launch_local_network(
         config, results=Path(args.results) if args.results else None, host=args.host,
-        quiet=args.quiet, insecure_noise_seed=args.insecure_noise_seed,
+        quiet=args.quiet, insecure=args.insecure, checkpoint_every=args.checkpoint_every,
+        insecure_noise_seed=args.insecure_noise_seed,
         debug_expose_mask=args.debug_expose_mask, allow_insecure_keys=args.allow_insecure_keys,
     )
     return 0 if summary["ok"] else 1
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from efpsn.tls import generate_certificates
+
+    names = [n.strip() for n in args.names.split(",") if n.strip()]
+    written = generate_certificates(
+        args.out, names, ips=["127.0.0.1", *(args.ip or [])], dns=args.dns or [], days=args.days,
+        key_type=args.key_type, overwrite=args.force,
+    )
+    out = Path(args.out)
+    print(f"CA: {out / 'ca.pem'} (its key {out / 'ca.key'} signs new certificates: keep it "
+          "offline)")
+    for name, path in written.items():
+        print(f"{name}: {path} + {out / (name + '.key')} (mode 0600)")
+    return 0
 
 
 def _add_debug_flags(p: argparse.ArgumentParser) -> None:
@@ -107,8 +182,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     coord.add_argument("--skip-data-check", action="store_true",
                        help="do not load the data set to validate the run (it may live only "
                             "at the agents)")
+    coord.add_argument("--expected-names", default=None,
+                       help="comma-separated agent names allowed to register "
+                            "(default agent1..agentN)")
     coord.add_argument("--verbose", action="store_true")
     coord.add_argument("--allow-insecure-keys", action="store_true", help=argparse.SUPPRESS)
+    _add_tls_flags(coord, own_name="--tls-name")
+    coord.add_argument("--tls-name", default="coordinator",
+                       help="the coordinator's certificate name (default coordinator)")
     add_run_arguments(coord)
     coord.set_defaults(handler=_coordinator)
 
@@ -122,6 +203,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     agent.add_argument("--register-timeout", type=float, default=600.0)
     agent.add_argument("--port-file", default=None, help="write the bound port here")
     agent.add_argument("--verbose", action="store_true")
+    _add_tls_flags(agent, own_name="--name")
+    agent.add_argument("--coordinator-name", default="coordinator",
+                       help="the name in the coordinator's certificate (default coordinator)")
+    crash = agent.add_argument_group("crash safety (restart with the same command to resume)")
+    crash.add_argument("--state-dir", default=None,
+                       help="assignment, mask and checkpoints (default RESULTS/NAME/state)")
+    crash.add_argument("--checkpoint-every", type=int, default=50,
+                       help="save the phase II state every this many rounds (default 50)")
+    crash.add_argument("--keep-rounds", type=int, default=128,
+                       help="recent outboxes kept for restarting neighbours (default 128; must "
+                            "exceed every agent's --checkpoint-every + 2)")
     _add_debug_flags(agent)
     agent.set_defaults(handler=_agent)
 
@@ -130,5 +222,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--results", default=None, help="results folder (default: results/run-TIME)")
     up.add_argument("--host", default="127.0.0.1", help="loopback address to serve on")
     up.add_argument("--quiet", action="store_true", help="no progress bar")
+    up.add_argument("--insecure", action="store_true",
+                    help="plaintext gRPC (default: a fresh CA and certificates in RESULTS/tls, "
+                         "mutual TLS everywhere)")
+    up.add_argument("--checkpoint-every", type=int, default=50,
+                    help="agents save their phase II state every this many rounds")
     _add_debug_flags(up)
     up.set_defaults(handler=_up)
+
+    certs = sub.add_parser("certs", help="a CA and one key/certificate per node for mutual TLS")
+    certs.add_argument("--out", required=True, help="folder for ca.pem, NAME.pem, NAME.key")
+    certs.add_argument("--names", required=True,
+                       help="comma-separated node names, e.g. coordinator,agent1,agent2")
+    certs.add_argument("--ip", action="append", default=None,
+                       help="IP subject-alternative name: IP (every certificate) or NAME=IP "
+                            "(repeatable; 127.0.0.1 is always included)")
+    certs.add_argument("--dns", action="append", default=None,
+                       help="extra DNS subject-alternative name: DNS or NAME=DNS (repeatable)")
+    certs.add_argument("--days", type=int, default=365, help="validity (default 365)")
+    certs.add_argument("--key-type", choices=("ec", "rsa"), default="ec",
+                       help="EC P-256 (default) or RSA 3072")
+    certs.add_argument("--force", action="store_true", help="overwrite existing NAME files")
+    certs.set_defaults(handler=_certs)

@@ -3,7 +3,10 @@ namespace with its own address on a private bridge; see tests/netns.py). No cont
 
 Every process binds 0.0.0.0:PORT inside its namespace with the SAME port number, agents
 advertise NAMESPACE_ADDRESS:PORT, and dial the coordinator at its namespace address: exactly
-the set-up of separate machines. The run is checked against the in-process simulator bit for bit.
+the set-up of separate machines. Everything runs over mutual TLS: `efpsn certs` issues one
+certificate per host with its name as DNS SAN and its namespace address as IP SAN, and every
+client checks the peer's certificate against the peer's name although it dials an IP address.
+The run is checked against the in-process simulator bit for bit.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from efpsn.config import RunConfig
 from efpsn.launcher import load_agent_results
 from efpsn.services_cli import config_to_args
 from efpsn.simulator import run_simulation
+from efpsn.tls import generate_certificates
 
 # 900 s is the outer bound of the whole module (the steps below have their own, shorter ones);
 # pytest-timeout interrupts the fixture, whose `with` block then still tears everything down.
@@ -37,29 +41,43 @@ NAMES = [f"agent{i}" for i in range(1, CONFIG.agents + 1)]
 START_TIMEOUT = 240.0  # python + torch + data import of one process on a busy 2-core machine
 RUN_TIMEOUT = 600.0  # all agents done (phase I: 2048-bit keys; phase II: 30 rounds)
 
-# Run inside agent5's namespace before agent5 exists: health-check the other hosts at their
-# advertised addresses and wait until the coordinator has the first four registrations.
+# Run inside agent5's namespace before agent5 exists, with agent5's certificate: health-check
+# the other hosts at their advertised addresses (the server certificate checked against the
+# host's name), see that plaintext is refused, and wait until the coordinator has the first four
+# registrations.
 PROBE = textwrap.dedent("""
     import json, sys, time
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from efpsn.tls import TlsConfig
     from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
-    coordinator, agents = sys.argv[1], sys.argv[2:]
-    health = {}
-    for address in [coordinator, *agents]:
-        with grpc.insecure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
+    tls = TlsConfig.from_dir(sys.argv[1], sys.argv[2])
+    hosts = dict(arg.split("=", 1) for arg in sys.argv[3:])  # name=address
+    def channel(name):
+        return grpc.secure_channel(hosts[name], tls.channel_credentials(),
+                                   options=[("grpc.ssl_target_name_override", name)])
+    health, plaintext = {}, {}
+    for name, address in hosts.items():
+        with channel(name) as ch:
+            reply = health_pb2_grpc.HealthStub(ch).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=30, wait_for_ready=True)
             health[address] = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        with grpc.insecure_channel(address) as ch:
+            try:
+                health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
+                plaintext[address] = "SERVED"
+            except grpc.RpcError as exc:
+                plaintext[address] = exc.code().name
     deadline = time.monotonic() + 120
-    with grpc.insecure_channel(coordinator) as channel:
-        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+    with channel("coordinator") as ch:
+        stub = coordinator_pb2_grpc.CoordinatorStub(ch)
         while True:
             status = stub.GetRunStatus(coordinator_pb2.RunStatusRequest(), timeout=30)
-            if status.registered >= len(agents) or time.monotonic() > deadline:
+            if status.registered >= len(hosts) - 1 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-    print(json.dumps({"health": health, "registered": sorted(status.names)}))
+    print(json.dumps({"health": health, "plaintext": plaintext,
+                      "registered": sorted(status.names)}))
 """)
 
 
@@ -143,11 +161,15 @@ def multihost(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
         coord = net["coordinator"]
         coord_address = f"{coord.address}:{port}"
+        tls_dir = folder / "tls"  # one certificate per host: DNS:NAME and IP:its address
+        per_host = [f"{n}={h.address}" for n, h in net.hosts.items()]
+        generate_certificates(tls_dir, ["coordinator", *NAMES], ips=["127.0.0.1", *per_host])
+        seen["tls_dir"] = tls_dir
         with open(logs / "coordinator.log", "w") as log:
             coord_proc = coord.popen(
                 [*efpsn, "coordinator", "--listen", f"0.0.0.0:{port}",
                  "--port-file", str(folder / "coordinator.port"), "--register-timeout", "400",
-                 *config_to_args(CONFIG)],
+                 "--tls-dir", str(tls_dir), *config_to_args(CONFIG)],
                 stdout=log, stderr=subprocess.STDOUT,
             )
         _wait_file(folder / "coordinator.port", coord_proc, logs / "coordinator.log",
@@ -163,7 +185,7 @@ def multihost(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                     [*efpsn, "agent", "--name", name, "--listen", f"0.0.0.0:{port}",
                      "--advertise", f"{host.address}:{port}", "--coordinator", coord_address,
                      "--results", str(folder), "--port-file", str(folder / f"{name}.port"),
-                     "--register-timeout", "400",
+                     "--register-timeout", "400", "--tls-dir", str(tls_dir),
                      "--insecure-noise-seed", str(NOISE_SEED), "--debug-expose-mask"],
                     stdout=log, stderr=subprocess.STDOUT,
                 )
@@ -180,8 +202,9 @@ def multihost(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                                     for n in ["coordinator", *NAMES[:-1]]}
         # ... but reachable at their advertised addresses from another namespace (agent5's).
         probe = net[NAMES[-1]].run(
-            [sys.executable, "-c", PROBE, coord_address,
-             *[f"{net[n].address}:{port}" for n in NAMES[:-1]]],
+            [sys.executable, "-c", PROBE, str(tls_dir), NAMES[-1],
+             f"coordinator={coord_address}",
+             *[f"{n}={net[n].address}:{port}" for n in NAMES[:-1]]],
             timeout=START_TIMEOUT, check=False,
         )
         assert probe.returncode == 0, (
@@ -269,6 +292,10 @@ def test_traffic_really_crossed_the_namespaces(multihost) -> None:
         f"{addresses[n]}:{port}": "SERVING" for n in ["coordinator", *NAMES[:-1]]
     }
     assert seen["probe"]["registered"] == NAMES[:-1]
+    # ... over mutual TLS only: a plaintext client got no answer from any of them
+    assert seen["probe"]["plaintext"] == {
+        f"{addresses[n]}:{port}": "UNAVAILABLE" for n in ["coordinator", *NAMES[:-1]]
+    }
     # The coordinator saw every agent register from its namespace address.
     coord_log = seen["logs"]["coordinator"]
     for name in NAMES:
@@ -286,6 +313,22 @@ def test_traffic_really_crossed_the_namespaces(multihost) -> None:
     for name, routes in seen["routes"].items():
         assert "default" not in routes and routes.strip(), (name, routes)
     assert seen["bridge_addr"].strip() == ""
+
+
+def test_everything_ran_over_mutual_tls_with_per_host_certificates(multihost) -> None:
+    seen = multihost
+    from cryptography import x509
+
+    assert "mutual TLS" in seen["logs"]["coordinator"]
+    for name in ["coordinator", *NAMES]:
+        cert = x509.load_pem_x509_certificate((seen["tls_dir"] / f"{name}.pem").read_bytes())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert san.get_values_for_type(x509.DNSName) == [name]
+        assert {str(ip) for ip in san.get_values_for_type(x509.IPAddress)} == {
+            "127.0.0.1", seen["addresses"][name]}
+        assert (seen["tls_dir"] / f"{name}.key").stat().st_mode & 0o777 == 0o600
+    results, _ = load_agent_results(seen["folder"], NAMES)
+    assert all(r["rejections"].get("PERMISSION_DENIED", 0) == 0 for r in results)
 
 
 def test_teardown_left_nothing_behind(multihost) -> None:

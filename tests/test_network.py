@@ -11,7 +11,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -41,7 +40,12 @@ def dsgd_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunConfig, Path,
 def test_network_completes_both_phases_with_exactly_zero_sum_masks(dsgd_run) -> None:
     config, folder, summary = dsgd_run
     assert summary["ok"]
-    results, xs = load_agent_results(folder, NAMES)
+    # `efpsn up` runs mutual TLS by default: a fresh CA and one certificate per process
+    assert sorted(p.name for p in (folder / "tls").iterdir()) == sorted(
+        ["ca.pem", "ca.key", "coordinator.pem", "coordinator.key"]
+        + [f"{n}.{ext}" for n in NAMES for ext in ("pem", "key")])
+    assert "mutual TLS" in (folder / "logs" / "coordinator.log").read_text()
+    results, _ = load_agent_results(folder, NAMES)
     assert [r["final"]["round"] for r in results] == [config.iterations] * 5
     assert {r["run_id"] for r in results} == {summary["run_id"]}
     numerators = [[int(v) for v in r["debug_mask_numerators"]] for r in results]
@@ -69,7 +73,8 @@ def test_network_matches_the_simulator_bitwise(dsgd_run) -> None:
 
 def test_production_results_do_not_expose_masks(tmp_path: Path) -> None:
     config = SMALL.replace(iterations=4, eval_every=2, algorithm="gt", schedule="constant:0.05")
-    summary = launch_local_network(config, results=tmp_path, quiet=True, insecure_noise_seed=3)
+    summary = launch_local_network(config, results=tmp_path, quiet=True, insecure_noise_seed=3,
+                                   insecure=True)  # --insecure still works end to end
     results, xs = load_agent_results(tmp_path, NAMES)
     text = json.dumps(results) + json.dumps(summary)
     assert "mask" not in text.replace('"mask": "zero-sum"', "")
@@ -105,22 +110,22 @@ def test_stopped_neighbour_is_named_within_the_deadline(tmp_path: Path) -> None:
     timeout = 4.0
     procs: list[subprocess.Popen] = []
     try:
+        # plaintext: this test is about deadlines, not about TLS (which the others use)
         coord = subprocess.Popen(
             efpsn("coordinator", "--listen", "127.0.0.1:0", "--port-file", str(tmp_path / "c"),
                   "--iterations", "100000", "--eval-every", "100000", "--key-bits", "2048",
-                  "--round-timeout", str(timeout)),
+                  "--round-timeout", str(timeout), "--insecure"),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         procs.append(coord)
         port = _wait_port(tmp_path / "c", coord)
-        logs = {}
         for name in NAMES:
-            logs[name] = open(tmp_path / f"{name}.log", "w")
-            procs.append(subprocess.Popen(
-                efpsn("agent", "--name", name, "--listen", "127.0.0.1:0",
-                      "--coordinator", f"127.0.0.1:{port}", "--results", str(tmp_path)),
-                stdout=logs[name], stderr=subprocess.STDOUT,
-            ))
+            with open(tmp_path / f"{name}.log", "w") as log:
+                procs.append(subprocess.Popen(
+                    efpsn("agent", "--name", name, "--listen", "127.0.0.1:0", "--insecure",
+                          "--coordinator", f"127.0.0.1:{port}", "--results", str(tmp_path)),
+                    stdout=log, stderr=subprocess.STDOUT,
+                ))
         agents = dict(zip(NAMES, procs[1:], strict=True))
         # wait until phase II is under way everywhere
         deadline = time.monotonic() + 120
@@ -148,24 +153,28 @@ def test_stopped_neighbour_is_named_within_the_deadline(tmp_path: Path) -> None:
 def test_coordinator_serves_health_and_reflection_and_rejects_bad_runs(tmp_path: Path) -> None:
     # bad parameters are one-line errors before anything listens
     bad = subprocess.run(
-        efpsn("coordinator", "--listen", "127.0.0.1:0", "--topology", "edges:" + str(tmp_path / "g")),
-        capture_output=True, text=True, timeout=120,
+        efpsn("coordinator", "--listen", "127.0.0.1:0", "--insecure",
+              "--topology", "edges:" + str(tmp_path / "g")),
+        check=False, capture_output=True, text=True, timeout=120,
     )
     assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "efpsn: error" in bad.stderr
     (tmp_path / "g").write_text("1 2\n3 4\n5 1\n")
     disconnected = subprocess.run(
-        efpsn("coordinator", "--listen", "127.0.0.1:0", "--topology", f"edges:{tmp_path / 'g'}"),
-        capture_output=True, text=True, timeout=120,
+        efpsn("coordinator", "--listen", "127.0.0.1:0", "--insecure",
+              "--topology", f"edges:{tmp_path / 'g'}"),
+        check=False, capture_output=True, text=True, timeout=120,
     )
     assert disconnected.returncode != 0 and "connected" in disconnected.stderr
     small_key = subprocess.run(
-        efpsn("coordinator", "--listen", "127.0.0.1:0", "--key-bits", "1024"),
-        capture_output=True, text=True, timeout=120,
+        efpsn("coordinator", "--listen", "127.0.0.1:0", "--insecure", "--key-bits", "1024"),
+        check=False, capture_output=True, text=True, timeout=120,
     )
     assert small_key.returncode != 0 and "2048" in small_key.stderr
 
+    # plaintext health and reflection (this part of the test is about them, not about TLS)
     proc = subprocess.Popen(
-        efpsn("coordinator", "--listen", "127.0.0.1:0", "--port-file", str(tmp_path / "p")),
+        efpsn("coordinator", "--listen", "127.0.0.1:0", "--insecure",
+              "--port-file", str(tmp_path / "p")),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     try:
@@ -186,15 +195,42 @@ def test_coordinator_serves_health_and_reflection_and_rejects_bad_runs(tmp_path:
     assert proc.returncode == 0  # SIGTERM is a clean shutdown
 
 
+def test_neither_tls_nor_insecure_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from efpsn.cli import main
+
+    for args in (("coordinator", "--listen", "127.0.0.1:0"),
+                 ("agent", "--name", "agent1", "--listen", "127.0.0.1:0",
+                  "--coordinator", "127.0.0.1:1", "--results", str(tmp_path)),
+                 ("agent", "--name", "agent1", "--coordinator", "127.0.0.1:1",
+                  "--tls-cert", str(tmp_path / "agent1.pem")),
+                 ("agent", "--name", "agent1", "--coordinator", "127.0.0.1:1",
+                  "--tls-dir", str(tmp_path), "--insecure")):
+        assert main(list(args)) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith("efpsn: error: ") and err.count("\n") == 1, err
+    assert "--insecure" in err
+    # a certificate that names another node is refused before anything listens
+    assert main(["certs", "--out", str(tmp_path / "tls"), "--names", "agent1,agent2"]) == 0
+    tls = tmp_path / "tls"
+    assert main(["agent", "--name", "agent1", "--coordinator", "127.0.0.1:1",
+                 "--tls-cert", str(tls / "agent2.pem"), "--tls-key", str(tls / "agent2.key"),
+                 "--tls-ca", str(tls / "ca.pem")]) == 2
+    err = capsys.readouterr().err
+    assert "agent2" in err and "'agent1'" in err and err.count("\n") == 1
+
+
 def test_up_fails_cleanly_on_bad_data(tmp_path: Path) -> None:
     # Bad data is caught before any process starts: one error line, nothing left running.
     out = subprocess.run(
         efpsn("up", "--iterations", "5", "--key-bits", "2048", "--quiet",
               "--results", str(tmp_path), "--data", "idx:" + str(tmp_path / "missing")),
-        capture_output=True, text=True, timeout=300,
+        check=False, capture_output=True, text=True, timeout=300,
     )
     assert out.returncode != 0
     assert "efpsn: error" in out.stderr
-    leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
+    leftover = subprocess.run(["pgrep", "-f", str(tmp_path)], check=False, capture_output=True,
+                              text=True)
     assert leftover.stdout.strip() == "", leftover.stdout
     assert not any(p.name.startswith("agent") for p in tmp_path.iterdir() if p.is_dir())

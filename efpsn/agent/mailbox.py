@@ -1,4 +1,5 @@
-"""An asyncio buffer for neighbours' messages: early ones wait, missing ones are named."""
+"""An asyncio buffer for neighbours' messages: early ones wait, missing ones are named, and a
+duplicate is told apart from a conflicting copy by the digest of its content."""
 
 from __future__ import annotations
 
@@ -22,34 +23,68 @@ class NeighbourTimeout(TimeoutError):
         )
 
 
+class ConflictingDuplicate(ValueError):
+    """A second copy of a (kind, round, sender) message whose content differs from the first."""
+
+
 class Mailbox:
-    """Messages keyed by (kind, round, sender).
+    """Messages keyed by (kind, round, sender), each with the digest of its content.
 
     `put` never blocks (it runs inside gRPC handlers); `collect` waits for a full set of senders.
-    A message that arrives before its round is buffered; a second copy of the same
-    (kind, round, sender) is reported as a duplicate and not stored again.
+    A message that arrives before its round is buffered. A second copy of the same
+    (kind, round, sender) with the same digest is a harmless retry (reported, not stored again);
+    with a different digest it is a ConflictingDuplicate. Digests outlive the payloads
+    (`discard_before` frees payloads, `forget_before` digests), so retries of rounds already
+    consumed can still be checked.
     """
 
     def __init__(self) -> None:
         self._boxes: dict[tuple[str, int], dict[str, Any]] = {}
+        self._digests: dict[tuple[str, int], dict[str, bytes]] = {}
         self._changed = asyncio.Event()
 
-    def put(self, kind: str, round_: int, sender: str, payload: Any) -> bool:
-        """Store a message; False when that (kind, round, sender) was already delivered."""
-        box = self._boxes.setdefault((kind, round_), {})
-        if sender in box:
+    def put(self, kind: str, round_: int, sender: str, payload: Any, digest: bytes) -> bool:
+        """Store a message; False when an identical copy was already delivered."""
+        seen = self._digests.setdefault((kind, round_), {})
+        known = seen.get(sender)
+        if known is not None:
+            if known != digest:
+                raise ConflictingDuplicate(
+                    f"a different {kind} message for round {round_} from {sender} was already "
+                    "received (a duplicate must repeat the first copy exactly)"
+                )
             return False
-        box[sender] = payload
+        seen[sender] = digest
+        self._boxes.setdefault((kind, round_), {})[sender] = payload
         self._changed.set()
         return True
+
+    def remember(self, kind: str, round_: int, sender: str, digest: bytes) -> None:
+        """Record that (kind, round_, sender) was delivered with this digest, without a payload
+        (e.g. restored from disk after a restart), so retries can be checked against it."""
+        self._digests.setdefault((kind, round_), {})[sender] = digest
+
+    def digest(self, kind: str, round_: int, sender: str) -> bytes | None:
+        """Digest of the delivered (kind, round_, sender) message, if it is still remembered."""
+        return self._digests.get((kind, round_), {}).get(sender)
 
     def has(self, kind: str, round_: int, sender: str) -> bool:
         return sender in self._boxes.get((kind, round_), {})
 
     def discard_before(self, kind: str, round_: int) -> None:
-        """Forget delivered messages of `kind` for rounds < round_ (bounded memory)."""
+        """Forget delivered payloads of `kind` for rounds < round_ (bounded memory)."""
         for key in [k for k in self._boxes if k[0] == kind and k[1] < round_]:
             del self._boxes[key]
+
+    def forget_before(self, kind: str, round_: int) -> None:
+        """Forget payloads and digests of `kind` for rounds < round_."""
+        self.discard_before(kind, round_)
+        for key in [k for k in self._digests if k[0] == kind and k[1] < round_]:
+            del self._digests[key]
+
+    def size(self) -> int:
+        """Number of buffered payloads (for tests of bounded memory)."""
+        return sum(len(box) for box in self._boxes.values())
 
     async def collect(
         self, kind: str, round_: int, senders: Iterable[str], *, timeout: float

@@ -1,8 +1,17 @@
-"""One EFPSN agent as a gRPC service: register, phase I with neighbours, phase II rounds, results."""
+"""One EFPSN agent as a gRPC service: register, phase I with neighbours, phase II rounds, results.
+
+Crash safety: the assignment is saved before phase I, the mask before phase II, and the phase II
+state every `checkpoint_every` rounds (efpsn/agent/state.py). An agent restarted with the same
+command reloads all of it (it never redraws its mask and never calls the coordinator again),
+rebinds the port it advertised, and replays the rounds since its checkpoint: its neighbours keep
+their last `keep_rounds` outboxes and serve them through Agent.GetRound, and since batches are a
+pure function of (seed, agent, round) the replay recomputes bit-identical iterates.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import math
@@ -17,15 +26,28 @@ import numpy as np
 import torch
 
 from efpsn import paillier
-from efpsn.agent.mailbox import Mailbox
+from efpsn.agent.mailbox import Mailbox, NeighbourTimeout
+from efpsn.agent.state import Checkpoint, SavedAssignment, StateError, StateStore
 from efpsn.algorithms import AgentState, Message, StepContext, make_algorithm
 from efpsn.cli_common import write_json
 from efpsn.config import RunConfig
 from efpsn.masking import MaskCoefficients, Masker, independent_mask
-from efpsn.net import Server, call_with_retry, open_channel, start_server, write_port_file
+from efpsn.net import (
+    Reject,
+    RejectionLog,
+    Server,
+    add_service,
+    call_with_retry,
+    guarded,
+    open_channel,
+    split_address,
+    start_server,
+    write_port_file,
+)
 from efpsn.problem import Problem, build_problem
 from efpsn.schedules import make_schedule
 from efpsn.simulator import noise_generator
+from efpsn.tls import TlsConfig, caller_names
 from efpsn.wire import serde
 from efpsn.wire.serde import Phase, WireError
 from efpsn.wire.v1 import (
@@ -37,6 +59,8 @@ from efpsn.wire.v1 import (
 )
 
 log = logging.getLogger("efpsn.agent")
+
+StatusCode = grpc.StatusCode
 
 
 class AgentFailure(RuntimeError):
@@ -54,10 +78,37 @@ class AgentOptions:
     results_dir: Path = Path("results")
     register_timeout: float = 600.0
     port_file: str | None = None
+    # Mutual TLS (None: plaintext, only with an explicit --insecure). The certificate must name
+    # this agent; peers are verified against their agent names, the coordinator against
+    # coordinator_name.
+    tls: TlsConfig | None = None
+    coordinator_name: str = "coordinator"
+    # Crash safety: state folder (default RESULTS/NAME/state), checkpoint interval, and how many
+    # recent outboxes to keep for neighbours that restart (must exceed checkpoint_every + 2 at
+    # every agent of the run).
+    state_dir: Path | None = None
+    checkpoint_every: int = 50
+    keep_rounds: int = 128
     # Test and debugging hooks. Both break privacy; never use them in a real deployment.
     insecure_noise_seed: int | None = None  # reproducible noise (to compare with the simulator)
     debug_expose_mask: bool = False  # write this agent's mask numerators into result.json
     allow_insecure_keys: bool = False  # accept Paillier keys below 2048 bits
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if self.keep_rounds < self.checkpoint_every + 3:
+            raise ValueError(
+                f"keep_rounds ({self.keep_rounds}) must exceed checkpoint_every + 2 "
+                f"({self.checkpoint_every + 2}): a neighbour restarted from its last checkpoint "
+                "replays up to checkpoint_every + 2 rounds from our history"
+            )
+        if self.tls is not None:
+            self.tls.require_name(self.name)
+
+    @property
+    def state_folder(self) -> Path:
+        return self.state_dir or Path(self.results_dir) / self.name / "state"
 
 
 @dataclass
@@ -69,6 +120,7 @@ class Session:
     problem: Problem
     names: dict[int, str]  # neighbour index -> name
     addresses: dict[str, str]  # neighbour name -> host:port
+    message_shapes: dict[str, tuple[int, ...]]  # what a round message must carry
 
     @property
     def run_id(self) -> str:
@@ -98,108 +150,208 @@ class Status:
     finished: bool = False
 
 
+def _short(text: str, limit: int = 64) -> str:
+    """repr of (the start of) an untrusted string, for error messages."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
 class AgentService(agent_pb2_grpc.AgentServicer):
-    """The gRPC edge: validate, decode, drop into the mailbox. Never touches the algorithm."""
+    """The gRPC edge: authenticate, validate, decode, drop into the mailbox.
+
+    Every handler checks, before it touches any state: the caller's certificate names the
+    claimed sender (mutual TLS), the sender is a neighbour, run id, phase and round window, and
+    the payload (shapes, dtypes, finiteness; key size; ciphertext range and key fingerprint). A
+    duplicate must repeat the first copy exactly. Refusals are counted (GetStatus.rejections)
+    and logged; no exception escapes as UNKNOWN (efpsn.net.guarded).
+    """
 
     def __init__(self, node: AgentNode) -> None:
         self.node = node
+        self.rejections = node.rejections
 
-    async def _session(self, context: grpc.aio.ServicerContext) -> Session:
+    # ---------------------------------------------------------------- checks
+
+    def _authenticate(self, context: grpc.aio.ServicerContext, claimed: str) -> None:
+        """Under mutual TLS the claimed sender must be a name in the caller's certificate."""
+        if self.node.options.tls is None:
+            return
+        names = caller_names(context)
+        if not names:
+            raise Reject(StatusCode.UNAUTHENTICATED,
+                         "this agent requires mutual TLS: the call carries no client certificate")
+        if claimed not in names:
+            raise Reject(
+                StatusCode.PERMISSION_DENIED,
+                f"the caller's certificate is for {sorted(names)}, but the message claims to "
+                f"come from {_short(claimed)}",
+            )
+
+    def _session(self) -> Session:
         session = self.node.session
         if session is None:
-            # Not assigned yet: the sender retries UNAVAILABLE with backoff.
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "agent not assigned to a run yet")
+            # Not assigned (or not restored) yet: the sender retries UNAVAILABLE with backoff.
+            raise Reject(StatusCode.UNAVAILABLE, "agent not assigned to a run yet")
         return session
 
-    async def _reject(self, context: grpc.aio.ServicerContext, what: str, exc: Exception) -> None:
-        log.warning("%s: rejected %s: %s", self.node.options.name, what, exc)
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {exc}")
+    def _check_header(
+        self, header: common_pb2.Header, context: grpc.aio.ServicerContext, phase: Phase,
+        *, round_: int | None = None,
+    ) -> tuple[Session, serde.Header]:
+        if not isinstance(header, common_pb2.Header):
+            raise TypeError(f"expected efpsn.v1.Header, got {type(header).__name__}")
+        self._authenticate(context, header.sender)
+        s = self._session()
+        if header.sender not in s.neighbour_names:
+            raise Reject(
+                StatusCode.PERMISSION_DENIED,
+                f"sender {_short(header.sender)} is not a neighbour of {self.node.options.name} "
+                f"in run {s.run_id} (neighbours: {', '.join(sorted(s.neighbour_names))})",
+            )
+        parsed = serde.validate_header(header, run_id=s.run_id, phase=phase, round=round_)
+        return s, parsed
 
+    def _late_phase_one(self, kind: str, sender: str, digest: bytes) -> common_pb2.Ack | None:
+        """After a restart phase I is over: a retry of a message the previous process received
+        (its ack may have been lost in the crash) is acknowledged if it is identical to what was
+        received, as recorded next to the saved mask; anything else is refused."""
+        if not self.node.phase_one_restored:
+            return None
+        if self.node.mailbox.digest(kind, 0, sender) != digest:
+            raise Reject(StatusCode.FAILED_PRECONDITION,
+                         f"phase I is over at this agent (it resumed from its saved mask), and "
+                         f"this {kind} message is not the one it received from {sender}")
+        return common_pb2.Ack(accepted=True, detail="duplicate of a phase I message")
+
+    # ---------------------------------------------------------------- phase I
+
+    @guarded
     async def PutPublicKey(
         self, request: agent_pb2.PublicKeyMessage, context: grpc.aio.ServicerContext
     ) -> common_pb2.Ack:
-        s = await self._session(context)
-        try:
-            header = serde.validate_header(
-                request.header, run_id=s.run_id, phase=Phase.KEYS, senders=s.neighbour_names
-            )
-            n = serde.public_key_from_proto(request.key)
-            key = paillier.public_key_from_n(n)
-            paillier.check_key_size(key, allow_insecure=self.node.options.allow_insecure_keys)
-        except (WireError, ValueError, TypeError) as exc:
-            await self._reject(context, "public key", exc)
-        fresh = self.node.mailbox.put("key", 0, header.sender, key)
+        _, header = self._check_header(request.header, context, Phase.KEYS, round_=0)
+        n = serde.public_key_from_proto(request.key)
+        late = self._late_phase_one("key", header.sender, serde.key_fingerprint(n))
+        if late is not None:
+            return late
+        key = paillier.public_key_from_n(n)
+        paillier.check_key_size(key, allow_insecure=self.node.options.allow_insecure_keys)
+        fresh = self.node.mailbox.put("key", 0, header.sender, key, serde.key_fingerprint(n))
         return common_pb2.Ack(accepted=True, detail="" if fresh else "duplicate ignored")
 
+    @guarded
     async def PutShares(
         self, request: agent_pb2.SharesMessage, context: grpc.aio.ServicerContext
     ) -> common_pb2.Ack:
-        s = await self._session(context)
+        s, header = self._check_header(request.header, context, Phase.SHARES, round_=0)
+        late = self._late_phase_one("shares", header.sender, serde.shares_digest(request.batch))
+        if late is not None:
+            return late
         masker = self.node.masker
         if masker is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "phase I key not ready yet")
-        try:
-            header = serde.validate_header(
-                request.header, run_id=s.run_id, phase=Phase.SHARES, senders=s.neighbour_names
+            raise Reject(StatusCode.UNAVAILABLE, "phase I key not ready yet")
+        batch = serde.ciphertexts_from_proto(
+            request.batch,
+            expected_fingerprint=paillier.fingerprint(masker.public_key),
+            expected_num_coefficients=s.config.N,
+            expected_packed=s.config.packed,
+        )
+        if len(batch.ciphertexts) != masker.ciphertexts_per_neighbour:
+            raise WireError(
+                f"expected {masker.ciphertexts_per_neighbour} ciphertexts, "
+                f"got {len(batch.ciphertexts)}"
             )
-            batch = serde.ciphertexts_from_proto(
-                request.batch,
-                expected_fingerprint=paillier.fingerprint(masker.public_key),
-                expected_num_coefficients=s.config.N,
-                expected_packed=s.config.packed,
-            )
-            if len(batch.ciphertexts) != masker.ciphertexts_per_neighbour:
-                raise WireError(
-                    f"expected {masker.ciphertexts_per_neighbour} ciphertexts, "
-                    f"got {len(batch.ciphertexts)}"
-                )
-            for c in batch.ciphertexts:
+        for i, c in enumerate(batch.ciphertexts):
+            try:
                 paillier.validate_ciphertext(masker.public_key, c)
-        except (WireError, ValueError, TypeError) as exc:
-            await self._reject(context, "shares", exc)
-        fresh = self.node.mailbox.put("shares", 0, header.sender, list(batch.ciphertexts))
+            except ValueError as exc:
+                raise WireError(f"ciphertext {i}: {exc}") from None
+        fresh = self.node.mailbox.put(
+            "shares", 0, header.sender, list(batch.ciphertexts), serde.shares_digest(request.batch)
+        )
         return common_pb2.Ack(accepted=True, detail="" if fresh else "duplicate ignored")
 
+    # ---------------------------------------------------------------- phase II
+
+    @guarded
     async def PutRound(
         self, request: agent_pb2.RoundMessage, context: grpc.aio.ServicerContext
     ) -> common_pb2.Ack:
-        s = await self._session(context)
+        s, header = self._check_header(request.header, context, Phase.OPTIMIZE)
         node = self.node
-        try:
-            header = serde.validate_header(
-                request.header, run_id=s.run_id, phase=Phase.OPTIMIZE, senders=s.neighbour_names
-            )
-            current = node.status.round
-            if header.round < current and node.mailbox_consumed(header.sender, header.round):
-                return common_pb2.Ack(accepted=True, detail="duplicate of a consumed round")
-            # A neighbour is at most one round ahead of us (it needs our round-t message to
-            # reach round t + 1), so anything outside [current, current + 1] is not protocol.
-            if not current <= header.round <= current + 1:
-                raise WireError(
-                    f"round {header.round} is outside the window [{current}, {current + 1}]"
+        t, last = header.round, s.config.iterations
+        if t > last:
+            raise WireError(f"round {t} is beyond the run's last round {last}")
+        current = node.status.round
+        if t < current:
+            # A retry (or a neighbour's bit-identical replay after its restart) of a round we
+            # consumed: acknowledge it if it matches what we got, refuse it otherwise.
+            known = node.mailbox.digest("round", t, header.sender)
+            if known is None and node.resumed_from is not None and t < node.resumed_from:
+                # consumed by this agent's previous process (which reached a later checkpoint,
+                # so it had this message); a retry whose ack the crash lost: nothing to do
+                return common_pb2.Ack(accepted=True,
+                                      detail="round consumed before this agent restarted")
+            if known is None:
+                raise Reject(
+                    StatusCode.FAILED_PRECONDITION,
+                    f"round {t} is behind this agent (at round {current}) and older than the "
+                    f"rounds it remembers",
                 )
-            tensors = serde.message_from_proto(request, expected_shapes=node.message_shapes)
-            for name, tensor in tensors.items():
-                if tensor.dtype != torch.float64:
-                    raise WireError(f"tensor {name!r} must be float64, got {tensor.dtype}")
-                if not bool(torch.isfinite(tensor).all()):
-                    raise WireError(f"tensor {name!r} has non-finite entries")
-        except (WireError, ValueError, TypeError) as exc:
-            await self._reject(context, f"round message from {request.header.sender!r}", exc)
-        fresh = node.mailbox.put("round", header.round, header.sender, tensors)
+            if known != serde.round_digest(request):
+                raise WireError(
+                    f"round {t} from {header.sender} conflicts with the copy already received"
+                )
+            return common_pb2.Ack(accepted=True, detail="duplicate of a consumed round")
+        if t > current + 1:
+            # A neighbour ahead of us while we catch up after a restart: let it retry later
+            # instead of buffering an unbounded number of rounds.
+            raise Reject(
+                StatusCode.UNAVAILABLE,
+                f"this agent is at round {current}; round {t} is ahead of its window, retry",
+            )
+        tensors = node.decode_round(request, sender=header.sender, round_=t)
+        fresh = node.mailbox.put("round", t, header.sender, tensors, serde.round_digest(request))
         return common_pb2.Ack(accepted=True, detail="" if fresh else "duplicate ignored")
 
+    @guarded
+    async def GetRound(
+        self, request: agent_pb2.RoundRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.RoundReply:
+        s, header = self._check_header(request.header, context, Phase.OPTIMIZE)
+        node = self.node
+        t, last = header.round, s.config.iterations
+        if t > last:
+            raise WireError(f"round {t} is beyond the run's last round {last}")
+        message = node.sent.get(t)
+        if message is not None:
+            return serde.round_reply(message, latest_round=node.produced)
+        if t > node.produced:
+            return serde.round_reply(None, latest_round=node.produced)
+        held = f"{min(node.sent)}..{max(node.sent)}" if node.sent else "none"
+        raise Reject(
+            StatusCode.NOT_FOUND,
+            f"round {t} is no longer held by {node.options.name} (it keeps rounds {held})",
+        )
+
+    @guarded
     async def GetStatus(
         self, request: agent_pb2.StatusRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.AgentStatus:
         node = self.node
         s = node.session
+        if request.run_id and s is not None and request.run_id != s.run_id:
+            raise Reject(StatusCode.NOT_FOUND,
+                         f"this agent is in run {s.run_id}, not {_short(request.run_id)}")
         st = node.status
-        return agent_pb2.AgentStatus(
+        reply = agent_pb2.AgentStatus(
             run_id=s.run_id if s else "", name=node.options.name, phase=int(st.phase),
             round=st.round, total_rounds=s.config.iterations if s else 0, loss=st.loss,
             accuracy=st.accuracy, error=st.error, finished=st.finished,
+            rejections=dict(node.rejections.counts),
         )
+        if node.resumed_from is not None:
+            reply.resumed_from_round = node.resumed_from
+        return reply
 
 
 @dataclass
@@ -211,38 +363,86 @@ class AgentNode:
     status: Status = field(default_factory=Status)
     session: Session | None = None
     masker: Masker | None = None
-    message_shapes: dict[str, tuple[int, ...]] | None = None
     server: Server | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    rejections: RejectionLog = field(init=False)
+    # phase II bookkeeping: my outboxes of the last keep_rounds rounds (served by GetRound)
+    sent: collections.OrderedDict[int, agent_pb2.RoundMessage] = field(
+        default_factory=collections.OrderedDict)
+    produced: int = -1  # newest round whose outbox exists
+    resumed_from: int | None = None  # round this process resumed at (None: fresh start)
+    phase_one_restored: bool = False  # mask loaded from disk: phase I messages are stale
+    history: list[dict[str, float]] = field(default_factory=list)
+    _pull_from: set[str] = field(default_factory=set)  # neighbours that may hold lost rounds
     _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
-    _consumed_round: int = -1
+    _store: StateStore | None = None
+    _saved: SavedAssignment | None = None
+    _final_outbox: Message | None = None
 
-    def mailbox_consumed(self, sender: str, round_: int) -> bool:
-        """True when round_ was already stepped on (so a re-delivery is a harmless retry)."""
-        return round_ <= self._consumed_round
+    def __post_init__(self) -> None:
+        self.rejections = RejectionLog(log, self.options.name)
+        self._store = StateStore(self.options.state_folder)
+
+    @property
+    def store(self) -> StateStore:
+        assert self._store is not None
+        return self._store
 
     # ---------------------------------------------------------------- lifecycle
 
     async def run(self) -> dict[str, Any]:
-        """Serve, register, mask, optimise, write results. Returns the result record."""
+        """Serve, register (or resume), mask, optimise, write results. Returns the result."""
         opts = self.options
-        self.server = await start_server(opts.listen, add_servicers=self._add_servicers)
+        try:
+            saved = self.store.load_assignment()
+        except StateError as exc:
+            raise AgentFailure(str(exc)) from None
+        listen = opts.listen
+        if saved is not None:
+            self._check_resumable(saved)
+            host, port = split_address(listen)
+            if port == 0:  # rebind the port neighbours know
+                listen = f"{host}:{saved.port}"
+        credentials = opts.tls.server_credentials() if opts.tls else None
+        self.server = await start_server(listen, add_servicers=self._add_servicers,
+                                         credentials=credentials)
         await self.server.set_serving(True)
         write_port_file(opts.port_file, self.server.port)
         try:
-            self.session = await self._register()
+            if saved is None:
+                assignment = await self._register()
+                self.session = await self._open_session(assignment)
+                self._saved = SavedAssignment(assignment=assignment, advertise=self._advertised(),
+                                              port=self.server.port, finished=False)
+                self.store.save_assignment(assignment, advertise=self._saved.advertise,
+                                           port=self.server.port)
+                start = time.perf_counter()
+                mask = await self._phase_one()
+                self.timings["phase1_seconds"] = time.perf_counter() - start
+                self.store.save_mask(mask, run_id=assignment.run_id, stats=dict(self.timings),
+                                     received=self._phase_one_digests())
+            else:
+                self._saved = saved
+                if self._advertised() != saved.advertise:
+                    raise AgentFailure(
+                        f"{opts.name} advertised {saved.advertise} in run "
+                        f"{saved.assignment.run_id}, but would now be reached at "
+                        f"{self._advertised()}: restart it with the same --listen/--advertise"
+                    )
+                session = await self._open_session(saved.assignment)
+                mask = self._restore(session)
+                self.session = session
             start = time.perf_counter()
-            mask = await self._phase_one()
-            self.timings["phase1_seconds"] = time.perf_counter() - start
-            start = time.perf_counter()
-            state = await self._phase_two(mask)
+            state = await self._phase_two(mask, resume=saved is not None)
             self.timings["phase2_seconds"] = time.perf_counter() - start
-            self.timings["seconds_per_round"] = (
-                self.timings["phase2_seconds"] / self.session.config.iterations
-            )
+            assert self.session is not None
+            rounds = self.session.config.iterations - (self.resumed_from or 0)
+            self.timings["seconds_per_round"] = self.timings["phase2_seconds"] / max(1, rounds)
             result = self._write_results(state, mask)
+            self.store.mark_finished(self._saved)
             self.status.phase = Phase.DONE
             self.status.finished = True
+            await self._final_barrier()
             return result
         except Exception as exc:
             self.status.error = str(exc) or type(exc).__name__
@@ -252,9 +452,55 @@ class AgentNode:
                 await channel.close()
             await self.server.stop(grace=0.5)
 
+    def _check_resumable(self, saved: SavedAssignment) -> None:
+        opts = self.options
+        where = self.store.folder
+        if saved.assignment.name != opts.name:
+            raise AgentFailure(f"the state in {where} belongs to {saved.assignment.name}, "
+                               f"not {opts.name}")
+        if saved.finished:
+            raise AgentFailure(
+                f"{opts.name} already finished run {saved.assignment.run_id} (state in {where}); "
+                "remove that folder (or give another --results/--state-dir) to start a new run"
+            )
+        if not self.store.mask_path.exists():
+            raise AgentFailure(
+                f"{opts.name} was stopped during phase I of run {saved.assignment.run_id}: its "
+                f"mask was never saved (state in {where}), and drawing a new one would break "
+                "the zero sum of the masks. This run cannot continue: start a new run"
+            )
+
+    def _restore(self, session: Session) -> MaskCoefficients:
+        """Reload the saved mask (a resumed agent never redraws it)."""
+        try:
+            saved_mask = self.store.load_mask(run_id=session.run_id)
+        except StateError as exc:
+            raise AgentFailure(f"{self.options.name} cannot resume: {exc}") from None
+        if saved_mask is None or saved_mask.mask.num_coefficients != session.config.N:
+            raise AgentFailure(f"{self.options.name} cannot resume: no usable mask for "
+                               f"{session.config.N} coefficients in {self.store.mask_path}")
+        self.timings.update(saved_mask.stats)
+        for kind, by_sender in saved_mask.received.items():
+            for sender, digest in by_sender.items():
+                self.mailbox.remember(kind, 0, sender, digest)
+        self.phase_one_restored = True
+        self._pull_from = set(session.neighbour_names)
+        return saved_mask.mask
+
+    def _phase_one_digests(self) -> dict[str, dict[str, bytes]]:
+        """Digests of the phase I messages received from each neighbour (saved with the mask)."""
+        assert self.session is not None
+        out: dict[str, dict[str, bytes]] = {}
+        for kind in ("key", "shares"):
+            for name in self.session.neighbour_names:
+                digest = self.mailbox.digest(kind, 0, name)
+                if digest is not None:
+                    out.setdefault(kind, {})[name] = digest
+        return out
+
     def _add_servicers(self, server: grpc.aio.Server) -> list[str]:
-        agent_pb2_grpc.add_AgentServicer_to_server(AgentService(self), server)
-        return [agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name]
+        return [add_service(server, AgentService(self),
+                            agent_pb2.DESCRIPTOR.services_by_name["Agent"])]
 
     def _advertised(self) -> str:
         if self.options.advertise:
@@ -267,10 +513,17 @@ class AgentNode:
         assert self.server is not None
         return f"{host}:{self.server.port}"
 
-    async def _register(self) -> Session:
+    def _open(self, address: str, server_name: str) -> grpc.aio.Channel:
+        tls = self.options.tls
+        if tls is None:
+            return open_channel(address)
+        return open_channel(address, credentials=tls.channel_credentials(),
+                            server_name=server_name)
+
+    async def _register(self) -> serde.Assignment:
         opts = self.options
         loop = asyncio.get_running_loop()
-        channel = open_channel(opts.coordinator)
+        channel = self._open(opts.coordinator, opts.coordinator_name)
         self._channels["coordinator"] = channel
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         request = coordinator_pb2.RegisterRequest(name=opts.name, address=self._advertised())
@@ -282,9 +535,15 @@ class AgentNode:
             )
         except grpc.aio.AioRpcError as exc:
             raise AgentFailure(
-                f"coordinator {opts.coordinator} refused {opts.name}: {exc.details()}"
+                f"coordinator {opts.coordinator} refused {opts.name}: {exc.code().name}: "
+                f"{exc.details()}"
             ) from None
         assignment = serde.assignment_from_proto(reply)
+        if assignment.name != opts.name:
+            raise AgentFailure(f"coordinator assigned name {assignment.name!r} to {opts.name}")
+        return assignment
+
+    async def _open_session(self, assignment: serde.Assignment) -> Session:
         config = RunConfig.from_dict(assignment.params)
         problem = await asyncio.to_thread(build_problem, config)
         expected = set(problem.graph.neighbours(assignment.index))
@@ -294,12 +553,16 @@ class AgentNode:
                 f"coordinator assigned neighbours {sorted(got)} but the topology "
                 f"{config.topology!r} gives {sorted(expected)}"
             )
-        log.info("%s is agent index %d of run %s; neighbours %s", opts.name, assignment.index,
-                 assignment.run_id, ", ".join(p.name for p in assignment.neighbours))
+        shape = tuple(problem.initial_params().shape)
+        keys = make_algorithm(config.algorithm).message_keys
+        log.info("%s is agent index %d of run %s; neighbours %s", self.options.name,
+                 assignment.index, assignment.run_id,
+                 ", ".join(p.name for p in assignment.neighbours))
         return Session(
             assignment=assignment, config=config, problem=problem,
             names={p.index: p.name for p in assignment.neighbours},
             addresses={p.name: p.address for p in assignment.neighbours},
+            message_shapes={k: shape for k in keys},
         )
 
     # ---------------------------------------------------------------- sending
@@ -308,36 +571,41 @@ class AgentNode:
         assert self.session is not None
         channel = self._channels.get(name)
         if channel is None:
-            channel = open_channel(self.session.addresses[name])
+            channel = self._open(self.session.addresses[name], name)
             self._channels[name] = channel
         return agent_pb2_grpc.AgentStub(channel)
 
-    async def _send(
-        self, name: str, method: str, request: Any, *, timeout: float
-    ) -> None:
-        """Deliver one message to a neighbour, retrying while it is unreachable.
-
-        Errors name the neighbour, its address and what was being sent (phase and round)."""
+    async def _call(self, name: str, method: str, request: Any, *, deadline: float,
+                    what: str) -> Any:
+        """One RPC to a neighbour, retried while it is unreachable or not ready; errors name the
+        neighbour, its address and what was being done."""
         assert self.session is not None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        rpc: Callable[..., Awaitable[common_pb2.Ack]] = getattr(self._stub(name), method)
+        rpc: Callable[..., Awaitable[Any]] = getattr(self._stub(name), method)
         address = self.session.addresses[name]
-        what = f"{Phase(request.header.phase).name} round {request.header.round}"
         try:
-            ack = await call_with_retry(
+            return await call_with_retry(
                 lambda: rpc(request, timeout=max(0.1, deadline - loop.time())),
-                deadline=deadline, what=f"sending {what} to neighbour {name} ({address})",
+                deadline=deadline, what=f"{what} neighbour {name} ({address})",
             )
         except grpc.aio.AioRpcError as exc:
             raise AgentFailure(
-                f"neighbour {name} ({address}) rejected {what}: {exc.code().name}: "
+                f"neighbour {name} ({address}) refused {what}: {exc.code().name}: "
                 f"{exc.details()}"
             ) from None
         except TimeoutError as exc:
             raise AgentFailure(str(exc)) from None
+
+    async def _send(self, name: str, method: str, request: Any, *, timeout: float) -> None:
+        """Deliver one message to a neighbour (phase and round in every error)."""
+        loop = asyncio.get_running_loop()
+        what = f"{Phase(request.header.phase).name} round {request.header.round}"
+        ack = await self._call(name, method, request, deadline=loop.time() + timeout,
+                               what=f"sending {what} to")
         if not ack.accepted:
-            raise AgentFailure(f"neighbour {name} ({address}) refused {what}: {ack.detail}")
+            assert self.session is not None
+            raise AgentFailure(f"neighbour {name} ({self.session.addresses[name]}) refused "
+                               f"{what}: {ack.detail}")
 
     async def _send_all(self, method: str, make: Callable[[str], Any], *, timeout: float) -> None:
         assert self.session is not None
@@ -352,9 +620,8 @@ class AgentNode:
         assert s is not None
         try:
             got = await self.mailbox.collect(kind, round_, s.neighbour_names, timeout=timeout)
-        except TimeoutError as exc:
-            missing = getattr(exc, "missing", [])
-            where = ", ".join(f"{m} ({s.addresses[m]})" for m in missing)
+        except NeighbourTimeout as exc:
+            where = ", ".join(f"{m} ({s.addresses[m]})" for m in exc.missing)
             raise AgentFailure(f"{self.options.name}: {exc} [{where}]") from None
         index = {name: i for i, name in s.names.items()}
         return {index[name]: payload for name, payload in got.items()}
@@ -420,7 +687,24 @@ class AgentNode:
 
     # ---------------------------------------------------------------- phase II
 
-    async def _phase_two(self, mask: MaskCoefficients) -> AgentState:
+    def decode_round(
+        self, pb: agent_pb2.RoundMessage, *, sender: str, round_: int
+    ) -> dict[str, torch.Tensor]:
+        """Validate a neighbour's round message (pushed or pulled): header, names, shapes,
+        float64, finite. Raises WireError saying what is wrong."""
+        s = self.session
+        assert s is not None
+        serde.validate_header(pb.header, run_id=s.run_id, phase=Phase.OPTIMIZE,
+                              senders={sender}, round=round_)
+        tensors = serde.message_from_proto(pb, expected_shapes=s.message_shapes)
+        for name, tensor in tensors.items():
+            if tensor.dtype != torch.float64:
+                raise WireError(f"tensor {name!r} must be float64, got {tensor.dtype}")
+            if not bool(torch.isfinite(tensor).all()):
+                raise WireError(f"tensor {name!r} has non-finite entries")
+        return tensors
+
+    async def _phase_two(self, mask: MaskCoefficients, *, resume: bool) -> AgentState:
         s = self.session
         assert s is not None
         cfg, problem = s.config, s.problem
@@ -431,33 +715,110 @@ class AgentNode:
             oracle=problem.objective(s.index, mask),
         )
         state, outbox = algorithm.init(problem.initial_params(), ctx)
-        self.message_shapes = {k: tuple(outbox[k].shape) for k in algorithm.message_keys}
+        checkpoint = self._load_checkpoint(state) if resume else None
+        if resume:
+            self.resumed_from = checkpoint.round if checkpoint else 0
+            log.warning("%s resumes run %s at round %d (saved mask reloaded; %s)",
+                        self.options.name, s.run_id, self.resumed_from,
+                        "from its checkpoint" if checkpoint else "no checkpoint yet")
+        if checkpoint is None:
+            self.history = [self._evaluate(state, 0)]
+        else:
+            state = AgentState(t=checkpoint.round, tensors=checkpoint.tensors)
+            # an outbox is the state's message tensors (true of every algorithm's step)
+            outbox = {k: state[k] for k in algorithm.message_keys}
+            self.history = list(checkpoint.history)
+            self._evaluate(state, checkpoint.round)
+        self.status.round = state.t
         self.status.phase = Phase.OPTIMIZE
-        self.history = [self._evaluate(state, 0)]
-        for t in range(cfg.iterations):
+        every = self.options.checkpoint_every
+        for t in range(state.t, cfg.iterations):
             self.status.round = t
             inbox = await self._exchange(outbox, t, timeout=cfg.round_timeout_seconds)
             state, outbox = algorithm.step(state, inbox, dataclasses.replace(ctx, lr=schedule(t)))
-            self._consumed_round = t
+            self.status.round = t + 1
             self.mailbox.discard_before("round", t + 1)
+            self.mailbox.forget_before("round", t + 1 - self.options.keep_rounds)
             if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.iterations:
                 self.history.append(self._evaluate(state, t + 1))
+            if (t + 1) % every == 0 and t + 1 < cfg.iterations:
+                self.store.save_checkpoint(run_id=s.run_id, round_=t + 1, tensors=state.tensors,
+                                           history=self.history)
         self.status.round = cfg.iterations
+        self._final_outbox = outbox
         return state
 
+    def _load_checkpoint(self, initial: AgentState) -> Checkpoint | None:
+        """The newest intact checkpoint with the same tensors as the algorithm's state."""
+        s = self.session
+        assert s is not None
+        expected = {k: tuple(v.shape) for k, v in initial.tensors.items()}
+        try:
+            return self.store.load_checkpoint(run_id=s.run_id, expected=expected)
+        except StateError as exc:
+            raise AgentFailure(f"{self.options.name} cannot resume: {exc}") from None
+
+    def _remember(self, t: int, request: agent_pb2.RoundMessage) -> None:
+        """Keep my round-t outbox for GetRound (the newest keep_rounds rounds)."""
+        self.sent[t] = request
+        self.produced = max(self.produced, t)
+        while len(self.sent) > self.options.keep_rounds:
+            self.sent.popitem(last=False)
+
     async def _exchange(self, outbox: Message, t: int, *, timeout: float) -> dict[int, Message]:
-        """Send my round-t message to every neighbour while collecting theirs."""
+        """Send my round-t message to every neighbour while collecting theirs (pulling rounds a
+        neighbour sent to this agent's previous process, after a restart)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         request = serde.message_to_proto(outbox, header=self._header(Phase.OPTIMIZE, t))
+        self._remember(t, request)
         sending = asyncio.ensure_future(
             self._send_all("PutRound", lambda name: request, timeout=timeout)
         )
         try:
-            inbox = await self._collect("round", t, timeout=timeout)
+            await self._pull_missing(t, deadline=deadline)
+            inbox = await self._collect("round", t, timeout=max(0.0, deadline - loop.time()))
             await sending
         finally:
             if not sending.done():
                 sending.cancel()
         return inbox
+
+    async def _pull_missing(self, t: int, *, deadline: float) -> None:
+        """After a restart, ask neighbours for round-t messages that were pushed to this agent's
+        previous process. A neighbour that has not reached round t yet will push it (to this
+        process), so it is not asked again."""
+        wanted = [n for n in sorted(self._pull_from) if not self.mailbox.has("round", t, n)]
+        if wanted:
+            await asyncio.gather(*(self._pull(name, t, deadline=deadline) for name in wanted))
+
+    async def _pull(self, name: str, t: int, *, deadline: float) -> None:
+        request = serde.round_request(header=self._header(Phase.OPTIMIZE, t))
+        reply = await self._call(name, "GetRound", request, deadline=deadline,
+                                 what=f"pulling OPTIMIZE round {t} from")
+        if not reply.available:
+            self._pull_from.discard(name)
+            return
+        try:
+            tensors = self.decode_round(reply.message, sender=name, round_=t)
+            self.mailbox.put("round", t, name, tensors, serde.round_digest(reply.message))
+        except ValueError as exc:
+            raise AgentFailure(f"neighbour {name} served a bad round {t}: {exc}") from None
+
+    async def _final_barrier(self) -> None:
+        """Push my final outbox (round T) and wait, still serving GetRound, until every
+        neighbour has finished too (or the round deadline passes): a neighbour that restarts
+        near the end can then still replay the rounds it needs from us."""
+        s = self.session
+        assert s is not None
+        t = s.config.iterations
+        timeout = s.config.round_timeout_seconds
+        try:
+            assert self._final_outbox is not None
+            await self._exchange(self._final_outbox, t, timeout=timeout)
+        except AgentFailure as exc:
+            log.warning("%s finished, but not every neighbour confirmed it did: %s",
+                        self.options.name, exc)
 
     def _evaluate(self, state: AgentState, t: int) -> dict[str, float]:
         """Local, unmasked metrics of this agent's iterate (what one agent can know)."""
@@ -491,6 +852,8 @@ class AgentNode:
             "history": self.history,
             "final": self.history[-1],
             "timings": self.timings,
+            "resumed_from_round": self.resumed_from,
+            "rejections": dict(self.rejections.counts),
             "model": "model.npy",
         }
         if self.options.debug_expose_mask:

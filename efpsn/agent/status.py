@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
 from efpsn.net import open_channel
+from efpsn.tls import TlsConfig
 from efpsn.wire.serde import Phase
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc
 
 
 @dataclass(frozen=True)
 class AgentStatus:
+    run_id: str
     name: str
     phase: Phase
     round: int
@@ -23,11 +25,24 @@ class AgentStatus:
     accuracy: float
     error: str
     finished: bool
+    rejections: dict[str, int] = field(default_factory=dict)
+    resumed_from_round: int | None = None
 
 
-async def fetch_status(name: str, address: str, *, timeout: float = 1.0) -> AgentStatus | None:
-    """One GetStatus call; None when the agent does not answer (not started, gone)."""
-    async with open_channel(address) as channel:
+def _channel(name: str, address: str, tls: TlsConfig | None) -> grpc.aio.Channel:
+    if tls is None:
+        return open_channel(address)
+    return open_channel(address, credentials=tls.channel_credentials(), server_name=name)
+
+
+async def fetch_status(
+    name: str, address: str, *, timeout: float = 1.0, tls: TlsConfig | None = None
+) -> AgentStatus | None:
+    """One GetStatus call; None when the agent does not answer (not started, gone).
+
+    With mutual TLS the caller presents `tls`'s certificate (any name the CA signed may read
+    the status) and checks the agent's certificate against `name`."""
+    async with _channel(name, address, tls) as channel:
         try:
             s = await agent_pb2_grpc.AgentStub(channel).GetStatus(
                 agent_pb2.StatusRequest(), timeout=timeout
@@ -39,14 +54,18 @@ async def fetch_status(name: str, address: str, *, timeout: float = 1.0) -> Agen
     except ValueError:
         phase = Phase.PHASE_UNSPECIFIED
     return AgentStatus(
-        name=s.name or name, phase=phase, round=s.round, total_rounds=s.total_rounds,
+        run_id=s.run_id, name=s.name or name, phase=phase, round=s.round,
+        total_rounds=s.total_rounds,
         loss=s.loss if math.isfinite(s.loss) else math.nan,
         accuracy=s.accuracy if math.isfinite(s.accuracy) else math.nan,
-        error=s.error, finished=s.finished,
+        error=s.error, finished=s.finished, rejections=dict(s.rejections),
+        resumed_from_round=s.resumed_from_round if s.HasField("resumed_from_round") else None,
     )
 
 
-async def fetch_statuses(addresses: dict[str, str]) -> dict[str, AgentStatus]:
+async def fetch_statuses(
+    addresses: dict[str, str], *, tls: TlsConfig | None = None
+) -> dict[str, AgentStatus]:
     """GetStatus on every agent concurrently; agents that do not answer are absent."""
-    pairs = await asyncio.gather(*(fetch_status(n, a) for n, a in addresses.items()))
+    pairs = await asyncio.gather(*(fetch_status(n, a, tls=tls) for n, a in addresses.items()))
     return {s.name: s for s in pairs if s is not None}

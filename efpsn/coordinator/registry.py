@@ -9,10 +9,23 @@ from efpsn.topology import build_graph, metropolis_weights
 from efpsn.wire.serde import Assignment, Peer
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+MAX_ADDRESS_CHARS = 255
+
+
+class NotExpected(ValueError):
+    """A registration under a name this run does not expect."""
+
+
+def default_names(agents: int) -> set[str]:
+    """agent1..agentN: the names `efpsn up`, `efpsn certs` and the compose file use."""
+    return {f"agent{i}" for i in range(1, agents + 1)}
 
 
 def check_address(address: str) -> None:
     """host:port with a port in 1..65535 (IPv6 hosts in brackets)."""
+    if len(address) > MAX_ADDRESS_CHARS:
+        raise ValueError(f"address must be at most {MAX_ADDRESS_CHARS} characters, "
+                         f"got {len(address)}")
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"address must be HOST:PORT with a port in 1..65535, got {address!r}")
@@ -40,21 +53,27 @@ class Registry:
         return len(self.addresses) == self.config.agents
 
     def register(self, name: str, address: str) -> None:
-        """Record an agent. Re-registering the same name with the same address is idempotent
-        (an agent restarted after a crash); anything else that conflicts is a ValueError."""
+        """Record an agent. Re-registering the same name with the same address is idempotent;
+        before the run is complete a re-registration may move the agent to a new address (an
+        agent restarted before the run began). Other conflicts are ValueErrors, names outside
+        the expected set NotExpected."""
         if not NAME_PATTERN.match(name):
+            shown = name if len(name) <= 64 else name[:64] + "..."
             raise ValueError(
-                f"agent name must match {NAME_PATTERN.pattern} (e.g. agent1), got {name!r}"
+                f"agent name must match {NAME_PATTERN.pattern} (e.g. agent1), got {shown!r}"
             )
         check_address(address)
         if self.expected_names is not None and name not in self.expected_names:
-            raise ValueError(f"{name!r} is not one of the expected agents")
+            raise NotExpected(f"{name!r} is not one of the expected agents")
         known = self.addresses.get(name)
         if known is not None:
             if known != address:
-                raise ValueError(
-                    f"{name!r} is already registered at {known}, not {address}"
-                )
+                if self.complete:
+                    raise ValueError(
+                        f"{name!r} is already registered at {known}, not {address}, and the "
+                        "run's assignments are out"
+                    )
+                self.addresses[name] = address
             return
         if self.complete:
             raise ValueError(

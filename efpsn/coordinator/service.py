@@ -9,8 +9,18 @@ import uuid
 import grpc
 
 from efpsn.config import RunConfig
-from efpsn.coordinator.registry import Registry
-from efpsn.net import Server, install_stop_signals, start_server, write_port_file
+from efpsn.coordinator.registry import NotExpected, Registry, default_names
+from efpsn.net import (
+    Reject,
+    RejectionLog,
+    Server,
+    add_service,
+    guarded,
+    install_stop_signals,
+    start_server,
+    write_port_file,
+)
+from efpsn.tls import TlsConfig, caller_names
 from efpsn.wire import serde
 from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
 
@@ -18,21 +28,43 @@ log = logging.getLogger("efpsn.coordinator")
 
 
 class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
-    """Holds Register calls open until every agent has registered, then answers them all."""
+    """Holds Register calls open until every agent has registered, then answers them all.
 
-    def __init__(self, registry: Registry, *, register_timeout: float) -> None:
+    Under mutual TLS (tls_required) a caller may only register under a name in its client
+    certificate, and only expected names are accepted at all; refusals are counted
+    (GetRunStatus.rejections) and logged.
+    """
+
+    def __init__(self, registry: Registry, *, register_timeout: float,
+                 tls_required: bool = False) -> None:
         self.registry = registry
         self.register_timeout = register_timeout
+        self.tls_required = tls_required
         self.complete = asyncio.Event()
+        self.rejections = RejectionLog(log, "coordinator")
 
+    def _authenticate(self, context: grpc.aio.ServicerContext, name: str) -> None:
+        if not self.tls_required:
+            return
+        names = caller_names(context)
+        if not names:
+            raise Reject(grpc.StatusCode.UNAUTHENTICATED,
+                         "the coordinator requires mutual TLS: no client certificate")
+        if name not in names:
+            shown = name if len(name) <= 64 else name[:64] + "..."
+            raise Reject(grpc.StatusCode.PERMISSION_DENIED,
+                         f"the caller's certificate is for {sorted(names)}; it cannot register "
+                         f"as {shown!r}")
+
+    @guarded
     async def Register(
         self, request: coordinator_pb2.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> coordinator_pb2.Assignment:
+        self._authenticate(context, request.name)
         try:
             self.registry.register(request.name, request.address)
-        except ValueError as exc:
-            log.warning("rejected registration %r at %r: %s", request.name, request.address, exc)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except NotExpected as exc:
+            raise Reject(grpc.StatusCode.PERMISSION_DENIED, str(exc)) from None
         log.info("registered %s at %s (%d/%d)", request.name, request.address,
                  len(self.registry.addresses), self.registry.config.agents)
         if self.registry.complete:
@@ -40,16 +72,17 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         remaining = context.time_remaining()
         timeout = self.register_timeout if remaining is None else min(remaining, self.register_timeout)
         try:
-            await asyncio.wait_for(self.complete.wait(), timeout=timeout)
+            await asyncio.wait_for(self.complete.wait(), timeout=max(0.0, timeout))
         except TimeoutError:
             have = sorted(self.registry.addresses)
-            await context.abort(
+            raise Reject(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"only {len(have)} of {self.registry.config.agents} agents registered "
                 f"({', '.join(have)}) before the registration deadline",
-            )
+            ) from None
         return serde.assignment_to_proto(self.registry.assignments()[request.name])
 
+    @guarded
     async def GetRunStatus(
         self, request: coordinator_pb2.RunStatusRequest, context: grpc.aio.ServicerContext
     ) -> coordinator_pb2.RunStatus:
@@ -57,6 +90,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return coordinator_pb2.RunStatus(
             run_id=self.registry.run_id, registered=len(names),
             expected=self.registry.config.agents, names=names, assigned=self.registry.complete,
+            rejections=dict(self.rejections.counts),
         )
 
 
@@ -68,26 +102,29 @@ async def serve(
     port_file: str | None = None,
     register_timeout: float = 600.0,
     expected_names: set[str] | None = None,
-    credentials: grpc.ServerCredentials | None = None,
-    interceptors: list[grpc.aio.ServerInterceptor] | None = None,
+    tls: TlsConfig | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
-    """Validate the run, serve until stopped (SIGINT/SIGTERM or `stop`)."""
+    """Validate the run, serve until stopped (SIGINT/SIGTERM or `stop`).
+
+    expected_names defaults to agent1..agentN; tls=None serves plaintext (--insecure)."""
     registry = Registry(config, run_id=run_id or uuid.uuid4().hex[:16],
-                        expected_names=expected_names)
-    service = CoordinatorService(registry, register_timeout=register_timeout)
+                        expected_names=expected_names or default_names(config.agents))
+    service = CoordinatorService(registry, register_timeout=register_timeout,
+                                 tls_required=tls is not None)
 
     def add(server: grpc.aio.Server) -> list[str]:
-        coordinator_pb2_grpc.add_CoordinatorServicer_to_server(service, server)
-        return [coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name]
+        return [add_service(server, service,
+                            coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"])]
 
     server: Server = await start_server(
-        listen, add_servicers=add, credentials=credentials, interceptors=interceptors or ()
+        listen, add_servicers=add, credentials=tls.server_credentials() if tls else None
     )
     await server.set_serving(True)
     write_port_file(port_file, server.port)
-    log.info("coordinator for run %s listening on port %d, expecting %d agents (%s)",
-             registry.run_id, server.port, config.agents, config.topology)
+    log.info("coordinator for run %s listening on port %d (%s), expecting %d agents (%s): %s",
+             registry.run_id, server.port, "mutual TLS" if tls else "PLAINTEXT, --insecure",
+             config.agents, config.topology, ", ".join(sorted(registry.expected_names or ())))
     stop = stop or asyncio.Event()
     install_stop_signals(stop)
     try:

@@ -59,6 +59,9 @@ def server_options(*, max_message_bytes: int = MAX_MESSAGE_BYTES) -> GrpcOptions
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", SERVER_MIN_PING_INTERVAL_MS),
         ("grpc.http2.max_pings_without_data", 0),
+        # No SO_REUSEPORT: a second process (another user's, or a stale agent) must not be able to
+        # bind our port next to us and receive half of our neighbours' connections.
+        ("grpc.so_reuseport", 0),
     ]
 
 

@@ -395,6 +395,41 @@ def message_from_proto(
     return out
 
 
+def round_digest(pb: agent_pb2.RoundMessage) -> bytes:
+    """sha256 of a RoundMessage's tensors (names, dtypes, shapes, bytes), header excluded: two
+    copies of one (run, sender, round) message are the same message iff their digests agree."""
+    if not isinstance(pb, agent_pb2.RoundMessage):
+        raise TypeError(f"expected efpsn.v1.RoundMessage, got {type(pb).__name__}")
+    h = hashlib.sha256()
+    for named in pb.tensors:
+        data = named.SerializeToString(deterministic=True)
+        h.update(len(data).to_bytes(8, "big"))
+        h.update(data)
+    return h.digest()
+
+
+def shares_digest(pb: common_pb2.CiphertextBatch) -> bytes:
+    """sha256 of a CiphertextBatch as sent (deterministic serialization)."""
+    if not isinstance(pb, common_pb2.CiphertextBatch):
+        raise TypeError(f"expected efpsn.v1.CiphertextBatch, got {type(pb).__name__}")
+    return hashlib.sha256(pb.SerializeToString(deterministic=True)).digest()
+
+
+def round_request(*, header: common_pb2.Header) -> agent_pb2.RoundRequest:
+    """RoundRequest for Agent.GetRound: header.sender is the requester, header.round the round."""
+    return agent_pb2.RoundRequest(header=header)
+
+
+def round_reply(
+    message: agent_pb2.RoundMessage | None, *, latest_round: int
+) -> agent_pb2.RoundReply:
+    """RoundReply: the stored message, or available=false when that round is not reached yet."""
+    latest = max(0, latest_round)
+    if message is None:
+        return agent_pb2.RoundReply(available=False, latest_round=latest)
+    return agent_pb2.RoundReply(available=True, message=message, latest_round=latest)
+
+
 # ------------------------------------------------------------------------- coordinator messages
 
 RUN_PARAMETER_FIELDS: tuple[str, ...] = tuple(

@@ -39,6 +39,22 @@ class RoundMessage(_message.Message):
     tensors: _containers.RepeatedCompositeFieldContainer[NamedTensor]
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[NamedTensor, _Mapping]]] = ...) -> None: ...
 
+class RoundRequest(_message.Message):
+    __slots__ = ("header",)
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ...) -> None: ...
+
+class RoundReply(_message.Message):
+    __slots__ = ("available", "message", "latest_round")
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LATEST_ROUND_FIELD_NUMBER: _ClassVar[int]
+    available: bool
+    message: RoundMessage
+    latest_round: int
+    def __init__(self, available: _Optional[bool] = ..., message: _Optional[_Union[RoundMessage, _Mapping]] = ..., latest_round: _Optional[int] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ("run_id",)
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
@@ -46,7 +62,14 @@ class StatusRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class AgentStatus(_message.Message):
-    __slots__ = ("run_id", "name", "phase", "round", "total_rounds", "loss", "accuracy", "error", "finished")
+    __slots__ = ("run_id", "name", "phase", "round", "total_rounds", "loss", "accuracy", "error", "finished", "rejections", "resumed_from_round")
+    class RejectionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +79,8 @@ class AgentStatus(_message.Message):
     ACCURACY_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    REJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     name: str
     phase: _common_pb2.Phase
@@ -65,4 +90,6 @@ class AgentStatus(_message.Message):
     accuracy: float
     error: str
     finished: bool
-    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., phase: _Optional[_Union[_common_pb2.Phase, str]] = ..., round: _Optional[int] = ..., total_rounds: _Optional[int] = ..., loss: _Optional[float] = ..., accuracy: _Optional[float] = ..., error: _Optional[str] = ..., finished: _Optional[bool] = ...) -> None: ...
+    rejections: _containers.ScalarMap[str, int]
+    resumed_from_round: int
+    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., phase: _Optional[_Union[_common_pb2.Phase, str]] = ..., round: _Optional[int] = ..., total_rounds: _Optional[int] = ..., loss: _Optional[float] = ..., accuracy: _Optional[float] = ..., error: _Optional[str] = ..., finished: _Optional[bool] = ..., rejections: _Optional[_Mapping[str, int]] = ..., resumed_from_round: _Optional[int] = ...) -> None: ...

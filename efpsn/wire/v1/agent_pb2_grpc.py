@@ -51,6 +51,11 @@ class AgentStub:
                 request_serializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundMessage.SerializeToString,
                 response_deserializer=efpsn_dot_wire_dot_v1_dot_common__pb2.Ack.FromString,
                 _registered_method=True)
+        self.GetRound = channel.unary_unary(
+                '/efpsn.v1.Agent/GetRound',
+                request_serializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundRequest.SerializeToString,
+                response_deserializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundReply.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/efpsn.v1.Agent/GetStatus',
                 request_serializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.StatusRequest.SerializeToString,
@@ -83,6 +88,15 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRound(self, request, context):
+        """Phase II catch-up: the requester (Header.sender, a neighbour) asks for this agent's outbox
+        of round Header.round. An agent keeps its last H outboxes (H > the checkpoint interval),
+        so a neighbour restarted from a checkpoint can replay the rounds it lost.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStatus(self, request, context):
         """Progress and last evaluation of this agent.
         """
@@ -107,6 +121,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.PutRound,
                     request_deserializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundMessage.FromString,
                     response_serializer=efpsn_dot_wire_dot_v1_dot_common__pb2.Ack.SerializeToString,
+            ),
+            'GetRound': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRound,
+                    request_deserializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundRequest.FromString,
+                    response_serializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundReply.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -196,6 +215,33 @@ class Agent:
             '/efpsn.v1.Agent/PutRound',
             efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundMessage.SerializeToString,
             efpsn_dot_wire_dot_v1_dot_common__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRound(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/efpsn.v1.Agent/GetRound',
+            efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundRequest.SerializeToString,
+            efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundReply.FromString,
             options,
             channel_credentials,
             insecure,

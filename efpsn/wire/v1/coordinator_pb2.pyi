@@ -103,15 +103,24 @@ class RunStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RunStatus(_message.Message):
-    __slots__ = ("run_id", "registered", "expected", "names", "assigned")
+    __slots__ = ("run_id", "registered", "expected", "names", "assigned", "rejections")
+    class RejectionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_FIELD_NUMBER: _ClassVar[int]
     NAMES_FIELD_NUMBER: _ClassVar[int]
     ASSIGNED_FIELD_NUMBER: _ClassVar[int]
+    REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     registered: int
     expected: int
     names: _containers.RepeatedScalarFieldContainer[str]
     assigned: bool
-    def __init__(self, run_id: _Optional[str] = ..., registered: _Optional[int] = ..., expected: _Optional[int] = ..., names: _Optional[_Iterable[str]] = ..., assigned: _Optional[bool] = ...) -> None: ...
+    rejections: _containers.ScalarMap[str, int]
+    def __init__(self, run_id: _Optional[str] = ..., registered: _Optional[int] = ..., expected: _Optional[int] = ..., names: _Optional[_Iterable[str]] = ..., assigned: _Optional[bool] = ..., rejections: _Optional[_Mapping[str, int]] = ...) -> None: ...

@@ -54,7 +54,9 @@ class CoordinatorServicer:
     def Register(self, request, context):
         """Registers one agent and returns its assignment once all RunParameters.agents agents have
         registered (the call waits until then, since the assignment lists neighbours' addresses).
-        Duplicate names and registrations beyond the expected count are rejected.
+        Only the expected names may register (by default agent1..agentN); under mutual TLS the name
+        must be a name in the caller's client certificate (else PERMISSION_DENIED). A name already
+        registered at another address is rejected once the run is complete.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,309 @@
+"""An agent's crash-safe state on disk: its assignment, its phase I mask, phase II checkpoints.
+
+Layout of the state folder (default RESULTS/NAME/state; mode 0700, every file 0600):
+
+    assignment.json                 run id, assignment (neighbours, weights, public parameters),
+                                    the address this agent advertised and the port it bound;
+                                    written right after registration, before phase I starts
+    mask.json                       the phase I result (mask numerators, as decimal strings),
+                                    phase I statistics and the sha256 digests of the keys and
+                                    shares received; written before phase II starts
+    checkpoints/round-00000050/     the algorithm state after 50 completed rounds:
+        state.json                  round, tensor names/shapes/sha256, evaluation history
+        x.npy, y.npy, ...           one float64 array per state tensor (np.save, no pickle)
+
+Every file is written to a temporary name, flushed, fsync'ed and renamed, and a checkpoint folder
+is renamed into place only when complete, so a crash (even SIGKILL) leaves either the old or the
+new version, never half of one. Nothing is pickled; arrays are read with allow_pickle=False and
+checked against their sha256. When the run finishes, the mask and the checkpoints (both private:
+they reveal this agent's perturbation and iterates) are deleted and assignment.json is marked
+finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from efpsn.masking import MaskCoefficients
+from efpsn.wire import serde
+
+log = logging.getLogger("efpsn.agent.state")
+
+FORMAT = "efpsn-agent-state/1"
+_TENSOR_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_CHECKPOINT_DIR = re.compile(r"^round-(\d{8,})$")
+
+
+class StateError(RuntimeError):
+    """The state folder cannot be used (unreadable, for another agent, corrupt beyond repair)."""
+
+
+@dataclass(frozen=True)
+class SavedAssignment:
+    assignment: serde.Assignment
+    advertise: str
+    port: int
+    finished: bool
+
+
+@dataclass(frozen=True)
+class SavedMask:
+    mask: MaskCoefficients
+    stats: dict[str, float]
+    received: dict[str, dict[str, bytes]]  # kind -> sender -> digest of the phase I message
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Algorithm state after `round` completed rounds, and the evaluations up to it."""
+
+    round: int
+    tensors: dict[str, torch.Tensor]
+    history: list[dict[str, float]]
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Atomically replace `path` with `data`, mode 0600, flushed to disk."""
+    tmp = path.with_name(f".{path.name}.part")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _json_bytes(payload: Any) -> bytes:
+    return (json.dumps(payload, indent=1, allow_nan=True) + "\n").encode()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise StateError(f"cannot read {path}: {exc}") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise StateError(f"{path} is not an {FORMAT} file")
+    return payload
+
+
+class StateStore:
+    """Reads and writes one agent's state folder (see the module docstring for the layout)."""
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = Path(folder)
+
+    # ------------------------------------------------------------------ folder
+
+    def _ensure(self, sub: Path | None = None) -> Path:
+        target = self.folder if sub is None else sub
+        target.mkdir(parents=True, exist_ok=True)
+        os.chmod(target, 0o700)
+        return target
+
+    @property
+    def assignment_path(self) -> Path:
+        return self.folder / "assignment.json"
+
+    @property
+    def mask_path(self) -> Path:
+        return self.folder / "mask.json"
+
+    @property
+    def checkpoint_folder(self) -> Path:
+        return self.folder / "checkpoints"
+
+    # ------------------------------------------------------------------ assignment
+
+    def save_assignment(self, assignment: serde.Assignment, *, advertise: str, port: int,
+                        finished: bool = False) -> None:
+        self._ensure()
+        payload = {
+            "format": FORMAT,
+            "run_id": assignment.run_id,
+            "name": assignment.name,
+            "advertise": advertise,
+            "port": port,
+            "finished": finished,
+            "assignment": dataclasses.asdict(assignment),
+        }
+        write_private(self.assignment_path, _json_bytes(payload))
+
+    def load_assignment(self) -> SavedAssignment | None:
+        """The saved assignment, or None when this folder holds no run."""
+        if not self.assignment_path.exists():
+            return None
+        payload = _read_json(self.assignment_path)
+        try:
+            raw = dict(payload["assignment"])
+            raw["neighbours"] = tuple(serde.Peer(**p) for p in raw["neighbours"])
+            assignment = serde.Assignment(**raw)
+            # the same invariants as on the wire: a hand-edited file fails here, not later
+            assignment = serde.assignment_from_proto(serde.assignment_to_proto(assignment))
+            return SavedAssignment(
+                assignment=assignment, advertise=str(payload["advertise"]),
+                port=int(payload["port"]), finished=bool(payload["finished"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"{self.assignment_path} is damaged: {exc}") from None
+
+    def mark_finished(self, saved: SavedAssignment) -> None:
+        """The run is over: delete the mask and checkpoints, keep a finished marker."""
+        self.save_assignment(saved.assignment, advertise=saved.advertise, port=saved.port,
+                             finished=True)
+        self.mask_path.unlink(missing_ok=True)
+        shutil.rmtree(self.checkpoint_folder, ignore_errors=True)
+        _fsync_dir(self.folder)
+
+    # ------------------------------------------------------------------ mask
+
+    def save_mask(self, mask: MaskCoefficients, *, run_id: str, stats: dict[str, float],
+                  received: dict[str, dict[str, bytes]] | None = None) -> None:
+        """The phase I result, its statistics, and the digests of the phase I messages received
+        (so that a restarted agent can still tell a retry from a different message)."""
+        self._ensure()
+        payload = {
+            "format": FORMAT,
+            "run_id": run_id,
+            "precision": mask.precision,
+            "numerators": [str(v) for v in mask.numerators],
+            "stats": stats,
+            "received": {kind: {sender: d.hex() for sender, d in by.items()}
+                         for kind, by in (received or {}).items()},
+        }
+        write_private(self.mask_path, _json_bytes(payload))
+
+    def load_mask(self, *, run_id: str) -> SavedMask | None:
+        if not self.mask_path.exists():
+            return None
+        payload = _read_json(self.mask_path)
+        if payload.get("run_id") != run_id:
+            raise StateError(f"{self.mask_path} belongs to run {payload.get('run_id')!r}, "
+                             f"not {run_id!r}")
+        try:
+            mask = MaskCoefficients(tuple(int(v) for v in payload["numerators"]),
+                                    int(payload["precision"]))
+            stats = {str(k): float(v) for k, v in dict(payload.get("stats", {})).items()}
+            received = {str(kind): {str(s): bytes.fromhex(d) for s, d in dict(by).items()}
+                        for kind, by in dict(payload.get("received", {})).items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"{self.mask_path} is damaged: {exc}") from None
+        return SavedMask(mask=mask, stats=stats, received=received)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self, *, run_id: str, round_: int, tensors: dict[str, torch.Tensor],
+                        history: list[dict[str, float]], keep: int = 2) -> Path:
+        """Write the state after `round_` rounds; keep the newest `keep` checkpoints."""
+        parent = self._ensure(self.checkpoint_folder)
+        name = f"round-{round_:08d}"
+        final = parent / name
+        tmp = parent / f".{name}.part"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(mode=0o700)
+        entries = {}
+        for key in sorted(tensors):
+            if not _TENSOR_NAME.match(key):
+                raise StateError(f"state tensor name {key!r} is not a safe file name")
+            array = tensors[key].detach().cpu().numpy()
+            if array.dtype != np.float64:
+                raise StateError(f"state tensor {key!r} must be float64, got {array.dtype}")
+            buffer = io.BytesIO()
+            np.save(buffer, np.ascontiguousarray(array).astype("<f8"), allow_pickle=False)
+            data = buffer.getvalue()
+            write_private(tmp / f"{key}.npy", data)
+            entries[key] = {"file": f"{key}.npy", "shape": list(array.shape),
+                            "sha256": hashlib.sha256(data).hexdigest()}
+        meta = {"format": FORMAT, "run_id": run_id, "round": round_, "tensors": entries,
+                "history": history}
+        write_private(tmp / "state.json", _json_bytes(meta))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(parent)
+        for old in self._checkpoint_dirs()[keep:]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def _checkpoint_dirs(self) -> list[Path]:
+        """Complete checkpoint folders, newest first."""
+        if not self.checkpoint_folder.is_dir():
+            return []
+        found = []
+        for p in self.checkpoint_folder.iterdir():
+            m = _CHECKPOINT_DIR.match(p.name)
+            if m and p.is_dir():
+                found.append((int(m.group(1)), p))
+        return [p for _, p in sorted(found, reverse=True)]
+
+    def load_checkpoint(self, *, run_id: str, expected: dict[str, tuple[int, ...]]
+                        ) -> Checkpoint | None:
+        """The newest intact checkpoint whose tensors are exactly `expected` (name -> shape);
+        damaged ones are skipped with a warning. None when there is none."""
+        for folder in self._checkpoint_dirs():
+            try:
+                return self._read_checkpoint(folder, run_id=run_id, expected=expected)
+            except StateError as exc:
+                log.warning("skipping checkpoint %s: %s", folder, exc)
+        return None
+
+    def _read_checkpoint(self, folder: Path, *, run_id: str,
+                         expected: dict[str, tuple[int, ...]]) -> Checkpoint:
+        meta = _read_json(folder / "state.json")
+        if meta.get("run_id") != run_id:
+            raise StateError(f"it belongs to run {meta.get('run_id')!r}, not {run_id!r}")
+        round_ = meta.get("round")
+        if not isinstance(round_, int) or folder.name != f"round-{round_:08d}":
+            raise StateError(f"round {round_!r} does not match the folder name")
+        entries = meta.get("tensors")
+        if not isinstance(entries, dict) or set(entries) != set(expected):
+            raise StateError(f"tensors {sorted(entries or {})} != expected {sorted(expected)}")
+        tensors = {}
+        for key, entry in entries.items():
+            path = folder / f"{key}.npy"
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise StateError(f"cannot read {path}: {exc}") from None
+            if hashlib.sha256(data).hexdigest() != entry.get("sha256"):
+                raise StateError(f"{path} does not match its sha256")
+            try:
+                array = np.load(io.BytesIO(data), allow_pickle=False)
+            except ValueError as exc:
+                raise StateError(f"{path}: {exc}") from None
+            if array.dtype != np.dtype("<f8") or tuple(array.shape) != tuple(expected[key]):
+                raise StateError(f"{path} holds {array.dtype} {array.shape}, expected float64 "
+                                 f"{expected[key]}")
+            tensors[key] = torch.from_numpy(array.astype(np.float64, copy=True))
+        history = meta.get("history")
+        if not isinstance(history, list):
+            raise StateError("history is missing")
+        return Checkpoint(round=round_, tensors=tensors, history=history)

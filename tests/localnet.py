@@ -1,0 +1,205 @@
+"""A coordinator and agents as real processes on loopback ports, for tests that must kill,
+freeze or restart individual processes (test_restart.py, test_security.py).
+
+    net = LocalNet(folder, config, noise_seed=7)
+    net.start_all()                      # coordinator + agent1..agentN, mutual TLS
+    net.wait_round("agent2", 40)
+    net.kill("agent2"); net.restart("agent2")   # the very same command line
+    net.wait_agents(timeout=300)
+
+Every process gets its own session (start_new_session) so stop() can end it and its children
+by process group; stop() always runs (use LocalNet as a context manager).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Self
+
+from efpsn.agent.status import AgentStatus, fetch_status
+from efpsn.config import RunConfig
+from efpsn.services_cli import config_to_args
+from efpsn.tls import TlsConfig, generate_certificates
+
+
+class LocalNet:
+    def __init__(
+        self,
+        folder: Path,
+        config: RunConfig,
+        *,
+        tls: bool = True,
+        noise_seed: int | None = 7,
+        agent_args: tuple[str, ...] = (),
+        names: list[str] | None = None,
+    ) -> None:
+        self.folder = folder
+        self.config = config
+        self.names = names or [f"agent{i}" for i in range(1, config.agents + 1)]
+        self.logs = folder / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.argv: dict[str, list[str]] = {}
+        self.ports: dict[str, int] = {}
+        self.tls_dir = folder / "tls"
+        if tls:
+            generate_certificates(self.tls_dir, ["coordinator", *self.names, "intruder"],
+                                  overwrite=True)
+            self.tls_args = ["--tls-dir", str(self.tls_dir)]
+            self.monitor: TlsConfig | None = TlsConfig.from_dir(self.tls_dir, "coordinator")
+        else:
+            self.tls_args = ["--insecure"]
+            self.monitor = None
+        self.agent_args = list(agent_args)
+        debug = ["--debug-expose-mask"]
+        if noise_seed is not None:
+            debug += ["--insecure-noise-seed", str(noise_seed)]
+        self.debug = debug
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ processes
+
+    def _popen(self, name: str) -> subprocess.Popen:
+        with open(self.logs / f"{name}.log", "a") as log:  # a restart appends to the same log
+            return subprocess.Popen(
+                self.argv[name], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def _wait_port(self, name: str, timeout: float = 180.0) -> int:
+        path = self.folder / "ports" / name
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            proc = self.procs[name]
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"{name} exited with {proc.returncode}:\n{self.log(name)[-3000:]}")
+            try:
+                return int(path.read_text())
+            except (OSError, ValueError):
+                time.sleep(0.05)
+        raise TimeoutError(f"{name} not serving after {timeout:.0f}s")
+
+    def start_coordinator(self) -> int:
+        (self.folder / "ports").mkdir(exist_ok=True)
+        self.argv["coordinator"] = [
+            sys.executable, "-m", "efpsn", "coordinator", "--listen", "127.0.0.1:0",
+            "--port-file", str(self.folder / "ports" / "coordinator"),
+            "--expected-names", ",".join(self.names), *self.tls_args,
+            *config_to_args(self.config),
+        ]
+        self.procs["coordinator"] = self._popen("coordinator")
+        self.ports["coordinator"] = self._wait_port("coordinator")
+        return self.ports["coordinator"]
+
+    def start_agent(self, name: str, *, wait: bool = True) -> None:
+        port_file = self.folder / "ports" / name
+        port_file.unlink(missing_ok=True)
+        self.argv[name] = [
+            sys.executable, "-m", "efpsn", "agent", "--name", name, "--listen", "127.0.0.1:0",
+            "--coordinator", f"127.0.0.1:{self.ports['coordinator']}",
+            "--results", str(self.folder), "--port-file", str(port_file),
+            *self.tls_args, *self.agent_args, *self.debug,
+        ]
+        self.procs[name] = self._popen(name)
+        if wait:
+            self.ports[name] = self._wait_port(name)
+
+    def start_all(self) -> None:
+        self.start_coordinator()
+        for name in self.names:
+            self.start_agent(name, wait=False)
+        for name in self.names:
+            self.ports[name] = self._wait_port(name)
+
+    def restart(self, name: str) -> None:
+        """Start `name` again with exactly the command line it had."""
+        assert self.procs[name].poll() is not None, f"{name} is still running"
+        (self.folder / "ports" / name).unlink(missing_ok=True)
+        self.procs[name] = self._popen(name)
+
+    def signal(self, name: str, sig: int) -> None:
+        os.kill(self.procs[name].pid, sig)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: no handler runs, nothing is flushed or cleaned up."""
+        self.signal(name, signal.SIGKILL)
+        self.procs[name].wait(timeout=30)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGCONT)  # in case a test froze it
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+
+    # ------------------------------------------------------------------ observing
+
+    def address(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    def log(self, name: str) -> str:
+        try:
+            return (self.logs / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def status(self, name: str, timeout: float = 2.0) -> AgentStatus | None:
+        return asyncio.run(fetch_status(name, self.address(name), timeout=timeout,
+                                        tls=self.monitor))
+
+    def wait_for(self, predicate, *, timeout: float, what: str, every: float = 0.05) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            failed = {n: p.returncode for n, p in self.procs.items()
+                      if n != "coordinator" and p.poll() not in (None, 0)}
+            if failed:
+                raise RuntimeError(f"waiting for {what}: {failed} failed:\n" + "\n".join(
+                    f"--- {n}\n{self.log(n)[-2000:]}" for n in failed))
+            time.sleep(every)
+        raise TimeoutError(f"{what}: not within {timeout:.0f}s")
+
+    def wait_round(self, name: str, round_: int, *, timeout: float = 300.0) -> int:
+        """Poll GetStatus until `name` is at phase II round >= round_; return its round."""
+        seen: list[int] = []
+
+        def reached() -> bool:
+            s = self.status(name)
+            if s is not None and s.phase.name == "OPTIMIZE" and s.round >= round_:
+                seen.append(s.round)
+                return True
+            return False
+
+        self.wait_for(reached, timeout=timeout, what=f"{name} at round {round_}")
+        return seen[-1]
+
+    def wait_agents(self, *, timeout: float) -> dict[str, int | None]:
+        deadline = time.monotonic() + timeout
+        agents = {n: self.procs[n] for n in self.names}
+        while time.monotonic() < deadline and any(p.poll() is None for p in agents.values()):
+            time.sleep(0.2)
+        return {n: p.poll() for n, p in agents.items()}

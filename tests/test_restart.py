@@ -1,0 +1,206 @@
+"""Fault injection on loopback ports: agents and the coordinator killed with SIGKILL.
+
+* Phase II: the coordinator is killed right after bootstrap, then a random agent at a random
+  round; the agent is restarted with the very same command line. It reloads its assignment and
+  mask, rebinds its port, pulls the rounds it lost from its neighbours (Agent.GetRound), replays
+  them from its checkpoint, and the run ends bit for bit like an uninterrupted simulation.
+* Phase I: an agent killed before its mask was saved refuses to resume (a new mask would break
+  the zero sum), and every agent of the run aborts with an error within its deadlines.
+
+EFPSN_FAULT_SEED=S picks the algorithm (DSGD or gradient tracking), the victim and the round
+reproducibly (default: a fresh seed, printed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from localnet import LocalNet
+
+from efpsn.config import RunConfig
+from efpsn.launcher import load_agent_results
+from efpsn.simulator import run_simulation
+
+pytestmark = pytest.mark.timeout(900)
+
+NOISE_SEED = 13
+CHECKPOINT_EVERY = 20
+BASE = RunConfig(iterations=240, eval_every=40, key_bits=2048, round_timeout_seconds=90.0)
+ALGORITHMS = {"dsgd": {}, "gt": {"algorithm": "gt", "schedule": "constant:0.05"}}
+NAMES = [f"agent{i}" for i in range(1, BASE.agents + 1)]
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.fixture(scope="module")
+def fault_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    seed = int(os.environ.get("EFPSN_FAULT_SEED", str(time.time_ns() % 2**31)))
+    rng = random.Random(seed)
+    algorithm = rng.choice(sorted(ALGORITHMS))
+    config = BASE.replace(**ALGORITHMS[algorithm])
+    victim = rng.choice(NAMES)
+    # a random round inside a checkpoint interval, so that the restart has rounds to replay
+    target = (CHECKPOINT_EVERY * rng.randint(1, config.iterations // CHECKPOINT_EVERY - 3)
+              + rng.randint(3, CHECKPOINT_EVERY - 6))
+    folder = tmp_path_factory.mktemp("fault")
+    seen: dict[str, Any] = {"seed": seed, "victim": victim, "target": target, "folder": folder,
+                            "config": config}
+    started = time.monotonic()
+    with LocalNet(folder, config, noise_seed=NOISE_SEED,
+                  agent_args=("--checkpoint-every", str(CHECKPOINT_EVERY))) as net:
+        net.start_all()
+        net.wait_for(lambda: all((s := net.status(n)) is not None and s.run_id for n in NAMES),
+                     timeout=180, what="every agent assigned")
+        net.kill("coordinator")  # bootstrap is over: nobody needs it any more
+        seen["coordinator_rc"] = net.procs["coordinator"].returncode
+        seen["killed_at_status_round"] = net.wait_round(victim, target)
+        net.kill(victim)
+        killed = time.monotonic()
+        state = folder / victim / "state"
+        seen["state_files"] = {str(p.relative_to(state)): _mode(p)
+                               for p in sorted(state.rglob("*"))}
+        seen["neighbour_rounds_while_down"] = {
+            n: (s.round if (s := net.status(n)) else None) for n in NAMES if n != victim}
+        time.sleep(1.0)  # it stays away for a moment; the others wait within their deadline
+        net.restart(victim)  # the very same command line
+        seen["agent_rc"] = net.wait_agents(timeout=600)
+        seen["recovery_seconds"] = time.monotonic() - killed
+        seen["logs"] = {n: net.log(n) for n in ["coordinator", *NAMES]}
+    seen["wall_seconds"] = time.monotonic() - started
+    results = {r["name"]: r for r in load_agent_results(folder, NAMES)[0]}
+    seen["resumed_from"] = results[victim]["resumed_from_round"]
+    print(f"\nfault injection: seed {seed}; {algorithm}; coordinator killed after bootstrap; {victim} killed "
+          f"with SIGKILL at round >= {seen['killed_at_status_round']} (target {target}); "
+          f"restarted, resumed from checkpoint round {seen['resumed_from']}; neighbours at "
+          f"{seen['neighbour_rounds_while_down']} meanwhile; run finished "
+          f"{seen['recovery_seconds']:.1f}s after the kill; wall {seen['wall_seconds']:.1f}s")
+    return seen
+
+
+def results_run_id(seen: dict[str, Any]) -> str:
+    results, _ = load_agent_results(seen["folder"], NAMES)
+    return results[0]["run_id"]
+
+
+def _tails(seen: dict[str, Any]) -> str:
+    return "\n".join(f"--- {n}\n{t[-2000:]}" for n, t in seen["logs"].items())
+
+
+def test_restarted_agent_finishes_the_run_like_the_simulator_bitwise(fault_run) -> None:
+    seen = fault_run
+    assert seen["agent_rc"] == {n: 0 for n in NAMES}, _tails(seen)
+    config = seen["config"]
+    results, xs = load_agent_results(seen["folder"], NAMES)
+    assert [r["final"]["round"] for r in results] == [config.iterations] * len(NAMES)
+    sim = run_simulation(config, noise_seed=NOISE_SEED)
+    diffs = [float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)]
+    print(f"\nmax |x_network - x_simulator| per agent: {diffs}")
+    assert max(diffs) == 0.0, diffs  # bitwise, not merely within 1e-6
+    # evaluations before the checkpoint came from it, the ones after from the replay
+    victim = next(r for r in results if r["name"] == seen["victim"])
+    assert [h["round"] for h in victim["history"]] == list(range(0, config.iterations + 1,
+                                                                 config.eval_every))
+
+
+def test_it_resumed_from_its_checkpoint_with_its_saved_mask(fault_run) -> None:
+    seen = fault_run
+    killed_at = seen["killed_at_status_round"]
+    resumed = seen["resumed_from"]
+    assert resumed % CHECKPOINT_EVERY == 0 and 0 < resumed <= killed_at
+    assert killed_at - resumed <= CHECKPOINT_EVERY + 10  # lost at most a checkpoint interval
+    log = seen["logs"][seen["victim"]]
+    assert f"resumes run {results_run_id(seen)} at round {resumed}" in log
+    assert "saved mask reloaded" in log and "INTERNAL" not in log
+    # it never registered again (the coordinator was dead) and never ran phase I again
+    assert log.count(" is agent index ") == 2  # once registered, once restored from its state
+    assert log.count("efpsn.agent WARNING") >= 1 and "efpsn: error" not in log
+    # nobody else restarted
+    results, _ = load_agent_results(seen["folder"], NAMES)
+    assert {r["name"]: r["resumed_from_round"] for r in results} == {
+        n: (resumed if n == seen["victim"] else None) for n in NAMES}
+
+
+def test_masks_still_sum_to_exactly_zero(fault_run) -> None:
+    results, _ = load_agent_results(fault_run["folder"], NAMES)
+    numerators = [[int(v) for v in r["debug_mask_numerators"]] for r in results]
+    assert all(any(v != 0 for v in row) for row in numerators)
+    config = fault_run["config"]
+    assert [sum(col) for col in zip(*numerators, strict=True)] == [0] * config.N
+    sim = run_simulation(config.replace(iterations=1), noise_seed=NOISE_SEED)
+    assert numerators == [list(m.numerators) for m in sim.masks]
+
+
+def test_coordinator_killed_after_bootstrap_did_not_matter(fault_run) -> None:
+    assert fault_run["coordinator_rc"] == -9
+    assert fault_run["agent_rc"] == {n: 0 for n in NAMES}
+
+
+def test_state_files_are_private_and_removed_after_the_run(fault_run) -> None:
+    files = fault_run["state_files"]
+    assert files["assignment.json"] == 0o600 and files["mask.json"] == 0o600
+    checkpoints = {k: v for k, v in files.items() if k.startswith("checkpoints/")}
+    assert checkpoints and all(v == (0o700 if k.count("/") == 1 else 0o600)
+                               for k, v in checkpoints.items() if ".part" not in k)
+    assert any(k.endswith("/x.npy") for k in checkpoints)
+    # after the run: the mask and the iterates are gone, a finished marker stays
+    state = fault_run["folder"] / fault_run["victim"] / "state"
+    assert sorted(p.name for p in state.iterdir()) == ["assignment.json"]
+    assert json.loads((state / "assignment.json").read_text())["finished"] is True
+
+
+# ------------------------------------------------------------------------- killed in phase I
+
+PHASE_ONE = RunConfig(iterations=50, eval_every=25, key_bits=3072, round_timeout_seconds=15.0)
+
+
+@pytest.fixture(scope="module")
+def phase_one_kill(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("phase1")
+    victim = "agent3"
+    seen: dict[str, Any] = {"folder": folder, "victim": victim}
+    state = folder / victim / "state"
+    with LocalNet(folder, PHASE_ONE, noise_seed=NOISE_SEED) as net:
+        net.start_all()
+        net.wait_for(lambda: (state / "assignment.json").exists(), timeout=180,
+                     what=f"{victim} assigned", every=0.002)
+        net.kill(victim)
+        killed = time.monotonic()
+        seen["mask_saved_at_kill"] = (state / "mask.json").exists()
+        net.restart(victim)  # the same command: it must refuse, not draw a new mask
+        rc = net.procs[victim].wait(timeout=120)
+        seen["restart_rc"], seen["restart_seconds"] = rc, time.monotonic() - killed
+        seen["agent_rc"] = net.wait_agents(timeout=8 * PHASE_ONE.round_timeout_seconds + 60)
+        seen["abort_seconds"] = time.monotonic() - killed
+        seen["logs"] = {n: net.log(n) for n in NAMES}
+    print(f"\nphase I kill: {victim} killed before saving its mask; restart refused in "
+          f"{seen['restart_seconds']:.1f}s; all agents stopped {seen['abort_seconds']:.1f}s after "
+          f"the kill with exit codes {seen['agent_rc']}")
+    return seen
+
+
+def test_agent_killed_in_phase_one_refuses_to_resume(phase_one_kill) -> None:
+    seen = phase_one_kill
+    assert not seen["mask_saved_at_kill"]
+    assert seen["restart_rc"] != 0
+    log = seen["logs"][seen["victim"]]
+    assert "stopped during phase I" in log and "cannot continue" in log, log[-2000:]
+
+
+def test_every_agent_aborts_with_an_error_naming_who_is_missing(phase_one_kill) -> None:
+    seen = phase_one_kill
+    assert all(rc not in (None, 0) for rc in seen["agent_rc"].values()), seen["agent_rc"]
+    for neighbour in ("agent2", "agent4"):
+        text = seen["logs"][neighbour]
+        assert "efpsn: error" in text and "agent3" in text.split("efpsn: error")[-1], text[-2000:]
+    # nobody produced a result (the masks of this run could not sum to zero)
+    assert not any((seen["folder"] / n / "result.json").exists() for n in NAMES)
+    assert seen["abort_seconds"] < 8 * PHASE_ONE.round_timeout_seconds + 60
