@@ -6,14 +6,17 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from efpsn.cli_common import add_run_arguments, config_from_args
 from efpsn.config import RunConfig
 
 if TYPE_CHECKING:
     from efpsn.tls import TlsConfig
+
+T = TypeVar("T")
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -116,6 +119,29 @@ def _names(text: str) -> set[str]:
     return {n.strip() for n in text.split(",") if n.strip()}
 
 
+async def _until_signalled(work: Coroutine[Any, Any, T], *, what: str) -> T:
+    """Run `work`; SIGTERM/SIGINT cancel it, so `finally` blocks run and the process exits soon.
+
+    Orchestrators (docker stop, Kubernetes, `efpsn up`) send SIGTERM; an agent stopped this way
+    keeps its state folder and resumes when started again with the same command.
+    """
+    from efpsn.net import install_stop_signals
+
+    task = asyncio.ensure_future(work)
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if not task.done():
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt(f"{what} stopped by a signal") from None
+    stopper.cancel()
+    return task.result()
+
+
 def _agent(args: argparse.Namespace) -> int:
     from efpsn.agent.node import AgentNode, AgentOptions
 
@@ -130,7 +156,7 @@ def _agent(args: argparse.Namespace) -> int:
         insecure_noise_seed=args.insecure_noise_seed, debug_expose_mask=args.debug_expose_mask,
         allow_insecure_keys=args.allow_insecure_keys,
     )
-    result = asyncio.run(AgentNode(options).run())
+    result = asyncio.run(_until_signalled(AgentNode(options).run(), what=args.name))
     final = result["final"]
     print(f"{args.name}: done; local loss {final['loss']:.4f}, accuracy {final['accuracy']:.4f}")
     return 0

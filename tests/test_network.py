@@ -234,3 +234,24 @@ def test_up_fails_cleanly_on_bad_data(tmp_path: Path) -> None:
                               text=True)
     assert leftover.stdout.strip() == "", leftover.stdout
     assert not any(p.name.startswith("agent") for p in tmp_path.iterdir() if p.is_dir())
+
+
+def test_agent_stops_promptly_on_sigterm(tmp_path: Path) -> None:
+    # An agent waiting for its coordinator (nothing listens there) is stopped the way
+    # `docker stop` or an orchestrator does it: SIGTERM, and it must not linger.
+    proc = subprocess.Popen(
+        efpsn("agent", "--name", "agent1", "--listen", "127.0.0.1:0", "--insecure",
+              "--coordinator", "127.0.0.1:9", "--results", str(tmp_path),
+              "--port-file", str(tmp_path / "port")),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        _wait_port(tmp_path / "port", proc)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert time.monotonic() - start < 10
+        assert proc.returncode == 130, out
+        assert "interrupted" in out
+    finally:
+        _stop([proc])
