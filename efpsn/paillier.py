@@ -19,14 +19,13 @@ __all__ = [
     "decrypt",
     "encrypt",
     "fingerprint",
+    "fingerprint_of_n",
     "from_signed",
     "generate_keypair",
-    "int_from_bytes",
     "int_to_bytes",
     "key_bits",
     "keypair_from_primes",
     "public_key_bytes",
-    "public_key_from_bytes",
     "public_key_from_n",
     "to_signed",
     "validate_ciphertext",
@@ -53,19 +52,6 @@ def int_to_bytes(value: int) -> bytes:
     if value < 0:
         raise ValueError(f"int_to_bytes needs a non-negative int, got {value}")
     return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
-
-
-def int_from_bytes(data: bytes, *, canonical: bool = True) -> int:
-    """Inverse of int_to_bytes. canonical=True refuses empty input and leading zero bytes."""
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise TypeError(f"int_from_bytes needs bytes, got {type(data).__name__}")
-    data = bytes(data)
-    if canonical and (not data or (len(data) > 1 and data[0] == 0)):
-        raise ValueError(
-            f"expected a minimal big-endian integer encoding, got {len(data)} bytes "
-            f"starting with {data[:4].hex() or 'nothing'}"
-        )
-    return int.from_bytes(data, "big")
 
 
 # --------------------------------------------------------------------------- keys
@@ -145,14 +131,17 @@ def public_key_bytes(public_key: PublicKey) -> bytes:
     return int_to_bytes(_check_public_key(public_key).n)
 
 
-def public_key_from_bytes(data: bytes) -> PublicKey:
-    """Inverse of public_key_bytes."""
-    return public_key_from_n(int_from_bytes(data))
+def fingerprint_of_n(n: int) -> bytes:
+    """sha256 of n's minimal big-endian bytes (32 bytes): how ciphertexts name their key.
+
+    The single definition: the wire layer (serde.key_fingerprint) uses this function too.
+    """
+    return hashlib.sha256(int_to_bytes(n)).digest()
 
 
 def fingerprint(public_key: PublicKey) -> bytes:
-    """sha256 of n's minimal big-endian bytes (32 bytes), to name and pin a key."""
-    return hashlib.sha256(public_key_bytes(public_key)).digest()
+    """fingerprint_of_n(public_key.n), to name and pin a key."""
+    return fingerprint_of_n(_check_public_key(public_key).n)
 
 
 # --------------------------------------------------------------------------- ciphertexts

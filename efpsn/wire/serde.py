@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from google.protobuf.descriptor import FieldDescriptor
 
+from efpsn import paillier
 from efpsn.wire import limits
 from efpsn.wire.v1 import agent_pb2, common_pb2, coordinator_pb2
 
@@ -111,12 +112,12 @@ def tensor_from_proto(
 
 
 def int_to_bytes(value: int) -> bytes:
-    """Unsigned big-endian bytes of minimal length; zero is b"\\x00"."""
+    """Unsigned big-endian bytes of minimal length; zero is b"\\x00" (paillier.int_to_bytes)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an int, got {type(value).__name__}")
     if value < 0:
         raise WireError(f"only non-negative integers travel on the wire, got {value}")
-    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
+    return paillier.int_to_bytes(value)
 
 
 def int_from_bytes(data: bytes, *, max_bytes: int | None = None) -> int:
@@ -133,9 +134,7 @@ def int_from_bytes(data: bytes, *, max_bytes: int | None = None) -> int:
     return int.from_bytes(data, "big")
 
 
-def key_fingerprint(n: int) -> bytes:
-    """sha256 of the minimal big-endian bytes of n: how ciphertexts name their public key."""
-    return hashlib.sha256(int_to_bytes(n)).digest()
+key_fingerprint = paillier.fingerprint_of_n  # sha256 of n's minimal big-endian bytes
 
 
 def public_key_to_proto(n: int) -> common_pb2.PaillierPublicKey:
