@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,6 +25,7 @@ __all__ = [
     "independent_mask",
     "independent_masks",
     "no_masks",
+    "noise_generator",
     "zero_sum_masks",
     "zero_sum_masks_fast",
 ]
@@ -431,3 +433,14 @@ def no_masks(graph: GraphLike, spec: NoiseSpec) -> list[MaskCoefficients]:
     """All-zero coefficients (mask mode `none`)."""
     zero = MaskCoefficients((0,) * spec.num_coefficients, spec.precision)
     return [zero] * graph.n
+
+
+def noise_generator(noise_seed: int | None, agent: int) -> np.random.Generator:
+    """Agent i's private noise source.
+
+    None (production) draws 128 bits from the OS. A seed makes masks reproducible: useful for
+    the simulator and for tests comparing a networked run with it, and NOT private.
+    """
+    if noise_seed is None:
+        return np.random.default_rng(secrets.randbits(128))
+    return np.random.default_rng([noise_seed, agent])

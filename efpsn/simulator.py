@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from efpsn.algorithms import AgentState, Message, StepContext, make_algorithm
@@ -18,6 +16,7 @@ from efpsn.masking import (
     MaskCoefficients,
     independent_masks,
     no_masks,
+    noise_generator,
     zero_sum_masks,
     zero_sum_masks_fast,
 )
@@ -26,17 +25,6 @@ from efpsn.problem import Problem, build_problem
 from efpsn.schedules import make_schedule
 
 PROTOCOLS = ("fast", "paillier")
-
-
-def noise_generator(noise_seed: int | None, agent: int) -> np.random.Generator:
-    """Agent i's private noise source.
-
-    None (production) draws 128 bits from the OS. A seed makes masks reproducible: useful for
-    the simulator and for tests comparing a networked run with it, and NOT private.
-    """
-    if noise_seed is None:
-        return np.random.default_rng(secrets.randbits(128))
-    return np.random.default_rng([noise_seed, agent])
 
 
 def make_masks(

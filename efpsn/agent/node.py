@@ -31,7 +31,7 @@ from efpsn.agent.state import Checkpoint, SavedAssignment, StateError, StateStor
 from efpsn.algorithms import AgentState, Message, StepContext, make_algorithm
 from efpsn.cli_common import write_json
 from efpsn.config import RunConfig
-from efpsn.masking import MaskCoefficients, Masker, independent_mask
+from efpsn.masking import MaskCoefficients, Masker, independent_mask, noise_generator
 from efpsn.net import (
     Reject,
     RejectionLog,
@@ -46,7 +46,6 @@ from efpsn.net import (
 )
 from efpsn.problem import Problem, build_problem
 from efpsn.schedules import make_schedule
-from efpsn.simulator import noise_generator
 from efpsn.tls import TlsConfig, caller_names
 from efpsn.wire import serde
 from efpsn.wire.serde import Phase, WireError
