@@ -118,9 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     priv.add_argument("--json", metavar="OUT.json", help="write the result ('-' for stdout)")
     priv.set_defaults(handler=_privacy)
 
+    from efpsn.experiments.cli import register as register_experiments
     from efpsn.services_cli import register as register_services
 
     register_services(sub)
+    register_experiments(sub)
     return parser
 
 

@@ -1,0 +1,251 @@
+"""`efpsn experiment NAME [--quick] [--out DIR] ...`: one command per experiment of Sec. 5."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from efpsn.experiments import EXPERIMENTS
+from efpsn.experiments.common import DEFAULT_ROOT, parse_floats
+
+__all__ = ["default_out", "register", "run_experiment"]
+
+Runner = Callable[[argparse.Namespace, str | Path | None], dict[str, Any]]
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in parse_floats(text))
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(w.strip() for w in text.split(",") if w.strip())
+
+
+def _profile(args: argparse.Namespace) -> str:
+    return "quick" if args.quick else "full"
+
+
+# ------------------------------------------------------------------------------ runners
+
+
+def _accuracy_convex(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
+    from efpsn.experiments import accuracy_convex
+
+    settings = accuracy_convex.settings_for(
+        _profile(args), iterations=getattr(args, "iterations", None),
+        gammas=getattr(args, "gammas", None), extras=not getattr(args, "no_extras", False),
+        noise_seed=getattr(args, "noise_seed", None),
+    )
+    return accuracy_convex.run(settings, out=out, figures_to=args.figures)
+
+
+def _accuracy_nonconvex(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
+    from efpsn.experiments import accuracy_nonconvex
+
+    settings = accuracy_nonconvex.settings_for(
+        _profile(args), iterations=getattr(args, "iterations", None),
+        gammas=getattr(args, "gammas", None), noise_seed=getattr(args, "noise_seed", None),
+    )
+    return accuracy_nonconvex.run(settings, out=out, figures_to=args.figures,
+                                  estimate_only=getattr(args, "estimate", False))
+
+
+def _attack(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
+    from efpsn.experiments import attack
+
+    settings = attack.settings_for(
+        _profile(args), models=getattr(args, "models", None), gammas=getattr(args, "gammas", None),
+        seeds=getattr(args, "seeds", None), images_per_seed=getattr(args, "images", None),
+        iterations=getattr(args, "attack_iterations", None),
+        attack_rounds=getattr(args, "attack_rounds", None),
+    )
+    return attack.run(settings, out=out, figures_to=args.figures)
+
+
+def _perturbation(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
+    import dataclasses
+
+    from efpsn.experiments import perturbation
+
+    settings = perturbation.PROFILES[_profile(args)]
+    if getattr(args, "no_fresh", False):
+        settings = dataclasses.replace(settings, fresh_seed=None)
+    elif getattr(args, "fresh_seed", None) is not None:
+        settings = dataclasses.replace(settings, fresh_seed=args.fresh_seed)
+    return perturbation.run(settings, out=out, figures_to=args.figures)
+
+
+def _privacy(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
+    import dataclasses
+
+    from efpsn.experiments import privacy
+
+    settings = privacy.PROFILES[_profile(args)]
+    changes = {k: getattr(args, k, None) for k in ("delta", "agents", "p", "q", "sensitivity")}
+    settings = dataclasses.replace(settings, **{k: v for k, v in changes.items() if v is not None})
+    return privacy.run(settings, out=out, figures_to=args.figures)
+
+
+def _network_check(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
+    from efpsn.experiments import network_check
+
+    settings = network_check.settings_for(
+        _profile(args), iterations=getattr(args, "iterations", None),
+        key_bits=getattr(args, "key_bits", None), gamma=getattr(args, "gamma", None),
+        noise_seed=getattr(args, "noise_seed", None),
+    )
+    return network_check.run(settings, out=out)
+
+
+RUNNERS: dict[str, Runner] = {
+    "accuracy-convex": _accuracy_convex,
+    "accuracy-nonconvex": _accuracy_nonconvex,
+    "attack": _attack,
+    "perturbation": _perturbation,
+    "privacy": _privacy,
+    "network-check": _network_check,
+}
+# `all` runs the cheap ones first, the LeNet sweep (by far the most expensive) last.
+ALL_ORDER = ("perturbation", "privacy", "accuracy-convex", "network-check", "attack",
+             "accuracy-nonconvex")
+assert set(RUNNERS) == set(EXPERIMENTS) == set(ALL_ORDER)
+
+
+def default_out(name: str, *, quick: bool, root: Path = DEFAULT_ROOT) -> Path:
+    """results/experiments/NAME, or NAME-quick for --quick (a quick run never overwrites a full
+    one)."""
+    return root / (f"{name}-quick" if quick else name)
+
+
+def run_experiment(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run one experiment from parsed arguments."""
+    if name not in RUNNERS:
+        raise ValueError(f"unknown experiment {name!r}: expected one of {sorted(RUNNERS)}")
+    out = args.out if args.out is not None else default_out(name, quick=args.quick)
+    return RUNNERS[name](args, out)
+
+
+def _handle_one(args: argparse.Namespace) -> int:
+    run_experiment(args.experiment, args)
+    return 0
+
+
+def _handle_all(args: argparse.Namespace) -> int:
+    root = Path(args.out) if args.out is not None else DEFAULT_ROOT
+    skip = set(args.skip or ())
+    unknown = skip - set(RUNNERS)
+    if unknown:
+        raise ValueError(f"--skip: unknown experiments {sorted(unknown)}; known: {sorted(RUNNERS)}")
+    walls = []
+    for name in ALL_ORDER:
+        if name in skip:
+            continue
+        summary = RUNNERS[name](args, default_out(name, quick=args.quick, root=root))
+        walls.append((name, summary["wall_seconds"]))
+    print("\n== all experiments ==")
+    for name, seconds in walls:
+        print(f"{name:20s} {seconds:8.0f} s")
+    print(f"{'total':20s} {sum(s for _, s in walls):8.0f} s; results under {root}/")
+    return 0
+
+
+# ------------------------------------------------------------------------------ parser
+
+
+def _common(parser: argparse.ArgumentParser, name: str) -> None:
+    parser.add_argument("--quick", action="store_true",
+                        help="the quick profile (a few minutes on 2 cores) instead of the paper's")
+    if name == "all":
+        parser.add_argument("--out", metavar="DIR", default=None,
+                            help=f"root folder (default {DEFAULT_ROOT}); each experiment writes "
+                                 "into DIR/NAME, or DIR/NAME-quick with --quick")
+    else:
+        parser.add_argument("--out", metavar="DIR", default=None,
+                            help=f"output folder (default {DEFAULT_ROOT}/{name}, or "
+                                 f"{DEFAULT_ROOT}/{name}-quick with --quick)")
+    parser.add_argument("--figures", metavar="DIR", default=None,
+                        help="also copy the PNG figures into DIR (e.g. docs/figures)")
+
+
+def _add_sweep_overrides(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="rounds per run instead of the profile's (an intermediate profile)")
+    parser.add_argument("--gammas", type=parse_floats, default=None, metavar="G1,G2,...",
+                        help="noise levels instead of the profile's")
+    parser.add_argument("--noise-seed", type=int, default=None,
+                        help="seed of every agent's noise (simulations are not private)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `experiment` with one sub-command per experiment (and `all`) to the efpsn CLI."""
+    exp = subparsers.add_parser(
+        "experiment", help="reproduce the paper's evaluation (Sec. 5), one command each",
+        description="Reproduce the paper's evaluation. Each experiment writes rows.csv, "
+                    "results.json, table.md and PNG figures into --out and prints its table. "
+                    "Without --quick the paper's settings are used.",
+    )
+    sub = exp.add_subparsers(dest="experiment", required=True, metavar="NAME")
+
+    p = sub.add_parser("accuracy-convex",
+                       help="logistic regression: ||x_bar - x*|| and accuracy vs gamma "
+                            "(Sec. 5.2.1)")
+    _common(p, "accuracy-convex")
+    _add_sweep_overrides(p)
+    p.add_argument("--no-extras", action="store_true",
+                   help="skip the extra rows (full-batch gradient tracking and DSGD to 1e6)")
+
+    p = sub.add_parser("accuracy-nonconvex",
+                       help="LeNet: ||avg grad||^2 and accuracy vs gamma (Sec. 5.2.2)")
+    _common(p, "accuracy-nonconvex")
+    _add_sweep_overrides(p)
+    p.add_argument("--estimate", action="store_true",
+                   help="only measure seconds per round here and print the profile's cost")
+
+    p = sub.add_parser("attack",
+                       help="iDLG on agent 1: reconstructions and PSNR vs gamma (Sec. 5.3)")
+    _common(p, "attack")
+    p.add_argument("--models", type=_words, default=None, metavar="logreg,lenet")
+    p.add_argument("--gammas", type=parse_floats, default=None, metavar="0,1e1,...",
+                   help="noise levels (0: no perturbation)")
+    p.add_argument("--seeds", type=_ints, default=None, metavar="S1,S2,...",
+                   help="noise seeds (each also picks the images and the dummy init)")
+    p.add_argument("--images", type=int, default=None, help="images per seed")
+    p.add_argument("--attack-iterations", type=int, default=None,
+                   help="L-BFGS steps (each up to 20 iterations, as in the DLG code)")
+    p.add_argument("--attack-rounds", type=_ints, default=None, metavar="R1,R2",
+                   help="x_1 = agent 1's iterate after R rounds of noise-free DSGD")
+
+    p = sub.add_parser("perturbation",
+                       help="the 2-D perturbing function for (K,m,N) = (3,2,5) (Sec. 5.1)")
+    _common(p, "perturbation")
+    p.add_argument("--fresh-seed", type=int, default=None,
+                   help="seed of the freshly drawn noise sequence shown next to the paper's")
+    p.add_argument("--no-fresh", action="store_true", help="show only the paper's sequence")
+
+    p = sub.add_parser("privacy", help="Theorem 4.1: epsilon vs gamma for several topologies")
+    _common(p, "privacy")
+    p.add_argument("--delta", type=float, default=None)
+    p.add_argument("--agents", type=_ints, default=None, metavar="N1,N2")
+    p.add_argument("--p", type=float, default=None)
+    p.add_argument("--q", type=float, default=None)
+    p.add_argument("--sensitivity", type=float, default=None)
+
+    p = sub.add_parser("network-check",
+                       help="the convex run at gamma=1e3 through real gRPC agents vs the simulator")
+    _common(p, "network-check")
+    p.add_argument("--iterations", type=int, default=None)
+    p.add_argument("--key-bits", type=int, default=None,
+                   help="Paillier key size (default: 3072 full, 2048 quick)")
+    p.add_argument("--gamma", type=float, default=None)
+    p.add_argument("--noise-seed", type=int, default=None)
+
+    for name in EXPERIMENTS:
+        sub.choices[name].set_defaults(handler=_handle_one)
+
+    p = sub.add_parser("all", help="every experiment in turn (LeNet last: hours without --quick)")
+    _common(p, "all")
+    p.add_argument("--skip", type=_words, default=None, metavar="NAME1,NAME2",
+                   help="experiments to leave out")
+    p.set_defaults(handler=_handle_all)

@@ -1,0 +1,200 @@
+"""The gamma sweep behind both accuracy figures: one Problem, many (mode, gamma) simulations."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from efpsn.config import RunConfig
+from efpsn.experiments.common import PAPER_GAMMAS, Column, log, new_figure, save_figure
+from efpsn.problem import Problem, build_problem
+from efpsn.simulator import mask_sums_are_zero, run_simulation
+from efpsn.tasks import Dataset, load_data
+
+__all__ = [
+    "STRUCTURAL_FIELDS",
+    "Series",
+    "load_problem",
+    "plot_sweep",
+    "run_series",
+    "sweep_columns",
+    "with_config",
+]
+
+# The RunConfig fields build_problem derives the graph, task, basis, selection and data shards
+# from. A sweep may vary every other field (gamma, mask, algorithm, batch, schedule, iterations)
+# on one Problem; changing one of these needs a new Problem.
+STRUCTURAL_FIELDS = (
+    "agents", "topology", "task", "K", "m", "N", "selection", "basis_seed", "data", "partition",
+    "test_fraction", "l2", "seed",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Series:
+    """One algorithm setting of an accuracy figure, swept over gamma for some mask modes.
+
+    `reference` adds one noise-free run (mask "none"), drawn as a horizontal line: without
+    noise, gamma does not enter the run at all.
+    """
+
+    name: str
+    label: str
+    algorithm: str = "dsgd"
+    batch_size: int = 64  # 0 = full batch
+    schedule: str = "paper"
+    iterations: int = 10_000
+    gammas: tuple[float, ...] = PAPER_GAMMAS
+    modes: tuple[str, ...] = ("zero-sum", "independent")
+    reference: bool = True
+    eval_every: int = 250
+
+    def configs(self, base: RunConfig) -> list[RunConfig]:
+        """The runs of this series: the reference first, then modes x gammas."""
+        common = base.replace(
+            algorithm=self.algorithm, batch_size=self.batch_size, schedule=self.schedule,
+            iterations=self.iterations, eval_every=min(self.eval_every, self.iterations),
+        )
+        runs = [common.replace(mask="none", gamma=1.0)] if self.reference else []
+        runs += [common.replace(mask=mode, gamma=g) for mode in self.modes for g in self.gammas]
+        return runs
+
+    def rounds(self) -> int:
+        return self.iterations * (len(self.modes) * len(self.gammas) + int(self.reference))
+
+
+def load_problem(base: RunConfig) -> Problem:
+    """build_problem once (the data set is read and split once for the whole sweep)."""
+    data: tuple[Dataset, Dataset] = load_data(base.data, test_fraction=base.test_fraction,
+                                              seed=base.seed)
+    return build_problem(base, data=data)
+
+
+def with_config(problem: Problem, config: RunConfig) -> Problem:
+    """The same graph, task, basis and shards under another run's parameters (no data reload).
+
+    Raises ValueError if `config` differs in a field the shared parts were built from.
+    """
+    changed = [f for f in STRUCTURAL_FIELDS if getattr(config, f) != getattr(problem.config, f)]
+    if changed:
+        raise ValueError(f"cannot reuse the problem: {changed} differ; build a new one")
+    derived = dataclasses.replace(problem, config=config)
+    _ = derived.layout  # refuse what build_problem would refuse (e.g. an overflowing packing)
+    return derived
+
+
+def _gamma_text(gamma: float | None) -> str:
+    return "-" if gamma is None else f"{gamma:g}"
+
+
+def run_series(
+    problem: Problem,
+    series: Sequence[Series],
+    *,
+    noise_seed: int,
+    x_star: torch.Tensor | None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run every configuration of every series with the "fast" phase I.
+
+    "fast" computes exactly the integers the Paillier protocol produces from the same noise seed
+    (tests/test_network.py checks it bitwise against real gRPC agents). Returns (rows, runs):
+    one row of final metrics per run, and the runs' histories for the JSON file.
+    """
+    plan = [(s, c) for s in series for c in s.configs(problem.config)]
+    spent: dict[str, tuple[int, float]] = {}  # series -> (rounds done, seconds)
+    rows: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    for index, (s, config) in enumerate(plan, start=1):
+        result = run_simulation(
+            config, protocol="fast", noise_seed=noise_seed, problem=with_config(problem, config),
+            x_star=x_star,
+        )
+        gamma = None if config.mask == "none" else config.gamma
+        eta = np.array([m.values() for m in result.masks])
+        row: dict[str, Any] = {
+            "series": s.name,
+            "algorithm": config.algorithm,
+            "batch_size": config.batch_size or "full",
+            "schedule": config.schedule,
+            "iterations": config.iterations,
+            "mode": config.mask,
+            "gamma": gamma,
+            **{k: v for k, v in result.final.items() if k != "round"},
+            "max_abs_eta": float(np.abs(eta).max()),
+            "masks_sum_to_zero": mask_sums_are_zero(result.masks),
+            "seconds": result.timings["phase1_seconds"] + result.timings["phase2_seconds"],
+            "seconds_per_round": result.timings["seconds_per_round"],
+        }
+        rows.append(row)
+        runs.append({"row": row, "settings": config.to_dict(), "history": result.history})
+        done, seconds = spent.get(s.name, (0, 0.0))
+        spent[s.name] = (done + config.iterations, seconds + row["seconds"])
+        left = sum(c.iterations for t, c in plan[index:] if t.name == s.name)
+        eta = spent[s.name][1] / spent[s.name][0] * left
+        extra = f", dev {row['deviation']:.3g}" if "deviation" in row else ""
+        log(f"[{index}/{len(plan)}] {s.name} {config.mask} gamma {_gamma_text(gamma)}: "
+            f"acc {row['accuracy']:.4f}, ||avg grad||^2 {row['grad_norm2']:.3g}{extra} "
+            f"({row['seconds']:.0f}s; about {eta / 60:.1f} min left in {s.name})")
+        if on_row is not None:
+            on_row(row)
+    return rows, runs
+
+
+def sweep_columns(metric: str, header: str) -> list[Column]:
+    """Columns of the printed sweep table."""
+    return [
+        Column("series", "series"),
+        Column("mode", "mask"),
+        Column("gamma", "gamma", lambda g: f"{g:g}"),
+        Column(metric, header, ".3g"),
+        Column("accuracy", "test acc", ".4f"),
+        Column("consensus", "consensus", ".2g"),
+        Column("seconds_per_round", "s/round", ".4f"),
+    ]
+
+
+_STYLE = {
+    "zero-sum": {"color": "tab:blue", "marker": "o", "label": "EFPSN (zero-sum)"},
+    "independent": {"color": "tab:orange", "marker": "s", "label": "non-zero-sum baseline"},
+}
+
+
+def plot_sweep(
+    rows: Sequence[dict[str, Any]],
+    *,
+    series: str,
+    metric: str,
+    metric_label: str,
+    title: str,
+    path: Any,
+) -> Any:
+    """Two panels vs gamma (log x): `metric` (log y) and test accuracy; one line per mask mode."""
+    fig, axes = new_figure(2, 1, size=(4.6, 3.5))
+    chosen = [r for r in rows if r["series"] == series]
+    reference = [r for r in chosen if r["mode"] == "none"]
+    for ax, key, label, logy in ((axes[0][0], metric, metric_label, True),
+                                 (axes[0][1], "accuracy", "test accuracy", False)):
+        for mode, style in _STYLE.items():
+            points = sorted((r["gamma"], r[key]) for r in chosen if r["mode"] == mode)
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, **style)
+        if reference:
+            ax.axhline(reference[0][key], color="0.4", linestyle="--", label="noise-free")
+        ax.set_xscale("log")
+        if logy:
+            ax.set_yscale("log")
+        ax.set_xlabel(r"noise level $\gamma$")
+        ax.set_ylabel(label)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0][1].set_ylim(0.0, 1.0)
+    axes[0][1].legend(fontsize=8, loc="lower left")
+    fig.suptitle(title, fontsize=10)
+    return save_figure(fig, path)
+
