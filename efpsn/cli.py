@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -139,6 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("efpsn: interrupted", file=sys.stderr)
         return 130
     except (ValueError, TypeError, OSError, RuntimeError, TimeoutError) as exc:
+        if os.environ.get("EFPSN_DEBUG"):
+            raise  # the full traceback, for bug reports
         print(f"efpsn: error: {exc}", file=sys.stderr)
         return 2
 
