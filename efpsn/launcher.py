@@ -173,10 +173,8 @@ def launch_local_network(
             # After bootstrap the agents no longer need the coordinator.
             if coordinator.process.poll() not in (None, 0) and assigned != set(names):
                 raise RuntimeError(f"coordinator failed:\n{coordinator.log_tail()}")
-            statuses = asyncio.run(fetch_statuses(
-                {n: a for n, a in addresses.items()
-                 if next(c for c in agents if c.name == n).process.poll() is None}, tls=monitor,
-            ))
+            running = {a.name: addresses[a.name] for a in agents if a.process.poll() is None}
+            statuses = asyncio.run(fetch_statuses(running, tls=monitor))
             assigned |= {n for n, s in statuses.items() if s.run_id}
             if statuses:
                 rounds = min(s.round for s in statuses.values())

@@ -10,8 +10,9 @@ def configure_threads() -> int:
 
     EFPSN's tensors are small (thousands of entries) and a network runs several agent processes
     per machine; with torch's default of one thread per core, idle worker threads spin and fight
-    each other (measured here: the centralized optimum took 3.8 s with one thread and 74 s with
-    two while other processes were busy). One thread per process is both faster and fairer.
+    each other, which slows everything down by an order of magnitude on a busy machine
+    (time `efpsn simulate` with EFPSN_TORCH_THREADS=1 and =2 next to another job to see it).
+    One thread per process is both faster and fairer.
     """
     import torch
 

@@ -154,6 +154,14 @@ def _short(text: str, limit: int = 64) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
+def _within_run(round_: int, session: Session) -> int:
+    """The round, if the run has it (rounds 0..iterations); WireError otherwise."""
+    last = session.config.iterations
+    if round_ > last:
+        raise WireError(f"round {round_} is beyond the run's last round {last}")
+    return round_
+
+
 class AgentService(agent_pb2_grpc.AgentServicer):
     """The gRPC edge: authenticate, validate, decode, drop into the mailbox.
 
@@ -277,9 +285,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     ) -> common_pb2.Ack:
         s, header = self._check_header(request.header, context, Phase.OPTIMIZE)
         node = self.node
-        t, last = header.round, s.config.iterations
-        if t > last:
-            raise WireError(f"round {t} is beyond the run's last round {last}")
+        t = _within_run(header.round, s)
         current = node.status.round
         if t < current:
             # A retry (or a neighbour's bit-identical replay after its restart) of a round we
@@ -318,9 +324,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     ) -> agent_pb2.RoundReply:
         s, header = self._check_header(request.header, context, Phase.OPTIMIZE)
         node = self.node
-        t, last = header.round, s.config.iterations
-        if t > last:
-            raise WireError(f"round {t} is beyond the run's last round {last}")
+        t = _within_run(header.round, s)
         message = node.sent.get(t)
         if message is not None:
             return serde.round_reply(message, latest_round=node.produced)
