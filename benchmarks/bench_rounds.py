@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from agent.launcher import launch_local_network, load_agent_results
 from efpsn.config import RunConfig
-from efpsn.launcher import launch_local_network, load_agent_results
 from efpsn.problem import build_problem
 from efpsn.runtime import configure_threads
 from efpsn.simulator import run_simulation

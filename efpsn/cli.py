@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 
-from efpsn.cli_common import add_run_arguments, config_from_args, format_metrics, write_json
+from efpsn.cli_common import (
+    add_run_arguments,
+    config_from_args,
+    format_metrics,
+    run_command,
+    write_json,
+)
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -119,31 +124,22 @@ def build_parser() -> argparse.ArgumentParser:
     priv.add_argument("--json", metavar="OUT.json", help="write the result ('-' for stdout)")
     priv.set_defaults(handler=_privacy)
 
+    # The services' commands live with the services; their parsers import nothing heavy.
+    import agent.cli
+    import coordinator.cli
+    from efpsn.cli_services import register_certs
     from efpsn.experiments.cli import register as register_experiments
-    from efpsn.services_cli import register as register_services
 
-    register_services(sub)
+    coordinator.cli.add_parser(sub)
+    agent.cli.add_parser(sub)
+    agent.cli.add_up_parser(sub)
+    register_certs(sub)
     register_experiments(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler: Handler = args.handler
-    try:
-        from efpsn.runtime import configure_threads
-
-        configure_threads()
-        return handler(args)
-    except KeyboardInterrupt:
-        print("efpsn: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, TypeError, OSError, RuntimeError, TimeoutError) as exc:
-        if os.environ.get("EFPSN_DEBUG"):
-            raise  # the full traceback, for bug reports
-        print(f"efpsn: error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(build_parser(), argv)
 
 
 if __name__ == "__main__":

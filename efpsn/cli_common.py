@@ -6,6 +6,8 @@ import argparse
 import json
 import math
 import os
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,3 +97,29 @@ def format_metrics(metrics: dict[str, float]) -> str:
     parts.append(f"consensus {metrics['consensus']:.3g}")
     parts.append(f"||avg grad||^2 {metrics['grad_norm2']:.3g}")
     return ", ".join(parts)
+
+
+def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None, *,
+                numeric: bool = True) -> int:
+    """Parse argv and run the chosen handler: errors become one line on stderr and exit code 2
+    (EFPSN_DEBUG=1 re-raises them with the traceback), Ctrl-C exit code 130.
+
+    numeric: cap torch's and BLAS's threads first (efpsn.runtime); False for commands that
+    never compute (the coordinator, `efpsn certs`), which then never import torch. A
+    subcommand says so with set_defaults(numeric=False)."""
+    args = parser.parse_args(argv)
+    handler = args.handler
+    try:
+        if getattr(args, "numeric", numeric):
+            from efpsn.runtime import configure_threads
+
+            configure_threads()
+        return int(handler(args))
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, TypeError, OSError, RuntimeError, TimeoutError) as exc:
+        if os.environ.get("EFPSN_DEBUG"):
+            raise  # the full traceback, for bug reports
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2

@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Self
 
-from efpsn.agent.status import AgentStatus, fetch_status
+from agent.status import AgentStatus, fetch_status
+from efpsn.cli_services import config_to_args
 from efpsn.config import RunConfig
-from efpsn.services_cli import config_to_args
-from efpsn.tls import TlsConfig, generate_certificates
+from efpsn.wire.tls import TlsConfig, generate_certificates
 
 
 class LocalNet:

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from efpsn.agent.mailbox import ConflictingDuplicate, Mailbox
-from efpsn.agent.node import AgentOptions
-from efpsn.agent.state import StateError, StateStore
+from agent.mailbox import ConflictingDuplicate, Mailbox
+from agent.node import AgentOptions
+from agent.state import StateError, StateStore
+from coordinator.registry import NotExpected, Registry, default_names
 from efpsn.algorithms import StepContext, make_algorithm
 from efpsn.config import RunConfig
-from efpsn.coordinator.registry import NotExpected, Registry, default_names
 from efpsn.masking import MaskCoefficients
 
 CONFIG = RunConfig(agents=3, iterations=10, key_bits=2048)

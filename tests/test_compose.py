@@ -25,8 +25,11 @@ REPO = ds.REPO
 COMPOSE_FILE = REPO / "docker-compose.yml"
 AGENTS = [f"agent{i}" for i in range(1, 6)]
 NODES = ["coordinator", *AGENTS]
-BUILD_SERVICE = "certs"  # the first service to start builds the image (Compose v1 needs that)
-IMAGE = "efpsn:local"  # the compose file's default image name
+BUILD_SERVICE = "certs"  # the first service to start builds the coordinator's image
+AGENT_BUILDER = "agent1"  # builds the agent image; agent2..5 start after it (Compose v1)
+COORDINATOR_IMAGE = "efpsn-coordinator:local"  # the compose file's default image names
+AGENT_IMAGE = "efpsn-agent:local"
+IMAGES = {BUILD_SERVICE: COORDINATOR_IMAGE, AGENT_BUILDER: AGENT_IMAGE}
 ITERATIONS = 50
 EVAL_EVERY = 25
 # The 50-round logreg run (ring, DSGD, batch 64, paper schedule) reaches 0.826 test accuracy at
@@ -42,6 +45,9 @@ RUN_TIMEOUT = 900.0  # compose up -> all five agents exited, on a busy 2-core ma
 BUILD_OVERRIDE = f"""\
 services:
   {BUILD_SERVICE}:
+    build:
+      network: none
+  {AGENT_BUILDER}:
     build:
       network: none
 """
@@ -70,17 +76,21 @@ def test_compose_file_is_valid_for_compose_v1_and_v2() -> None:
     assert set(services) == {BUILD_SERVICE, *NODES}
     assert set(spec.get("volumes", {})) == {"results", "tls"}
 
-    # One image, built once by the service every other one waits for: Compose v1.29 makes sure
-    # each service's image exists in dependency order and ignores pull_policy, so an image-only
-    # service that started first would be pulled from a registry.
-    builders = [name for name, service in services.items() if "build" in service]
-    assert builders == [BUILD_SERVICE]
-    build = services[BUILD_SERVICE]["build"]
-    assert build["context"] == "."
-    assert set(build["args"]) >= {"BASE_IMAGE", "WHEELHOUSE"}
-    image = services[BUILD_SERVICE]["image"]
+    # Two images, each built once by one service that every other user of it waits for:
+    # Compose v1.29 makes sure each service's image exists in dependency order and ignores
+    # pull_policy, so an image-only service that came first would be pulled from a registry.
+    builders = {name: service["build"] for name, service in services.items() if "build" in service}
+    assert set(builders) == {BUILD_SERVICE, AGENT_BUILDER}
+    assert builders[BUILD_SERVICE]["dockerfile"] == "coordinator/Dockerfile"
+    assert builders[AGENT_BUILDER]["dockerfile"] == "agent/Dockerfile"
+    for build in builders.values():
+        assert build["context"] == "."
+        assert set(build["args"]) >= {"BASE_IMAGE", "WHEELHOUSE"}
     for name, service in services.items():
-        assert service["image"] == image, name
+        if name in (BUILD_SERVICE, "coordinator"):
+            assert service["image"] == "${EFPSN_COORDINATOR_IMAGE:-efpsn-coordinator:local}"
+        else:
+            assert service["image"] == "${EFPSN_AGENT_IMAGE:-efpsn-agent:local}", name
         assert service["init"] is True, name
         if name != BUILD_SERVICE:
             assert service["pull_policy"] == "never", name
@@ -91,39 +101,44 @@ def test_compose_file_is_valid_for_compose_v1_and_v2() -> None:
     coordinator = services["coordinator"]
     assert coordinator["depends_on"] == {
         BUILD_SERVICE: {"condition": "service_completed_successfully"}}
-    assert coordinator["command"][:5] == [
-        "coordinator", "--listen", "0.0.0.0:50050", "--tls-dir", "/tls"]
+    assert coordinator["command"][:4] == ["--listen", "0.0.0.0:50050", "--tls-dir", "/tls"]
     assert "${EFPSN_ITERATIONS:-10000}" in coordinator["command"]
     for name in NODES:
         service = services[name]
         assert service["networks"] == ["efpsn"], name
-        assert sorted(service["volumes"]) == ["results:/results", "tls:/tls:ro"], name
+        want = ["tls:/tls:ro"] if name == "coordinator" else ["results:/results", "tls:/tls:ro"]
+        assert sorted(service["volumes"]) == want, name  # the coordinator needs no results
         port = 50050 if name == "coordinator" else 50051
         assert service["healthcheck"]["test"] == [
-            "CMD", "python", "-m", "efpsn.healthcheck", "--tls-dir", "/tls", "--tls-name", name,
+            "CMD", "python", "-m", "efpsn.wire.healthcheck", "--tls-dir", "/tls", "--tls-name", name,
             f"127.0.0.1:{port}"], name
     for name in AGENTS:
         agent = services[name]
-        assert agent["depends_on"] == {"coordinator": {"condition": "service_healthy"}}, name
+        want = {"coordinator": {"condition": "service_healthy"}}
+        if name != AGENT_BUILDER:
+            want[AGENT_BUILDER] = {"condition": "service_started"}
+        assert agent["depends_on"] == want, name
         command = agent["command"]
-        flags = dict(zip(command[1::2], command[2::2], strict=False))
-        assert command[0] == "agent"
+        flags = dict(zip(command[0::2], command[1::2], strict=True))
         assert flags == {"--name": name, "--listen": "0.0.0.0:50051",
                          "--advertise": f"{name}:50051", "--coordinator": "coordinator:50050",
                          "--tls-dir": "/tls", "--results": "/results"}, name
 
-    dockerfile = (REPO / "Dockerfile").read_text()
-    assert 'ENTRYPOINT ["efpsn"]' in dockerfile
-    assert "ARG BASE_IMAGE=python:3.11-slim" in dockerfile
-    assert "ARG WHEELHOUSE=" in dockerfile
-    assert "\nUSER efpsn\n" in dockerfile
+    for service in ("agent", "coordinator"):
+        dockerfile = (REPO / service / "Dockerfile").read_text()
+        assert f'ENTRYPOINT ["python", "-m", "{service}"]' in dockerfile
+        assert "ARG BASE_IMAGE=python:3.11-slim" in dockerfile
+        assert "ARG WHEELHOUSE=" in dockerfile
+        assert "\nUSER efpsn\n" in dockerfile
+    assert "-r /src/coordinator/requirements.txt" in (REPO / "coordinator" / "Dockerfile").read_text()
 
 
 # -------------------------------------------------------------------------------- real test
 
 def _report(timings: dict[str, float]) -> None:
     width = max(map(len, timings), default=0)
-    lines = [f"  {k:<{width}}  {v:7.1f} s" for k, v in timings.items()]
+    lines = [f"  {k:<{width}}  {v:7.1f}{'' if k.endswith('(MB)') else ' s'}"
+             for k, v in timings.items()]
     print("\ndocker compose test timings:\n" + "\n".join(lines), flush=True)
 
 
@@ -156,7 +171,7 @@ def docker_engine() -> Iterator[ds.Engine]:
 
 @pytest.fixture(scope="module")
 def efpsn_image(docker_engine: ds.Engine) -> Iterator[Path]:
-    """efpsn:local built offline (network none) through the compose file's build section, on a
+    """Both images built offline (network none) through the compose file's build sections, on a
     debootstrapped Debian base, from a wheelhouse made on the host. Yields the build context: a
     copy of the repository holding docker-compose.yml and the wheelhouse."""
     engine = docker_engine
@@ -176,15 +191,23 @@ def efpsn_image(docker_engine: ds.Engine) -> Iterator[Path]:
         (context / "build-offline.yml").write_text(BUILD_OVERRIDE)
         start = time.monotonic()
         engine.compose(
-            "efpsnbuild", context / "docker-compose.yml", ["build", BUILD_SERVICE],
+            "efpsnbuild", context / "docker-compose.yml", ["build", BUILD_SERVICE, AGENT_BUILDER],
             extra_files=[context / "build-offline.yml"], timeout=3600,
             environment={"EFPSN_BASE_IMAGE": ds.BASE_TAG, "EFPSN_WHEELHOUSE": "wheelhouse"})
-        engine.timings["image build (offline)"] = time.monotonic() - start
-        engine.docker_run(["image", "inspect", IMAGE], timeout=60)
+        engine.timings["image builds (offline)"] = time.monotonic() - start
+        for image in IMAGES.values():
+            size = engine.docker_run(["image", "inspect", "-f", "{{.Size}}", image], timeout=60)
+            engine.timings[f"image size of {image} (MB)"] = int(size.stdout.strip()) / 1e6
+        # The coordinator's image is light in fact: no torch in it at all.
+        probe = engine.docker_run(
+            ["run", "--rm", "--network", "none", "--entrypoint", "python", COORDINATOR_IMAGE,
+             "-c", "import importlib.util as u; print(u.find_spec('torch') is None)"],
+            timeout=120)
+        assert probe.stdout.strip() == "True", probe.stdout
         yield context
     finally:
         start = time.monotonic()
-        engine.docker_run(["rmi", "-f", IMAGE, ds.BASE_TAG, ds.ROOTFS_TAG], timeout=600,
+        engine.docker_run(["rmi", "-f", *IMAGES.values(), ds.BASE_TAG, ds.ROOTFS_TAG], timeout=600,
                           check=False)
         engine.docker_run(["image", "prune", "-f"], timeout=600, check=False)
         engine.timings["image removal"] = time.monotonic() - start
@@ -231,7 +254,7 @@ def test_compose_up_runs_five_agents_to_the_end(
         engine.timings["compose up -> all agents exited"] = time.monotonic() - start
         assert codes == dict.fromkeys([BUILD_SERVICE, *AGENTS], 0)
 
-        # The coordinator is still serving, and its healthcheck (python -m efpsn.healthcheck)
+        # The coordinator is still serving, and its healthcheck (python -m efpsn.wire.healthcheck)
         # passed: the agents only started once it was healthy.
         health = engine.docker_run(["inspect", "-f", "{{.State.Status}} {{.State.Health.Status}}",
                                     ids["coordinator"]], timeout=60).stdout.split()
@@ -249,7 +272,7 @@ def test_compose_up_runs_five_agents_to_the_end(
 
         # Results, copied out the way the README says.
         results = out / "results"
-        engine.docker_run(["cp", f"{ids['coordinator']}:/results", str(results)], timeout=300)
+        engine.docker_run(["cp", f"{ids['agent1']}:/results", str(results)], timeout=300)
         records = {}
         for name in AGENTS:
             path = results / name / "result.json"

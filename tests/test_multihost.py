@@ -25,11 +25,11 @@ import pytest
 import torch
 from netns import NetnsNetwork, can_use_netns, stop_processes
 
+from agent.launcher import load_agent_results
+from efpsn.cli_services import config_to_args
 from efpsn.config import RunConfig
-from efpsn.launcher import load_agent_results
-from efpsn.services_cli import config_to_args
 from efpsn.simulator import run_simulation
-from efpsn.tls import generate_certificates
+from efpsn.wire.tls import generate_certificates
 
 # 900 s is the outer bound of the whole module (the steps below have their own, shorter ones);
 # pytest-timeout interrupts the fixture, whose `with` block then still tears everything down.
@@ -49,7 +49,7 @@ PROBE = textwrap.dedent("""
     import json, sys, time
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
-    from efpsn.tls import TlsConfig
+    from efpsn.wire.tls import TlsConfig
     from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
     tls = TlsConfig.from_dir(sys.argv[1], sys.argv[2])
     hosts = dict(arg.split("=", 1) for arg in sys.argv[3:])  # name=address

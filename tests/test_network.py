@@ -14,8 +14,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from agent.launcher import launch_local_network, load_agent_results
 from efpsn.config import RunConfig
-from efpsn.launcher import launch_local_network, load_agent_results
 from efpsn.simulator import run_simulation
 
 pytestmark = pytest.mark.timeout(600)

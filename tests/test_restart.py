@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from localnet import LocalNet
 
+from agent.launcher import load_agent_results
 from efpsn.config import RunConfig
-from efpsn.launcher import load_agent_results
 from efpsn.simulator import run_simulation
 
 pytestmark = pytest.mark.timeout(900)

@@ -35,17 +35,18 @@ from hypothesis import Phase as HPhase
 from hypothesis import strategies as st
 from localnet import LocalNet
 
+from agent.launcher import load_agent_results
+from agent.node import AgentNode, AgentOptions, AgentService
+from agent.session import open_session
+from coordinator.registry import Registry, default_names
+from coordinator.service import CoordinatorService
 from efpsn import paillier
-from efpsn.agent.node import AgentNode, AgentOptions, AgentService
 from efpsn.config import RunConfig
-from efpsn.coordinator.registry import Registry, default_names
-from efpsn.coordinator.service import CoordinatorService
-from efpsn.launcher import load_agent_results
 from efpsn.masking import Masker
 from efpsn.simulator import run_simulation
-from efpsn.tls import TlsConfig, generate_certificates
 from efpsn.wire import serde
 from efpsn.wire.serde import Phase
+from efpsn.wire.tls import TlsConfig, generate_certificates
 from efpsn.wire.v1 import agent_pb2, common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 pytestmark = pytest.mark.timeout(600)
@@ -118,7 +119,7 @@ class Harness:
             registry.register(f"agent{i}", f"127.0.0.1:{40000 + i}")
         assignment = registry.assignments()["agent1"]
         node = self.node
-        node.session = self.loop.run_until_complete(node._open_session(assignment))
+        node._enter(self.loop.run_until_complete(open_session(assignment, name="agent1")))
         problem = node.session.problem
         node.masker = Masker(agent=0, neighbours=[1, 4], spec=problem.noise_spec,
                              rng=np.random.default_rng(0), layout=problem.layout, key_bits=2048)
@@ -127,7 +128,7 @@ class Harness:
         self.agent = AgentService(node)
         x = torch.linspace(-1, 1, NUM_PARAMS, dtype=torch.float64)
         for t in range(CURRENT_ROUND + 1):
-            node._remember(t, serde.message_to_proto(
+            node.outboxes.remember(t, serde.message_to_proto(
                 {"x": x + t}, header=serde.make_header(run_id=RUN, sender="agent1", round=t,
                                                        phase=Phase.OPTIMIZE)))
         # neighbours' messages of earlier rounds were consumed: only their digests remain
@@ -379,7 +380,7 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
         header=serde.make_header(run_id=RUN, sender="agent2", round=7, phase=Phase.OPTIMIZE)),
         FakeContext(_auth("agent2", h.pems))))
     assert not reply.available and reply.latest_round == CURRENT_ROUND
-    from efpsn.net import Undecodable
+    from efpsn.wire.net import Undecodable
 
     context = FakeContext(_auth("agent2", h.pems))
     with pytest.raises(grpc.aio.AbortError):
@@ -457,7 +458,7 @@ def test_fuzz_agent_service_in_process(harness: Harness) -> None:
     node = h.node
     assert node.status.round == CURRENT_ROUND and node.session is not None
     assert node.mailbox.size() <= 2 * 2 + 2 * 2  # rounds 5-6 and phase I, per neighbour
-    assert sorted(node.sent) == list(range(CURRENT_ROUND + 1))
+    assert sorted(node.outboxes.sent) == list(range(CURRENT_ROUND + 1))
     assert sum(node.rejections.counts.values()) == sum(v for k, v in codes.items() if k != "OK")
 
 

@@ -16,7 +16,13 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from efpsn.cli import main
-from efpsn.tls import TlsConfig, TlsError, caller_names, generate_certificates, names_in_certificate
+from efpsn.wire.tls import (
+    TlsConfig,
+    TlsError,
+    caller_names,
+    generate_certificates,
+    names_in_certificate,
+)
 
 
 def _cert(path: Path) -> x509.Certificate:

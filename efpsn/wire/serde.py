@@ -1,41 +1,41 @@
-"""Conversions between efpsn.v1 protobuf messages and plain Python, NumPy and torch values."""
+"""Conversions between efpsn.v1 protobuf messages and plain Python, NumPy and torch values.
+
+Tensors and Paillier values live here; the torch-free records (headers, run parameters,
+assignments) live in efpsn.wire.records and are re-exported, so the agent imports one module.
+"""
 
 from __future__ import annotations
 
-import enum
 import hashlib
-import itertools
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
-from google.protobuf.descriptor import FieldDescriptor
 
 from efpsn import paillier
 from efpsn.wire import limits
-from efpsn.wire.v1 import agent_pb2, common_pb2, coordinator_pb2
+from efpsn.wire.records import (  # noqa: F401  (re-exported: one import for the agent)
+    RUN_PARAMETER_FIELDS,
+    UINT32_END,
+    UINT64_END,
+    Assignment,
+    Header,
+    Peer,
+    Phase,
+    WireError,
+    assignment_from_proto,
+    assignment_to_proto,
+    header_from_proto,
+    make_header,
+    run_parameters_from_proto,
+    run_parameters_to_proto,
+    validate_header,
+)
+from efpsn.wire.v1 import agent_pb2, common_pb2
 
 FINGERPRINT_BYTES = 32  # sha256
-_UINT32_END = 2**32
-_UINT64_END = 2**64
-_WEIGHT_TOLERANCE = 1e-9
-
-
-class WireError(ValueError):
-    """A message (or a value headed for one) breaks the efpsn.v1 wire contract."""
-
-
-class Phase(enum.IntEnum):
-    """Mirror of efpsn.v1.Phase, so callers need not import the generated stubs."""
-
-    PHASE_UNSPECIFIED = 0
-    KEYS = 1
-    SHARES = 2
-    OPTIMIZE = 3
-    DONE = 4
 
 
 # --------------------------------------------------------------------------------------- tensors
@@ -236,7 +236,7 @@ def _check_batch(batch: CiphertextBatch) -> None:
             f"key fingerprint must be {FINGERPRINT_BYTES} bytes, got {len(batch.key_fingerprint)}"
         )
     n_coef = batch.num_coefficients
-    if isinstance(n_coef, bool) or not isinstance(n_coef, int) or not 1 <= n_coef < _UINT32_END:
+    if isinstance(n_coef, bool) or not isinstance(n_coef, int) or not 1 <= n_coef < UINT32_END:
         raise WireError(f"num_coefficients must be an int in [1, 2^32), got {n_coef!r}")
     if not isinstance(batch.packed, bool):
         raise TypeError(f"packed must be a bool, got {type(batch.packed).__name__}")
@@ -253,73 +253,6 @@ def _check_batch(batch: CiphertextBatch) -> None:
         if c <= 0:
             raise WireError(f"ciphertext {i} must be positive, got {c}")
 
-
-# --------------------------------------------------------------------------------------- headers
-
-
-@dataclass(frozen=True)
-class Header:
-    """Plain form of efpsn.v1.Header."""
-
-    run_id: str
-    sender: str
-    round: int
-    phase: Phase
-
-
-def make_header(*, run_id: str, sender: str, round: int, phase: Phase) -> common_pb2.Header:
-    """Build a Header; run_id and sender non-empty, 0 <= round < 2^64, phase specified."""
-    header = Header(run_id, sender, round, phase)
-    _check_header(header)
-    return common_pb2.Header(run_id=run_id, sender=sender, round=round, phase=int(phase))
-
-
-def header_from_proto(pb: common_pb2.Header) -> Header:
-    """Decode and sanity-check a Header (non-empty ids, known phase)."""
-    if not isinstance(pb, common_pb2.Header):
-        raise TypeError(f"expected efpsn.v1.Header, got {type(pb).__name__}")
-    try:
-        phase = Phase(pb.phase)
-    except ValueError:
-        raise WireError(f"header phase {pb.phase} is not a known Phase") from None
-    header = Header(pb.run_id, pb.sender, pb.round, phase)
-    _check_header(header)
-    return header
-
-
-def validate_header(
-    pb: common_pb2.Header,
-    *,
-    run_id: str,
-    phase: Phase,
-    senders: Collection[str] | None = None,
-    round: int | None = None,
-) -> Header:
-    """Decode a Header and check it belongs to this run, phase, sender set and (if given) round."""
-    header = header_from_proto(pb)
-    if header.run_id != run_id:
-        raise WireError(f"message is for run {header.run_id!r}, expected run {run_id!r}")
-    if header.phase != phase:
-        raise WireError(f"message is for phase {header.phase.name}, expected {Phase(phase).name}")
-    if senders is not None and header.sender not in senders:
-        raise WireError(f"sender {header.sender!r} is not one of {sorted(senders)}")
-    if round is not None and header.round != round:
-        raise WireError(f"message is for round {header.round}, expected round {round}")
-    return header
-
-
-def _check_header(header: Header) -> None:
-    if not isinstance(header.run_id, str) or not header.run_id:
-        raise WireError(f"header run_id must be a non-empty string, got {header.run_id!r}")
-    if not isinstance(header.sender, str) or not header.sender:
-        raise WireError(f"header sender must be a non-empty string, got {header.sender!r}")
-    r = header.round
-    if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < _UINT64_END:
-        raise WireError(f"header round must be an int in [0, 2^64), got {r!r}")
-    if not isinstance(header.phase, int) or header.phase not in set(Phase):
-        raise WireError(f"header phase must be a Phase, got {header.phase!r}")
-    if header.phase == Phase.PHASE_UNSPECIFIED:
-        raise WireError("header phase must not be PHASE_UNSPECIFIED")
 
 
 # ------------------------------------------------------------------------------ agent messages
@@ -427,135 +360,3 @@ def round_reply(
     if message is None:
         return agent_pb2.RoundReply(available=False, latest_round=latest)
     return agent_pb2.RoundReply(available=True, message=message, latest_round=latest)
-
-
-# ------------------------------------------------------------------------- coordinator messages
-
-RUN_PARAMETER_FIELDS: tuple[str, ...] = tuple(
-    field.name for field in coordinator_pb2.RunParameters.DESCRIPTOR.fields
-)
-
-
-def run_parameters_to_proto(values: Mapping[str, Any]) -> coordinator_pb2.RunParameters:
-    """Encode a plain dict with exactly the RUN_PARAMETER_FIELDS keys (e.g. RunConfig.to_dict())."""
-    missing = sorted(set(RUN_PARAMETER_FIELDS) - set(values))
-    unknown = sorted(set(values) - set(RUN_PARAMETER_FIELDS))
-    if missing or unknown:
-        raise WireError(f"run parameters: missing {missing}, unknown {unknown}")
-    fields = coordinator_pb2.RunParameters.DESCRIPTOR.fields_by_name
-    kwargs = {name: _check_scalar(name, fields[name].type, values[name]) for name in values}
-    return coordinator_pb2.RunParameters(**kwargs)
-
-
-def run_parameters_from_proto(pb: coordinator_pb2.RunParameters) -> dict[str, Any]:
-    """Decode RunParameters to a plain dict (keys in field order; int, float, str, bool values)."""
-    if not isinstance(pb, coordinator_pb2.RunParameters):
-        raise TypeError(f"expected efpsn.v1.RunParameters, got {type(pb).__name__}")
-    return {name: getattr(pb, name) for name in RUN_PARAMETER_FIELDS}
-
-
-def _check_scalar(name: str, field_type: int, value: Any) -> Any:
-    if field_type == FieldDescriptor.TYPE_STRING:
-        if not isinstance(value, str):
-            raise WireError(f"run parameter {name} must be a str, got {value!r}")
-        return value
-    if field_type == FieldDescriptor.TYPE_BOOL:
-        if not isinstance(value, bool):
-            raise WireError(f"run parameter {name} must be a bool, got {value!r}")
-        return value
-    if field_type == FieldDescriptor.TYPE_DOUBLE:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise WireError(f"run parameter {name} must be a float, got {value!r}")
-        return float(value)
-    end = {FieldDescriptor.TYPE_UINT32: _UINT32_END, FieldDescriptor.TYPE_UINT64: _UINT64_END}
-    if field_type in end:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < end[field_type]:
-            raise WireError(f"run parameter {name} must be an int in [0, {end[field_type]}), "
-                            f"got {value!r}")
-        return value
-    raise AssertionError(f"run parameter {name} has an unhandled protobuf type {field_type}")
-
-
-@dataclass(frozen=True)
-class Peer:
-    """Plain form of efpsn.v1.Peer."""
-
-    name: str
-    index: int
-    address: str
-    weight: float
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """Plain form of efpsn.v1.Assignment; params as in run_parameters_from_proto."""
-
-    run_id: str
-    index: int
-    name: str
-    neighbours: tuple[Peer, ...]
-    self_weight: float
-    params: dict[str, Any]
-    num_agents: int
-
-
-def assignment_to_proto(assignment: Assignment) -> coordinator_pb2.Assignment:
-    """Encode an Assignment after checking its invariants (see _check_assignment)."""
-    _check_assignment(assignment)
-    return coordinator_pb2.Assignment(
-        run_id=assignment.run_id,
-        index=assignment.index,
-        name=assignment.name,
-        neighbours=[
-            coordinator_pb2.Peer(name=p.name, index=p.index, address=p.address, weight=p.weight)
-            for p in assignment.neighbours
-        ],
-        self_weight=assignment.self_weight,
-        params=run_parameters_to_proto(assignment.params),
-        num_agents=assignment.num_agents,
-    )
-
-
-def assignment_from_proto(pb: coordinator_pb2.Assignment) -> Assignment:
-    """Decode an Assignment and check its invariants (see _check_assignment)."""
-    if not isinstance(pb, coordinator_pb2.Assignment):
-        raise TypeError(f"expected efpsn.v1.Assignment, got {type(pb).__name__}")
-    assignment = Assignment(
-        run_id=pb.run_id,
-        index=pb.index,
-        name=pb.name,
-        neighbours=tuple(Peer(p.name, p.index, p.address, p.weight) for p in pb.neighbours),
-        self_weight=pb.self_weight,
-        params=run_parameters_from_proto(pb.params),
-        num_agents=pb.num_agents,
-    )
-    _check_assignment(assignment)
-    return assignment
-
-
-def _check_assignment(a: Assignment) -> None:
-    """Non-empty ids; neighbours ascending, distinct, not self, in range, with addresses;
-    weights in (0, 1] summing (with self_weight) to 1; num_agents == params["agents"]."""
-    if not a.run_id or not a.name:
-        raise WireError(f"assignment needs a run_id and a name, got {a.run_id!r}, {a.name!r}")
-    if a.num_agents != a.params.get("agents"):
-        raise WireError(f"num_agents {a.num_agents} != params agents {a.params.get('agents')}")
-    if not 0 <= a.index < a.num_agents:
-        raise WireError(f"index {a.index} is out of range for {a.num_agents} agents")
-    indices = [p.index for p in a.neighbours]
-    if any(i == a.index for i in indices):
-        raise WireError(f"agent {a.index} lists itself as a neighbour")
-    if any(not 0 <= i < a.num_agents for i in indices):
-        raise WireError(f"neighbour indices {indices} out of range for {a.num_agents} agents")
-    if any(x >= y for x, y in itertools.pairwise(indices)):
-        raise WireError(f"neighbour indices must be strictly ascending, got {indices}")
-    for p in a.neighbours:
-        if not p.name or not p.address:
-            raise WireError(f"neighbour {p.index} needs a name and an address, got {p}")
-    weights = [a.self_weight] + [p.weight for p in a.neighbours]
-    if not all(math.isfinite(w) and 0 <= w <= 1 for w in weights):
-        raise WireError(f"mixing weights must be in [0, 1], got {weights}")
-    if any(p.weight <= 0 for p in a.neighbours):
-        raise WireError(f"neighbour weights must be > 0, got {[p.weight for p in a.neighbours]}")
-    if abs(math.fsum(weights) - 1.0) > _WEIGHT_TOLERANCE:
-        raise WireError(f"mixing weights must sum to 1, got {math.fsum(weights)!r}")

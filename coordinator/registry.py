@@ -6,7 +6,7 @@ import re
 
 from efpsn.config import RunConfig
 from efpsn.topology import build_graph, metropolis_weights
-from efpsn.wire.serde import Assignment, Peer
+from efpsn.wire.records import Assignment, Peer
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 MAX_ADDRESS_CHARS = 255

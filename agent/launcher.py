@@ -17,13 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from efpsn.agent.status import fetch_statuses
+from agent.status import fetch_statuses
 from efpsn.cli_common import format_metrics, write_json
+from efpsn.cli_services import check_key_policy, config_to_args
 from efpsn.config import RunConfig
 from efpsn.metrics import evaluate
 from efpsn.problem import build_problem
-from efpsn.services_cli import check_key_policy, config_to_args
-from efpsn.tls import TlsConfig, generate_certificates
+from efpsn.wire.tls import TlsConfig, generate_certificates
 
 
 @dataclass
@@ -41,10 +41,6 @@ class Child:
         return "\n".join(text[-lines:])
 
 
-def _efpsn_command() -> list[str]:
-    return [sys.executable, "-m", "efpsn"]
-
-
 def _spawn(name: str, args: list[str], folder: Path) -> Child:
     log_path = folder / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -53,7 +49,8 @@ def _spawn(name: str, args: list[str], folder: Path) -> Child:
     port_file.unlink(missing_ok=True)
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [*_efpsn_command(), *args, "--port-file", str(port_file)],
+            # `python -m coordinator ...` / `python -m agent ...`: each service's own entry point
+            [sys.executable, "-m", *args, "--port-file", str(port_file)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,  # our Ctrl-C is handled here, then we stop them ourselves
         )

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from efpsn.net import open_channel
-from efpsn.tls import TlsConfig
+from efpsn.wire.net import open_channel
 from efpsn.wire.serde import Phase
+from efpsn.wire.tls import TlsConfig
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc
 
 

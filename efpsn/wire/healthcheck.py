@@ -1,4 +1,4 @@
-"""`python -m efpsn.healthcheck [--tls-dir DIR --tls-name NAME] HOST:PORT`: exit 0 when the gRPC
+"""`python -m efpsn.wire.healthcheck [--tls-dir DIR --tls-name NAME] HOST:PORT`: exit 0 when the gRPC
 server there reports SERVING.
 
 A container healthcheck for the coordinator and the agents: it asks the standard health service
@@ -58,7 +58,7 @@ def check(address: str, *, timeout: float = 5.0, service: str = "",
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m efpsn.healthcheck",
+        prog="python -m efpsn.wire.healthcheck",
         description="Exit 0 when the gRPC health service at HOST:PORT reports SERVING.",
     )
     parser.add_argument("address", help="HOST:PORT of a coordinator or agent")

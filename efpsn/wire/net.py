@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection
 
 from efpsn.wire import limits
 
-log = logging.getLogger("efpsn.net")
+log = logging.getLogger("efpsn.wire.net")
 T = TypeVar("T")
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})

@@ -8,9 +8,10 @@ import uuid
 
 import grpc
 
+from coordinator.registry import NotExpected, Registry, default_names
 from efpsn.config import RunConfig
-from efpsn.coordinator.registry import NotExpected, Registry, default_names
-from efpsn.net import (
+from efpsn.wire import records
+from efpsn.wire.net import (
     Reject,
     RejectionLog,
     Server,
@@ -20,8 +21,7 @@ from efpsn.net import (
     start_server,
     write_port_file,
 )
-from efpsn.tls import TlsConfig, caller_names
-from efpsn.wire import serde
+from efpsn.wire.tls import TlsConfig, caller_names
 from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger("efpsn.coordinator")
@@ -80,7 +80,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 f"only {len(have)} of {self.registry.config.agents} agents registered "
                 f"({', '.join(have)}) before the registration deadline",
             ) from None
-        return serde.assignment_to_proto(self.registry.assignments()[request.name])
+        return records.assignment_to_proto(self.registry.assignments()[request.name])
 
     @guarded
     async def GetRunStatus(

@@ -40,7 +40,7 @@ import torch
 from efpsn.masking import MaskCoefficients
 from efpsn.wire import serde
 
-log = logging.getLogger("efpsn.agent.state")
+log = logging.getLogger("agent.state")
 
 FORMAT = "efpsn-agent-state/1"
 _TENSOR_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")

@@ -1,0 +1,114 @@
+"""`efpsn agent`, `efpsn up` and `python -m agent`: the agent's command line and the local
+network launcher's.
+
+Module-level imports stay light (no torch, no grpc) so that building the parser is quick; the
+handlers import the service when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from efpsn.cli_common import add_run_arguments, config_from_args
+from efpsn.cli_services import (
+    add_debug_flags,
+    add_tls_flags,
+    setup_logging,
+    tls_from_args,
+    until_signalled,
+)
+
+
+def _agent(args: argparse.Namespace) -> int:
+    from agent.node import AgentNode, AgentOptions
+
+    setup_logging(args.verbose)
+    options = AgentOptions(
+        name=args.name, listen=args.listen, advertise=args.advertise,
+        coordinator=args.coordinator, results_dir=Path(args.results),
+        register_timeout=args.register_timeout, port_file=args.port_file,
+        tls=tls_from_args(args, args.name), coordinator_name=args.coordinator_name,
+        state_dir=Path(args.state_dir) if args.state_dir else None,
+        checkpoint_every=args.checkpoint_every, keep_rounds=args.keep_rounds,
+        insecure_noise_seed=args.insecure_noise_seed, debug_expose_mask=args.debug_expose_mask,
+        allow_insecure_keys=args.allow_insecure_keys,
+    )
+    result = asyncio.run(until_signalled(AgentNode(options).run(), what=args.name))
+    final = result["final"]
+    print(f"{args.name}: done; local loss {final['loss']:.4f}, accuracy {final['accuracy']:.4f}")
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    from agent.launcher import launch_local_network
+
+    config = config_from_args(args)
+    summary = launch_local_network(
+        config, results=Path(args.results) if args.results else None, host=args.host,
+        quiet=args.quiet, insecure=args.insecure, checkpoint_every=args.checkpoint_every,
+        insecure_noise_seed=args.insecure_noise_seed,
+        debug_expose_mask=args.debug_expose_mask, allow_insecure_keys=args.allow_insecure_keys,
+    )
+    return 0 if summary["ok"] else 1
+
+
+def configure(agent: argparse.ArgumentParser) -> None:
+    """The agent's flags (its own options; the run's parameters come from the coordinator)."""
+    agent.add_argument("--name", required=True, help="agent name, e.g. agent1")
+    agent.add_argument("--listen", default="0.0.0.0:50051", help="HOST:PORT to serve on")
+    agent.add_argument("--advertise", default=None,
+                       help="HOST:PORT neighbours dial (default: listen host and bound port)")
+    agent.add_argument("--coordinator", required=True, help="coordinator HOST:PORT")
+    agent.add_argument("--results", default="results", help="folder for result.json/model.npy")
+    agent.add_argument("--register-timeout", type=float, default=600.0)
+    agent.add_argument("--port-file", default=None, help="write the bound port here")
+    agent.add_argument("--verbose", action="store_true")
+    add_tls_flags(agent, own_name="--name")
+    agent.add_argument("--coordinator-name", default="coordinator",
+                       help="the name in the coordinator's certificate (default coordinator)")
+    crash = agent.add_argument_group("crash safety (restart with the same command to resume)")
+    crash.add_argument("--state-dir", default=None,
+                       help="assignment, mask and checkpoints (default RESULTS/NAME/state)")
+    crash.add_argument("--checkpoint-every", type=int, default=50,
+                       help="save the phase II state every this many rounds (default 50)")
+    crash.add_argument("--keep-rounds", type=int, default=128,
+                       help="recent outboxes kept for restarting neighbours (default 128; must "
+                            "exceed every agent's --checkpoint-every + 2)")
+    add_debug_flags(agent)
+    agent.set_defaults(handler=_agent)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """The `agent` subcommand of `efpsn`."""
+    agent = sub.add_parser("agent", help="one agent: phase I with neighbours, then phase II")
+    configure(agent)
+    return agent
+
+
+def add_up_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`efpsn up`: a coordinator and n agents as local processes (agent/launcher.py)."""
+    up = sub.add_parser("up", help="the main job: coordinator + n agents as local processes")
+    add_run_arguments(up)
+    up.add_argument("--results", default=None, help="results folder (default: results/run-TIME)")
+    up.add_argument("--host", default="127.0.0.1", help="loopback address to serve on")
+    up.add_argument("--quiet", action="store_true", help="no progress bar")
+    up.add_argument("--insecure", action="store_true",
+                    help="plaintext gRPC (default: a fresh CA and certificates in RESULTS/tls, "
+                         "mutual TLS everywhere)")
+    up.add_argument("--checkpoint-every", type=int, default=50,
+                    help="agents save their phase II state every this many rounds")
+    add_debug_flags(up)
+    up.set_defaults(handler=_up)
+    return up
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m agent",
+        description="One EFPSN agent: registers with the coordinator, runs phase I (Paillier "
+                    "zero-sum masks) and phase II (the optimisation) with its neighbours.",
+    )
+    configure(parser)
+    return parser

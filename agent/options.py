@@ -1,0 +1,56 @@
+"""How one agent runs (its own options; the run's parameters come from the coordinator)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from efpsn.wire.tls import TlsConfig
+
+
+class AgentFailure(RuntimeError):
+    """The run cannot go on at this agent (a neighbour failed, timed out or misbehaved)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentOptions:
+    """How this agent runs; the run's parameters come from the coordinator."""
+
+    name: str
+    listen: str
+    coordinator: str
+    advertise: str | None = None  # host:port neighbours dial; default: listen host + bound port
+    results_dir: Path = Path("results")
+    register_timeout: float = 600.0
+    port_file: str | None = None
+    # Mutual TLS (None: plaintext, only with an explicit --insecure). The certificate must name
+    # this agent; peers are verified against their agent names, the coordinator against
+    # coordinator_name.
+    tls: TlsConfig | None = None
+    coordinator_name: str = "coordinator"
+    # Crash safety: state folder (default RESULTS/NAME/state), checkpoint interval, and how many
+    # recent outboxes to keep for neighbours that restart (must exceed checkpoint_every + 2 at
+    # every agent of the run).
+    state_dir: Path | None = None
+    checkpoint_every: int = 50
+    keep_rounds: int = 128
+    # Test and debugging hooks. Both break privacy; never use them in a real deployment.
+    insecure_noise_seed: int | None = None  # reproducible noise (to compare with the simulator)
+    debug_expose_mask: bool = False  # write this agent's mask numerators into result.json
+    allow_insecure_keys: bool = False  # accept Paillier keys below 2048 bits
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+        if self.keep_rounds < self.checkpoint_every + 3:
+            raise ValueError(
+                f"keep_rounds ({self.keep_rounds}) must exceed checkpoint_every + 2 "
+                f"({self.checkpoint_every + 2}): a neighbour restarted from its last checkpoint "
+                "replays up to checkpoint_every + 2 rounds from our history"
+            )
+        if self.tls is not None:
+            self.tls.require_name(self.name)
+
+    @property
+    def state_folder(self) -> Path:
+        return self.state_dir or Path(self.results_dir) / self.name / "state"

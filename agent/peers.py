@@ -1,0 +1,108 @@
+"""The agent's client side: one channel per peer, calls retried until a deadline, and errors
+that name the neighbour, its address and what was being done."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from agent.mailbox import Mailbox, NeighbourTimeout
+from agent.options import AgentFailure, AgentOptions
+from agent.session import Session
+from efpsn.wire import serde
+from efpsn.wire.net import call_with_retry, open_channel
+from efpsn.wire.serde import Phase
+from efpsn.wire.v1 import agent_pb2_grpc, common_pb2
+
+
+class Peers:
+    """Sends to and collects from the neighbours of one session."""
+
+    def __init__(self, options: AgentOptions, mailbox: Mailbox) -> None:
+        self.options = options
+        self.mailbox = mailbox
+        self.session: Session | None = None
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def open(self, address: str, server_name: str) -> grpc.aio.Channel:
+        """A channel to `address` whose server must present a certificate for `server_name`."""
+        tls = self.options.tls
+        if tls is None:
+            return open_channel(address)
+        return open_channel(address, credentials=tls.channel_credentials(),
+                            server_name=server_name)
+
+    def keep(self, key: str, channel: grpc.aio.Channel) -> None:
+        """Close `channel` with the others at the end."""
+        self._channels[key] = channel
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+
+    def _session(self) -> Session:
+        assert self.session is not None, "no session yet"
+        return self.session
+
+    def _stub(self, name: str) -> agent_pb2_grpc.AgentStub:
+        channel = self._channels.get(name)
+        if channel is None:
+            channel = self.open(self._session().addresses[name], name)
+            self._channels[name] = channel
+        return agent_pb2_grpc.AgentStub(channel)
+
+    def header(self, phase: Phase, round_: int) -> common_pb2.Header:
+        return serde.make_header(
+            run_id=self._session().run_id, sender=self.options.name, round=round_, phase=phase
+        )
+
+    async def call(self, name: str, method: str, request: Any, *, deadline: float,
+                   what: str) -> Any:
+        """One RPC to a neighbour, retried while it is unreachable or not ready; errors name the
+        neighbour, its address and what was being done."""
+        loop = asyncio.get_running_loop()
+        rpc: Callable[..., Awaitable[Any]] = getattr(self._stub(name), method)
+        address = self._session().addresses[name]
+        try:
+            return await call_with_retry(
+                lambda: rpc(request, timeout=max(0.1, deadline - loop.time())),
+                deadline=deadline, what=f"{what} neighbour {name} ({address})",
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise AgentFailure(
+                f"neighbour {name} ({address}) refused {what}: {exc.code().name}: "
+                f"{exc.details()}"
+            ) from None
+        except TimeoutError as exc:
+            raise AgentFailure(str(exc)) from None
+
+    async def send(self, name: str, method: str, request: Any, *, timeout: float) -> None:
+        """Deliver one message to a neighbour (phase and round in every error)."""
+        loop = asyncio.get_running_loop()
+        what = f"{Phase(request.header.phase).name} round {request.header.round}"
+        ack = await self.call(name, method, request, deadline=loop.time() + timeout,
+                              what=f"sending {what} to")
+        if not ack.accepted:
+            raise AgentFailure(f"neighbour {name} ({self._session().addresses[name]}) refused "
+                               f"{what}: {ack.detail}")
+
+    async def send_all(self, method: str, make: Callable[[str], Any], *, timeout: float) -> None:
+        """Deliver make(name) to every neighbour, concurrently."""
+        await asyncio.gather(*(
+            self.send(name, method, make(name), timeout=timeout)
+            for name in sorted(self._session().addresses)
+        ))
+
+    async def collect(self, kind: str, round_: int, *, timeout: float) -> dict[int, Any]:
+        """Wait for one message per neighbour; keyed by neighbour index."""
+        s = self._session()
+        try:
+            got = await self.mailbox.collect(kind, round_, s.neighbour_names, timeout=timeout)
+        except NeighbourTimeout as exc:
+            where = ", ".join(f"{m} ({s.addresses[m]})" for m in exc.missing)
+            raise AgentFailure(f"{self.options.name}: {exc} [{where}]") from None
+        index = {name: i for i, name in s.names.items()}
+        return {index[name]: payload for name, payload in got.items()}

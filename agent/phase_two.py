@@ -1,0 +1,191 @@
+"""Phase II at one agent: rounds of the shared algorithm step, exchanged with the neighbours,
+checkpointed, and replayed from the neighbours' history after a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from agent.options import AgentFailure
+from agent.session import Session
+from agent.state import Checkpoint, StateError
+from efpsn.algorithms import AgentState, Message, StepContext, make_algorithm
+from efpsn.masking import MaskCoefficients
+from efpsn.schedules import make_schedule
+from efpsn.wire import serde
+from efpsn.wire.serde import Phase, WireError
+from efpsn.wire.v1 import agent_pb2
+
+if TYPE_CHECKING:
+    from agent.node import AgentNode
+
+log = logging.getLogger("efpsn.agent")
+
+
+class Outboxes:
+    """My round messages of the newest `keep` rounds, served to restarting neighbours."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.sent: collections.OrderedDict[int, agent_pb2.RoundMessage] = (
+            collections.OrderedDict())
+        self.produced = -1  # newest round whose outbox exists
+
+    def remember(self, t: int, request: agent_pb2.RoundMessage) -> None:
+        self.sent[t] = request
+        self.produced = max(self.produced, t)
+        while len(self.sent) > self.keep:
+            self.sent.popitem(last=False)
+
+    def held(self) -> str:
+        return f"{min(self.sent)}..{max(self.sent)}" if self.sent else "none"
+
+
+def decode_round(
+    session: Session, pb: agent_pb2.RoundMessage, *, sender: str, round_: int
+) -> dict[str, torch.Tensor]:
+    """Validate a neighbour's round message (pushed or pulled): header, names, shapes,
+    float64, finite. Raises WireError saying what is wrong."""
+    serde.validate_header(pb.header, run_id=session.run_id, phase=Phase.OPTIMIZE,
+                          senders={sender}, round=round_)
+    tensors = serde.message_from_proto(pb, expected_shapes=session.message_shapes)
+    for name, tensor in tensors.items():
+        if tensor.dtype != torch.float64:
+            raise WireError(f"tensor {name!r} must be float64, got {tensor.dtype}")
+        if not bool(torch.isfinite(tensor).all()):
+            raise WireError(f"tensor {name!r} has non-finite entries")
+    return tensors
+
+
+async def run_phase_two(node: AgentNode, mask: MaskCoefficients, *, resume: bool) -> AgentState:
+    """All rounds from the start (or from the newest checkpoint when resuming) to the last."""
+    s = node.session
+    assert s is not None
+    cfg, problem = s.config, s.problem
+    algorithm = make_algorithm(cfg.algorithm)
+    schedule = make_schedule(cfg.schedule, iterations=cfg.iterations)
+    ctx = StepContext(
+        agent=s.index, weights=s.weights(), lr=schedule(0),
+        oracle=problem.objective(s.index, mask),
+    )
+    state, outbox = algorithm.init(problem.initial_params(), ctx)
+    checkpoint = _load_checkpoint(node, state) if resume else None
+    if resume:
+        node.resumed_from = checkpoint.round if checkpoint else 0
+        log.warning("%s resumes run %s at round %d (saved mask reloaded; %s)",
+                    node.options.name, s.run_id, node.resumed_from,
+                    "from its checkpoint" if checkpoint else "no checkpoint yet")
+    if checkpoint is None:
+        node.history = [evaluate(node, state, 0)]
+    else:
+        state = AgentState(t=checkpoint.round, tensors=checkpoint.tensors)
+        # an outbox is the state's message tensors (true of every algorithm's step)
+        outbox = {k: state[k] for k in algorithm.message_keys}
+        node.history = list(checkpoint.history)
+        evaluate(node, state, checkpoint.round)
+    node.status.round = state.t
+    node.status.phase = Phase.OPTIMIZE
+    every = node.options.checkpoint_every
+    for t in range(state.t, cfg.iterations):
+        node.status.round = t
+        inbox = await exchange(node, outbox, t, timeout=cfg.round_timeout_seconds)
+        state, outbox = algorithm.step(state, inbox, dataclasses.replace(ctx, lr=schedule(t)))
+        node.status.round = t + 1
+        node.mailbox.discard_before("round", t + 1)
+        node.mailbox.forget_before("round", t + 1 - node.options.keep_rounds)
+        if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.iterations:
+            node.history.append(evaluate(node, state, t + 1))
+        if (t + 1) % every == 0 and t + 1 < cfg.iterations:
+            node.store.save_checkpoint(run_id=s.run_id, round_=t + 1, tensors=state.tensors,
+                                       history=node.history)
+    node.status.round = cfg.iterations
+    node.final_outbox = outbox
+    return state
+
+
+def _load_checkpoint(node: AgentNode, initial: AgentState) -> Checkpoint | None:
+    """The newest intact checkpoint with the same tensors as the algorithm's state."""
+    s = node.session
+    assert s is not None
+    expected = {k: tuple(v.shape) for k, v in initial.tensors.items()}
+    try:
+        return node.store.load_checkpoint(run_id=s.run_id, expected=expected)
+    except StateError as exc:
+        raise AgentFailure(f"{node.options.name} cannot resume: {exc}") from None
+
+
+async def exchange(node: AgentNode, outbox: Message, t: int, *,
+                   timeout: float) -> dict[int, Message]:
+    """Send my round-t message to every neighbour while collecting theirs (pulling rounds a
+    neighbour sent to this agent's previous process, after a restart)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    peers = node.peers
+    request = serde.message_to_proto(outbox, header=peers.header(Phase.OPTIMIZE, t))
+    node.outboxes.remember(t, request)
+    sending = asyncio.ensure_future(
+        peers.send_all("PutRound", lambda name: request, timeout=timeout)
+    )
+    try:
+        await _pull_missing(node, t, deadline=deadline)
+        inbox = await peers.collect("round", t, timeout=max(0.0, deadline - loop.time()))
+        await sending
+    finally:
+        if not sending.done():
+            sending.cancel()
+    return inbox
+
+
+async def _pull_missing(node: AgentNode, t: int, *, deadline: float) -> None:
+    """After a restart, ask neighbours for round-t messages that were pushed to this agent's
+    previous process. A neighbour that has not reached round t yet will push it (to this
+    process), so it is not asked again."""
+    wanted = [n for n in sorted(node.pull_from) if not node.mailbox.has("round", t, n)]
+    if wanted:
+        await asyncio.gather(*(_pull(node, name, t, deadline=deadline) for name in wanted))
+
+
+async def _pull(node: AgentNode, name: str, t: int, *, deadline: float) -> None:
+    assert node.session is not None
+    request = serde.round_request(header=node.peers.header(Phase.OPTIMIZE, t))
+    reply = await node.peers.call(name, "GetRound", request, deadline=deadline,
+                                  what=f"pulling OPTIMIZE round {t} from")
+    if not reply.available:
+        node.pull_from.discard(name)
+        return
+    try:
+        tensors = decode_round(node.session, reply.message, sender=name, round_=t)
+        node.mailbox.put("round", t, name, tensors, serde.round_digest(reply.message))
+    except ValueError as exc:
+        raise AgentFailure(f"neighbour {name} served a bad round {t}: {exc}") from None
+
+
+async def final_barrier(node: AgentNode) -> None:
+    """Push my final outbox (round T) and wait, still serving GetRound, until every
+    neighbour has finished too (or the round deadline passes): a neighbour that restarts
+    near the end can then still replay the rounds it needs from us."""
+    s = node.session
+    assert s is not None and node.final_outbox is not None
+    try:
+        await exchange(node, node.final_outbox, s.config.iterations,
+                       timeout=s.config.round_timeout_seconds)
+    except AgentFailure as exc:
+        log.warning("%s finished, but not every neighbour confirmed it did: %s",
+                    node.options.name, exc)
+
+
+def evaluate(node: AgentNode, state: AgentState, t: int) -> dict[str, float]:
+    """Local, unmasked metrics of this agent's iterate (what one agent can know)."""
+    s = node.session
+    assert s is not None
+    x = state["x"]
+    shard = s.problem.shards[s.index]
+    loss, _ = s.problem.task.loss_and_grad(x, shard.images, shard.labels)
+    accuracy = float(s.problem.task.accuracy(x, s.problem.test))
+    node.status.loss, node.status.accuracy = float(loss), accuracy
+    return {"round": t, "loss": float(loss), "accuracy": accuracy}

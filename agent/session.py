@@ -1,0 +1,83 @@
+"""What an assigned agent knows: its run, neighbours and the public problem; and its status."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass
+
+from agent.options import AgentFailure
+from efpsn.algorithms import make_algorithm
+from efpsn.config import RunConfig
+from efpsn.problem import Problem, build_problem
+from efpsn.wire import serde
+from efpsn.wire.serde import Phase
+
+log = logging.getLogger("efpsn.agent")
+
+
+@dataclass
+class Session:
+    """What the agent knows once assigned: the run, its neighbours and the public problem."""
+
+    assignment: serde.Assignment
+    config: RunConfig
+    problem: Problem
+    names: dict[int, str]  # neighbour index -> name
+    addresses: dict[str, str]  # neighbour name -> host:port
+    message_shapes: dict[str, tuple[int, ...]]  # what a round message must carry
+
+    @property
+    def run_id(self) -> str:
+        return self.assignment.run_id
+
+    @property
+    def index(self) -> int:
+        return self.assignment.index
+
+    @property
+    def neighbour_names(self) -> frozenset[str]:
+        return frozenset(self.addresses)
+
+    def weights(self) -> dict[int, float]:
+        out = {self.index: self.assignment.self_weight}
+        out.update({p.index: p.weight for p in self.assignment.neighbours})
+        return out
+
+
+@dataclass
+class Status:
+    """What GetStatus reports about this agent."""
+
+    phase: Phase = Phase.PHASE_UNSPECIFIED
+    round: int = 0
+    loss: float = math.nan
+    accuracy: float = math.nan
+    error: str = ""
+    finished: bool = False
+
+
+async def open_session(assignment: serde.Assignment, *, name: str) -> Session:
+    """Build the public problem of the assigned run (off the event loop) and check that the
+    coordinator's neighbours agree with the run's topology."""
+    config = RunConfig.from_dict(assignment.params)
+    problem = await asyncio.to_thread(build_problem, config)
+    expected = set(problem.graph.neighbours(assignment.index))
+    got = {p.index for p in assignment.neighbours}
+    if expected != got:
+        raise AgentFailure(
+            f"coordinator assigned neighbours {sorted(got)} but the topology "
+            f"{config.topology!r} gives {sorted(expected)}"
+        )
+    shape = tuple(problem.initial_params().shape)
+    keys = make_algorithm(config.algorithm).message_keys
+    log.info("%s is agent index %d of run %s; neighbours %s", name,
+             assignment.index, assignment.run_id,
+             ", ".join(p.name for p in assignment.neighbours))
+    return Session(
+        assignment=assignment, config=config, problem=problem,
+        names={p.index: p.name for p in assignment.neighbours},
+        addresses={p.name: p.address for p in assignment.neighbours},
+        message_shapes={k: shape for k in keys},
+    )

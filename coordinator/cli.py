@@ -1,0 +1,76 @@
+"""`efpsn coordinator` and `python -m coordinator`: the bootstrap service's command line.
+
+Imports nothing heavy (no torch, no data): the coordinator only checks the public run
+parameters (topology, schedule, key policy), registers agents and hands out assignments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from efpsn.cli_common import add_run_arguments, config_from_args
+from efpsn.cli_services import (
+    add_tls_flags,
+    check_key_policy,
+    parse_names,
+    setup_logging,
+    tls_from_args,
+)
+
+
+def _coordinator(args: argparse.Namespace) -> int:
+    from coordinator.registry import default_names
+    from coordinator.service import serve
+    from efpsn.schedules import make_schedule
+
+    setup_logging(args.verbose)
+    config = config_from_args(args)
+    check_key_policy(config, allow_insecure_keys=args.allow_insecure_keys)
+    make_schedule(config.schedule, iterations=config.iterations)  # a bad schedule fails here
+    tls = tls_from_args(args, args.tls_name)
+    expected = (parse_names(args.expected_names) if args.expected_names
+                else default_names(config.agents))
+    if len(expected) != config.agents:
+        raise ValueError(f"--expected-names lists {len(expected)} names for {config.agents} agents")
+    asyncio.run(serve(
+        config, listen=args.listen, run_id=args.run_id, port_file=args.port_file,
+        register_timeout=args.register_timeout, expected_names=expected, tls=tls,
+    ))
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """The `coordinator` subcommand (also the whole of `python -m coordinator`)."""
+    coord = sub.add_parser("coordinator", help="bootstrap service: registry, topology, parameters")
+    configure(coord)
+    return coord
+
+
+def configure(coord: argparse.ArgumentParser) -> None:
+    coord.add_argument("--listen", default="0.0.0.0:50050", help="HOST:PORT (port 0: any free)")
+    coord.add_argument("--run-id", default=None, help="run identifier (default: random)")
+    coord.add_argument("--port-file", default=None, help="write the bound port here")
+    coord.add_argument("--register-timeout", type=float, default=600.0,
+                       help="seconds to wait for all agents to register")
+    coord.add_argument("--expected-names", default=None,
+                       help="comma-separated agent names allowed to register "
+                            "(default agent1..agentN)")
+    coord.add_argument("--verbose", action="store_true")
+    coord.add_argument("--allow-insecure-keys", action="store_true", help=argparse.SUPPRESS)
+    add_tls_flags(coord, own_name="--tls-name")
+    coord.add_argument("--tls-name", default="coordinator",
+                       help="the coordinator's certificate name (default coordinator)")
+    add_run_arguments(coord)
+    coord.set_defaults(handler=_coordinator, numeric=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m coordinator",
+        description="EFPSN's bootstrap coordinator: registers the agents, assigns ids, "
+                    "neighbours and mixing weights, hands out the public run parameters. It "
+                    "never sees data, noise, keys' secrets, gradients or parameters.",
+    )
+    configure(parser)
+    return parser

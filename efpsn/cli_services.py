@@ -1,0 +1,165 @@
+"""Flags and helpers shared by the service commands (`efpsn coordinator`, `efpsn agent`,
+`efpsn up`, and `python -m agent` / `python -m coordinator`), and `efpsn certs`.
+
+The commands themselves live with their services (agent/cli.py, coordinator/cli.py). Nothing
+here imports torch or grpc at module level, so every command starts quickly."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from efpsn.config import RunConfig
+
+if TYPE_CHECKING:
+    from efpsn.wire.tls import TlsConfig
+
+T = TypeVar("T")
+
+
+def setup_logging(verbose: bool = False) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+
+
+def config_to_args(config: RunConfig) -> list[str]:
+    """The flags that reproduce `config` on another command line (inverse of config_from_args)."""
+    out: list[str] = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        flag = "--" + ("round-timeout" if f.name == "round_timeout_seconds"
+                       else f.name.replace("_", "-"))
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag[2:])
+        elif f.name == "batch_size" and value == 0:
+            out += [flag, "full"]
+        else:
+            out += [flag, repr(value) if isinstance(value, float) else str(value)]
+    return out
+
+
+def check_key_policy(config: RunConfig, *, allow_insecure_keys: bool) -> None:
+    """Networked runs refuse Paillier keys below 2048 bits unless a test explicitly allows it."""
+    from efpsn.paillier import MIN_KEY_BITS
+
+    if config.key_bits < MIN_KEY_BITS and not allow_insecure_keys:
+        raise ValueError(
+            f"key_bits must be >= {MIN_KEY_BITS} for a networked run, got {config.key_bits}"
+        )
+
+
+def tls_from_args(args: argparse.Namespace, name: str) -> TlsConfig | None:
+    """The node's mutual-TLS material from --tls-dir or --tls-cert/--tls-key/--tls-ca; None with
+    --insecure. Neither is a (one-line) error: plaintext must be asked for explicitly."""
+    from efpsn.wire.tls import TlsConfig
+
+    explicit = {"--tls-cert": args.tls_cert, "--tls-key": args.tls_key, "--tls-ca": args.tls_ca}
+    given = [flag for flag, value in explicit.items() if value]
+    if args.insecure:
+        if args.tls_dir or given:
+            raise ValueError("--insecure (plaintext) contradicts --tls-dir/--tls-cert/--tls-key/"
+                             "--tls-ca: give one or the other")
+        return None
+    if args.tls_dir:
+        if given:
+            raise ValueError(f"give --tls-dir or {'/'.join(explicit)}, not both")
+        config = TlsConfig.from_dir(args.tls_dir, name)
+    elif len(given) == len(explicit):
+        config = TlsConfig.from_files(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
+    elif given:
+        missing = [flag for flag in explicit if flag not in given]
+        raise ValueError(f"{', '.join(given)} also need {', '.join(missing)}")
+    else:
+        raise ValueError(
+            "no TLS material: give --tls-dir DIR (with ca.pem, NAME.pem, NAME.key, e.g. from "
+            "`efpsn certs`) or --tls-cert/--tls-key/--tls-ca, or --insecure for plaintext"
+        )
+    config.require_name(name)
+    return config
+
+
+def add_tls_flags(p: argparse.ArgumentParser, *, own_name: str) -> None:
+    g = p.add_argument_group("security (mutual TLS is required unless --insecure)")
+    g.add_argument("--tls-dir", default=None,
+                   help=f"folder with ca.pem, NAME.pem and NAME.key (NAME = {own_name}), as "
+                        "written by `efpsn certs`")
+    g.add_argument("--tls-cert", default=None, help="this node's certificate (PEM)")
+    g.add_argument("--tls-key", default=None, help="this node's private key (PEM)")
+    g.add_argument("--tls-ca", default=None, help="the CA certificate every node trusts (PEM)")
+    g.add_argument("--insecure", action="store_true",
+                   help="plaintext gRPC without authentication (tests, trusted networks only)")
+
+
+def parse_names(text: str) -> set[str]:
+    return {n.strip() for n in text.split(",") if n.strip()}
+
+
+async def until_signalled(work: Coroutine[Any, Any, T], *, what: str) -> T:
+    """Run `work`; SIGTERM/SIGINT cancel it, so `finally` blocks run and the process exits soon.
+
+    Orchestrators (docker stop, Kubernetes, `efpsn up`) send SIGTERM; an agent stopped this way
+    keeps its state folder and resumes when started again with the same command.
+    """
+    from efpsn.wire.net import install_stop_signals
+
+    task = asyncio.ensure_future(work)
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if not task.done():
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt(f"{what} stopped by a signal") from None
+    stopper.cancel()
+    return task.result()
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from efpsn.wire.tls import generate_certificates
+
+    names = [n.strip() for n in args.names.split(",") if n.strip()]
+    written = generate_certificates(
+        args.out, names, ips=["127.0.0.1", *(args.ip or [])], dns=args.dns or [], days=args.days,
+        key_type=args.key_type, overwrite=args.force,
+    )
+    out = Path(args.out)
+    print(f"CA: {out / 'ca.pem'} (its key {out / 'ca.key'} signs new certificates: keep it "
+          "offline)")
+    for name, path in written.items():
+        print(f"{name}: {path} + {out / (name + '.key')} (mode 0600)")
+    return 0
+
+
+def add_debug_flags(p: argparse.ArgumentParser) -> None:
+    # Hidden test hooks: they break privacy and exist so tests can compare with the simulator.
+    p.add_argument("--insecure-noise-seed", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--debug-expose-mask", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--allow-insecure-keys", action="store_true", help=argparse.SUPPRESS)
+
+
+def register_certs(sub: argparse._SubParsersAction) -> None:
+    """`efpsn certs`: a private CA and one key and certificate per node."""
+    certs = sub.add_parser("certs", help="a CA and one key/certificate per node for mutual TLS")
+    certs.add_argument("--out", required=True, help="folder for ca.pem, NAME.pem, NAME.key")
+    certs.add_argument("--names", required=True,
+                       help="comma-separated node names, e.g. coordinator,agent1,agent2")
+    certs.add_argument("--ip", action="append", default=None,
+                       help="IP subject-alternative name: IP (every certificate) or NAME=IP "
+                            "(repeatable; 127.0.0.1 is always included)")
+    certs.add_argument("--dns", action="append", default=None,
+                       help="extra DNS subject-alternative name: DNS or NAME=DNS (repeatable)")
+    certs.add_argument("--days", type=int, default=365, help="validity (default 365)")
+    certs.add_argument("--key-type", choices=("ec", "rsa"), default="ec",
+                       help="EC P-256 (default) or RSA 3072")
+    certs.add_argument("--force", action="store_true", help="overwrite existing NAME files")
+    certs.set_defaults(handler=_certs, numeric=False)

@@ -1,0 +1,169 @@
+"""The layout's rules, checked on the source: what each layer may import, module size, no cycles.
+
+- efpsn/ is the pure core plus its command line. Only efpsn.wire (the contract's Python side:
+  generated stubs, serde, channels, servers, TLS) imports grpc; only efpsn/paillier.py imports phe.
+- agent/ and coordinator/ are the services. They may import the core; the core never imports them
+  (the CLI front ends efpsn/cli.py and efpsn/experiments/network_check.py start them). Neither
+  service imports the other: `efpsn up` starts the coordinator as a process.
+- The coordinator is lightweight: its import closure has no torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("efpsn", "agent", "coordinator")
+MAX_LINES = 450  # "about 400": a module a reader can hold in mind
+# Front ends of the core that start the services (never imported by the core itself).
+SERVICE_FRONT_ENDS = {"efpsn/cli.py", "efpsn/experiments/network_check.py"}
+
+
+def _sources() -> list[Path]:
+    files = [f for pkg in PACKAGES for f in sorted((ROOT / pkg).rglob("*.py"))]
+    return [f for f in files if "_pb2" not in f.name]
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, *, top_level_only: bool = False) -> set[str]:
+    """Absolute module names imported anywhere in the file (or only at module level, outside
+    `if TYPE_CHECKING:`)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def _top(names: set[str]) -> set[str]:
+    return {n.split(".")[0] for n in names}
+
+
+def test_the_tree_has_the_specified_top_level() -> None:
+    for path in ("proto/efpsn/wire/v1", "agent/__main__.py", "coordinator/__main__.py",
+                 "agent/Dockerfile", "coordinator/Dockerfile", "docker-compose.yml", "tests",
+                 "pyproject.toml", "efpsn/wire/v1/agent_pb2.py"):
+        assert (ROOT / path).exists(), path
+    assert not (ROOT / "efpsn" / "agent").exists() and not (ROOT / "efpsn" / "coordinator").exists()
+
+
+def test_only_the_wire_package_imports_grpc() -> None:
+    offenders = [
+        _rel(f) for f in _sources()
+        if _rel(f).startswith("efpsn/") and not _rel(f).startswith("efpsn/wire/")
+        and _top(_imports(f)) & {"grpc", "grpc_health", "grpc_reflection"}
+    ]
+    assert offenders == []
+
+
+def test_only_wire_records_serde_and_services_import_the_stubs() -> None:
+    users = sorted(_rel(f) for f in _sources()
+                   if any(n.startswith("efpsn.wire.v1") for n in _imports(f)))
+    core = [u for u in users if u.startswith("efpsn/")]
+    assert core == ["efpsn/wire/records.py", "efpsn/wire/serde.py"]
+    assert all(u.startswith(("agent/", "coordinator/")) for u in users if u not in core)
+
+
+def test_only_paillier_imports_phe() -> None:
+    users = [_rel(f) for f in _sources() if "phe" in _top(_imports(f))]
+    assert users == ["efpsn/paillier.py"]
+
+
+def test_the_core_never_imports_the_services() -> None:
+    offenders = [
+        _rel(f) for f in _sources()
+        if _rel(f).startswith("efpsn/") and _rel(f) not in SERVICE_FRONT_ENDS
+        and _top(_imports(f)) & {"agent", "coordinator"}
+    ]
+    assert offenders == []
+
+
+def test_the_services_do_not_import_each_other() -> None:
+    assert [_rel(f) for f in _sources()
+            if _rel(f).startswith("agent/") and "coordinator" in _top(_imports(f))] == []
+    assert [_rel(f) for f in _sources()
+            if _rel(f).startswith("coordinator/") and "agent" in _top(_imports(f))] == []
+
+
+def test_no_hand_written_module_is_oversized() -> None:
+    sizes = {_rel(f): len(f.read_text().splitlines()) for f in _sources()}
+    assert {k: v for k, v in sizes.items() if v > MAX_LINES} == {}
+
+
+def test_no_import_cycles_at_module_level() -> None:
+    modules = {_module_name(f): f for f in _sources()}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for imported in _imports(path, top_level_only=True):
+            # "from a.b import c" names a.b.c (a module or an attribute): keep what is a module
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                deps.add(imported)
+        graph[name] = deps
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append(stack[stack.index(dep):] + [dep])
+            elif dep not in state:
+                visit(dep, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    assert cycles == []
+
+
+@pytest.mark.parametrize("code", [
+    "import coordinator, coordinator.cli, coordinator.service, coordinator.registry",
+    ("import runpy, sys\nsys.argv = ['coordinator', '--help']\n"
+     "try:\n    runpy.run_module('coordinator', run_name='__main__')\nexcept SystemExit:\n    pass"),
+])
+def test_the_coordinator_never_imports_torch(code: str, tmp_path: Path) -> None:
+    probe = code + "\nimport sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] in " \
+                   "('torch', 'mlxtend', 'scipy', 'matplotlib')))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120, check=True)
+    assert "coordinator" in code and out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+def test_the_coordinator_requirements_are_a_subset_of_the_package_dependencies() -> None:
+    import re
+    import tomllib
+
+    declared = {re.split(r"[<>=!~\[ ]", d, maxsplit=1)[0].lower()
+                for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+                    "dependencies"]}
+    wanted = {re.split(r"[<>=!~\[ ]", line, maxsplit=1)[0].lower()
+              for line in (ROOT / "coordinator" / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")}
+    assert wanted and wanted <= declared, wanted - declared
+    assert "torch" not in wanted
