@@ -28,7 +28,7 @@ from agent.mailbox import Mailbox
 from agent.options import AgentFailure, AgentOptions
 from agent.peers import Peers
 from agent.phase_one import run_phase_one
-from agent.phase_two import Outboxes, final_barrier, run_phase_two
+from agent.phase_two import Outboxes, abandon_sending, final_barrier, run_phase_two
 from agent.servicer import AgentService
 from agent.session import Session, Status, open_session
 from agent.state import SavedAssignment, StateError, StateStore
@@ -72,6 +72,7 @@ class AgentNode:
     history: list[dict[str, float]] = field(default_factory=list)
     pull_from: set[str] = field(default_factory=set)  # neighbours that may hold lost rounds
     final_outbox: Message | None = None
+    sending: asyncio.Future[Any] | None = None  # delivery of my newest round message
     _store: StateStore | None = None
     _saved: SavedAssignment | None = None
 
@@ -150,6 +151,7 @@ class AgentNode:
             self.status.error = str(exc) or type(exc).__name__
             raise
         finally:
+            await abandon_sending(self)
             await self.peers.close()
             await self.server.stop(grace=0.5)
 

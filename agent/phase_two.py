@@ -101,6 +101,10 @@ async def run_phase_two(node: AgentNode, mask: MaskCoefficients, *, resume: bool
         if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.iterations:
             node.history.append(evaluate(node, state, t + 1))
         if (t + 1) % every == 0 and t + 1 < cfg.iterations:
+            # A checkpoint at round t+1 promises that every neighbour holds my round-t message
+            # (a process restarted from it resends rounds from t+1 on only), so the delivery of
+            # round t, still under way in the background, must be confirmed first.
+            await delivered(node)
             node.store.save_checkpoint(run_id=s.run_id, round_=t + 1, tensors=state.tensors,
                                        history=node.history)
     node.status.round = cfg.iterations
@@ -122,23 +126,44 @@ def _load_checkpoint(node: AgentNode, initial: AgentState) -> Checkpoint | None:
 async def exchange(node: AgentNode, outbox: Message, t: int, *,
                    timeout: float) -> dict[int, Message]:
     """Send my round-t message to every neighbour while collecting theirs (pulling rounds a
-    neighbour sent to this agent's previous process, after a restart)."""
+    neighbour sent to this agent's previous process, after a restart).
+
+    Only the neighbours' messages are on the critical path: the acknowledgements of mine are
+    awaited at the start of the next exchange (or before a checkpoint), so a round costs one
+    message latency, not two. At most one round of mine is in flight at a time."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    await delivered(node)
     peers = node.peers
     request = serde.message_to_proto(outbox, header=peers.header(Phase.OPTIMIZE, t))
     node.outboxes.remember(t, request)
-    sending = asyncio.ensure_future(
+    node.sending = asyncio.ensure_future(
         peers.send_all("PutRound", lambda name: request, timeout=timeout)
     )
     try:
         await _pull_missing(node, t, deadline=deadline)
-        inbox = await peers.collect("round", t, timeout=max(0.0, deadline - loop.time()))
+        return await peers.collect("round", t, timeout=max(0.0, deadline - loop.time()))
+    except BaseException:
+        await abandon_sending(node)
+        raise
+
+
+async def delivered(node: AgentNode) -> None:
+    """Wait until my last round message is acknowledged by every neighbour (AgentFailure if a
+    neighbour refused it or stayed unreachable until the deadline)."""
+    sending, node.sending = node.sending, None
+    if sending is not None:
         await sending
-    finally:
-        if not sending.done():
-            sending.cancel()
-    return inbox
+
+
+async def abandon_sending(node: AgentNode) -> None:
+    """Cancel a delivery still under way and collect its outcome, so that no task is left
+    with an exception nobody retrieved."""
+    sending, node.sending = node.sending, None
+    if sending is None:
+        return
+    sending.cancel()
+    await asyncio.gather(sending, return_exceptions=True)
 
 
 async def _pull_missing(node: AgentNode, t: int, *, deadline: float) -> None:
@@ -174,6 +199,7 @@ async def final_barrier(node: AgentNode) -> None:
     try:
         await exchange(node, node.final_outbox, s.config.iterations,
                        timeout=s.config.round_timeout_seconds)
+        await delivered(node)
     except AgentFailure as exc:
         log.warning("%s finished, but not every neighbour confirmed it did: %s",
                     node.options.name, exc)
