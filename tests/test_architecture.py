@@ -167,3 +167,32 @@ def test_the_coordinator_requirements_are_a_subset_of_the_package_dependencies()
               if line.strip() and not line.startswith("#")}
     assert wanted and wanted <= declared, wanted - declared
     assert "torch" not in wanted
+
+
+def test_the_wheel_installs_the_three_packages_and_both_entry_points(tmp_path: Path) -> None:
+    """Built and installed like a user would (not the editable checkout): the wheel holds
+    efpsn, agent and coordinator, and both services answer --help from site-packages."""
+    dist, venv = tmp_path / "dist", tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "--quiet", "--wheel-dir", str(dist), str(ROOT)],
+                   check=True, timeout=300, capture_output=True)
+    (wheel,) = dist.glob("efpsn-*.whl")
+    import zipfile
+
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert {"efpsn", "agent", "coordinator"} <= tops, tops
+    assert "tests" not in tops and "benchmarks" not in tops
+    # --system-site-packages: the dependencies of this interpreter, but none of the checkout
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True, timeout=120)
+    python = venv / "bin" / "python"
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    str(wheel)], check=True, timeout=300, capture_output=True)
+    for service in ("coordinator", "agent"):
+        out = subprocess.run([python, "-m", service, "--help"], cwd=tmp_path, timeout=120,
+                             capture_output=True, text=True, check=True)
+        assert f"usage: python -m {service}" in out.stdout
+        where = subprocess.run([python, "-c", f"import {service}; print({service}.__file__)"],
+                               cwd=tmp_path, timeout=60, capture_output=True, text=True,
+                               check=True).stdout.strip()
+        assert where.startswith(str(venv)), where
