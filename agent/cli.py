@@ -100,7 +100,9 @@ def add_up_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     up.add_argument("--checkpoint-every", type=int, default=50,
                     help="agents save their phase II state every this many rounds")
     add_debug_flags(up)
-    up.set_defaults(handler=_up)
+    # numeric=False: the launcher starts the processes at once and loads torch in the
+    # background (agent/launcher.py), so the network's start-up does not wait for it.
+    up.set_defaults(handler=_up, numeric=False)
     return up
 
 

@@ -7,22 +7,19 @@ import json
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
-import torch
 
 from agent.status import fetch_statuses
 from efpsn.cli_common import format_metrics, write_json
 from efpsn.cli_services import check_key_policy, config_to_args
 from efpsn.config import RunConfig
-from efpsn.metrics import evaluate
-from efpsn.problem import build_problem
 from efpsn.wire.tls import TlsConfig, generate_certificates
 
 
@@ -57,9 +54,13 @@ def _spawn(name: str, args: list[str], folder: Path) -> Child:
     return Child(name=name, process=process, log_path=log_path, port_file=port_file)
 
 
-def _wait_port(child: Child, timeout: float) -> int:
+def _wait_port(child: Child, timeout: float, *, problem: Future[Any] | None = None) -> int:
+    """The port `child` serves on, once it wrote it; a failed build of the public problem (a bad
+    run parameter) is reported as soon as it is known."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if problem is not None and problem.done():
+            _raise_problem_error(problem)
         if child.process.poll() is not None:
             raise RuntimeError(
                 f"{child.name} exited with code {child.process.returncode} before serving:\n"
@@ -112,7 +113,12 @@ def launch_local_network(
     from tqdm import tqdm
 
     check_key_policy(config, allow_insecure_keys=allow_insecure_keys)
-    problem = build_problem(config)  # fail on bad parameters before starting anything
+    started, started_at = time.perf_counter(), time.time()
+    # The launcher needs the public problem only for the summary, so it builds it while the
+    # network starts (each agent builds its own); a bad parameter still stops everything with
+    # this error, not a child's log.
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="efpsn-up-problem")
+    problem_future = pool.submit(_public_problem, config)
     folder = results or Path("results") / time.strftime("run-%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
     names = [f"agent{i + 1}" for i in range(config.agents)]
@@ -140,13 +146,12 @@ def launch_local_network(
 
     children: list[Child] = []
     bar = None
-    started = time.perf_counter()
     try:
         coordinator = _spawn(
             "coordinator", ["coordinator", "--listen", f"{host}:0", *tls_args, *run_args], folder
         )
         children.append(coordinator)
-        coord_port = _wait_port(coordinator, start_timeout)
+        coord_port = _wait_port(coordinator, start_timeout, problem=problem_future)
         agents = [
             _spawn(name, ["agent", "--name", name, "--listen", f"{host}:0",
                           "--coordinator", f"{host}:{coord_port}",
@@ -154,7 +159,8 @@ def launch_local_network(
             for name in names
         ]
         children += agents
-        addresses = {a.name: f"{host}:{_wait_port(a, start_timeout)}" for a in agents}
+        addresses = {a.name: f"{host}:{_wait_port(a, start_timeout, problem=problem_future)}"
+                     for a in agents}
         print(f"efpsn up: coordinator on {host}:{coord_port}; {config.agents} agents "
               f"({config.topology}); {'PLAINTEXT' if insecure else 'mutual TLS'}; "
               f"results in {folder}", flush=True)
@@ -162,6 +168,8 @@ def launch_local_network(
         assigned: set[str] = set()
         while any(a.process.poll() is None for a in agents):
             failed = [a for a in agents if a.process.poll() not in (None, 0)]
+            if problem_future.done() or failed:
+                _raise_problem_error(problem_future)
             if failed:
                 f = failed[0]
                 raise RuntimeError(
@@ -179,17 +187,21 @@ def launch_local_network(
                 losses = [s.loss for s in statuses.values() if not math.isnan(s.loss)]
                 accs = [s.accuracy for s in statuses.values() if not math.isnan(s.accuracy)]
                 if losses:
-                    bar.set_postfix(loss=f"{np.mean(losses):.4f}", acc=f"{np.mean(accs):.3f}")
+                    bar.set_postfix(loss=f"{statistics.fmean(losses):.4f}",
+                                    acc=f"{statistics.fmean(accs):.3f}")
             time.sleep(0.5)
         failed = [a for a in agents if a.process.returncode != 0]
         if failed:
+            _raise_problem_error(problem_future)
             f = failed[0]
             raise RuntimeError(f"{f.name} failed (exit {f.process.returncode}):\n{f.log_tail()}")
         bar.update(config.iterations - bar.n)
         bar.close()
         bar = None
-        summary = summarize(problem, folder, names)
+        problem, x_star = problem_future.result()
+        summary = summarize(problem, folder, names, x_star=x_star)
         summary["wall_seconds"] = time.perf_counter() - started
+        summary["timings"] = network_timings(summary["agents"], started_at=started_at)
         write_json(folder / "summary.json", summary)
         print("final: " + format_metrics(summary["final"]))
         print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}")
@@ -198,10 +210,50 @@ def launch_local_network(
         if bar is not None:
             bar.close()
         stop_children(children)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
-def load_agent_results(folder: Path, names: list[str]) -> tuple[list[dict], list[torch.Tensor]]:
-    """Each agent's result.json and final iterate (model.npy, read without pickle)."""
+def _public_problem(config: RunConfig) -> tuple[Any, Any]:
+    """The public problem and, for logistic regression, x* (both for the summary)."""
+    from efpsn.problem import build_problem
+    from efpsn.runtime import configure_threads
+
+    configure_threads()
+    problem = build_problem(config)
+    if problem.config.task != "logreg":
+        return problem, None
+    from efpsn.tasks import centralized_optimum
+
+    return problem, centralized_optimum(problem.task, problem.shards).x
+
+
+def _raise_problem_error(future: Future[Any]) -> None:
+    """If the public problem could not be built, that error (a bad run parameter) is the one to
+    report: every agent fails on it too."""
+    if future.done() or future.running():
+        error = future.exception()  # waits for a build under way (the agents failed on it?)
+        if error is not None:
+            raise error
+
+
+def network_timings(agents: dict[str, Any], *, started_at: float) -> dict[str, float]:
+    """Start-up (from launch to the last agent's first round), phase I and phase II (slowest
+    agent) from what the agents recorded."""
+    timings = [a["timings"] for a in agents.values()]
+    out = {
+        "phase1_seconds": max(t.get("phase1_seconds", 0.0) for t in timings),
+        "phase2_seconds": max(t.get("phase2_seconds", 0.0) for t in timings),
+    }
+    if all("phase2_started_at" in t for t in timings):
+        out["startup_seconds"] = max(t["phase2_started_at"] for t in timings) - started_at
+    return out
+
+
+def load_agent_results(folder: Path, names: list[str]) -> tuple[list[dict], list[Any]]:
+    """Each agent's result.json and final iterate (model.npy, read without pickle) as tensors."""
+    import numpy as np
+    import torch
+
     results, xs = [], []
     for name in names:
         sub = folder / name
@@ -210,14 +262,13 @@ def load_agent_results(folder: Path, names: list[str]) -> tuple[list[dict], list
     return results, xs
 
 
-def summarize(problem: Any, folder: Path, names: list[str]) -> dict[str, Any]:
-    """Network-level metrics of the agents' final iterates (same function as the simulator)."""
-    results, xs = load_agent_results(folder, names)
-    x_star = None
-    if problem.config.task == "logreg":
-        from efpsn.tasks import centralized_optimum
+def summarize(problem: Any, folder: Path, names: list[str], *, x_star: Any = None
+              ) -> dict[str, Any]:
+    """Network-level metrics of the agents' final iterates (same function as the simulator);
+    x_star: the centralized optimum, for the deviation ||x_bar - x*|| (None: not reported)."""
+    from efpsn.metrics import evaluate
 
-        x_star = centralized_optimum(problem.task, problem.shards).x
+    results, xs = load_agent_results(folder, names)
     final = evaluate(problem, xs, x_star=x_star)
     return {
         "ok": True,

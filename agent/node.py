@@ -119,6 +119,7 @@ class AgentNode:
                                               port=self.server.port, finished=False)
                 self.store.save_assignment(assignment, advertise=self._saved.advertise,
                                            port=self.server.port)
+                self.timings["phase1_started_at"] = time.time()  # wall clock, for start-up
                 start = time.perf_counter()
                 mask = await run_phase_one(self)
                 self.timings["phase1_seconds"] = time.perf_counter() - start
@@ -135,6 +136,7 @@ class AgentNode:
                 session = await open_session(saved.assignment, name=opts.name)
                 mask = self._restore(session)
                 self._enter(session)
+            self.timings["phase2_started_at"] = time.time()
             start = time.perf_counter()
             state = await run_phase_two(self, mask, resume=saved is not None)
             self.timings["phase2_seconds"] = time.perf_counter() - start

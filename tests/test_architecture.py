@@ -172,9 +172,17 @@ def test_the_coordinator_requirements_are_a_subset_of_the_package_dependencies()
 def test_the_wheel_installs_the_three_packages_and_both_entry_points(tmp_path: Path) -> None:
     """Built and installed like a user would (not the editable checkout): the wheel holds
     efpsn, agent and coordinator, and both services answer --help from site-packages."""
-    dist, venv = tmp_path / "dist", tmp_path / "venv"
+    import shutil
+
+    dist, venv, src = tmp_path / "dist", tmp_path / "venv", tmp_path / "src"
+    # from a copy, so setuptools' build/ and egg-info never land in the checkout
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    for name in PACKAGES:
+        shutil.copytree(ROOT / name, src / name, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--quiet", "--wheel-dir", str(dist), str(ROOT)],
+                    "--quiet", "--wheel-dir", str(dist), str(src)],
                    check=True, timeout=300, capture_output=True)
     (wheel,) = dist.glob("efpsn-*.whl")
     import zipfile
