@@ -202,6 +202,9 @@ def launch_local_network(
         summary = summarize(problem, folder, names, x_star=x_star)
         summary["wall_seconds"] = time.perf_counter() - started
         summary["timings"] = network_timings(summary["agents"], started_at=started_at)
+        coordinator_rss = peak_rss_mb_of(coordinator.process.pid)
+        if coordinator_rss is not None:
+            summary["timings"]["coordinator_peak_rss_mb"] = coordinator_rss
         write_json(folder / "summary.json", summary)
         print("final: " + format_metrics(summary["final"]))
         print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}")
@@ -236,6 +239,17 @@ def _raise_problem_error(future: Future[Any]) -> None:
             raise error
 
 
+def peak_rss_mb_of(pid: int) -> float | None:
+    """Peak resident memory (VmHWM) of a running process in MB; None where /proc has none."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def network_timings(agents: dict[str, Any], *, started_at: float) -> dict[str, float]:
     """Start-up (from launch to the last agent's first round), phase I and phase II (slowest
     agent) from what the agents recorded."""
@@ -244,6 +258,8 @@ def network_timings(agents: dict[str, Any], *, started_at: float) -> dict[str, f
         "phase1_seconds": max(t.get("phase1_seconds", 0.0) for t in timings),
         "phase2_seconds": max(t.get("phase2_seconds", 0.0) for t in timings),
     }
+    if all("peak_rss_mb" in t for t in timings):
+        out["agent_peak_rss_mb"] = max(t["peak_rss_mb"] for t in timings)
     if all("phase2_started_at" in t for t in timings):
         out["startup_seconds"] = max(t["phase2_started_at"] for t in timings) - started_at
     return out

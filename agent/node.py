@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,11 @@ from efpsn.wire.v1 import agent_pb2, coordinator_pb2, coordinator_pb2_grpc
 __all__ = ["AgentFailure", "AgentNode", "AgentOptions", "AgentService"]
 
 log = logging.getLogger("efpsn.agent")
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @dataclass
@@ -143,6 +149,7 @@ class AgentNode:
             assert self.session is not None
             rounds = self.session.config.iterations - (self.resumed_from or 0)
             self.timings["seconds_per_round"] = self.timings["phase2_seconds"] / max(1, rounds)
+            self.timings["peak_rss_mb"] = peak_rss_mb()
             result = self._write_results(state, mask)
             self.store.mark_finished(self._saved)
             self.status.phase = Phase.DONE

@@ -2,18 +2,26 @@
 
     python benchmarks/bench_rounds.py [--rounds 500] [--network] [--paper] [--json OUT]
 
+    python benchmarks/bench_rounds.py --scaling 5,10,20 [--rounds 300]
+
 Prints, for 5 agents on a ring:
   * simulator seconds per round (logreg and LeNet, DSGD batch 64 and GT full batch);
   * with --network: a real 5-agent gRPC network on loopback (logreg, DSGD, batch 64) and its ratio
     to the simulator measured in the same run, plus each agent's phase I wall time;
-  * with --paper: the wall time of the paper's whole 10,000-step convex run over the network.
-Numbers depend on the machine and its load; the ratio is the figure to compare.
+  * with --paper: the wall time of the paper's whole 10,000-step convex run over the network;
+  * with --scaling N1,N2,...: a table of networks of those sizes (ring): seconds per round of the
+    network and of the simulator (same run), their ratio, start-up (launch to the last agent's
+    first round), phase I, and the peak resident memory of an agent process and of the
+    coordinator.
+Numbers depend on the machine and its load (printed before and after); the ratio is the figure to
+compare.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -41,13 +49,42 @@ def network_run(config: RunConfig, *, key_bits: int) -> dict:
         names = [f"agent{i + 1}" for i in range(cfg.agents)]
         results, _ = load_agent_results(Path(tmp), names)
     timings = [r["timings"] for r in results]
+    network = summary.get("timings", {})
     return {
         "wall_seconds": wall,
+        "startup_seconds": network.get("startup_seconds", float("nan")),
+        "agent_peak_rss_mb": network.get("agent_peak_rss_mb", float("nan")),
+        "coordinator_peak_rss_mb": network.get("coordinator_peak_rss_mb", float("nan")),
         "seconds_per_round": statistics.median(t["seconds_per_round"] for t in timings),
         "phase1_seconds": [round(t["phase1_seconds"], 3) for t in timings],
         "keygen_seconds": [round(t.get("keygen_seconds", 0.0), 3) for t in timings],
         "accuracy": summary["final"]["accuracy"],
     }
+
+
+def scaling_table(sizes: list[int], *, rounds: int, key_bits: int) -> list[dict]:
+    """Network vs simulator for each size n (ring, logreg, DSGD, batch 64), in one run."""
+    rows = []
+    header = (f"{'n':>3} {'net s/round':>12} {'sim s/round':>12} {'ratio':>6} {'start-up s':>10} "
+              f"{'phase I s':>9} {'agent MB':>9} {'coord. MB':>9}")
+    print("\n" + header)
+    for n in sizes:
+        cfg = RunConfig(agents=n, iterations=rounds, eval_every=rounds)
+        sim = simulator_seconds_per_round(cfg)
+        net = network_run(cfg, key_bits=key_bits)
+        row = {"agents": n, "simulator_seconds_per_round": sim, **net,
+               "ratio_to_simulator": net["seconds_per_round"] / sim}
+        rows.append(row)
+        print(f"{n:>3} {net['seconds_per_round']:>12.5f} {sim:>12.5f} "
+              f"{row['ratio_to_simulator']:>6.2f} {net['startup_seconds']:>10.1f} "
+              f"{max(net['phase1_seconds']):>9.2f} {net['agent_peak_rss_mb']:>9.0f} "
+              f"{net['coordinator_peak_rss_mb']:>9.0f}", flush=True)
+    return rows
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
 
 
 def main() -> None:
@@ -57,11 +94,14 @@ def main() -> None:
     parser.add_argument("--paper", action="store_true",
                         help="time the paper's 10,000-step convex run over the network")
     parser.add_argument("--key-bits", type=int, default=3072)
+    parser.add_argument("--scaling", default=None, metavar="N1,N2,...",
+                        help="also a table of networks of these sizes (e.g. 5,10,20)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     configure_threads()
+    print(f"machine: {_load()}")
     base = RunConfig(iterations=args.rounds, eval_every=args.rounds)
-    out: dict = {"rounds": args.rounds, "simulator": {}}
+    out: dict = {"rounds": args.rounds, "simulator": {}, "load_before": _load()}
     cases = {
         "logreg dsgd b64": base,
         "logreg gt full": base.replace(algorithm="gt", batch_size=0, schedule="constant:0.05"),
@@ -89,6 +129,11 @@ def main() -> None:
         print(f"\npaper's convex run over the network (10,000 rounds): wall "
               f"{paper['wall_seconds']:.1f}s, {paper['seconds_per_round']:.5f} s/round, "
               f"accuracy {paper['accuracy']:.4f}")
+    if args.scaling:
+        sizes = [int(n) for n in args.scaling.split(",") if n.strip()]
+        out["scaling"] = scaling_table(sizes, rounds=args.rounds, key_bits=args.key_bits)
+    out["load_after"] = _load()
+    print(f"machine: {out['load_after']}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
