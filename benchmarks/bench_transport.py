@@ -1,0 +1,209 @@
+"""Per-message cost of the agents' transport against a bare gRPC and a raw socket ping-pong.
+
+    python benchmarks/bench_transport.py [--messages 2000] [--insecure]
+
+One process, one event loop, both ends: an agent's real receive path (its gRPC server with the
+servicer that authenticates, validates, decodes and files round messages) fed by a real sender
+(agent/peers.py) with the paper's round message (the 7,850 float64 parameters of logistic
+regression, 63 KB); then, with the same bytes, the same certificates and one call per message:
+  * bare grpc.aio: a unary method that returns an empty reply, no parsing at all;
+  * a raw TCP socket (asyncio streams) with a length prefix and a 1-byte ack, with TLS like the
+    others and (for scale) without.
+Prints CPU milliseconds per message (process time of both ends together, so it counts every
+core the work used) and wall milliseconds per round trip, and the ratios to bare gRPC. Numbers
+depend on the machine and its load (printed); the ratios are the figures to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import ssl
+import struct
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+import torch
+
+from agent.node import AgentNode, AgentOptions
+from agent.session import open_session
+from coordinator.registry import Registry, default_names
+from efpsn.config import RunConfig
+from efpsn.runtime import configure_threads
+from efpsn.wire import serde
+from efpsn.wire.net import open_channel, start_server
+from efpsn.wire.serde import Phase
+from efpsn.wire.tls import TlsConfig, generate_certificates
+
+RUN = "bench-transport"
+CONFIG = RunConfig(agents=3, iterations=1_000_000, key_bits=2048, round_timeout_seconds=30.0)
+BARE_METHOD = "/bench.Bare/Put"
+
+
+async def _measure(n: int, send: Callable[[int], Awaitable[None]]) -> tuple[float, float]:
+    """(CPU ms per message, wall ms per message) over n sequential messages after a warm-up."""
+    for t in range(20):
+        await send(t)
+    cpu, wall = time.process_time(), time.perf_counter()
+    for t in range(20, 20 + n):
+        await send(t)
+    return ((time.process_time() - cpu) * 1e3 / n, (time.perf_counter() - wall) * 1e3 / n)
+
+
+async def agent_transport(tls_dir: Path | None, n: int) -> tuple[float, float]:
+    """agent2 pushes round messages to agent1's real server; agent1 consumes each one."""
+    tls = TlsConfig.from_dir(tls_dir, "agent1") if tls_dir else None
+    receiver = AgentNode(AgentOptions(name="agent1", listen="127.0.0.1:0",
+                                      coordinator="127.0.0.1:1", tls=tls,
+                                      results_dir=Path(tempfile.mkdtemp())))
+    receiver.server = await start_server("127.0.0.1:0", add_servicers=receiver._add_servicers,
+                                         credentials=tls.server_credentials() if tls else None)
+    registry = Registry(CONFIG, run_id=RUN, expected_names=default_names(3))
+    for i in (1, 2, 3):
+        address = f"127.0.0.1:{receiver.server.port}" if i == 1 else f"127.0.0.1:{40000 + i}"
+        registry.register(f"agent{i}", address)
+    assignments = registry.assignments()
+    receiver._enter(await open_session(assignments["agent1"], name="agent1"))
+    receiver.status.phase = Phase.OPTIMIZE
+    sender = AgentNode(AgentOptions(
+        name="agent2", listen="127.0.0.1:0", coordinator="127.0.0.1:1",
+        tls=TlsConfig.from_dir(tls_dir, "agent2") if tls_dir else None,
+        results_dir=Path(tempfile.mkdtemp())))
+    sender._enter(await open_session(assignments["agent2"], name="agent2"))
+    shape = receiver.session.message_shapes["x"]
+    x = torch.linspace(-1, 1, shape[0], dtype=torch.float64)
+
+    async def send(t: int) -> None:
+        request = serde.message_to_proto({"x": x}, header=sender.peers.header(Phase.OPTIMIZE, t))
+        await sender.peers.send("agent1", "PutRound", request, timeout=30.0)
+        # what the receiving agent's round loop does with it
+        receiver.mailbox.discard_before("round", t + 1)
+        receiver.status.round = t + 1
+
+    try:
+        return await _measure(n, send)
+    finally:
+        await sender.peers.close()
+        await receiver.server.stop(0)
+
+
+async def bare_grpc(tls_dir: Path | None, payload: bytes, n: int) -> tuple[float, float]:
+    """A unary bytes -> empty bytes method: gRPC, HTTP/2 and TLS, nothing else."""
+    async def put(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return b""
+
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1 << 26)])
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "bench.Bare", {"Put": grpc.unary_unary_rpc_method_handler(put)}),))
+    if tls_dir:
+        server_tls = TlsConfig.from_dir(tls_dir, "agent1")
+        port = server.add_secure_port("127.0.0.1:0", server_tls.server_credentials())
+        client_tls = TlsConfig.from_dir(tls_dir, "agent2")
+        channel = open_channel(f"127.0.0.1:{port}", credentials=client_tls.channel_credentials(),
+                               server_name="agent1")
+    else:
+        port = server.add_insecure_port("127.0.0.1:0")
+        channel = open_channel(f"127.0.0.1:{port}")
+    await server.start()
+    call = channel.unary_unary(BARE_METHOD)
+
+    async def send(t: int) -> None:
+        await call(payload, timeout=30.0)
+
+    try:
+        return await _measure(n, send)
+    finally:
+        await channel.close()
+        await server.stop(0)
+
+
+def _ssl_contexts(tls_dir: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(tls_dir / "ca.pem"))
+    server.load_cert_chain(tls_dir / "agent1.pem", tls_dir / "agent1.key")
+    server.verify_mode = ssl.CERT_REQUIRED
+    client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(tls_dir / "ca.pem"))
+    client.load_cert_chain(tls_dir / "agent2.pem", tls_dir / "agent2.key")
+    return server, client
+
+
+async def raw_socket(tls_dir: Path | None, payload: bytes, n: int) -> tuple[float, float]:
+    """Length-prefixed messages over one TCP connection, a 1-byte ack each."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                (size,) = struct.unpack(">I", await reader.readexactly(4))
+                await reader.readexactly(size)
+                writer.write(b"k")
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            writer.close()
+
+    server_ctx, client_ctx = _ssl_contexts(tls_dir) if tls_dir else (None, None)
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_ctx)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", port, ssl=client_ctx, server_hostname="agent1" if client_ctx else None)
+    frame = struct.pack(">I", len(payload)) + payload
+
+    async def send(t: int) -> None:
+        writer.write(frame)
+        await writer.drain()
+        await reader.readexactly(1)
+
+    try:
+        return await _measure(n, send)
+    finally:
+        writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="efpsn-bench-transport-") as tmp:
+        tls_dir = None
+        if not args.insecure:
+            tls_dir = Path(tmp) / "tls"
+            generate_certificates(tls_dir, ["agent1", "agent2", "agent3"])
+        x = torch.linspace(-1, 1, 7850, dtype=torch.float64)
+        header = serde.make_header(run_id=RUN, sender="agent2", round=1, phase=Phase.OPTIMIZE)
+        payload = serde.message_to_proto({"x": x}, header=header).SerializeToString()
+        security = "plaintext" if args.insecure else "mutual TLS"
+        print(f"round message: {len(payload):,} bytes; {args.messages} messages each; "
+              f"{security}; {_load()}")
+        rows = {
+            "agent transport (agent/peers.py -> agent/servicer.py)":
+                await agent_transport(tls_dir, args.messages),
+            "bare grpc.aio unary, same bytes": await bare_grpc(tls_dir, payload, args.messages),
+            f"raw TCP socket ({'plaintext' if args.insecure else 'TLS'})":
+                await raw_socket(tls_dir, payload, args.messages),
+        }
+        if tls_dir is not None:
+            rows["raw TCP socket (plaintext, for scale)"] = await raw_socket(
+                None, payload, args.messages)
+    bare_cpu, bare_wall = rows["bare grpc.aio unary, same bytes"]
+    print(f"\n{'path':<56} {'CPU ms/msg':>10} {'x bare':>7} {'wall ms/msg':>11} {'x bare':>7}")
+    for name, (cpu, wall) in rows.items():
+        print(f"{name:<56} {cpu:>10.3f} {cpu / bare_cpu:>7.2f} {wall:>11.3f} "
+              f"{wall / bare_wall:>7.2f}")
+    print(f"\nmachine: {_load()}")
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--insecure", action="store_true", help="plaintext everywhere")
+    args = parser.parse_args()
+    configure_threads()
+    asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    main()
