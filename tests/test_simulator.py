@@ -111,6 +111,13 @@ def test_privacy_cli_both_directions() -> None:
                 str(payload["epsilon"]))
     assert inv.returncode == 0, inv.stderr
     assert "gamma needed" in inv.stdout and "1000" in inv.stdout
+    # next to epsilon: one sentence of what it protects
+    assert payload["protects"] in fwd.stdout and "'last-bias'" in payload["protects"]
+    every = efpsn("privacy", "--selection", "all", "--K", "2", "--json", "-")
+    assert every.returncode == 0, every.stderr
+    data = json.loads(every.stdout[every.stdout.index("{"):])
+    assert (data["m"], data["N"], data["measure"]) == (7850, 15701, "uniform")
+    assert "N = 15,701 basis functions (polynomials of degree <= 2)" in every.stdout.splitlines()[1]
 
 
 # --------------------------------------------------------------------------- accuracy vs gamma
