@@ -60,6 +60,8 @@ def _attack(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
         seeds=getattr(args, "seeds", None), images_per_seed=getattr(args, "images", None),
         iterations=getattr(args, "attack_iterations", None),
         attack_rounds=getattr(args, "attack_rounds", None),
+        perturbations=getattr(args, "perturbations", None),
+        multi_round=False if getattr(args, "no_multi_round", False) else None,
     )
     return attack.run(settings, out=out, figures_to=args.figures)
 
@@ -216,6 +218,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="L-BFGS steps (each up to 20 iterations, as in the DLG code)")
     p.add_argument("--attack-rounds", type=_ints, default=None, metavar="R1,R2",
                    help="x_1 = agent 1's iterate after R rounds of noise-free DSGD")
+    p.add_argument("--perturbations", type=_words, default=None,
+                   metavar="last-bias,all-k1,all-k2",
+                   help="perturbation settings: the paper's last-layer bias, every parameter "
+                        "with K=1, every parameter with the squares added (K=2)")
+    p.add_argument("--no-multi-round", action="store_true",
+                   help="skip the attackers that combine several rounds of agent 1")
 
     p = sub.add_parser("perturbation",
                        help="the 2-D perturbing function for (K,m,N) = (3,2,5) (Sec. 5.1)")
