@@ -207,7 +207,7 @@ def test_idlg_label_inference_reads_the_negative_row() -> None:
 def test_attack_psnr_falls_as_gamma_rises(tmp_path: Path) -> None:
     # prepare: logistic regression at a trained point, LeNet at DLG's initial point
     base = {"seeds": (0,), "images_per_seed": 2, "iterations": 25, "snapshots": 5,
-            "adaptive": True}
+            "adaptive": True, "perturbations": ("last-bias",), "multi_round": False}
     runs = [
         attack.AttackSettings(profile="test", models=("logreg",), gammas=(0.0, 1e2, 1e4),
                               attack_rounds=(50,), **base),

@@ -124,8 +124,8 @@ class AttackSettings:
 
 PROFILES: dict[str, AttackSettings] = {
     "full": AttackSettings(profile="full"),
-    "quick": AttackSettings(profile="quick", seeds=(0,), images_per_seed=2, iterations=60,
-                            snapshots=4, attack_rounds=(50,)),
+    "quick": AttackSettings(profile="quick", gammas=(0.0, 1e2, 1e4), seeds=(0,),
+                            images_per_seed=2, iterations=60, snapshots=4, attack_rounds=(50,)),
 }
 
 
