@@ -298,3 +298,13 @@ def test_multi_round_attacker_defeats_k1_and_three_rounds_defeat_k2(tmp_path: Pa
     assert got[("all-k2", attack.TWO_ROUNDS, 1e4)] < 15  # K = 2 stops two rounds...
     assert got[("all-k2", attack.THREE_ROUNDS, 1e4)] > 30  # ...three rounds are not
     assert (tmp_path / "attack_logreg_round50_all-k2.png").stat().st_size > 0
+
+
+def test_accuracy_convex_can_perturb_every_parameter() -> None:
+    settings = accuracy_convex.settings_for("quick", selection="all")
+    assert (settings.base.selection, settings.base.m, settings.base.N) == ("all", 7850, 7851)
+    assert settings.profile == "quick (modified)"
+    args = parser().parse_args(["experiment", "accuracy-convex", "--selection", "all"])
+    assert args.selection == "all"
+    with pytest.raises(ValueError, match="expected 'all'"):
+        accuracy_convex.settings_for("quick", selection="last-bias")

@@ -36,7 +36,7 @@ def _accuracy_convex(args: argparse.Namespace, out: str | Path | None) -> dict[s
     settings = accuracy_convex.settings_for(
         _profile(args), iterations=getattr(args, "iterations", None),
         gammas=getattr(args, "gammas", None), extras=not getattr(args, "no_extras", False),
-        noise_seed=getattr(args, "noise_seed", None),
+        noise_seed=getattr(args, "noise_seed", None), selection=getattr(args, "selection", None),
     )
     return accuracy_convex.run(settings, out=out, figures_to=args.figures)
 
@@ -197,6 +197,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_sweep_overrides(p)
     p.add_argument("--no-extras", action="store_true",
                    help="skip the extra rows (full-batch gradient tracking and DSGD to 1e6)")
+    p.add_argument("--selection", default=None, metavar="all",
+                   help="perturb every parameter (K=1, N=d+1, uniform-measure basis) instead of "
+                        "the paper's last-layer bias")
 
     p = sub.add_parser("accuracy-nonconvex",
                        help="LeNet: ||avg grad||^2 and accuracy vs gamma (Sec. 5.2.2)")
