@@ -24,6 +24,8 @@ from efpsn.masking import Masker, NoiseSpec
 # constant basis function, K = 1: N = 7,851).
 PAPER_N = 10
 LOGREG_N = 7851
+# K = 2 with the squares of all 7,850 coordinates added (basis.power_monomials): N = 2d + 1.
+LOGREG_SQUARES_N = 2 * 7850 + 1
 DEFAULT_GAMMA = 1e3
 DEFAULT_P = 1.0
 DEFAULT_PRECISION = 6  # efpsn.config.RunConfig's default
@@ -179,7 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.sample < 200:
         parser.error(f"--sample must be >= 200 encryptions, got {args.sample}")
     key_sizes = args.key_bits or ([2048] if args.quick else [2048, 3072])
-    cases = [(PAPER_N, 2), (PAPER_N, 4), (LOGREG_N, 4)]
+    cases = [(PAPER_N, 2), (PAPER_N, 4), (LOGREG_N, 2), (LOGREG_N, 4), (LOGREG_SQUARES_N, 2),
+             (LOGREG_SQUARES_N, 4)]
     max_degree = max(d for _, d in cases)
 
     print(f"phase I per agent: gamma={args.gamma:g}, p={args.p:g}, precision P={args.precision}, "

@@ -25,6 +25,7 @@ __all__ = [
     "format_monomial",
     "format_polynomial",
     "parse_monomials",
+    "power_monomials",
 ]
 
 Monomial = tuple[int, ...]
@@ -240,6 +241,21 @@ def choose_monomials(
     return Monomials(m=m, sparse=[terms[0], *(terms[1 + int(i)] for i in picks)])
 
 
+def power_monomials(*, m: int, K: int) -> Monomials:
+    """The constant, then every variable's powers x_v, x_v^2, ..., x_v^K (v = 1..m): N = 1 + K m.
+
+    The separable family for perturbing many parameters beyond affine (K = 2: "the squares of
+    all coordinates added", N = 2m + 1), where the C(m + K, K) candidates of choose_monomials are
+    far too many (30.8 million for m = 7850, K = 2). Its orthonormal system is, per variable, the
+    Legendre polynomials P_1..P_K (OrthonormalSystem builds it per variable, in milliseconds).
+    """
+    _check_positive_int("m", m)
+    _check_nonnegative_int("K", K)
+    return Monomials(
+        m=m, sparse=[(), *(((v, e),) for v in range(m) for e in range(1, K + 1))]
+    )
+
+
 _TERM = re.compile(r"^x(\d+)(?:\^(\d+))?$")
 
 
@@ -433,7 +449,10 @@ class OrthonormalSystem:
         rows: list[int] = []
         cols: list[int] = []
         vals: list[float] = []
-        for block in blocks:
+
+        def emit(block: Sequence[int], *, skip: int | None = None) -> None:
+            # Exact Gram-Schmidt of the monomials at `block` (positions, in order); append the
+            # rows of C for every position except `skip`.
             exps = [dict(monos.sparse(i)) for i in block]
             gram = [[_gram_entry(a, b) for b in exps] for a in exps]
             try:
@@ -443,6 +462,8 @@ class OrthonormalSystem:
                     f"monomials {[format_monomial(monos.sparse(i)) for i in block]}: {err}"
                 ) from err
             for k, (row, dk) in enumerate(zip(U, d, strict=True)):
+                if block[k] == skip:
+                    continue
                 for t in range(k + 1):
                     if not row[t]:
                         continue
@@ -451,13 +472,36 @@ class OrthonormalSystem:
                     if square < sys.float_info.min:
                         raise ValueError(
                             f"with m = {m} variables under the Lebesgue measure the orthonormal "
-                            f"functions carry the factor 2^(-m/2) = 2^-{m / 2:g}, which underflows "
-                            f"float64 (the perturbation would silently be zero); use "
-                            f"measure='uniform' or fewer variables"
+                            f"functions carry the factor 2^(-m/2) = 2^-{m / 2:g}, which "
+                            f"underflows float64 (the perturbation would silently be zero); use "
+                            f"measure='uniform' (selection suffix '@uniform') or fewer variables"
                         )
                     rows.append(block[k])
                     cols.append(block[t])
                     vals.append(math.copysign(math.sqrt(square), row[t]))
+
+        univariate = not monos.sparse(0) and all(len(s) <= 1 for s in monos.sparse_terms)
+        if univariate:
+            # The constant first, then powers of single variables (e.g. power_monomials): the
+            # result of Gram-Schmidt on x_v^e is its Gram-Schmidt against 1 and the earlier powers
+            # of x_v only. (Earlier functions of another variable w are, after orthogonalising
+            # against the constant, mean-zero functions of x_w; under the product measure they
+            # are orthogonal to every function of x_v.) So each variable is its own small problem,
+            # and the dense parity class {1, x_1^2, x_2^2, ...} never needs its Gram matrix.
+            emit([0])
+            per_variable: dict[int, list[int]] = {}
+            for i, s in enumerate(monos.sparse_terms[1:], start=1):
+                per_variable.setdefault(s[0][0], []).append(i)
+            for positions in per_variable.values():
+                even = [i for i in positions if monos.sparse(i)[0][1] % 2 == 0]
+                odd = [i for i in positions if monos.sparse(i)[0][1] % 2]
+                if even:
+                    emit([0, *even], skip=0)
+                if odd:
+                    emit(odd)
+        else:
+            for block in blocks:
+                emit(block)
         size = len(monos)
         coefficients = scipy.sparse.csr_array(
             (np.asarray(vals, dtype=np.float64), (np.asarray(rows), np.asarray(cols))),

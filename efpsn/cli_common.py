@@ -45,7 +45,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--m", type=int, default=d.m, help="number of perturbed parameters")
     g.add_argument("--N", type=int, default=d.N, help="number of basis functions")
     g.add_argument("--selection", default=d.selection,
-                   help="perturbed parameters: last-bias, random, all or indices:I,J,...")
+                   help="perturbed parameters: last-bias, random, random:M, all or indices:I,J,..., "
+                        "optionally with @lebesgue or @uniform (the basis's measure on [-1,1]^m; "
+                        "default Lebesgue for last-bias/random/indices, uniform for all/random:M)")
     g.add_argument("--basis-seed", type=int, default=d.basis_seed)
     g.add_argument("--iterations", type=int, default=d.iterations)
     g.add_argument("--batch-size", type=batch_size_arg, default=d.batch_size,

@@ -3,15 +3,95 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from efpsn.basis import OrthonormalSystem
+from efpsn.basis import Measure, OrthonormalSystem
 
-__all__ = ["SELECTION_SPECS", "FunctionalPerturbation", "select_indices"]
+__all__ = [
+    "SELECTION_SPECS",
+    "FunctionalPerturbation",
+    "Selection",
+    "parse_selection",
+    "select_indices",
+    "selection_measure",
+]
 
-SELECTION_SPECS = ("last-bias", "random", "indices:I,J,...", "all")
+SELECTION_SPECS = ("last-bias", "random", "random:M", "indices:I,J,...", "all")
+"""Selection kinds; each may end in "@lebesgue" or "@uniform" to choose the measure explicitly."""
+
+DEFAULT_MEASURES: dict[str, Measure] = {
+    # The paper's selections (a few chosen coordinates): its Lebesgue measure, so the paper's
+    # (K, m, N) = (1, 10, 10) runs and the Sec. 5.1 example stay exactly as published.
+    "last-bias": "lebesgue",
+    "random": "lebesgue",
+    "indices": "lebesgue",
+    # Selections for perturbing many coordinates: the uniform probability measure, whose basis
+    # does not shrink as 2^(-m/2) (that factor underflows float64 from m of about 2,040).
+    "all": "uniform",
+    "random:M": "uniform",
+}
+"""The measure on [-1, 1]^m each selection kind uses unless its spec says "@MEASURE"."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A parsed selection spec: its kind, the measure of the basis, and the kind's argument."""
+
+    kind: str  # "last-bias" | "random" | "random:M" | "indices" | "all"
+    measure: Measure
+    count: int | None = None  # M of "random:M"
+    indices: tuple[int, ...] | None = None  # of "indices:..."
+
+
+def parse_selection(spec: str) -> Selection:
+    """Parse "KIND[@MEASURE]", e.g. "last-bias", "all", "random:200", "last-bias@uniform".
+
+    The measure (lebesgue or uniform on [-1, 1]^m) is part of the spec so that every agent
+    derives the same basis from the public selection string; without a suffix it is the kind's
+    default (DEFAULT_MEASURES).
+    """
+    if not isinstance(spec, str):
+        raise TypeError(f"selection must be a str, got {type(spec).__name__}")
+    body, sep, measure_text = spec.strip().partition("@")
+    body = body.strip()
+    measure_text = measure_text.strip()
+    if sep and measure_text not in ("lebesgue", "uniform"):
+        raise ValueError(
+            f"selection {spec!r}: the measure after '@' must be 'lebesgue' or 'uniform', "
+            f"got {measure_text!r}"
+        )
+    if body in ("last-bias", "random", "all"):
+        kind, count, indices = body, None, None
+    elif body.startswith("random:"):
+        text = body[len("random:") :].strip()
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(
+                f"selection {spec!r}: expected 'random:M' with M a positive integer, got {text!r}"
+            )
+        kind, count, indices = "random:M", int(text), None
+    elif body.startswith("indices:"):
+        try:
+            raw = tuple(int(t) for t in body[len("indices:") :].split(",") if t.strip())
+        except ValueError as err:
+            raise ValueError(
+                f"selection {spec!r}: expected comma-separated integers like 'indices:3,17,42'"
+            ) from err
+        kind, count, indices = "indices", None, raw
+    else:
+        raise ValueError(
+            f"unknown parameter selection {spec!r}: expected one of {', '.join(SELECTION_SPECS)}, "
+            f"optionally followed by @lebesgue or @uniform"
+        )
+    measure: Measure = measure_text if sep else DEFAULT_MEASURES[kind]  # type: ignore[assignment]
+    return Selection(kind=kind, measure=measure, count=count, indices=indices)
+
+
+def selection_measure(spec: str) -> Measure:
+    """The measure on [-1, 1]^m the basis of this selection is orthonormal for."""
+    return parse_selection(spec).measure
 
 
 def select_indices(
@@ -24,9 +104,10 @@ def select_indices(
 ) -> np.ndarray:
     """The m flat (0-based) parameter indices the perturbation acts on, as int64.
 
-    spec:
+    spec (any of them may end in "@lebesgue" or "@uniform", which only chooses the measure):
       "last-bias"         the last-layer bias (``last_bias``, from the task); needs m of them;
       "random"            ``default_rng(seed).choice(num_params, m, replace=False)``, sorted;
+      "random:M"          the same draw with m = M (and the uniform measure by default);
       "indices:3,17,42"   explicit 0-based flat indices, in the given order (x1 is the first);
       "all"               every parameter, in order; m must equal num_params.
     """
@@ -42,8 +123,8 @@ def select_indices(
         )
     if m > num_params:
         raise ValueError(f"cannot perturb m = {m} parameters of a model with {num_params}")
-    spec = spec.strip()
-    if spec == "last-bias":
+    selection = parse_selection(spec)
+    if selection.kind == "last-bias":
         if last_bias is None:
             raise ValueError(
                 "selection 'last-bias' needs the task's last-layer bias indices, got None"
@@ -55,28 +136,26 @@ def select_indices(
                 f"m = {m}; set m = {len(chosen)} or choose another selection"
             )
         return chosen
-    if spec == "random":
+    if selection.kind in ("random", "random:M"):
+        if selection.count is not None and selection.count != m:
+            raise ValueError(
+                f"selection {spec!r} perturbs {selection.count} parameters, but m = {m}; set "
+                f"m = {selection.count} (and N, e.g. N = m + 1 for every affine function)"
+            )
         rng = np.random.default_rng(seed)
         return np.sort(rng.choice(num_params, size=m, replace=False)).astype(np.int64)
-    if spec == "all":
+    if selection.kind == "all":
         if m != num_params:
-            raise ValueError(f"selection 'all' perturbs all {num_params} parameters, but m = {m}")
-        return np.arange(num_params, dtype=np.int64)
-    if spec.startswith("indices:"):
-        body = spec[len("indices:") :]
-        try:
-            raw = [int(t) for t in body.split(",") if t.strip()]
-        except ValueError as err:
             raise ValueError(
-                f"selection {spec!r}: expected comma-separated integers like 'indices:3,17,42'"
-            ) from err
-        chosen = _validated(raw, num_params=num_params, what=f"selection {spec!r}")
-        if len(chosen) != m:
-            raise ValueError(f"selection {spec!r} names {len(chosen)} parameters, expected m = {m}")
-        return chosen
-    raise ValueError(
-        f"unknown parameter selection {spec!r}: expected one of {', '.join(SELECTION_SPECS)}"
-    )
+                f"selection 'all' perturbs all {num_params} parameters, but m = {m}; set "
+                f"m = {num_params} (and N, e.g. N = {num_params + 1} for every affine function)"
+            )
+        return np.arange(num_params, dtype=np.int64)
+    assert selection.indices is not None
+    chosen = _validated(selection.indices, num_params=num_params, what=f"selection {spec!r}")
+    if len(chosen) != m:
+        raise ValueError(f"selection {spec!r} names {len(chosen)} parameters, expected m = {m}")
+    return chosen
 
 
 def _validated(indices: Sequence[int], *, num_params: int, what: str) -> np.ndarray:

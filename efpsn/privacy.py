@@ -1,4 +1,25 @@
-"""Theorem 4.1 as pure functions: (gamma, graph, ...) -> (epsilon, delta) and its inverse."""
+"""Theorem 4.1 as pure functions: (gamma, graph, ...) -> (epsilon, delta) and its inverse.
+
+What epsilon is about (the adjacency of Theorem 4.1). Two cost profiles are adjacent when they
+differ only in one agent's function, f_I versus f_I', and f_I - f_I' lies in V_q: the span of the
+run's orthonormal basis e_1..e_N (polynomials of degree <= K in the m selected parameters x_S),
+with ||f_I - f_I'||_{V_q} = (sum_k k^(2q) delta_k^4)^(1/4), delta = the coefficients of
+f_I - f_I' in that basis. ``sensitivity`` is a bound on this norm. A change of f_I outside V_q
+(replacing one training image changes f_I in every parameter, and not polynomially) is not
+covered at all.
+
+Measure. The basis is orthonormal for a measure on [-1, 1]^m, and so are delta and the norm:
+the Lebesgue measure (the paper's; the default of the last-bias, random and indices selections)
+or the uniform probability measure 2^-m dx (the default of "all" and "random:M", where the
+Lebesgue basis's factor 2^(-m/2) underflows float64). The uniform basis functions are
+e_k^U = 2^(m/2) e_k^L, so for one and the same function change delta^U = 2^(-m/2) delta^L and
+
+    ||f_I - f_I'||_{V_q, uniform} = 2^(-m/2) ||f_I - f_I'||_{V_q, Lebesgue},   A^U = 2^-m A^L.
+
+The theorem itself is unchanged: give it the sensitivity in the run's measure. For a fixed
+function change, a uniform-measure run at gamma has the epsilon of a Lebesgue-measure run at
+2^m gamma (its noise function is 2^(m/2) times larger). ``convert_sensitivity`` converts.
+"""
 
 from __future__ import annotations
 
@@ -15,10 +36,63 @@ __all__ = [
     "PrivacyResult",
     "account",
     "calibrate",
+    "convert_sensitivity",
     "epsilon_delta",
     "gamma_for_epsilon",
+    "protection_statement",
     "vq_norm",
 ]
+
+MEASURES = ("lebesgue", "uniform")
+
+_SELECTION_WORDS = {
+    "last-bias": "the last layer's bias",
+    "all": "every parameter of the model",
+    "random": "parameters drawn at random with the public seed",
+    "random:M": "parameters drawn at random with the public seed",
+    "indices": "the parameters at the given indices",
+}
+
+
+def convert_sensitivity(sensitivity: float, *, m: int, from_measure: str, to_measure: str) -> float:
+    """||f_I - f_I'||_{V_q} in one measure's basis -> the same function change in the other's.
+
+    uniform = 2^(-m/2) * Lebesgue (e^U = 2^(m/2) e^L, so the coefficients shrink by 2^(-m/2)).
+    Computed in the log domain, so that m in the thousands raises instead of giving 0 or inf.
+    """
+    _check_finite_positive("sensitivity", sensitivity)
+    if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1:
+        raise ValueError(f"m must be a positive integer, got {m!r}")
+    for name, value in (("from_measure", from_measure), ("to_measure", to_measure)):
+        if value not in MEASURES:
+            raise ValueError(f"{name} must be one of {MEASURES}, got {value!r}")
+    if from_measure == to_measure:
+        return float(sensitivity)
+    sign = -1.0 if to_measure == "uniform" else 1.0
+    log2 = math.log2(sensitivity) + sign * m / 2.0
+    if log2 < -1022 or log2 >= 1024:
+        raise ValueError(
+            f"sensitivity {sensitivity!r} in the {from_measure} basis is 2^{log2:.1f} in the "
+            f"{to_measure} basis (m = {m}), outside the float64 range"
+        )
+    return float(2.0**log2)
+
+
+def protection_statement(
+    *, selection: str, m: int, K: int, N: int, sensitivity: float, q: float
+) -> str:
+    """One sentence: which coordinates and which changes of f_i Theorem 4.1's epsilon covers."""
+    from efpsn.perturbation import parse_selection  # lazy: keeps this module free of torch
+
+    parsed = parse_selection(selection)
+    body = selection.split("@")[0].strip()
+    return (
+        f"It protects only changes of one agent's cost f_i that lie in the span of the "
+        f"N = {N:,} basis functions (polynomials of degree <= {K}) of the m = {m:,} coordinates "
+        f"of '{body}' ({_SELECTION_WORDS[parsed.kind]}) with ||f_I - f_I'||_V{q:g} <= "
+        f"{sensitivity:g} ({parsed.measure} measure on [-1, 1]^{m}); any other change of f_i, "
+        f"such as replacing one training image, is not covered."
+    )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from efpsn.basis import OrthonormalSystem, choose_monomials
 from efpsn.config import RunConfig
 from efpsn.encoding import SlotLayout
 from efpsn.masking import MaskCoefficients, NoiseSpec
-from efpsn.perturbation import FunctionalPerturbation, select_indices
+from efpsn.perturbation import FunctionalPerturbation, select_indices, selection_measure
 from efpsn.tasks import BatchSampler, Dataset, Task, load_data, make_task, partition
 from efpsn.topology import Graph, build_graph, metropolis_weights
 
@@ -118,8 +118,11 @@ def build_problem(config: RunConfig, *, data: tuple[Dataset, Dataset] | None = N
         c.selection, num_params=task.num_params, m=c.m, last_bias=task.last_bias_indices(),
         seed=c.basis_seed,
     )
+    # The measure comes from the public selection spec (e.g. "all" -> uniform), so every agent
+    # derives the same basis without a further run parameter.
     system = OrthonormalSystem.from_monomials(
-        choose_monomials(m=c.m, K=c.K, N=c.N, seed=c.basis_seed)
+        choose_monomials(m=c.m, K=c.K, N=c.N, seed=c.basis_seed),
+        measure=selection_measure(c.selection),
     )
     train, test = data if data is not None else load_data(
         c.data, test_fraction=c.test_fraction, seed=c.seed

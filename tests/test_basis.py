@@ -20,6 +20,7 @@ from efpsn.basis import (
     format_monomial,
     format_polynomial,
     parse_monomials,
+    power_monomials,
 )
 
 # The paper's example (Sec. 5.1): (K, m, N) = (3, 2, 5), monomials [1, x2, x2^3, x1, x1^2 x2].
@@ -283,6 +284,61 @@ def test_lebesgue_underflow_is_refused() -> None:
     monos = choose_monomials(m=7850, K=1, N=3, seed=0)
     with pytest.raises(ValueError, match="measure='uniform'"):
         OrthonormalSystem.from_monomials(monos)
+
+
+def test_power_monomials_order_and_count() -> None:
+    monos = power_monomials(m=3, K=2)
+    assert list(monos) == [(0, 0, 0), (1, 0, 0), (2, 0, 0), (0, 1, 0), (0, 2, 0), (0, 0, 1),
+                           (0, 0, 2)]
+    assert len(power_monomials(m=7850, K=2)) == 2 * 7850 + 1
+    with pytest.raises(ValueError, match="m must be a positive integer"):
+        power_monomials(m=0, K=2)
+
+
+@pytest.mark.parametrize("measure", ["lebesgue", "uniform"])
+def test_power_family_per_variable_path_equals_dense_cholesky(measure: str) -> None:
+    # The per-variable Gram-Schmidt (constant first, univariate powers) against the dense one.
+    monos = list(power_monomials(m=3, K=3))
+    system = OrthonormalSystem.from_monomials(monos, measure=measure)  # type: ignore[arg-type]
+    dense = np.linalg.inv(np.linalg.cholesky(dense_gram(monos, measure=measure)))
+    np.testing.assert_allclose(system.coefficient_matrix().toarray(), dense, rtol=1e-12,
+                               atol=1e-12)
+    np.testing.assert_allclose(quadrature_gram(system, points=4), np.eye(10), atol=1e-12)
+
+
+def test_power_family_is_legendre_per_variable_and_builds_fast() -> None:
+    # K = 2 on every logistic-regression parameter: N = 2 * 7850 + 1 = 15,701.
+    start = time.perf_counter()
+    system = OrthonormalSystem.from_monomials(power_monomials(m=7850, K=2), measure="uniform")
+    elapsed = time.perf_counter() - start
+    assert elapsed < 5.0, f"took {elapsed:.2f} s"
+    assert system.size == 15701 and system.max_degree == 2
+    # Uniform measure: e = sqrt(3) x_v and sqrt(45)/2 (x_v^2 - 1/3) = (sqrt5/2)(3 x_v^2 - 1).
+    c = system.coefficient_matrix()
+    assert c.nnz == 1 + 7850 + 2 * 7850
+    x7850 = tuple(0 if v < 7849 else 1 for v in range(7850))
+    sq7850 = tuple(0 if v < 7849 else 2 for v in range(7850))
+    const = (0,) * 7850
+    assert system.basis_polynomial(15700) == {x7850: pytest.approx(math.sqrt(3), rel=1e-15)}
+    assert system.basis_polynomial(15701) == {
+        sq7850: pytest.approx(1.5 * math.sqrt(5), rel=1e-15),
+        const: pytest.approx(-0.5 * math.sqrt(5), rel=1e-15),
+    }
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 3), st.integers(0, 2**31),
+       st.sampled_from(["lebesgue", "uniform"]))
+def test_univariate_path_equals_dense_in_any_order(m: int, K: int, seed: int,
+                                                   measure: str) -> None:
+    # Any order of the univariate powers after the constant (interleaved variables included).
+    rest = list(power_monomials(m=m, K=K))[1:]
+    order = np.random.default_rng(seed).permutation(len(rest))
+    monos = [(0,) * m, *(rest[int(i)] for i in order)]
+    system = OrthonormalSystem.from_monomials(monos, measure=measure)  # type: ignore[arg-type]
+    dense = np.linalg.inv(np.linalg.cholesky(dense_gram(monos, measure=measure)))
+    np.testing.assert_allclose(system.coefficient_matrix().toarray(), dense, rtol=1e-9,
+                               atol=1e-9 * np.abs(dense).max())
 
 
 # ----------------------------------------------------------------------------- properties

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from efpsn.experiments import (
     EXPERIMENTS,
@@ -206,7 +207,7 @@ def test_idlg_label_inference_reads_the_negative_row() -> None:
 def test_attack_psnr_falls_as_gamma_rises(tmp_path: Path) -> None:
     # prepare: logistic regression at a trained point, LeNet at DLG's initial point
     base = {"seeds": (0,), "images_per_seed": 2, "iterations": 25, "snapshots": 5,
-            "adaptive": True}
+            "adaptive": True, "perturbations": ("last-bias",), "multi_round": False}
     runs = [
         attack.AttackSettings(profile="test", models=("logreg",), gammas=(0.0, 1e2, 1e4),
                               attack_rounds=(50,), **base),
@@ -241,3 +242,69 @@ def test_network_check_reproduces_the_simulator_bitwise(tmp_path: Path) -> None:
     assert summary["config"]["gamma"] == 1e3 and summary["config"]["key_bits"] == 2048
     assert all(math.isclose(c["network"], c["simulator"], abs_tol=0.0)
                for c in summary["comparison"])
+
+
+def test_combination_weights_cancel_what_they_claim() -> None:
+    rng = torch.Generator().manual_seed(0)
+    a, b, c = (torch.rand(6, generator=rng, dtype=torch.float64) for _ in range(3))
+    const = torch.rand(6, generator=rng, dtype=torch.float64)
+    slope = torch.rand(6, generator=rng, dtype=torch.float64)
+
+    def combine(ws: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        return sum(w * v for w, v in zip(ws, values, strict=True))
+
+    two = attack.combination_weights([a, b])
+    three = attack.combination_weights([a, b, c])
+    # two rounds cancel a constant offset, not one that is affine in each coordinate
+    assert torch.count_nonzero(combine(two, [const, const])) == 0
+    assert combine(two, [const + slope * a, const + slope * b]).abs().max() > 1e-3
+    # three rounds cancel the affine one (the gradient of the K = 2 power family)
+    torch.testing.assert_close(combine(three, [const + slope * x for x in (a, b, c)]),
+                               torch.zeros(6, dtype=torch.float64), rtol=0, atol=1e-15)
+    assert max(float(w.abs().max()) for w in three) == 1.0
+    with pytest.raises(ValueError, match="2 or 3 rounds, got 1"):
+        attack.combination_weights([a])
+
+
+def test_all_parameter_perturbation_offsets_cancel_across_rounds_only_for_k1() -> None:
+    problem = load_problem(accuracy_convex.PROFILES["quick"].base)
+    xa, xb = attack.attack_point(problem, 5), attack.attack_point(problem, 8)
+    image, label = problem.shards[0].images[0].unsqueeze(0), problem.shards[0].labels[0].reshape(1)
+    clean = [attack.observed_gradient(problem.task, x, image, label, None) for x in (xa, xb)]
+    for name, cancels in (("all-k1", True), ("all-k2", False)):
+        setting = attack.perturbation_problem(problem, name)
+        assert setting.system.measure == "uniform" and setting.indices.size == 7850
+        pert = attack.agent1_perturbation(setting, 1e4, 0)
+        seen = [attack.observed_gradient(problem.task, x, image, label, pert) for x in (xa, xb)]
+        offset = seen[0] - clean[0]
+        assert torch.count_nonzero(offset) == 7850 and offset.abs().max() > 10  # every coordinate
+        residual = (seen[0] - seen[1]) - (clean[0] - clean[1])
+        assert (residual.abs().max() < 1e-9) == cancels, (name, float(residual.abs().max()))
+
+
+@pytest.mark.slow
+def test_multi_round_attacker_defeats_k1_and_three_rounds_defeat_k2(tmp_path: Path) -> None:
+    # prepare: logistic regression at round 50, one image, gamma 1e4 only (and no noise)
+    settings = attack.AttackSettings(profile="test", models=("logreg",), gammas=(0.0, 1e4),
+                                     seeds=(0,), images_per_seed=1, iterations=20, snapshots=2,
+                                     attack_rounds=(50,))
+    # execute
+    summary = attack.run(settings, out=tmp_path)
+    # assert
+    got = {(r["perturbation"], r["attacker"], r["gamma"]): r["psnr_mean"]
+           for r in summary["summary"]}
+    assert got[("all-k1", attack.PLAIN, 1e4)] < 15  # the plain attacker is stopped...
+    assert got[("all-k1", attack.TWO_ROUNDS, 1e4)] > 60  # ...two rounds are not
+    assert got[("all-k2", attack.TWO_ROUNDS, 1e4)] < 15  # K = 2 stops two rounds...
+    assert got[("all-k2", attack.THREE_ROUNDS, 1e4)] > 30  # ...three rounds are not
+    assert (tmp_path / "attack_logreg_round50_all-k2.png").stat().st_size > 0
+
+
+def test_accuracy_convex_can_perturb_every_parameter() -> None:
+    settings = accuracy_convex.settings_for("quick", selection="all")
+    assert (settings.base.selection, settings.base.m, settings.base.N) == ("all", 7850, 7851)
+    assert settings.profile == "quick (modified)"
+    args = parser().parse_args(["experiment", "accuracy-convex", "--selection", "all"])
+    assert args.selection == "all"
+    with pytest.raises(ValueError, match="expected 'all'"):
+        accuracy_convex.settings_for("quick", selection="last-bias")

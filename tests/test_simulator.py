@@ -111,6 +111,13 @@ def test_privacy_cli_both_directions() -> None:
                 str(payload["epsilon"]))
     assert inv.returncode == 0, inv.stderr
     assert "gamma needed" in inv.stdout and "1000" in inv.stdout
+    # next to epsilon: one sentence of what it protects
+    assert payload["protects"] in fwd.stdout and "'last-bias'" in payload["protects"]
+    every = efpsn("privacy", "--selection", "all", "--K", "2", "--json", "-")
+    assert every.returncode == 0, every.stderr
+    data = json.loads(every.stdout[every.stdout.index("{"):])
+    assert (data["m"], data["N"], data["measure"]) == (7850, 15701, "uniform")
+    assert "N = 15,701 basis functions (polynomials of degree <= 2)" in every.stdout.splitlines()[1]
 
 
 # --------------------------------------------------------------------------- accuracy vs gamma
@@ -163,3 +170,34 @@ def test_dsgd_paper_schedule_zero_sum_keeps_accuracy_independent_loses_it(small_
     print(f"accuracy none {acc_none:.3f}, zero-sum {acc_zero:.3f}, independent {acc_indep:.3f}")
     assert abs(acc_zero - acc_none) <= 0.02
     assert acc_indep < acc_none - 0.3
+
+
+@pytest.mark.parametrize("mask", ["zero-sum", "independent"])
+def test_gt_with_every_parameter_perturbed_reaches_x_star_at_gamma_1e6(
+    tmp_path: Path, mask: str
+) -> None:
+    # prepare: the command line of the issue; every one of the 7,850 logistic-regression
+    # parameters perturbed (uniform-measure basis, N = 7,851), gamma 1e6, full batch. l2 = 1
+    # (instead of the task's 1e-2) makes the problem well conditioned, so 400 rounds of step 0.05
+    # reach x* to 1e-10 relative; the claim checked is that the masks do not move the fixed point.
+    from efpsn.cli import main
+
+    out = tmp_path / "gt.json"
+    argv = ["simulate", "--selection", "all", "--m", "7850", "--N", "7851", "--algorithm", "gt",
+            "--batch-size", "full", "--gamma", "1e6", "--schedule", "constant:0.05", "--l2", "1",
+            "--iterations", "400", "--eval-every", "400", "--mask", mask, "--quiet",
+            "--json", str(out)]
+    # execute
+    assert main(argv) == 0
+    # assert: the perturbation is real and large (|eta_bar| in the thousands on every agent)...
+    result = json.loads(out.read_text())
+    eta = np.array(result["masks"]["eta_bar"])
+    assert eta.shape == (5, 7851) and np.abs(eta).max() > 1e3
+    relative = result["final"]["relative_deviation"]
+    if mask == "zero-sum":
+        # ...yet gradient tracking's fixed point is x*: the zero-sum masks cancel exactly
+        assert all(s == "0" for s in result["masks"]["numerator_sums"])
+        assert relative <= 1e-6, relative
+    else:
+        # the non-zero-sum baseline on the same run ends far from x* (the check can fail)
+        assert relative > 1e-1, relative

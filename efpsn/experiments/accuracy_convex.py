@@ -19,7 +19,7 @@ from efpsn.experiments.common import (
     stopwatch,
 )
 from efpsn.experiments.sweep import Series, load_problem, plot_sweep, run_series, sweep_columns
-from efpsn.tasks import centralized_optimum
+from efpsn.tasks import centralized_optimum, make_task
 
 NAME = "accuracy-convex"
 EXTRA_GAMMAS: tuple[float, ...] = (1e0, 1e2, 1e3, 1e4, 1e5, 1e6)
@@ -78,8 +78,13 @@ PROFILES: dict[str, ConvexSettings] = {
 
 def settings_for(profile: str, *, iterations: int | None = None,
                  gammas: tuple[float, ...] | None = None, extras: bool = True,
-                 noise_seed: int | None = None) -> ConvexSettings:
-    """A profile with optional overrides of the main series (an intermediate profile)."""
+                 noise_seed: int | None = None,
+                 selection: str | None = None) -> ConvexSettings:
+    """A profile with optional overrides of the main series (an intermediate profile).
+
+    `selection="all"` perturbs every parameter (m = 7,850, N = 7,851: every affine function, in
+    the uniform-measure basis) instead of the paper's last-layer bias.
+    """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}: expected one of {sorted(PROFILES)}")
     s = PROFILES[profile]
@@ -89,10 +94,18 @@ def settings_for(profile: str, *, iterations: int | None = None,
                                    label=f"DSGD, batch 64, paper schedule ({iterations} steps)")
     if gammas is not None:
         main = dataclasses.replace(main, gammas=gammas)
+    base = s.base
+    if selection is not None:
+        if selection.split("@")[0].strip() != "all":
+            raise ValueError(f"selection override: expected 'all' (or 'all@MEASURE'), got "
+                             f"{selection!r}")
+        d = make_task(base.task).num_params
+        base = base.replace(selection=selection, K=1, m=d, N=d + 1)
+    modified = iterations is not None or gammas is not None or selection is not None
     return dataclasses.replace(
-        s, main=main, extras=s.extras if extras else (),
+        s, main=main, extras=s.extras if extras else (), base=base,
         noise_seed=s.noise_seed if noise_seed is None else noise_seed,
-        profile=profile if iterations is None and gammas is None else f"{profile} (modified)",
+        profile=f"{profile} (modified)" if modified else profile,
     )
 
 

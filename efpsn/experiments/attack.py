@@ -12,6 +12,17 @@ eta_bar_1 is agent 1's real mask from the zero-sum phase I at that gamma. The at
 
 A second, adaptive attacker drops the m perturbed coordinates (the selection is public) from the
 matching loss; since Phi only moves those, its result does not depend on gamma at all.
+
+A third, multi-round attacker uses agent 1's gradients on the same sample at R = 2 or 3 of its
+iterates x^(1..R). The mask is fixed for the whole run, so Phi's gradient at x is the same
+polynomial every round: with K = 1 a constant, which cancels in g^(1) - g^(2); with the power
+family (K = 2, one quadratic per coordinate) it is affine in each coordinate, which cancels in the
+per-coordinate combination (x_b - x_c) g_a + (x_c - x_a) g_b + (x_a - x_b) g_c of three rounds.
+The attacker matches that combination of the dummy's gradients to the observed one.
+
+Perturbations compared: the paper's (last-layer bias, (K, m, N) = (1, 10, 10), Lebesgue measure)
+and every parameter with K = 1 (N = d + 1) or with the squares added (K = 2, N = 2d + 1), both in
+the uniform-measure basis that `--selection all` uses.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from efpsn.basis import OrthonormalSystem, choose_monomials, power_monomials
 from efpsn.config import RunConfig
 from efpsn.experiments.common import (
     Column,
@@ -47,7 +59,24 @@ from efpsn.tasks import Task
 
 NAME = "attack"
 MSE_FLOOR = 1e-20  # PSNR is capped at 200 dB (float64 reconstructions can be exact)
+PLAIN = "iDLG"
 ADAPTIVE = "iDLG, perturbed coords dropped"
+TWO_ROUNDS = "iDLG, 2 rounds differenced"
+THREE_ROUNDS = "iDLG, 3 rounds combined"
+MULTI_ROUND_INIT_SCALE = {"logreg": 0.01, "lenet": 1.0}
+"""Standard deviation of the multi-round attacker's dummy image. DLG's N(0, 1) saturates the
+logistic regression's softmax (784 unit-variance pixels), and then the rounds' probabilities agree
+and their difference vanishes; 0.01 N(0, 1) starts in the softmax's linear range. LeNet's
+sigmoids keep N(0, 1) (as the plain attacker), which also converges fastest there."""
+RESTART_ABOVE = 1e-3
+"""The multi-round attacker restarts once from another dummy when its normalised matching loss
+ends above this (a local minimum; a converged fit ends near 1e-8 or below)."""
+PERTURBATIONS: dict[str, str] = {
+    "last-bias": "last-layer bias, K=1 (paper)",
+    "all-k1": "every parameter, K=1",
+    "all-k2": "every parameter, K=2 (squares added)",
+}
+"""The perturbation settings the attack compares (name -> label)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +88,12 @@ class AttackSettings:
     Round 0 is the initial point (zeros for logistic regression, DLG's U(-0.5, 0.5) for LeNet).
     `iterations` counts optimizer.step calls of L-BFGS with `inner_iterations` iterations each,
     like the DLG/iDLG code (whose figures show these steps, 0 to 240 in the paper).
+
+    `perturbations` (PERTURBATIONS keys): "last-bias" runs at every attack round; the
+    all-parameter settings and the multi-round attackers run at the `extended_rounds` only. The
+    multi-round attacker sees x_1 after r, r + gap and r + 2 gap rounds (`multi_round_gap`). An
+    attacker whose result cannot depend on gamma (adaptive; 2 rounds against K = 1; 3 rounds
+    against K <= 2) runs once, at the largest gamma (the worst case for float rounding).
     """
 
     profile: str
@@ -71,13 +106,26 @@ class AttackSettings:
     snapshots: int = 8
     attack_rounds: tuple[int, ...] = (0, 50)
     adaptive: bool = True
+    perturbations: tuple[str, ...] = ("last-bias", "all-k1", "all-k2")
+    extended_rounds: tuple[int, ...] = (50,)
+    multi_round: bool = True
+    multi_round_gap: int = 10
     base: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.perturbations) - set(PERTURBATIONS))
+        if unknown:
+            raise ValueError(
+                f"unknown perturbations {unknown}: expected some of {sorted(PERTURBATIONS)}"
+            )
+        if self.multi_round_gap < 1:
+            raise ValueError(f"multi_round_gap must be >= 1, got {self.multi_round_gap}")
 
 
 PROFILES: dict[str, AttackSettings] = {
     "full": AttackSettings(profile="full"),
-    "quick": AttackSettings(profile="quick", seeds=(0,), images_per_seed=2, iterations=60,
-                            snapshots=4, attack_rounds=(50,)),
+    "quick": AttackSettings(profile="quick", gammas=(0.0, 1e2, 1e4), seeds=(0,),
+                            images_per_seed=2, iterations=60, snapshots=4, attack_rounds=(50,)),
 }
 
 
@@ -167,6 +215,98 @@ def reconstruct(
     return dummy.detach().clone(), snapshots, final_loss
 
 
+def combination_weights(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Per-coordinate weights w_r with sum_r w_r p_j(x_r[j]) = 0 for the perturbation's gradient.
+
+    Two rounds: (1, -1), which cancels a constant (K = 1). Three rounds: (x_b - x_c, x_c - x_a,
+    x_a - x_b) per coordinate, which cancels any gradient affine in each coordinate's own value
+    (K <= 2 with one polynomial per coordinate: the power family, and K = 1). Scaled so the
+    largest weight is 1.
+    """
+    if len(xs) == 2:
+        one = torch.ones_like(xs[0])
+        return [one, -one]
+    if len(xs) == 3:
+        a, b, c = xs
+        weights = [b - c, c - a, a - b]
+        scale = max(float(w.abs().max()) for w in weights)
+        if scale == 0.0:
+            raise ValueError("the three iterates are equal: nothing to combine")
+        return [w / scale for w in weights]
+    raise ValueError(f"the multi-round attacker uses 2 or 3 rounds, got {len(xs)}")
+
+
+def reconstruct_multi(
+    task: Task,
+    xs: list[torch.Tensor],
+    observed: list[torch.Tensor],
+    label: int,
+    *,
+    seed: int,
+    iterations: int,
+    inner_iterations: int,
+    snapshot_at: tuple[int, ...] = (),
+    init_scale: float = 1.0,
+) -> tuple[torch.Tensor, dict[int, torch.Tensor], float]:
+    """L-BFGS on a dummy image to match sum_r w_r g^(r) (combination_weights) across rounds.
+
+    The loss is normalised by ||sum_r w_r g^(r)||^2: the combination can be small when the
+    iterates are close, and L-BFGS's absolute tolerances must not stop it early.
+    """
+    weights = combination_weights(xs)
+    target = sum((w * g for w, g in zip(weights, observed, strict=True)),
+                 torch.zeros_like(observed[0]))
+    norm2 = float((target * target).sum())
+    if norm2 == 0.0:
+        raise ValueError("the combined observed gradient is zero: nothing to match")
+    generator = torch.Generator().manual_seed(seed)
+    dummy = init_scale * torch.randn((1, 1, 28, 28), generator=generator, dtype=torch.float64)
+    dummy.requires_grad_(True)
+    labels = torch.tensor([label])
+    leaves = [x.detach().clone().requires_grad_(True) for x in xs]
+    optimizer = torch.optim.LBFGS([dummy], lr=1.0, max_iter=inner_iterations, history_size=100,
+                                  line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        combined = torch.zeros_like(target)
+        for w, xr in zip(weights, leaves, strict=True):
+            combined = combined + w * sample_gradient(task, xr, dummy, labels, create_graph=True)
+        diff = combined - target
+        loss = (diff * diff).sum() / norm2
+        (d_dummy,) = torch.autograd.grad(loss, dummy)
+        dummy.grad = d_dummy
+        return loss.detach()
+
+    snapshots: dict[int, torch.Tensor] = {}
+    for it in range(iterations + 1):
+        if it in snapshot_at:
+            snapshots[it] = dummy.detach().clone()
+        if it < iterations:
+            optimizer.step(closure)
+    final_loss = float(closure())
+    return dummy.detach().clone(), snapshots, final_loss
+
+
+def infer_label_multi(task: Task, xs: list[torch.Tensor], observed: list[torch.Tensor], *,
+                      seed: int, inner_iterations: int, probe_steps: int = 2,
+                      init_scale: float = 1.0) -> int:
+    """The label whose short multi-round reconstruction (probe_steps L-BFGS steps) fits best.
+
+    iDLG's sign rule needs the raw gradient, which the perturbation hides when it moves the last
+    layer's weights too; the multi-round attacker instead tries all ten labels briefly. (For the
+    logistic regression the label cancels in any combination whose weights sum to zero, so every
+    label fits equally and the first wins; the reconstruction does not need it.)
+    """
+    losses = []
+    for label in range(10):
+        _, _, loss = reconstruct_multi(task, xs, observed, label, seed=seed,
+                                       iterations=probe_steps, inner_iterations=inner_iterations,
+                                       init_scale=init_scale)
+        losses.append(loss if math.isfinite(loss) else math.inf)
+    return int(np.argmin(losses))
+
+
 def image_errors(reconstruction: torch.Tensor, truth: torch.Tensor) -> tuple[float, float]:
     """(MSE, PSNR in dB) of the reconstruction clipped to the pixel range [0, 1]."""
     mse = float(((reconstruction.clamp(0.0, 1.0) - truth) ** 2).mean())
@@ -181,13 +321,39 @@ def attack_point(problem: Problem, rounds: int) -> torch.Tensor:
     return run_simulation(config, problem=with_config(problem, config)).xs[0]
 
 
+def perturbation_problem(problem: Problem, name: str) -> Problem:
+    """The problem with the perturbation setting `name` (PERTURBATIONS) in place of its own.
+
+    "last-bias": the problem itself (the paper's). "all-k1": what `--selection all --m d --N d+1`
+    builds (uniform measure). "all-k2": every parameter with the power family (constant, x_v,
+    x_v^2 for each v; N = 2d + 1; uniform measure), which build_problem's random monomial choice
+    cannot express; the config says K = 2, N = 2d + 1 so that phase I draws N coefficients.
+    """
+    if name == "last-bias":
+        return problem
+    d = problem.task.num_params
+    c = problem.config
+    if name == "all-k1":
+        config = c.replace(selection="all", K=1, m=d, N=d + 1)
+        monomials = choose_monomials(m=d, K=1, N=d + 1, seed=c.basis_seed)
+    elif name == "all-k2":
+        config = c.replace(selection="all", K=2, m=d, N=2 * d + 1)
+        monomials = power_monomials(m=d, K=2)
+    else:
+        raise ValueError(f"unknown perturbation {name!r}: expected one of {sorted(PERTURBATIONS)}")
+    system = OrthonormalSystem.from_monomials(monomials, measure="uniform")
+    return dataclasses.replace(problem, config=config, system=system,
+                               indices=np.arange(d, dtype=np.int64))
+
+
 def agent1_perturbation(problem: Problem, gamma: float, noise_seed: int
                         ) -> FunctionalPerturbation | None:
     """Agent 1's functional perturbation from the zero-sum phase I at `gamma` (None for 0)."""
     if gamma == 0:
         return None
     config = problem.config.replace(mask="zero-sum", gamma=gamma)
-    derived = with_config(problem, config)
+    derived = dataclasses.replace(problem, config=config)
+    _ = derived.layout  # refuse what build_problem would refuse (e.g. an overflowing packing)
     masks = make_masks(derived, protocol="fast", noise_seed=noise_seed)
     return derived.perturbation(masks[0])
 
@@ -203,13 +369,14 @@ def _snapshot_points(settings: AttackSettings) -> tuple[int, ...]:
     return tuple(points)
 
 
-def _plot_grid(truth: torch.Tensor, grids: dict[float, dict[int, torch.Tensor]],
-               psnr: dict[float, float], title: str, path: Path) -> Path:
-    gammas = list(grids)
+def _plot_grid(truth: torch.Tensor, grids: dict[str, dict[int, torch.Tensor]],
+               psnr: dict[str, float], title: str, path: Path) -> Path:
+    """One row per attack (its label and PSNR on the left), columns: truth, then snapshots."""
+    names = list(grids)
     points = sorted(next(iter(grids.values())))
-    fig, axes = new_figure(len(points) + 1, len(gammas), size=(1.05, 1.15))
-    for r, gamma in enumerate(gammas):
-        cells = [("truth", truth), *((f"it {p}", grids[gamma][p]) for p in points)]
+    fig, axes = new_figure(len(points) + 1, len(names), size=(1.05, 1.15))
+    for r, name in enumerate(names):
+        cells = [("truth", truth), *((f"it {p}", grids[name][p]) for p in points)]
         for c, (label, image) in enumerate(cells):
             ax = axes[r][c]
             ax.imshow(image.reshape(28, 28).clamp(0, 1).numpy(), cmap="gray", vmin=0, vmax=1)
@@ -217,54 +384,76 @@ def _plot_grid(truth: torch.Tensor, grids: dict[float, dict[int, torch.Tensor]],
             ax.set_yticks([])
             if r == 0:
                 ax.set_title(label, fontsize=7)
-        name = "no noise" if gamma == 0 else f"$\\gamma$={gamma:g}"
-        axes[r][0].set_ylabel(f"{name}\n{psnr[gamma]:.1f} dB", fontsize=7)
+        axes[r][0].set_ylabel(f"{name}\n{psnr[name]:.1f} dB", fontsize=7)
     fig.suptitle(title, fontsize=8)
     return save_figure(fig, path, dpi=80)
 
 
+def _grid_row_name(attacker: str, gamma: float) -> str:
+    short = {PLAIN: "", ADAPTIVE: "adaptive, ", TWO_ROUNDS: "2 rounds, ",
+             THREE_ROUNDS: "3 rounds, "}[attacker]
+    return short + ("no noise" if gamma == 0 else f"$\\gamma$={gamma:g}")
+
+
+_PERTURBATION_STYLE = {"last-bias": "tab:blue", "all-k1": "tab:green", "all-k2": "tab:red"}
+_ATTACKER_STYLE = {PLAIN: ("-", "o"), TWO_ROUNDS: ("--", "s")}
+
+
 def _plot_psnr(summary: list[dict[str, Any]], path: Path) -> Path:
-    fig, axes = new_figure(1, 1, size=(5.0, 3.6))
-    ax = axes[0][0]
-    styles = {"logreg": ("tab:blue", "o"), "lenet": ("tab:red", "s")}
-    for (model, rnd) in sorted({(r["model"], r["attack_round"]) for r in summary}):
-        colour, marker = styles.get(model, ("k", "^"))
-        linestyle = "-" if rnd == max(r["attack_round"] for r in summary) else ":"
-        rows = [r for r in summary if r["model"] == model and r["attack_round"] == rnd
-                and r["attacker"] == "iDLG"]
-        g = [max(r["gamma"], 1e0) for r in rows]  # gamma 0 drawn at 1 on the log axis
-        ax.errorbar(g, [r["psnr_mean"] for r in rows], yerr=[r["psnr_std"] for r in rows],
-                    color=colour, marker=marker, linestyle=linestyle, capsize=3,
-                    label=f"{model}, x_1 at round {rnd}")
-        adaptive = [r for r in summary if r["model"] == model and r["attack_round"] == rnd
-                    and r["attacker"] != "iDLG"]
-        if adaptive:
-            ax.axhline(adaptive[0]["psnr_mean"], color=colour, linestyle=linestyle, alpha=0.35)
-    ax.set_ylim(bottom=0.0, top=max(r["psnr_mean"] for r in summary) * 1.08 + 2.0)
-    ax.set_xscale("log")
-    ax.set_xlabel(r"noise level $\gamma$ (no noise drawn at $\gamma$=1)")
-    ax.set_ylabel("PSNR of the reconstruction (dB)")
-    ax.set_title("iDLG on agent 1 (faint lines: attacker ignoring the 10 perturbed coordinates)",
-                 fontsize=8)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    """PSNR vs gamma, one panel per (model, x_1 round): colour = perturbation, style = attacker.
+
+    Attackers run at one gamma only (their result cannot depend on it) are horizontal lines.
+    """
+    panels = sorted({(r["model"], r["attack_round"]) for r in summary},
+                    key=lambda mr: (mr[0] != "logreg", -mr[1]))
+    fig, axes = new_figure(len(panels), 1, size=(4.6, 3.6))
+    top = max(r["psnr_mean"] for r in summary) * 1.08 + 2.0
+    for ax, (model, rnd) in zip(axes[0], panels, strict=True):
+        rows = [r for r in summary if r["model"] == model and r["attack_round"] == rnd]
+        clean = [r for r in rows if r["gamma"] == 0 and r["attacker"] == PLAIN]
+        for name in PERTURBATIONS:
+            mine = [r for r in rows if r["perturbation"] == name]
+            for attacker in sorted({r["attacker"] for r in mine}):
+                series = sorted((r for r in mine if r["attacker"] == attacker),
+                                key=lambda r: r["gamma"])
+                label = f"{name}: {attacker}"
+                if len(series) == 1 and attacker != PLAIN:
+                    ax.axhline(series[0]["psnr_mean"], color=_PERTURBATION_STYLE[name],
+                               linestyle=":" if attacker == ADAPTIVE else "-.", alpha=0.7,
+                               label=label + " (any gamma)")
+                    continue
+                if attacker == PLAIN and name != "last-bias":
+                    series = clean + series  # gamma 0 is the same run for every setting
+                linestyle, marker = _ATTACKER_STYLE.get(attacker, ("-", "^"))
+                ax.errorbar([max(r["gamma"], 1e0) for r in series],  # gamma 0 drawn at 1
+                            [r["psnr_mean"] for r in series],
+                            yerr=[r["psnr_std"] for r in series], color=_PERTURBATION_STYLE[name],
+                            marker=marker, linestyle=linestyle, capsize=3, label=label)
+        ax.set_ylim(bottom=0.0, top=top)
+        ax.set_xscale("log")
+        ax.set_xlabel(r"noise level $\gamma$ (no noise drawn at $\gamma$=1)")
+        ax.set_ylabel("PSNR of the reconstruction (dB)")
+        ax.set_title(f"{model}, x_1 at round {rnd}", fontsize=8)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=5.5, loc="lower left")
+    fig.suptitle("iDLG on agent 1: plain, adaptive and multi-round attackers", fontsize=9)
     return save_figure(fig, path)
 
 
 def _summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    keys: list[tuple[str, int, str, float]] = []
+    fields = ("model", "attack_round", "perturbation", "attacker", "gamma")
+    keys: list[tuple[Any, ...]] = []
     for r in rows:
-        key = (r["model"], r["attack_round"], r["attacker"], r["gamma"])
+        key = tuple(r[f] for f in fields)
         if key not in keys:
             keys.append(key)
     out = []
-    for model, rnd, attacker, gamma in keys:
-        chosen = [r for r in rows if (r["model"], r["attack_round"], r["attacker"], r["gamma"])
-                  == (model, rnd, attacker, gamma)]
+    for key in keys:
+        chosen = [r for r in rows if tuple(r[f] for f in fields) == key]
         psnr = np.array([r["psnr"] for r in chosen])
         mse = np.array([r["mse"] for r in chosen])
         out.append({
-            "model": model, "attack_round": rnd, "attacker": attacker, "gamma": gamma,
+            **dict(zip(fields, key, strict=True)),
             "samples": len(chosen), "psnr_mean": float(psnr.mean()), "psnr_std": float(psnr.std()),
             "mse_mean": float(mse.mean()), "mse_std": float(mse.std()),
             "label_accuracy": float(np.mean([r["label_ok"] for r in chosen])),
@@ -273,79 +462,146 @@ def _summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _plan(settings: AttackSettings, name: str, rnd: int) -> list[tuple[float, str]]:
+    """The (gamma, attacker) pairs run for one perturbation setting at one x_1 round."""
+    top = max(settings.gammas)
+    noisy = [g for g in settings.gammas if g > 0]
+    extended = rnd in settings.extended_rounds
+    if name == "last-bias":
+        plan = [(g, PLAIN) for g in settings.gammas]
+        if settings.adaptive:
+            plan.append((top, ADAPTIVE))
+        if settings.multi_round and extended:
+            plan.append((top, TWO_ROUNDS))  # K = 1: the constant cancels exactly
+        return plan
+    if not extended:
+        return []
+    plan = [(g, PLAIN) for g in noisy]  # gamma 0 is the last-bias setting's run
+    if settings.multi_round and name == "all-k1":
+        plan.append((top, TWO_ROUNDS))
+    if settings.multi_round and name == "all-k2":
+        plan += [(g, TWO_ROUNDS) for g in noisy]  # does not cancel: depends on gamma
+        plan.append((top, THREE_ROUNDS))  # affine per coordinate: cancels exactly
+    return plan
+
+
 def run(settings: AttackSettings, *, out: str | Path | None = None,
         figures_to: str | Path | None = None) -> dict[str, Any]:
-    """Attack every (model, attack round, seed, image, gamma); write tables and figures."""
+    """Attack every (model, round, perturbation, attacker, gamma, seed, image); write results."""
     folder = output_dir(out, NAME)
     points = _snapshot_points(settings)
     rows: list[dict[str, Any]] = []
     figures: list[Path] = []
+    gap = settings.multi_round_gap
     with stopwatch() as elapsed:
         for model in settings.models:
             problem = load_problem(settings.base.replace(task=model))
             task, shard = problem.task, problem.shards[0]
-            perturbed = torch.zeros(task.num_params, dtype=torch.bool)
-            perturbed[torch.from_numpy(problem.indices)] = True
+            init_scale = MULTI_ROUND_INIT_SCALE.get(model, 1.0)
             for rnd in settings.attack_rounds:
                 x1 = attack_point(problem, rnd)
-                grids: dict[float, dict[int, torch.Tensor]] = {}
-                grid_psnr: dict[float, float] = {}
-                grid_truth = None
-                for seed in settings.seeds:
-                    picks = np.random.default_rng(seed).choice(
-                        len(shard), size=settings.images_per_seed, replace=False)
-                    for gamma in settings.gammas:
-                        perturbation = agent1_perturbation(problem, gamma, seed)
-                        attackers = [("iDLG", None)]
-                        if settings.adaptive and gamma == max(settings.gammas):
-                            # gamma-independent: run once, at the largest gamma
-                            attackers.append((ADAPTIVE, ~perturbed))
-                        for j, index in enumerate(picks):
-                            image = shard.images[int(index)].unsqueeze(0)
-                            label = shard.labels[int(index)].reshape(1)
-                            observed = observed_gradient(task, x1, image, label, perturbation)
-                            guess = infer_label(task, observed)
-                            for attacker, keep in attackers:
-                                started = time.perf_counter()
-                                first = seed == settings.seeds[0] and j == 0 and keep is None
-                                rec, snaps, loss = reconstruct(
-                                    task, x1, observed, guess, seed=1000 * seed + j,
-                                    iterations=settings.iterations,
-                                    inner_iterations=settings.inner_iterations,
-                                    snapshot_at=points if first else (), keep=keep,
-                                )
-                                mse, psnr = image_errors(rec, image)
-                                rows.append({
-                                    "model": model, "attack_round": rnd, "attacker": attacker,
-                                    "gamma": gamma,
-                                    "seed": seed, "image": int(index), "label": int(label),
-                                    "inferred_label": guess, "label_ok": guess == int(label),
-                                    "mse": mse, "psnr": psnr, "final_loss": loss,
-                                    "observed_norm": float(observed.norm()),
-                                    "seconds": time.perf_counter() - started,
-                                })
-                                if first:
-                                    grids[gamma], grid_psnr[gamma], grid_truth = snaps, psnr, image
-                        done = [r for r in rows if r["model"] == model and r["seed"] == seed
-                                and r["attack_round"] == rnd and r["gamma"] == gamma]
-                        text = "; ".join(
-                            f"{name}: " + ", ".join(f"{r['psnr']:.1f}" for r in done
-                                                    if r["attacker"] == name)
-                            for name, _ in attackers)
-                        log(f"{model}, x_1 at round {rnd}, seed {seed}, gamma {gamma:g}: PSNR "
-                            f"(dB) {text} ({sum(r['seconds'] for r in done):.0f}s)")
-                assert grid_truth is not None
-                figures.append(_plot_grid(
-                    grid_truth, grids, grid_psnr,
-                    f"iDLG on agent 1, {model}, x_1 at round {rnd}: L-BFGS steps "
-                    f"({settings.inner_iterations} iterations each)",
-                    folder / f"attack_{model}_round{rnd}.png"))
+                later: list[torch.Tensor] = []
+                if settings.multi_round and rnd in settings.extended_rounds:
+                    later = [attack_point(problem, rnd + gap), attack_point(problem, rnd + 2 * gap)]
+                for name in settings.perturbations:
+                    plan = _plan(settings, name, rnd)
+                    if not plan:
+                        continue
+                    setting = perturbation_problem(problem, name)
+                    perturbed = torch.zeros(task.num_params, dtype=torch.bool)
+                    perturbed[torch.from_numpy(setting.indices)] = True
+                    grids: dict[str, dict[int, torch.Tensor]] = {}
+                    grid_psnr: dict[str, float] = {}
+                    grid_truth = None
+                    for seed in settings.seeds:
+                        picks = np.random.default_rng(seed).choice(
+                            len(shard), size=settings.images_per_seed, replace=False)
+                        for gamma in sorted({g for g, _ in plan}):
+                            perturbation = agent1_perturbation(setting, gamma, seed)
+                            attackers = [a for g, a in plan if g == gamma]
+                            for j, index in enumerate(picks):
+                                image = shard.images[int(index)].unsqueeze(0)
+                                label = shard.labels[int(index)].reshape(1)
+                                observed = observed_gradient(task, x1, image, label, perturbation)
+                                for attacker in attackers:
+                                    started = time.perf_counter()
+                                    first = seed == settings.seeds[0] and j == 0
+                                    snap = points if first else ()
+                                    if attacker in (PLAIN, ADAPTIVE):
+                                        guess = infer_label(task, observed)
+                                        keep = ~perturbed if attacker == ADAPTIVE else None
+                                        rec, snaps, loss = reconstruct(
+                                            task, x1, observed, guess, seed=1000 * seed + j,
+                                            iterations=settings.iterations,
+                                            inner_iterations=settings.inner_iterations,
+                                            snapshot_at=snap, keep=keep,
+                                        )
+                                    else:
+                                        used = 2 if attacker == TWO_ROUNDS else 3
+                                        xs = [x1, *later][:used]
+                                        seen = [observed, *(observed_gradient(
+                                            task, x, image, label, perturbation)
+                                            for x in later)][:used]
+                                        guess = infer_label_multi(
+                                            task, xs, seen, seed=1000 * seed + j,
+                                            inner_iterations=settings.inner_iterations,
+                                            init_scale=init_scale)
+                                        rec, snaps, loss = reconstruct_multi(
+                                            task, xs, seen, guess, seed=1000 * seed + j,
+                                            iterations=settings.iterations,
+                                            inner_iterations=settings.inner_iterations,
+                                            snapshot_at=snap, init_scale=init_scale,
+                                        )
+                                        if loss > RESTART_ABOVE:
+                                            # the attacker sees its own matching loss: one
+                                            # restart from another dummy, keep the better fit
+                                            again = reconstruct_multi(
+                                                task, xs, seen, guess,
+                                                seed=1000 * seed + j + 500,
+                                                iterations=settings.iterations,
+                                                inner_iterations=settings.inner_iterations,
+                                                snapshot_at=snap, init_scale=init_scale,
+                                            )
+                                            if again[2] < loss:
+                                                rec, snaps, loss = again
+                                    mse, psnr = image_errors(rec, image)
+                                    rows.append({
+                                        "model": model, "attack_round": rnd,
+                                        "perturbation": name, "attacker": attacker,
+                                        "gamma": gamma, "seed": seed, "image": int(index),
+                                        "label": int(label), "inferred_label": guess,
+                                        "label_ok": guess == int(label),
+                                        "mse": mse, "psnr": psnr, "final_loss": loss,
+                                        "observed_norm": float(observed.norm()),
+                                        "seconds": time.perf_counter() - started,
+                                    })
+                                    if first:
+                                        row_name = _grid_row_name(attacker, gamma)
+                                        grids[row_name], grid_psnr[row_name] = snaps, psnr
+                                        grid_truth = image
+                            done = [r for r in rows if r["model"] == model and r["seed"] == seed
+                                    and r["attack_round"] == rnd and r["perturbation"] == name
+                                    and r["gamma"] == gamma]
+                            text = "; ".join(
+                                f"{a}: " + ", ".join(f"{r['psnr']:.1f}" for r in done
+                                                     if r["attacker"] == a)
+                                for a in attackers)
+                            log(f"{model}, x_1 at round {rnd}, {name}, seed {seed}, gamma "
+                                f"{gamma:g}: PSNR (dB) {text} "
+                                f"({sum(r['seconds'] for r in done):.0f}s)")
+                    assert grid_truth is not None
+                    suffix = "" if name == "last-bias" else f"_{name}"
+                    figures.append(_plot_grid(
+                        grid_truth, grids, grid_psnr,
+                        f"iDLG on agent 1, {model}, x_1 at round {rnd}, {PERTURBATIONS[name]}: "
+                        f"L-BFGS steps ({settings.inner_iterations} iterations each)",
+                        folder / f"attack_{model}_round{rnd}{suffix}.png"))
         summary = _summarise(rows)
         write_csv(folder / "summary.csv", summary)
         figures.append(_plot_psnr(summary, folder / "attack_psnr.png"))
         table = format_table(summary, [
             Column("model", "model"), Column("attack_round", "x_1 round"),
-            Column("attacker", "attacker"),
+            Column("perturbation", "perturbation"), Column("attacker", "attacker"),
             Column("gamma", "gamma", lambda g: f"{g:g}"),
             Column("samples", "n"),
             Column("psnr_mean", "PSNR mean (dB)", ".1f"), Column("psnr_std", "std", ".1f"),

@@ -36,7 +36,7 @@ def _accuracy_convex(args: argparse.Namespace, out: str | Path | None) -> dict[s
     settings = accuracy_convex.settings_for(
         _profile(args), iterations=getattr(args, "iterations", None),
         gammas=getattr(args, "gammas", None), extras=not getattr(args, "no_extras", False),
-        noise_seed=getattr(args, "noise_seed", None),
+        noise_seed=getattr(args, "noise_seed", None), selection=getattr(args, "selection", None),
     )
     return accuracy_convex.run(settings, out=out, figures_to=args.figures)
 
@@ -60,6 +60,8 @@ def _attack(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
         seeds=getattr(args, "seeds", None), images_per_seed=getattr(args, "images", None),
         iterations=getattr(args, "attack_iterations", None),
         attack_rounds=getattr(args, "attack_rounds", None),
+        perturbations=getattr(args, "perturbations", None),
+        multi_round=False if getattr(args, "no_multi_round", False) else None,
     )
     return attack.run(settings, out=out, figures_to=args.figures)
 
@@ -195,6 +197,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_sweep_overrides(p)
     p.add_argument("--no-extras", action="store_true",
                    help="skip the extra rows (full-batch gradient tracking and DSGD to 1e6)")
+    p.add_argument("--selection", default=None, metavar="all",
+                   help="perturb every parameter (K=1, N=d+1, uniform-measure basis) instead of "
+                        "the paper's last-layer bias")
 
     p = sub.add_parser("accuracy-nonconvex",
                        help="LeNet: ||avg grad||^2 and accuracy vs gamma (Sec. 5.2.2)")
@@ -216,6 +221,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="L-BFGS steps (each up to 20 iterations, as in the DLG code)")
     p.add_argument("--attack-rounds", type=_ints, default=None, metavar="R1,R2",
                    help="x_1 = agent 1's iterate after R rounds of noise-free DSGD")
+    p.add_argument("--perturbations", type=_words, default=None,
+                   metavar="last-bias,all-k1,all-k2",
+                   help="perturbation settings: the paper's last-layer bias, every parameter "
+                        "with K=1, every parameter with the squares added (K=2)")
+    p.add_argument("--no-multi-round", action="store_true",
+                   help="skip the attackers that combine several rounds of agent 1")
 
     p = sub.add_parser("perturbation",
                        help="the 2-D perturbing function for (K,m,N) = (3,2,5) (Sec. 5.1)")
