@@ -191,6 +191,8 @@ def launch_local_network(
         summary = summarize(problem, folder, names)
         summary["wall_seconds"] = time.perf_counter() - started
         write_json(folder / "summary.json", summary)
+        for line in summary["problems"]:
+            print(f"efpsn up: {line}", file=sys.stderr)
         print("final: " + format_metrics(summary["final"]))
         print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}")
         return summary
@@ -210,6 +212,20 @@ def load_agent_results(folder: Path, names: list[str]) -> tuple[list[dict], list
     return results, xs
 
 
+def check_results(results: list[dict], *, iterations: int) -> list[str]:
+    """What is wrong with the agents' results as one run (empty: nothing): every agent must
+    report the same run and have finished its last round."""
+    problems = []
+    runs = sorted({str(r.get("run_id")) for r in results})
+    if len(runs) != 1:
+        problems.append(f"the agents report different runs: {', '.join(runs)}")
+    for r in results:
+        done = r.get("final", {}).get("round")
+        if done != iterations:
+            problems.append(f"{r.get('name')} stopped at round {done} of {iterations}")
+    return problems
+
+
 def summarize(problem: Any, folder: Path, names: list[str]) -> dict[str, Any]:
     """Network-level metrics of the agents' final iterates (same function as the simulator)."""
     results, xs = load_agent_results(folder, names)
@@ -219,8 +235,10 @@ def summarize(problem: Any, folder: Path, names: list[str]) -> dict[str, Any]:
 
         x_star = centralized_optimum(problem.task, problem.shards).x
     final = evaluate(problem, xs, x_star=x_star)
+    problems = check_results(results, iterations=problem.config.iterations)
     return {
-        "ok": True,
+        "ok": not problems,
+        "problems": problems,
         "settings": problem.config.to_dict(),
         "run_id": results[0]["run_id"],
         "final": final,
