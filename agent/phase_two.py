@@ -93,7 +93,7 @@ async def run_phase_two(node: AgentNode, mask: MaskCoefficients, *, resume: bool
     node.status.round = state.t
     node.status.phase = Phase.OPTIMIZE
     every = node.options.checkpoint_every
-    crash_at = _test_crash_round()
+    crash_at = _test_crash_round(node.options.name)
     for t in range(state.t, cfg.iterations):
         if t == crash_at:  # hidden test hook: die here like a power cut (no cleanup)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -113,12 +113,12 @@ async def run_phase_two(node: AgentNode, mask: MaskCoefficients, *, resume: bool
     return state
 
 
-def _test_crash_round() -> int | None:
-    """Hidden test hook: EFPSN_TEST_CRASH_AT_ROUND=T makes this agent SIGKILL itself when it
-    reaches round T, before sending anything for it (tests/test_restart.py kills at a known
-    round instead of racing the checkpoint writes). Unset: None."""
-    text = os.environ.get("EFPSN_TEST_CRASH_AT_ROUND")
-    return int(text) if text else None
+def _test_crash_round(name: str) -> int | None:
+    """Hidden test hook: EFPSN_TEST_CRASH_AT_ROUND=T (or NAME:T, for agent NAME only) makes the
+    agent SIGKILL itself when it reaches round T, before sending anything for it (tests kill at
+    a known round instead of racing the checkpoint writes). Unset: None."""
+    who, _, at = os.environ.get("EFPSN_TEST_CRASH_AT_ROUND", "").rpartition(":")
+    return int(at) if at and who in ("", name) else None
 
 
 def _load_checkpoint(node: AgentNode, initial: AgentState) -> Checkpoint | None:
