@@ -5,8 +5,8 @@
 # The whole suite (no arguments) fails when line coverage of the hand-written code (efpsn, agent,
 # coordinator; the generated *_pb2* stubs are omitted) drops below $EFPSN_MIN_LINES (92) percent
 # or branch coverage below $EFPSN_MIN_BRANCHES (85). With arguments (a subset) the table is
-# printed but not enforced. Code that runs inside containers (tests/test_compose.py) or network
-# namespaces (tests/test_multihost.py) is not counted. EFPSN_NO_COVERAGE=1 runs plain pytest.
+# printed but not enforced. Code that runs inside containers (tests/test_compose.py) is not
+# counted. EFPSN_NO_COVERAGE=1 runs plain pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
