@@ -35,14 +35,14 @@ fi
 
 "$py" -m coverage combine -q
 "$py" -m coverage report
-"$py" -m coverage json -q -o .coverage-data/coverage.json
+"$py" -m coverage json -q -o .coverage-data/report.json
 set +e
 "$py" - "$min_lines" "$min_branches" "$#" <<'PY'
 import json
 import sys
 
 min_lines, min_branches, subset = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3] != "0"
-totals = json.load(open(".coverage-data/coverage.json"))["totals"]
+totals = json.load(open(".coverage-data/report.json"))["totals"]
 lines = 100.0 * totals["covered_lines"] / max(1, totals["num_statements"])
 branches = 100.0 * totals["covered_branches"] / max(1, totals["num_branches"])
 print(f"coverage (efpsn, agent, coordinator; child processes included): lines {lines:.1f}% "
