@@ -127,3 +127,38 @@ def test_healthcheck_exit_codes(tmp_path: Path) -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+# ------------------------------------------------------------------------------ bad settings
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--schedule", "constant"), "constant schedule needs a learning rate, e.g. 'constant:0.05'"),
+    (("--schedule", "paper:-1"), "learning rates must be positive, got lr0=-1.0, final=4e-05"),
+    (("--schedule", "cosine"),
+     "unknown schedule 'cosine': expected 'paper', 'paper:LR0' or 'constant:LR'"),
+])
+def test_bad_schedules_are_one_line_errors(args: tuple[str, ...], message: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from efpsn.cli import main
+
+    assert main(["simulate", "--iterations", "5", "--quiet", "--no-optimum", *args]) == 2
+    assert capsys.readouterr().err == f"efpsn: error: {message}\n"
+
+
+def test_paper_schedule_needs_room_to_decay() -> None:
+    from efpsn.schedules import PaperSchedule
+
+    with pytest.raises(ValueError, match="need 0 <= hold < total - 1, got hold=9, total=10"):
+        PaperSchedule(hold=9, total=10)
+
+
+@pytest.mark.parametrize("threads", ["two", "0"])
+def test_bad_thread_count_is_a_one_line_error(threads: str, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from efpsn.cli import main
+
+    monkeypatch.setenv("EFPSN_TORCH_THREADS", threads)
+    assert main(["privacy", "--gamma", "1000"]) == 2
+    assert capsys.readouterr().err == (
+        f"efpsn: error: EFPSN_TORCH_THREADS must be a positive integer, got {threads!r}\n")
