@@ -206,6 +206,8 @@ def launch_local_network(
         if coordinator_rss is not None:
             summary["timings"]["coordinator_peak_rss_mb"] = coordinator_rss
         write_json(folder / "summary.json", summary)
+        for line in summary["problems"]:
+            print(f"efpsn up: {line}", file=sys.stderr)
         print("final: " + format_metrics(summary["final"]))
         print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}")
         return summary
@@ -278,6 +280,20 @@ def load_agent_results(folder: Path, names: list[str]) -> tuple[list[dict], list
     return results, xs
 
 
+def check_results(results: list[dict], *, iterations: int) -> list[str]:
+    """What is wrong with the agents' results as one run (empty: nothing): every agent must
+    report the same run and have finished its last round."""
+    problems = []
+    runs = sorted({str(r.get("run_id")) for r in results})
+    if len(runs) != 1:
+        problems.append(f"the agents report different runs: {', '.join(runs)}")
+    for r in results:
+        done = r.get("final", {}).get("round")
+        if done != iterations:
+            problems.append(f"{r.get('name')} stopped at round {done} of {iterations}")
+    return problems
+
+
 def summarize(problem: Any, folder: Path, names: list[str], *, x_star: Any = None
               ) -> dict[str, Any]:
     """Network-level metrics of the agents' final iterates (same function as the simulator);
@@ -286,8 +302,10 @@ def summarize(problem: Any, folder: Path, names: list[str], *, x_star: Any = Non
 
     results, xs = load_agent_results(folder, names)
     final = evaluate(problem, xs, x_star=x_star)
+    problems = check_results(results, iterations=problem.config.iterations)
     return {
-        "ok": True,
+        "ok": not problems,
+        "problems": problems,
         "settings": problem.config.to_dict(),
         "run_id": results[0]["run_id"],
         "final": final,

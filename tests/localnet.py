@@ -38,6 +38,7 @@ class LocalNet:
         noise_seed: int | None = 7,
         agent_args: tuple[str, ...] = (),
         names: list[str] | None = None,
+        agent_env: dict[str, dict[str, str]] | None = None,
     ) -> None:
         self.folder = folder
         self.config = config
@@ -57,6 +58,7 @@ class LocalNet:
             self.tls_args = ["--insecure"]
             self.monitor = None
         self.agent_args = list(agent_args)
+        self.env = dict(agent_env or {})  # extra environment per process (test hooks)
         debug = ["--debug-expose-mask"]
         if noise_seed is not None:
             debug += ["--insecure-noise-seed", str(noise_seed)]
@@ -74,7 +76,7 @@ class LocalNet:
         with open(self.logs / f"{name}.log", "a") as log:  # a restart appends to the same log
             return subprocess.Popen(
                 self.argv[name], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
+                start_new_session=True, env={**os.environ, **self.env.get(name, {})},
             )
 
     def _wait_port(self, name: str, timeout: float = 180.0) -> int:
@@ -123,9 +125,11 @@ class LocalNet:
         for name in self.names:
             self.ports[name] = self._wait_port(name)
 
-    def restart(self, name: str) -> None:
-        """Start `name` again with exactly the command line it had."""
+    def restart(self, name: str, *, env: dict[str, str] | None = None) -> None:
+        """Start `name` again with exactly the command line it had (and the extra environment
+        `env`, which replaces the one it had: none by default)."""
         assert self.procs[name].poll() is not None, f"{name} is still running"
+        self.env[name] = dict(env or {})
         (self.folder / "ports" / name).unlink(missing_ok=True)
         self.procs[name] = self._popen(name)
 

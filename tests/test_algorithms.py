@@ -134,5 +134,10 @@ def test_make_schedule_specs() -> None:
 
 def test_step_context_is_immutable_and_replaceable() -> None:
     ctx = StepContext(agent=0, weights=WEIGHTS[0], lr=0.1, oracle=lambda x, t: x)
-    assert dataclasses.replace(ctx, lr=0.5).lr == 0.5
+    for name, value in (("lr", 0.5), ("agent", 1), ("weights", {}), ("oracle", None)):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(ctx, name, value)
+    replaced = dataclasses.replace(ctx, lr=0.5)
+    assert replaced.lr == 0.5 and ctx.lr == 0.1  # a new context; the old one is unchanged
+    assert (replaced.agent, replaced.weights, replaced.oracle) == (0, WEIGHTS[0], ctx.oracle)
     assert ctx.neighbours == (1, 4)

@@ -44,6 +44,22 @@ def by_mode(rows: list[dict], series: str) -> dict[tuple[str, float | None], dic
     return {(r["mode"], r["gamma"]): r for r in rows if r["series"] == series}
 
 
+def assert_figure(path: Path, *, min_width: int = 300, min_height: int = 200) -> None:
+    """A real plot: a PNG of at least this size with something drawn on it (axes, curves,
+    text), not an empty or blank canvas."""
+    import numpy as np
+    from matplotlib import image
+
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", path
+    pixels = image.imread(path)
+    height, width = pixels.shape[:2]
+    assert width >= min_width and height >= min_height, (path, pixels.shape)
+    rgb = (pixels[..., :3].reshape(-1, 3) * 255).astype(np.uint8)
+    ink = float((rgb < 230).any(axis=1).mean())  # share of pixels that are not (near) white
+    assert 0.01 < ink < 0.95, (path, ink)
+    assert len(np.unique(rgb, axis=0)) >= 16, path  # lines, markers and anti-aliased text
+
+
 # ------------------------------------------------------------------------------ plumbing
 
 
@@ -104,7 +120,7 @@ def test_perturbation_formula_is_the_corrected_paper_one(tmp_path: Path) -> None
     assert results["basis"] == (
         "{0.500, 0.866*x2, 3.307*x2^3 - 1.984*x2, 0.866*x1, 2.905*x1^2*x2 - 0.968*x2}"
     )
-    assert (tmp_path / "perturbation.png").stat().st_size > 0
+    assert_figure(tmp_path / "perturbation.png")
 
 
 # ------------------------------------------------------------------------------ Theorem 4.1
@@ -133,7 +149,7 @@ def test_privacy_epsilon_decreases_in_gamma(tmp_path: Path) -> None:
     complete = next(r for r in summary["rows"] if r["agents"] == 5
                     and r["topology"] == "complete")
     assert complete["eps@1000"] < ring["eps@1000"]
-    assert (tmp_path / "privacy.png").stat().st_size > 0
+    assert_figure(tmp_path / "privacy.png")
 
 
 # ------------------------------------------------------------------------------ Sec. 5.2
@@ -164,9 +180,10 @@ def test_accuracy_convex_zero_sum_keeps_accuracy_where_the_baseline_collapses(
     assert independent["deviation"] > 10 * zero_sum["deviation"]
     gt = by_mode(summary["rows"], "gt-full")
     assert abs(gt[("zero-sum", 1e6)]["accuracy"] - gt[("none", None)]["accuracy"]) <= 0.02
-    for name in ("rows.csv", "results.json", "table.md", "accuracy_convex.png",
-                 "accuracy_convex_extras.png"):
+    for name in ("rows.csv", "results.json", "table.md"):
         assert (tmp_path / name).stat().st_size > 0
+    for name in ("accuracy_convex.png", "accuracy_convex_extras.png"):
+        assert_figure(tmp_path / name)
 
 
 @pytest.mark.slow
@@ -185,7 +202,7 @@ def test_accuracy_nonconvex_zero_sum_tracks_noise_free(tmp_path: Path) -> None:
     assert zero_sum["grad_norm2"] < 1.5 * clean["grad_norm2"]
     assert independent["grad_norm2"] > 5 * zero_sum["grad_norm2"]
     assert abs(zero_sum["accuracy"] - clean["accuracy"]) <= 0.05
-    assert (tmp_path / "accuracy_nonconvex.png").stat().st_size > 0
+    assert_figure(tmp_path / "accuracy_nonconvex.png")
 
 
 # ------------------------------------------------------------------------------ Sec. 5.3
@@ -228,7 +245,7 @@ def test_attack_psnr_falls_as_gamma_rises(tmp_path: Path) -> None:
         assert adaptive and adaptive[0]["psnr_mean"] > psnr[-1]  # dropping the bias helps
         model = settings.models[0]
         grid = tmp_path / str(i) / f"attack_{model}_round{settings.attack_rounds[0]}.png"
-        assert grid.stat().st_size > 0
+        assert_figure(grid, min_width=100, min_height=100)
 
 
 # ------------------------------------------------------------------------------ network
@@ -308,3 +325,16 @@ def test_accuracy_convex_can_perturb_every_parameter() -> None:
     assert args.selection == "all"
     with pytest.raises(ValueError, match="expected 'all'"):
         accuracy_convex.settings_for("quick", selection="last-bias")
+    # ... and not only by its own account: the agents' model.npy files, read here, equal a
+    # simulation run here with the configuration and noise seed the check reports
+    from agent.launcher import load_agent_results
+    from efpsn.config import RunConfig
+    from efpsn.simulator import run_simulation
+
+    config = RunConfig.from_dict(summary["config"])
+    assert config.iterations == 30 and config.mask == "zero-sum"
+    names = [f"agent{i + 1}" for i in range(config.agents)]
+    results, xs = load_agent_results(tmp_path / "network", names)
+    assert [r["final"]["round"] for r in results] == [30] * config.agents
+    sim = run_simulation(config, noise_seed=summary["noise_seed"])
+    assert [x.numpy().tobytes() for x in xs] == [x.numpy().tobytes() for x in sim.xs]

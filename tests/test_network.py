@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -39,7 +40,9 @@ def dsgd_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunConfig, Path,
 
 def test_network_completes_both_phases_with_exactly_zero_sum_masks(dsgd_run) -> None:
     config, folder, summary = dsgd_run
-    assert summary["ok"]
+    # ok means: every agent finished every round of one run (agent.launcher.check_results)
+    assert summary["ok"] and summary["problems"] == []
+    assert json.loads((folder / "summary.json").read_text())["ok"] is True
     # `efpsn up` runs mutual TLS by default: a fresh CA and one certificate per process
     assert sorted(p.name for p in (folder / "tls").iterdir()) == sorted(
         ["ca.pem", "ca.key", "coordinator.pem", "coordinator.key"]
@@ -105,6 +108,18 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
+def _rounds(ports: dict[str, int]) -> dict[str, int | None]:
+    """Each agent's phase II round (None: not in phase II or not answering), via GetStatus."""
+    import asyncio
+
+    from agent.status import fetch_statuses
+
+    statuses = asyncio.run(fetch_statuses({n: f"127.0.0.1:{p}" for n, p in ports.items()},
+                                          tls=None))
+    return {n: (s.round if (s := statuses.get(n)) and s.phase.name == "OPTIMIZE" else None)
+            for n in ports}
+
+
 def test_stopped_neighbour_is_named_within_the_deadline(tmp_path: Path) -> None:
     # prepare: a 5-ring with a short round deadline and enough rounds to still be running
     timeout = 4.0
@@ -119,33 +134,44 @@ def test_stopped_neighbour_is_named_within_the_deadline(tmp_path: Path) -> None:
         )
         procs.append(coord)
         port = _wait_port(tmp_path / "c", coord)
+        agents: dict[str, subprocess.Popen] = {}
         for name in NAMES:
             with open(tmp_path / f"{name}.log", "w") as log:
-                procs.append(subprocess.Popen(
+                agents[name] = subprocess.Popen(
                     efpsn("agent", "--name", name, "--listen", "127.0.0.1:0", "--insecure",
-                          "--coordinator", f"127.0.0.1:{port}", "--results", str(tmp_path)),
+                          "--coordinator", f"127.0.0.1:{port}", "--results", str(tmp_path),
+                          "--port-file", str(tmp_path / f"{name}.port")),
                     stdout=log, stderr=subprocess.STDOUT,
-                ))
-        agents = dict(zip(NAMES, procs[1:], strict=True))
-        # wait until phase II is under way everywhere
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if all("neighbours" in (tmp_path / f"{n}.log").read_text() for n in NAMES):
-                break
-            time.sleep(0.2)
-        time.sleep(3.0)
+                )
+                procs.append(agents[name])
+        ports = {n: _wait_port(tmp_path / f"{n}.port", agents[n]) for n in NAMES}
+        # wait until phase II is under way everywhere (GetStatus: OPTIMIZE, round >= 2)
+        deadline = time.monotonic() + 180
+        rounds = _rounds(ports)
+        while not all(r is not None and r >= 2 for r in rounds.values()):
+            assert time.monotonic() < deadline, f"phase II not under way: {rounds}"
+            assert all(p.poll() is None for p in agents.values()), rounds
+            time.sleep(0.1)
+            rounds = _rounds(ports)
         # execute: agent3 disappears without a word
         agents["agent3"].kill()
         killed_at = time.monotonic()
+        agents["agent3"].wait(timeout=10)
+        reached = _rounds({n: ports[n] for n in ("agent2", "agent4")})
         for name in ("agent2", "agent4"):  # agent3's neighbours on the ring
             agents[name].wait(timeout=timeout + 30)
         elapsed = time.monotonic() - killed_at
-        # assert: its neighbours fail with an error naming agent3, within the deadline (+ slack)
+        # assert: its neighbours fail with a one-line error naming agent3, its address and a
+        # phase II round at or after the kill, within the deadline (+ slack), not before it
         for name in ("agent2", "agent4"):
-            assert agents[name].returncode != 0
+            assert agents[name].returncode == 2
             text = (tmp_path / f"{name}.log").read_text()
-            assert "agent3" in text and "round" in text, text[-2000:]
-        assert elapsed < timeout + 15
+            errors = [line for line in text.splitlines() if line.startswith("efpsn: error: ")]
+            assert len(errors) == 1, text[-2000:]
+            assert f"agent3 (127.0.0.1:{ports['agent3']})" in errors[0], errors[0]
+            numbers = [int(m) for m in re.findall(r"round (\d+)", errors[0])]
+            assert numbers and all(r >= (reached[name] or 0) for r in numbers), (reached, errors)
+        assert timeout - 1.0 < elapsed < timeout + 15
     finally:
         _stop(procs)
 

@@ -21,7 +21,7 @@ from hypothesis.extra import numpy as hnp
 
 from efpsn.wire import limits, serde
 from efpsn.wire.serde import Phase, WireError
-from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2, coordinator_pb2
+from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
 STUB_DIR = ROOT / "efpsn" / "wire" / "v1"
@@ -390,11 +390,15 @@ def test_run_parameters_round_trip() -> None:
 
 
 def test_run_parameters_match_run_config() -> None:
-    config = pytest.importorskip("efpsn.config")
-    values = config.RunConfig().to_dict()
+    from efpsn.config import RunConfig  # the project's own module: a broken import must fail
+
+    values = RunConfig().to_dict()
     assert set(values) == set(serde.RUN_PARAMETER_FIELDS)
     back = serde.run_parameters_from_proto(serde.run_parameters_to_proto(values))
-    assert config.RunConfig.from_dict(back) == config.RunConfig()
+    assert RunConfig.from_dict(back) == RunConfig()
+    changed = RunConfig(gamma=12.5, packed=False, batch_size=0, topology="grid:1x5")
+    back = serde.run_parameters_from_proto(serde.run_parameters_to_proto(changed.to_dict()))
+    assert RunConfig.from_dict(back) == changed
 
 
 @pytest.mark.parametrize(
@@ -607,9 +611,3 @@ def test_grpc_server_rejects_oversize_message() -> None:
             await server.stop(None)
 
     asyncio.run(scenario())
-
-
-def test_coordinator_messages_build() -> None:
-    status = coordinator_pb2.RunStatus(run_id="run-1", registered=2, expected=5,
-                                       names=["agent1", "agent2"], assigned=False)
-    assert coordinator_pb2.RunStatus.FromString(status.SerializeToString()) == status
