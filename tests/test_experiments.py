@@ -259,6 +259,19 @@ def test_network_check_reproduces_the_simulator_bitwise(tmp_path: Path) -> None:
     assert summary["config"]["gamma"] == 1e3 and summary["config"]["key_bits"] == 2048
     assert all(math.isclose(c["network"], c["simulator"], abs_tol=0.0)
                for c in summary["comparison"])
+    # ... and not only by its own account: the agents' model.npy files, read here, equal a
+    # simulation run here with the configuration and noise seed the check reports
+    from agent.launcher import load_agent_results
+    from efpsn.config import RunConfig
+    from efpsn.simulator import run_simulation
+
+    config = RunConfig.from_dict(summary["config"])
+    assert config.iterations == 30 and config.mask == "zero-sum"
+    names = [f"agent{i + 1}" for i in range(config.agents)]
+    results, xs = load_agent_results(tmp_path / "network", names)
+    assert [r["final"]["round"] for r in results] == [30] * config.agents
+    sim = run_simulation(config, noise_seed=summary["noise_seed"])
+    assert [x.numpy().tobytes() for x in xs] == [x.numpy().tobytes() for x in sim.xs]
 
 
 def test_combination_weights_cancel_what_they_claim() -> None:
@@ -325,16 +338,3 @@ def test_accuracy_convex_can_perturb_every_parameter() -> None:
     assert args.selection == "all"
     with pytest.raises(ValueError, match="expected 'all'"):
         accuracy_convex.settings_for("quick", selection="last-bias")
-    # ... and not only by its own account: the agents' model.npy files, read here, equal a
-    # simulation run here with the configuration and noise seed the check reports
-    from agent.launcher import load_agent_results
-    from efpsn.config import RunConfig
-    from efpsn.simulator import run_simulation
-
-    config = RunConfig.from_dict(summary["config"])
-    assert config.iterations == 30 and config.mask == "zero-sum"
-    names = [f"agent{i + 1}" for i in range(config.agents)]
-    results, xs = load_agent_results(tmp_path / "network", names)
-    assert [r["final"]["round"] for r in results] == [30] * config.agents
-    sim = run_simulation(config, noise_seed=summary["noise_seed"])
-    assert [x.numpy().tobytes() for x in xs] == [x.numpy().tobytes() for x in sim.xs]
