@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,7 +108,7 @@ class AgentNode:
                 listen = f"{host}:{saved.port}"
         credentials = opts.tls.server_credentials() if opts.tls else None
         self.server = await start_server(listen, add_servicers=self._add_servicers,
-                                         credentials=credentials)
+                                         credentials=credentials, rejections=self.rejections)
         await self.server.set_serving(True)
         write_port_file(opts.port_file, self.server.port)
         try:
@@ -246,7 +247,9 @@ class AgentNode:
         folder.mkdir(parents=True, exist_ok=True)
         x = state["x"].detach().cpu().numpy().astype("<f8")
         tmp = folder / "model.npy.part"
-        with open(tmp, "wb") as fh:
+        tmp.unlink(missing_ok=True)
+        # private like the state: the loss history is values of this agent's f_i
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
             np.save(fh, x, allow_pickle=False)
         tmp.replace(folder / "model.npy")
         result: dict[str, Any] = {
@@ -266,5 +269,5 @@ class AgentNode:
             log.warning("%s: writing its mask into result.json (debug hook; not private)",
                         self.options.name)
             result["debug_mask_numerators"] = [str(v) for v in mask.numerators]
-        write_json(folder / "result.json", result)
+        write_json(folder / "result.json", result, mode=0o600)
         return result

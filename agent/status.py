@@ -40,8 +40,9 @@ async def fetch_status(
 ) -> AgentStatus | None:
     """One GetStatus call; None when the agent does not answer (not started, gone).
 
-    With mutual TLS the caller presents `tls`'s certificate (any name the CA signed may read
-    the status) and checks the agent's certificate against `name`."""
+    With mutual TLS the caller presents `tls`'s certificate and checks the agent's certificate
+    against `name`. Only the agent's operator (by default the agent's own certificate) sees
+    loss, accuracy, run id and rejections; any other certificate gets liveness (NaN figures)."""
     async with _channel(name, address, tls) as channel:
         try:
             s = await agent_pb2_grpc.AgentStub(channel).GetStatus(
@@ -64,8 +65,10 @@ async def fetch_status(
 
 
 async def fetch_statuses(
-    addresses: dict[str, str], *, tls: TlsConfig | None = None
+    addresses: dict[str, str], *, tls: dict[str, TlsConfig] | None = None
 ) -> dict[str, AgentStatus]:
-    """GetStatus on every agent concurrently; agents that do not answer are absent."""
-    pairs = await asyncio.gather(*(fetch_status(n, a, tls=tls) for n, a in addresses.items()))
+    """GetStatus on every agent concurrently, each as its operator (tls[name], e.g. the
+    agent's own certificate); agents that do not answer are absent."""
+    pairs = await asyncio.gather(*(fetch_status(n, a, tls=tls[n] if tls else None)
+                                   for n, a in addresses.items()))
     return {s.name: s for s in pairs if s is not None}

@@ -10,8 +10,9 @@ import grpc
 
 from coordinator.registry import NotExpected, Registry, default_names
 from efpsn.config import RunConfig
-from efpsn.wire import records
+from efpsn.wire import limits, records
 from efpsn.wire.net import (
+    Admission,
     Reject,
     RejectionLog,
     Server,
@@ -55,6 +56,23 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             raise Reject(grpc.StatusCode.PERMISSION_DENIED,
                          f"the caller's certificate is for {sorted(names)}; it cannot register "
                          f"as {shown!r}")
+
+    def admit(self, method: str, context: grpc.aio.ServicerContext) -> Admission:
+        """Before the body is read: under mutual TLS a Register caller's certificate must name
+        an expected agent (efpsn.wire.net.add_service); bodies are small."""
+        if method == "Register" and self.tls_required:
+            names = caller_names(context)
+            if not names:
+                raise Reject(grpc.StatusCode.UNAUTHENTICATED,
+                             "the coordinator requires mutual TLS: no client certificate")
+            expected = self.registry.expected_names
+            if expected is not None and not names & expected:
+                raise Reject(grpc.StatusCode.PERMISSION_DENIED,
+                             f"the caller's certificate is for {sorted(names)[:4]}, not an "
+                             "agent this run expects")
+        if method == "Register":
+            return Admission(limits.COORDINATOR_RECEIVE_BYTES)
+        return Admission(limits.SMALL_REQUEST_BYTES)
 
     @guarded
     async def Register(
@@ -118,7 +136,8 @@ async def serve(
                             coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"])]
 
     server: Server = await start_server(
-        listen, add_servicers=add, credentials=tls.server_credentials() if tls else None
+        listen, add_servicers=add, credentials=tls.server_credentials() if tls else None,
+        max_receive_bytes=limits.COORDINATOR_RECEIVE_BYTES, rejections=service.rejections,
     )
     await server.set_serving(True)
     write_port_file(port_file, server.port)

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message_factory import GetMessageClass
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from efpsn.wire import limits
@@ -81,7 +81,8 @@ class Undecodable:
     error: str
 
 
-def _tolerant_parser(message_class: Any) -> Callable[[bytes], Any]:
+def tolerant_parser(message_class: Any) -> Callable[[bytes], Any]:
+    """A request parser that never raises: bytes that are not a `message_class` -> Undecodable."""
     name = message_class.DESCRIPTOR.full_name
 
     def parse(data: bytes) -> Any:
@@ -93,18 +94,69 @@ def _tolerant_parser(message_class: Any) -> Callable[[bytes], Any]:
     return parse
 
 
+@dataclass(frozen=True)
+class Admission:
+    """What a servicer's `admit(method, context)` grants a caller before its request is read:
+    the largest request it may send to that method, and what to call once the call is over."""
+
+    max_bytes: int
+    release: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A request still in gRPC's buffers: `guarded` admits the caller (certificate, size cap,
+    calls in flight) before reading and parsing it, so nobody unauthenticated makes us read,
+    allocate or parse a body."""
+
+    message_class: Any
+
+
+# Bodies larger than this are parsed in a worker thread, so the event loop keeps serving rounds.
+PARSE_INLINE_BYTES = 256 * 1024
+
+
+async def _admit_and_read(servicer: Any, name: str, unread: Unread,
+                          context: Any) -> tuple[Any, Admission]:
+    admit = getattr(servicer, "admit", None)
+    admission = admit(name, context) if admit is not None else Admission(limits.SMALL_REQUEST_BYTES)
+    try:
+        raw = await context.read()
+    except Exception as exc:  # noqa: BLE001 - the call broke while reading (cancelled, oversize)
+        if admission.release is not None:
+            admission.release()
+        raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                     f"request could not be read ({type(exc).__name__})") from None
+    if raw is grpc.aio.EOF or not isinstance(raw, bytes):
+        request: Any = Undecodable(unread.message_class.DESCRIPTOR.full_name, "no request message")
+    elif len(raw) > admission.max_bytes:
+        if admission.release is not None:
+            admission.release()
+        raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                     f"request of {len(raw)} bytes is larger than the {admission.max_bytes} "
+                     f"bytes {name} can carry in this run")
+    elif len(raw) > PARSE_INLINE_BYTES:
+        request = await asyncio.to_thread(tolerant_parser(unread.message_class), raw)
+    else:
+        request = tolerant_parser(unread.message_class)(raw)
+    return request, admission
+
+
 def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescriptor) -> str:
     """Register `servicer` for the unary service `service` (like the generated
-    add_*Servicer_to_server) with request parsers that never raise: bytes that are not the
-    expected message reach the (guarded) handler as Undecodable and get INVALID_ARGUMENT.
+    add_*Servicer_to_server), but so that no request is read before its caller is admitted:
+    each method is served as stream-unary with raw bytes, so gRPC hands the handler the call
+    before the body; `guarded` asks `servicer.admit(method, context)` (certificate, per-method
+    size cap) and only then reads and parses the body (see Unread). Bytes that are not the
+    expected message reach the handler as Undecodable and get INVALID_ARGUMENT.
     Returns the service's full name."""
     handlers = {}
     for method in service.methods:
         if method.client_streaming or method.server_streaming:
             raise ValueError(f"{service.full_name}.{method.name}: only unary methods are served")
-        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, method.name),
-            request_deserializer=_tolerant_parser(GetMessageClass(method.input_type)),
+        handlers[method.name] = grpc.stream_unary_rpc_method_handler(
+            unread_handler(getattr(servicer, method.name), GetMessageClass(method.input_type)),
+            request_deserializer=None,
             response_serializer=GetMessageClass(method.output_type).SerializeToString,
         )
     server.add_generic_rpc_handlers(
@@ -113,11 +165,23 @@ def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescript
     return service.full_name
 
 
+def unread_handler(bound: Callable[[Any, Any], Awaitable[T]],
+                    message_class: Any) -> Callable[[Any, Any], Awaitable[T]]:
+    unread = Unread(message_class)
+
+    async def handle(_requests: Any, context: Any) -> T:
+        return await bound(unread, context)
+
+    return handle
+
+
 def guarded(
     method: Callable[[Any, Any, Any], Awaitable[T]],
 ) -> Callable[[Any, Any, Any], Awaitable[T]]:
     """Wrap an async servicer method so that no exception escapes as UNKNOWN.
 
+    An Unread request (from add_service) is admitted, read and parsed first (_admit_and_read);
+    an already parsed message (tests) goes straight to the method.
     Reject -> its code; ValueError/TypeError (bad input) -> INVALID_ARGUMENT; anything else is a
     bug -> INTERNAL, logged with its traceback. Every refusal goes to `self.rejections`
     (a RejectionLog) before the call is aborted with a message saying what was wrong.
@@ -125,7 +189,11 @@ def guarded(
 
     @functools.wraps(method)
     async def handler(self: Any, request: Any, context: Any) -> T:
+        admission: Admission | None = None
         try:
+            if isinstance(request, Unread):
+                request, admission = await _admit_and_read(self, method.__name__, request,
+                                                           context)
             if isinstance(request, Undecodable):
                 raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
                              f"request is not a valid {request.type_name}: {request.error}")
@@ -139,12 +207,56 @@ def guarded(
         except Exception as exc:  # every other exception is a bug: INTERNAL, never UNKNOWN
             log.exception("%s failed on unexpected input", method.__name__)
             code, detail = grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"
+        finally:
+            if admission is not None and admission.release is not None:
+                admission.release()
         detail = detail if len(detail) <= 1000 else detail[:1000] + "..."
         self.rejections.record(method.__name__, code, detail)
         await context.abort(code, detail)
         raise AssertionError("context.abort returned")  # pragma: no cover
 
     return handler
+
+
+class GuardedHealth:
+    """grpc.health.v1.Health's Check and Watch behind parsers that never raise: a request that
+    is not a HealthCheckRequest is refused by name (INVALID_ARGUMENT) and counted in the
+    rate-limited rejection log, never gRPC's UNKNOWN with a traceback per call."""
+
+    def __init__(self, inner: health.aio.HealthServicer, rejections: RejectionLog) -> None:
+        self.inner = inner
+        self.rejections = rejections
+
+    def admit(self, method: str, context: Any) -> Admission:
+        """Any caller the TLS handshake let in may ask; its request is a service name."""
+        return Admission(limits.SMALL_REQUEST_BYTES)
+
+    @guarded
+    async def Check(self, request: health_pb2.HealthCheckRequest,
+                    context: Any) -> health_pb2.HealthCheckResponse:
+        return await self.inner.Check(request, context)
+
+    async def Watch(self, request: Any, context: Any) -> None:
+        if isinstance(request, Undecodable):
+            detail = f"request is not a valid {request.type_name}: {request.error}"
+            self.rejections.record("Watch", grpc.StatusCode.INVALID_ARGUMENT, detail)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, detail)
+        await self.inner.Watch(request, context)
+
+    def register(self, server: grpc.aio.Server) -> str:
+        """Serve it on `server`; returns the service's full name."""
+        name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+        serialize = health_pb2.HealthCheckResponse.SerializeToString
+        handlers = {
+            "Check": grpc.stream_unary_rpc_method_handler(
+                unread_handler(self.Check, health_pb2.HealthCheckRequest),
+                request_deserializer=None, response_serializer=serialize),
+            "Watch": grpc.unary_stream_rpc_method_handler(
+                self.Watch, request_deserializer=tolerant_parser(health_pb2.HealthCheckRequest),
+                response_serializer=serialize),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+        return name
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -179,17 +291,23 @@ async def start_server(
     add_servicers: Callable[[grpc.aio.Server], Iterable[str]],
     credentials: grpc.ServerCredentials | None = None,
     interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+    max_receive_bytes: int = limits.AGENT_RECEIVE_BYTES,
+    rejections: RejectionLog | None = None,
 ) -> Server:
     """Start a server on `listen` (port 0 picks a free port) with grpc.health.v1 and reflection.
 
     add_servicers registers the service implementations and returns their full service names.
+    gRPC refuses bodies over max_receive_bytes (compressed ones by their decompressed size)
+    before buffering them; refused health checks go to `rejections`.
     """
     split_address(listen)
-    server = grpc.aio.server(options=limits.server_options(), interceptors=list(interceptors))
+    options = [o for o in limits.server_options() if o[0] != "grpc.max_receive_message_length"]
+    options.append(("grpc.max_receive_message_length", max_receive_bytes))
+    server = grpc.aio.server(options=options, interceptors=list(interceptors))
     names = list(add_servicers(server))
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names += [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
+    guard = GuardedHealth(health_servicer, rejections or RejectionLog(log, "server"))
+    names += [guard.register(server), reflection.SERVICE_NAME]
     reflection.enable_server_reflection(names, server)
     if credentials is None:
         port = server.add_insecure_port(listen)
