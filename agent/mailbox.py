@@ -104,7 +104,11 @@ class Mailbox:
                     kind=kind, round_=round_, missing=missing, waited=time.monotonic() - start
                 )
             self._changed.clear()
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+            # that lands in the same loop iteration as a message, so a signalled agent would
+            # keep running rounds
             try:
-                await asyncio.wait_for(self._changed.wait(), timeout=remaining)
+                async with asyncio.timeout(remaining):
+                    await self._changed.wait()
             except TimeoutError:
                 pass

@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 
+from agent.concurrency import all_or_first_error
 from agent.mailbox import Mailbox, NeighbourTimeout
 from agent.options import AgentFailure, AgentOptions
 from agent.session import Session
@@ -91,10 +92,10 @@ class Peers:
 
     async def send_all(self, method: str, make: Callable[[str], Any], *, timeout: float) -> None:
         """Deliver make(name) to every neighbour, concurrently."""
-        await asyncio.gather(*(
+        await all_or_first_error(
             self.send(name, method, make(name), timeout=timeout)
             for name in sorted(self._session().addresses)
-        ))
+        )
 
     async def collect(self, kind: str, round_: int, *, timeout: float) -> dict[int, Any]:
         """Wait for one message per neighbour; keyed by neighbour index."""

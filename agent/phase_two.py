@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from agent.concurrency import all_or_first_error, settle
 from agent.options import AgentFailure
 from agent.session import Session
 from agent.state import Checkpoint, StateError
@@ -136,8 +137,7 @@ async def exchange(node: AgentNode, outbox: Message, t: int, *,
         inbox = await peers.collect("round", t, timeout=max(0.0, deadline - loop.time()))
         await sending
     finally:
-        if not sending.done():
-            sending.cancel()
+        await settle(sending)  # never an unobserved task, also when stopped or failing
     return inbox
 
 
@@ -147,7 +147,7 @@ async def _pull_missing(node: AgentNode, t: int, *, deadline: float) -> None:
     process), so it is not asked again."""
     wanted = [n for n in sorted(node.pull_from) if not node.mailbox.has("round", t, n)]
     if wanted:
-        await asyncio.gather(*(_pull(node, name, t, deadline=deadline) for name in wanted))
+        await all_or_first_error(_pull(node, name, t, deadline=deadline) for name in wanted)
 
 
 async def _pull(node: AgentNode, name: str, t: int, *, deadline: float) -> None:
