@@ -214,3 +214,13 @@ def test_duplicate_tensor_names_are_found_in_linear_time() -> None:
     # with the run's shapes, a wrong count is refused before any name is looked at
     with pytest.raises(serde.WireError, match="must carry 1 tensors"):
         serde.message_from_proto(pb, expected_shapes={"x": (NUM_PARAMS,)})
+
+
+def test_two_names_at_one_address_are_refused_at_registration() -> None:
+    registry = Registry(CONFIG, run_id=RUN, expected_names=default_names(5))
+    registry.register("agent1", "10.0.0.1:50051")
+    with pytest.raises(ValueError, match="already registered by 'agent1'"):
+        registry.register("agent2", "10.0.0.1:50051")
+    registry.register("agent1", "10.0.0.1:50052")  # moving agent1 frees its old address
+    registry.register("agent2", "10.0.0.1:50051")
+    assert registry.addresses == {"agent1": "10.0.0.1:50052", "agent2": "10.0.0.1:50051"}
