@@ -263,6 +263,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             total_rounds=s.config.iterations if s else 0, loss=math.nan, accuracy=math.nan,
             error=st.error, finished=st.finished,
         )
+        names = caller_names(context) if node.options.tls is not None else None
+        if s is not None and (names is None or names & s.neighbour_names):
+            # whom it waits for (messages, acknowledgements): lets neighbours name a stall
+            reply.waiting_for.extend(sorted(set(node.mailbox.waiting_for)
+                                            | set(node.peers.unacknowledged)))
         if not self._is_operator(context):
             return reply  # liveness only: loss and accuracy are values of this agent's f_i
         reply.run_id = s.run_id if s else ""

@@ -27,6 +27,7 @@ class AgentStatus:
     finished: bool
     rejections: dict[str, int] = field(default_factory=dict)
     resumed_from_round: int | None = None
+    waiting_for: tuple[str, ...] = ()  # neighbours it waits for (shown to neighbours, operator)
 
 
 def _channel(name: str, address: str, tls: TlsConfig | None) -> grpc.aio.Channel:
@@ -61,6 +62,7 @@ async def fetch_status(
         accuracy=s.accuracy if math.isfinite(s.accuracy) else math.nan,
         error=s.error, finished=s.finished, rejections=dict(s.rejections),
         resumed_from_round=s.resumed_from_round if s.HasField("resumed_from_round") else None,
+        waiting_for=tuple(s.waiting_for),
     )
 
 

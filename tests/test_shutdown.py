@@ -1,5 +1,6 @@
 """Stopping agents: SIGTERM/SIGINT always end an agent promptly with "interrupted", also when a
-cancellation lands together with a neighbour's message, and nothing is left unobserved."""
+cancellation lands together with a neighbour's message, and nothing is left unobserved; a frozen
+agent is named by every agent that fails because of it."""
 
 from __future__ import annotations
 
@@ -111,3 +112,31 @@ def test_signalling_a_busy_network_stops_every_agent(tmp_path: Path) -> None:
             if repeat + 1 < REPEATS:
                 for name in net.names:
                     net.restart(name)
+
+
+FROZEN = RunConfig(agents=5, iterations=100_000, eval_every=100_000, key_bits=2048,
+                   round_timeout_seconds=6.0)
+
+
+def test_a_frozen_agent_is_named_by_everyone_that_fails_because_of_it(tmp_path: Path) -> None:
+    """agent4 is frozen (SIGSTOP) in phase II: every other agent fails within a few round
+    timeouts with one line that names agent4 (its neighbours directly, agent1 and agent2
+    through the neighbour they wait for), says "timed out" rather than "refused ...
+    DEADLINE_EXCEEDED", and logs no unobserved task."""
+    with LocalNet(tmp_path, FROZEN) as net:
+        net.start_all()
+        net.wait_round("agent4", 10, timeout=120)
+        net.signal("agent4", signal.SIGSTOP)
+        others = [n for n in net.names if n != "agent4"]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(net.procs[n].poll() is None for n in others):
+            time.sleep(0.2)
+        codes = {n: net.procs[n].poll() for n in others}
+        logs = {n: net.log(n) for n in others}
+        net.signal("agent4", signal.SIGCONT)
+    assert codes == {n: 2 for n in others}, (codes, {n: t[-1500:] for n, t in logs.items()})
+    for name, text in logs.items():
+        error = [line for line in text.splitlines() if ": error: " in line]
+        assert len(error) == 1 and "agent4" in error[0], (name, error, text[-2000:])
+        assert "DEADLINE_EXCEEDED" not in error[0], error[0]
+        assert "never retrieved" not in text and "Traceback" not in text, text[-3000:]
