@@ -307,8 +307,8 @@ def message_from_proto(
     if not isinstance(pb, agent_pb2.RoundMessage):
         raise TypeError(f"expected efpsn.v1.RoundMessage, got {type(pb).__name__}")
     if expected_shapes is not None and len(pb.tensors) != len(expected_shapes):
-        raise WireError(f"message must carry {len(expected_shapes)} tensors "
-                        f"{sorted(expected_shapes)}, got {len(pb.tensors)}")
+        raise WireError(f"message must carry tensors {sorted(expected_shapes)}, got "
+                        f"{len(pb.tensors)} tensors")
     names = [named.name for named in pb.tensors]
     if any(not name for name in names):
         raise WireError("tensor names must be non-empty")
