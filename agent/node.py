@@ -27,6 +27,7 @@ import numpy as np
 
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, AgentOptions
+from agent.outbox_log import OutboxLog
 from agent.peers import Peers
 from agent.phase_one import run_phase_one
 from agent.phase_two import Outboxes, final_barrier, run_phase_two
@@ -80,7 +81,9 @@ class AgentNode:
         self.rejections = RejectionLog(log, self.options.name)
         self._store = StateStore(self.options.state_folder)
         self.peers = Peers(self.options, self.mailbox)
-        self.outboxes = Outboxes(self.options.keep_rounds)
+        self.outboxes = Outboxes(self.options.keep_rounds, OutboxLog(
+            self.store.outbox_folder, keep=self.options.keep_rounds,
+            segment=self.options.checkpoint_every))
 
     @property
     def store(self) -> StateStore:
@@ -134,6 +137,9 @@ class AgentNode:
                     )
                 session = await open_session(saved.assignment, name=opts.name)
                 mask = self._restore(session)
+                restored = self.outboxes.restore()
+                log.info("%s reloaded %d sent round messages (rounds up to %d)", opts.name,
+                         restored, self.outboxes.produced)
                 self._enter(session)
             start = time.perf_counter()
             state = await run_phase_two(self, mask, resume=saved is not None)
@@ -142,6 +148,7 @@ class AgentNode:
             rounds = self.session.config.iterations - (self.resumed_from or 0)
             self.timings["seconds_per_round"] = self.timings["phase2_seconds"] / max(1, rounds)
             result = self._write_results(state, mask)
+            self.outboxes.log = None  # deleted with the checkpoints; memory serves the rest
             self.store.mark_finished(self._saved)
             self.status.phase = Phase.DONE
             self.status.finished = True
@@ -160,6 +167,9 @@ class AgentNode:
         if saved.assignment.name != opts.name:
             raise AgentFailure(f"the state in {where} belongs to {saved.assignment.name}, "
                                f"not {opts.name}")
+        unresumable = self.store.unresumable()
+        if unresumable is not None:
+            raise AgentFailure(unresumable)
         if saved.finished:
             raise AgentFailure(
                 f"{opts.name} already finished run {saved.assignment.run_id} (state in {where}); "

@@ -12,6 +12,15 @@ class AgentFailure(RuntimeError):
     """The run cannot go on at this agent (a neighbour failed, timed out or misbehaved)."""
 
 
+class RefusedByNeighbour(AgentFailure):
+    """A neighbour answered a call with an error status (`code`, its name; `detail`)."""
+
+    def __init__(self, message: str, *, code: str, detail: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.detail = detail
+
+
 @dataclass(frozen=True, kw_only=True)
 class AgentOptions:
     """How this agent runs; the run's parameters come from the coordinator."""

@@ -12,7 +12,7 @@ import grpc
 
 from agent.concurrency import all_or_first_error, settle
 from agent.mailbox import Mailbox, NeighbourTimeout
-from agent.options import AgentFailure, AgentOptions
+from agent.options import AgentFailure, AgentOptions, RefusedByNeighbour
 from agent.session import Session
 from efpsn.wire import serde
 from efpsn.wire.net import call_with_retry, open_channel
@@ -80,9 +80,9 @@ class Peers:
                     f"timed out {what} neighbour {name} ({address}): no answer before the "
                     "round deadline (neighbour stopped, frozen or overloaded?)"
                 ) from None
-            raise AgentFailure(
+            raise RefusedByNeighbour(
                 f"neighbour {name} ({address}) refused {what}: {exc.code().name}: "
-                f"{exc.details()}"
+                f"{exc.details()}", code=exc.code().name, detail=exc.details() or "",
             ) from None
         except TimeoutError as exc:
             raise AgentFailure(str(exc)) from None
