@@ -117,7 +117,7 @@ def test_outsider_is_refused_before_its_body_is_read(tmp_path: Path) -> None:
 
 
 async def _outsider_is_refused_before_its_body_is_read(served: Served) -> None:
-    garbage = [b"\xff\xfe not a protobuf", _empty_entries(4 * 1024 * 1024)]
+    garbage = [b"\xff\xfe not a protobuf", _empty_entries(1024 * 1024)]
     got = await served.call("mallory", PUT, garbage)
     # garbage would be INVALID_ARGUMENT if it were parsed first: it is never read
     assert got["PERMISSION_DENIED"] == 2, got
@@ -224,3 +224,34 @@ def test_two_names_at_one_address_are_refused_at_registration() -> None:
     registry.register("agent1", "10.0.0.1:50052")  # moving agent1 frees its old address
     registry.register("agent2", "10.0.0.1:50051")
     assert registry.addresses == {"agent1": "10.0.0.1:50052", "agent2": "10.0.0.1:50051"}
+
+
+def test_run_status_shows_names_and_run_id_only_to_members(tmp_path: Path) -> None:
+    from coordinator.service import CoordinatorService
+    from efpsn.wire.v1 import coordinator_pb2
+
+    generate_certificates(tmp_path / "tls", ["coordinator", "agent1", "mallory"])
+    pems = {n: (tmp_path / "tls" / f"{n}.pem").read_bytes()
+            for n in ("coordinator", "agent1", "mallory")}
+
+    class Context:
+        def __init__(self, who: str) -> None:
+            self.who = who
+
+        def auth_context(self) -> dict[str, list[bytes]]:
+            return {"transport_security_type": [b"ssl"], "x509_pem_cert": [pems[self.who]]}
+
+    registry = Registry(CONFIG, run_id=RUN, expected_names=default_names(5))
+    registry.register("agent1", "127.0.0.1:40001")
+    service = CoordinatorService(registry, register_timeout=0.0, tls_required=True,
+                                 operator_names=frozenset({"coordinator"}))
+
+    def status(who: str) -> coordinator_pb2.RunStatus:
+        return asyncio.run(service.GetRunStatus(coordinator_pb2.RunStatusRequest(),
+                                                Context(who)))
+
+    for insider in ("coordinator", "agent1"):
+        seen = status(insider)
+        assert (seen.run_id, list(seen.names), seen.registered) == (RUN, ["agent1"], 1)
+    outsider = status("mallory")
+    assert (outsider.run_id, list(outsider.names), outsider.registered) == ("", [], 1)
