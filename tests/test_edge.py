@@ -255,3 +255,40 @@ def test_run_status_shows_names_and_run_id_only_to_members(tmp_path: Path) -> No
         assert (seen.run_id, list(seen.names), seen.registered) == (RUN, ["agent1"], 1)
     outsider = status("mallory")
     assert (outsider.run_id, list(outsider.names), outsider.registered) == ("", [], 1)
+
+
+def test_a_call_cancelled_while_its_body_is_read_frees_the_callers_slot() -> None:
+    """Else a neighbour whose calls time out mid-send would be locked out after a few."""
+    import logging
+
+    from efpsn.wire.net import Admission, RejectionLog, Unread, guarded
+
+    class Service:
+        def __init__(self) -> None:
+            self.rejections = RejectionLog(logging.getLogger("test"), "test")
+            self.in_flight = 0
+
+        def admit(self, method: str, context: Any) -> Admission:
+            self.in_flight += 1
+            return Admission(1024, lambda: setattr(self, "in_flight", self.in_flight - 1))
+
+        @guarded
+        async def PutRound(self, request: Any, context: Any) -> str:
+            return "ok"
+
+    class Context:
+        def __init__(self, body: bytes | None) -> None:
+            self.body = body
+
+        async def read(self) -> bytes:
+            if self.body is None:
+                raise asyncio.CancelledError
+            return self.body
+
+    service = Service()
+    unread = Unread(agent_pb2.RoundMessage)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(service.PutRound(unread, Context(None)))
+    assert service.in_flight == 0
+    assert asyncio.run(service.PutRound(unread, Context(b""))) == "ok"
+    assert service.in_flight == 0

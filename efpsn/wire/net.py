@@ -121,25 +121,29 @@ async def _admit_and_read(servicer: Any, name: str, unread: Unread,
     admit = getattr(servicer, "admit", None)
     admission = admit(name, context) if admit is not None else Admission(limits.SMALL_REQUEST_BYTES)
     try:
-        raw = await context.read()
-    except Exception as exc:  # noqa: BLE001 - the call broke while reading (cancelled, oversize)
+        return await _read(name, unread, context, admission.max_bytes), admission
+    except BaseException:  # also a cancelled call: the caller's slot is freed in every case
         if admission.release is not None:
             admission.release()
+        raise
+
+
+async def _read(name: str, unread: Unread, context: Any, max_bytes: int) -> Any:
+    try:
+        raw = await context.read()
+    except Exception as exc:  # noqa: BLE001 - the call broke while reading (oversize, reset)
         raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
                      f"request could not be read ({type(exc).__name__})") from None
     if raw is grpc.aio.EOF or not isinstance(raw, bytes):
-        request: Any = Undecodable(unread.message_class.DESCRIPTOR.full_name, "no request message")
-    elif len(raw) > admission.max_bytes:
-        if admission.release is not None:
-            admission.release()
+        return Undecodable(unread.message_class.DESCRIPTOR.full_name, "no request message")
+    if len(raw) > max_bytes:
         raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
-                     f"request of {len(raw)} bytes is larger than the {admission.max_bytes} "
-                     f"bytes {name} can carry in this run")
-    elif len(raw) > PARSE_INLINE_BYTES:
-        request = await asyncio.to_thread(tolerant_parser(unread.message_class), raw)
-    else:
-        request = tolerant_parser(unread.message_class)(raw)
-    return request, admission
+                     f"request of {len(raw)} bytes is larger than the {max_bytes} bytes {name} "
+                     "can carry in this run")
+    parse = tolerant_parser(unread.message_class)
+    if len(raw) > PARSE_INLINE_BYTES:
+        return await asyncio.to_thread(parse, raw)
+    return parse(raw)
 
 
 def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescriptor) -> str:
