@@ -49,7 +49,7 @@ def test_adjacent_agents_crashed_at_different_checkpoints_resume(tmp_path: Path)
         logs = {n: net.log(n) for n in net.names}
     assert codes == {n: 0 for n in net.names}, (saved, {n: t[-2000:] for n, t in logs.items()})
     for name in ("agent2", "agent3"):
-        assert f"resumes run" in logs[name] and f"at round {saved[name]}" in logs[name]
+        assert "resumes run" in logs[name] and f"at round {saved[name]}" in logs[name]
     _, xs = load_agent_results(tmp_path, net.names)
     sim = run_simulation(CONFIG, noise_seed=SEED)
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0

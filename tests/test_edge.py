@@ -17,6 +17,7 @@ import grpc
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2
 
 from agent.node import AgentNode, AgentOptions
 from agent.session import open_session
@@ -148,11 +149,11 @@ async def _bodies_are_capped_per_method_and_by_decompressed_size(served: Served)
     assert served.node.mailbox.has("round", 4, "agent2")
 
 
-def test_health_check_refuses_garbage_by_name(tmp_path: Path) -> None:
-    run_served(tmp_path, _health_check_refuses_garbage_by_name)
+def test_health_and_reflection_refuse_garbage_by_name(tmp_path: Path) -> None:
+    run_served(tmp_path, _health_and_reflection_refuse_garbage_by_name)
 
 
-async def _health_check_refuses_garbage_by_name(served: Served) -> None:
+async def _health_and_reflection_refuse_garbage_by_name(served: Served) -> None:
     got = await served.call("mallory", "/grpc.health.v1.Health/Check",
                             [b"\xff\xff\xff", b"\x0a\xff", b"\x08"] * 20)
     assert got["INVALID_ARGUMENT"] == 60 and got["UNKNOWN"] == 0, got
@@ -162,7 +163,18 @@ async def _health_check_refuses_garbage_by_name(served: Served) -> None:
             options=[("grpc.ssl_target_name_override", "agent1")]) as channel:
         reply = await health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(), timeout=10)
-    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        # reflection too: garbage ends the stream with INVALID_ARGUMENT, a real query works
+        info = channel.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for _ in info(iter([b"\xff\xff\xff"]), timeout=10):
+                pass
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        query = reflection_pb2.ServerReflectionRequest(list_services="").SerializeToString()
+        listed = [reflection_pb2.ServerReflectionResponse.FromString(r)
+                  async for r in info(iter([query]), timeout=10)]
+        assert "efpsn.v1.Agent" in [s.name for s in listed[0].list_services_response.service]
 
 
 def test_status_shows_private_figures_only_to_the_operator(tmp_path: Path) -> None:

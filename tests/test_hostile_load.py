@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import random
 import json
-import os
+import random
 import subprocess
 import sys
 import time
@@ -140,8 +139,8 @@ def test_hostile_load_neither_stalls_nor_bloats_an_agent(tmp_path: Path) -> None
         # work (TLS, gzip) must not be billed to the agents' share of this 2-core machine.
         t0 = time.monotonic()
         attacker = subprocess.Popen(
-            [sys.executable, __file__, net.address("agent1"), str(net.tls_dir), status.run_id],
-            stdout=subprocess.PIPE, text=True, preexec_fn=lambda: os.nice(19))
+            ["nice", "-n", "19", sys.executable, __file__, net.address("agent1"),
+             str(net.tls_dir), status.run_id], stdout=subprocess.PIPE, text=True)
         samples = []  # (time, round) of agent1 while the attacker runs
         try:
             while attacker.poll() is None and time.monotonic() - t0 < ATTACK_SECONDS + 60:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -316,7 +317,7 @@ def message_from_proto(
     if len(counts) != len(names):
         duplicates = sorted(name for name, count in counts.items() if count > 1)
         raise WireError(f"tensor names must be unique, got duplicates {_few(duplicates)}")
-    if any(a > b for a, b in zip(names, names[1:])):
+    if any(a > b for a, b in itertools.pairwise(names)):
         raise WireError(f"tensors must be sorted by name, got {_few(names)}")
     if expected_shapes is not None and set(names) != set(expected_shapes):
         raise WireError(f"message must carry tensors {sorted(expected_shapes)}, got {names}")
