@@ -47,7 +47,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     claimed sender (mutual TLS), the sender is a neighbour, run id, phase and round window, and
     the payload (shapes, dtypes, finiteness; key size; ciphertext range and key fingerprint). A
     duplicate must repeat the first copy exactly. Refusals are counted (GetStatus.rejections)
-    and logged; no exception escapes as UNKNOWN (efpsn.net.guarded).
+    and logged; no exception escapes as UNKNOWN (efpsn.wire.guard.guarded).
     """
 
     def __init__(self, node: AgentNode) -> None:
@@ -58,7 +58,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     # ---------------------------------------------------------------- checks
 
     def admit(self, method: str, context: grpc.aio.ServicerContext) -> Admission:
-        """Before a byte of the body is read (efpsn.wire.net.add_service): the caller's
+        """Before a byte of the body is read (efpsn.wire.guard.add_service): the caller's
         certificate must name a neighbour in this run (GetStatus: any certificate the CA
         signed), the body may be at most what `method` can legitimately carry in this run
         (Session.request_limits), and one caller has at most a few calls in flight."""

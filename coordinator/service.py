@@ -63,7 +63,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
     def admit(self, method: str, context: grpc.aio.ServicerContext) -> Admission:
         """Before the body is read: under mutual TLS a Register caller's certificate must name
-        an expected agent (efpsn.wire.net.add_service); bodies are small."""
+        an expected agent (efpsn.wire.guard.add_service); bodies are small."""
         if method == "Register" and self.tls_required:
             names = caller_names(context)
             if not names:
