@@ -30,6 +30,7 @@ def _agent(args: argparse.Namespace) -> int:
         coordinator=args.coordinator, results_dir=Path(args.results),
         register_timeout=args.register_timeout, port_file=args.port_file,
         tls=tls_from_args(args, args.name), coordinator_name=args.coordinator_name,
+        operator_name=args.operator_name,
         state_dir=Path(args.state_dir) if args.state_dir else None,
         checkpoint_every=args.checkpoint_every, keep_rounds=args.keep_rounds,
         insecure_noise_seed=args.insecure_noise_seed, debug_expose_mask=args.debug_expose_mask,
@@ -68,6 +69,10 @@ def configure(agent: argparse.ArgumentParser) -> None:
     add_tls_flags(agent, own_name="--name")
     agent.add_argument("--coordinator-name", default="coordinator",
                        help="the name in the coordinator's certificate (default coordinator)")
+    agent.add_argument("--operator-name", default=None,
+                       help="the certificate name that may read this agent's loss and accuracy "
+                            "through GetStatus (default: the agent's own --name); every other "
+                            "caller sees liveness only")
     crash = agent.add_argument_group("crash safety (restart with the same command to resume)")
     crash.add_argument("--state-dir", default=None,
                        help="assignment, mask and checkpoints (default RESULTS/NAME/state)")

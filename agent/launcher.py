@@ -124,13 +124,15 @@ def launch_local_network(
     names = [f"agent{i + 1}" for i in range(config.agents)]
     run_args = config_to_args(config)
     tls_args: list[str] = ["--insecure"]
-    monitor: TlsConfig | None = None
+    monitor: dict[str, TlsConfig] | None = None
     if not insecure:
         tls_dir = folder / "tls"
         generate_certificates(tls_dir, ["coordinator", *names],
                               ips=sorted({"127.0.0.1", host}), overwrite=True)
         tls_args = ["--tls-dir", str(tls_dir)]
-        monitor = TlsConfig.from_dir(tls_dir, "coordinator")  # status polling, as the bootstrapper
+        # status polling as each agent's operator: its own certificate (loss and accuracy are
+        # shown to nobody else)
+        monitor = {name: TlsConfig.from_dir(tls_dir, name) for name in names}
     agent_args = list(tls_args)
     if checkpoint_every is not None:
         agent_args += ["--checkpoint-every", str(checkpoint_every),

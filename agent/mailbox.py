@@ -42,6 +42,7 @@ class Mailbox:
         self._boxes: dict[tuple[str, int], dict[str, Any]] = {}
         self._digests: dict[tuple[str, int], dict[str, bytes]] = {}
         self._changed = asyncio.Event()
+        self.waiting_for: list[str] = []  # senders `collect` is waiting for right now
 
     def put(self, kind: str, round_: int, sender: str, payload: Any, digest: bytes) -> bool:
         """Store a message; False when an identical copy was already delivered."""
@@ -93,18 +94,28 @@ class Mailbox:
         wanted = sorted(set(senders))
         start = time.monotonic()
         deadline = start + timeout
-        while True:
-            box = self._boxes.get((kind, round_), {})
-            missing = [s for s in wanted if s not in box]
-            if not missing:
-                return {s: box[s] for s in wanted}
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise NeighbourTimeout(
-                    kind=kind, round_=round_, missing=missing, waited=time.monotonic() - start
-                )
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout=remaining)
-            except TimeoutError:
-                pass
+        try:
+            while True:
+                box = self._boxes.get((kind, round_), {})
+                missing = [s for s in wanted if s not in box]
+                self.waiting_for = missing
+                if not missing:
+                    return {s: box[s] for s in wanted}
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise NeighbourTimeout(kind=kind, round_=round_, missing=missing,
+                                           waited=time.monotonic() - start)
+                await self._wait(remaining)
+        finally:
+            self.waiting_for = []
+
+    async def _wait(self, remaining: float) -> None:
+        """Until the next put (or `remaining` seconds)."""
+        self._changed.clear()
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
+        # lands in the same loop iteration as a message, so a signalled agent would run on
+        try:
+            async with asyncio.timeout(remaining):
+                await self._changed.wait()
+        except TimeoutError:
+            pass

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import resource
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import numpy as np
 
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, AgentOptions
+from agent.outbox_log import OutboxLog
 from agent.peers import Peers
 from agent.phase_one import run_phase_one
 from agent.phase_two import Outboxes, abandon_sending, final_barrier, run_phase_two
@@ -86,7 +88,9 @@ class AgentNode:
         self.rejections = RejectionLog(log, self.options.name)
         self._store = StateStore(self.options.state_folder)
         self.peers = Peers(self.options, self.mailbox)
-        self.outboxes = Outboxes(self.options.keep_rounds)
+        self.outboxes = Outboxes(self.options.keep_rounds, OutboxLog(
+            self.store.outbox_folder, keep=self.options.keep_rounds,
+            segment=self.options.checkpoint_every))
 
     @property
     def store(self) -> StateStore:
@@ -114,7 +118,7 @@ class AgentNode:
                 listen = f"{host}:{saved.port}"
         credentials = opts.tls.server_credentials() if opts.tls else None
         self.server = await start_server(listen, add_servicers=self._add_servicers,
-                                         credentials=credentials)
+                                         credentials=credentials, rejections=self.rejections)
         await self.server.set_serving(True)
         write_port_file(opts.port_file, self.server.port)
         try:
@@ -141,6 +145,9 @@ class AgentNode:
                     )
                 session = await open_session(saved.assignment, name=opts.name)
                 mask = self._restore(session)
+                restored = self.outboxes.restore()
+                log.info("%s reloaded %d sent round messages (rounds up to %d)", opts.name,
+                         restored, self.outboxes.produced)
                 self._enter(session)
             self.timings["phase2_started_at"] = time.time()
             start = time.perf_counter()
@@ -151,6 +158,7 @@ class AgentNode:
             self.timings["seconds_per_round"] = self.timings["phase2_seconds"] / max(1, rounds)
             self.timings["peak_rss_mb"] = peak_rss_mb()
             result = self._write_results(state, mask)
+            self.outboxes.log = None  # deleted with the checkpoints; memory serves the rest
             self.store.mark_finished(self._saved)
             self.status.phase = Phase.DONE
             self.status.finished = True
@@ -170,6 +178,9 @@ class AgentNode:
         if saved.assignment.name != opts.name:
             raise AgentFailure(f"the state in {where} belongs to {saved.assignment.name}, "
                                f"not {opts.name}")
+        unresumable = self.store.unresumable()
+        if unresumable is not None:
+            raise AgentFailure(unresumable)
         if saved.finished:
             raise AgentFailure(
                 f"{opts.name} already finished run {saved.assignment.run_id} (state in {where}); "
@@ -257,7 +268,9 @@ class AgentNode:
         folder.mkdir(parents=True, exist_ok=True)
         x = state["x"].detach().cpu().numpy().astype("<f8")
         tmp = folder / "model.npy.part"
-        with open(tmp, "wb") as fh:
+        tmp.unlink(missing_ok=True)
+        # private like the state: the loss history is values of this agent's f_i
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
             np.save(fh, x, allow_pickle=False)
         tmp.replace(folder / "model.npy")
         result: dict[str, Any] = {
@@ -277,5 +290,5 @@ class AgentNode:
             log.warning("%s: writing its mask into result.json (debug hook; not private)",
                         self.options.name)
             result["debug_mask_numerators"] = [str(v) for v in mask.numerators]
-        write_json(folder / "result.json", result)
+        write_json(folder / "result.json", result, mode=0o600)
         return result

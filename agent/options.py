@@ -12,6 +12,15 @@ class AgentFailure(RuntimeError):
     """The run cannot go on at this agent (a neighbour failed, timed out or misbehaved)."""
 
 
+class RefusedByNeighbour(AgentFailure):
+    """A neighbour answered a call with an error status (`code`, its name; `detail`)."""
+
+    def __init__(self, message: str, *, code: str, detail: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.detail = detail
+
+
 @dataclass(frozen=True, kw_only=True)
 class AgentOptions:
     """How this agent runs; the run's parameters come from the coordinator."""
@@ -28,6 +37,9 @@ class AgentOptions:
     # coordinator_name.
     tls: TlsConfig | None = None
     coordinator_name: str = "coordinator"
+    # Who may read this agent's private figures (loss, accuracy) through GetStatus: the name in
+    # the operator's certificate. None: this agent's own name. Others see liveness only.
+    operator_name: str | None = None
     # Crash safety: state folder (default RESULTS/NAME/state), checkpoint interval, and how many
     # recent outboxes to keep for neighbours that restart (must exceed checkpoint_every + 2 at
     # every agent of the run).
@@ -50,6 +62,10 @@ class AgentOptions:
             )
         if self.tls is not None:
             self.tls.require_name(self.name)
+
+    @property
+    def operator(self) -> str:
+        return self.operator_name or self.name
 
     @property
     def state_folder(self) -> Path:

@@ -4,18 +4,20 @@ that name the neighbour, its address and what was being done."""
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
+from agent.concurrency import all_or_first_error, settle
 from agent.mailbox import Mailbox, NeighbourTimeout
-from agent.options import AgentFailure, AgentOptions
+from agent.options import AgentFailure, AgentOptions, RefusedByNeighbour
 from agent.session import Session
 from efpsn.wire import serde
 from efpsn.wire.net import call_with_retry, open_channel
 from efpsn.wire.serde import Phase
-from efpsn.wire.v1 import agent_pb2_grpc, common_pb2
+from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 
 class Peers:
@@ -26,6 +28,7 @@ class Peers:
         self.mailbox = mailbox
         self.session: Session | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self.unacknowledged: collections.Counter[str] = collections.Counter()  # sends in flight
 
     def open(self, address: str, server_name: str) -> grpc.aio.Channel:
         """A channel to `address` whose server must present a certificate for `server_name`."""
@@ -72,9 +75,14 @@ class Peers:
                 deadline=deadline, what=f"{what} neighbour {name} ({address})",
             )
         except grpc.aio.AioRpcError as exc:
-            raise AgentFailure(
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise AgentFailure(
+                    f"timed out {what} neighbour {name} ({address}): no answer before the "
+                    "round deadline (neighbour stopped, frozen or overloaded?)"
+                ) from None
+            raise RefusedByNeighbour(
                 f"neighbour {name} ({address}) refused {what}: {exc.code().name}: "
-                f"{exc.details()}"
+                f"{exc.details()}", code=exc.code().name, detail=exc.details() or "",
             ) from None
         except TimeoutError as exc:
             raise AgentFailure(str(exc)) from None
@@ -83,26 +91,73 @@ class Peers:
         """Deliver one message to a neighbour (phase and round in every error)."""
         loop = asyncio.get_running_loop()
         what = f"{Phase(request.header.phase).name} round {request.header.round}"
-        ack = await self.call(name, method, request, deadline=loop.time() + timeout,
-                              what=f"sending {what} to")
+        self.unacknowledged[name] += 1
+        try:
+            ack = await self.call(name, method, request, deadline=loop.time() + timeout,
+                                  what=f"sending {what} to")
+        finally:
+            self.unacknowledged[name] -= 1
+            if self.unacknowledged[name] <= 0:
+                del self.unacknowledged[name]
         if not ack.accepted:
             raise AgentFailure(f"neighbour {name} ({self._session().addresses[name]}) refused "
                                f"{what}: {ack.detail}")
 
     async def send_all(self, method: str, make: Callable[[str], Any], *, timeout: float) -> None:
         """Deliver make(name) to every neighbour, concurrently."""
-        await asyncio.gather(*(
+        await all_or_first_error(
             self.send(name, method, make(name), timeout=timeout)
             for name in sorted(self._session().addresses)
-        ))
+        )
 
     async def collect(self, kind: str, round_: int, *, timeout: float) -> dict[int, Any]:
-        """Wait for one message per neighbour; keyed by neighbour index."""
+        """Wait for one message per neighbour; keyed by neighbour index.
+
+        Halfway through the wait, the neighbours still missing are asked (GetStatus) whom they
+        wait for themselves, so a timeout names the agent that actually stopped when it is
+        a neighbour's neighbour."""
         s = self._session()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        probe: asyncio.Future[str] | None = None
         try:
-            got = await self.mailbox.collect(kind, round_, s.neighbour_names, timeout=timeout)
+            try:
+                got = await self.mailbox.collect(kind, round_, s.neighbour_names,
+                                                 timeout=timeout / 2)
+            except NeighbourTimeout as slow:
+                probe = asyncio.ensure_future(self._why_missing(slow.missing))
+                got = await self.mailbox.collect(
+                    kind, round_, s.neighbour_names,
+                    timeout=max(0.0, timeout - (loop.time() - start)))
         except NeighbourTimeout as exc:
             where = ", ".join(f"{m} ({s.addresses[m]})" for m in exc.missing)
-            raise AgentFailure(f"{self.options.name}: {exc} [{where}]") from None
+            hints = ""
+            if probe is not None and probe.done() and not probe.cancelled() \
+                    and probe.exception() is None:
+                hints = probe.result()
+            late = NeighbourTimeout(kind=kind, round_=round_, missing=exc.missing,
+                                    waited=loop.time() - start)
+            raise AgentFailure(f"{self.options.name}: {late} [{where}]{hints}") from None
+        finally:
+            if probe is not None:
+                await settle(probe)
         index = {name: i for i, name in s.names.items()}
         return {index[name]: payload for name, payload in got.items()}
+
+    async def _why_missing(self, missing: list[str]) -> str:
+        """'; agent5 waits for agent4 itself (round 40)' and the like, from their GetStatus."""
+
+        async def ask(name: str) -> str:
+            try:
+                st = await self._stub(name).GetStatus(agent_pb2.StatusRequest(), timeout=2.0)
+            except grpc.aio.AioRpcError:
+                return f"{name} does not answer"
+            if st.error:
+                return f"{name} failed: {st.error[:300]}"
+            if st.waiting_for:
+                return (f"{name} waits itself for {', '.join(st.waiting_for)} "
+                        f"(at round {st.round})")
+            return f"{name} is at round {st.round}"
+
+        answers = await asyncio.gather(*(ask(n) for n in missing))  # ask() never raises
+        return "; " + "; ".join(answers)

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from agent.options import AgentFailure
+from agent.concurrency import all_or_first_error, settle
+from agent.options import AgentFailure, RefusedByNeighbour
+from agent.outbox_log import OutboxLog
 from agent.session import Session
 from agent.state import Checkpoint, StateError
 from efpsn.algorithms import AgentState, Message, StepContext, make_algorithm
@@ -30,19 +32,39 @@ log = logging.getLogger("efpsn.agent")
 
 
 class Outboxes:
-    """My round messages of the newest `keep` rounds, served to restarting neighbours."""
+    """My round messages of the newest `keep` rounds, served to restarting neighbours; with a
+    log, also kept on disk and reloaded after a crash (restore)."""
 
-    def __init__(self, keep: int) -> None:
+    def __init__(self, keep: int, log: OutboxLog | None = None) -> None:
         self.keep = keep
+        self.log = log
         self.sent: collections.OrderedDict[int, agent_pb2.RoundMessage] = (
             collections.OrderedDict())
         self.produced = -1  # newest round whose outbox exists
 
     def remember(self, t: int, request: agent_pb2.RoundMessage) -> None:
+        if self.log is not None and t > self.produced:
+            self.log.append(t, request.SerializeToString())
+        self._keep(t, request)
+
+    def _keep(self, t: int, request: agent_pb2.RoundMessage) -> None:
         self.sent[t] = request
         self.produced = max(self.produced, t)
         while len(self.sent) > self.keep:
             self.sent.popitem(last=False)
+
+    def restore(self) -> int:
+        """Reload what the previous process sent (from the log); returns how many rounds."""
+        if self.log is None:
+            return 0
+        count = 0
+        for t, data in self.log.load().items():
+            try:
+                self._keep(t, agent_pb2.RoundMessage.FromString(data))
+                count += 1
+            except Exception:  # noqa: BLE001 - a damaged record is one round we cannot serve
+                log.warning("outbox record of round %d is damaged; skipped", t)
+        return count
 
     def held(self) -> str:
         return f"{min(self.sent)}..{max(self.sent)}" if self.sent else "none"
@@ -173,10 +195,8 @@ async def abandon_sending(node: AgentNode) -> None:
     """Cancel a delivery still under way and collect its outcome, so that no task is left
     with an exception nobody retrieved."""
     sending, node.sending = node.sending, None
-    if sending is None:
-        return
-    sending.cancel()
-    await asyncio.gather(sending, return_exceptions=True)
+    if sending is not None:
+        await settle(sending)
 
 
 async def _pull_missing(node: AgentNode, t: int, *, deadline: float) -> None:
@@ -185,14 +205,23 @@ async def _pull_missing(node: AgentNode, t: int, *, deadline: float) -> None:
     process), so it is not asked again."""
     wanted = [n for n in sorted(node.pull_from) if not node.mailbox.has("round", t, n)]
     if wanted:
-        await asyncio.gather(*(_pull(node, name, t, deadline=deadline) for name in wanted))
+        await all_or_first_error(_pull(node, name, t, deadline=deadline) for name in wanted)
 
 
 async def _pull(node: AgentNode, name: str, t: int, *, deadline: float) -> None:
     assert node.session is not None
     request = serde.round_request(header=node.peers.header(Phase.OPTIMIZE, t))
-    reply = await node.peers.call(name, "GetRound", request, deadline=deadline,
-                                  what=f"pulling OPTIMIZE round {t} from")
+    try:
+        reply = await node.peers.call(name, "GetRound", request, deadline=deadline,
+                                      what=f"pulling OPTIMIZE round {t} from")
+    except RefusedByNeighbour as exc:
+        if exc.code != "NOT_FOUND":
+            raise
+        reason = (f"run {node.session.run_id} cannot resume at {node.options.name}: it must "
+                  f"replay round {t} from its checkpoint {node.resumed_from}, and {name} no "
+                  f"longer holds that round ({exc.detail}); start a new run")
+        node.store.mark_unresumable(reason)
+        raise AgentFailure(reason) from None
     if not reply.available:
         node.pull_from.discard(name)
         return

@@ -6,6 +6,8 @@ the mailbox it fills and read the records it keeps.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import grpc
@@ -13,8 +15,8 @@ import grpc
 from agent.phase_two import decode_round
 from agent.session import Session
 from efpsn import paillier
-from efpsn.wire import serde
-from efpsn.wire.net import Reject, guarded
+from efpsn.wire import limits, serde
+from efpsn.wire.net import Admission, Reject, guarded
 from efpsn.wire.serde import Phase, WireError
 from efpsn.wire.tls import caller_names
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
@@ -45,14 +47,48 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     claimed sender (mutual TLS), the sender is a neighbour, run id, phase and round window, and
     the payload (shapes, dtypes, finiteness; key size; ciphertext range and key fingerprint). A
     duplicate must repeat the first copy exactly. Refusals are counted (GetStatus.rejections)
-    and logged; no exception escapes as UNKNOWN (efpsn.net.guarded).
+    and logged; no exception escapes as UNKNOWN (efpsn.wire.guard.guarded).
     """
 
     def __init__(self, node: AgentNode) -> None:
         self.node = node
         self.rejections = node.rejections
+        self._in_flight: Counter[str] = Counter()
 
     # ---------------------------------------------------------------- checks
+
+    def admit(self, method: str, context: grpc.aio.ServicerContext) -> Admission:
+        """Before a byte of the body is read (efpsn.wire.guard.add_service): the caller's
+        certificate must name a neighbour in this run (GetStatus: any certificate the CA
+        signed), the body may be at most what `method` can legitimately carry in this run
+        (Session.request_limits), and one caller has at most a few calls in flight."""
+        names = caller_names(context) if self.node.options.tls is not None else None
+        if names is not None and not names:
+            raise Reject(StatusCode.UNAUTHENTICATED,
+                         "this agent requires mutual TLS: the call carries no client certificate")
+        max_bytes = limits.SMALL_REQUEST_BYTES
+        if method != "GetStatus":
+            s = self._session()
+            if names is not None and not names & s.neighbour_names:
+                raise Reject(
+                    StatusCode.PERMISSION_DENIED,
+                    f"the caller's certificate is for {sorted(names)[:4]}, not a neighbour of "
+                    f"{self.node.options.name} in its run",  # no run id for outsiders
+                )
+            max_bytes = s.request_limits[method]
+        key = min(names) if names else context.peer()
+        if self._in_flight[key] >= limits.CALLS_IN_FLIGHT_PER_CALLER:
+            raise Reject(StatusCode.UNAVAILABLE,
+                         f"{limits.CALLS_IN_FLIGHT_PER_CALLER} calls from {_short(key)} are "
+                         "already in flight: retry later")
+        self._in_flight[key] += 1
+
+        def release() -> None:
+            self._in_flight[key] -= 1
+            if self._in_flight[key] <= 0:
+                del self._in_flight[key]
+
+        return Admission(max_bytes, release)
 
     def _authenticate(self, context: grpc.aio.ServicerContext, claimed: str) -> None:
         """Under mutual TLS the claimed sender must be a name in the caller's certificate."""
@@ -218,15 +254,33 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         node = self.node
         s = node.session
         if request.run_id and s is not None and request.run_id != s.run_id:
+            shown = s.run_id if self._is_operator(context) else "another run"
             raise Reject(StatusCode.NOT_FOUND,
-                         f"this agent is in run {s.run_id}, not {_short(request.run_id)}")
+                         f"this agent is in {shown}, not {_short(request.run_id)}")
         st = node.status
         reply = agent_pb2.AgentStatus(
-            run_id=s.run_id if s else "", name=node.options.name, phase=int(st.phase),
-            round=st.round, total_rounds=s.config.iterations if s else 0, loss=st.loss,
-            accuracy=st.accuracy, error=st.error, finished=st.finished,
-            rejections=dict(node.rejections.counts),
+            name=node.options.name, phase=int(st.phase), round=st.round,
+            total_rounds=s.config.iterations if s else 0, loss=math.nan, accuracy=math.nan,
+            error=st.error, finished=st.finished,
         )
+        names = caller_names(context) if node.options.tls is not None else None
+        if s is not None and (names is None or names & s.neighbour_names):
+            # whom it waits for (messages, acknowledgements): lets neighbours name a stall
+            reply.waiting_for.extend(sorted(set(node.mailbox.waiting_for)
+                                            | set(node.peers.unacknowledged)))
+        if not self._is_operator(context):
+            return reply  # liveness only: loss and accuracy are values of this agent's f_i
+        reply.run_id = s.run_id if s else ""
+        reply.loss, reply.accuracy = st.loss, st.accuracy
+        reply.rejections.update(node.rejections.counts)
         if node.resumed_from is not None:
             reply.resumed_from_round = node.resumed_from
         return reply
+
+    def _is_operator(self, context: grpc.aio.ServicerContext) -> bool:
+        """Under mutual TLS only the operator's certificate (--operator-name, default this
+        agent's own name) sees private figures; plaintext (--insecure) has no identities."""
+        if self.node.options.tls is None:
+            return True
+        names = caller_names(context)
+        return bool(names) and self.node.options.operator in names

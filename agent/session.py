@@ -11,7 +11,7 @@ from agent.options import AgentFailure
 from efpsn.algorithms import make_algorithm
 from efpsn.config import RunConfig
 from efpsn.problem import Problem, build_problem
-from efpsn.wire import serde
+from efpsn.wire import limits, serde
 from efpsn.wire.serde import Phase
 
 log = logging.getLogger("efpsn.agent")
@@ -27,6 +27,7 @@ class Session:
     names: dict[int, str]  # neighbour index -> name
     addresses: dict[str, str]  # neighbour name -> host:port
     message_shapes: dict[str, tuple[int, ...]]  # what a round message must carry
+    request_limits: dict[str, int]  # method -> largest request it can legitimately carry
 
     @property
     def run_id(self) -> str:
@@ -72,6 +73,15 @@ async def open_session(assignment: serde.Assignment, *, name: str) -> Session:
         )
     shape = tuple(problem.initial_params().shape)
     keys = make_algorithm(config.algorithm).message_keys
+    shapes = {k: shape for k in keys}
+    request_limits = legitimate_request_bytes(config, shapes)
+    largest = max(request_limits, key=request_limits.__getitem__)
+    if request_limits[largest] > limits.AGENT_RECEIVE_BYTES:
+        raise AgentFailure(
+            f"this run's {largest} messages can be {request_limits[largest]} bytes, more than "
+            f"the {limits.AGENT_RECEIVE_BYTES} an agent receives: use --packed or fewer "
+            "coefficients (--N)"
+        )
     log.info("%s is agent index %d of run %s; neighbours %s", name,
              assignment.index, assignment.run_id,
              ", ".join(p.name for p in assignment.neighbours))
@@ -79,5 +89,25 @@ async def open_session(assignment: serde.Assignment, *, name: str) -> Session:
         assignment=assignment, config=config, problem=problem,
         names={p.index: p.name for p in assignment.neighbours},
         addresses={p.name: p.address for p in assignment.neighbours},
-        message_shapes={k: shape for k in keys},
+        message_shapes=shapes, request_limits=request_limits,
     )
+
+
+# A Header (run id and sender of at most a few dozen characters, round, phase) with framing.
+HEADER_BYTES = 1024
+
+
+def legitimate_request_bytes(config: RunConfig,
+                             shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """The largest request each Agent method can carry in this run, so a bigger body is refused
+    unread: a round message is the model's float64 tensors plus names, shapes and a header;
+    phase I shares are at most N ciphertexts below n^2 (2 * key_bits bits) each."""
+    per_tensor = [8 * math.prod(shape) + 64 + 11 * len(shape) for shape in shapes.values()]
+    ciphertext = 2 * config.key_bits // 8 + 1 + 8  # minimal big-endian bytes + field framing
+    return {
+        "PutRound": HEADER_BYTES + sum(per_tensor),
+        "GetRound": HEADER_BYTES,
+        "PutPublicKey": HEADER_BYTES + 2 * (limits.MAX_KEY_BITS // 8) + 64,
+        "PutShares": HEADER_BYTES + 64 + config.N * ciphertext,
+        "GetStatus": limits.SMALL_REQUEST_BYTES,
+    }

@@ -11,6 +11,9 @@ Layout of the state folder (default RESULTS/NAME/state; mode 0700, every file 06
     checkpoints/round-00000050/     the algorithm state after 50 completed rounds:
         state.json                  round, tensor names/shapes/sha256, evaluation history
         x.npy, y.npy, ...           one float64 array per state tensor (np.save, no pickle)
+    outbox/rounds-00000050.log      the round messages this agent sent (agent/outbox_log.py),
+                                    served to neighbours that replay from an older checkpoint
+    unresumable.json                why this run can never resume here (written when it fails)
 
 Every file is written to a temporary name, flushed, fsync'ed and renamed, and a checkpoint folder
 is renamed into place only when complete, so a crash (even SIGKILL) leaves either the old or the
@@ -181,7 +184,30 @@ class StateStore:
                              finished=True)
         self.mask_path.unlink(missing_ok=True)
         shutil.rmtree(self.checkpoint_folder, ignore_errors=True)
+        shutil.rmtree(self.outbox_folder, ignore_errors=True)
         _fsync_dir(self.folder)
+
+    # ------------------------------------------------------------------ unresumable runs
+
+    @property
+    def outbox_folder(self) -> Path:
+        """My sent round messages (agent/outbox_log.py)."""
+        return self.folder / "outbox"
+
+    @property
+    def unresumable_path(self) -> Path:
+        return self.folder / "unresumable.json"
+
+    def mark_unresumable(self, reason: str) -> None:
+        """Record why this run can never resume here, so a restart says so at once."""
+        self._ensure()
+        write_private(self.unresumable_path, _json_bytes({"format": FORMAT, "reason": reason}))
+
+    def unresumable(self) -> str | None:
+        """The reason recorded by mark_unresumable, if any."""
+        if not self.unresumable_path.exists():
+            return None
+        return str(_read_json(self.unresumable_path).get("reason", "unknown reason"))
 
     # ------------------------------------------------------------------ mask
 

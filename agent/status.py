@@ -27,6 +27,7 @@ class AgentStatus:
     finished: bool
     rejections: dict[str, int] = field(default_factory=dict)
     resumed_from_round: int | None = None
+    waiting_for: tuple[str, ...] = ()  # neighbours it waits for (shown to neighbours, operator)
 
 
 def _channel(name: str, address: str, tls: TlsConfig | None) -> grpc.aio.Channel:
@@ -40,8 +41,9 @@ async def fetch_status(
 ) -> AgentStatus | None:
     """One GetStatus call; None when the agent does not answer (not started, gone).
 
-    With mutual TLS the caller presents `tls`'s certificate (any name the CA signed may read
-    the status) and checks the agent's certificate against `name`."""
+    With mutual TLS the caller presents `tls`'s certificate and checks the agent's certificate
+    against `name`. Only the agent's operator (by default the agent's own certificate) sees
+    loss, accuracy, run id and rejections; any other certificate gets liveness (NaN figures)."""
     async with _channel(name, address, tls) as channel:
         try:
             s = await agent_pb2_grpc.AgentStub(channel).GetStatus(
@@ -60,12 +62,15 @@ async def fetch_status(
         accuracy=s.accuracy if math.isfinite(s.accuracy) else math.nan,
         error=s.error, finished=s.finished, rejections=dict(s.rejections),
         resumed_from_round=s.resumed_from_round if s.HasField("resumed_from_round") else None,
+        waiting_for=tuple(s.waiting_for),
     )
 
 
 async def fetch_statuses(
-    addresses: dict[str, str], *, tls: TlsConfig | None = None
+    addresses: dict[str, str], *, tls: dict[str, TlsConfig] | None = None
 ) -> dict[str, AgentStatus]:
-    """GetStatus on every agent concurrently; agents that do not answer are absent."""
-    pairs = await asyncio.gather(*(fetch_status(n, a, tls=tls) for n, a in addresses.items()))
+    """GetStatus on every agent concurrently, each as its operator (tls[name], e.g. the
+    agent's own certificate); agents that do not answer are absent."""
+    pairs = await asyncio.gather(*(fetch_status(n, a, tls=tls[n] if tls else None)
+                                   for n, a in addresses.items()))
     return {s.name: s for s in pairs if s is not None}

@@ -65,6 +65,13 @@ class Registry:
         check_address(address)
         if self.expected_names is not None and name not in self.expected_names:
             raise NotExpected(f"{name!r} is not one of the expected agents")
+        holder = next((other for other, at in self.addresses.items()
+                       if at == address and other != name), None)
+        if holder is not None:
+            # two agents cannot both be reached at one address: a neighbour dialling it would
+            # reach only one of them (and be refused by TLS for the other)
+            raise ValueError(f"address {address} is already registered by {holder!r}; every "
+                             "agent needs its own --advertise HOST:PORT")
         known = self.addresses.get(name)
         if known is not None:
             if known != address:

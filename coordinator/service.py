@@ -10,8 +10,9 @@ import grpc
 
 from coordinator.registry import NotExpected, Registry, default_names
 from efpsn.config import RunConfig
-from efpsn.wire import records
+from efpsn.wire import limits, records
 from efpsn.wire.net import (
+    Admission,
     Reject,
     RejectionLog,
     Server,
@@ -36,10 +37,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     """
 
     def __init__(self, registry: Registry, *, register_timeout: float,
-                 tls_required: bool = False) -> None:
+                 tls_required: bool = False, operator_names: frozenset[str] = frozenset()
+                 ) -> None:
         self.registry = registry
         self.register_timeout = register_timeout
         self.tls_required = tls_required
+        # who sees the run id, names and rejections in GetRunStatus besides expected agents:
+        # the coordinator's own certificate names (its operator)
+        self.operator_names = operator_names
         self.complete = asyncio.Event()
         self.rejections = RejectionLog(log, "coordinator")
 
@@ -55,6 +60,23 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             raise Reject(grpc.StatusCode.PERMISSION_DENIED,
                          f"the caller's certificate is for {sorted(names)}; it cannot register "
                          f"as {shown!r}")
+
+    def admit(self, method: str, context: grpc.aio.ServicerContext) -> Admission:
+        """Before the body is read: under mutual TLS a Register caller's certificate must name
+        an expected agent (efpsn.wire.guard.add_service); bodies are small."""
+        if method == "Register" and self.tls_required:
+            names = caller_names(context)
+            if not names:
+                raise Reject(grpc.StatusCode.UNAUTHENTICATED,
+                             "the coordinator requires mutual TLS: no client certificate")
+            expected = self.registry.expected_names
+            if expected is not None and not names & expected:
+                raise Reject(grpc.StatusCode.PERMISSION_DENIED,
+                             f"the caller's certificate is for {sorted(names)[:4]}, not an "
+                             "agent this run expects")
+        if method == "Register":
+            return Admission(limits.COORDINATOR_RECEIVE_BYTES)
+        return Admission(limits.SMALL_REQUEST_BYTES)
 
     @guarded
     async def Register(
@@ -87,11 +109,18 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.RunStatusRequest, context: grpc.aio.ServicerContext
     ) -> coordinator_pb2.RunStatus:
         names = sorted(self.registry.addresses)
-        return coordinator_pb2.RunStatus(
-            run_id=self.registry.run_id, registered=len(names),
-            expected=self.registry.config.agents, names=names, assigned=self.registry.complete,
-            rejections=dict(self.rejections.counts),
-        )
+        status = coordinator_pb2.RunStatus(registered=len(names),
+                                           expected=self.registry.config.agents,
+                                           assigned=self.registry.complete)
+        if self.tls_required:
+            caller = caller_names(context) or frozenset()
+            insiders = set(self.registry.expected_names or ()) | self.operator_names
+            if not caller & insiders:
+                return status  # counts only: run id and names are for the run's members
+        status.run_id = self.registry.run_id
+        status.names.extend(names)
+        status.rejections.update(self.rejections.counts)
+        return status
 
 
 async def serve(
@@ -111,14 +140,16 @@ async def serve(
     registry = Registry(config, run_id=run_id or uuid.uuid4().hex[:16],
                         expected_names=expected_names or default_names(config.agents))
     service = CoordinatorService(registry, register_timeout=register_timeout,
-                                 tls_required=tls is not None)
+                                 tls_required=tls is not None,
+                                 operator_names=tls.names if tls is not None else frozenset())
 
     def add(server: grpc.aio.Server) -> list[str]:
         return [add_service(server, service,
                             coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"])]
 
     server: Server = await start_server(
-        listen, add_servicers=add, credentials=tls.server_credentials() if tls else None
+        listen, add_servicers=add, credentials=tls.server_credentials() if tls else None,
+        max_receive_bytes=limits.COORDINATOR_RECEIVE_BYTES, rejections=service.rejections,
     )
     await server.set_serving(True)
     write_port_file(port_file, server.port)

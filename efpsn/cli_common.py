@@ -82,12 +82,21 @@ def json_safe(value: Any) -> Any:
     return value
 
 
-def write_json(path: str | os.PathLike[str], payload: Any) -> None:
-    """Write strict JSON atomically (temp file then rename): a crash never leaves half a file."""
+def write_json(path: str | os.PathLike[str], payload: Any, *, mode: int | None = None) -> None:
+    """Write strict JSON atomically (temp file then rename): a crash never leaves half a file.
+    With `mode` (e.g. 0o600 for private results) the file never exists with wider rights."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".part")
-    tmp.write_text(json.dumps(json_safe(payload), indent=2, allow_nan=False) + "\n")
+    text = json.dumps(json_safe(payload), indent=2, allow_nan=False) + "\n"
+    if mode is None:
+        tmp.write_text(text)
+    else:
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)
     os.replace(tmp, target)
 
 

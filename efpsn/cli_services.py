@@ -101,9 +101,13 @@ def parse_names(text: str) -> set[str]:
     return {n.strip() for n in text.split(",") if n.strip()}
 
 
-async def until_signalled(work: Coroutine[Any, Any, T], *, what: str) -> T:
+async def until_signalled(work: Coroutine[Any, Any, T], *, what: str,
+                          recancel_every: float = 1.0) -> T:
     """Run `work`; SIGTERM/SIGINT cancel it, so `finally` blocks run and the process exits soon.
 
+    The cancellation is repeated at every further signal and every `recancel_every` seconds
+    until the work has ended: library code can swallow one (asyncio.wait_for on Python 3.11
+    does when it lands with a result), and the agent must still stop.
     Orchestrators (docker stop, Kubernetes, `efpsn up`) send SIGTERM; an agent stopped this way
     keeps its state folder and resumes when started again with the same command.
     """
@@ -113,14 +117,21 @@ async def until_signalled(work: Coroutine[Any, Any, T], *, what: str) -> T:
     stop = asyncio.Event()
     install_stop_signals(stop)
     stopper = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    if not task.done():
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            raise KeyboardInterrupt(f"{what} stopped by a signal") from None
-    stopper.cancel()
+    signalled = False
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        while not task.done():
+            signalled = True
+            task.cancel()
+            stop.clear()
+            stopper = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({task, stopper}, timeout=recancel_every,
+                               return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+    finally:
+        stopper.cancel()
+    if task.cancelled() or (signalled and task.exception() is not None):
+        raise KeyboardInterrupt(f"{what} stopped by a signal")
     return task.result()
 
 

@@ -171,8 +171,9 @@ class LocalNet:
             return ""
 
     def status(self, name: str, timeout: float = 2.0) -> AgentStatus | None:
-        return asyncio.run(fetch_status(name, self.address(name), timeout=timeout,
-                                        tls=self.monitor))
+        """GetStatus as the agent's operator (its own certificate), so private figures show."""
+        tls = TlsConfig.from_dir(self.tls_dir, name) if self.monitor is not None else None
+        return asyncio.run(fetch_status(name, self.address(name), timeout=timeout, tls=tls))
 
     def wait_for(self, predicate, *, timeout: float, what: str, every: float = 0.05) -> None:
         deadline = time.monotonic() + timeout

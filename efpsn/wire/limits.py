@@ -13,9 +13,23 @@ from __future__ import annotations
 #   Perturbing every LeNet parameter (N = 13,426) unpacked at 8192 bits is 13,426 * 2,048 B
 #   ~ 27.5 MB (+ a few bytes of framing per ciphertext); 10.3 MB at 3072 bits. Packing divides
 #   this by the number of slots per plaintext. gRPC's 4 MiB default would reject the unpacked case.
-# 64 MiB covers the worst case above more than twice over while bounding the memory a single
-# (possibly hostile) message can make a receiver allocate.
+# 64 MiB covers the worst case above more than twice over. It is what a client may send or
+# receive; servers take less (below).
 MAX_MESSAGE_BYTES: int = 64 * 1024 * 1024
+
+# What a server reads at most, before anything else is known: gRPC refuses a longer body from its
+# length prefix (and a compressed one by its decompressed size) without buffering it. Servers
+# read a body only after the caller's certificate is admitted (efpsn.wire.guard.add_service), and
+# each method has its own, smaller cap derived from the run (agent.servicer.AgentService.admit).
+# 16 MiB holds every phase II message (215 kB for LeNet under GT) and phase I unpacked at 3072
+# bits for 13,426 coefficients (10.3 MB); larger phase I payloads need packing (the default).
+AGENT_RECEIVE_BYTES: int = 16 * 1024 * 1024
+COORDINATOR_RECEIVE_BYTES: int = 256 * 1024
+# Requests that carry only a header or a name (GetRound, GetStatus, health checks).
+SMALL_REQUEST_BYTES: int = 16 * 1024
+# Calls one certificate name may have in flight at an agent (a neighbour needs two or three:
+# a push, a pull after a restart, a status query); more wait their turn as UNAVAILABLE.
+CALLS_IN_FLIGHT_PER_CALLER: int = 4
 
 # Per-tensor caps, checked by serde before anything is allocated.
 MAX_TENSOR_DIMS: int = 32

@@ -1,150 +1,41 @@
-"""The gRPC edge shared by coordinator and agents: servers with health and reflection, retries."""
+"""The gRPC edge shared by coordinator and agents: servers with health and reflection, channels,
+retries. The guard (admission, parsing, refusals) lives in efpsn.wire.guard and is re-exported."""
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import functools
 import logging
 import random
 import signal
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
-from google.protobuf.descriptor import ServiceDescriptor
-from google.protobuf.message_factory import GetMessageClass
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from efpsn.wire import limits
+from efpsn.wire.guard import (  # noqa: F401  (re-exported: one import for the services)
+    BAD_INPUT,
+    PARSE_INLINE_BYTES,
+    Admission,
+    Reject,
+    RejectionLog,
+    Undecodable,
+    Unread,
+    add_service,
+    guarded,
+    tolerant_parser,
+    unread_handler,
+)
+from efpsn.wire.stock import GuardedHealth, GuardedReflection
 
 log = logging.getLogger("efpsn.wire.net")
 T = TypeVar("T")
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE})
-
-
-class Reject(Exception):
-    """Raised inside an RPC handler to refuse the call with `code` and a message saying why."""
-
-    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
-
-
-class RejectionLog:
-    """Counts refused calls by status code and logs them, at most `rate` lines per second
-    (a burst of hostile requests must not flood the log); suppressed lines are counted."""
-
-    def __init__(self, logger: logging.Logger, who: str, *, rate: float = 5.0,
-                 burst: int = 20) -> None:
-        self.logger = logger
-        self.who = who
-        self.counts: collections.Counter[str] = collections.Counter()
-        self._rate = rate
-        self._burst = float(burst)
-        self._tokens = float(burst)
-        self._last = time.monotonic()
-        self._suppressed = 0
-
-    def record(self, method: str, code: grpc.StatusCode, detail: str) -> None:
-        self.counts[code.name] += 1
-        now = time.monotonic()
-        self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
-        self._last = now
-        if self._tokens < 1:
-            self._suppressed += 1
-            return
-        self._tokens -= 1
-        more = f" (+{self._suppressed} similar lines suppressed)" if self._suppressed else ""
-        self._suppressed = 0
-        level = logging.INFO if code == grpc.StatusCode.UNAVAILABLE else logging.WARNING
-        self.logger.log(level, "%s: refused %s: %s: %s%s", self.who, method, code.name,
-                        detail, more)
-
-
-# What a handler's validation raises for bad input (WireError is a ValueError).
-BAD_INPUT = (ValueError, TypeError)
-
-
-@dataclass(frozen=True)
-class Undecodable:
-    """Stands in for a request whose bytes do not parse as the method's message type, so the
-    handler (not gRPC's default path, which would answer UNKNOWN) refuses it by name."""
-
-    type_name: str
-    error: str
-
-
-def _tolerant_parser(message_class: Any) -> Callable[[bytes], Any]:
-    name = message_class.DESCRIPTOR.full_name
-
-    def parse(data: bytes) -> Any:
-        try:
-            return message_class.FromString(data)
-        except Exception as exc:  # noqa: BLE001 - DecodeError or whatever hostile bytes cause
-            return Undecodable(name, f"{type(exc).__name__}: {exc}"[:200])
-
-    return parse
-
-
-def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescriptor) -> str:
-    """Register `servicer` for the unary service `service` (like the generated
-    add_*Servicer_to_server) with request parsers that never raise: bytes that are not the
-    expected message reach the (guarded) handler as Undecodable and get INVALID_ARGUMENT.
-    Returns the service's full name."""
-    handlers = {}
-    for method in service.methods:
-        if method.client_streaming or method.server_streaming:
-            raise ValueError(f"{service.full_name}.{method.name}: only unary methods are served")
-        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, method.name),
-            request_deserializer=_tolerant_parser(GetMessageClass(method.input_type)),
-            response_serializer=GetMessageClass(method.output_type).SerializeToString,
-        )
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(service.full_name, handlers),))
-    server.add_registered_method_handlers(service.full_name, handlers)
-    return service.full_name
-
-
-def guarded(
-    method: Callable[[Any, Any, Any], Awaitable[T]],
-) -> Callable[[Any, Any, Any], Awaitable[T]]:
-    """Wrap an async servicer method so that no exception escapes as UNKNOWN.
-
-    Reject -> its code; ValueError/TypeError (bad input) -> INVALID_ARGUMENT; anything else is a
-    bug -> INTERNAL, logged with its traceback. Every refusal goes to `self.rejections`
-    (a RejectionLog) before the call is aborted with a message saying what was wrong.
-    """
-
-    @functools.wraps(method)
-    async def handler(self: Any, request: Any, context: Any) -> T:
-        try:
-            if isinstance(request, Undecodable):
-                raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"request is not a valid {request.type_name}: {request.error}")
-            return await method(self, request, context)
-        except Reject as exc:
-            code, detail = exc.code, exc.detail
-        except (grpc.aio.AbortError, asyncio.CancelledError):
-            raise
-        except BAD_INPUT as exc:
-            code, detail = grpc.StatusCode.INVALID_ARGUMENT, str(exc) or type(exc).__name__
-        except Exception as exc:  # every other exception is a bug: INTERNAL, never UNKNOWN
-            log.exception("%s failed on unexpected input", method.__name__)
-            code, detail = grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"
-        detail = detail if len(detail) <= 1000 else detail[:1000] + "..."
-        self.rejections.record(method.__name__, code, detail)
-        await context.abort(code, detail)
-        raise AssertionError("context.abort returned")  # pragma: no cover
-
-    return handler
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -179,18 +70,24 @@ async def start_server(
     add_servicers: Callable[[grpc.aio.Server], Iterable[str]],
     credentials: grpc.ServerCredentials | None = None,
     interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+    max_receive_bytes: int = limits.AGENT_RECEIVE_BYTES,
+    rejections: RejectionLog | None = None,
 ) -> Server:
     """Start a server on `listen` (port 0 picks a free port) with grpc.health.v1 and reflection.
 
     add_servicers registers the service implementations and returns their full service names.
+    gRPC refuses bodies over max_receive_bytes (compressed ones by their decompressed size)
+    before buffering them; refused health checks go to `rejections`.
     """
     split_address(listen)
-    server = grpc.aio.server(options=limits.server_options(), interceptors=list(interceptors))
+    options = [o for o in limits.server_options() if o[0] != "grpc.max_receive_message_length"]
+    options.append(("grpc.max_receive_message_length", max_receive_bytes))
+    server = grpc.aio.server(options=options, interceptors=list(interceptors))
     names = list(add_servicers(server))
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names += [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
-    reflection.enable_server_reflection(names, server)
+    refusals = rejections or RejectionLog(log, "server")
+    names.append(GuardedHealth(health_servicer, refusals).register(server))
+    names.append(GuardedReflection([*names, reflection.SERVICE_NAME], refusals).register(server))
     if credentials is None:
         port = server.add_insecure_port(listen)
     else:

@@ -6,7 +6,9 @@ assignments) live in efpsn.wire.records and are re-exported, so the agent import
 
 from __future__ import annotations
 
+import collections
 import hashlib
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -305,14 +307,18 @@ def message_from_proto(
     """
     if not isinstance(pb, agent_pb2.RoundMessage):
         raise TypeError(f"expected efpsn.v1.RoundMessage, got {type(pb).__name__}")
+    if expected_shapes is not None and len(pb.tensors) != len(expected_shapes):
+        raise WireError(f"message must carry tensors {sorted(expected_shapes)}, got "
+                        f"{len(pb.tensors)} tensors")
     names = [named.name for named in pb.tensors]
     if any(not name for name in names):
         raise WireError("tensor names must be non-empty")
-    if len(set(names)) != len(names):
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        raise WireError(f"tensor names must be unique, got duplicates {duplicates}")
-    if names != sorted(names):
-        raise WireError(f"tensors must be sorted by name, got {names}")
+    counts = collections.Counter(names)  # linear: a message may carry millions of names
+    if len(counts) != len(names):
+        duplicates = sorted(name for name, count in counts.items() if count > 1)
+        raise WireError(f"tensor names must be unique, got duplicates {_few(duplicates)}")
+    if any(a > b for a, b in itertools.pairwise(names)):
+        raise WireError(f"tensors must be sorted by name, got {_few(names)}")
     if expected_shapes is not None and set(names) != set(expected_shapes):
         raise WireError(f"message must carry tensors {sorted(expected_shapes)}, got {names}")
     out: dict[str, torch.Tensor] = {}
@@ -325,6 +331,12 @@ def message_from_proto(
         except WireError as exc:
             raise WireError(f"tensor {named.name!r}: {exc}") from None
     return out
+
+
+def _few(names: Sequence[str], shown: int = 8) -> str:
+    """At most `shown` names, for error messages about untrusted lists."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{list(names[:shown])}{more}"
 
 
 def round_digest(pb: agent_pb2.RoundMessage) -> bytes:

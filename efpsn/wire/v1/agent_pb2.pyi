@@ -62,7 +62,7 @@ class StatusRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class AgentStatus(_message.Message):
-    __slots__ = ("run_id", "name", "phase", "round", "total_rounds", "loss", "accuracy", "error", "finished", "rejections", "resumed_from_round")
+    __slots__ = ("run_id", "name", "phase", "round", "total_rounds", "loss", "accuracy", "error", "finished", "rejections", "resumed_from_round", "waiting_for")
     class RejectionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,7 @@ class AgentStatus(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     name: str
     phase: _common_pb2.Phase
@@ -92,4 +93,5 @@ class AgentStatus(_message.Message):
     finished: bool
     rejections: _containers.ScalarMap[str, int]
     resumed_from_round: int
-    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., phase: _Optional[_Union[_common_pb2.Phase, str]] = ..., round: _Optional[int] = ..., total_rounds: _Optional[int] = ..., loss: _Optional[float] = ..., accuracy: _Optional[float] = ..., error: _Optional[str] = ..., finished: _Optional[bool] = ..., rejections: _Optional[_Mapping[str, int]] = ..., resumed_from_round: _Optional[int] = ...) -> None: ...
+    waiting_for: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., phase: _Optional[_Union[_common_pb2.Phase, str]] = ..., round: _Optional[int] = ..., total_rounds: _Optional[int] = ..., loss: _Optional[float] = ..., accuracy: _Optional[float] = ..., error: _Optional[str] = ..., finished: _Optional[bool] = ..., rejections: _Optional[_Mapping[str, int]] = ..., resumed_from_round: _Optional[int] = ..., waiting_for: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -1,0 +1,88 @@
+"""An agent's sent round messages on disk, so that after a crash it can still serve the rounds a
+neighbour restarted from an older checkpoint must replay (two adjacent agents crashed at
+different checkpoints then both resume)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+log = logging.getLogger("agent.state")
+
+_MAGIC = b"EFOB"
+_HEAD = len(_MAGIC) + 8 + 4 + 32  # magic, round, length, sha256 of the data
+_SEGMENT = re.compile(r"^rounds-(\d{8,})\.log$")
+
+
+class OutboxLog:
+    """Append-only segment files `outbox/rounds-START.log` of `segment` rounds each, holding
+    records (round, serialized RoundMessage, sha256); segments older than the newest `keep`
+    rounds are deleted. Records are not fsync'ed: they must survive the process (kill -9),
+    whose page cache the kernel keeps; a torn last record is ignored when loading."""
+
+    def __init__(self, folder: Path, *, keep: int, segment: int) -> None:
+        self.folder = folder
+        self.keep = keep
+        self.segment = max(1, segment)
+        self._pruned_below = -1
+
+    def _path(self, t: int) -> Path:
+        return self.folder / f"rounds-{t // self.segment * self.segment:08d}.log"
+
+    def append(self, t: int, data: bytes) -> None:
+        """Record round t's message (mode 0600 in a 0700 folder)."""
+        if not self.folder.is_dir():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.folder, 0o700)
+        record = (_MAGIC + t.to_bytes(8, "big") + len(data).to_bytes(4, "big")
+                  + hashlib.sha256(data).digest() + data)
+        fd = os.open(self._path(t), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, record)
+        finally:
+            os.close(fd)
+        self._prune(t)
+
+    def _segments(self) -> list[tuple[int, Path]]:
+        if not self.folder.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.folder.iterdir()
+                 if (m := _SEGMENT.match(p.name))]
+        return sorted(found)
+
+    def _prune(self, newest: int) -> None:
+        below = newest - self.keep
+        if below // self.segment <= self._pruned_below // self.segment:
+            return
+        self._pruned_below = below
+        for start, path in self._segments():
+            if start + self.segment <= below:
+                path.unlink(missing_ok=True)
+
+    def load(self) -> dict[int, bytes]:
+        """Every intact record, by round (a later copy of a round wins; they are identical)."""
+        out: dict[int, bytes] = {}
+        for _, path in self._segments():
+            try:
+                blob = path.read_bytes()
+            except OSError as exc:
+                log.warning("skipping %s: %s", path, exc)
+                continue
+            at = 0
+            while at + _HEAD <= len(blob) and blob[at:at + 4] == _MAGIC:
+                t = int.from_bytes(blob[at + 4:at + 12], "big")
+                size = int.from_bytes(blob[at + 12:at + 16], "big")
+                digest = blob[at + 16:at + _HEAD]
+                data = blob[at + _HEAD:at + _HEAD + size]
+                if len(data) != size or hashlib.sha256(data).digest() != digest:
+                    break  # torn by the crash: everything after it is unusable
+                out[t] = data
+                at += _HEAD + size
+        return dict(sorted(out.items()))
+
+    def delete(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)

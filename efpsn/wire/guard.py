@@ -1,0 +1,216 @@
+"""Guarded handlers: callers admitted before their request is read, parsers that never raise,
+refusals counted and logged at a bounded rate; nothing escapes as UNKNOWN."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message_factory import GetMessageClass
+
+from efpsn.wire import limits
+
+log = logging.getLogger("efpsn.wire.net")
+T = TypeVar("T")
+
+
+class Reject(Exception):
+    """Raised inside an RPC handler to refuse the call with `code` and a message saying why."""
+
+    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+class RejectionLog:
+    """Counts refused calls by status code and logs them, at most `rate` lines per second
+    (a burst of hostile requests must not flood the log); suppressed lines are counted."""
+
+    def __init__(self, logger: logging.Logger, who: str, *, rate: float = 5.0,
+                 burst: int = 20) -> None:
+        self.logger = logger
+        self.who = who
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._rate = rate
+        self._burst = float(burst)
+        self._tokens = float(burst)
+        self._last = time.monotonic()
+        self._suppressed = 0
+
+    def record(self, method: str, code: grpc.StatusCode, detail: str) -> None:
+        self.counts[code.name] += 1
+        now = time.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
+        self._last = now
+        if self._tokens < 1:
+            self._suppressed += 1
+            return
+        self._tokens -= 1
+        more = f" (+{self._suppressed} similar lines suppressed)" if self._suppressed else ""
+        self._suppressed = 0
+        level = logging.INFO if code == grpc.StatusCode.UNAVAILABLE else logging.WARNING
+        self.logger.log(level, "%s: refused %s: %s: %s%s", self.who, method, code.name,
+                        detail, more)
+
+
+# What a handler's validation raises for bad input (WireError is a ValueError).
+BAD_INPUT = (ValueError, TypeError)
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """Stands in for a request whose bytes do not parse as the method's message type, so the
+    handler (not gRPC's default path, which would answer UNKNOWN) refuses it by name."""
+
+    type_name: str
+    error: str
+
+
+def tolerant_parser(message_class: Any) -> Callable[[bytes], Any]:
+    """A request parser that never raises: bytes that are not a `message_class` -> Undecodable."""
+    name = message_class.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except Exception as exc:  # noqa: BLE001 - DecodeError or whatever hostile bytes cause
+            return Undecodable(name, f"{type(exc).__name__}: {exc}"[:200])
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What a servicer's `admit(method, context)` grants a caller before its request is read:
+    the largest request it may send to that method, and what to call once the call is over."""
+
+    max_bytes: int
+    release: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A request still in gRPC's buffers: `guarded` admits the caller (certificate, size cap,
+    calls in flight) before reading and parsing it, so nobody unauthenticated makes us read,
+    allocate or parse a body."""
+
+    message_class: Any
+
+
+# Bodies larger than this are parsed in a worker thread, so the event loop keeps serving rounds.
+PARSE_INLINE_BYTES = 256 * 1024
+
+
+async def _admit_and_read(servicer: Any, name: str, unread: Unread,
+                          context: Any) -> tuple[Any, Admission]:
+    admit = getattr(servicer, "admit", None)
+    admission = admit(name, context) if admit is not None else Admission(limits.SMALL_REQUEST_BYTES)
+    try:
+        return await _read(name, unread, context, admission.max_bytes), admission
+    except BaseException:  # also a cancelled call: the caller's slot is freed in every case
+        if admission.release is not None:
+            admission.release()
+        raise
+
+
+async def _read(name: str, unread: Unread, context: Any, max_bytes: int) -> Any:
+    try:
+        raw = await context.read()
+    except Exception as exc:  # noqa: BLE001 - the call broke while reading (oversize, reset)
+        raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                     f"request could not be read ({type(exc).__name__})") from None
+    if raw is grpc.aio.EOF or not isinstance(raw, bytes):
+        return Undecodable(unread.message_class.DESCRIPTOR.full_name, "no request message")
+    if len(raw) > max_bytes:
+        raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                     f"request of {len(raw)} bytes is larger than the {max_bytes} bytes {name} "
+                     "can carry in this run")
+    parse = tolerant_parser(unread.message_class)
+    if len(raw) > PARSE_INLINE_BYTES:
+        return await asyncio.to_thread(parse, raw)
+    return parse(raw)
+
+
+def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescriptor) -> str:
+    """Register `servicer` for the unary service `service` (like the generated
+    add_*Servicer_to_server), but so that no request is read before its caller is admitted:
+    each method is served as stream-unary with raw bytes, so gRPC hands the handler the call
+    before the body; `guarded` asks `servicer.admit(method, context)` (certificate, per-method
+    size cap) and only then reads and parses the body (see Unread). Bytes that are not the
+    expected message reach the handler as Undecodable and get INVALID_ARGUMENT.
+    Returns the service's full name."""
+    handlers = {}
+    for method in service.methods:
+        if method.client_streaming or method.server_streaming:
+            raise ValueError(f"{service.full_name}.{method.name}: only unary methods are served")
+        handlers[method.name] = grpc.stream_unary_rpc_method_handler(
+            unread_handler(getattr(servicer, method.name), GetMessageClass(method.input_type)),
+            request_deserializer=None,
+            response_serializer=GetMessageClass(method.output_type).SerializeToString,
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
+    return service.full_name
+
+
+def unread_handler(bound: Callable[[Any, Any], Awaitable[T]],
+                    message_class: Any) -> Callable[[Any, Any], Awaitable[T]]:
+    unread = Unread(message_class)
+
+    async def handle(_requests: Any, context: Any) -> T:
+        return await bound(unread, context)
+
+    return handle
+
+
+def guarded(
+    method: Callable[[Any, Any, Any], Awaitable[T]],
+) -> Callable[[Any, Any, Any], Awaitable[T]]:
+    """Wrap an async servicer method so that no exception escapes as UNKNOWN.
+
+    An Unread request (from add_service) is admitted, read and parsed first (_admit_and_read);
+    an already parsed message (tests) goes straight to the method.
+    Reject -> its code; ValueError/TypeError (bad input) -> INVALID_ARGUMENT; anything else is a
+    bug -> INTERNAL, logged with its traceback. Every refusal goes to `self.rejections`
+    (a RejectionLog) before the call is aborted with a message saying what was wrong.
+    """
+
+    @functools.wraps(method)
+    async def handler(self: Any, request: Any, context: Any) -> T:
+        admission: Admission | None = None
+        try:
+            if isinstance(request, Unread):
+                request, admission = await _admit_and_read(self, method.__name__, request,
+                                                           context)
+            if isinstance(request, Undecodable):
+                raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"request is not a valid {request.type_name}: {request.error}")
+            return await method(self, request, context)
+        except Reject as exc:
+            code, detail = exc.code, exc.detail
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except BAD_INPUT as exc:
+            code, detail = grpc.StatusCode.INVALID_ARGUMENT, str(exc) or type(exc).__name__
+        except Exception as exc:  # every other exception is a bug: INTERNAL, never UNKNOWN
+            log.exception("%s failed on unexpected input", method.__name__)
+            code, detail = grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"
+        finally:
+            if admission is not None and admission.release is not None:
+                admission.release()
+        detail = detail if len(detail) <= 1000 else detail[:1000] + "..."
+        self.rejections.record(method.__name__, code, detail)
+        await context.abort(code, detail)
+        raise AssertionError("context.abort returned")  # pragma: no cover
+
+    return handler
