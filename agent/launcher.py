@@ -20,9 +20,10 @@ import torch
 from agent.status import fetch_statuses
 from efpsn.cli_common import format_metrics, write_json
 from efpsn.cli_services import check_key_policy, config_to_args
-from efpsn.config import RunConfig
+from efpsn.config import LOCAL_DATA, RunConfig, parse_shape, scale_divisor
 from efpsn.metrics import evaluate
-from efpsn.problem import build_problem
+from efpsn.problem import average, build_problem
+from efpsn.tasks.local import check_arrays, read_data_file
 from efpsn.wire.tls import TlsConfig, generate_certificates
 
 
@@ -72,6 +73,17 @@ def _wait_port(child: Child, timeout: float) -> int:
     raise TimeoutError(f"{child.name} did not start serving within {timeout:.0f}s")
 
 
+def _first_cause(agents: list[Child], failed: list[Child], *, settle: float = 3.0) -> Child:
+    """The agent that failed first: when one agent cannot take part the coordinator cancels
+    the run and the others exit too, naming it; report the one whose error is its own."""
+    deadline = time.monotonic() + settle
+    while time.monotonic() < deadline and any(a.process.poll() is None for a in agents):
+        time.sleep(0.1)
+    failed = [a for a in agents if a.process.poll() not in (None, 0)] or failed
+    own = [a for a in failed if "the run is cancelled" not in a.log_tail(1)]
+    return (own or failed)[0]
+
+
 def stop_children(children: list[Child], *, grace: float = 5.0) -> None:
     """SIGTERM every child still running, then SIGKILL what is left after `grace` seconds."""
     for c in children:
@@ -104,19 +116,38 @@ def launch_local_network(
     debug_expose_mask: bool = False,
     allow_insecure_keys: bool = False,
     start_timeout: float = 120.0,
+    data_dir: Path | None = None,
+    holdout: float = 0.2,
+    label_column: str = "label",
 ) -> dict[str, Any]:
     """Run a whole network locally; return the summary (also written to RESULTS/summary.json).
 
     Mutual TLS by default: a fresh CA and one certificate per process go to RESULTS/tls
-    (insecure=True runs plaintext). The coordinator may exit once every agent is assigned."""
+    (insecure=True runs plaintext). The coordinator may exit once every agent is assigned.
+    With `data_dir` (config.data "local"), agent K reads only DATA_DIR/agentK/train.npz (and
+    the public DATA_DIR/test.npz); this process never reads the private files."""
     from tqdm import tqdm
 
     check_key_policy(config, allow_insecure_keys=allow_insecure_keys)
-    problem = build_problem(config)  # fail on bad parameters before starting anything
+    local_mode = config.data == LOCAL_DATA
+    if local_mode != (data_dir is not None):
+        raise ValueError("efpsn up: give --data-dir DIR for local data (and only then)")
+    # fail on bad parameters before starting anything (no private data read here)
+    problem = build_problem(config, local={} if local_mode else None)
     folder = results or Path("results") / time.strftime("run-%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
     names = [f"agent{i + 1}" for i in range(config.agents)]
     run_args = config_to_args(config)
+    test_path = data_dir / "test.npz" if data_dir is not None else None
+    if test_path is not None and not test_path.is_file():
+        test_path = None
+    data_args: dict[str, list[str]] = {name: [] for name in names}
+    if data_dir is not None:
+        for name in names:
+            data_args[name] = ["--data", str(data_dir / name / "train.npz"), "--holdout",
+                               repr(holdout), "--label-column", label_column]
+            if test_path is not None:
+                data_args[name] += ["--test-data", str(test_path)]
     tls_args: list[str] = ["--insecure"]
     monitor: TlsConfig | None = None
     if not insecure:
@@ -150,7 +181,8 @@ def launch_local_network(
         agents = [
             _spawn(name, ["agent", "--name", name, "--listen", f"{host}:0",
                           "--coordinator", f"{host}:{coord_port}",
-                          "--results", str(folder), *agent_args, *debug], folder)
+                          "--results", str(folder), *agent_args, *data_args[name], *debug],
+                   folder)
             for name in names
         ]
         children += agents
@@ -163,7 +195,7 @@ def launch_local_network(
         while any(a.process.poll() is None for a in agents):
             failed = [a for a in agents if a.process.poll() not in (None, 0)]
             if failed:
-                f = failed[0]
+                f = _first_cause(agents, failed)
                 raise RuntimeError(
                     f"{f.name} failed (exit {f.process.returncode}):\n{f.log_tail()}"
                 )
@@ -188,10 +220,14 @@ def launch_local_network(
         bar.update(config.iterations - bar.n)
         bar.close()
         bar = None
-        summary = summarize(problem, folder, names)
+        if local_mode:
+            summary = summarize_reports(problem, folder, names, test_path=test_path)
+        else:
+            summary = summarize(problem, folder, names)
         summary["wall_seconds"] = time.perf_counter() - started
         write_json(folder / "summary.json", summary)
-        print("final: " + format_metrics(summary["final"]))
+        print("final: " + (format_reports(summary["final"]) if local_mode
+                           else format_metrics(summary["final"])))
         print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}")
         return summary
     finally:
@@ -226,3 +262,44 @@ def summarize(problem: Any, folder: Path, names: list[str]) -> dict[str, Any]:
         "final": final,
         "agents": {r["name"]: {"final": r["final"], "timings": r["timings"]} for r in results},
     }
+
+
+def summarize_reports(problem: Any, folder: Path, names: list[str], *,
+                      test_path: Path | None) -> dict[str, Any]:
+    """Agent-local data: what the agents reported (their own loss and accuracies), averaged,
+    and the consensus and public-test accuracy of x_bar; never any private data."""
+    results, xs = load_agent_results(folder, names)
+    finals = [r["final"] for r in results]
+    x_bar = average(xs)
+    final: dict[str, float] = {
+        "consensus": float(sum(torch.sum((x - x_bar) ** 2) for x in xs) / len(xs)),
+        "mean_agent_loss": float(np.mean([f["loss"] for f in finals])),
+        "mean_agent_accuracy": float(np.mean([f["accuracy"] for f in finals])),
+    }
+    held = [f["holdout_accuracy"] for f in finals if "holdout_accuracy" in f]
+    if held:
+        final["mean_holdout_accuracy"] = float(np.mean(held))
+    if test_path is not None:  # public: the same file every agent was given
+        c = problem.config
+        test = check_arrays(*read_data_file(test_path, who="efpsn up"), path=test_path,
+                            who="efpsn up", shape=parse_shape(c.input_shape),
+                            classes=c.classes, divisor=scale_divisor(c.scale))
+        final["accuracy"] = float(problem.task.accuracy(x_bar, test))
+    else:
+        final["accuracy"] = final.get("mean_holdout_accuracy", math.nan)
+    return {
+        "ok": True,
+        "settings": problem.config.to_dict(),
+        "run_id": results[0]["run_id"],
+        "final": final,
+        "agents": {r["name"]: {"final": r["final"], "timings": r["timings"]} for r in results},
+    }
+
+
+def format_reports(final: dict[str, float]) -> str:
+    parts = [f"test accuracy {final['accuracy']:.4f} (x_bar)"]
+    if "mean_holdout_accuracy" in final:
+        parts.append(f"mean local holdout accuracy {final['mean_holdout_accuracy']:.4f}")
+    parts += [f"mean local loss {final['mean_agent_loss']:.4g}",
+              f"consensus {final['consensus']:.3g}"]
+    return ", ".join(parts)

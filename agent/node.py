@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from agent.bootstrap import bootstrap, prepare
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, AgentOptions
 from agent.peers import Peers
@@ -34,19 +35,18 @@ from agent.session import Session, Status, open_session
 from agent.state import SavedAssignment, StateError, StateStore
 from efpsn.algorithms import AgentState, Message
 from efpsn.cli_common import write_json
+from efpsn.config import RunConfig
 from efpsn.masking import MaskCoefficients, Masker
-from efpsn.wire import serde
 from efpsn.wire.net import (
     RejectionLog,
     Server,
     add_service,
-    call_with_retry,
     split_address,
     start_server,
     write_port_file,
 )
 from efpsn.wire.serde import Phase
-from efpsn.wire.v1 import agent_pb2, coordinator_pb2, coordinator_pb2_grpc
+from efpsn.wire.v1 import agent_pb2
 
 __all__ = ["AgentFailure", "AgentNode", "AgentOptions", "AgentService"]
 
@@ -112,8 +112,9 @@ class AgentNode:
         write_port_file(opts.port_file, self.server.port)
         try:
             if saved is None:
-                assignment = await self._register()
-                self._enter(await open_session(assignment, name=opts.name))
+                prepared, assignment = await bootstrap(self.peers, options=opts,
+                                                       address=self._advertised())
+                self._enter(await open_session(assignment, name=opts.name, prepared=prepared))
                 self._saved = SavedAssignment(assignment=assignment, advertise=self._advertised(),
                                               port=self.server.port, finished=False)
                 self.store.save_assignment(assignment, advertise=self._saved.advertise,
@@ -131,7 +132,10 @@ class AgentNode:
                         f"{saved.assignment.run_id}, but would now be reached at "
                         f"{self._advertised()}: restart it with the same --listen/--advertise"
                     )
-                session = await open_session(saved.assignment, name=opts.name)
+                config = RunConfig.from_dict(saved.assignment.params)
+                prepared = await asyncio.to_thread(prepare, config, opts)
+                session = await open_session(saved.assignment, name=opts.name,
+                                             prepared=prepared)
                 mask = self._restore(session)
                 self._enter(session)
             start = time.perf_counter()
@@ -213,29 +217,6 @@ class AgentNode:
             )
         assert self.server is not None
         return f"{host}:{self.server.port}"
-
-    async def _register(self) -> serde.Assignment:
-        opts = self.options
-        loop = asyncio.get_running_loop()
-        channel = self.peers.open(opts.coordinator, opts.coordinator_name)
-        self.peers.keep("coordinator", channel)
-        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-        request = coordinator_pb2.RegisterRequest(name=opts.name, address=self._advertised())
-        deadline = loop.time() + opts.register_timeout
-        try:
-            reply = await call_with_retry(
-                lambda: stub.Register(request, timeout=max(0.1, deadline - loop.time())),
-                deadline=deadline, what=f"coordinator {opts.coordinator}",
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise AgentFailure(
-                f"coordinator {opts.coordinator} refused {opts.name}: {exc.code().name}: "
-                f"{exc.details()}"
-            ) from None
-        assignment = serde.assignment_from_proto(reply)
-        if assignment.name != opts.name:
-            raise AgentFailure(f"coordinator assigned name {assignment.name!r} to {opts.name}")
-        return assignment
 
     # ---------------------------------------------------------------- results
 

@@ -180,12 +180,21 @@ async def final_barrier(node: AgentNode) -> None:
 
 
 def evaluate(node: AgentNode, state: AgentState, t: int) -> dict[str, float]:
-    """Local, unmasked metrics of this agent's iterate (what one agent can know)."""
+    """Local, unmasked metrics of this agent's iterate (what one agent can know): loss on its
+    training data, accuracy on the public test set (else its held-out part), held-out
+    accuracy. They go into its own result.json and status, never its data."""
     s = node.session
     assert s is not None
-    x = state["x"]
-    shard = s.problem.shards[s.index]
-    loss, _ = s.problem.task.loss_and_grad(x, shard.images, shard.labels)
-    accuracy = float(s.problem.task.accuracy(x, s.problem.test))
-    node.status.loss, node.status.accuracy = float(loss), accuracy
-    return {"round": t, "loss": float(loss), "accuracy": accuracy}
+    x, problem = state["x"], s.problem
+    shard = problem.shard(s.index)
+    loss, _ = problem.task.loss_and_grad(x, shard.images, shard.labels)
+    record = {"round": t, "loss": float(loss)}
+    holdout = problem.holdouts[s.index] if problem.holdouts else None
+    if holdout is not None:
+        record["holdout_accuracy"] = float(problem.task.accuracy(x, holdout))
+    if problem.test is not None:
+        record["accuracy"] = float(problem.task.accuracy(x, problem.test))
+    else:  # agent-local data without a public test set: the local held-out part
+        record["accuracy"] = record.get("holdout_accuracy", float("nan"))
+    node.status.loss, node.status.accuracy = record["loss"], record["accuracy"]
+    return record

@@ -7,10 +7,11 @@ import logging
 import math
 from dataclasses import dataclass
 
+from agent.bootstrap import Prepared
 from agent.options import AgentFailure
 from efpsn.algorithms import make_algorithm
 from efpsn.config import RunConfig
-from efpsn.problem import Problem, build_problem
+from efpsn.problem import Problem
 from efpsn.wire import serde
 from efpsn.wire.serde import Phase
 
@@ -58,11 +59,15 @@ class Status:
     finished: bool = False
 
 
-async def open_session(assignment: serde.Assignment, *, name: str) -> Session:
-    """Build the public problem of the assigned run (off the event loop) and check that the
-    coordinator's neighbours agree with the run's topology."""
+async def open_session(assignment: serde.Assignment, *, name: str,
+                       prepared: Prepared) -> Session:
+    """Build the problem of the assigned run (off the event loop) from what was prepared for
+    its parameters, and check that the coordinator's neighbours agree with its topology."""
     config = RunConfig.from_dict(assignment.params)
-    problem = await asyncio.to_thread(build_problem, config)
+    if config != prepared.config:
+        raise AgentFailure(f"the coordinator's assignment for {name} carries other run "
+                           "parameters than it announced before registration")
+    problem = await asyncio.to_thread(prepared.build, assignment.index)
     expected = set(problem.graph.neighbours(assignment.index))
     got = {p.index for p in assignment.neighbours}
     if expected != got:

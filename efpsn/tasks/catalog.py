@@ -53,7 +53,7 @@ def _import_factory(spec: str) -> Callable[[DataSchema], Any]:
                          "on PYTHONPATH at every agent") from None
     factory = getattr(module, factory_name, None)
     if not callable(factory):
-        raise ValueError(f"task {spec!r}: module {module_name!r} has no callable "
+        raise TypeError(f"task {spec!r}: module {module_name!r} has no callable "
                          f"{factory_name!r}; expected FACTORY(schema) -> torch.nn.Module")
     return factory
 
@@ -85,9 +85,9 @@ class PythonTask(Task):
         if isinstance(made, tuple) and len(made) == 2:
             made, loss = made
             if not callable(loss):
-                raise ValueError(f"task {self._spec!r}: the factory's loss is not callable")
+                raise TypeError(f"task {self._spec!r}: the factory's loss is not callable")
         if not isinstance(made, nn.Module):
-            raise ValueError(f"task {self._spec!r}: the factory returned "
+            raise TypeError(f"task {self._spec!r}: the factory returned "
                              f"{type(made).__name__}, expected a torch.nn.Module "
                              "(or a pair (module, loss))")
         if not any(True for _ in made.parameters()):

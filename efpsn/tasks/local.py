@@ -42,6 +42,15 @@ def _fail(who: str, path: Path, problem: str) -> DataError:
 
 def _read_npz(path: Path, who: str) -> tuple[np.ndarray, np.ndarray]:
     try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise _fail(who, path, f"cannot be read ({exc.strerror}); expected a readable "
+                               "file") from None
+    if magic != b"PK\x03\x04":
+        raise _fail(who, path, "is not an .npz (zip) archive; expected numeric arrays X and y "
+                               "saved with numpy.savez")
+    try:
         with np.load(path, allow_pickle=False) as archive:
             names = set(archive.files)
             missing = [k for k in ("X", "y") if k not in names]

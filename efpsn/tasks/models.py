@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -56,7 +58,7 @@ class MLP(nn.Module):
         super().__init__()
         widths = (features, *hidden)
         layers: list[nn.Module] = []
-        for fan_in, fan_out in zip(widths[:-1], widths[1:], strict=True):
+        for fan_in, fan_out in itertools.pairwise(widths):
             layers += [nn.Linear(fan_in, fan_out, dtype=torch.float64), nn.ReLU()]
         layers.append(nn.Linear(widths[-1], classes, dtype=torch.float64))
         self.layers = nn.Sequential(*layers)
