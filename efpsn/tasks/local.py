@@ -159,11 +159,11 @@ def check_arrays(
         raise _fail(who, path, "X has non-finite values (NaN or inf); expected finite numbers")
     y = np.asarray(labels)
     if y.dtype.kind == "f" and not (np.isfinite(y).all() and (y == np.floor(y)).all()):
-        raise _fail(who, path, f"labels must be integers in [0, {classes}); some are not "
-                               "integers")
+        raise _fail(who, path, "y has labels that are not integers; expected integer labels "
+                               f"in [0, {classes})")
     if (y < 0).any() or (y >= classes).any():
-        raise _fail(who, path, f"labels must be integers in [0, {classes}) (the run's "
-                               f"{classes} classes); some are outside")
+        raise _fail(who, path, f"y has labels outside [0, {classes}); expected integers in "
+                               f"[0, {classes}) (the run's {classes} classes)")
     return Dataset(images=torch.from_numpy(np.ascontiguousarray(x)),
                    labels=torch.from_numpy(y.astype(np.int64)), name=f"{who}:{path.name}",
                    shape=tuple(shape), classes=classes)
