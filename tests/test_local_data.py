@@ -81,8 +81,8 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[Path, str]]:
     cases["float labels"] = (npz("flabels", X=x, y=y + 0.5),
                              "y has labels that are not integers; expected integer labels")
     cases["labels out of range"] = (npz("range", X=x, y=y + 1),
-                                    "y has labels outside [0, 3); expected integers in [0, 3) "
-                                    "(the run's 3 classes)")
+                                    ("y has labels outside [0, 3); expected integers in [0, 3) "
+                                     "(the run's 3 classes)"))
     cases["empty"] = (npz("empty", X=x[:0], y=y[:0]), "holds no samples; expected at least one")
     cases["fewer than the batch"] = (npz("few", X=x[:9], y=y[:9]),
                                      "fewer training samples than the batch size 8")
