@@ -11,7 +11,7 @@ from agent.bootstrap import Prepared
 from agent.options import AgentFailure
 from efpsn.algorithms import make_algorithm
 from efpsn.config import RunConfig
-from efpsn.problem import Problem
+from efpsn.problem import Problem, build_problem
 from efpsn.wire import serde
 from efpsn.wire.serde import Phase
 
@@ -60,14 +60,18 @@ class Status:
 
 
 async def open_session(assignment: serde.Assignment, *, name: str,
-                       prepared: Prepared) -> Session:
+                       prepared: Prepared | None = None) -> Session:
     """Build the problem of the assigned run (off the event loop) from what was prepared for
-    its parameters, and check that the coordinator's neighbours agree with its topology."""
+    its parameters (None: shards by index of a public data set, built here), and check that
+    the coordinator's neighbours agree with its topology."""
     config = RunConfig.from_dict(assignment.params)
-    if config != prepared.config:
+    if prepared is not None and config != prepared.config:
         raise AgentFailure(f"the coordinator's assignment for {name} carries other run "
                            "parameters than it announced before registration")
-    problem = await asyncio.to_thread(prepared.build, assignment.index)
+    if prepared is None:
+        problem = await asyncio.to_thread(build_problem, config)
+    else:
+        problem = await asyncio.to_thread(prepared.build, assignment.index)
     expected = set(problem.graph.neighbours(assignment.index))
     got = {p.index for p in assignment.neighbours}
     if expected != got:
