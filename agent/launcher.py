@@ -210,8 +210,13 @@ def launch_local_network(
                 bar.update(max(0, rounds - bar.n))
                 losses = [s.loss for s in statuses.values() if not math.isnan(s.loss)]
                 accs = [s.accuracy for s in statuses.values() if not math.isnan(s.accuracy)]
+                shown = {}
                 if losses:
-                    bar.set_postfix(loss=f"{np.mean(losses):.4f}", acc=f"{np.mean(accs):.3f}")
+                    shown["loss"] = f"{np.mean(losses):.4f}"
+                if accs:  # agent-local data: public-test accuracy only (or nothing)
+                    shown["acc"] = f"{np.mean(accs):.3f}"
+                if shown:
+                    bar.set_postfix(**shown)
             time.sleep(0.5)
         failed = [a for a in agents if a.process.returncode != 0]
         if failed:

@@ -15,6 +15,7 @@ from agent.options import AgentFailure
 from agent.session import Session
 from agent.state import Checkpoint, StateError
 from efpsn.algorithms import AgentState, Message, StepContext, make_algorithm
+from efpsn.config import LOCAL_DATA
 from efpsn.masking import MaskCoefficients
 from efpsn.schedules import make_schedule
 from efpsn.wire import serde
@@ -182,7 +183,8 @@ async def final_barrier(node: AgentNode) -> None:
 def evaluate(node: AgentNode, state: AgentState, t: int) -> dict[str, float]:
     """Local, unmasked metrics of this agent's iterate (what one agent can know): loss on its
     training data, accuracy on the public test set (else its held-out part), held-out
-    accuracy. They go into its own result.json and status, never its data."""
+    accuracy. They go into its own result.json; with agent-local data its status (on the wire)
+    carries only the public-test accuracy."""
     s = node.session
     assert s is not None
     x, problem = state["x"], s.problem
@@ -196,5 +198,11 @@ def evaluate(node: AgentNode, state: AgentState, t: int) -> dict[str, float]:
         record["accuracy"] = float(problem.task.accuracy(x, problem.test))
     else:  # agent-local data without a public test set: the local held-out part
         record["accuracy"] = record.get("holdout_accuracy", float("nan"))
-    node.status.loss, node.status.accuracy = record["loss"], record["accuracy"]
+    if problem.config.data == LOCAL_DATA:
+        # GetStatus goes on the wire: only the accuracy on the public test set, nothing
+        # measured on this agent's private data (that stays in its own result.json)
+        node.status.loss = float("nan")
+        node.status.accuracy = record["accuracy"] if problem.test is not None else float("nan")
+    else:
+        node.status.loss, node.status.accuracy = record["loss"], record["accuracy"]
     return record
