@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +145,8 @@ class AgentNode:
             assert self.session is not None
             rounds = self.session.config.iterations - (self.resumed_from or 0)
             self.timings["seconds_per_round"] = self.timings["phase2_seconds"] / max(1, rounds)
+            # peak resident memory of this process (Linux reports KiB)
+            self.timings["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             result = self._write_results(state, mask)
             self.store.mark_finished(self._saved)
             self.status.phase = Phase.DONE
