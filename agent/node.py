@@ -54,6 +54,18 @@ __all__ = ["AgentFailure", "AgentNode", "AgentOptions", "AgentService"]
 log = logging.getLogger("efpsn.agent")
 
 
+def _peak_rss_mb() -> float:
+    """Peak resident memory of this process in MB: VmHWM of /proc/self/status (ru_maxrss would
+    carry the parent's peak over fork and exec), else ru_maxrss (KiB on Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 @dataclass
 class AgentNode:
     """Drives one agent from registration to results. Transport at the edges; math in the core."""
@@ -145,8 +157,7 @@ class AgentNode:
             assert self.session is not None
             rounds = self.session.config.iterations - (self.resumed_from or 0)
             self.timings["seconds_per_round"] = self.timings["phase2_seconds"] / max(1, rounds)
-            # peak resident memory of this process (Linux reports KiB)
-            self.timings["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            self.timings["max_rss_mb"] = _peak_rss_mb()
             result = self._write_results(state, mask)
             self.store.mark_finished(self._saved)
             self.status.phase = Phase.DONE

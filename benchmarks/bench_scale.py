@@ -8,7 +8,8 @@ dataset-fashion-mnist`, which installs /usr/share/datasets/fashion-mnist). For e
 `efpsn data split --partition iid` once, then for every topology `efpsn up --data-dir` (logreg,
 DSGD, batch 64, zero-sum masks, 2048-bit keys to keep phase I short on 2 cores), and prints a
 Markdown table: wall time, median seconds per round, median phase I time, median and largest
-peak resident memory per agent process, and the public-test accuracy of the average model.
+peak resident memory per agent process, and the accuracy of the average model (on the agents'
+held-out parts; on the public test set with --test-set, which every agent then also loads).
 "erdos-renyi" means edge probability 2 ln(n) / n (sparse, connected with high probability; the
 graph is redrawn from the public seed until connected).
 Numbers depend on the machine and its load: all n share the same cores.
@@ -66,6 +67,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--key-bits", type=int, default=2048)
     parser.add_argument("--data", default=FASHION)
+    parser.add_argument("--test-set", action="store_true",
+                        help="give every agent the public 10,000-image test set (default: none; "
+                             "each agent evaluates on its own held-out part)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     configure_threads()
@@ -74,6 +78,8 @@ def main() -> None:
         for n in (int(v) for v in args.agents.split(",")):
             folder = Path(tmp) / f"n{n}"
             split_data(source=args.data, agents=n, partition_spec="iid", out=folder)
+            if not args.test_set:  # each agent then holds only its own data (and its holdout)
+                (folder / "test.npz").unlink()
             for topology in args.topologies.split(","):
                 if topology == "erdos-renyi":  # connected with high probability, sparse
                     topology = f"erdos-renyi:{min(1.0, 2 * math.log(n) / n):.3f}"

@@ -154,7 +154,8 @@ def check_arrays(
         got = "x".join(map(str, sample)) or "scalar"
         raise _fail(who, path, f"samples have shape {got}; expected the run's input shape "
                                f"{want} ({math.prod(shape)} values per sample)")
-    x = np.asarray(features, dtype=np.float64).reshape(-1, *shape) / divisor
+    x = np.array(features, dtype=np.float64).reshape(-1, *shape)  # one copy, scaled in place
+    x /= divisor
     if not np.isfinite(x).all():
         raise _fail(who, path, "X has non-finite values (NaN or inf); expected finite numbers")
     y = np.asarray(labels)
