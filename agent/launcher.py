@@ -231,7 +231,8 @@ def launch_local_network(
             summary = summarize(problem, folder, names)
         summary["wall_seconds"] = time.perf_counter() - started
         write_json(folder / "summary.json", summary)
-        print("final: " + (format_reports(summary["final"]) if local_mode
+        print("final: " + (format_reports(summary["final"], public_test=test_path is not None)
+                           if local_mode
                            else format_metrics(summary["final"])))
         print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}")
         return summary
@@ -301,9 +302,13 @@ def summarize_reports(problem: Any, folder: Path, names: list[str], *,
     }
 
 
-def format_reports(final: dict[str, float]) -> str:
-    parts = [f"test accuracy {final['accuracy']:.4f} (x_bar)"]
-    if "mean_holdout_accuracy" in final:
+def format_reports(final: dict[str, float], *, public_test: bool) -> str:
+    if public_test:
+        parts = [f"test accuracy {final['accuracy']:.4f} (x_bar, public test set)"]
+    else:
+        own = "the agents' own, on their held-out parts; no public test set"
+        parts = [f"accuracy {final['accuracy']:.4f} ({own})"]
+    if public_test and "mean_holdout_accuracy" in final:
         parts.append(f"mean local holdout accuracy {final['mean_holdout_accuracy']:.4f}")
     parts += [f"mean local loss {final['mean_agent_loss']:.4g}",
               f"consensus {final['consensus']:.3g}"]
