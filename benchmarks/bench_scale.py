@@ -88,7 +88,7 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print("\n| agents | topology | wall (s) | s/round | phase I (s) | RSS/agent median (MB) "
-          "| RSS/agent max (MB) | test accuracy |")
+          "| RSS/agent max (MB) | accuracy |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['agents']} | {r['topology']} | {r['wall_seconds']:.0f} | "
