@@ -90,8 +90,8 @@ class Registry:
     def _check_declaration(self, name: str, d: Declaration) -> None:
         c = self.config
         if d.failure:
-            raise self.cancel(f"{name} stopped before phase I: "
-                              f"{d.failure[:MAX_FAILURE_CHARS]}; the run is cancelled")
+            why = "".join(ch if ch.isprintable() else "?" for ch in d.failure[:MAX_FAILURE_CHARS])
+            raise self.cancel(f"{name} stopped before phase I: {why}; the run is cancelled")
         if d.input_shape != c.input_shape:
             raise self.cancel(f"{name} declared input_shape {_shown(d.input_shape)}, but the "
                               f"run's data schema has input_shape {c.input_shape!r}; the run "
@@ -138,7 +138,7 @@ class Registry:
             raise NotExpected(f"{name!r} is not one of the expected agents")
         if self.cancelled is not None:
             raise RunCancelled(self.cancelled)
-        if declaration is not None:
+        if declaration is not None and not self.complete:  # once complete, all were checked
             self._check_declaration(name, declaration)
         known = self.addresses.get(name)
         if known is not None:
