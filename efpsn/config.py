@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +16,6 @@ PARTITIONS = ("iid", "by-label")
 LOCAL_DATA = "local"
 PAPER_INPUT_SHAPE = "1x28x28"
 PAPER_CLASSES = 10
-_SCALE = re.compile(r"^(none|unit|div:.+)$")
 
 
 def check_task_spec(task: str) -> None:
