@@ -11,7 +11,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
-from efpsn.cli_common import add_run_arguments, config_from_args
+from efpsn.cli_common import add_data_dir_arguments, add_run_arguments, config_from_args
 from efpsn.cli_services import (
     add_debug_flags,
     add_tls_flags,
@@ -35,6 +35,9 @@ def _agent(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every, keep_rounds=args.keep_rounds,
         insecure_noise_seed=args.insecure_noise_seed, debug_expose_mask=args.debug_expose_mask,
         allow_insecure_keys=args.allow_insecure_keys,
+        data=Path(args.data) if args.data else None, holdout=args.holdout,
+        test_data=Path(args.test_data) if args.test_data else None,
+        label_column=args.label_column,
     )
     result = asyncio.run(until_signalled(AgentNode(options).run(), what=args.name))
     final = result["final"]
@@ -48,6 +51,8 @@ def _up(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     summary = launch_local_network(
         config, results=Path(args.results) if args.results else None, host=args.host,
+        data_dir=Path(args.data_dir) if args.data_dir else None, holdout=args.holdout,
+        label_column=args.label_column,
         quiet=args.quiet, insecure=args.insecure, checkpoint_every=args.checkpoint_every,
         insecure_noise_seed=args.insecure_noise_seed,
         debug_expose_mask=args.debug_expose_mask, allow_insecure_keys=args.allow_insecure_keys,
@@ -66,6 +71,17 @@ def configure(agent: argparse.ArgumentParser) -> None:
     agent.add_argument("--register-timeout", type=float, default=600.0)
     agent.add_argument("--port-file", default=None, help="write the bound port here")
     agent.add_argument("--verbose", action="store_true")
+    data = agent.add_argument_group(
+        "this agent's own data (runs with --data local at the coordinator); read on this host "
+        "only, never sent or logged")
+    data.add_argument("--data", default=None,
+                      help=".npz with arrays X (samples first) and y (integer labels), .csv with "
+                           "a header row, or a folder of IDX files")
+    data.add_argument("--label-column", default="label", help="label column of a .csv")
+    data.add_argument("--holdout", type=float, default=0.2,
+                      help="fraction held out locally for evaluation (default 0.2; 0: none)")
+    data.add_argument("--test-data", default=None,
+                      help="a public test set in the same format, the same at every agent")
     add_tls_flags(agent, own_name="--name")
     agent.add_argument("--coordinator-name", default="coordinator",
                        help="the name in the coordinator's certificate (default coordinator)")
@@ -96,6 +112,7 @@ def add_up_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """`efpsn up`: a coordinator and n agents as local processes (agent/launcher.py)."""
     up = sub.add_parser("up", help="the main job: coordinator + n agents as local processes")
     add_run_arguments(up)
+    add_data_dir_arguments(up)
     up.add_argument("--results", default=None, help="results folder (default: results/run-TIME)")
     up.add_argument("--host", default="127.0.0.1", help="loopback address to serve on")
     up.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import signal
@@ -17,9 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from agent.status import fetch_statuses
+from agent.summary import (
+    format_reports,
+    network_timings,
+    peak_rss_mb_of,
+    summarize,
+    summarize_reports,
+)
 from efpsn.cli_common import format_metrics, write_json
 from efpsn.cli_services import check_key_policy, config_to_args
-from efpsn.config import RunConfig
+from efpsn.config import LOCAL_DATA, RunConfig
 from efpsn.wire.tls import TlsConfig, generate_certificates
 
 
@@ -73,6 +79,17 @@ def _wait_port(child: Child, timeout: float, *, problem: Future[Any] | None = No
     raise TimeoutError(f"{child.name} did not start serving within {timeout:.0f}s")
 
 
+def _first_cause(agents: list[Child], failed: list[Child], *, settle: float = 3.0) -> Child:
+    """The agent that failed first: when one agent cannot take part the coordinator cancels
+    the run and the others exit too, naming it; report the one whose error is its own."""
+    deadline = time.monotonic() + settle
+    while time.monotonic() < deadline and any(a.process.poll() is None for a in agents):
+        time.sleep(0.1)
+    failed = [a for a in agents if a.process.poll() not in (None, 0)] or failed
+    own = [a for a in failed if "the run is cancelled" not in a.log_tail(1)]
+    return (own or failed)[0]
+
+
 def stop_children(children: list[Child], *, grace: float = 5.0) -> None:
     """SIGTERM every child still running, then SIGKILL what is left after `grace` seconds."""
     for c in children:
@@ -105,24 +122,42 @@ def launch_local_network(
     debug_expose_mask: bool = False,
     allow_insecure_keys: bool = False,
     start_timeout: float = 120.0,
+    data_dir: Path | None = None,
+    holdout: float = 0.2,
+    label_column: str = "label",
 ) -> dict[str, Any]:
     """Run a whole network locally; return the summary (also written to RESULTS/summary.json).
 
     Mutual TLS by default: a fresh CA and one certificate per process go to RESULTS/tls
-    (insecure=True runs plaintext). The coordinator may exit once every agent is assigned."""
+    (insecure=True runs plaintext). The coordinator may exit once every agent is assigned.
+    With `data_dir` (config.data "local"), agent K reads only DATA_DIR/agentK/train.npz (and
+    the public DATA_DIR/test.npz); this process never reads the private files."""
     from tqdm import tqdm
 
     check_key_policy(config, allow_insecure_keys=allow_insecure_keys)
+    local_mode = config.data == LOCAL_DATA
+    if local_mode != (data_dir is not None):
+        raise ValueError("efpsn up: give --data-dir DIR for local data (and only then)")
     started, started_at = time.perf_counter(), time.time()
-    # The launcher needs the public problem only for the summary, so it builds it while the
-    # network starts (each agent builds its own); a bad parameter still stops everything with
-    # this error, not a child's log.
+    # The launcher needs the public problem only for the summary (no private data is read
+    # here), so it builds it while the network starts; a bad parameter still stops everything
+    # with this error, not a child's log.
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="efpsn-up-problem")
-    problem_future = pool.submit(_public_problem, config)
+    problem_future = pool.submit(_public_problem, config, local=local_mode)
     folder = results or Path("results") / time.strftime("run-%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
     names = [f"agent{i + 1}" for i in range(config.agents)]
     run_args = config_to_args(config)
+    test_path = data_dir / "test.npz" if data_dir is not None else None
+    if test_path is not None and not test_path.is_file():
+        test_path = None
+    data_args: dict[str, list[str]] = {name: [] for name in names}
+    if data_dir is not None:
+        for name in names:
+            data_args[name] = ["--data", str(data_dir / name / "train.npz"), "--holdout",
+                               repr(holdout), "--label-column", label_column]
+            if test_path is not None:
+                data_args[name] += ["--test-data", str(test_path)]
     tls_args: list[str] = ["--insecure"]
     monitor: dict[str, TlsConfig] | None = None
     if not insecure:
@@ -157,7 +192,8 @@ def launch_local_network(
         agents = [
             _spawn(name, ["agent", "--name", name, "--listen", f"{host}:0",
                           "--coordinator", f"{host}:{coord_port}",
-                          "--results", str(folder), *agent_args, *debug], folder)
+                          "--results", str(folder), *agent_args, *data_args[name], *debug],
+                   folder)
             for name in names
         ]
         children += agents
@@ -173,7 +209,7 @@ def launch_local_network(
             if problem_future.done() or failed:
                 _raise_problem_error(problem_future)
             if failed:
-                f = failed[0]
+                f = _first_cause(agents, failed)
                 raise RuntimeError(
                     f"{f.name} failed (exit {f.process.returncode}):\n{f.log_tail()}"
                 )
@@ -188,9 +224,13 @@ def launch_local_network(
                 bar.update(max(0, rounds - bar.n))
                 losses = [s.loss for s in statuses.values() if not math.isnan(s.loss)]
                 accs = [s.accuracy for s in statuses.values() if not math.isnan(s.accuracy)]
+                shown = {}
                 if losses:
-                    bar.set_postfix(loss=f"{statistics.fmean(losses):.4f}",
-                                    acc=f"{statistics.fmean(accs):.3f}")
+                    shown["loss"] = f"{statistics.fmean(losses):.4f}"
+                if accs:  # agent-local data: public-test accuracy only (or nothing)
+                    shown["acc"] = f"{statistics.fmean(accs):.3f}"
+                if shown:
+                    bar.set_postfix(**shown)
             time.sleep(0.5)
         failed = [a for a in agents if a.process.returncode != 0]
         if failed:
@@ -201,7 +241,10 @@ def launch_local_network(
         bar.close()
         bar = None
         problem, x_star = problem_future.result()
-        summary = summarize(problem, folder, names, x_star=x_star)
+        if local_mode:
+            summary = summarize_reports(problem, folder, names, test_path=test_path)
+        else:
+            summary = summarize(problem, folder, names, x_star=x_star)
         summary["wall_seconds"] = time.perf_counter() - started
         summary["timings"] = network_timings(summary["agents"], started_at=started_at)
         coordinator_rss = peak_rss_mb_of(coordinator.process.pid)
@@ -210,7 +253,9 @@ def launch_local_network(
         write_json(folder / "summary.json", summary)
         for line in summary["problems"]:
             print(f"efpsn up: {line}", file=sys.stderr)
-        print("final: " + format_metrics(summary["final"]))
+        print("final: " + (format_reports(summary["final"], public_test=test_path is not None)
+                           if local_mode
+                           else format_metrics(summary["final"])))
         print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}")
         return summary
     finally:
@@ -220,14 +265,15 @@ def launch_local_network(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _public_problem(config: RunConfig) -> tuple[Any, Any]:
-    """The public problem and, for logistic regression, x* (both for the summary)."""
+def _public_problem(config: RunConfig, *, local: bool) -> tuple[Any, Any]:
+    """The public problem and, for logistic regression on public data, x* (for the summary).
+    With agent-local data only the public part (schema, model, basis) exists here."""
     from efpsn.problem import build_problem
     from efpsn.runtime import configure_threads
 
     configure_threads()
-    problem = build_problem(config)
-    if problem.config.task != "logreg":
+    problem = build_problem(config, local={} if local else None)
+    if local or problem.config.task != "logreg":
         return problem, None
     from efpsn.tasks import centralized_optimum
 
@@ -241,75 +287,3 @@ def _raise_problem_error(future: Future[Any]) -> None:
         error = future.exception()  # waits for a build under way (the agents failed on it?)
         if error is not None:
             raise error
-
-
-def peak_rss_mb_of(pid: int) -> float | None:
-    """Peak resident memory (VmHWM) of a running process in MB; None where /proc has none."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def network_timings(agents: dict[str, Any], *, started_at: float) -> dict[str, float]:
-    """Start-up (from launch to the last agent's first round), phase I and phase II (slowest
-    agent) from what the agents recorded."""
-    timings = [a["timings"] for a in agents.values()]
-    out = {
-        "phase1_seconds": max(t.get("phase1_seconds", 0.0) for t in timings),
-        "phase2_seconds": max(t.get("phase2_seconds", 0.0) for t in timings),
-    }
-    if all("peak_rss_mb" in t for t in timings):
-        out["agent_peak_rss_mb"] = max(t["peak_rss_mb"] for t in timings)
-    if all("phase2_started_at" in t for t in timings):
-        out["startup_seconds"] = max(t["phase2_started_at"] for t in timings) - started_at
-    return out
-
-
-def load_agent_results(folder: Path, names: list[str]) -> tuple[list[dict], list[Any]]:
-    """Each agent's result.json and final iterate (model.npy, read without pickle) as tensors."""
-    import numpy as np
-    import torch
-
-    results, xs = [], []
-    for name in names:
-        sub = folder / name
-        results.append(json.loads((sub / "result.json").read_text()))
-        xs.append(torch.from_numpy(np.load(sub / "model.npy", allow_pickle=False)))
-    return results, xs
-
-
-def check_results(results: list[dict], *, iterations: int) -> list[str]:
-    """What is wrong with the agents' results as one run (empty: nothing): every agent must
-    report the same run and have finished its last round."""
-    problems = []
-    runs = sorted({str(r.get("run_id")) for r in results})
-    if len(runs) != 1:
-        problems.append(f"the agents report different runs: {', '.join(runs)}")
-    for r in results:
-        done = r.get("final", {}).get("round")
-        if done != iterations:
-            problems.append(f"{r.get('name')} stopped at round {done} of {iterations}")
-    return problems
-
-
-def summarize(problem: Any, folder: Path, names: list[str], *, x_star: Any = None
-              ) -> dict[str, Any]:
-    """Network-level metrics of the agents' final iterates (same function as the simulator);
-    x_star: the centralized optimum, for the deviation ||x_bar - x*|| (None: not reported)."""
-    from efpsn.metrics import evaluate
-
-    results, xs = load_agent_results(folder, names)
-    final = evaluate(problem, xs, x_star=x_star)
-    problems = check_results(results, iterations=problem.config.iterations)
-    return {
-        "ok": not problems,
-        "problems": problems,
-        "settings": problem.config.to_dict(),
-        "run_id": results[0]["run_id"],
-        "final": final,
-        "agents": {r["name"]: {"final": r["final"], "timings": r["timings"]} for r in results},
-    }

@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 import numpy as np
 
+from agent.bootstrap import bootstrap, prepare
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, AgentOptions
 from agent.outbox_log import OutboxLog
@@ -37,27 +38,33 @@ from agent.session import Session, Status, open_session
 from agent.state import SavedAssignment, StateError, StateStore
 from efpsn.algorithms import AgentState, Message
 from efpsn.cli_common import write_json
+from efpsn.config import RunConfig
 from efpsn.masking import MaskCoefficients, Masker
-from efpsn.wire import serde
 from efpsn.wire.net import (
     RejectionLog,
     Server,
     add_service,
-    call_with_retry,
     split_address,
     start_server,
     write_port_file,
 )
 from efpsn.wire.serde import Phase
-from efpsn.wire.v1 import agent_pb2, coordinator_pb2, coordinator_pb2_grpc
+from efpsn.wire.v1 import agent_pb2
 
 __all__ = ["AgentFailure", "AgentNode", "AgentOptions", "AgentService"]
 
 log = logging.getLogger("efpsn.agent")
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory in MB (Linux reports ru_maxrss in KiB)."""
+def _peak_rss_mb() -> float:
+    """Peak resident memory of this process in MB: VmHWM of /proc/self/status (ru_maxrss would
+    carry the parent's peak over fork and exec), else ru_maxrss (KiB on Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -123,8 +130,9 @@ class AgentNode:
         write_port_file(opts.port_file, self.server.port)
         try:
             if saved is None:
-                assignment = await self._register()
-                self._enter(await open_session(assignment, name=opts.name))
+                prepared, assignment = await bootstrap(self.peers, options=opts,
+                                                       address=self._advertised())
+                self._enter(await open_session(assignment, name=opts.name, prepared=prepared))
                 self._saved = SavedAssignment(assignment=assignment, advertise=self._advertised(),
                                               port=self.server.port, finished=False)
                 self.store.save_assignment(assignment, advertise=self._saved.advertise,
@@ -143,7 +151,10 @@ class AgentNode:
                         f"{saved.assignment.run_id}, but would now be reached at "
                         f"{self._advertised()}: restart it with the same --listen/--advertise"
                     )
-                session = await open_session(saved.assignment, name=opts.name)
+                config = RunConfig.from_dict(saved.assignment.params)
+                prepared = await asyncio.to_thread(prepare, config, opts)
+                session = await open_session(saved.assignment, name=opts.name,
+                                             prepared=prepared)
                 mask = self._restore(session)
                 restored = self.outboxes.restore()
                 log.info("%s reloaded %d sent round messages (rounds up to %d)", opts.name,
@@ -156,7 +167,7 @@ class AgentNode:
             assert self.session is not None
             rounds = self.session.config.iterations - (self.resumed_from or 0)
             self.timings["seconds_per_round"] = self.timings["phase2_seconds"] / max(1, rounds)
-            self.timings["peak_rss_mb"] = peak_rss_mb()
+            self.timings["max_rss_mb"] = _peak_rss_mb()
             result = self._write_results(state, mask)
             self.outboxes.log = None  # deleted with the checkpoints; memory serves the rest
             self.store.mark_finished(self._saved)
@@ -235,29 +246,6 @@ class AgentNode:
             )
         assert self.server is not None
         return f"{host}:{self.server.port}"
-
-    async def _register(self) -> serde.Assignment:
-        opts = self.options
-        loop = asyncio.get_running_loop()
-        channel = self.peers.open(opts.coordinator, opts.coordinator_name)
-        self.peers.keep("coordinator", channel)
-        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-        request = coordinator_pb2.RegisterRequest(name=opts.name, address=self._advertised())
-        deadline = loop.time() + opts.register_timeout
-        try:
-            reply = await call_with_retry(
-                lambda: stub.Register(request, timeout=max(0.1, deadline - loop.time())),
-                deadline=deadline, what=f"coordinator {opts.coordinator}",
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise AgentFailure(
-                f"coordinator {opts.coordinator} refused {opts.name}: {exc.code().name}: "
-                f"{exc.details()}"
-            ) from None
-        assignment = serde.assignment_from_proto(reply)
-        if assignment.name != opts.name:
-            raise AgentFailure(f"coordinator assigned name {assignment.name!r} to {opts.name}")
-        return assignment
 
     # ---------------------------------------------------------------- results
 

@@ -46,6 +46,13 @@ class AgentOptions:
     state_dir: Path | None = None
     checkpoint_every: int = 50
     keep_rounds: int = 128
+    # The agent's own data (config.data == "local"), read on this host only: a file or IDX
+    # folder, the fraction held out locally for evaluation, an optional public test set, and
+    # the label column of .csv files.
+    data: Path | None = None
+    holdout: float = 0.2
+    test_data: Path | None = None
+    label_column: str = "label"
     # Test and debugging hooks. Both break privacy; never use them in a real deployment.
     insecure_noise_seed: int | None = None  # reproducible noise (to compare with the simulator)
     debug_expose_mask: bool = False  # write this agent's mask numerators into result.json
@@ -60,6 +67,8 @@ class AgentOptions:
                 f"({self.checkpoint_every + 2}): a neighbour restarted from its last checkpoint "
                 "replays up to checkpoint_every + 2 rounds from our history"
             )
+        if not 0.0 <= self.holdout < 1.0:
+            raise ValueError(f"holdout must lie in [0, 1), got {self.holdout}")
         if self.tls is not None:
             self.tls.require_name(self.name)
 

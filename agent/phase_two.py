@@ -19,6 +19,7 @@ from agent.outbox_log import OutboxLog
 from agent.session import Session
 from agent.state import Checkpoint, StateError
 from efpsn.algorithms import AgentState, Message, StepContext, make_algorithm
+from efpsn.config import LOCAL_DATA
 from efpsn.masking import MaskCoefficients
 from efpsn.schedules import make_schedule
 from efpsn.wire import serde
@@ -248,12 +249,28 @@ async def final_barrier(node: AgentNode) -> None:
 
 
 def evaluate(node: AgentNode, state: AgentState, t: int) -> dict[str, float]:
-    """Local, unmasked metrics of this agent's iterate (what one agent can know)."""
+    """Local, unmasked metrics of this agent's iterate (what one agent can know): loss on its
+    training data, accuracy on the public test set (else its held-out part), held-out
+    accuracy. They go into its own result.json; with agent-local data its status (on the wire)
+    carries only the public-test accuracy."""
     s = node.session
     assert s is not None
-    x = state["x"]
-    shard = s.problem.shards[s.index]
-    loss, _ = s.problem.task.loss_and_grad(x, shard.images, shard.labels)
-    accuracy = float(s.problem.task.accuracy(x, s.problem.test))
-    node.status.loss, node.status.accuracy = float(loss), accuracy
-    return {"round": t, "loss": float(loss), "accuracy": accuracy}
+    x, problem = state["x"], s.problem
+    shard = problem.shard(s.index)
+    loss, _ = problem.task.loss_and_grad(x, shard.images, shard.labels)
+    record = {"round": t, "loss": float(loss)}
+    holdout = problem.holdouts[s.index] if problem.holdouts else None
+    if holdout is not None:
+        record["holdout_accuracy"] = float(problem.task.accuracy(x, holdout))
+    if problem.test is not None:
+        record["accuracy"] = float(problem.task.accuracy(x, problem.test))
+    else:  # agent-local data without a public test set: the local held-out part
+        record["accuracy"] = record.get("holdout_accuracy", float("nan"))
+    if problem.config.data == LOCAL_DATA:
+        # GetStatus goes on the wire: only the accuracy on the public test set, nothing
+        # measured on this agent's private data (that stays in its own result.json)
+        node.status.loss = float("nan")
+        node.status.accuracy = record["accuracy"] if problem.test is not None else float("nan")
+    else:
+        node.status.loss, node.status.accuracy = record["loss"], record["accuracy"]
+    return record

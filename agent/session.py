@@ -7,6 +7,7 @@ import logging
 import math
 from dataclasses import dataclass
 
+from agent.bootstrap import Prepared
 from agent.options import AgentFailure
 from efpsn.algorithms import make_algorithm
 from efpsn.config import RunConfig
@@ -59,11 +60,19 @@ class Status:
     finished: bool = False
 
 
-async def open_session(assignment: serde.Assignment, *, name: str) -> Session:
-    """Build the public problem of the assigned run (off the event loop) and check that the
-    coordinator's neighbours agree with the run's topology."""
+async def open_session(assignment: serde.Assignment, *, name: str,
+                       prepared: Prepared | None = None) -> Session:
+    """Build the problem of the assigned run (off the event loop) from what was prepared for
+    its parameters (None: shards by index of a public data set, built here), and check that
+    the coordinator's neighbours agree with its topology."""
     config = RunConfig.from_dict(assignment.params)
-    problem = await asyncio.to_thread(build_problem, config)
+    if prepared is not None and config != prepared.config:
+        raise AgentFailure(f"the coordinator's assignment for {name} carries other run "
+                           "parameters than it announced before registration")
+    if prepared is None:
+        problem = await asyncio.to_thread(build_problem, config)
+    else:
+        problem = await asyncio.to_thread(prepared.build, assignment.index)
     expected = set(problem.graph.neighbours(assignment.index))
     got = {p.index for p in assignment.neighbours}
     if expected != got:

@@ -27,7 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.launcher import launch_local_network, load_agent_results
+from agent.launcher import launch_local_network
+from agent.summary import load_agent_results
 from efpsn.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.runtime import configure_threads

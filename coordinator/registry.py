@@ -1,8 +1,11 @@
-"""Pure bootstrap logic: who registered, deterministic ids, topology and mixing weights."""
+"""Pure bootstrap logic: who registered (and with which data schema and model), deterministic
+ids, topology and mixing weights."""
 
 from __future__ import annotations
 
 import re
+from collections import Counter
+from dataclasses import dataclass
 
 from efpsn.config import RunConfig
 from efpsn.topology import build_graph, metropolis_weights
@@ -12,8 +15,32 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 MAX_ADDRESS_CHARS = 255
 
 
+FINGERPRINT_BYTES = 32  # sha256
+MAX_FAILURE_CHARS = 200
+
+
 class NotExpected(ValueError):
     """A registration under a name this run does not expect."""
+
+
+class RunCancelled(ValueError):
+    """The run cannot start: an agent failed before phase I or declared a schema or model that
+    does not match. Every held and later registration is refused with this message."""
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """What an agent declares at registration: its data schema and its model's fingerprint
+    (compared as bytes: the coordinator never builds a model)."""
+
+    input_shape: str = ""
+    classes: int = 0
+    model_fingerprint: bytes = b""
+    failure: str = ""
+
+
+def _shown(text: str, limit: int = 64) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 def default_names(agents: int) -> set[str]:
@@ -46,13 +73,57 @@ class Registry:
             )
         self.expected_names = expected_names
         self.addresses: dict[str, str] = {}
+        self.declared: dict[str, Declaration] = {}
+        self.cancelled: str | None = None  # why the run was cancelled, once it is
         self._assignments: dict[str, Assignment] | None = None
 
     @property
     def complete(self) -> bool:
         return len(self.addresses) == self.config.agents
 
-    def register(self, name: str, address: str) -> None:
+    def cancel(self, reason: str) -> RunCancelled:
+        """Cancel the run (the first reason sticks) and return the error to raise."""
+        if self.cancelled is None:
+            self.cancelled = reason
+        return RunCancelled(self.cancelled)
+
+    def _check_declaration(self, name: str, d: Declaration) -> None:
+        c = self.config
+        if d.failure:
+            why = "".join(ch if ch.isprintable() else "?" for ch in d.failure[:MAX_FAILURE_CHARS])
+            raise self.cancel(f"{name} stopped before phase I: {why}; the run is cancelled")
+        if d.input_shape != c.input_shape:
+            raise self.cancel(f"{name} declared input_shape {_shown(d.input_shape)}, but the "
+                              f"run's data schema has input_shape {c.input_shape!r}; the run "
+                              "is cancelled")
+        if d.classes != c.classes:
+            raise self.cancel(f"{name} declared classes {d.classes}, but the run's data schema "
+                              f"has classes {c.classes}; the run is cancelled")
+        if len(d.model_fingerprint) != FINGERPRINT_BYTES:
+            raise self.cancel(f"{name} declared a model_fingerprint of "
+                              f"{len(d.model_fingerprint)} bytes, expected {FINGERPRINT_BYTES} "
+                              "(sha256); the run is cancelled")
+
+    def _check_models(self) -> None:
+        """Once everyone registered: all model fingerprints must agree. Agents whose
+        fingerprint differs from the most common one are named (all of them on a tie)."""
+        prints = {n: d.model_fingerprint for n, d in self.declared.items()}
+        counts = Counter(prints.values()).most_common()
+        if len(counts) == 1:
+            return
+        majority = counts[0][0] if counts[0][1] > counts[1][1] else None
+        odd = sorted(n for n, fp in prints.items() if fp != majority)
+        shown = ", ".join(f"{n} ({prints[n].hex()[:12]})" for n in odd)
+        if majority is None:
+            raise self.cancel(f"the agents disagree on model_fingerprint: {shown}; every agent "
+                              f"must build the same model for task {self.config.task!r}; the "
+                              "run is cancelled")
+        raise self.cancel(f"model_fingerprint of {shown} differs from the other agents' "
+                          f"({majority.hex()[:12]}): every agent must build the same model for "
+                          f"task {self.config.task!r}; the run is cancelled")
+
+    def register(self, name: str, address: str,
+                 declaration: Declaration | None = None) -> None:
         """Record an agent. Re-registering the same name with the same address is idempotent;
         before the run is complete a re-registration may move the agent to a new address (an
         agent restarted before the run began). Other conflicts are ValueErrors, names outside
@@ -65,6 +136,8 @@ class Registry:
         check_address(address)
         if self.expected_names is not None and name not in self.expected_names:
             raise NotExpected(f"{name!r} is not one of the expected agents")
+        if self.cancelled is not None:
+            raise RunCancelled(self.cancelled)
         holder = next((other for other, at in self.addresses.items()
                        if at == address and other != name), None)
         if holder is not None:
@@ -72,6 +145,8 @@ class Registry:
             # reach only one of them (and be refused by TLS for the other)
             raise ValueError(f"address {address} is already registered by {holder!r}; every "
                              "agent needs its own --advertise HOST:PORT")
+        if declaration is not None and not self.complete:  # once complete, all were checked
+            self._check_declaration(name, declaration)
         known = self.addresses.get(name)
         if known is not None:
             if known != address:
@@ -81,12 +156,18 @@ class Registry:
                         "run's assignments are out"
                     )
                 self.addresses[name] = address
+            if declaration is not None and not self.complete:
+                self.declared[name] = declaration
             return
         if self.complete:
             raise ValueError(
                 f"the run already has its {self.config.agents} agents; {name!r} cannot join"
             )
         self.addresses[name] = address
+        if declaration is not None:
+            self.declared[name] = declaration
+        if self.complete and len(self.declared) == len(self.addresses):
+            self._check_models()
 
     def assignments(self) -> dict[str, Assignment]:
         """All assignments, once every agent registered (computed once, then frozen)."""

@@ -8,7 +8,7 @@ import uuid
 
 import grpc
 
-from coordinator.registry import NotExpected, Registry, default_names
+from coordinator.registry import Declaration, NotExpected, Registry, RunCancelled, default_names
 from efpsn.config import RunConfig
 from efpsn.wire import limits, records
 from efpsn.wire.net import (
@@ -45,7 +45,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         # who sees the run id, names and rejections in GetRunStatus besides expected agents:
         # the coordinator's own certificate names (its operator)
         self.operator_names = operator_names
-        self.complete = asyncio.Event()
+        self.settled = asyncio.Event()  # complete, or cancelled
         self.rejections = RejectionLog(log, "coordinator")
 
     def _authenticate(self, context: grpc.aio.ServicerContext, name: str) -> None:
@@ -83,18 +83,26 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.RegisterRequest, context: grpc.aio.ServicerContext
     ) -> coordinator_pb2.Assignment:
         self._authenticate(context, request.name)
+        declaration = Declaration(
+            input_shape=request.input_shape, classes=request.classes,
+            model_fingerprint=request.model_fingerprint, failure=request.failure,
+        )
         try:
-            self.registry.register(request.name, request.address)
+            self.registry.register(request.name, request.address, declaration)
         except NotExpected as exc:
             raise Reject(grpc.StatusCode.PERMISSION_DENIED, str(exc)) from None
+        except RunCancelled as exc:
+            self.settled.set()  # release every held Register call with the reason
+            log.error("run %s cancelled: %s", self.registry.run_id, exc)
+            raise Reject(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
         log.info("registered %s at %s (%d/%d)", request.name, request.address,
                  len(self.registry.addresses), self.registry.config.agents)
         if self.registry.complete:
-            self.complete.set()
+            self.settled.set()
         remaining = context.time_remaining()
         timeout = self.register_timeout if remaining is None else min(remaining, self.register_timeout)
         try:
-            await asyncio.wait_for(self.complete.wait(), timeout=max(0.0, timeout))
+            await asyncio.wait_for(self.settled.wait(), timeout=max(0.0, timeout))
         except TimeoutError:
             have = sorted(self.registry.addresses)
             raise Reject(
@@ -102,7 +110,16 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 f"only {len(have)} of {self.registry.config.agents} agents registered "
                 f"({', '.join(have)}) before the registration deadline",
             ) from None
+        if self.registry.cancelled is not None:
+            raise Reject(grpc.StatusCode.FAILED_PRECONDITION, self.registry.cancelled)
         return records.assignment_to_proto(self.registry.assignments()[request.name])
+
+    @guarded
+    async def GetRunParameters(
+        self, request: coordinator_pb2.RunParametersRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.RunParameters:
+        """The public run parameters: an agent loads and checks its data and model first."""
+        return records.run_parameters_to_proto(self.registry.config.to_dict())
 
     @guarded
     async def GetRunStatus(

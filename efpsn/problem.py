@@ -1,20 +1,21 @@
-"""The public, deterministic part of a run: graph, weights, data shards, basis, objectives."""
+"""The deterministic part of a run: graph, weights, data shards, basis, objectives."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 import torch
 
 from efpsn.basis import OrthonormalSystem, choose_monomials
-from efpsn.config import RunConfig
+from efpsn.config import LOCAL_DATA, RunConfig, parse_shape
 from efpsn.encoding import SlotLayout
 from efpsn.masking import MaskCoefficients, NoiseSpec
 from efpsn.perturbation import FunctionalPerturbation, select_indices, selection_measure
 from efpsn.tasks import BatchSampler, Dataset, Task, load_data, make_task, partition
+from efpsn.tasks.local import LocalData
 from efpsn.topology import Graph, build_graph, metropolis_weights
 
 
@@ -49,16 +50,23 @@ class LocalObjective:
 
 @dataclass
 class Problem:
-    """Everything every agent can derive from the public RunConfig alone."""
+    """The run's public part (from the RunConfig) and the data this process holds.
+
+    Shards by index of a public data set (the paper's mode): every shard and the test set.
+    Agent-local data (config.data == "local"): only the shards this process was given (an
+    agent: its own, the others None; the simulator: all), their local held-out parts, and the
+    public test set if one was given.
+    """
 
     config: RunConfig
     graph: Graph
     weights: np.ndarray
     task: Task
-    shards: list[Dataset]
-    test: Dataset
+    shards: list[Dataset | None]
+    test: Dataset | None
     system: OrthonormalSystem
     indices: np.ndarray
+    holdouts: list[Dataset | None] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -94,26 +102,46 @@ class Problem:
             return None
         return FunctionalPerturbation(system=self.system, indices=self.indices, eta=values)
 
+    def shard(self, i: int) -> Dataset:
+        """Agent i's training data (a ValueError when this process does not hold it)."""
+        shard = self.shards[i]
+        if shard is None:
+            raise ValueError(f"this process does not hold agent {i}'s data")
+        return shard
+
     def objective(self, i: int, mask: MaskCoefficients) -> LocalObjective:
         c = self.config
-        sampler = BatchSampler(
-            len(self.shards[i].labels), batch_size=c.batch_size or None, seed=c.seed, agent=i
-        )
+        shard = self.shard(i)
+        sampler = BatchSampler(len(shard.labels), batch_size=c.batch_size or None, seed=c.seed,
+                               agent=i)
         return LocalObjective(
-            task=self.task, shard=self.shards[i], perturbation=self.perturbation(mask),
-            sampler=sampler,
+            task=self.task, shard=shard, perturbation=self.perturbation(mask), sampler=sampler,
         )
 
 
-def build_problem(config: RunConfig, *, data: tuple[Dataset, Dataset] | None = None) -> Problem:
-    """Validate the config against the graph/task/basis and build the public problem.
+def build_task(config: RunConfig) -> Task:
+    """The run's model and loss for its data schema (initial parameters from the public seed)."""
+    c = config
+    return make_task(c.task, l2=None if c.l2 < 0 else c.l2, shape=parse_shape(c.input_shape),
+                     classes=c.classes)
 
-    Every check that can fail (disconnected graph, bad selection, basis too large) fails here,
-    before any agent starts phase I.
+
+def build_problem(
+    config: RunConfig,
+    *,
+    data: tuple[Dataset, Dataset] | None = None,
+    local: Mapping[int, LocalData] | None = None,
+    task: Task | None = None,
+) -> Problem:
+    """Validate the config against the graph/task/basis and build the problem.
+
+    `local` (agent index -> LocalData) is required for config.data == "local" and unused
+    otherwise. Every check that can fail (disconnected graph, bad selection, basis too large)
+    fails here, before any agent starts phase I.
     """
     c = config
     graph = build_graph(c.topology, c.agents, seed=c.seed)
-    task = make_task(c.task, l2=None if c.l2 < 0 else c.l2)
+    task = task if task is not None else build_task(c)
     indices = select_indices(
         c.selection, num_params=task.num_params, m=c.m, last_bias=task.last_bias_indices(),
         seed=c.basis_seed,
@@ -124,13 +152,26 @@ def build_problem(config: RunConfig, *, data: tuple[Dataset, Dataset] | None = N
         choose_monomials(m=c.m, K=c.K, N=c.N, seed=c.basis_seed),
         measure=selection_measure(c.selection),
     )
-    train, test = data if data is not None else load_data(
-        c.data, test_fraction=c.test_fraction, seed=c.seed
-    )
-    shards = partition(train, c.agents, mode=c.partition, seed=c.seed)
+    holdouts: list[Dataset | None] = []
+    if c.data == LOCAL_DATA:
+        if local is None:
+            raise ValueError("data 'local': every agent reads its own data (efpsn agent --data "
+                             "PATH; efpsn simulate/up --data-dir DIR)")
+        if any(not 0 <= i < c.agents for i in local):
+            raise ValueError(f"local data for agents {sorted(local)}, expected 0..{c.agents - 1}")
+        shards: list[Dataset | None] = [local[i].train if i in local else None
+                                        for i in range(c.agents)]
+        holdouts = [local[i].holdout if i in local else None for i in range(c.agents)]
+        tests = [d.test for d in local.values() if d.test is not None]
+        test: Dataset | None = tests[0] if tests else None
+    else:
+        train, test = data if data is not None else load_data(
+            c.data, test_fraction=c.test_fraction, seed=c.seed
+        )
+        shards = list(partition(train, c.agents, mode=c.partition, seed=c.seed))
     problem = Problem(
         config=c, graph=graph, weights=metropolis_weights(graph), task=task, shards=shards,
-        test=test, system=system, indices=indices,
+        test=test, system=system, indices=indices, holdouts=holdouts,
     )
     _ = problem.layout  # refuse overflow-prone packing parameters now
     return problem

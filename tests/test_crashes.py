@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from localnet import LocalNet
 
-from agent.launcher import load_agent_results
 from agent.state import StateStore
+from agent.summary import load_agent_results
 from efpsn.config import RunConfig
 from efpsn.simulator import run_simulation
 

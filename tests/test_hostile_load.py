@@ -22,7 +22,7 @@ import grpc
 import pytest
 from localnet import LocalNet
 
-from agent.launcher import load_agent_results
+from agent.summary import load_agent_results
 from efpsn.config import RunConfig
 from efpsn.simulator import run_simulation
 from efpsn.wire import serde

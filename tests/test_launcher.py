@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.launcher import Child, _wait_port, check_results, stop_children
+from agent.launcher import Child, _wait_port, stop_children
+from agent.summary import check_results
 from efpsn.cli_common import format_metrics
 
 pytestmark = pytest.mark.timeout(300)

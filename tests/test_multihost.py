@@ -25,7 +25,7 @@ import pytest
 import torch
 from netns import NetnsNetwork, can_use_netns, stop_processes
 
-from agent.launcher import load_agent_results
+from agent.summary import load_agent_results
 from efpsn.cli_services import config_to_args
 from efpsn.config import RunConfig
 from efpsn.simulator import run_simulation

@@ -15,7 +15,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from agent.launcher import launch_local_network, load_agent_results
+from agent.launcher import launch_local_network
+from agent.summary import load_agent_results
 from efpsn.config import RunConfig
 from efpsn.simulator import run_simulation
 
@@ -40,7 +41,7 @@ def dsgd_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunConfig, Path,
 
 def test_network_completes_both_phases_with_exactly_zero_sum_masks(dsgd_run) -> None:
     config, folder, summary = dsgd_run
-    # ok means: every agent finished every round of one run (agent.launcher.check_results)
+    # ok means: every agent finished every round of one run (agent.summary.check_results)
     assert summary["ok"] and summary["problems"] == []
     assert json.loads((folder / "summary.json").read_text())["ok"] is True
     # `efpsn up` runs mutual TLS by default: a fresh CA and one certificate per process

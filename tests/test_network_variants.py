@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.launcher import launch_local_network, load_agent_results
+from agent.launcher import launch_local_network
+from agent.summary import load_agent_results
 from efpsn.config import RunConfig
 from efpsn.simulator import run_simulation
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from localnet import LocalNet
 
-from agent.launcher import load_agent_results
+from agent.summary import load_agent_results
 from efpsn.config import RunConfig
 from efpsn.simulator import run_simulation
 

@@ -35,9 +35,9 @@ from hypothesis import Phase as HPhase
 from hypothesis import strategies as st
 from localnet import LocalNet
 
-from agent.launcher import load_agent_results
 from agent.node import AgentNode, AgentOptions, AgentService
 from agent.session import open_session
+from agent.summary import load_agent_results
 from coordinator.registry import Registry, default_names
 from coordinator.service import CoordinatorService
 from efpsn import paillier

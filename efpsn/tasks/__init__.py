@@ -1,6 +1,7 @@
-"""Learning tasks of the paper's experiments: MNIST data, models, objectives, centralized optimum."""
+"""Learning tasks: data (public sets, agent-local files), models, objectives, centralized optimum."""
 
 from efpsn.tasks.batches import BatchSampler
+from efpsn.tasks.catalog import DataSchema, MLPTask, PythonTask, make_task
 from efpsn.tasks.data import (
     IMAGE_SHAPE,
     NUM_CLASSES,
@@ -12,13 +13,12 @@ from efpsn.tasks.data import (
     read_idx,
     train_test_split,
 )
-from efpsn.tasks.models import LeNet, LogisticRegression, count_parameters
+from efpsn.tasks.models import MLP, LeNet, LogisticRegression, count_parameters
 from efpsn.tasks.objective import (
     DEFAULT_L2,
     LeNetTask,
     LogisticRegressionTask,
     Task,
-    make_task,
 )
 from efpsn.tasks.optimum import (
     Optimum,
@@ -30,14 +30,18 @@ from efpsn.tasks.optimum import (
 __all__ = [
     "DEFAULT_L2",
     "IMAGE_SHAPE",
+    "MLP",
     "NUM_CLASSES",
     "BatchSampler",
+    "DataSchema",
     "Dataset",
     "LeNet",
     "LeNetTask",
     "LogisticRegression",
     "LogisticRegressionTask",
+    "MLPTask",
     "Optimum",
+    "PythonTask",
     "Task",
     "centralized_optimum",
     "clear_optimum_cache",

@@ -32,14 +32,18 @@ PartitionMode = Literal["iid", "by-label"]
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """Labelled 28x28 grey images: `images` float64 (N, 1, 28, 28) in [0, 1], `labels` int64 (N,).
+    """Labelled samples: `images` float64 (N, *shape), `labels` int64 (N,) in [0, classes).
 
-    Equality is identity (`eq=False`): tensors have no single truth value.
+    The paper's data are 28x28 grey images in [0, 1], shape (1, 28, 28), 10 classes (the
+    defaults); an agent's own data may have any shape and class count. Equality is identity
+    (`eq=False`): tensors have no single truth value.
     """
 
     images: torch.Tensor
     labels: torch.Tensor
     name: str
+    shape: tuple[int, ...] = IMAGE_SHAPE
+    classes: int = NUM_CLASSES
 
     def __post_init__(self) -> None:
         if not isinstance(self.images, torch.Tensor) or not isinstance(self.labels, torch.Tensor):
@@ -47,25 +51,24 @@ class Dataset:
                 "Dataset expects torch tensors, got "
                 f"images={type(self.images).__name__}, labels={type(self.labels).__name__}"
             )
-        if self.images.dtype != torch.float64 or self.images.ndim != 4:
+        wanted = "(N, " + ", ".join(map(str, self.shape)) + ")"
+        if self.images.dtype != torch.float64 or self.images.ndim != 1 + len(self.shape):
             raise ValueError(
-                "Dataset.images must be float64 of shape (N, 1, 28, 28), got "
+                f"Dataset.images must be float64 of shape {wanted}, got "
                 f"{self.images.dtype} {tuple(self.images.shape)}"
             )
-        if tuple(self.images.shape[1:]) != IMAGE_SHAPE:
-            raise ValueError(
-                f"Dataset.images must be (N, 1, 28, 28), got {tuple(self.images.shape)}"
-            )
+        if tuple(self.images.shape[1:]) != tuple(self.shape):
+            raise ValueError(f"Dataset.images must be {wanted}, got {tuple(self.images.shape)}")
         if self.labels.dtype != torch.int64 or self.labels.shape != (self.images.shape[0],):
             raise ValueError(
                 f"Dataset.labels must be int64 of shape ({self.images.shape[0]},), got "
                 f"{self.labels.dtype} {tuple(self.labels.shape)}"
             )
         if len(self.labels) and (
-            int(self.labels.min()) < 0 or int(self.labels.max()) >= NUM_CLASSES
+            int(self.labels.min()) < 0 or int(self.labels.max()) >= self.classes
         ):
             raise ValueError(
-                f"Dataset.labels must lie in [0, {NUM_CLASSES}), got "
+                f"Dataset.labels must lie in [0, {self.classes}), got "
                 f"[{int(self.labels.min())}, {int(self.labels.max())}]"
             )
 
@@ -84,11 +87,12 @@ class Dataset:
         else:
             idx = torch.from_numpy(np.asarray(indices, dtype=np.int64))
         images, labels = self.batch(idx)
-        return Dataset(images=images, labels=labels, name=self.name if name is None else name)
+        return Dataset(images=images, labels=labels, name=self.name if name is None else name,
+                       shape=self.shape, classes=self.classes)
 
     def class_counts(self) -> np.ndarray:
-        """Number of samples of each class 0..9."""
-        return np.bincount(self.labels.numpy(), minlength=NUM_CLASSES)
+        """Number of samples of each class 0..classes-1."""
+        return np.bincount(self.labels.numpy(), minlength=self.classes)
 
 
 def _make_dataset(pixels: np.ndarray, labels: np.ndarray, *, scale: float, name: str) -> Dataset:

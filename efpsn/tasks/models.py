@@ -1,22 +1,25 @@
-"""The paper's two models in float64: logistic regression (7,850 parameters) and DLG's LeNet (13,426)."""
+"""Models in float64: logistic regression and DLG's LeNet (the paper's), and a plain MLP."""
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 from torch import nn
 
-__all__ = ["LeNet", "LogisticRegression", "count_parameters"]
+__all__ = ["MLP", "LeNet", "LogisticRegression", "count_parameters"]
 
 
 class LogisticRegression(nn.Module):
-    """One linear layer 784 -> 10 on the flattened image; softmax lives in the loss.
+    """One linear layer d -> C on the flattened input (784 -> 10 for MNIST, the paper's 7,850
+    parameters); softmax lives in the loss.
 
-    Flat parameter order (model.parameters()): weight (10, 784) row-major, then bias (10,).
+    Flat parameter order (model.parameters()): weight (C, d) row-major, then bias (C,).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, features: int = 784, classes: int = 10) -> None:
         super().__init__()
-        self.linear = nn.Linear(784, 10, dtype=torch.float64)
+        self.linear = nn.Linear(features, classes, dtype=torch.float64)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.linear(images.reshape(images.shape[0], -1))
@@ -31,7 +34,7 @@ class LeNet(nn.Module):
     Parameters: 312 + 3,612 + 3,612 + 5,890 = 13,426; the last two are fc.weight, fc.bias.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, classes: int = 10) -> None:
         super().__init__()
         self.body = nn.Sequential(
             nn.Conv2d(1, 12, kernel_size=5, padding=2, stride=2, dtype=torch.float64),
@@ -41,11 +44,27 @@ class LeNet(nn.Module):
             nn.Conv2d(12, 12, kernel_size=5, padding=2, stride=1, dtype=torch.float64),
             nn.Sigmoid(),
         )
-        self.fc = nn.Linear(588, 10, dtype=torch.float64)
+        self.fc = nn.Linear(588, classes, dtype=torch.float64)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         features = self.body(images)
         return self.fc(features.reshape(features.shape[0], -1))
+
+
+class MLP(nn.Module):
+    """Fully connected d -> H1 -> ... -> C on the flattened input, ReLU between layers."""
+
+    def __init__(self, features: int, hidden: tuple[int, ...], classes: int) -> None:
+        super().__init__()
+        widths = (features, *hidden)
+        layers: list[nn.Module] = []
+        for fan_in, fan_out in itertools.pairwise(widths):
+            layers += [nn.Linear(fan_in, fan_out, dtype=torch.float64), nn.ReLU()]
+        layers.append(nn.Linear(widths[-1], classes, dtype=torch.float64))
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.layers(images.reshape(images.shape[0], -1))
 
 
 def count_parameters(model: nn.Module) -> int:

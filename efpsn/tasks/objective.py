@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -10,10 +12,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from efpsn.tasks.data import Dataset
+from efpsn.tasks.data import IMAGE_SHAPE, NUM_CLASSES, Dataset
 from efpsn.tasks.models import LeNet, LogisticRegression
 
-__all__ = ["DEFAULT_L2", "LeNetTask", "LogisticRegressionTask", "Task", "make_task"]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+__all__ = ["DEFAULT_L2", "LeNetTask", "LogisticRegressionTask", "Task"]
 
 # Default L2 coefficients, f(x) = mean cross-entropy + (l2 / 2) ||x||^2.
 # - logreg: 1e-2. Some L2 is needed for x* to exist and be unique (4,000 MNIST digits in 784
@@ -26,7 +30,8 @@ __all__ = ["DEFAULT_L2", "LeNetTask", "LogisticRegressionTask", "Task", "make_ta
 #   accuracy of x* (1,000 held-out digits): l2 = 1e-4: 88.3%, 1e-3: 90.2%, 1e-2: 89.8%.
 # - lenet: 0, the plain cross-entropy of the paper (Sec. 5.1) and of DLG; the non-convex
 #   metric is stationarity ||(1/n) sum_i grad f_i(x_i)||^2, which needs no unique minimiser.
-DEFAULT_L2: dict[str, float] = {"logreg": 1e-2, "lenet": 0.0}
+# - mlp:... and python:...: 0, the plain loss.
+DEFAULT_L2: dict[str, float] = {"logreg": 1e-2, "lenet": 0.0, "mlp": 0.0, "python": 0.0}
 
 _PREDICT_CHUNK = 2048
 
@@ -49,7 +54,21 @@ class Task:
     name: str
     convex: bool = False
 
-    def __init__(self, model: nn.Module, *, l2: float) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        l2: float,
+        shape: tuple[int, ...] = IMAGE_SHAPE,
+        classes: int = NUM_CLASSES,
+        factory: Callable[[], nn.Module] | None = None,
+        loss: LossFn | None = None,
+    ) -> None:
+        self.shape = tuple(shape)
+        self.classes = int(classes)
+        self.features = math.prod(self.shape)
+        self._factory = factory or type(model)
+        self._loss: LossFn = loss or F.cross_entropy
         self._model = model.eval()
         for param in self._model.parameters():
             param.requires_grad_(False)
@@ -86,7 +105,7 @@ class Task:
 
     def build_model(self, x: torch.Tensor | None = None) -> nn.Module:
         """A fresh float64 nn.Module, loaded with `x` when given."""
-        model = type(self._model)()
+        model = self._factory()
         if x is not None:
             self._check_x(x)
             nn.utils.vector_to_parameters(x.detach().clone(), model.parameters())
@@ -101,11 +120,20 @@ class Task:
                 f"{x.dtype} {tuple(x.shape)}"
             )
 
-    @staticmethod
-    def _check_batch(images: torch.Tensor, labels: torch.Tensor) -> None:
-        if images.ndim < 2 or images[0].numel() != 784 or labels.shape != (images.shape[0],):
+    def fingerprint(self) -> bytes:
+        """sha256 over the model's parameter names, shapes and dtypes, in order: agents that
+        built different models (a different user module, other hidden widths) disagree."""
+        digest = hashlib.sha256()
+        for pname, param in self._model.named_parameters():
+            digest.update(f"{pname}|{tuple(param.shape)}|{param.dtype}\n".encode())
+        return digest.digest()
+
+    def _check_batch(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        if (images.ndim < 2 or images[0].numel() != self.features
+                or labels.shape != (images.shape[0],)):
+            wanted = ", ".join(map(str, self.shape))
             raise ValueError(
-                "expected images (B, 1, 28, 28) or (B, 784) and labels (B,), got "
+                f"expected images (B, {wanted}) or (B, {self.features}) and labels (B,), got "
                 f"{tuple(images.shape)} and {tuple(labels.shape)}"
             )
         if images.dtype != torch.float64 or labels.dtype != torch.int64:
@@ -147,7 +175,7 @@ class Task:
         """f(x) on the batch (images, labels)."""
         self._check_batch(images, labels)
         with torch.no_grad():
-            value = F.cross_entropy(self.logits(x, images), labels) + self._regulariser(x)
+            value = self._loss(self.logits(x, images), labels) + self._regulariser(x)
         return float(value)
 
     def loss_and_grad(
@@ -164,7 +192,7 @@ class Task:
         self._check_batch(images, labels)
         with torch.enable_grad():
             xr = x.detach().requires_grad_(True)
-            value = F.cross_entropy(self.logits(xr, images), labels) + self._regulariser(xr)
+            value = self._loss(self.logits(xr, images), labels) + self._regulariser(xr)
             (grad,) = torch.autograd.grad(value, xr)
         return float(value.detach()), grad
 
@@ -177,7 +205,7 @@ class Task:
         self._check_x(v)
         with torch.enable_grad():
             xr = x.detach().requires_grad_(True)
-            value = F.cross_entropy(self.logits(xr, images), labels) + self._regulariser(xr)
+            value = self._loss(self.logits(xr, images), labels) + self._regulariser(xr)
             (grad,) = torch.autograd.grad(value, xr, create_graph=True)
             (hv,) = torch.autograd.grad(grad, xr, grad_outputs=v)
         return hv.detach()
@@ -202,8 +230,8 @@ class Task:
 
 
 class LogisticRegressionTask(Task):
-    """Multinomial logistic regression, 784 -> 10; loss, gradient and Hessian products in closed
-    form (no autograd): the hot path of the convex experiments.
+    """Multinomial logistic regression, d -> C (784 -> 10 for MNIST); loss, gradient and Hessian
+    products in closed form (no autograd): the hot path of the convex experiments.
 
     With Z = X W^T + b and P = softmax(Z) row-wise, Y one-hot labels, batch size B:
     f = (1/B) sum_r (logsumexp(Z_r) - Z_r[y_r]) + (l2/2)||x||^2,
@@ -213,8 +241,12 @@ class LogisticRegressionTask(Task):
     name = "logreg"
     convex = True
 
-    def __init__(self, *, l2: float = DEFAULT_L2["logreg"]) -> None:
-        super().__init__(LogisticRegression(), l2=l2)
+    def __init__(self, *, l2: float = DEFAULT_L2["logreg"], shape: tuple[int, ...] = IMAGE_SHAPE,
+                 classes: int = NUM_CLASSES) -> None:
+        d = math.prod(shape)
+        super().__init__(LogisticRegression(d, classes), l2=l2, shape=shape, classes=classes,
+                         factory=lambda: LogisticRegression(d, classes))
+        self._split = d * classes  # W (C, d) row-major, then b (C,)
 
     def init_params(self, seed: int) -> torch.Tensor:
         """Zeros for every seed: the standard start for a convex problem (f is convex, so the
@@ -224,17 +256,19 @@ class LogisticRegressionTask(Task):
 
     def logits(self, x: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
         self._check_x(x)
-        features = images.reshape(images.shape[0], 784)
-        return torch.addmm(x[7840:], features, x[:7840].view(10, 784).t())
+        features = images.reshape(images.shape[0], self.features)
+        k = self._split
+        return torch.addmm(x[k:], features, x[:k].view(self.classes, self.features).t())
 
     def _arrays(
         self, x: torch.Tensor, images: torch.Tensor
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Zero-copy numpy views: W (10, 784), b (10,), X (B, 784)."""
+        """Zero-copy numpy views: W (C, d), b (C,), X (B, d)."""
         self._check_x(x)
         x_np = x.detach().numpy()
-        features = images.detach().reshape(images.shape[0], 784).numpy()
-        return x_np[:7840].reshape(10, 784), x_np[7840:], features
+        features = images.detach().reshape(images.shape[0], self.features).numpy()
+        k = self._split
+        return x_np[:k].reshape(self.classes, self.features), x_np[k:], features
 
     def _shifted_scores(
         self, x: torch.Tensor, images: torch.Tensor
@@ -270,8 +304,9 @@ class LogisticRegressionTask(Task):
         zt /= norm * batch
         zt[rows, cols] -= 1.0 / batch
         grad = np.empty(self.num_params, dtype=np.float64)
-        np.matmul(zt, features, out=grad[:7840].reshape(10, 784))
-        zt.sum(axis=1, out=grad[7840:])
+        k = self._split
+        np.matmul(zt, features, out=grad[:k].reshape(self.classes, self.features))
+        zt.sum(axis=1, out=grad[k:])
         value = float(ce)
         if self.l2:
             x_np = x.detach().numpy()
@@ -291,13 +326,14 @@ class LogisticRegressionTask(Task):
         np.exp(zt, out=zt)
         zt /= zt.sum(axis=0)  # P^T
         v_np = v.detach().numpy()
-        direction = v_np[:7840].reshape(10, 784) @ features.T
-        direction += v_np[7840:, None]
+        k = self._split
+        direction = v_np[:k].reshape(self.classes, self.features) @ features.T
+        direction += v_np[k:, None]
         direction *= zt  # (P * D)^T
         jac = direction - zt * direction.sum(axis=0)
         out = np.empty(self.num_params, dtype=np.float64)
-        np.matmul(jac, features, out=out[:7840].reshape(10, 784))
-        jac.sum(axis=1, out=out[7840:])
+        np.matmul(jac, features, out=out[:k].reshape(self.classes, self.features))
+        jac.sum(axis=1, out=out[k:])
         out /= batch
         if self.l2:
             out += self.l2 * v_np
@@ -310,8 +346,13 @@ class LeNetTask(Task):
     name = "lenet"
     convex = False
 
-    def __init__(self, *, l2: float = DEFAULT_L2["lenet"]) -> None:
-        super().__init__(LeNet(), l2=l2)
+    def __init__(self, *, l2: float = DEFAULT_L2["lenet"], shape: tuple[int, ...] = IMAGE_SHAPE,
+                 classes: int = NUM_CLASSES) -> None:
+        if tuple(shape) != IMAGE_SHAPE:
+            raise ValueError(f"task lenet needs inputs of shape 1x28x28, got "
+                             f"{'x'.join(map(str, shape))}")
+        super().__init__(LeNet(classes), l2=l2, shape=shape, classes=classes,
+                         factory=lambda: LeNet(classes))
 
     def init_params(self, seed: int) -> torch.Tensor:
         """DLG's initialisation: every weight and bias ~ U(-0.5, 0.5), from
@@ -320,13 +361,3 @@ class LeNetTask(Task):
         accuracy after 2,500 steps) while this one reaches 88.9% after 500 and 94.7% after
         2,500 steps."""
         return torch.from_numpy(np.random.default_rng(seed).uniform(-0.5, 0.5, self.num_params))
-
-
-_TASKS: dict[str, type[Task]] = {"logreg": LogisticRegressionTask, "lenet": LeNetTask}
-
-
-def make_task(name: str, *, l2: float | None = None) -> Task:
-    """The task called `name` ("logreg" or "lenet"); `l2=None` takes DEFAULT_L2[name]."""
-    if name not in _TASKS:
-        raise ValueError(f"unknown task {name!r}: expected one of {sorted(_TASKS)}")
-    return _TASKS[name](l2=DEFAULT_L2[name] if l2 is None else l2)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65\x66psn/wire/v1/coordinator.proto\x12\x08\x65\x66psn.v1\"0\n\x0fRegisterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"D\n\x04Peer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0e\n\x06weight\x18\x04 \x01(\x01\"\xb6\x03\n\rRunParameters\x12\x0e\n\x06\x61gents\x18\x01 \x01(\r\x12\x10\n\x08topology\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x11\n\talgorithm\x18\x04 \x01(\t\x12\x0c\n\x04mask\x18\x05 \x01(\t\x12\r\n\x05gamma\x18\x06 \x01(\x01\x12\t\n\x01p\x18\x07 \x01(\x01\x12\x11\n\tprecision\x18\x08 \x01(\r\x12\t\n\x01K\x18\t \x01(\r\x12\t\n\x01m\x18\n \x01(\r\x12\t\n\x01N\x18\x0b \x01(\r\x12\x11\n\tselection\x18\x0c \x01(\t\x12\x12\n\nbasis_seed\x18\r \x01(\x04\x12\x12\n\niterations\x18\x0e \x01(\x04\x12\x12\n\nbatch_size\x18\x0f \x01(\r\x12\x10\n\x08schedule\x18\x10 \x01(\t\x12\x0c\n\x04seed\x18\x11 \x01(\x04\x12\x10\n\x08key_bits\x18\x12 \x01(\r\x12\x0e\n\x06packed\x18\x13 \x01(\x08\x12\x11\n\tpartition\x18\x14 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x15 \x01(\t\x12\x15\n\rtest_fraction\x18\x16 \x01(\x01\x12\n\n\x02l2\x18\x17 \x01(\x01\x12\x12\n\neval_every\x18\x18 \x01(\r\x12\x1d\n\x15round_timeout_seconds\x18\x19 \x01(\x01\"\xaf\x01\n\nAssignment\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\"\n\nneighbours\x18\x04 \x03(\x0b\x32\x0e.efpsn.v1.Peer\x12\x13\n\x0bself_weight\x18\x05 \x01(\x01\x12\'\n\x06params\x18\x06 \x01(\x0b\x32\x17.efpsn.v1.RunParameters\x12\x12\n\nnum_agents\x18\x07 \x01(\r\"\x12\n\x10RunStatusRequest\"\xce\x01\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nregistered\x18\x02 \x01(\r\x12\x10\n\x08\x65xpected\x18\x03 \x01(\r\x12\r\n\x05names\x18\x04 \x03(\t\x12\x10\n\x08\x61ssigned\x18\x05 \x01(\x08\x12\x37\n\nrejections\x18\x06 \x03(\x0b\x32#.efpsn.v1.RunStatus.RejectionsEntry\x1a\x31\n\x0fRejectionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\x8b\x01\n\x0b\x43oordinator\x12;\n\x08Register\x12\x19.efpsn.v1.RegisterRequest\x1a\x14.efpsn.v1.Assignment\x12?\n\x0cGetRunStatus\x12\x1a.efpsn.v1.RunStatusRequest\x1a\x13.efpsn.v1.RunStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65\x66psn/wire/v1/coordinator.proto\x12\x08\x65\x66psn.v1\"\x82\x01\n\x0fRegisterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0binput_shape\x18\x03 \x01(\t\x12\x0f\n\x07\x63lasses\x18\x04 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\x0c\x12\x0f\n\x07\x66\x61ilure\x18\x06 \x01(\t\"\x16\n\x14RunParametersRequest\"D\n\x04Peer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0e\n\x06weight\x18\x04 \x01(\x01\"\xeb\x03\n\rRunParameters\x12\x0e\n\x06\x61gents\x18\x01 \x01(\r\x12\x10\n\x08topology\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x11\n\talgorithm\x18\x04 \x01(\t\x12\x0c\n\x04mask\x18\x05 \x01(\t\x12\r\n\x05gamma\x18\x06 \x01(\x01\x12\t\n\x01p\x18\x07 \x01(\x01\x12\x11\n\tprecision\x18\x08 \x01(\r\x12\t\n\x01K\x18\t \x01(\r\x12\t\n\x01m\x18\n \x01(\r\x12\t\n\x01N\x18\x0b \x01(\r\x12\x11\n\tselection\x18\x0c \x01(\t\x12\x12\n\nbasis_seed\x18\r \x01(\x04\x12\x12\n\niterations\x18\x0e \x01(\x04\x12\x12\n\nbatch_size\x18\x0f \x01(\r\x12\x10\n\x08schedule\x18\x10 \x01(\t\x12\x0c\n\x04seed\x18\x11 \x01(\x04\x12\x10\n\x08key_bits\x18\x12 \x01(\r\x12\x0e\n\x06packed\x18\x13 \x01(\x08\x12\x11\n\tpartition\x18\x14 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x15 \x01(\t\x12\x15\n\rtest_fraction\x18\x16 \x01(\x01\x12\n\n\x02l2\x18\x17 \x01(\x01\x12\x12\n\neval_every\x18\x18 \x01(\r\x12\x1d\n\x15round_timeout_seconds\x18\x19 \x01(\x01\x12\x13\n\x0binput_shape\x18\x1a \x01(\t\x12\x0f\n\x07\x63lasses\x18\x1b \x01(\r\x12\r\n\x05scale\x18\x1c \x01(\t\"\xaf\x01\n\nAssignment\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\"\n\nneighbours\x18\x04 \x03(\x0b\x32\x0e.efpsn.v1.Peer\x12\x13\n\x0bself_weight\x18\x05 \x01(\x01\x12\'\n\x06params\x18\x06 \x01(\x0b\x32\x17.efpsn.v1.RunParameters\x12\x12\n\nnum_agents\x18\x07 \x01(\r\"\x12\n\x10RunStatusRequest\"\xce\x01\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nregistered\x18\x02 \x01(\r\x12\x10\n\x08\x65xpected\x18\x03 \x01(\r\x12\r\n\x05names\x18\x04 \x03(\t\x12\x10\n\x08\x61ssigned\x18\x05 \x01(\x08\x12\x37\n\nrejections\x18\x06 \x03(\x0b\x32#.efpsn.v1.RunStatus.RejectionsEntry\x1a\x31\n\x0fRejectionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xd8\x01\n\x0b\x43oordinator\x12;\n\x08Register\x12\x19.efpsn.v1.RegisterRequest\x1a\x14.efpsn.v1.Assignment\x12K\n\x10GetRunParameters\x12\x1e.efpsn.v1.RunParametersRequest\x1a\x17.efpsn.v1.RunParameters\x12?\n\x0cGetRunStatus\x12\x1a.efpsn.v1.RunStatusRequest\x1a\x13.efpsn.v1.RunStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,20 +33,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RUNSTATUS_REJECTIONSENTRY']._loaded_options = None
   _globals['_RUNSTATUS_REJECTIONSENTRY']._serialized_options = b'8\001'
-  _globals['_REGISTERREQUEST']._serialized_start=45
-  _globals['_REGISTERREQUEST']._serialized_end=93
-  _globals['_PEER']._serialized_start=95
-  _globals['_PEER']._serialized_end=163
-  _globals['_RUNPARAMETERS']._serialized_start=166
-  _globals['_RUNPARAMETERS']._serialized_end=604
-  _globals['_ASSIGNMENT']._serialized_start=607
-  _globals['_ASSIGNMENT']._serialized_end=782
-  _globals['_RUNSTATUSREQUEST']._serialized_start=784
-  _globals['_RUNSTATUSREQUEST']._serialized_end=802
-  _globals['_RUNSTATUS']._serialized_start=805
-  _globals['_RUNSTATUS']._serialized_end=1011
-  _globals['_RUNSTATUS_REJECTIONSENTRY']._serialized_start=962
-  _globals['_RUNSTATUS_REJECTIONSENTRY']._serialized_end=1011
-  _globals['_COORDINATOR']._serialized_start=1014
-  _globals['_COORDINATOR']._serialized_end=1153
+  _globals['_REGISTERREQUEST']._serialized_start=46
+  _globals['_REGISTERREQUEST']._serialized_end=176
+  _globals['_RUNPARAMETERSREQUEST']._serialized_start=178
+  _globals['_RUNPARAMETERSREQUEST']._serialized_end=200
+  _globals['_PEER']._serialized_start=202
+  _globals['_PEER']._serialized_end=270
+  _globals['_RUNPARAMETERS']._serialized_start=273
+  _globals['_RUNPARAMETERS']._serialized_end=764
+  _globals['_ASSIGNMENT']._serialized_start=767
+  _globals['_ASSIGNMENT']._serialized_end=942
+  _globals['_RUNSTATUSREQUEST']._serialized_start=944
+  _globals['_RUNSTATUSREQUEST']._serialized_end=962
+  _globals['_RUNSTATUS']._serialized_start=965
+  _globals['_RUNSTATUS']._serialized_end=1171
+  _globals['_RUNSTATUS_REJECTIONSENTRY']._serialized_start=1122
+  _globals['_RUNSTATUS_REJECTIONSENTRY']._serialized_end=1171
+  _globals['_COORDINATOR']._serialized_start=1174
+  _globals['_COORDINATOR']._serialized_end=1390
 # @@protoc_insertion_point(module_scope)

@@ -40,6 +40,11 @@ class CoordinatorStub:
                 request_serializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RegisterRequest.SerializeToString,
                 response_deserializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.Assignment.FromString,
                 _registered_method=True)
+        self.GetRunParameters = channel.unary_unary(
+                '/efpsn.v1.Coordinator/GetRunParameters',
+                request_serializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RunParametersRequest.SerializeToString,
+                response_deserializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RunParameters.FromString,
+                _registered_method=True)
         self.GetRunStatus = channel.unary_unary(
                 '/efpsn.v1.Coordinator/GetRunStatus',
                 request_serializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RunStatusRequest.SerializeToString,
@@ -57,6 +62,19 @@ class CoordinatorServicer:
         Only the expected names may register (by default agent1..agentN); under mutual TLS the name
         must be a name in the caller's client certificate (else PERMISSION_DENIED). A name already
         registered at another address is rejected once the run is complete.
+
+        The agent declares the schema of its data and a fingerprint of its model. A schema that
+        differs from the run's, a model fingerprint that differs from the other agents', or a
+        RegisterRequest.failure cancels the run: every held and later Register call fails with
+        FAILED_PRECONDITION and a message naming the agent and the field, so nobody waits.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetRunParameters(self, request, context):
+        """The public run parameters, so that an agent can load its data and build its model (and
+        check both) before it registers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -76,6 +94,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Register,
                     request_deserializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RegisterRequest.FromString,
                     response_serializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.Assignment.SerializeToString,
+            ),
+            'GetRunParameters': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRunParameters,
+                    request_deserializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RunParametersRequest.FromString,
+                    response_serializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RunParameters.SerializeToString,
             ),
             'GetRunStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRunStatus,
@@ -111,6 +134,33 @@ class Coordinator:
             '/efpsn.v1.Coordinator/Register',
             efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RegisterRequest.SerializeToString,
             efpsn_dot_wire_dot_v1_dot_coordinator__pb2.Assignment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRunParameters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/efpsn.v1.Coordinator/GetRunParameters',
+            efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RunParametersRequest.SerializeToString,
+            efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RunParameters.FromString,
             options,
             channel_credentials,
             insecure,

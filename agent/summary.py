@@ -1,0 +1,136 @@
+"""What `efpsn up` makes of the agents' results: network metrics, timings, and checks that the
+run is whole (every agent finished the same run)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from efpsn.config import parse_shape, scale_divisor
+
+
+def peak_rss_mb_of(pid: int) -> float | None:
+    """Peak resident memory (VmHWM) of a running process in MB; None where /proc has none."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def network_timings(agents: dict[str, Any], *, started_at: float) -> dict[str, float]:
+    """Start-up (from launch to the last agent's first round), phase I and phase II (slowest
+    agent) from what the agents recorded."""
+    timings = [a["timings"] for a in agents.values()]
+    out = {
+        "phase1_seconds": max(t.get("phase1_seconds", 0.0) for t in timings),
+        "phase2_seconds": max(t.get("phase2_seconds", 0.0) for t in timings),
+    }
+    if all("max_rss_mb" in t for t in timings):
+        out["agent_peak_rss_mb"] = max(t["max_rss_mb"] for t in timings)
+    if all("phase2_started_at" in t for t in timings):
+        out["startup_seconds"] = max(t["phase2_started_at"] for t in timings) - started_at
+    return out
+
+
+def load_agent_results(folder: Path, names: list[str]) -> tuple[list[dict], list[Any]]:
+    """Each agent's result.json and final iterate (model.npy, read without pickle) as tensors."""
+    import numpy as np
+    import torch
+
+    results, xs = [], []
+    for name in names:
+        sub = folder / name
+        results.append(json.loads((sub / "result.json").read_text()))
+        xs.append(torch.from_numpy(np.load(sub / "model.npy", allow_pickle=False)))
+    return results, xs
+
+
+def check_results(results: list[dict], *, iterations: int) -> list[str]:
+    """What is wrong with the agents' results as one run (empty: nothing): every agent must
+    report the same run and have finished its last round."""
+    problems = []
+    runs = sorted({str(r.get("run_id")) for r in results})
+    if len(runs) != 1:
+        problems.append(f"the agents report different runs: {', '.join(runs)}")
+    for r in results:
+        done = r.get("final", {}).get("round")
+        if done != iterations:
+            problems.append(f"{r.get('name')} stopped at round {done} of {iterations}")
+    return problems
+
+
+def summarize(problem: Any, folder: Path, names: list[str], *, x_star: Any = None
+              ) -> dict[str, Any]:
+    """Network-level metrics of the agents' final iterates (same function as the simulator);
+    x_star: the centralized optimum, for the deviation ||x_bar - x*|| (None: not reported)."""
+    from efpsn.metrics import evaluate
+
+    results, xs = load_agent_results(folder, names)
+    final = evaluate(problem, xs, x_star=x_star)
+    problems = check_results(results, iterations=problem.config.iterations)
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "settings": problem.config.to_dict(),
+        "run_id": results[0]["run_id"],
+        "final": final,
+        "agents": {r["name"]: {"final": r["final"], "timings": r["timings"]} for r in results},
+    }
+
+
+def summarize_reports(problem: Any, folder: Path, names: list[str], *,
+                      test_path: Path | None) -> dict[str, Any]:
+    """Agent-local data: what the agents reported (their own loss and accuracies), averaged,
+    and the consensus and public-test accuracy of x_bar; never any private data."""
+    import numpy as np
+    import torch
+
+    from efpsn.problem import average
+    from efpsn.tasks.local import check_arrays, read_data_file
+
+    results, xs = load_agent_results(folder, names)
+    finals = [r["final"] for r in results]
+    x_bar = average(xs)
+    final: dict[str, float] = {
+        "consensus": float(sum(torch.sum((x - x_bar) ** 2) for x in xs) / len(xs)),
+        "mean_agent_loss": float(np.mean([f["loss"] for f in finals])),
+        "mean_agent_accuracy": float(np.mean([f["accuracy"] for f in finals])),
+    }
+    held = [f["holdout_accuracy"] for f in finals if "holdout_accuracy" in f]
+    if held:
+        final["mean_holdout_accuracy"] = float(np.mean(held))
+    if test_path is not None:  # public: the same file every agent was given
+        c = problem.config
+        test = check_arrays(*read_data_file(test_path, who="efpsn up"), path=test_path,
+                            who="efpsn up", shape=parse_shape(c.input_shape),
+                            classes=c.classes, divisor=scale_divisor(c.scale))
+        final["accuracy"] = float(problem.task.accuracy(x_bar, test))
+    else:
+        final["accuracy"] = final.get("mean_holdout_accuracy", math.nan)
+    problems = check_results(results, iterations=problem.config.iterations)
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "settings": problem.config.to_dict(),
+        "run_id": results[0]["run_id"],
+        "final": final,
+        "agents": {r["name"]: {"final": r["final"], "timings": r["timings"]} for r in results},
+    }
+
+
+def format_reports(final: dict[str, float], *, public_test: bool) -> str:
+    if public_test:
+        parts = [f"test accuracy {final['accuracy']:.4f} (x_bar, public test set)"]
+    else:
+        own = "the agents' own, on their held-out parts; no public test set"
+        parts = [f"accuracy {final['accuracy']:.4f} ({own})"]
+    if public_test and "mean_holdout_accuracy" in final:
+        parts.append(f"mean local holdout accuracy {final['mean_holdout_accuracy']:.4f}")
+    parts += [f"mean local loss {final['mean_agent_loss']:.4g}",
+              f"consensus {final['consensus']:.3g}"]
+    return ", ".join(parts)

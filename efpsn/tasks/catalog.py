@@ -1,0 +1,123 @@
+"""Tasks by name: logreg, lenet, mlp:H1,H2,... and a user's own model, python:MODULE:FACTORY."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from efpsn.config import check_task_spec
+from efpsn.tasks.data import IMAGE_SHAPE, NUM_CLASSES
+from efpsn.tasks.models import MLP
+from efpsn.tasks.objective import DEFAULT_L2, LeNetTask, LogisticRegressionTask, LossFn, Task
+
+__all__ = ["DataSchema", "MLPTask", "PythonTask", "make_task"]
+
+
+class DataSchema:
+    """The public schema of the data (what a user's FACTORY receives): per-sample input shape
+    and number of classes. Never a sample count or a statistic of anyone's data."""
+
+    def __init__(self, *, input_shape: tuple[int, ...], classes: int) -> None:
+        self.input_shape = tuple(int(d) for d in input_shape)
+        self.classes = int(classes)
+        self.features = math.prod(self.input_shape)
+
+    def __repr__(self) -> str:
+        return f"DataSchema(input_shape={self.input_shape}, classes={self.classes})"
+
+
+class MLPTask(Task):
+    """A fully connected ReLU network d -> H1 -> ... -> C (autograd gradients; non-convex)."""
+
+    convex = False
+
+    def __init__(self, *, hidden: tuple[int, ...], l2: float = DEFAULT_L2["mlp"],
+                 shape: tuple[int, ...] = IMAGE_SHAPE, classes: int = NUM_CLASSES) -> None:
+        self.name = "mlp:" + ",".join(map(str, hidden))
+        d = math.prod(shape)
+        super().__init__(MLP(d, hidden, classes), l2=l2, shape=shape, classes=classes,
+                         factory=lambda: MLP(d, hidden, classes))
+
+
+def _import_factory(spec: str) -> Callable[[DataSchema], Any]:
+    module_name, _, factory_name = spec[len("python:"):].rpartition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"task {spec!r}: cannot import module {module_name!r} ({exc}); put it "
+                         "on PYTHONPATH at every agent") from None
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise TypeError(f"task {spec!r}: module {module_name!r} has no callable "
+                         f"{factory_name!r}; expected FACTORY(schema) -> torch.nn.Module")
+    return factory
+
+
+class PythonTask(Task):
+    """A user's model: FACTORY(schema) returns an nn.Module (cross-entropy loss) or a pair
+    (module, loss) with loss(logits, labels) -> scalar. Parameters are cast to float64.
+
+    Initial parameters: the factory called again under torch.manual_seed(seed) (inside
+    torch.random.fork_rng, so the caller's generator is untouched): the same at every agent
+    for the same public seed, torch version and module.
+    """
+
+    convex = False
+
+    def __init__(self, spec: str, *, l2: float = DEFAULT_L2["python"],
+                 shape: tuple[int, ...] = IMAGE_SHAPE, classes: int = NUM_CLASSES) -> None:
+        self.name = spec
+        self._spec = spec
+        self._schema = DataSchema(input_shape=shape, classes=classes)
+        self._user_factory = _import_factory(spec)
+        model, loss = self._build()
+        super().__init__(model, l2=l2, shape=shape, classes=classes,
+                         factory=lambda: self._build()[0], loss=loss)
+
+    def _build(self) -> tuple[nn.Module, LossFn | None]:
+        made = self._user_factory(self._schema)
+        loss = None
+        if isinstance(made, tuple) and len(made) == 2:
+            made, loss = made
+            if not callable(loss):
+                raise TypeError(f"task {self._spec!r}: the factory's loss is not callable")
+        if not isinstance(made, nn.Module):
+            raise TypeError(f"task {self._spec!r}: the factory returned "
+                             f"{type(made).__name__}, expected a torch.nn.Module "
+                             "(or a pair (module, loss))")
+        if not any(True for _ in made.parameters()):
+            raise ValueError(f"task {self._spec!r}: the model has no parameters")
+        return made.to(torch.float64), loss
+
+    def init_params(self, seed: int) -> torch.Tensor:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model, _ = self._build()
+        x = nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+        self._check_x(x)
+        return x
+
+
+def make_task(name: str, *, l2: float | None = None, shape: tuple[int, ...] = IMAGE_SHAPE,
+              classes: int = NUM_CLASSES) -> Task:
+    """The task `name` for data of per-sample `shape` and `classes` classes; `l2=None` takes
+    the task family's DEFAULT_L2. logreg and mlp fit any schema, lenet needs 1x28x28."""
+    try:
+        check_task_spec(name)
+    except ValueError as exc:
+        raise ValueError(f"unknown task: {exc}") from None
+    family = name.split(":", 1)[0]
+    weight = DEFAULT_L2[family] if l2 is None else l2
+    if name == "logreg":
+        return LogisticRegressionTask(l2=weight, shape=shape, classes=classes)
+    if name == "lenet":
+        return LeNetTask(l2=weight, shape=shape, classes=classes)
+    if family == "mlp":
+        hidden = tuple(int(h) for h in name[4:].split(","))
+        return MLPTask(hidden=hidden, l2=weight, shape=shape, classes=classes)
+    return PythonTask(name, l2=weight, shape=shape, classes=classes)
