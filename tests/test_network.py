@@ -171,7 +171,10 @@ def test_stopped_neighbour_is_named_within_the_deadline(tmp_path: Path) -> None:
             assert len(errors) == 1, text[-2000:]
             assert f"agent3 (127.0.0.1:{ports['agent3']})" in errors[0], errors[0]
             numbers = [int(m) for m in re.findall(r"round (\d+)", errors[0])]
-            assert numbers and all(r >= (reached[name] or 0) for r in numbers), (reached, errors)
+            # the round it failed to receive, or the one before it whose delivery to agent3 is
+            # confirmed during the next round (acknowledgements are off the critical path)
+            assert numbers and all(r >= (reached[name] or 0) - 1 for r in numbers), (
+                reached, errors)
         assert timeout - 1.0 < elapsed < timeout + 15
     finally:
         _stop(procs)
