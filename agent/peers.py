@@ -30,13 +30,14 @@ class Peers:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.unacknowledged: collections.Counter[str] = collections.Counter()  # sends in flight
 
-    def open(self, address: str, server_name: str) -> grpc.aio.Channel:
+    def open(self, address: str, server_name: str, *,
+             max_receive_bytes: int | None = None) -> grpc.aio.Channel:
         """A channel to `address` whose server must present a certificate for `server_name`."""
         tls = self.options.tls
         if tls is None:
-            return open_channel(address)
+            return open_channel(address, max_receive_bytes=max_receive_bytes)
         return open_channel(address, credentials=tls.channel_credentials(),
-                            server_name=server_name)
+                            server_name=server_name, max_receive_bytes=max_receive_bytes)
 
     def keep(self, key: str, channel: grpc.aio.Channel) -> None:
         """Close `channel` with the others at the end."""
@@ -53,7 +54,11 @@ class Peers:
     def _stub(self, name: str) -> agent_pb2_grpc.AgentStub:
         channel = self._channels.get(name)
         if channel is None:
-            channel = self.open(self._session().addresses[name], name)
+            # a neighbour's largest legitimate reply is a round message (GetRound): a bigger
+            # one is refused by gRPC before it is buffered or parsed
+            s = self._session()
+            channel = self.open(s.addresses[name], name,
+                                max_receive_bytes=s.request_limits["PutRound"] + 64)
             self._channels[name] = channel
         return agent_pb2_grpc.AgentStub(channel)
 

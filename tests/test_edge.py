@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -304,3 +305,40 @@ def test_a_call_cancelled_while_its_body_is_read_frees_the_callers_slot() -> Non
     assert service.in_flight == 0
     assert asyncio.run(service.PutRound(unread, Context(b""))) == "ok"
     assert service.in_flight == 0
+
+
+def test_a_neighbours_reply_is_capped_at_a_round_message(tmp_path: Path) -> None:
+    """A GetRound reply bigger than a round message of this run is refused by gRPC unread."""
+
+    async def scenario(served: Served) -> None:
+        node = served.node
+        limit = node.session.request_limits["PutRound"]
+        x = torch.zeros(NUM_PARAMS, dtype=torch.float64)
+        for t, size in ((1, NUM_PARAMS), (2, 40 * NUM_PARAMS)):
+            pb = serde.message_to_proto({"x": torch.zeros(size, dtype=torch.float64) + x[0]},
+                                        header=serde.make_header(run_id=RUN, sender="agent1",
+                                                                 round=t, phase=Phase.OPTIMIZE))
+            node.outboxes.sent[t] = pb
+        # agent2's client side (its own Peers, on the same session) pulls from agent1
+        from agent.peers import Peers
+
+        tls = TlsConfig.from_dir(served.folder / "tls", "agent2")
+        peers = Peers(AgentOptions(name="agent2", listen="127.0.0.1:0",
+                                   coordinator="127.0.0.1:1", tls=tls), node.mailbox)
+        peers.session = dataclasses.replace(
+            node.session, addresses={"agent1": f"127.0.0.1:{served.port}"})
+        try:
+            stub = peers._stub("agent1")
+            header = serde.make_header(run_id=RUN, sender="agent2", round=1,
+                                       phase=Phase.OPTIMIZE)
+            reply = await stub.GetRound(agent_pb2.RoundRequest(header=header), timeout=10)
+            assert reply.available and len(reply.SerializeToString()) < limit
+            header = serde.make_header(run_id=RUN, sender="agent2", round=2,
+                                       phase=Phase.OPTIMIZE)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.GetRound(agent_pb2.RoundRequest(header=header), timeout=10)
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        finally:
+            await peers.close()
+
+    run_served(tmp_path, scenario)

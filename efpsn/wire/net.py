@@ -100,10 +100,14 @@ async def start_server(
 
 def open_channel(
     address: str, *, credentials: grpc.ChannelCredentials | None = None,
-    server_name: str | None = None,
+    server_name: str | None = None, max_receive_bytes: int | None = None,
 ) -> grpc.aio.Channel:
-    """A channel with the project's message limits and keepalive (TLS when credentials given)."""
+    """A channel with the project's message limits and keepalive (TLS when credentials given);
+    max_receive_bytes caps the replies (gRPC refuses a longer one before buffering it)."""
     options = list(limits.channel_options())
+    if max_receive_bytes is not None:
+        options = [o for o in options if o[0] != "grpc.max_receive_message_length"]
+        options.append(("grpc.max_receive_message_length", max_receive_bytes))
     if credentials is None:
         return grpc.aio.insecure_channel(address, options=options)
     if server_name:
