@@ -41,7 +41,7 @@ ROOTFS_TAG = "efpsn-rootfs:bookworm"
 # same; leaving it out of the copy as well keeps the copy fast).
 CONTEXT_IGNORE = (".venv", ".git", "results", "runs", "out", "build", "dist", ".cache",
                   "__pycache__", "*.egg-info", ".pytest_cache", ".hypothesis", ".ruff_cache",
-                  ".mypy_cache", "wheelhouse", "*.pyc")
+                  ".mypy_cache", ".coverage-data", "wheelhouse", "*.pyc")
 # Address pools for our engine's networks: 10.N.0.0/16 with N here, avoiding tests/netns.py's.
 POOL_SECOND_OCTETS = range(160, 200)
 

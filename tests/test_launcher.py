@@ -131,8 +131,13 @@ def test_coordinator_dying_before_assignment_fails_the_launch(tmp_path: Path) ->
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        # the coordinator is killed as soon as it serves: no agent has started yet
+        # the coordinator is killed once the launcher has read its port and started the
+        # agents (their logs exist), long before an agent can have imported torch and registered
         wait_file(tmp_path / "ports" / "coordinator", proc)
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "logs" / "agent5.log").exists():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.005)
         argv = f"--port-file {tmp_path / 'ports' / 'coordinator'}"
         pid = int(leftovers(argv).split()[0])
         os.kill(pid, signal.SIGKILL)

@@ -163,7 +163,7 @@ def test_stopped_neighbour_is_named_within_the_deadline(tmp_path: Path) -> None:
             agents[name].wait(timeout=timeout + 30)
         elapsed = time.monotonic() - killed_at
         # assert: its neighbours fail with a one-line error naming agent3, its address and a
-        # phase II round at or after the kill, within the deadline (+ slack), not before it
+        # phase II round at or after the kill, within the deadline (+ slack)
         for name in ("agent2", "agent4"):
             assert agents[name].returncode == 2
             text = (tmp_path / f"{name}.log").read_text()
@@ -175,7 +175,9 @@ def test_stopped_neighbour_is_named_within_the_deadline(tmp_path: Path) -> None:
             # confirmed during the next round (acknowledgements are off the critical path)
             assert numbers and all(r >= (reached[name] or 0) - 1 for r in numbers), (
                 reached, errors)
-        assert timeout - 1.0 < elapsed < timeout + 15
+        # (no lower bound: on a loaded machine a neighbour's round deadline may have started
+        # well before the kill)
+        assert elapsed < timeout + 15
     finally:
         _stop(procs)
 

@@ -1,14 +1,15 @@
 """Fault injection on loopback ports: agents and the coordinator killed with SIGKILL.
 
-* Phase II: the coordinator is killed right after bootstrap, then a random agent at a random
-  round; the agent is restarted with the very same command line. It reloads its assignment and
+* Phase II: the coordinator is killed right after bootstrap, then a random agent kills itself
+  (SIGKILL, hidden hook EFPSN_TEST_CRASH_AT_ROUND) on reaching a random round, so its newest
+  checkpoint is known exactly; the agent is restarted with the very same command line. It reloads its assignment and
   mask, rebinds its port, pulls the rounds it lost from its neighbours (Agent.GetRound), replays
   them from its checkpoint, and the run ends bit for bit like an uninterrupted simulation.
 * Phase I: an agent killed before its mask was saved refuses to resume (a new mask would break
   the zero sum), and every agent of the run aborts with an error within its deadlines.
 
 EFPSN_FAULT_SEED=S picks the algorithm (DSGD or gradient tracking), the victim and the round
-reproducibly (default: a fresh seed, printed).
+reproducibly (default: a fresh seed); the seed is always printed.
 """
 
 from __future__ import annotations
