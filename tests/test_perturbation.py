@@ -130,6 +130,12 @@ def test_build_problem_takes_the_measure_from_the_selection() -> None:
     np.testing.assert_array_equal(every.indices, np.arange(7850))
     with pytest.raises(ValueError, match="underflows float64"):
         build_problem(RunConfig(selection="all@lebesgue", m=7850, N=7851), data=data)
+    # phase I stays packed: 3072-bit plaintexts of 80 slots at gamma 1e6 on the ring, so
+    # N = 7,851 needs 99 plaintexts (encryptions per neighbour) and N = 2d + 1 = 15,701 needs 197
+    layout = build_problem(RunConfig(selection="all", m=7850, N=7851, gamma=1e6),
+                           data=data).layout
+    assert layout is not None and layout.slots == 80
+    assert len(layout.pack([0] * 7851)) == 99 and len(layout.pack([0] * 15701)) == 197
 
 
 # ----------------------------------------------------------------------------- perturbation
