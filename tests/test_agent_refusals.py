@@ -171,9 +171,10 @@ def test_neighbour_unreachable_from_the_start_is_named_with_its_address(tmp_path
     # addresses where nothing listens
     import grpc
 
+    from agent.bootstrap import prepare
     from agent.node import AgentFailure, AgentNode, AgentOptions
     from coordinator.service import serve
-    from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
+    from efpsn.wire.v1 import coordinator_pb2_grpc
 
     config = CONFIG.replace(key_bits=512, round_timeout_seconds=3.0)
     port_file = tmp_path / "coordinator.port"
@@ -191,11 +192,14 @@ def test_neighbour_unreachable_from_the_start_is_named_with_its_address(tmp_path
                                           coordinator=address, results_dir=tmp_path,
                                           allow_insecure_keys=True, register_timeout=30))
             running = asyncio.ensure_future(node.run())
+            # they declare the run's schema and model, as real agents would
+            declared = prepare(config, AgentOptions(name="agent2", listen="127.0.0.1:0",
+                                                    coordinator=address))
             async with grpc.aio.insecure_channel(address) as channel:
                 stub = coordinator_pb2_grpc.CoordinatorStub(channel)
                 await asyncio.gather(*(
-                    stub.Register(coordinator_pb2.RegisterRequest(
-                        name=n, address=f"127.0.0.1:{p}"), timeout=30)
+                    stub.Register(declared.request(name=n, address=f"127.0.0.1:{p}"),
+                                  timeout=30)
                     for n, p in dead.items()))
             with pytest.raises(AgentFailure) as info:
                 await asyncio.wait_for(running, timeout=60)
