@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -211,24 +210,19 @@ def test_constructor_validation() -> None:
         pert.value(torch.zeros(5, dtype=torch.float64))
 
 
-def test_all_parameters_k1_is_fast() -> None:
-    # m = 7850, K = 1, N = 7851: the whole logistic-regression model.
-    start = time.perf_counter()
+def test_all_parameters_k1_is_sparse_and_affine() -> None:
+    # m = 7850, K = 1, N = 7851: the whole logistic-regression model. What keeps it cheap is
+    # structure, checked here (speed itself belongs to benchmarks): one coefficient per basis
+    # function (the constant and sqrt(3) x_v under the uniform measure), not a dense N x N map.
     system = OrthonormalSystem.from_monomials(
         choose_monomials(m=7850, K=1, N=7851, seed=0), measure="uniform"
     )
+    assert system.coefficient_matrix().nnz == 7851
     eta = np.random.default_rng(0).normal(size=7851)
     indices = select_indices("all", num_params=7850, m=7850, last_bias=None, seed=0)
     pert = FunctionalPerturbation(system=system, indices=indices, eta=eta)
     x = torch.randn(7850, dtype=torch.float64)
     grad = pert.gradient(x)
-    build = time.perf_counter() - start
-    assert build < 2.0, f"took {build:.2f} s"
-    start = time.perf_counter()
-    for _ in range(100):
-        pert.gradient(x)
-        pert.value(x)
-    assert time.perf_counter() - start < 1.0
     torch.testing.assert_close(grad, autograd_gradient(pert, x))
     # affine: Phi(x) = p_0 + <g, x>
     assert pert.value(x).item() == pytest.approx(
