@@ -72,15 +72,7 @@ def summarize(problem: Any, folder: Path, names: list[str], *, x_star: Any = Non
 
     results, xs = load_agent_results(folder, names)
     final = evaluate(problem, xs, x_star=x_star)
-    problems = check_results(results, iterations=problem.config.iterations)
-    return {
-        "ok": not problems,
-        "problems": problems,
-        "settings": problem.config.to_dict(),
-        "run_id": results[0]["run_id"],
-        "final": final,
-        "agents": {r["name"]: {"final": r["final"], "timings": r["timings"]} for r in results},
-    }
+    return _summary(problem, results, final)
 
 
 def summarize_reports(problem: Any, folder: Path, names: list[str], *,
@@ -112,15 +104,7 @@ def summarize_reports(problem: Any, folder: Path, names: list[str], *,
         final["accuracy"] = float(problem.task.accuracy(x_bar, test))
     else:
         final["accuracy"] = final.get("mean_holdout_accuracy", math.nan)
-    problems = check_results(results, iterations=problem.config.iterations)
-    return {
-        "ok": not problems,
-        "problems": problems,
-        "settings": problem.config.to_dict(),
-        "run_id": results[0]["run_id"],
-        "final": final,
-        "agents": {r["name"]: {"final": r["final"], "timings": r["timings"]} for r in results},
-    }
+    return _summary(problem, results, final)
 
 
 def format_reports(final: dict[str, float], *, public_test: bool) -> str:
@@ -134,3 +118,16 @@ def format_reports(final: dict[str, float], *, public_test: bool) -> str:
     parts += [f"mean local loss {final['mean_agent_loss']:.4g}",
               f"consensus {final['consensus']:.3g}"]
     return ", ".join(parts)
+
+
+def _summary(problem: Any, results: list[dict], final: dict[str, float]) -> dict[str, Any]:
+    """summary.json: the network's final metrics, each agent's own, and whether the run is whole."""
+    problems = check_results(results, iterations=problem.config.iterations)
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "settings": problem.config.to_dict(),
+        "run_id": results[0]["run_id"],
+        "final": final,
+        "agents": {r["name"]: {"final": r["final"], "timings": r["timings"]} for r in results},
+    }

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -31,7 +30,7 @@ from agent.launcher import launch_local_network
 from agent.summary import load_agent_results
 from efpsn.config import RunConfig
 from efpsn.problem import build_problem
-from efpsn.runtime import configure_threads
+from efpsn.runtime import configure_threads, machine_load
 from efpsn.simulator import run_simulation
 
 
@@ -83,11 +82,6 @@ def scaling_table(sizes: list[int], *, rounds: int, key_bits: int) -> list[dict]
     return rows
 
 
-def _load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=500)
@@ -100,9 +94,9 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     configure_threads()
-    print(f"machine: {_load()}")
+    print(f"machine: {machine_load()}")
     base = RunConfig(iterations=args.rounds, eval_every=args.rounds)
-    out: dict = {"rounds": args.rounds, "simulator": {}, "load_before": _load()}
+    out: dict = {"rounds": args.rounds, "simulator": {}, "load_before": machine_load()}
     cases = {
         "logreg dsgd b64": base,
         "logreg gt full": base.replace(algorithm="gt", batch_size=0, schedule="constant:0.05"),
@@ -133,7 +127,7 @@ def main() -> None:
     if args.scaling:
         sizes = [int(n) for n in args.scaling.split(",") if n.strip()]
         out["scaling"] = scaling_table(sizes, rounds=args.rounds, key_bits=args.key_bits)
-    out["load_after"] = _load()
+    out["load_after"] = machine_load()
     print(f"machine: {out['load_after']}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import ssl
 import struct
 import tempfile
@@ -33,7 +32,7 @@ from agent.node import AgentNode, AgentOptions
 from agent.session import open_session
 from coordinator.registry import Registry, default_names
 from efpsn.config import RunConfig
-from efpsn.runtime import configure_threads
+from efpsn.runtime import configure_threads, machine_load
 from efpsn.wire import serde
 from efpsn.wire.net import open_channel, start_server
 from efpsn.wire.serde import Phase
@@ -172,7 +171,7 @@ async def main_async(args: argparse.Namespace) -> None:
         payload = serde.message_to_proto({"x": x}, header=header).SerializeToString()
         security = "plaintext" if args.insecure else "mutual TLS"
         print(f"round message: {len(payload):,} bytes; {args.messages} messages each; "
-              f"{security}; {_load()}")
+              f"{security}; {machine_load()}")
         rows = {
             "agent transport (agent/peers.py -> agent/servicer.py)":
                 await agent_transport(tls_dir, args.messages),
@@ -188,12 +187,7 @@ async def main_async(args: argparse.Namespace) -> None:
     for name, (cpu, wall) in rows.items():
         print(f"{name:<56} {cpu:>10.3f} {cpu / bare_cpu:>7.2f} {wall:>11.3f} "
               f"{wall / bare_wall:>7.2f}")
-    print(f"\nmachine: {_load()}")
-
-
-def _load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
+    print(f"\nmachine: {machine_load()}")
 
 
 def main() -> None:

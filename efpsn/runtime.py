@@ -31,3 +31,10 @@ def configure_threads() -> int:
 
     threadpool_limits(limits=threads)
     return threads
+
+
+def machine_load() -> str:
+    """The machine's load, for benchmarks to print next to their figures (these machines are
+    shared: a number without its load means little)."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Collection
 
 import numpy as np
 import torch
@@ -100,14 +101,7 @@ def reconstruct(
         dummy.grad = d_dummy
         return loss.detach()
 
-    snapshots: dict[int, torch.Tensor] = {}
-    for it in range(iterations + 1):
-        if it in snapshot_at:
-            snapshots[it] = dummy.detach().clone()
-        if it < iterations:
-            optimizer.step(closure)
-    final_loss = float(closure())
-    return dummy.detach().clone(), snapshots, final_loss
+    return _fit(optimizer, closure, dummy, iterations=iterations, snapshot_at=snapshot_at)
 
 
 def combination_weights(xs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -173,14 +167,7 @@ def reconstruct_multi(
         dummy.grad = d_dummy
         return loss.detach()
 
-    snapshots: dict[int, torch.Tensor] = {}
-    for it in range(iterations + 1):
-        if it in snapshot_at:
-            snapshots[it] = dummy.detach().clone()
-        if it < iterations:
-            optimizer.step(closure)
-    final_loss = float(closure())
-    return dummy.detach().clone(), snapshots, final_loss
+    return _fit(optimizer, closure, dummy, iterations=iterations, snapshot_at=snapshot_at)
 
 
 def infer_label_multi(task: Task, xs: list[torch.Tensor], observed: list[torch.Tensor], *,
@@ -251,3 +238,17 @@ def agent1_perturbation(problem: Problem, gamma: float, noise_seed: int
     _ = derived.layout  # refuse what build_problem would refuse (e.g. an overflowing packing)
     masks = make_masks(derived, protocol="fast", noise_seed=noise_seed)
     return derived.perturbation(masks[0])
+
+
+def _fit(optimizer: torch.optim.Optimizer, closure: Callable[[], torch.Tensor],
+         dummy: torch.Tensor, *, iterations: int, snapshot_at: Collection[int]
+         ) -> tuple[torch.Tensor, dict[int, torch.Tensor], float]:
+    """Run the optimizer on the dummy image: (final dummy, snapshots by step, final loss)."""
+    snapshots: dict[int, torch.Tensor] = {}
+    for it in range(iterations + 1):
+        if it in snapshot_at:
+            snapshots[it] = dummy.detach().clone()
+        if it < iterations:
+            optimizer.step(closure)
+    final_loss = float(closure())
+    return dummy.detach().clone(), snapshots, final_loss
