@@ -144,9 +144,12 @@ def test_it_resumed_from_its_checkpoint_with_its_saved_mask(fault_run) -> None:
     # killed at `target`, which is inside a checkpoint interval: its newest checkpoint is the
     # last multiple of CHECKPOINT_EVERY before it, exactly, and nothing newer
     assert resumed == seen["target"] // CHECKPOINT_EVERY * CHECKPOINT_EVERY > 0
-    assert sorted(k for k in seen["state_files"] if k.count("/") == 1) == [
+    assert sorted(k for k in seen["state_files"] if k.startswith("checkpoints/")
+                  and k.count("/") == 1) == [
         f"checkpoints/round-{r:08d}" for r in range(CHECKPOINT_EVERY, resumed + 1,
                                                      CHECKPOINT_EVERY)][-2:]
+    # ... beside the log of the round messages it sent (for neighbours that restart too)
+    assert any(k.startswith("outbox/rounds-") for k in seen["state_files"]), seen["state_files"]
     log = seen["logs"][seen["victim"]]
     assert f"resumes run {results_run_id(seen)} at round {resumed}" in log
     assert "saved mask reloaded" in log and "INTERNAL" not in log
