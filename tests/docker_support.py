@@ -1,5 +1,5 @@
 """Docker plumbing for tests/test_compose.py: a private engine, a base image built without a
-registry, and an offline wheelhouse. See /work/shared/CONTAINERS.md for why it looks like this:
+registry, and an offline wheelhouse. Why it looks like this:
 
 - Only a Docker client ships on our machines: the engine (Debian's docker.io, Docker 20.10, and
   docker-compose v1.29) is installed with apt when `dockerd` is missing (root only).

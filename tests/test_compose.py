@@ -1,8 +1,9 @@
-"""docker-compose.yml and the Dockerfile, for real: build the image offline on a private Docker
-engine, `docker-compose up` a coordinator and five agents, check every agent's result, tear down.
+"""docker-compose.yml and both Dockerfiles, for real: build the two images offline on a private
+Docker engine, `docker-compose up` a coordinator and five agents, check every agent's result,
+tear down.
 
-The engine, base image and wheelhouse plumbing is in tests/docker_support.py (the facts behind it
-are in /work/shared/CONTAINERS.md). Everything the real test creates lives in one /tmp folder and
+The engine, base image and wheelhouse plumbing is in tests/docker_support.py (with the facts
+behind it). Everything the real test creates lives in one /tmp folder and
 is removed at the end, also on failure; only the apt packages (docker.io, docker-compose,
 debootstrap) it may install stay. Without root and without an installed engine it is skipped.
 The cheap test at the top needs no engine.
