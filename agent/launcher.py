@@ -15,17 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.status import fetch_statuses
+from agent.status import StatusPoller
 from agent.summary import (
     format_reports,
     network_timings,
-    peak_rss_mb_of,
     summarize,
     summarize_reports,
 )
 from efpsn.cli_common import format_metrics, write_json
 from efpsn.cli_services import check_key_policy, config_to_args
 from efpsn.config import LOCAL_DATA, RunConfig
+from efpsn.runtime import peak_rss_mb
 from efpsn.wire.tls import TlsConfig, generate_certificates
 
 
@@ -182,6 +182,9 @@ def launch_local_network(
         run_args.append("--allow-insecure-keys")
 
     children: list[Child] = []
+    # one event loop for the whole run, so the poller's channels stay open between polls
+    runner = asyncio.Runner()
+    poller = StatusPoller(monitor)
     bar = None
     try:
         coordinator = _spawn(
@@ -217,7 +220,7 @@ def launch_local_network(
             if coordinator.process.poll() not in (None, 0) and assigned != set(names):
                 raise RuntimeError(f"coordinator failed:\n{coordinator.log_tail()}")
             running = {a.name: addresses[a.name] for a in agents if a.process.poll() is None}
-            statuses = asyncio.run(fetch_statuses(running, tls=monitor))
+            statuses = runner.run(poller.poll(running))
             assigned |= {n for n, s in statuses.items() if s.run_id}
             if statuses:
                 rounds = min(s.round for s in statuses.values())
@@ -247,7 +250,7 @@ def launch_local_network(
             summary = summarize(problem, folder, names, x_star=x_star)
         summary["wall_seconds"] = time.perf_counter() - started
         summary["timings"] = network_timings(summary["agents"], started_at=started_at)
-        coordinator_rss = peak_rss_mb_of(coordinator.process.pid)
+        coordinator_rss = peak_rss_mb(coordinator.process.pid)
         if coordinator_rss is not None:
             summary["timings"]["coordinator_peak_rss_mb"] = coordinator_rss
         write_json(folder / "summary.json", summary)
@@ -262,6 +265,8 @@ def launch_local_network(
         if bar is not None:
             bar.close()
         stop_children(children)
+        runner.run(poller.close())
+        runner.close()
         pool.shutdown(wait=True, cancel_futures=True)
 
 

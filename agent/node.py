@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,7 @@ from efpsn.algorithms import AgentState, Message
 from efpsn.cli_common import write_json
 from efpsn.config import RunConfig
 from efpsn.masking import MaskCoefficients, Masker
+from efpsn.runtime import peak_rss_mb
 from efpsn.wire.net import (
     RejectionLog,
     Server,
@@ -54,18 +54,6 @@ from efpsn.wire.v1 import agent_pb2
 __all__ = ["AgentFailure", "AgentNode", "AgentOptions", "AgentService"]
 
 log = logging.getLogger("efpsn.agent")
-
-
-def _peak_rss_mb() -> float:
-    """Peak resident memory of this process in MB: VmHWM of /proc/self/status (ru_maxrss would
-    carry the parent's peak over fork and exec), else ru_maxrss (KiB on Linux)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @dataclass
@@ -167,7 +155,9 @@ class AgentNode:
             assert self.session is not None
             rounds = self.session.config.iterations - (self.resumed_from or 0)
             self.timings["seconds_per_round"] = self.timings["phase2_seconds"] / max(1, rounds)
-            self.timings["max_rss_mb"] = _peak_rss_mb()
+            rss = peak_rss_mb()
+            if rss is not None:
+                self.timings["max_rss_mb"] = rss
             result = self._write_results(state, mask)
             self.outboxes.log = None  # deleted with the checkpoints; memory serves the rest
             self.store.mark_finished(self._saved)

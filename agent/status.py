@@ -45,12 +45,17 @@ async def fetch_status(
     against `name`. Only the agent's operator (by default the agent's own certificate) sees
     loss, accuracy, run id and rejections; any other certificate gets liveness (NaN figures)."""
     async with _channel(name, address, tls) as channel:
-        try:
-            s = await agent_pb2_grpc.AgentStub(channel).GetStatus(
-                agent_pb2.StatusRequest(), timeout=timeout
-            )
-        except grpc.aio.AioRpcError:
-            return None
+        return await _get_status(channel, name, timeout=timeout)
+
+
+async def _get_status(channel: grpc.aio.Channel, name: str, *, timeout: float
+                      ) -> AgentStatus | None:
+    try:
+        s = await agent_pb2_grpc.AgentStub(channel).GetStatus(
+            agent_pb2.StatusRequest(), timeout=timeout
+        )
+    except grpc.aio.AioRpcError:
+        return None
     try:
         phase = Phase(s.phase)
     except ValueError:
@@ -64,6 +69,34 @@ async def fetch_status(
         resumed_from_round=s.resumed_from_round if s.HasField("resumed_from_round") else None,
         waiting_for=tuple(s.waiting_for),
     )
+
+
+class StatusPoller:
+    """Polls agents' status again and again over channels kept open between polls (one TLS
+    handshake per agent and run, not one per poll); each agent as its operator (tls[name])."""
+
+    def __init__(self, tls: dict[str, TlsConfig] | None = None, *, timeout: float = 1.0) -> None:
+        self._tls = tls
+        self._timeout = timeout
+        self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
+
+    async def poll(self, addresses: dict[str, str]) -> dict[str, AgentStatus]:
+        """GetStatus on every agent concurrently; agents that do not answer are absent."""
+        pairs = await asyncio.gather(*(
+            _get_status(self._channel(n, a), n, timeout=self._timeout)
+            for n, a in addresses.items()))
+        return {s.name: s for s in pairs if s is not None}
+
+    def _channel(self, name: str, address: str) -> grpc.aio.Channel:
+        key = (name, address)
+        if key not in self._channels:
+            self._channels[key] = _channel(name, address, self._tls[name] if self._tls else None)
+        return self._channels[key]
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
 
 
 async def fetch_statuses(

@@ -11,17 +11,6 @@ from typing import Any
 from efpsn.config import parse_shape, scale_divisor
 
 
-def peak_rss_mb_of(pid: int) -> float | None:
-    """Peak resident memory (VmHWM) of a running process in MB; None where /proc has none."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def network_timings(agents: dict[str, Any], *, started_at: float) -> dict[str, float]:
     """Start-up (from launch to the last agent's first round), phase I and phase II (slowest
     agent) from what the agents recorded."""

@@ -102,7 +102,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         remaining = context.time_remaining()
         timeout = self.register_timeout if remaining is None else min(remaining, self.register_timeout)
         try:
-            await asyncio.wait_for(self.settled.wait(), timeout=max(0.0, timeout))
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation
+            async with asyncio.timeout(max(0.0, timeout)):
+                await self.settled.wait()
         except TimeoutError:
             have = sorted(self.registry.addresses)
             raise Reject(

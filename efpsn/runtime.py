@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 def configure_threads() -> int:
@@ -38,3 +39,15 @@ def machine_load() -> str:
     shared: a number without its load means little)."""
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def peak_rss_mb(pid: int | str = "self") -> float | None:
+    """Peak resident memory (VmHWM) of a process in MB, from /proc; None where there is none.
+    (ru_maxrss would carry a parent's peak over fork and exec.)"""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -202,7 +202,8 @@ def test_neighbour_unreachable_from_the_start_is_named_with_its_address(tmp_path
                                   timeout=30)
                     for n, p in dead.items()))
             with pytest.raises(AgentFailure) as info:
-                await asyncio.wait_for(running, timeout=60)
+                async with asyncio.timeout(60):
+                    await running
             return str(info.value)
         finally:
             stop.set()

@@ -75,7 +75,7 @@ def test_dsgd_constant_step_consensus_error_grows_with_offsets() -> None:
 def test_dsgd_step_matches_hand_computation() -> None:
     ctx = StepContext(agent=0, weights={0: 0.5, 1: 0.25, 4: 0.25}, lr=0.1,
                       oracle=lambda x, t: 2 * x)
-    state, out = DSGD().init(torch.tensor([1.0], dtype=torch.float64), ctx)
+    state, _ = DSGD().init(torch.tensor([1.0], dtype=torch.float64), ctx)
     inbox = {1: {"x": torch.tensor([3.0], dtype=torch.float64)},
              4: {"x": torch.tensor([5.0], dtype=torch.float64)}}
     nxt, msg = DSGD().step(state, inbox, ctx)
