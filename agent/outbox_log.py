@@ -29,15 +29,17 @@ class OutboxLog:
         self.keep = keep
         self.segment = max(1, segment)
         self._pruned_below = -1
+        self._folder_made = False
 
     def _path(self, t: int) -> Path:
         return self.folder / f"rounds-{t // self.segment * self.segment:08d}.log"
 
     def append(self, t: int, data: bytes) -> None:
         """Record round t's message (mode 0600 in a 0700 folder)."""
-        if not self.folder.is_dir():
+        if not self._folder_made:  # once, not a stat per round
             self.folder.mkdir(parents=True, exist_ok=True)
             os.chmod(self.folder, 0o700)
+            self._folder_made = True
         record = (_MAGIC + t.to_bytes(8, "big") + len(data).to_bytes(4, "big")
                   + hashlib.sha256(data).digest() + data)
         fd = os.open(self._path(t), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -86,3 +88,4 @@ class OutboxLog:
 
     def delete(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+        self._folder_made = False

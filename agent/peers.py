@@ -13,6 +13,7 @@ import grpc
 from agent.concurrency import all_or_first_error, settle
 from agent.mailbox import Mailbox, NeighbourTimeout
 from agent.options import AgentFailure, AgentOptions, RefusedByNeighbour
+from agent.round_stream import RoundStream, StreamBroken
 from agent.session import Session
 from efpsn.wire import serde
 from efpsn.wire.net import call_with_retry, open_channel
@@ -28,6 +29,7 @@ class Peers:
         self.mailbox = mailbox
         self.session: Session | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._streams: dict[str, RoundStream] = {}  # neighbour -> my round stream to it
         self.unacknowledged: collections.Counter[str] = collections.Counter()  # sends in flight
 
     def open(self, address: str, server_name: str, *,
@@ -44,6 +46,9 @@ class Peers:
         self._channels[key] = channel
 
     async def close(self) -> None:
+        for stream in self._streams.values():
+            await stream.close()
+        self._streams.clear()
         for channel in self._channels.values():
             await channel.close()
 
@@ -52,6 +57,9 @@ class Peers:
         return self.session
 
     def _stub(self, name: str) -> agent_pb2_grpc.AgentStub:
+        return agent_pb2_grpc.AgentStub(self._channel(name))
+
+    def _channel(self, name: str) -> grpc.aio.Channel:
         channel = self._channels.get(name)
         if channel is None:
             # a neighbour's largest legitimate reply is a round message (GetRound): a bigger
@@ -60,7 +68,7 @@ class Peers:
             channel = self.open(s.addresses[name], name,
                                 max_receive_bytes=s.request_limits["PutRound"] + 64)
             self._channels[name] = channel
-        return agent_pb2_grpc.AgentStub(channel)
+        return channel
 
     def header(self, phase: Phase, round_: int) -> common_pb2.Header:
         return serde.make_header(
@@ -86,7 +94,7 @@ class Peers:
                     "round deadline (neighbour stopped, frozen or overloaded?)"
                 ) from None
             raise RefusedByNeighbour(
-                f"neighbour {name} ({address}) refused {what}: {exc.code().name}: "
+                f"{what} neighbour {name} ({address}) was refused: {exc.code().name}: "
                 f"{exc.details()}", code=exc.code().name, detail=exc.details() or "",
             ) from None
         except TimeoutError as exc:
@@ -101,12 +109,47 @@ class Peers:
             ack = await self.call(name, method, request, deadline=loop.time() + timeout,
                                   what=f"sending {what} to")
         finally:
-            self.unacknowledged[name] -= 1
-            if self.unacknowledged[name] <= 0:
-                del self.unacknowledged[name]
+            self._done_sending(name)
         if not ack.accepted:
             raise AgentFailure(f"neighbour {name} ({self._session().addresses[name]}) refused "
                                f"{what}: {ack.detail}")
+
+    async def send_round(self, name: str, request: agent_pb2.RoundMessage, data: bytes, *,
+                         timeout: float) -> None:
+        """Deliver my round message (`data`, its serialized bytes) to a neighbour over my round
+        stream to it; if the stream breaks before the acknowledgement (the neighbour refused
+        the message, restarted, or is not ready), deliver it with PutRound, which retries and
+        names every failure as `send` does."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        t = request.header.round
+        self.unacknowledged[name] += 1
+        try:
+            stream = self._streams.get(name)
+            if stream is None or stream.broken is not None:
+                if stream is not None:
+                    await stream.close()
+                stream = self._streams[name] = RoundStream(self._channel(name))
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await (await stream.send(data, t))
+                return
+            except TimeoutError:
+                await stream.close()  # a write may have been cut short: start afresh
+                raise AgentFailure(
+                    f"timed out sending OPTIMIZE round {t} to neighbour {name} "
+                    f"({self._session().addresses[name]}): no answer before the round deadline "
+                    "(neighbour stopped, frozen or overloaded?)") from None
+            except StreamBroken:
+                pass  # the unary call below gets the neighbour's answer for this message
+        finally:
+            self._done_sending(name)
+        await self.send(name, "PutRound", request, timeout=max(0.1, deadline - loop.time()))
+
+    def _done_sending(self, name: str) -> None:
+        self.unacknowledged[name] -= 1
+        if self.unacknowledged[name] <= 0:
+            del self.unacknowledged[name]
 
     async def send_all(self, method: str, make: Callable[[str], Any], *, timeout: float) -> None:
         """Deliver make(name) to every neighbour, concurrently."""

@@ -11,6 +11,7 @@ import os
 import signal
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from agent.concurrency import all_or_first_error, settle
@@ -43,9 +44,10 @@ class Outboxes:
             collections.OrderedDict())
         self.produced = -1  # newest round whose outbox exists
 
-    def remember(self, t: int, request: agent_pb2.RoundMessage) -> None:
+    def remember(self, t: int, request: agent_pb2.RoundMessage, data: bytes) -> None:
+        """Keep my round-t message (`data`: its serialized bytes, as sent)."""
         if self.log is not None and t > self.produced:
-            self.log.append(t, request.SerializeToString())
+            self.log.append(t, data)
         self._keep(t, request)
 
     def _keep(self, t: int, request: agent_pb2.RoundMessage) -> None:
@@ -73,18 +75,25 @@ class Outboxes:
 
 def decode_round(
     session: Session, pb: agent_pb2.RoundMessage, *, sender: str, round_: int
-) -> dict[str, torch.Tensor]:
+) -> tuple[dict[str, torch.Tensor], bytes]:
     """Validate a neighbour's round message (pushed or pulled): header, names, shapes,
-    float64, finite. Raises WireError saying what is wrong."""
+    float64, finite. Returns its tensors and its digest (serde.round_digest); raises WireError
+    saying what is wrong."""
     serde.validate_header(pb.header, run_id=session.run_id, phase=Phase.OPTIMIZE,
                           senders={sender}, round=round_)
-    tensors = serde.message_from_proto(pb, expected_shapes=session.message_shapes)
+    tensors, digest = serde.decode_round_message(pb, expected_shapes=session.message_shapes)
     for name, tensor in tensors.items():
         if tensor.dtype != torch.float64:
             raise WireError(f"tensor {name!r} must be float64, got {tensor.dtype}")
-        if not bool(torch.isfinite(tensor).all()):
+        if not _all_finite(tensor.numpy()):
             raise WireError(f"tensor {name!r} has non-finite entries")
-    return tensors
+    return tensors, digest
+
+
+def _all_finite(values: np.ndarray) -> bool:
+    """No NaN or infinity: a finite sum proves it in one cheap pass (NaN and infinities
+    propagate into the sum); an overflowing sum of finite values gets the full check."""
+    return bool(np.isfinite(values.sum())) or bool(np.isfinite(values).all())
 
 
 async def run_phase_two(node: AgentNode, mask: MaskCoefficients, *, resume: bool) -> AgentState:
@@ -170,12 +179,14 @@ async def exchange(node: AgentNode, outbox: Message, t: int, *,
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     await delivered(node)
-    peers = node.peers
+    peers, s = node.peers, node.session
+    assert s is not None
     request = serde.message_to_proto(outbox, header=peers.header(Phase.OPTIMIZE, t))
-    node.outboxes.remember(t, request)
-    node.sending = asyncio.ensure_future(
-        peers.send_all("PutRound", lambda name: request, timeout=timeout)
-    )
+    data = request.SerializeToString()
+    node.outboxes.remember(t, request, data)
+    node.sending = asyncio.ensure_future(all_or_first_error(
+        peers.send_round(name, request, data, timeout=timeout)
+        for name in sorted(s.addresses)))
     try:
         await _pull_missing(node, t, deadline=deadline)
         return await peers.collect("round", t, timeout=max(0.0, deadline - loop.time()))
@@ -227,8 +238,8 @@ async def _pull(node: AgentNode, name: str, t: int, *, deadline: float) -> None:
         node.pull_from.discard(name)
         return
     try:
-        tensors = decode_round(node.session, reply.message, sender=name, round_=t)
-        node.mailbox.put("round", t, name, tensors, serde.round_digest(reply.message))
+        tensors, digest = decode_round(node.session, reply.message, sender=name, round_=t)
+        node.mailbox.put("round", t, name, tensors, digest)
     except ValueError as exc:
         raise AgentFailure(f"neighbour {name} served a bad round {t}: {exc}") from None
 

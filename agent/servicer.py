@@ -16,7 +16,7 @@ from agent.phase_two import decode_round
 from agent.session import Session
 from efpsn import paillier
 from efpsn.wire import limits, serde
-from efpsn.wire.net import Admission, Reject, guarded
+from efpsn.wire.net import Admission, Reject, guarded, guarded_stream
 from efpsn.wire.serde import Phase, WireError
 from efpsn.wire.tls import caller_names
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
@@ -195,6 +195,20 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def PutRound(
         self, request: agent_pb2.RoundMessage, context: grpc.aio.ServicerContext
     ) -> common_pb2.Ack:
+        return common_pb2.Ack(accepted=True, detail=self._file_round(request, context))
+
+    @guarded_stream
+    async def StreamRounds(
+        self, request: agent_pb2.RoundMessage, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.RoundAck:
+        """One message of a neighbour's round stream: checked and filed as PutRound does."""
+        detail = self._file_round(request, context)
+        return agent_pb2.RoundAck(round=request.header.round, detail=detail)
+
+    def _file_round(self, request: agent_pb2.RoundMessage,
+                    context: grpc.aio.ServicerContext) -> str:
+        """Check a round message and file it into the mailbox; the acknowledgement's detail
+        (empty for a fresh message). Raises Reject or WireError saying what is wrong."""
         s, header = self._check_header(request.header, context, Phase.OPTIMIZE)
         node = self.node
         t = _within_run(header.round, s)
@@ -206,8 +220,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             if known is None and node.resumed_from is not None and t < node.resumed_from:
                 # consumed by this agent's previous process (which reached a later checkpoint,
                 # so it had this message); a retry whose ack the crash lost: nothing to do
-                return common_pb2.Ack(accepted=True,
-                                      detail="round consumed before this agent restarted")
+                return "round consumed before this agent restarted"
             if known is None:
                 raise Reject(
                     StatusCode.FAILED_PRECONDITION,
@@ -218,7 +231,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 raise WireError(
                     f"round {t} from {header.sender} conflicts with the copy already received"
                 )
-            return common_pb2.Ack(accepted=True, detail="duplicate of a consumed round")
+            return "duplicate of a consumed round"
         if t > current + 1:
             # A neighbour ahead of us while we catch up after a restart: let it retry later
             # instead of buffering an unbounded number of rounds.
@@ -226,9 +239,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 StatusCode.UNAVAILABLE,
                 f"this agent is at round {current}; round {t} is ahead of its window, retry",
             )
-        tensors = decode_round(s, request, sender=header.sender, round_=t)
-        fresh = node.mailbox.put("round", t, header.sender, tensors, serde.round_digest(request))
-        return common_pb2.Ack(accepted=True, detail="" if fresh else "duplicate ignored")
+        tensors, digest = decode_round(s, request, sender=header.sender, round_=t)
+        fresh = node.mailbox.put("round", t, header.sender, tensors, digest)
+        return "" if fresh else "duplicate ignored"
 
     @guarded
     async def GetRound(

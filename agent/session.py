@@ -115,6 +115,7 @@ def legitimate_request_bytes(config: RunConfig,
     ciphertext = 2 * config.key_bits // 8 + 1 + 8  # minimal big-endian bytes + field framing
     return {
         "PutRound": HEADER_BYTES + sum(per_tensor),
+        "StreamRounds": HEADER_BYTES + sum(per_tensor),  # per message of the stream
         "GetRound": HEADER_BYTES,
         "PutPublicKey": HEADER_BYTES + 2 * (limits.MAX_KEY_BITS // 8) + 64,
         "PutShares": HEADER_BYTES + 64 + config.N * ciphertext,

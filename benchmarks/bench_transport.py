@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import torch
@@ -41,6 +42,7 @@ from efpsn.wire.tls import TlsConfig, generate_certificates
 RUN = "bench-transport"
 CONFIG = RunConfig(agents=3, iterations=1_000_000, key_bits=2048, round_timeout_seconds=30.0)
 BARE_METHOD = "/bench.Bare/Put"
+BARE_STREAM = "/bench.Bare/Stream"
 
 
 async def _measure(n: int, send: Callable[[int], Awaitable[None]]) -> tuple[float, float]:
@@ -53,8 +55,9 @@ async def _measure(n: int, send: Callable[[int], Awaitable[None]]) -> tuple[floa
     return ((time.process_time() - cpu) * 1e3 / n, (time.perf_counter() - wall) * 1e3 / n)
 
 
-async def agent_transport(tls_dir: Path | None, n: int) -> tuple[float, float]:
-    """agent2 pushes round messages to agent1's real server; agent1 consumes each one."""
+async def agent_transport(tls_dir: Path | None, n: int, *, stream: bool) -> tuple[float, float]:
+    """agent2 pushes round messages to agent1's real server; agent1 consumes each one. stream:
+    over agent2's round stream (Peers.send_round, phase II's path); else one PutRound each."""
     tls = TlsConfig.from_dir(tls_dir, "agent1") if tls_dir else None
     receiver = AgentNode(AgentOptions(name="agent1", listen="127.0.0.1:0",
                                       coordinator="127.0.0.1:1", tls=tls,
@@ -78,7 +81,11 @@ async def agent_transport(tls_dir: Path | None, n: int) -> tuple[float, float]:
 
     async def send(t: int) -> None:
         request = serde.message_to_proto({"x": x}, header=sender.peers.header(Phase.OPTIMIZE, t))
-        await sender.peers.send("agent1", "PutRound", request, timeout=30.0)
+        if stream:
+            await sender.peers.send_round("agent1", request, request.SerializeToString(),
+                                          timeout=30.0)
+        else:
+            await sender.peers.send("agent1", "PutRound", request, timeout=30.0)
         # what the receiving agent's round loop does with it
         receiver.mailbox.discard_before("round", t + 1)
         receiver.status.round = t + 1
@@ -90,14 +97,21 @@ async def agent_transport(tls_dir: Path | None, n: int) -> tuple[float, float]:
         await receiver.server.stop(0)
 
 
-async def bare_grpc(tls_dir: Path | None, payload: bytes, n: int) -> tuple[float, float]:
-    """A unary bytes -> empty bytes method: gRPC, HTTP/2 and TLS, nothing else."""
+async def bare_grpc(tls_dir: Path | None, payload: bytes, n: int, *,
+                    stream: bool = False) -> tuple[float, float]:
+    """A unary bytes -> empty bytes method (stream: one bidirectional call, an empty reply per
+    message): gRPC, HTTP/2 and TLS, nothing else."""
     async def put(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return b""
 
+    async def stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+        async for _ in requests:
+            yield b""
+
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1 << 26)])
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "bench.Bare", {"Put": grpc.unary_unary_rpc_method_handler(put)}),))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Bare", {
+        "Put": grpc.unary_unary_rpc_method_handler(put),
+        "Stream": grpc.stream_stream_rpc_method_handler(stream)}),))
     if tls_dir:
         server_tls = TlsConfig.from_dir(tls_dir, "agent1")
         port = server.add_secure_port("127.0.0.1:0", server_tls.server_credentials())
@@ -109,13 +123,19 @@ async def bare_grpc(tls_dir: Path | None, payload: bytes, n: int) -> tuple[float
         channel = open_channel(f"127.0.0.1:{port}")
     await server.start()
     call = channel.unary_unary(BARE_METHOD)
+    open_stream = channel.stream_stream(BARE_STREAM)()
 
     async def send(t: int) -> None:
-        await call(payload, timeout=30.0)
+        if stream:
+            await open_stream.write(payload)
+            await open_stream.read()
+        else:
+            await call(payload, timeout=30.0)
 
     try:
         return await _measure(n, send)
     finally:
+        open_stream.cancel()
         await channel.close()
         await server.stop(0)
 
@@ -173,9 +193,13 @@ async def main_async(args: argparse.Namespace) -> None:
         print(f"round message: {len(payload):,} bytes; {args.messages} messages each; "
               f"{security}; {machine_load()}")
         rows = {
-            "agent transport (agent/peers.py -> agent/servicer.py)":
-                await agent_transport(tls_dir, args.messages),
+            "agent transport, round stream (phase II's path)":
+                await agent_transport(tls_dir, args.messages, stream=True),
+            "agent transport, one PutRound per message (fallback)":
+                await agent_transport(tls_dir, args.messages, stream=False),
             "bare grpc.aio unary, same bytes": await bare_grpc(tls_dir, payload, args.messages),
+            "bare grpc.aio bidirectional stream, same bytes":
+                await bare_grpc(tls_dir, payload, args.messages, stream=True),
             f"raw TCP socket ({'plaintext' if args.insecure else 'TLS'})":
                 await raw_socket(tls_dir, payload, args.messages),
         }

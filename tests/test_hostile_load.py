@@ -40,7 +40,7 @@ WINDOW_ROUNDS = 120  # rounds per measurement window
 ATTACK_SECONDS = 15.0  # the attack stops after this, or when its requests are all sent
 MB = 1024 * 1024
 PUT, PULL = "/efpsn.v1.Agent/PutRound", "/efpsn.v1.Agent/GetRound"
-OTHER = ["/efpsn.v1.Agent/PutShares", "/efpsn.v1.Agent/PutPublicKey",
+OTHER = ["/efpsn.v1.Agent/StreamRounds", "/efpsn.v1.Agent/PutShares", "/efpsn.v1.Agent/PutPublicKey",
          "/efpsn.v1.Agent/GetStatus", "/grpc.health.v1.Health/Check"]
 
 

@@ -128,9 +128,9 @@ class Harness:
         self.agent = AgentService(node)
         x = torch.linspace(-1, 1, NUM_PARAMS, dtype=torch.float64)
         for t in range(CURRENT_ROUND + 1):
-            node.outboxes.remember(t, serde.message_to_proto(
-                {"x": x + t}, header=serde.make_header(run_id=RUN, sender="agent1", round=t,
-                                                       phase=Phase.OPTIMIZE)))
+            mine = serde.message_to_proto({"x": x + t}, header=serde.make_header(
+                run_id=RUN, sender="agent1", round=t, phase=Phase.OPTIMIZE))
+            node.outboxes.remember(t, mine, mine.SerializeToString())
         # neighbours' messages of earlier rounds were consumed: only their digests remain
         self.valid_rounds: list[agent_pb2.RoundMessage] = []
         for sender in ("agent2", "agent5"):
@@ -652,6 +652,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             ).SerializeToString()
 
         put, pull = "/efpsn.v1.Agent/PutRound", "/efpsn.v1.Agent/GetRound"
+        stream = "/efpsn.v1.Agent/StreamRounds"  # called with one message: a unary call
         register = "/efpsn.v1.Coordinator/Register"
         ca = (tls_dir / "ca.pem").read_bytes()
         no_cert = grpc.ssl_channel_credentials(root_certificates=ca)
@@ -673,6 +674,13 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 ).SerializeToString()),
             "intruder claiming to be agent2": (
                 a1, _creds(tls_dir, "intruder"), "agent1", put, rounds_message("agent2", run_id)),
+            "non-neighbour agent3 opening a round stream": (
+                a1, _creds(tls_dir, "agent3"), "agent1", stream, rounds_message("agent3", run_id)),
+            "intruder streaming as agent2": (
+                a1, _creds(tls_dir, "intruder"), "agent1", stream,
+                rounds_message("agent2", run_id)),
+            "agent2 streaming a message for another run": (
+                a1, _creds(tls_dir, "agent2"), "agent1", stream, rounds_message("agent2", "other")),
             "agent2 with a message for another run": (
                 a1, _creds(tls_dir, "agent2"), "agent1", put, rounds_message("agent2", "other")),
             "register without a client certificate": (
@@ -699,7 +707,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         agent2 = _creds(tls_dir, "agent2")
         port_counts: dict[str, dict[str, Any]] = {}
         for name, target, methods, creds_list in (
-            ("agent1", a1, [put, pull, "/efpsn.v1.Agent/PutShares",
+            ("agent1", a1, [put, pull, stream, "/efpsn.v1.Agent/PutShares",
                             "/efpsn.v1.Agent/PutPublicKey", "/efpsn.v1.Agent/GetStatus"],
              [intruder, agent2]),
             ("coordinator", coord, [register, "/efpsn.v1.Coordinator/GetRunStatus"],
@@ -748,14 +756,16 @@ def test_identity_rejections_are_refused_and_counted(live: dict[str, Any]) -> No
                   "register without a client certificate"):
         assert ident[label] == {"UNAVAILABLE": n}, (label, ident[label])
     for label in ("non-neighbour agent3 (valid certificate)", "non-neighbour agent3 pulling",
-                  "intruder claiming to be agent2",
+                  "intruder claiming to be agent2", "non-neighbour agent3 opening a round stream",
+                  "intruder streaming as agent2",
                   "register as agent1 with intruder's certificate",
                   "register an unexpected name (intruder, own certificate)"):
         assert ident[label] == {"PERMISSION_DENIED": n}, (label, ident[label])
     assert ident["agent2 with a message for another run"] == {"INVALID_ARGUMENT": n}
+    assert ident["agent2 streaming a message for another run"] == {"INVALID_ARGUMENT": n}
     # ... and the servers counted what reached them (the garbage came on top)
     agent1 = live["agent1_status"].rejections
-    assert agent1["PERMISSION_DENIED"] >= 3 * n and agent1["INVALID_ARGUMENT"] >= n
+    assert agent1["PERMISSION_DENIED"] >= 5 * n and agent1["INVALID_ARGUMENT"] >= 2 * n
     coordinator = dict(live["coordinator_status"].rejections)
     assert coordinator["PERMISSION_DENIED"] >= 2 * n
 

@@ -123,40 +123,58 @@ async def _admit_and_read(servicer: Any, name: str, unread: Unread,
 
 
 async def _read(name: str, unread: Unread, context: Any, max_bytes: int) -> Any:
-    try:
-        raw = await context.read()
-    except Exception as exc:  # noqa: BLE001 - the call broke while reading (oversize, reset)
-        raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
-                     f"request could not be read ({type(exc).__name__})") from None
-    if raw is grpc.aio.EOF or not isinstance(raw, bytes):
+    raw = await _read_raw(name, context, max_bytes)
+    if raw is None:
         return Undecodable(unread.message_class.DESCRIPTOR.full_name, "no request message")
-    if len(raw) > max_bytes:
-        raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
-                     f"request of {len(raw)} bytes is larger than the {max_bytes} bytes {name} "
-                     "can carry in this run")
     parse = tolerant_parser(unread.message_class)
     if len(raw) > PARSE_INLINE_BYTES:
         return await asyncio.to_thread(parse, raw)
     return parse(raw)
 
 
+async def _read_raw(name: str, context: Any, max_bytes: int) -> bytes | None:
+    """The next request message's bytes (None at the end of the requests), refused unparsed
+    when larger than `max_bytes`."""
+    try:
+        raw = await context.read()
+    except Exception as exc:  # noqa: BLE001 - the call broke while reading (oversize, reset)
+        raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                     f"request could not be read ({type(exc).__name__})") from None
+    if raw is grpc.aio.EOF or not isinstance(raw, bytes):
+        return None
+    if len(raw) > max_bytes:
+        raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                     f"request of {len(raw)} bytes is larger than the {max_bytes} bytes {name} "
+                     "can carry in this run")
+    return raw
+
+
 def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescriptor) -> str:
-    """Register `servicer` for the unary service `service` (like the generated
-    add_*Servicer_to_server), but so that no request is read before its caller is admitted:
-    each method is served as stream-unary with raw bytes, so gRPC hands the handler the call
+    """Register `servicer` for `service` (like the generated add_*Servicer_to_server), but so
+    that no request is read before its caller is admitted.
+
+    A unary method is served as stream-unary with raw bytes, so gRPC hands the handler the call
     before the body; `guarded` asks `servicer.admit(method, context)` (certificate, per-method
-    size cap) and only then reads and parses the body (see Unread). Bytes that are not the
-    expected message reach the handler as Undecodable and get INVALID_ARGUMENT.
-    Returns the service's full name."""
+    size cap) and only then reads and parses the body (see Unread). A bidirectional streaming
+    method (`guarded_stream`) is admitted once, when the stream opens, and then each message is
+    read, capped and parsed the same way. Bytes that are not the expected message reach the
+    handler as Undecodable and get INVALID_ARGUMENT. Returns the service's full name."""
     handlers = {}
     for method in service.methods:
-        if method.client_streaming or method.server_streaming:
-            raise ValueError(f"{service.full_name}.{method.name}: only unary methods are served")
-        handlers[method.name] = grpc.stream_unary_rpc_method_handler(
-            unread_handler(getattr(servicer, method.name), GetMessageClass(method.input_type)),
-            request_deserializer=None,
-            response_serializer=GetMessageClass(method.output_type).SerializeToString,
-        )
+        bound = getattr(servicer, method.name)
+        unread = Unread(GetMessageClass(method.input_type))
+        serialize = GetMessageClass(method.output_type).SerializeToString
+        if method.client_streaming and method.server_streaming:
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                _unread_handler(bound, unread), request_deserializer=None,
+                response_serializer=serialize)
+        elif method.client_streaming or method.server_streaming:
+            raise ValueError(f"{service.full_name}.{method.name}: only unary and bidirectional "
+                             "streaming methods are served")
+        else:
+            handlers[method.name] = grpc.stream_unary_rpc_method_handler(
+                _unread_handler(bound, unread), request_deserializer=None,
+                response_serializer=serialize)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)
@@ -164,13 +182,35 @@ def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescript
 
 
 def unread_handler(bound: Callable[[Any, Any], Awaitable[T]],
-                    message_class: Any) -> Callable[[Any, Any], Awaitable[T]]:
-    unread = Unread(message_class)
+                   message_class: Any) -> Callable[[Any, Any], Awaitable[T]]:
+    return _unread_handler(bound, Unread(message_class))
 
+
+def _unread_handler(bound: Callable[[Any, Any], Awaitable[T]],
+                    unread: Unread) -> Callable[[Any, Any], Awaitable[T]]:
     async def handle(_requests: Any, context: Any) -> T:
         return await bound(unread, context)
 
     return handle
+
+
+def _refusal(exc: BaseException, name: str) -> tuple[grpc.StatusCode, str]:
+    """The status and message a handler's exception becomes (never UNKNOWN)."""
+    if isinstance(exc, Reject):
+        return exc.code, exc.detail
+    if isinstance(exc, BAD_INPUT):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc) or type(exc).__name__
+    log.error("%s failed on unexpected input", name, exc_info=exc)  # a bug: INTERNAL
+    return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"
+
+
+async def _refuse(servicer: Any, name: str, context: Any, code: grpc.StatusCode,
+                  detail: str) -> None:
+    """Count and log the refusal, then end the call with `code` (context.abort raises)."""
+    detail = detail if len(detail) <= 1000 else detail[:1000] + "..."
+    servicer.rejections.record(name, code, detail)
+    await context.abort(code, detail)
+    raise AssertionError("context.abort returned")  # pragma: no cover
 
 
 def guarded(
@@ -196,21 +236,56 @@ def guarded(
                 raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
                              f"request is not a valid {request.type_name}: {request.error}")
             return await method(self, request, context)
-        except Reject as exc:
-            code, detail = exc.code, exc.detail
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
-        except BAD_INPUT as exc:
-            code, detail = grpc.StatusCode.INVALID_ARGUMENT, str(exc) or type(exc).__name__
-        except Exception as exc:  # every other exception is a bug: INTERNAL, never UNKNOWN
-            log.exception("%s failed on unexpected input", method.__name__)
-            code, detail = grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"
+        except Exception as exc:  # noqa: BLE001 - every exception becomes a status
+            code, detail = _refusal(exc, method.__name__)
         finally:
             if admission is not None and admission.release is not None:
                 admission.release()
-        detail = detail if len(detail) <= 1000 else detail[:1000] + "..."
-        self.rejections.record(method.__name__, code, detail)
-        await context.abort(code, detail)
-        raise AssertionError("context.abort returned")  # pragma: no cover
+        await _refuse(self, method.__name__, context, code, detail)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    return handler
+
+
+def guarded_stream(
+    method: Callable[[Any, Any, Any], Awaitable[Any]],
+) -> Callable[[Any, Any, Any], Awaitable[None]]:
+    """Serve a bidirectional stream with a per-message servicer method, guarded like `guarded`.
+
+    The caller is admitted once, when the stream opens (servicer.admit); then every message is
+    read, refused unparsed if over the admitted size, parsed, handed to `method` (one reply
+    each, written back in order). The first refusal ends the stream with its status, counted
+    and logged as for a unary call; the client's end of the stream ends it cleanly.
+    """
+
+    @functools.wraps(method)
+    async def handler(self: Any, unread: Any, context: Any) -> None:
+        name = method.__name__
+        admission: Admission | None = None
+        try:
+            admit = getattr(self, "admit", None)
+            admission = (admit(name, context) if admit is not None
+                         else Admission(limits.SMALL_REQUEST_BYTES))
+            parse = tolerant_parser(unread.message_class)
+            while True:
+                raw = await _read_raw(name, context, admission.max_bytes)
+                if raw is None:
+                    return  # the sender closed its end
+                request = (await asyncio.to_thread(parse, raw) if len(raw) > PARSE_INLINE_BYTES
+                           else parse(raw))
+                if isinstance(request, Undecodable):
+                    raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"request is not a valid {request.type_name}: {request.error}")
+                await context.write(await method(self, request, context))
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every exception becomes a status
+            code, detail = _refusal(exc, name)
+        finally:
+            if admission is not None and admission.release is not None:
+                admission.release()
+        await _refuse(self, name, context, code, detail)
 
     return handler

@@ -27,6 +27,7 @@ from efpsn.wire.guard import (  # noqa: F401  (re-exported: one import for the s
     Unread,
     add_service,
     guarded,
+    guarded_stream,
     tolerant_parser,
     unread_handler,
 )

@@ -12,6 +12,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -80,10 +81,17 @@ def tensor_from_proto(
     """Decode and validate a Tensor; the result is a fresh, writable CPU tensor (never a view)."""
     if not isinstance(pb, common_pb2.Tensor):
         raise TypeError(f"expected efpsn.v1.Tensor, got {type(pb).__name__}")
-    if pb.dtype not in _DTYPES:
-        raise WireError(f"tensor dtype must be one of {WIRE_DTYPES}, got {pb.dtype!r}")
-    wire_dtype = _DTYPES[pb.dtype][0]
-    shape = tuple(int(d) for d in pb.shape)
+    return _tensor_from_parts(pb.dtype, pb.shape, pb.data, max_elements=max_elements,
+                              expected_shape=expected_shape)
+
+
+def _tensor_from_parts(dtype: str, dims: Sequence[int], data: bytes, *, max_elements: int,
+                       expected_shape: Sequence[int] | None) -> torch.Tensor:
+    """tensor_from_proto on fields already read (each read of a bytes field copies it)."""
+    if dtype not in _DTYPES:
+        raise WireError(f"tensor dtype must be one of {WIRE_DTYPES}, got {dtype!r}")
+    wire_dtype = _DTYPES[dtype][0]
+    shape = tuple(int(d) for d in dims)
     if len(shape) > limits.MAX_TENSOR_DIMS:
         raise WireError(f"tensor has {len(shape)} dimensions, more than {limits.MAX_TENSOR_DIMS}")
     if any(d < 0 for d in shape):
@@ -96,17 +104,17 @@ def tensor_from_proto(
     if expected_shape is not None and shape != tuple(expected_shape):
         raise WireError(f"tensor shape must be {list(expected_shape)}, got {list(shape)}")
     expected_bytes = count * wire_dtype.itemsize
-    if len(pb.data) != expected_bytes:
+    if len(data) != expected_bytes:
         raise WireError(
-            f"tensor data must be {expected_bytes} bytes ({count} x {pb.dtype} for shape "
-            f"{list(shape)}), got {len(pb.data)}"
+            f"tensor data must be {expected_bytes} bytes ({count} x {dtype} for shape "
+            f"{list(shape)}), got {len(data)}"
         )
     native = wire_dtype.newbyteorder("=")
     if count == 0:
         array = np.empty(shape, dtype=native)
     else:
         # astype copies out of the (read-only) bytes buffer, swapping bytes on big-endian hosts.
-        array = np.frombuffer(pb.data, dtype=wire_dtype).reshape(shape).astype(native, copy=True)
+        array = np.frombuffer(data, dtype=wire_dtype).reshape(shape).astype(native, copy=True)
     return torch.from_numpy(array)
 
 
@@ -305,6 +313,26 @@ def message_from_proto(
     Names must be non-empty, unique and sorted. With expected_shapes, the names must be exactly
     its keys and every tensor must have the given shape.
     """
+    return _decode_round(pb, max_elements=max_elements, expected_shapes=expected_shapes,
+                         digest=None)
+
+
+def decode_round_message(
+    pb: agent_pb2.RoundMessage,
+    *,
+    max_elements: int = limits.MAX_TENSOR_ELEMENTS,
+    expected_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> tuple[dict[str, torch.Tensor], bytes]:
+    """message_from_proto and round_digest in one pass over the tensors' bytes."""
+    digest = hashlib.sha256()
+    tensors = _decode_round(pb, max_elements=max_elements, expected_shapes=expected_shapes,
+                            digest=digest)
+    return tensors, digest.digest()
+
+
+def _decode_round(pb: agent_pb2.RoundMessage, *, max_elements: int,
+                  expected_shapes: Mapping[str, Sequence[int]] | None,
+                  digest: Any) -> dict[str, torch.Tensor]:
     if not isinstance(pb, agent_pb2.RoundMessage):
         raise TypeError(f"expected efpsn.v1.RoundMessage, got {type(pb).__name__}")
     if expected_shapes is not None and len(pb.tensors) != len(expected_shapes):
@@ -324,12 +352,15 @@ def message_from_proto(
     out: dict[str, torch.Tensor] = {}
     for named in pb.tensors:
         shape = None if expected_shapes is None else expected_shapes[named.name]
+        tensor = named.tensor
+        dtype, dims, data = tensor.dtype, tensor.shape, tensor.data
         try:
-            out[named.name] = tensor_from_proto(
-                named.tensor, max_elements=max_elements, expected_shape=shape
-            )
+            out[named.name] = _tensor_from_parts(dtype, dims, data, max_elements=max_elements,
+                                                 expected_shape=shape)
         except WireError as exc:
             raise WireError(f"tensor {named.name!r}: {exc}") from None
+        if digest is not None:
+            _digest_tensor(digest, named.name, dtype, dims, data)
     return out
 
 
@@ -346,10 +377,17 @@ def round_digest(pb: agent_pb2.RoundMessage) -> bytes:
         raise TypeError(f"expected efpsn.v1.RoundMessage, got {type(pb).__name__}")
     h = hashlib.sha256()
     for named in pb.tensors:
-        data = named.SerializeToString(deterministic=True)
-        h.update(len(data).to_bytes(8, "big"))
-        h.update(data)
+        tensor = named.tensor
+        _digest_tensor(h, named.name, tensor.dtype, tensor.shape, tensor.data)
     return h.digest()
+
+
+def _digest_tensor(h: Any, name: str, dtype: str, dims: Sequence[int], data: bytes) -> None:
+    """Feed one named tensor to a round digest: every field length-prefixed, so no two
+    different messages feed the same bytes."""
+    for part in (name.encode(), dtype.encode(), b",".join(b"%d" % d for d in dims), data):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
 
 
 def shares_digest(pb: common_pb2.CiphertextBatch) -> bytes:

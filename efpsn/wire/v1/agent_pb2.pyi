@@ -39,6 +39,14 @@ class RoundMessage(_message.Message):
     tensors: _containers.RepeatedCompositeFieldContainer[NamedTensor]
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[NamedTensor, _Mapping]]] = ...) -> None: ...
 
+class RoundAck(_message.Message):
+    __slots__ = ("round", "detail")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    detail: str
+    def __init__(self, round: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
+
 class RoundRequest(_message.Message):
     __slots__ = ("header",)
     HEADER_FIELD_NUMBER: _ClassVar[int]

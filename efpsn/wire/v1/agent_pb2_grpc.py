@@ -51,6 +51,11 @@ class AgentStub:
                 request_serializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundMessage.SerializeToString,
                 response_deserializer=efpsn_dot_wire_dot_v1_dot_common__pb2.Ack.FromString,
                 _registered_method=True)
+        self.StreamRounds = channel.stream_stream(
+                '/efpsn.v1.Agent/StreamRounds',
+                request_serializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundMessage.SerializeToString,
+                response_deserializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundAck.FromString,
+                _registered_method=True)
         self.GetRound = channel.unary_unary(
                 '/efpsn.v1.Agent/GetRound',
                 request_serializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundRequest.SerializeToString,
@@ -83,6 +88,17 @@ class AgentServicer:
 
     def PutRound(self, request, context):
         """Phase II: the sender's outbox for one round (e.g. "x", and "y" for gradient tracking).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamRounds(self, request_iterator, context):
+        """Phase II, the usual path: one long-lived stream per (sender, receiver) pair carrying the
+        sender's round messages in order, each validated exactly as PutRound validates it and
+        answered by one RoundAck, in order. The first refusal ends the stream with the status
+        PutRound would have returned; the sender then delivers that round with PutRound (retried
+        while UNAVAILABLE) and opens a new stream for later rounds.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -121,6 +137,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.PutRound,
                     request_deserializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundMessage.FromString,
                     response_serializer=efpsn_dot_wire_dot_v1_dot_common__pb2.Ack.SerializeToString,
+            ),
+            'StreamRounds': grpc.stream_stream_rpc_method_handler(
+                    servicer.StreamRounds,
+                    request_deserializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundMessage.FromString,
+                    response_serializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundAck.SerializeToString,
             ),
             'GetRound': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRound,
@@ -215,6 +236,33 @@ class Agent:
             '/efpsn.v1.Agent/PutRound',
             efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundMessage.SerializeToString,
             efpsn_dot_wire_dot_v1_dot_common__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamRounds(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/efpsn.v1.Agent/StreamRounds',
+            efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundMessage.SerializeToString,
+            efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundAck.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,252 @@
+"""Phase II's round stream (StreamRounds) against a real agent server over mutual TLS on
+loopback: acknowledgements in order, admission before the first byte is read, the first refusal
+ending the stream with PutRound's status, and the sender's fallback to PutRound."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from agent.node import AgentNode, AgentOptions
+from agent.options import RefusedByNeighbour
+from agent.round_stream import METHOD, RoundStream, StreamBroken
+from agent.session import open_session
+from coordinator.registry import Registry, default_names
+from efpsn.config import RunConfig
+from efpsn.wire import guard, serde
+from efpsn.wire.net import open_channel, start_server
+from efpsn.wire.serde import Phase
+from efpsn.wire.tls import TlsConfig, generate_certificates
+from efpsn.wire.v1 import agent_pb2
+
+RUN = "stream-run"
+CONFIG = RunConfig(agents=4, iterations=1000, key_bits=2048, round_timeout_seconds=20.0)
+START = 4  # the receiver's current round
+
+
+@dataclass
+class Pair:
+    receiver: AgentNode  # agent1, serving, in phase II at round START
+    sender: AgentNode  # agent2, its neighbour (not serving: it only sends)
+    tls_dir: Path
+    address: str
+    shape: tuple[int, ...]
+
+    def message(self, t: int, *, sender: str = "agent2", run: str = RUN,
+                value: float = 1.0) -> agent_pb2.RoundMessage:
+        x = torch.full(self.shape, value + t, dtype=torch.float64)
+        return serde.message_to_proto({"x": x}, header=serde.make_header(
+            run_id=run, sender=sender, round=t, phase=Phase.OPTIMIZE))
+
+    def channel(self, who: str) -> grpc.aio.Channel:
+        tls = TlsConfig.from_dir(self.tls_dir, who)
+        return open_channel(self.address, credentials=tls.channel_credentials(),
+                            server_name="agent1")
+
+
+@contextlib.asynccontextmanager
+async def serving_pair() -> AsyncIterator[Pair]:
+    """agent1 serving in phase II, and agent2 (its neighbour) ready to send to it."""
+    folder = Path(tempfile.mkdtemp(prefix="efpsn-stream-"))
+    tls_dir = folder / "tls"
+    generate_certificates(tls_dir, ["agent1", "agent2", "agent3", "agent4", "intruder"])
+    registry = Registry(CONFIG, run_id=RUN, expected_names=default_names(4))
+    receiver = AgentNode(AgentOptions(name="agent1", listen="127.0.0.1:0",
+                                      coordinator="127.0.0.1:1",
+                                      tls=TlsConfig.from_dir(tls_dir, "agent1"),
+                                      results_dir=folder / "r1"))
+    receiver.server = await start_server(
+        "127.0.0.1:0", add_servicers=receiver._add_servicers,
+        credentials=receiver.options.tls.server_credentials(), rejections=receiver.rejections)
+    address = f"127.0.0.1:{receiver.server.port}"
+    for i in (1, 2, 3, 4):
+        registry.register(f"agent{i}", address if i == 1 else f"127.0.0.1:{40000 + i}")
+    assignments = registry.assignments()
+    receiver._enter(await open_session(assignments["agent1"], name="agent1"))
+    receiver.status.phase, receiver.status.round = Phase.OPTIMIZE, START
+    sender = AgentNode(AgentOptions(name="agent2", listen="127.0.0.1:0",
+                                    coordinator="127.0.0.1:1",
+                                    tls=TlsConfig.from_dir(tls_dir, "agent2"),
+                                    results_dir=folder / "r2"))
+    sender._enter(await open_session(assignments["agent2"], name="agent2"))
+    # agent2's neighbour agent1 is at `address` (the registry saw agent1 register there)
+    assert sender.session is not None and sender.session.addresses["agent1"] == address
+    try:
+        yield Pair(receiver, sender, tls_dir, address, receiver.session.message_shapes["x"])
+    finally:
+        await sender.peers.close()
+        await receiver.server.stop(0)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def in_pair(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
+    """Run an async test body with a fresh serving pair on its own event loop."""
+
+    @functools.wraps(test)
+    def run(*args: object, **kwargs: object) -> None:
+        async def body() -> None:
+            async with serving_pair() as pair:
+                await test(pair, *args, **kwargs)
+
+        asyncio.run(body())
+
+    run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        list(inspect.signature(test).parameters.values())[1:])
+    return run
+
+
+async def _stream(channel: grpc.aio.Channel, bodies: list[bytes]
+                  ) -> tuple[list[agent_pb2.RoundAck], str, str]:
+    """Write `bodies` on one StreamRounds call, reading each answer: (acks, status, details)."""
+    call = channel.stream_stream(METHOD, request_serializer=None,
+                                 response_deserializer=agent_pb2.RoundAck.FromString)()
+    acks = []
+    try:
+        for body in bodies:
+            await call.write(body)
+            ack = await call.read()
+            if ack is grpc.aio.EOF:
+                break
+            acks.append(ack)
+        await call.done_writing()
+        while (ack := await call.read()) is not grpc.aio.EOF:
+            acks.append(ack)
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+        pass
+    code = await call.code()
+    return acks, code.name, await call.details()
+
+
+@in_pair
+async def test_rounds_are_acknowledged_in_order_and_filed(pair: Pair) -> None:
+    channel = pair.channel("agent2")
+    try:
+        first, second = pair.message(START), pair.message(START + 1)
+        acks, code, _ = await _stream(channel, [m.SerializeToString()
+                                                for m in (first, second, first)])
+    finally:
+        await channel.close()
+    assert code == "OK"
+    assert [(a.round, a.detail) for a in acks] == [
+        (START, ""), (START + 1, ""), (START, "duplicate ignored")]
+    mailbox = pair.receiver.mailbox
+    assert mailbox.has("round", START, "agent2") and mailbox.has("round", START + 1, "agent2")
+    # the digest filed with the message is the one a retry is compared with
+    assert mailbox.digest("round", START, "agent2") == serde.round_digest(first)
+    assert not pair.receiver.rejections.counts
+
+
+@pytest.mark.parametrize("who", ["intruder", "agent3"])
+@in_pair
+async def test_outsider_is_refused_before_anything_is_read(
+        pair: Pair, who: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads = []
+    real_read = guard._read_raw
+
+    async def counting_read(*args: object, **kwargs: object) -> bytes | None:
+        reads.append(args[0])
+        return await real_read(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(guard, "_read_raw", counting_read)
+    channel = pair.channel(who)
+    try:
+        bomb = b"\x12\x00" * (4 * 1024 * 1024)  # 8 MB of empty tensor entries
+        acks, code, details = await _stream(channel, [bomb])
+    finally:
+        await channel.close()
+    assert (acks, code) == ([], "PERMISSION_DENIED")
+    assert f"certificate is for ['{who}'], not a neighbour of agent1" in details
+    assert reads == []  # refused at admission, before the first message was read
+    assert pair.receiver.rejections.counts == {"PERMISSION_DENIED": 1}
+    assert pair.receiver.mailbox.size() == 0
+
+
+@in_pair
+async def test_first_refusal_ends_the_stream_with_put_rounds_status(pair: Pair) -> None:
+    limit = pair.receiver.session.request_limits["StreamRounds"]
+    cases = {
+        "garbage": (b"\xff\x00garbage", "INVALID_ARGUMENT", "not a valid efpsn.v1.RoundMessage"),
+        "another run": (pair.message(START, run="other").SerializeToString(),
+                        "INVALID_ARGUMENT", "run"),
+        "claims agent3": (pair.message(START, sender="agent3").SerializeToString(),
+                          "PERMISSION_DENIED", "claims to come from 'agent3'"),
+        "oversize": (b"\x00" * (limit + 1), "INVALID_ARGUMENT", "larger than"),
+        "round ahead": (pair.message(START + 2).SerializeToString(), "UNAVAILABLE",
+                        "ahead of its window"),
+        "conflicting copy": (pair.message(START, value=7.0).SerializeToString(),
+                             "INVALID_ARGUMENT", "already received"),
+    }
+    channel = pair.channel("agent2")
+    try:
+        valid = pair.message(START).SerializeToString()
+        for label, (bad, status, words) in cases.items():
+            after = pair.message(START + 1).SerializeToString()
+            acks, code, details = await _stream(channel, [valid, bad, after])
+            assert [a.round for a in acks] == [START], label  # nothing after the refusal
+            assert code == status and words in details, (label, code, details)
+    finally:
+        await channel.close()
+    assert not pair.receiver.mailbox.has("round", START + 1, "agent2")
+    assert sum(pair.receiver.rejections.counts.values()) == len(cases)
+
+
+@in_pair
+async def test_sender_falls_back_to_put_round_and_reports_its_refusal(pair: Pair) -> None:
+    peers = pair.sender.peers
+    # a round ahead of the receiver's window: the stream is refused (UNAVAILABLE), PutRound
+    # retries until the receiver has moved on, and the stream is opened again afterwards
+    ahead = pair.message(START + 2)
+
+    async def advance() -> None:
+        await asyncio.sleep(0.5)
+        pair.receiver.status.round = START + 1
+
+    mover = asyncio.ensure_future(advance())
+    await peers.send_round("agent1", ahead, ahead.SerializeToString(), timeout=10.0)
+    await mover
+    assert pair.receiver.mailbox.has("round", START + 2, "agent2")
+    assert pair.receiver.rejections.counts["UNAVAILABLE"] >= 2  # the stream's, then retries
+    nxt = pair.message(START + 2)  # an identical copy goes over a new stream
+    await peers.send_round("agent1", nxt, nxt.SerializeToString(), timeout=10.0)
+    assert peers._streams["agent1"].broken is None
+    # a message the receiver refuses for good: the error names the neighbour and the reason,
+    # exactly as PutRound reports it
+    bad = pair.message(START + 2, value=9.0)
+    with pytest.raises(RefusedByNeighbour) as info:
+        await peers.send_round("agent1", bad, bad.SerializeToString(), timeout=10.0)
+    assert info.value.code == "INVALID_ARGUMENT"
+    assert str(info.value).startswith(
+        f"sending OPTIMIZE round {START + 2} to neighbour agent1 ({pair.address}) was refused: "
+        f"INVALID_ARGUMENT: a different round message for round {START + 2} from agent2 was "
+        "already received"), info.value
+    assert not peers.unacknowledged
+
+
+@in_pair
+async def test_a_broken_stream_fails_what_is_pending(pair: Pair) -> None:
+    channel = pair.channel("agent2")
+    stream = RoundStream(channel)
+    try:
+        acked = await stream.send(pair.message(START).SerializeToString(), START)
+        assert (await acked).round == START
+        refused = await stream.send(b"\xff\x00garbage", START + 1)
+        with pytest.raises(StreamBroken):
+            await refused
+        assert isinstance(stream.broken, grpc.aio.AioRpcError)
+        assert stream.broken.code() == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(StreamBroken):
+            await stream.send(pair.message(START + 1).SerializeToString(), START + 1)
+    finally:
+        await stream.close()
+        await channel.close()
