@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -144,15 +145,21 @@ async def report_failure(stub: coordinator_pb2_grpc.CoordinatorStub, *, options:
         log.warning("%s could not report its failure: %s", options.name, err)
 
 
-async def bootstrap(peers: Peers, *, options: AgentOptions,
-                    address: str) -> tuple[Prepared, serde.Assignment]:
-    """Parameters, preparation (off the event loop), registration: the fresh start."""
+async def bootstrap(peers: Peers, *, options: AgentOptions, address: str,
+                    on_parameters: Callable[[RunConfig], None] | None = None,
+                    ) -> tuple[Prepared, serde.Assignment]:
+    """Parameters, preparation (off the event loop), registration: the fresh start.
+
+    on_parameters(config) is called as soon as the run parameters arrive, to start work that
+    needs nothing else (the node's Paillier key pair) while this agent prepares and waits."""
     loop = asyncio.get_running_loop()
     channel = peers.open(options.coordinator, options.coordinator_name)
     peers.keep("coordinator", channel)
     stub = coordinator_pb2_grpc.CoordinatorStub(channel)
     deadline = loop.time() + options.register_timeout
     config = await fetch_parameters(stub, options=options, deadline=deadline)
+    if on_parameters is not None:
+        on_parameters(config)
     try:
         prepared = await asyncio.to_thread(prepare, config, options)
     except (ValueError, TypeError, OSError) as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 from pathlib import Path
 
 from efpsn.cli_common import add_data_dir_arguments, add_run_arguments, config_from_args
@@ -21,13 +22,32 @@ from efpsn.cli_services import (
 )
 
 
+def _coordinator_address(args: argparse.Namespace) -> str:
+    """--coordinator, or with --coordinator-port-file (`efpsn up`, which starts the coordinator
+    and the agents at once) its host and the port the coordinator writes to that file, waited
+    for here, after this process's heavy imports."""
+    if not args.coordinator_port_file:
+        return args.coordinator
+    host, _, _ = args.coordinator.rpartition(":")
+    path = Path(args.coordinator_port_file)
+    deadline = time.monotonic() + args.register_timeout
+    while True:
+        try:
+            return f"{host}:{int(path.read_text())}"
+        except (OSError, ValueError):  # not written yet (it is written whole, then renamed)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{args.name}: no coordinator port in {path} after "
+                                   f"{args.register_timeout:.0f}s") from None
+            time.sleep(0.02)
+
+
 def _agent(args: argparse.Namespace) -> int:
     from agent.node import AgentNode, AgentOptions
 
     setup_logging(args.verbose)
     options = AgentOptions(
         name=args.name, listen=args.listen, advertise=args.advertise,
-        coordinator=args.coordinator, results_dir=Path(args.results),
+        coordinator=_coordinator_address(args), results_dir=Path(args.results),
         register_timeout=args.register_timeout, port_file=args.port_file,
         tls=tls_from_args(args, args.name), coordinator_name=args.coordinator_name,
         operator_name=args.operator_name,
@@ -70,6 +90,8 @@ def configure(agent: argparse.ArgumentParser) -> None:
     agent.add_argument("--results", default="results", help="folder for result.json/model.npy")
     agent.add_argument("--register-timeout", type=float, default=600.0)
     agent.add_argument("--port-file", default=None, help="write the bound port here")
+    # `efpsn up`: the coordinator's port, once it is bound (--coordinator gives the host)
+    agent.add_argument("--coordinator-port-file", default=None, help=argparse.SUPPRESS)
     agent.add_argument("--verbose", action="store_true")
     data = agent.add_argument_group(
         "this agent's own data (runs with --data local at the coordinator); read on this host "

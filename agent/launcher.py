@@ -26,6 +26,7 @@ from efpsn.cli_common import format_metrics, write_json
 from efpsn.cli_services import check_key_policy, config_to_args
 from efpsn.config import LOCAL_DATA, RunConfig
 from efpsn.runtime import peak_rss_mb
+from efpsn.wire.records import Phase
 from efpsn.wire.tls import TlsConfig, generate_certificates
 
 
@@ -60,22 +61,25 @@ def _spawn(name: str, args: list[str], folder: Path) -> Child:
     return Child(name=name, process=process, log_path=log_path, port_file=port_file)
 
 
-def _wait_port(child: Child, timeout: float, *, problem: Future[Any] | None = None) -> int:
-    """The port `child` serves on, once it wrote it; a failed build of the public problem (a bad
-    run parameter) is reported as soon as it is known."""
+def _wait_port(child: Child, timeout: float, *, problem: ProblemBuild | None = None) -> int:
+    """The port `child` serves on, once it wrote it (even if it has exited since: what it does
+    after serving is the caller's to watch); if it exits first, a bad run parameter (the public
+    problem cannot be built) is the error reported, else its log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if problem is not None and problem.done():
-            _raise_problem_error(problem)
-        if child.process.poll() is not None:
+        exited = child.process.poll() is not None
+        try:
+            return int(child.port_file.read_text())  # read after poll(): no exit is missed
+        except (OSError, ValueError):
+            pass
+        if exited:
+            if problem is not None:
+                problem.raise_error()
             raise RuntimeError(
                 f"{child.name} exited with code {child.process.returncode} before serving:\n"
                 f"{child.log_tail()}"
             )
-        try:
-            return int(child.port_file.read_text())
-        except (OSError, ValueError):
-            time.sleep(0.05)
+        time.sleep(0.05)
     raise TimeoutError(f"{child.name} did not start serving within {timeout:.0f}s")
 
 
@@ -140,10 +144,9 @@ def launch_local_network(
         raise ValueError("efpsn up: give --data-dir DIR for local data (and only then)")
     started, started_at = time.perf_counter(), time.time()
     # The launcher needs the public problem only for the summary (no private data is read
-    # here), so it builds it while the network starts; a bad parameter still stops everything
-    # with this error, not a child's log.
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="efpsn-up-problem")
-    problem_future = pool.submit(_public_problem, config, local=local_mode)
+    # here): built once the agents are past their start-up (below); a bad parameter still
+    # stops everything with this error, not a child's log.
+    build = ProblemBuild(config, local=local_mode)
     folder = results or Path("results") / time.strftime("run-%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
     names = [f"agent{i + 1}" for i in range(config.agents)]
@@ -191,16 +194,19 @@ def launch_local_network(
             "coordinator", ["coordinator", "--listen", f"{host}:0", *tls_args, *run_args], folder
         )
         children.append(coordinator)
-        coord_port = _wait_port(coordinator, start_timeout, problem=problem_future)
+        # The agents start with the coordinator, not after it: each reads the coordinator's
+        # port from its port file once its own imports (torch) are done.
         agents = [
             _spawn(name, ["agent", "--name", name, "--listen", f"{host}:0",
-                          "--coordinator", f"{host}:{coord_port}",
+                          "--coordinator", f"{host}:0",
+                          "--coordinator-port-file", str(coordinator.port_file),
                           "--results", str(folder), *agent_args, *data_args[name], *debug],
                    folder)
             for name in names
         ]
         children += agents
-        addresses = {a.name: f"{host}:{_wait_port(a, start_timeout, problem=problem_future)}"
+        coord_port = _wait_port(coordinator, start_timeout, problem=build)
+        addresses = {a.name: f"{host}:{_wait_port(a, start_timeout, problem=build)}"
                      for a in agents}
         print(f"efpsn up: coordinator on {host}:{coord_port}; {config.agents} agents "
               f"({config.topology}); {'PLAINTEXT' if insecure else 'mutual TLS'}; "
@@ -209,9 +215,8 @@ def launch_local_network(
         assigned: set[str] = set()
         while any(a.process.poll() is None for a in agents):
             failed = [a for a in agents if a.process.poll() not in (None, 0)]
-            if problem_future.done() or failed:
-                _raise_problem_error(problem_future)
             if failed:
+                build.raise_error()
                 f = _first_cause(agents, failed)
                 raise RuntimeError(
                     f"{f.name} failed (exit {f.process.returncode}):\n{f.log_tail()}"
@@ -222,6 +227,9 @@ def launch_local_network(
             running = {a.name: addresses[a.name] for a in agents if a.process.poll() is None}
             statuses = runner.run(poller.poll(running))
             assigned |= {n for n, s in statuses.items() if s.run_id}
+            if assigned == set(names) and all(s.phase >= Phase.OPTIMIZE
+                                              for s in statuses.values()):
+                build.start()  # every agent is in phase II: start-up is over
             if statuses:
                 rounds = min(s.round for s in statuses.values())
                 bar.update(max(0, rounds - bar.n))
@@ -237,13 +245,13 @@ def launch_local_network(
             time.sleep(0.5)
         failed = [a for a in agents if a.process.returncode != 0]
         if failed:
-            _raise_problem_error(problem_future)
+            build.raise_error()
             f = failed[0]
             raise RuntimeError(f"{f.name} failed (exit {f.process.returncode}):\n{f.log_tail()}")
         bar.update(config.iterations - bar.n)
         bar.close()
         bar = None
-        problem, x_star = problem_future.result()
+        problem, x_star = build.result()
         if local_mode:
             summary = summarize_reports(problem, folder, names, test_path=test_path)
         else:
@@ -267,7 +275,7 @@ def launch_local_network(
         stop_children(children)
         runner.run(poller.close())
         runner.close()
-        pool.shutdown(wait=True, cancel_futures=True)
+        build.shutdown()
 
 
 def _public_problem(config: RunConfig, *, local: bool) -> tuple[Any, Any]:
@@ -285,10 +293,34 @@ def _public_problem(config: RunConfig, *, local: bool) -> tuple[Any, Any]:
     return problem, centralized_optimum(problem.task, problem.shards).x
 
 
-def _raise_problem_error(future: Future[Any]) -> None:
-    """If the public problem could not be built, that error (a bad run parameter) is the one to
-    report: every agent fails on it too."""
-    if future.done() or future.running():
-        error = future.exception()  # waits for a build under way (the agents failed on it?)
+class ProblemBuild:
+    """The public problem and x* for the summary, built in a thread of the launcher once the
+    agents are in phase II (start()), or when first needed.
+
+    Not earlier: on a small machine the build (torch, the data set, x*) would take CPU from the
+    agents' start-up, which is the network's critical path, and nice cannot lower a thread
+    below the agents when the kernel groups CPU time by session (autogroup; the agents run in
+    sessions of their own)."""
+
+    def __init__(self, config: RunConfig, *, local: bool) -> None:
+        self._config, self._local = config, local
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="efpsn-up-problem")
+        self._future: Future[tuple[Any, Any]] | None = None
+
+    def start(self) -> Future[tuple[Any, Any]]:
+        if self._future is None:
+            self._future = self._pool.submit(_public_problem, self._config, local=self._local)
+        return self._future
+
+    def result(self) -> tuple[Any, Any]:
+        return self.start().result()
+
+    def raise_error(self) -> None:
+        """Called when a child failed: if the public problem cannot be built (a bad run
+        parameter, which every agent fails on too), raise that error, the one to report."""
+        error = self.start().exception()  # waits for the build
         if error is not None:
             raise error
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

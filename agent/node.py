@@ -35,6 +35,7 @@ from agent.phase_two import Outboxes, abandon_sending, final_barrier, run_phase_
 from agent.servicer import AgentService
 from agent.session import Session, Status, open_session
 from agent.state import SavedAssignment, StateError, StateStore
+from efpsn import paillier
 from efpsn.algorithms import AgentState, Message
 from efpsn.cli_common import write_json
 from efpsn.config import RunConfig
@@ -76,6 +77,9 @@ class AgentNode:
     pull_from: set[str] = field(default_factory=set)  # neighbours that may hold lost rounds
     final_outbox: Message | None = None
     sending: asyncio.Future[Any] | None = None  # delivery of my newest round message
+    # my Paillier key pair, generated (off the event loop) from the moment the run parameters
+    # arrive: phase I then finds it ready instead of every agent generating one at its start
+    keypair: asyncio.Future[Any] | None = None
     _store: StateStore | None = None
     _saved: SavedAssignment | None = None
 
@@ -119,7 +123,8 @@ class AgentNode:
         try:
             if saved is None:
                 prepared, assignment = await bootstrap(self.peers, options=opts,
-                                                       address=self._advertised())
+                                                       address=self._advertised(),
+                                                       on_parameters=self._generate_keys)
                 self._enter(await open_session(assignment, name=opts.name, prepared=prepared))
                 self._saved = SavedAssignment(assignment=assignment, advertise=self._advertised(),
                                               port=self.server.port, finished=False)
@@ -169,9 +174,26 @@ class AgentNode:
             self.status.error = str(exc) or type(exc).__name__
             raise
         finally:
+            if self.keypair is not None and not self.keypair.cancel():  # ended before phase I?
+                self.keypair.exception()  # done: retrieved, so never logged as unhandled
             await abandon_sending(self)
             await self.peers.close()
             await self.server.stop(grace=0.5)
+
+    def _generate_keys(self, config: RunConfig) -> None:
+        """Start generating this agent's Paillier key pair (zero-sum masks only); phase I
+        awaits it. The key depends on nothing but the run's key size: generating it while this
+        agent loads its data and waits for the others takes it off the run's critical path."""
+        if config.mask != "zero-sum" or self.keypair is not None:
+            return
+
+        def generate() -> tuple[Any, float]:
+            start = time.perf_counter()
+            keypair = paillier.generate_keypair(
+                config.key_bits, allow_insecure=self.options.allow_insecure_keys)
+            return keypair, time.perf_counter() - start
+
+        self.keypair = asyncio.ensure_future(asyncio.to_thread(generate))
 
     def _check_resumable(self, saved: SavedAssignment) -> None:
         opts = self.options

@@ -31,14 +31,18 @@ async def run_phase_one(node: AgentNode) -> MaskCoefficients:
     timeout = cfg.round_timeout_seconds
     node.status.phase = Phase.KEYS
     t0 = time.perf_counter()
+    keypair = None
+    if node.keypair is not None:  # generated since the run parameters arrived (agent/node.py)
+        keypair, node.timings["keygen_seconds"] = await node.keypair
     # The servicer validates incoming shares against this masker's key, so it is set on the
-    # node as soon as it exists.
+    # node as soon as it exists. Masker checks a given key pair (size, policy, matching halves).
     node.masker = masker = await asyncio.to_thread(
         Masker, agent=s.index, neighbours=sorted(s.names), spec=spec, rng=rng,
-        layout=problem.layout, key_bits=cfg.key_bits,
+        layout=problem.layout, key_bits=cfg.key_bits, keypair=keypair,
         allow_insecure=node.options.allow_insecure_keys,
     )
-    node.timings["keygen_seconds"] = time.perf_counter() - t0
+    node.timings["key_wait_seconds"] = time.perf_counter() - t0  # phase I's share of it
+    node.timings.setdefault("keygen_seconds", node.timings["key_wait_seconds"])
     own_key = masker.public_key
     await peers.send_all(
         "PutPublicKey",

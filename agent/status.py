@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from efpsn.wire.net import open_channel
-from efpsn.wire.serde import Phase
+from efpsn.wire.records import Phase  # not serde: torch-free, the launcher polls with this
 from efpsn.wire.tls import TlsConfig
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc
 

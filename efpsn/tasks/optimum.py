@@ -10,8 +10,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.optimize import minimize
-from scipy.sparse.linalg import LinearOperator, cg
 
 from efpsn.tasks.data import Dataset
 from efpsn.tasks.objective import Task
@@ -181,6 +179,10 @@ def _solve(
     max_newton_steps: int,
 ) -> tuple[torch.Tensor, float, float, int, int]:
     """L-BFGS-B then inexact Newton; returns (x, F(x), ||grad F(x)||, L-BFGS its, Newton steps)."""
+    # imported here: agents import efpsn.tasks but never solve for x*, and scipy.optimize
+    # costs each of them about 0.2 s of CPU at start-up
+    from scipy.optimize import minimize
+    from scipy.sparse.linalg import LinearOperator, cg
 
     def fun(x_np: np.ndarray) -> tuple[float, np.ndarray]:
         value, grad = global_loss_and_grad(task, torch.from_numpy(x_np), shards)
