@@ -41,12 +41,13 @@ class Mailbox:
     def __init__(self) -> None:
         self._boxes: dict[tuple[str, int], dict[str, Any]] = {}
         self._digests: dict[tuple[str, int], dict[str, bytes]] = {}
+        self._forgotten: dict[str, int] = {}  # kind -> rounds below it hold no digest
         self._changed = asyncio.Event()
         self.waiting_for: list[str] = []  # senders `collect` is waiting for right now
 
     def put(self, kind: str, round_: int, sender: str, payload: Any, digest: bytes) -> bool:
         """Store a message; False when an identical copy was already delivered."""
-        seen = self._digests.setdefault((kind, round_), {})
+        seen = self._digests_of(kind, round_)
         known = seen.get(sender)
         if known is not None:
             if known != digest:
@@ -63,7 +64,13 @@ class Mailbox:
     def remember(self, kind: str, round_: int, sender: str, digest: bytes) -> None:
         """Record that (kind, round_, sender) was delivered with this digest, without a payload
         (e.g. restored from disk after a restart), so retries can be checked against it."""
-        self._digests.setdefault((kind, round_), {})[sender] = digest
+        self._digests_of(kind, round_)[sender] = digest
+
+    def _digests_of(self, kind: str, round_: int) -> dict[str, bytes]:
+        floor = self._forgotten.get(kind)
+        if floor is not None and round_ < floor:  # below what forget_before dropped: it will
+            self._forgotten[kind] = round_  # drop this one too
+        return self._digests.setdefault((kind, round_), {})
 
     def digest(self, kind: str, round_: int, sender: str) -> bytes | None:
         """Digest of the delivered (kind, round_, sender) message, if it is still remembered."""
@@ -78,10 +85,17 @@ class Mailbox:
             del self._boxes[key]
 
     def forget_before(self, kind: str, round_: int) -> None:
-        """Forget payloads and digests of `kind` for rounds < round_."""
+        """Forget payloads and digests of `kind` for rounds < round_ (called every round: the
+        digests of the rounds since the last call are dropped, not every key scanned)."""
         self.discard_before(kind, round_)
-        for key in [k for k in self._digests if k[0] == kind and k[1] < round_]:
-            del self._digests[key]
+        floor = self._forgotten.get(kind)
+        if floor is None or round_ - floor > len(self._digests):
+            for key in [k for k in self._digests if k[0] == kind and k[1] < round_]:
+                del self._digests[key]
+        else:
+            for r in range(floor, round_):
+                self._digests.pop((kind, r), None)
+        self._forgotten[kind] = max(round_, floor or 0)
 
     def size(self) -> int:
         """Number of buffered payloads (for tests of bounded memory)."""

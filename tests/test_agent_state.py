@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.mailbox import ConflictingDuplicate, Mailbox
 from agent.node import AgentOptions
@@ -129,6 +131,30 @@ def test_mailbox_acks_identical_retries_and_refuses_conflicts() -> None:
     assert not box.has("round", 3, "agent1") and box.digest("round", 3, "agent1") == b"d1"
     box.forget_before("round", 4)
     assert box.digest("round", 3, "agent1") is None and box.size() == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["put", "remember", "forget"]),
+                          st.sampled_from(["round", "key"]), st.integers(0, 300)),
+                max_size=60))
+def test_mailbox_forgets_exactly_the_rounds_below(ops: list[tuple[str, str, int]]) -> None:
+    """forget_before drops only the rounds since its last call; whatever the order of puts,
+    restores and forgets, the digests it keeps are those a full scan would keep."""
+    box, model = Mailbox(), {}
+    for op, kind, r in ops:
+        if op == "forget":
+            box.forget_before(kind, r)
+            model = {k: v for k, v in model.items() if not (k[0] == kind and k[1] < r)}
+        else:
+            digest = f"{kind}{r}".encode()
+            if op == "put":
+                box.put(kind, r, "agent2", None, digest)
+            else:
+                box.remember(kind, r, "agent2", digest)
+            model[(kind, r)] = digest
+    for kind in ("round", "key"):
+        for r in range(301):
+            assert box.digest(kind, r, "agent2") == model.get((kind, r)), (kind, r)
 
 
 def test_mailbox_collect_names_who_is_missing() -> None:
