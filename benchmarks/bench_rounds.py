@@ -8,7 +8,10 @@ Prints, for 5 agents on a ring:
   * simulator seconds per round (logreg and LeNet, DSGD batch 64 and GT full batch);
   * with --network: a real 5-agent gRPC network on loopback (logreg, DSGD, batch 64) and its ratio
     to the simulator measured in the same run, plus each agent's phase I wall time;
-  * with --paper: the wall time of the paper's whole 10,000-step convex run over the network;
+  * with --network, also the transport micro-benchmark (bench_transport.py: a round message
+    through the agents' transport against bare grpc.aio and raw TCP, same run);
+  * with --paper: the paper's whole 10,000-step convex run over the network: seconds of rounds,
+    start-up and wall time, and the ratio to the simulator's rounds measured in the same run;
   * with --scaling N1,N2,...: a table of networks of those sizes (ring): seconds per round of the
     network and of the simulator (same run), their ratio, start-up (launch to the last agent's
     first round), phase I, and the peak resident memory of an agent process and of the
@@ -20,11 +23,14 @@ compare.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+import bench_transport  # this folder's transport benchmark (scripts run with it on sys.path)
 
 from agent.launcher import launch_local_network
 from agent.summary import load_agent_results
@@ -53,6 +59,7 @@ def network_run(config: RunConfig, *, key_bits: int) -> dict:
     return {
         "wall_seconds": wall,
         "startup_seconds": network.get("startup_seconds", float("nan")),
+        "phase2_seconds": network.get("phase2_seconds", float("nan")),
         "agent_peak_rss_mb": network.get("agent_peak_rss_mb", float("nan")),
         "coordinator_peak_rss_mb": network.get("coordinator_peak_rss_mb", float("nan")),
         "seconds_per_round": statistics.median(t["seconds_per_round"] for t in timings),
@@ -121,11 +128,20 @@ def main() -> None:
         print(f"  key generation, during start-up (s):      {net['keygen_seconds']}")
         print(f"  whole run wall time incl. start-up (s):  {net['wall_seconds']:.1f}")
     if args.paper:
-        paper = network_run(RunConfig(), key_bits=args.key_bits)  # 10,000 steps, batch 64
-        out["paper_network"] = paper
-        print(f"\npaper's convex run over the network (10,000 rounds): wall "
-              f"{paper['wall_seconds']:.1f}s, {paper['seconds_per_round']:.5f} s/round, "
+        paper_config = RunConfig()  # 10,000 steps, batch 64
+        sim_paper = simulator_seconds_per_round(paper_config)
+        paper = network_run(paper_config, key_bits=args.key_bits)
+        out["paper_network"] = {**paper, "simulator_seconds_per_round": sim_paper}
+        print(f"\npaper's convex run over the network (10,000 rounds): rounds (phase II) "
+              f"{paper['phase2_seconds']:.1f}s, {paper['seconds_per_round']:.5f} s/round "
+              f"({paper['seconds_per_round'] / sim_paper:.2f}x the simulator's "
+              f"{sim_paper:.5f}, {sim_paper * paper_config.iterations:.1f}s of rounds, this run); "
+              f"start-up {paper['startup_seconds']:.1f}s; wall {paper['wall_seconds']:.1f}s; "
               f"accuracy {paper['accuracy']:.4f}")
+    if args.network:
+        print("\nper-message cost of the transport (benchmarks/bench_transport.py):")
+        out["transport"] = asyncio.run(bench_transport.measure_all(messages=2000,
+                                                                   insecure=False))
     if args.scaling:
         sizes = [int(n) for n in args.scaling.split(",") if n.strip()]
         out["scaling"] = scaling_table(sizes, rounds=args.rounds, key_bits=args.key_bits)

@@ -5,13 +5,16 @@
 One process, one event loop, both ends: an agent's real receive path (its gRPC server with the
 servicer that authenticates, validates, decodes and files round messages) fed by a real sender
 (agent/peers.py) with the paper's round message (the 7,850 float64 parameters of logistic
-regression, 63 KB); then, with the same bytes, the same certificates and one call per message:
-  * bare grpc.aio: a unary method that returns an empty reply, no parsing at all;
+regression, 63 KB), once over the round stream phase II uses (Peers.send_round) and once with
+one PutRound call per message (its fallback); then, with the same bytes and certificates:
+  * bare grpc.aio: a unary method that returns an empty reply, no parsing at all (the baseline
+    the ratios are taken against), and the same over one bidirectional stream;
   * a raw TCP socket (asyncio streams) with a length prefix and a 1-byte ack, with TLS like the
     others and (for scale) without.
-Prints CPU milliseconds per message (process time of both ends together, so it counts every
-core the work used) and wall milliseconds per round trip, and the ratios to bare gRPC. Numbers
-depend on the machine and its load (printed); the ratios are the figures to compare.
+Every path waits for each message's answer before sending the next (ping-pong). Prints CPU
+milliseconds per message (process time of both ends together, so it counts every core the
+work used) and wall milliseconds per round trip, and the ratios to bare gRPC. Numbers depend on
+the machine and its load (printed); the ratios are the figures to compare.
 """
 
 from __future__ import annotations
@@ -180,38 +183,40 @@ async def raw_socket(tls_dir: Path | None, payload: bytes, n: int) -> tuple[floa
         await server.wait_closed()
 
 
-async def main_async(args: argparse.Namespace) -> None:
+async def measure_all(*, messages: int, insecure: bool) -> dict[str, tuple[float, float]]:
+    """Every path of the table (CPU and wall ms per message), printed with the ratios."""
     with tempfile.TemporaryDirectory(prefix="efpsn-bench-transport-") as tmp:
         tls_dir = None
-        if not args.insecure:
+        if not insecure:
             tls_dir = Path(tmp) / "tls"
             generate_certificates(tls_dir, ["agent1", "agent2", "agent3"])
         x = torch.linspace(-1, 1, 7850, dtype=torch.float64)
         header = serde.make_header(run_id=RUN, sender="agent2", round=1, phase=Phase.OPTIMIZE)
         payload = serde.message_to_proto({"x": x}, header=header).SerializeToString()
-        security = "plaintext" if args.insecure else "mutual TLS"
-        print(f"round message: {len(payload):,} bytes; {args.messages} messages each; "
+        security = "plaintext" if insecure else "mutual TLS"
+        print(f"round message: {len(payload):,} bytes; {messages} messages each; "
               f"{security}; {machine_load()}")
         rows = {
             "agent transport, round stream (phase II's path)":
-                await agent_transport(tls_dir, args.messages, stream=True),
+                await agent_transport(tls_dir, messages, stream=True),
             "agent transport, one PutRound per message (fallback)":
-                await agent_transport(tls_dir, args.messages, stream=False),
-            "bare grpc.aio unary, same bytes": await bare_grpc(tls_dir, payload, args.messages),
+                await agent_transport(tls_dir, messages, stream=False),
+            "bare grpc.aio unary, same bytes": await bare_grpc(tls_dir, payload, messages),
             "bare grpc.aio bidirectional stream, same bytes":
-                await bare_grpc(tls_dir, payload, args.messages, stream=True),
-            f"raw TCP socket ({'plaintext' if args.insecure else 'TLS'})":
-                await raw_socket(tls_dir, payload, args.messages),
+                await bare_grpc(tls_dir, payload, messages, stream=True),
+            f"raw TCP socket ({'plaintext' if insecure else 'TLS'})":
+                await raw_socket(tls_dir, payload, messages),
         }
         if tls_dir is not None:
             rows["raw TCP socket (plaintext, for scale)"] = await raw_socket(
-                None, payload, args.messages)
+                None, payload, messages)
     bare_cpu, bare_wall = rows["bare grpc.aio unary, same bytes"]
     print(f"\n{'path':<56} {'CPU ms/msg':>10} {'x bare':>7} {'wall ms/msg':>11} {'x bare':>7}")
     for name, (cpu, wall) in rows.items():
         print(f"{name:<56} {cpu:>10.3f} {cpu / bare_cpu:>7.2f} {wall:>11.3f} "
               f"{wall / bare_wall:>7.2f}")
     print(f"\nmachine: {machine_load()}")
+    return rows
 
 
 def main() -> None:
@@ -220,7 +225,7 @@ def main() -> None:
     parser.add_argument("--insecure", action="store_true", help="plaintext everywhere")
     args = parser.parse_args()
     configure_threads()
-    asyncio.run(main_async(args))
+    asyncio.run(measure_all(messages=args.messages, insecure=args.insecure))
 
 
 if __name__ == "__main__":

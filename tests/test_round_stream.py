@@ -9,6 +9,8 @@ import contextlib
 import functools
 import inspect
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -250,3 +252,18 @@ async def test_a_broken_stream_fails_what_is_pending(pair: Pair) -> None:
     finally:
         await stream.close()
         await channel.close()
+
+
+def test_transport_benchmark_runs_every_path() -> None:
+    """benchmarks/bench_transport.py (a few messages): every path of its table is measured and
+    printed with its ratio to bare gRPC, so the benchmark the README cites keeps working."""
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_transport.py"),
+                          "--messages", "30"], capture_output=True, text=True, timeout=300,
+                         cwd=root, check=True).stdout
+    rows = {line[:56].strip(): line[56:].split() for line in out.splitlines()
+            if line.startswith(("agent transport", "bare grpc", "raw TCP"))}
+    assert len(rows) == 6, out
+    assert rows["bare grpc.aio unary, same bytes"][1] == "1.00", out
+    for label, (cpu, ratio, wall, wall_ratio) in rows.items():
+        assert float(cpu) > 0 and float(wall) > 0 and float(ratio) > 0, (label, out)
