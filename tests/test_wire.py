@@ -339,6 +339,37 @@ def test_received_header_checks() -> None:
 # -------------------------------------------------------------------------------- round messages
 
 
+def test_round_digest_is_the_content_not_the_header() -> None:
+    """decode_round_message's digest (filed with a received message) equals round_digest (what a
+    retry is compared with); it ignores the header and changes with any name, dtype, shape or
+    byte of the tensors."""
+    x = torch.arange(6, dtype=torch.float64)
+    base = serde.message_to_proto({"x": x}, header=_header())
+    tensors, digest = serde.decode_round_message(base)
+    assert digest == serde.round_digest(base) and torch.equal(tensors["x"], x)
+    other_header = serde.message_to_proto({"x": x}, header=serde.make_header(
+        run_id="another-run", sender="agent9", round=77, phase=Phase.OPTIMIZE))
+    assert serde.round_digest(other_header) == digest
+    variants = [
+        {"y": x},  # name
+        {"x": x.reshape(2, 3)},  # shape (same bytes)
+        {"x": x.to(torch.float32)},  # dtype
+        {"x": torch.cat([x[:5], torch.nextafter(x[5:], torch.tensor(9.0, dtype=x.dtype))])},
+        {"x": x, "y": x},  # one more tensor
+    ]
+    seen = {digest}
+    for variant in variants:
+        digest_of = serde.round_digest(serde.message_to_proto(variant, header=_header()))
+        assert digest_of not in seen, variant
+        seen.add(digest_of)
+    # length-prefixed fields: moving bytes between name and dtype changes the digest
+    a = agent_pb2.RoundMessage(tensors=[agent_pb2.NamedTensor(
+        name="xf", tensor=common_pb2.Tensor(dtype="loat64", shape=[0]))])
+    b = agent_pb2.RoundMessage(tensors=[agent_pb2.NamedTensor(
+        name="x", tensor=common_pb2.Tensor(dtype="float64", shape=[0]))])
+    assert serde.round_digest(a) != serde.round_digest(b)
+
+
 def test_round_message_round_trip_sorted_by_name() -> None:
     message = {"y": torch.full((3,), -1.5, dtype=torch.float64),
                "x": torch.arange(3, dtype=torch.float64)}
