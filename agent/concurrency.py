@@ -44,3 +44,23 @@ async def all_or_first_error(awaitables: Iterable[Awaitable[T]]) -> list[T]:
             await settle(t)
         raise failed[0].exception()  # type: ignore[misc]
     return [t.result() for t in tasks]
+
+
+async def to_completion(awaitable: Awaitable[T]) -> T:
+    """Await `awaitable` to its end even if the caller is cancelled meanwhile (again and
+    again: a signalled agent is re-cancelled every second), then re-raise that cancellation.
+    For clean-up that must not be cut short, e.g. stopping a server whose neighbours' streams
+    take the whole grace period to end."""
+    task = asyncio.ensure_future(awaitable)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result

@@ -23,6 +23,10 @@ class NeighbourTimeout(TimeoutError):
         )
 
 
+class Interrupted(Exception):
+    """A waiting `collect` was interrupted (Mailbox.interrupt): the reason is the cause."""
+
+
 class ConflictingDuplicate(ValueError):
     """A second copy of a (kind, round, sender) message whose content differs from the first."""
 
@@ -43,6 +47,7 @@ class Mailbox:
         self._digests: dict[tuple[str, int], dict[str, bytes]] = {}
         self._forgotten: dict[str, int] = {}  # kind -> rounds below it hold no digest
         self._changed = asyncio.Event()
+        self._interrupt: BaseException | None = None
         self.waiting_for: list[str] = []  # senders `collect` is waiting for right now
 
     def put(self, kind: str, round_: int, sender: str, payload: Any, digest: bytes) -> bool:
@@ -97,6 +102,13 @@ class Mailbox:
                 self._digests.pop((kind, r), None)
         self._forgotten[kind] = max(round_, floor or 0)
 
+    def interrupt(self, reason: BaseException) -> None:
+        """Make a `collect` that is (or will next be) waiting raise Interrupted, once: e.g. a
+        stream to a neighbour broke, so messages it carried may have to be sent again before
+        the neighbours can answer."""
+        self._interrupt = reason
+        self._changed.set()
+
     def size(self) -> int:
         """Number of buffered payloads (for tests of bounded memory)."""
         return sum(len(box) for box in self._boxes.values())
@@ -115,6 +127,9 @@ class Mailbox:
                 self.waiting_for = missing
                 if not missing:
                     return {s: box[s] for s in wanted}
+                if self._interrupt is not None:
+                    reason, self._interrupt = self._interrupt, None
+                    raise Interrupted(str(reason) or type(reason).__name__) from reason
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise NeighbourTimeout(kind=kind, round_=round_, missing=missing,

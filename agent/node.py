@@ -26,6 +26,7 @@ import grpc
 import numpy as np
 
 from agent.bootstrap import bootstrap, prepare
+from agent.concurrency import to_completion
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, AgentOptions
 from agent.outbox_log import OutboxLog
@@ -176,8 +177,15 @@ class AgentNode:
         finally:
             if self.keypair is not None and not self.keypair.cancel():  # ended before phase I?
                 self.keypair.exception()  # done: retrieved, so never logged as unhandled
+            await to_completion(self._close())
+
+    async def _close(self) -> None:
+        """Stop sending, close my streams and channels, stop the server (its grace period
+        lets in-flight calls end; the neighbours' round streams end with it)."""
+        try:
             await abandon_sending(self)
             await self.peers.close()
+        finally:
             await self.server.stop(grace=0.5)
 
     def _generate_keys(self, config: RunConfig) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -116,35 +116,51 @@ class Peers:
 
     async def send_round(self, name: str, request: agent_pb2.RoundMessage, data: bytes, *,
                          timeout: float) -> None:
-        """Deliver my round message (`data`, its serialized bytes) to a neighbour over my round
-        stream to it; if the stream breaks before the acknowledgement (the neighbour refused
-        the message, restarted, or is not ready), deliver it with PutRound, which retries and
-        names every failure as `send` does."""
+        """Write my round message (`data`, its serialized bytes) on my round stream to a
+        neighbour; if that stream has ended, deliver it with PutRound, which retries and names
+        every failure as `send` does. A stream that ends later is mended by `repair`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         t = request.header.round
         self.unacknowledged[name] += 1
         try:
             stream = self._streams.get(name)
-            if stream is None or stream.broken is not None:
-                if stream is not None:
-                    await stream.close()
-                stream = self._streams[name] = RoundStream(self._channel(name))
+            if stream is None:
+                stream = self._streams[name] = RoundStream(self._channel(name),
+                                                           on_break=self.mailbox.interrupt)
             try:
                 async with asyncio.timeout_at(deadline):
-                    await (await stream.send(data, t))
+                    await stream.send(data, t)
                 return
             except TimeoutError:
                 await stream.close()  # a write may have been cut short: start afresh
                 raise AgentFailure(
                     f"timed out sending OPTIMIZE round {t} to neighbour {name} "
-                    f"({self._session().addresses[name]}): no answer before the round deadline "
-                    "(neighbour stopped, frozen or overloaded?)") from None
+                    f"({self._session().addresses[name]}): it accepted no more data before the "
+                    "round deadline (neighbour stopped, frozen or overloaded?)") from None
             except StreamBroken:
                 pass  # the unary call below gets the neighbour's answer for this message
         finally:
             self._done_sending(name)
         await self.send(name, "PutRound", request, timeout=max(0.1, deadline - loop.time()))
+
+    async def repair(self, sent: Mapping[int, agent_pb2.RoundMessage], *,
+                     deadline: float) -> None:
+        """For every round stream that has ended: deliver with PutRound the rounds written on
+        it that the neighbour has not confirmed (its round t+1 message confirms my round t);
+        `sent` holds my recent round messages. A refusal raises RefusedByNeighbour."""
+        loop = asyncio.get_running_loop()
+        for name, stream in sorted(self._streams.items()):
+            if stream.broken is None:
+                continue
+            del self._streams[name]
+            await stream.close()
+            for t in stream.written:
+                message = sent.get(t)
+                if message is None or self.mailbox.digest("round", t + 1, name) is not None:
+                    continue
+                await self.send(name, "PutRound", message,
+                                timeout=max(0.1, deadline - loop.time()))
 
     def _done_sending(self, name: str) -> None:
         self.unacknowledged[name] -= 1

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from agent.concurrency import all_or_first_error, settle
+from agent.mailbox import Interrupted
 from agent.options import AgentFailure, RefusedByNeighbour
 from agent.outbox_log import OutboxLog
 from agent.session import Session
@@ -126,24 +127,24 @@ async def run_phase_two(node: AgentNode, mask: MaskCoefficients, *, resume: bool
     node.status.phase = Phase.OPTIMIZE
     every = node.options.checkpoint_every
     crash_at = _test_crash_round(node.options.name)
-    for t in range(state.t, cfg.iterations):
+    first = state.t
+    for t in range(first, cfg.iterations):
         if t == crash_at:  # hidden test hook: die here like a power cut (no cleanup)
             os.kill(os.getpid(), signal.SIGKILL)
         node.status.round = t
         inbox = await exchange(node, outbox, t, timeout=cfg.round_timeout_seconds)
+        if t % every == 0 and t != first:
+            # A checkpoint at round t promises that every neighbour holds my round t-1 message
+            # (a process restarted from it resends rounds from t on only): their round-t
+            # messages, just collected, prove it (none can compute round t without mine).
+            node.store.save_checkpoint(run_id=s.run_id, round_=t, tensors=state.tensors,
+                                       history=node.history)
         state, outbox = algorithm.step(state, inbox, dataclasses.replace(ctx, lr=schedule(t)))
         node.status.round = t + 1
         node.mailbox.discard_before("round", t + 1)
         node.mailbox.forget_before("round", t + 1 - node.options.keep_rounds)
         if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.iterations:
             node.history.append(evaluate(node, state, t + 1))
-        if (t + 1) % every == 0 and t + 1 < cfg.iterations:
-            # A checkpoint at round t+1 promises that every neighbour holds my round-t message
-            # (a process restarted from it resends rounds from t+1 on only), so the delivery of
-            # round t, still under way in the background, must be confirmed first.
-            await delivered(node)
-            node.store.save_checkpoint(run_id=s.run_id, round_=t + 1, tensors=state.tensors,
-                                       history=node.history)
     node.status.round = cfg.iterations
     node.final_outbox = outbox
     return state
@@ -168,36 +169,49 @@ def _load_checkpoint(node: AgentNode, initial: AgentState) -> Checkpoint | None:
         raise AgentFailure(f"{node.options.name} cannot resume: {exc}") from None
 
 
-async def exchange(node: AgentNode, outbox: Message, t: int, *,
-                   timeout: float) -> dict[int, Message]:
+async def exchange(node: AgentNode, outbox: Message, t: int, *, timeout: float,
+                   final: bool = False) -> dict[int, Message]:
     """Send my round-t message to every neighbour while collecting theirs (pulling rounds a
     neighbour sent to this agent's previous process, after a restart).
 
-    Only the neighbours' messages are on the critical path: the acknowledgements of mine are
-    awaited at the start of the next exchange (or before a checkpoint), so a round costs one
-    message latency, not two. At most one round of mine is in flight at a time."""
+    Round messages go on the round streams, with no answer per message: a neighbour's next
+    round message is the acknowledgement, so only the neighbours' messages are on the critical
+    path. A stream that ended (a refusal, a neighbour restarting) is mended first: the rounds
+    it carried that were not confirmed go again by PutRound (Peers.repair), also when it ends
+    while we wait. final: the run's last round, sent by PutRound and acknowledged, since no
+    later round will confirm it."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     await delivered(node)
     peers, s = node.peers, node.session
     assert s is not None
+    await peers.repair(node.outboxes.sent, deadline=deadline)
     request = serde.message_to_proto(outbox, header=peers.header(Phase.OPTIMIZE, t))
     data = request.SerializeToString()
     node.outboxes.remember(t, request, data)
-    node.sending = asyncio.ensure_future(all_or_first_error(
-        peers.send_round(name, request, data, timeout=timeout)
-        for name in sorted(s.addresses)))
+    if final:
+        sends = (peers.send(name, "PutRound", request, timeout=timeout)
+                 for name in sorted(s.addresses))
+    else:
+        sends = (peers.send_round(name, request, data, timeout=timeout)
+                 for name in sorted(s.addresses))
+    node.sending = asyncio.ensure_future(all_or_first_error(sends))
     try:
         await _pull_missing(node, t, deadline=deadline)
-        return await peers.collect("round", t, timeout=max(0.0, deadline - loop.time()))
+        while True:
+            try:
+                return await peers.collect("round", t, timeout=max(0.0, deadline - loop.time()))
+            except Interrupted:
+                await peers.repair(node.outboxes.sent, deadline=deadline)
     except BaseException:
         await abandon_sending(node)
         raise
 
 
 async def delivered(node: AgentNode) -> None:
-    """Wait until my last round message is acknowledged by every neighbour (AgentFailure if a
-    neighbour refused it or stayed unreachable until the deadline)."""
+    """Wait until my last round message is written to every neighbour's stream (or, by
+    PutRound, acknowledged); AgentFailure if a neighbour refused it or stayed unreachable until
+    the deadline."""
     sending, node.sending = node.sending, None
     if sending is not None:
         await sending
@@ -252,7 +266,7 @@ async def final_barrier(node: AgentNode) -> None:
     assert s is not None and node.final_outbox is not None
     try:
         await exchange(node, node.final_outbox, s.config.iterations,
-                       timeout=s.config.round_timeout_seconds)
+                       timeout=s.config.round_timeout_seconds, final=True)
         await delivered(node)
     except AgentFailure as exc:
         log.warning("%s finished, but not every neighbour confirmed it did: %s",

@@ -197,11 +197,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     ) -> common_pb2.Ack:
         return common_pb2.Ack(accepted=True, detail=self._file_round(request, context))
 
-    @guarded_stream
+    @guarded_stream(agent_pb2.RoundAck)
     async def StreamRounds(
         self, request: agent_pb2.RoundMessage, context: grpc.aio.ServicerContext
     ) -> agent_pb2.RoundAck:
-        """One message of a neighbour's round stream: checked and filed as PutRound does."""
+        """One message of a neighbour's round stream: checked and filed as PutRound does (the
+        stream's answer, when the neighbour ends it, is the last message's)."""
         detail = self._file_round(request, context)
         return agent_pb2.RoundAck(round=request.header.round, detail=detail)
 

@@ -1,6 +1,7 @@
 """Phase II's round stream (StreamRounds) against a real agent server over mutual TLS on
-loopback: acknowledgements in order, admission before the first byte is read, the first refusal
-ending the stream with PutRound's status, and the sender's fallback to PutRound."""
+loopback: messages filed in order with one answer when the sender ends the stream, admission
+before the first byte is read, the first refusal ending the stream with PutRound's status, and
+the sender mending a broken stream with PutRound."""
 
 from __future__ import annotations
 
@@ -109,25 +110,21 @@ def in_pair(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
 
 
 async def _stream(channel: grpc.aio.Channel, bodies: list[bytes]
-                  ) -> tuple[list[agent_pb2.RoundAck], str, str]:
-    """Write `bodies` on one StreamRounds call, reading each answer: (acks, status, details)."""
-    call = channel.stream_stream(METHOD, request_serializer=None,
-                                 response_deserializer=agent_pb2.RoundAck.FromString)()
-    acks = []
+                  ) -> tuple[agent_pb2.RoundAck | None, str, str]:
+    """Write `bodies` on one StreamRounds call, then end it: (answer, status, details)."""
+    call = channel.stream_unary(METHOD, request_serializer=None,
+                                response_deserializer=agent_pb2.RoundAck.FromString)()
     try:
         for body in bodies:
             await call.write(body)
-            ack = await call.read()
-            if ack is grpc.aio.EOF:
-                break
-            acks.append(ack)
         await call.done_writing()
-        while (ack := await call.read()) is not grpc.aio.EOF:
-            acks.append(ack)
     except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-        pass
-    code = await call.code()
-    return acks, code.name, await call.details()
+        pass  # the call ended early: its status says why
+    try:
+        answer = await call
+    except grpc.aio.AioRpcError:
+        answer = None
+    return answer, (await call.code()).name, await call.details()
 
 
 @in_pair
@@ -135,13 +132,13 @@ async def test_rounds_are_acknowledged_in_order_and_filed(pair: Pair) -> None:
     channel = pair.channel("agent2")
     try:
         first, second = pair.message(START), pair.message(START + 1)
-        acks, code, _ = await _stream(channel, [m.SerializeToString()
-                                                for m in (first, second, first)])
+        answer, code, _ = await _stream(channel, [m.SerializeToString()
+                                                  for m in (first, second, first)])
+        empty, empty_code, _ = await _stream(channel, [])
     finally:
         await channel.close()
-    assert code == "OK"
-    assert [(a.round, a.detail) for a in acks] == [
-        (START, ""), (START + 1, ""), (START, "duplicate ignored")]
+    assert code == "OK" and (answer.round, answer.detail) == (START, "duplicate ignored")
+    assert empty_code == "OK" and empty == agent_pb2.RoundAck()
     mailbox = pair.receiver.mailbox
     assert mailbox.has("round", START, "agent2") and mailbox.has("round", START + 1, "agent2")
     # the digest filed with the message is the one a retry is compared with
@@ -164,10 +161,10 @@ async def test_outsider_is_refused_before_anything_is_read(
     channel = pair.channel(who)
     try:
         bomb = b"\x12\x00" * (4 * 1024 * 1024)  # 8 MB of empty tensor entries
-        acks, code, details = await _stream(channel, [bomb])
+        answer, code, details = await _stream(channel, [bomb])
     finally:
         await channel.close()
-    assert (acks, code) == ([], "PERMISSION_DENIED")
+    assert (answer, code) == (None, "PERMISSION_DENIED")
     assert f"certificate is for ['{who}'], not a neighbour of agent1" in details
     assert reads == []  # refused at admission, before the first message was read
     assert pair.receiver.rejections.counts == {"PERMISSION_DENIED": 1}
@@ -194,9 +191,8 @@ async def test_first_refusal_ends_the_stream_with_put_rounds_status(pair: Pair) 
         valid = pair.message(START).SerializeToString()
         for label, (bad, status, words) in cases.items():
             after = pair.message(START + 1).SerializeToString()
-            acks, code, details = await _stream(channel, [valid, bad, after])
-            assert [a.round for a in acks] == [START], label  # nothing after the refusal
-            assert code == status and words in details, (label, code, details)
+            answer, code, details = await _stream(channel, [valid, bad, after])
+            assert answer is None and code == status and words in details, (label, code, details)
     finally:
         await channel.close()
     assert not pair.receiver.mailbox.has("round", START + 1, "agent2")
@@ -204,29 +200,48 @@ async def test_first_refusal_ends_the_stream_with_put_rounds_status(pair: Pair) 
 
 
 @in_pair
-async def test_sender_falls_back_to_put_round_and_reports_its_refusal(pair: Pair) -> None:
-    peers = pair.sender.peers
-    # a round ahead of the receiver's window: the stream is refused (UNAVAILABLE), PutRound
-    # retries until the receiver has moved on, and the stream is opened again afterwards
+async def test_a_broken_stream_is_mended_with_put_round(pair: Pair) -> None:
+    peers, mailbox = pair.sender.peers, pair.sender.mailbox
+    interrupted: list[BaseException] = []
+    mailbox.interrupt = interrupted.append  # type: ignore[method-assign]
+    # a round ahead of the receiver's window: the write succeeds, then the receiver ends the
+    # stream (UNAVAILABLE); repair delivers that round with PutRound, retried until the
+    # receiver has moved on
     ahead = pair.message(START + 2)
+    await peers.send_round("agent1", ahead, ahead.SerializeToString(), timeout=10.0)
+    stream = peers._streams["agent1"]
+    await asyncio.wait_for(_until(lambda: stream.broken is not None), 10)
+    assert isinstance(stream.broken, grpc.aio.AioRpcError)
+    assert stream.broken.code() == grpc.StatusCode.UNAVAILABLE
+    assert len(interrupted) == 1  # a waiting collect would have woken up to repair
 
     async def advance() -> None:
         await asyncio.sleep(0.5)
         pair.receiver.status.round = START + 1
 
     mover = asyncio.ensure_future(advance())
-    await peers.send_round("agent1", ahead, ahead.SerializeToString(), timeout=10.0)
+    loop = asyncio.get_running_loop()
+    await peers.repair({START + 2: ahead}, deadline=loop.time() + 10)
     await mover
     assert pair.receiver.mailbox.has("round", START + 2, "agent2")
-    assert pair.receiver.rejections.counts["UNAVAILABLE"] >= 2  # the stream's, then retries
-    nxt = pair.message(START + 2)  # an identical copy goes over a new stream
+    assert "agent1" not in peers._streams  # the next round opens a new stream
+    # a round the neighbour has confirmed (its next round arrived) is not sent again
+    nxt = pair.message(START + 3)
     await peers.send_round("agent1", nxt, nxt.SerializeToString(), timeout=10.0)
-    assert peers._streams["agent1"].broken is None
-    # a message the receiver refuses for good: the error names the neighbour and the reason,
-    # exactly as PutRound reports it
+    stream = peers._streams["agent1"]
+    await asyncio.wait_for(_until(lambda: stream.broken is not None), 10)  # ahead again
+    mailbox.put("round", START + 4, "agent1", {}, b"confirms round START+3")
+    rejected_before = sum(pair.receiver.rejections.counts.values())
+    await peers.repair({START + 3: nxt}, deadline=loop.time() + 10)
+    assert sum(pair.receiver.rejections.counts.values()) == rejected_before  # nothing sent
+    # a message the receiver refuses for good: repair raises, naming the neighbour and the
+    # reason exactly as PutRound reports it
     bad = pair.message(START + 2, value=9.0)
+    await peers.send_round("agent1", bad, bad.SerializeToString(), timeout=10.0)
+    stream = peers._streams["agent1"]
+    await asyncio.wait_for(_until(lambda: stream.broken is not None), 10)
     with pytest.raises(RefusedByNeighbour) as info:
-        await peers.send_round("agent1", bad, bad.SerializeToString(), timeout=10.0)
+        await peers.repair({START + 2: bad}, deadline=loop.time() + 10)
     assert info.value.code == "INVALID_ARGUMENT"
     assert str(info.value).startswith(
         f"sending OPTIMIZE round {START + 2} to neighbour agent1 ({pair.address}) was refused: "
@@ -236,22 +251,27 @@ async def test_sender_falls_back_to_put_round_and_reports_its_refusal(pair: Pair
 
 
 @in_pair
-async def test_a_broken_stream_fails_what_is_pending(pair: Pair) -> None:
-    channel = pair.channel("agent2")
-    stream = RoundStream(channel)
+async def test_a_write_on_an_ended_stream_goes_by_put_round(pair: Pair) -> None:
+    peers = pair.sender.peers
+    garbage_stream = RoundStream(pair.channel("agent2"))
     try:
-        acked = await stream.send(pair.message(START).SerializeToString(), START)
-        assert (await acked).round == START
-        refused = await stream.send(b"\xff\x00garbage", START + 1)
+        await garbage_stream.send(b"\xff\x00garbage", START)
+        await asyncio.wait_for(_until(lambda: garbage_stream.broken is not None), 10)
+        assert garbage_stream.broken.code() == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(StreamBroken):
-            await refused
-        assert isinstance(stream.broken, grpc.aio.AioRpcError)
-        assert stream.broken.code() == grpc.StatusCode.INVALID_ARGUMENT
-        with pytest.raises(StreamBroken):
-            await stream.send(pair.message(START + 1).SerializeToString(), START + 1)
+            await garbage_stream.send(pair.message(START).SerializeToString(), START)
     finally:
-        await stream.close()
-        await channel.close()
+        await garbage_stream.close()
+    # Peers: a stream that ended before the write -> this round by PutRound at once
+    peers._streams["agent1"] = garbage_stream
+    message = pair.message(START)
+    await peers.send_round("agent1", message, message.SerializeToString(), timeout=10.0)
+    assert pair.receiver.mailbox.has("round", START, "agent2")
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    while not done():
+        await asyncio.sleep(0.01)
 
 
 def test_transport_benchmark_runs_every_path() -> None:

@@ -137,7 +137,9 @@ async def _read_raw(name: str, context: Any, max_bytes: int) -> bytes | None:
     when larger than `max_bytes`."""
     try:
         raw = await context.read()
-    except Exception as exc:  # noqa: BLE001 - the call broke while reading (oversize, reset)
+    except Exception as exc:
+        if _server_stopped(exc):
+            raise  # not the caller's fault: gRPC ends the call itself (a warning, no refusal)
         raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
                      f"request could not be read ({type(exc).__name__})") from None
     if raw is grpc.aio.EOF or not isinstance(raw, bytes):
@@ -155,22 +157,18 @@ def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescript
 
     A unary method is served as stream-unary with raw bytes, so gRPC hands the handler the call
     before the body; `guarded` asks `servicer.admit(method, context)` (certificate, per-method
-    size cap) and only then reads and parses the body (see Unread). A bidirectional streaming
-    method (`guarded_stream`) is admitted once, when the stream opens, and then each message is
-    read, capped and parsed the same way. Bytes that are not the expected message reach the
+    size cap) and only then reads and parses the body (see Unread). A client-streaming method
+    (`guarded_stream`) is admitted once, when the stream opens, and then each message is read,
+    capped and parsed the same way. Bytes that are not the expected message reach the
     handler as Undecodable and get INVALID_ARGUMENT. Returns the service's full name."""
     handlers = {}
     for method in service.methods:
         bound = getattr(servicer, method.name)
         unread = Unread(GetMessageClass(method.input_type))
         serialize = GetMessageClass(method.output_type).SerializeToString
-        if method.client_streaming and method.server_streaming:
-            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                _unread_handler(bound, unread), request_deserializer=None,
-                response_serializer=serialize)
-        elif method.client_streaming or method.server_streaming:
-            raise ValueError(f"{service.full_name}.{method.name}: only unary and bidirectional "
-                             "streaming methods are served")
+        if method.server_streaming:
+            raise ValueError(f"{service.full_name}.{method.name}: only unary and "
+                             "client-streaming methods are served")
         else:
             handlers[method.name] = grpc.stream_unary_rpc_method_handler(
                 _unread_handler(bound, unread), request_deserializer=None,
@@ -192,6 +190,13 @@ def _unread_handler(bound: Callable[[Any, Any], Awaitable[T]],
         return await bound(unread, context)
 
     return handle
+
+
+def _server_stopped(exc: BaseException) -> bool:
+    """Whether `exc` is grpc.aio's own error for a call cut short because this server is
+    stopping (a long-lived round stream always is): it must reach gRPC, which ends the call,
+    rather than become a refusal (its class is private to grpc._cython)."""
+    return type(exc).__name__ == "_ServerStoppedError"
 
 
 def _refusal(exc: BaseException, name: str) -> tuple[grpc.StatusCode, str]:
@@ -238,7 +243,9 @@ def guarded(
             return await method(self, request, context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
-        except Exception as exc:  # noqa: BLE001 - every exception becomes a status
+        except Exception as exc:
+            if _server_stopped(exc):
+                raise
             code, detail = _refusal(exc, method.__name__)
         finally:
             if admission is not None and admission.release is not None:
@@ -250,20 +257,26 @@ def guarded(
 
 
 def guarded_stream(
-    method: Callable[[Any, Any, Any], Awaitable[Any]],
-) -> Callable[[Any, Any, Any], Awaitable[None]]:
-    """Serve a bidirectional stream with a per-message servicer method, guarded like `guarded`.
+    empty: Callable[[], Any],
+) -> Callable[[Callable[[Any, Any, Any], Awaitable[Any]]], Callable[[Any, Any, Any], Awaitable[Any]]]:
+    """Serve a client stream with a per-message servicer method, guarded like `guarded`.
 
     The caller is admitted once, when the stream opens (servicer.admit); then every message is
-    read, refused unparsed if over the admitted size, parsed, handed to `method` (one reply
-    each, written back in order). The first refusal ends the stream with its status, counted
-    and logged as for a unary call; the client's end of the stream ends it cleanly.
+    read, refused unparsed if over the admitted size, parsed and handed to the method. When the
+    caller ends the stream, the call answers with what the method returned for the last message
+    (`empty()` if there was none). The first refusal ends the stream with its status, counted
+    and logged as for a unary call.
     """
+    return functools.partial(_guard_stream, empty=empty)
 
+
+def _guard_stream(method: Callable[[Any, Any, Any], Awaitable[Any]], *,
+                  empty: Callable[[], Any]) -> Callable[[Any, Any, Any], Awaitable[Any]]:
     @functools.wraps(method)
-    async def handler(self: Any, unread: Any, context: Any) -> None:
+    async def handler(self: Any, unread: Any, context: Any) -> Any:
         name = method.__name__
         admission: Admission | None = None
+        last = None
         try:
             admit = getattr(self, "admit", None)
             admission = (admit(name, context) if admit is not None
@@ -271,17 +284,19 @@ def guarded_stream(
             parse = tolerant_parser(unread.message_class)
             while True:
                 raw = await _read_raw(name, context, admission.max_bytes)
-                if raw is None:
-                    return  # the sender closed its end
+                if raw is None:  # the sender closed its end
+                    return last if last is not None else empty()
                 request = (await asyncio.to_thread(parse, raw) if len(raw) > PARSE_INLINE_BYTES
                            else parse(raw))
                 if isinstance(request, Undecodable):
                     raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
                                  f"request is not a valid {request.type_name}: {request.error}")
-                await context.write(await method(self, request, context))
+                last = await method(self, request, context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
-        except Exception as exc:  # noqa: BLE001 - every exception becomes a status
+        except Exception as exc:
+            if _server_stopped(exc):
+                raise
             code, detail = _refusal(exc, name)
         finally:
             if admission is not None and admission.release is not None:

@@ -51,7 +51,7 @@ class AgentStub:
                 request_serializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundMessage.SerializeToString,
                 response_deserializer=efpsn_dot_wire_dot_v1_dot_common__pb2.Ack.FromString,
                 _registered_method=True)
-        self.StreamRounds = channel.stream_stream(
+        self.StreamRounds = channel.stream_unary(
                 '/efpsn.v1.Agent/StreamRounds',
                 request_serializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundMessage.SerializeToString,
                 response_deserializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundAck.FromString,
@@ -95,10 +95,13 @@ class AgentServicer:
 
     def StreamRounds(self, request_iterator, context):
         """Phase II, the usual path: one long-lived stream per (sender, receiver) pair carrying the
-        sender's round messages in order, each validated exactly as PutRound validates it and
-        answered by one RoundAck, in order. The first refusal ends the stream with the status
-        PutRound would have returned; the sender then delivers that round with PutRound (retried
-        while UNAVAILABLE) and opens a new stream for later rounds.
+        sender's round messages in order, each validated exactly as PutRound validates it. There is
+        no answer per message: the receiver's own next round message is the acknowledgement (it
+        cannot compute its round t+1 without the sender's round t). The first refusal ends the
+        stream with the status PutRound would have returned; the sender then delivers the rounds it
+        wrote on that stream since its last confirmed one with PutRound (retried while UNAVAILABLE;
+        an identical copy is acknowledged) and opens a new stream. When the sender ends the stream,
+        the receiver answers with the last round it accepted. A run's last round goes by PutRound.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -138,7 +141,7 @@ def add_AgentServicer_to_server(servicer, server):
                     request_deserializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundMessage.FromString,
                     response_serializer=efpsn_dot_wire_dot_v1_dot_common__pb2.Ack.SerializeToString,
             ),
-            'StreamRounds': grpc.stream_stream_rpc_method_handler(
+            'StreamRounds': grpc.stream_unary_rpc_method_handler(
                     servicer.StreamRounds,
                     request_deserializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundMessage.FromString,
                     response_serializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundAck.SerializeToString,
@@ -257,7 +260,7 @@ class Agent:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.stream_stream(
+        return grpc.experimental.stream_unary(
             request_iterator,
             target,
             '/efpsn.v1.Agent/StreamRounds',
