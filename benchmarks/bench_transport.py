@@ -5,10 +5,13 @@
 One process, one event loop, both ends: an agent's real receive path (its gRPC server with the
 servicer that authenticates, validates, decodes and files round messages) fed by a real sender
 (agent/peers.py) with the paper's round message (the 7,850 float64 parameters of logistic
-regression, 63 KB), once over the round stream phase II uses (Peers.send_round) and once with
-one PutRound call per message (its fallback); then, with the same bytes and certificates:
+regression, 63 KB), once over the round stream phase II uses (Peers.send_round; the next
+message goes once the receiver has filed the previous one) and once with one PutRound call per
+message (its fallback); then, with the same bytes and certificates:
   * bare grpc.aio: a unary method that returns an empty reply, no parsing at all (the baseline
-    the ratios are taken against), and the same over one bidirectional stream;
+    the ratios are taken against); the same over one bidirectional stream; and one client
+    stream with no reply, the sender waiting until the server has each message (what the
+    agents' round stream does: a neighbour's next round message is the acknowledgement);
   * a raw TCP socket (asyncio streams) with a length prefix and a 1-byte ack, with TLS like the
     others and (for scale) without.
 Every path waits for each message's answer before sending the next (ping-pong). Prints CPU
@@ -46,6 +49,7 @@ RUN = "bench-transport"
 CONFIG = RunConfig(agents=3, iterations=1_000_000, key_bits=2048, round_timeout_seconds=30.0)
 BARE_METHOD = "/bench.Bare/Put"
 BARE_STREAM = "/bench.Bare/Stream"
+BARE_SINK = "/bench.Bare/Sink"
 
 
 async def _measure(n: int, send: Callable[[int], Awaitable[None]]) -> tuple[float, float]:
@@ -89,7 +93,9 @@ async def agent_transport(tls_dir: Path | None, n: int, *, stream: bool) -> tupl
                                           timeout=30.0)
         else:
             await sender.peers.send("agent1", "PutRound", request, timeout=30.0)
-        # what the receiving agent's round loop does with it
+        # the receiving agent's round loop: wait until the message is filed (a stream has no
+        # answer per message: the next one goes out once this one is in), then consume it
+        await receiver.mailbox.collect("round", t, ["agent2"], timeout=30.0)
         receiver.mailbox.discard_before("round", t + 1)
         receiver.status.round = t + 1
 
@@ -101,20 +107,30 @@ async def agent_transport(tls_dir: Path | None, n: int, *, stream: bool) -> tupl
 
 
 async def bare_grpc(tls_dir: Path | None, payload: bytes, n: int, *,
-                    stream: bool = False) -> tuple[float, float]:
-    """A unary bytes -> empty bytes method (stream: one bidirectional call, an empty reply per
-    message): gRPC, HTTP/2 and TLS, nothing else."""
+                    stream: str = "") -> tuple[float, float]:
+    """A unary bytes -> empty bytes method: gRPC, HTTP/2 and TLS, nothing else. stream="bidi":
+    one bidirectional call, an empty reply per message; "client": one client stream with no
+    reply, the sender waiting until the server has the message (seen in-process), as the
+    agents' round stream does."""
     async def put(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return b""
 
-    async def stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def bidi(requests: Any, context: grpc.aio.ServicerContext) -> Any:
         async for _ in requests:
             yield b""
+
+    received: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def sink(requests: Any, context: grpc.aio.ServicerContext) -> bytes:
+        async for request in requests:
+            received.put_nowait(request)
+        return b""
 
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1 << 26)])
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("bench.Bare", {
         "Put": grpc.unary_unary_rpc_method_handler(put),
-        "Stream": grpc.stream_stream_rpc_method_handler(stream)}),))
+        "Stream": grpc.stream_stream_rpc_method_handler(bidi),
+        "Sink": grpc.stream_unary_rpc_method_handler(sink)}),))
     if tls_dir:
         server_tls = TlsConfig.from_dir(tls_dir, "agent1")
         port = server.add_secure_port("127.0.0.1:0", server_tls.server_credentials())
@@ -126,12 +142,16 @@ async def bare_grpc(tls_dir: Path | None, payload: bytes, n: int, *,
         channel = open_channel(f"127.0.0.1:{port}")
     await server.start()
     call = channel.unary_unary(BARE_METHOD)
-    open_stream = channel.stream_stream(BARE_STREAM)()
+    open_stream = (channel.stream_stream(BARE_STREAM)() if stream == "bidi"
+                   else channel.stream_unary(BARE_SINK)())
 
     async def send(t: int) -> None:
-        if stream:
+        if stream == "bidi":
             await open_stream.write(payload)
             await open_stream.read()
+        elif stream == "client":
+            await open_stream.write(payload)
+            await received.get()
         else:
             await call(payload, timeout=30.0)
 
@@ -203,7 +223,9 @@ async def measure_all(*, messages: int, insecure: bool) -> dict[str, tuple[float
                 await agent_transport(tls_dir, messages, stream=False),
             "bare grpc.aio unary, same bytes": await bare_grpc(tls_dir, payload, messages),
             "bare grpc.aio bidirectional stream, same bytes":
-                await bare_grpc(tls_dir, payload, messages, stream=True),
+                await bare_grpc(tls_dir, payload, messages, stream="bidi"),
+            "bare grpc.aio client stream, no reply, same bytes":
+                await bare_grpc(tls_dir, payload, messages, stream="client"),
             f"raw TCP socket ({'plaintext' if insecure else 'TLS'})":
                 await raw_socket(tls_dir, payload, messages),
         }
