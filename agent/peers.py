@@ -46,9 +46,9 @@ class Peers:
         self._channels[key] = channel
 
     async def close(self) -> None:
-        for stream in self._streams.values():
+        streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
             await stream.close()
-        self._streams.clear()
         for channel in self._channels.values():
             await channel.close()
 
