@@ -155,12 +155,14 @@ class AgentNode:
                          restored, self.outboxes.produced)
                 self._enter(session)
             self.timings["phase2_started_at"] = time.time()
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             state = await run_phase_two(self, mask, resume=saved is not None)
             self.timings["phase2_seconds"] = time.perf_counter() - start
             assert self.session is not None
-            rounds = self.session.config.iterations - (self.resumed_from or 0)
-            self.timings["seconds_per_round"] = self.timings["phase2_seconds"] / max(1, rounds)
+            rounds = max(1, self.session.config.iterations - (self.resumed_from or 0))
+            self.timings["seconds_per_round"] = self.timings["phase2_seconds"] / rounds
+            # this process's CPU (every thread: gRPC's too) per round: what a round costs
+            self.timings["cpu_seconds_per_round"] = (time.process_time() - cpu) / rounds
             rss = peak_rss_mb()
             if rss is not None:
                 self.timings["max_rss_mb"] = rss

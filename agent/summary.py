@@ -19,6 +19,8 @@ def network_timings(agents: dict[str, Any], *, started_at: float) -> dict[str, f
         "phase1_seconds": max(t.get("phase1_seconds", 0.0) for t in timings),
         "phase2_seconds": max(t.get("phase2_seconds", 0.0) for t in timings),
     }
+    if all("cpu_seconds_per_round" in t for t in timings):
+        out["agents_cpu_seconds_per_round"] = sum(t["cpu_seconds_per_round"] for t in timings)
     if all("max_rss_mb" in t for t in timings):
         out["agent_peak_rss_mb"] = max(t["max_rss_mb"] for t in timings)
     if all("phase2_started_at" in t for t in timings):

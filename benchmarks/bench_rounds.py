@@ -60,6 +60,8 @@ def network_run(config: RunConfig, *, key_bits: int) -> dict:
         "wall_seconds": wall,
         "startup_seconds": network.get("startup_seconds", float("nan")),
         "phase2_seconds": network.get("phase2_seconds", float("nan")),
+        "agents_cpu_seconds_per_round": network.get("agents_cpu_seconds_per_round",
+                                                    float("nan")),
         "agent_peak_rss_mb": network.get("agent_peak_rss_mb", float("nan")),
         "coordinator_peak_rss_mb": network.get("coordinator_peak_rss_mb", float("nan")),
         "seconds_per_round": statistics.median(t["seconds_per_round"] for t in timings),
@@ -123,6 +125,8 @@ def main() -> None:
         print(f"\nnetwork (5 agents, logreg, dsgd, batch 64, {args.key_bits}-bit keys)")
         print(f"  seconds per round (median over agents): {net['seconds_per_round']:.5f}")
         print(f"  ratio to the simulator in this run:      {ratio:.2f}x")
+        print(f"  CPU per round, all agents together (ms):  "
+              f"{net['agents_cpu_seconds_per_round'] * 1e3:.2f}")
         print(f"  phase I wall time per agent (s):         {net['phase1_seconds']}")
         print(f"  of which waiting for its own key (s):     {net['key_wait_seconds']}")
         print(f"  key generation, during start-up (s):      {net['keygen_seconds']}")
@@ -137,6 +141,7 @@ def main() -> None:
               f"({paper['seconds_per_round'] / sim_paper:.2f}x the simulator's "
               f"{sim_paper:.5f}, {sim_paper * paper_config.iterations:.1f}s of rounds, this run); "
               f"start-up {paper['startup_seconds']:.1f}s; wall {paper['wall_seconds']:.1f}s; "
+              f"agents' CPU {paper['agents_cpu_seconds_per_round'] * 1e3:.2f} ms per round; "
               f"accuracy {paper['accuracy']:.4f}")
     if args.network:
         print("\nper-message cost of the transport (benchmarks/bench_transport.py):")

@@ -83,6 +83,13 @@ def test_up_writes_a_default_results_folder_and_prints_its_metrics(tmp_path: Pat
     assert re.fullmatch(rf"wall time [\d.]+s; summary in {re.escape(str(folder / 'summary.json'))}",
                         lines[2]), lines[2]
     assert sorted(summary["agents"]) == NAMES and summary["settings"]["packed"] is False
+    # timings: every figure the benchmarks and the README read from summary.json is there
+    timings = summary["timings"]
+    wall = float(lines[2].split()[2].rstrip("s;"))
+    assert 0 < timings["startup_seconds"] < wall, timings
+    assert 0 < timings["phase1_seconds"] and 0 < timings["phase2_seconds"] < wall, timings
+    assert 0 < timings["agents_cpu_seconds_per_round"] < 5 * timings["phase2_seconds"], timings
+    assert timings["agent_peak_rss_mb"] > 100 and 0 < timings["coordinator_peak_rss_mb"] < 150
     for name in NAMES:
         result = json.loads((tmp_path / folder / name / "result.json").read_text())
         assert result["final"]["round"] == 4 and result["run_id"] == summary["run_id"]

@@ -210,7 +210,7 @@ async def test_a_broken_stream_is_mended_with_put_round(pair: Pair) -> None:
     ahead = pair.message(START + 2)
     await peers.send_round("agent1", ahead, ahead.SerializeToString(), timeout=10.0)
     stream = peers._streams["agent1"]
-    await asyncio.wait_for(_until(lambda: stream.broken is not None), 10)
+    await _until(lambda: stream.broken is not None, timeout=10)
     assert isinstance(stream.broken, grpc.aio.AioRpcError)
     assert stream.broken.code() == grpc.StatusCode.UNAVAILABLE
     assert len(interrupted) == 1  # a waiting collect would have woken up to repair
@@ -229,7 +229,7 @@ async def test_a_broken_stream_is_mended_with_put_round(pair: Pair) -> None:
     nxt = pair.message(START + 3)
     await peers.send_round("agent1", nxt, nxt.SerializeToString(), timeout=10.0)
     stream = peers._streams["agent1"]
-    await asyncio.wait_for(_until(lambda: stream.broken is not None), 10)  # ahead again
+    await _until(lambda: stream.broken is not None, timeout=10)  # ahead again
     mailbox.put("round", START + 4, "agent1", {}, b"confirms round START+3")
     rejected_before = sum(pair.receiver.rejections.counts.values())
     await peers.repair({START + 3: nxt}, deadline=loop.time() + 10)
@@ -239,7 +239,7 @@ async def test_a_broken_stream_is_mended_with_put_round(pair: Pair) -> None:
     bad = pair.message(START + 2, value=9.0)
     await peers.send_round("agent1", bad, bad.SerializeToString(), timeout=10.0)
     stream = peers._streams["agent1"]
-    await asyncio.wait_for(_until(lambda: stream.broken is not None), 10)
+    await _until(lambda: stream.broken is not None, timeout=10)
     with pytest.raises(RefusedByNeighbour) as info:
         await peers.repair({START + 2: bad}, deadline=loop.time() + 10)
     assert info.value.code == "INVALID_ARGUMENT"
@@ -256,7 +256,7 @@ async def test_a_write_on_an_ended_stream_goes_by_put_round(pair: Pair) -> None:
     garbage_stream = RoundStream(pair.channel("agent2"))
     try:
         await garbage_stream.send(b"\xff\x00garbage", START)
-        await asyncio.wait_for(_until(lambda: garbage_stream.broken is not None), 10)
+        await _until(lambda: garbage_stream.broken is not None, timeout=10)
         assert garbage_stream.broken.code() == grpc.StatusCode.INVALID_ARGUMENT
         with pytest.raises(StreamBroken):
             await garbage_stream.send(pair.message(START).SerializeToString(), START)
@@ -269,9 +269,11 @@ async def test_a_write_on_an_ended_stream_goes_by_put_round(pair: Pair) -> None:
     assert pair.receiver.mailbox.has("round", START, "agent2")
 
 
-async def _until(done: Callable[[], bool]) -> None:
-    while not done():
-        await asyncio.sleep(0.01)
+async def _until(done: Callable[[], bool], *, timeout: float) -> None:
+    """Poll `done` until it holds (TimeoutError after `timeout` seconds)."""
+    async with asyncio.timeout(timeout):
+        while not done():
+            await asyncio.sleep(0.01)
 
 
 def test_transport_benchmark_runs_every_path() -> None:

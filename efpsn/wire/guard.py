@@ -110,23 +110,30 @@ class Unread:
 PARSE_INLINE_BYTES = 256 * 1024
 
 
+def _admit(servicer: Any, name: str, context: Any) -> Admission:
+    """The servicer's admission of this caller to `name` (Reject if refused); a servicer
+    without `admit` lets anybody send small requests."""
+    admit = getattr(servicer, "admit", None)
+    return admit(name, context) if admit is not None else Admission(limits.SMALL_REQUEST_BYTES)
+
+
 async def _admit_and_read(servicer: Any, name: str, unread: Unread,
                           context: Any) -> tuple[Any, Admission]:
-    admit = getattr(servicer, "admit", None)
-    admission = admit(name, context) if admit is not None else Admission(limits.SMALL_REQUEST_BYTES)
+    admission = _admit(servicer, name, context)
     try:
-        return await _read(name, unread, context, admission.max_bytes), admission
+        raw = await _read_raw(name, context, admission.max_bytes)
+        if raw is None:
+            return Undecodable(unread.message_class.DESCRIPTOR.full_name,
+                               "no request message"), admission
+        return await _parse(tolerant_parser(unread.message_class), raw), admission
     except BaseException:  # also a cancelled call: the caller's slot is freed in every case
         if admission.release is not None:
             admission.release()
         raise
 
 
-async def _read(name: str, unread: Unread, context: Any, max_bytes: int) -> Any:
-    raw = await _read_raw(name, context, max_bytes)
-    if raw is None:
-        return Undecodable(unread.message_class.DESCRIPTOR.full_name, "no request message")
-    parse = tolerant_parser(unread.message_class)
+async def _parse(parse: Callable[[bytes], Any], raw: bytes) -> Any:
+    """Parse inline, or in a worker thread when the body is large (the loop keeps serving)."""
     if len(raw) > PARSE_INLINE_BYTES:
         return await asyncio.to_thread(parse, raw)
     return parse(raw)
@@ -163,16 +170,14 @@ def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescript
     handler as Undecodable and get INVALID_ARGUMENT. Returns the service's full name."""
     handlers = {}
     for method in service.methods:
-        bound = getattr(servicer, method.name)
-        unread = Unread(GetMessageClass(method.input_type))
-        serialize = GetMessageClass(method.output_type).SerializeToString
         if method.server_streaming:
             raise ValueError(f"{service.full_name}.{method.name}: only unary and "
                              "client-streaming methods are served")
-        else:
-            handlers[method.name] = grpc.stream_unary_rpc_method_handler(
-                _unread_handler(bound, unread), request_deserializer=None,
-                response_serializer=serialize)
+        # unary and client-streaming alike: gRPC hands over the call, the handler reads it
+        handlers[method.name] = grpc.stream_unary_rpc_method_handler(
+            unread_handler(getattr(servicer, method.name), GetMessageClass(method.input_type)),
+            request_deserializer=None,
+            response_serializer=GetMessageClass(method.output_type).SerializeToString)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),))
     server.add_registered_method_handlers(service.full_name, handlers)
@@ -181,11 +186,9 @@ def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescript
 
 def unread_handler(bound: Callable[[Any, Any], Awaitable[T]],
                    message_class: Any) -> Callable[[Any, Any], Awaitable[T]]:
-    return _unread_handler(bound, Unread(message_class))
+    """A gRPC handler that passes `bound` the call with its request still unread."""
+    unread = Unread(message_class)
 
-
-def _unread_handler(bound: Callable[[Any, Any], Awaitable[T]],
-                    unread: Unread) -> Callable[[Any, Any], Awaitable[T]]:
     async def handle(_requests: Any, context: Any) -> T:
         return await bound(unread, context)
 
@@ -199,14 +202,25 @@ def _server_stopped(exc: BaseException) -> bool:
     return type(exc).__name__ == "_ServerStoppedError"
 
 
-def _refusal(exc: BaseException, name: str) -> tuple[grpc.StatusCode, str]:
-    """The status and message a handler's exception becomes (never UNKNOWN)."""
+def _refusal(exc: Exception, name: str) -> tuple[grpc.StatusCode, str]:
+    """The status and message a handler's exception becomes (never UNKNOWN); gRPC's own
+    server-stopped error is re-raised for gRPC to end the call."""
+    if _server_stopped(exc):
+        raise exc
     if isinstance(exc, Reject):
         return exc.code, exc.detail
     if isinstance(exc, BAD_INPUT):
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc) or type(exc).__name__
     log.error("%s failed on unexpected input", name, exc_info=exc)  # a bug: INTERNAL
     return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"
+
+
+def _parsed(request: Any) -> Any:
+    """The request, or Reject (INVALID_ARGUMENT) when its bytes did not parse."""
+    if isinstance(request, Undecodable):
+        raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                     f"request is not a valid {request.type_name}: {request.error}")
+    return request
 
 
 async def _refuse(servicer: Any, name: str, context: Any, code: grpc.StatusCode,
@@ -237,15 +251,10 @@ def guarded(
             if isinstance(request, Unread):
                 request, admission = await _admit_and_read(self, method.__name__, request,
                                                            context)
-            if isinstance(request, Undecodable):
-                raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"request is not a valid {request.type_name}: {request.error}")
-            return await method(self, request, context)
+            return await method(self, _parsed(request), context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
-        except Exception as exc:
-            if _server_stopped(exc):
-                raise
+        except Exception as exc:  # noqa: BLE001 - every exception becomes a status
             code, detail = _refusal(exc, method.__name__)
         finally:
             if admission is not None and admission.release is not None:
@@ -278,25 +287,16 @@ def _guard_stream(method: Callable[[Any, Any, Any], Awaitable[Any]], *,
         admission: Admission | None = None
         last = None
         try:
-            admit = getattr(self, "admit", None)
-            admission = (admit(name, context) if admit is not None
-                         else Admission(limits.SMALL_REQUEST_BYTES))
+            admission = _admit(self, name, context)
             parse = tolerant_parser(unread.message_class)
             while True:
                 raw = await _read_raw(name, context, admission.max_bytes)
                 if raw is None:  # the sender closed its end
                     return last if last is not None else empty()
-                request = (await asyncio.to_thread(parse, raw) if len(raw) > PARSE_INLINE_BYTES
-                           else parse(raw))
-                if isinstance(request, Undecodable):
-                    raise Reject(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"request is not a valid {request.type_name}: {request.error}")
-                last = await method(self, request, context)
+                last = await method(self, _parsed(await _parse(parse, raw)), context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
-        except Exception as exc:
-            if _server_stopped(exc):
-                raise
+        except Exception as exc:  # noqa: BLE001 - every exception becomes a status
             code, detail = _refusal(exc, name)
         finally:
             if admission is not None and admission.release is not None:
