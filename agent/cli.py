@@ -1,5 +1,4 @@
-"""`efpsn agent`, `efpsn up` and `python -m agent`: the agent's command line and the local
-network launcher's.
+"""`efpsn agent` and `python -m agent`: the agent's command line.
 
 Module-level imports stay light (no torch, no grpc) so that building the parser is quick; the
 handlers import the service when they run.
@@ -12,7 +11,6 @@ import asyncio
 import time
 from pathlib import Path
 
-from efpsn.cli_common import add_data_dir_arguments, add_run_arguments, config_from_args
 from efpsn.cli_services import (
     add_debug_flags,
     add_tls_flags,
@@ -48,7 +46,9 @@ def _agent(args: argparse.Namespace) -> int:
     options = AgentOptions(
         name=args.name, listen=args.listen, advertise=args.advertise,
         coordinator=_coordinator_address(args), results_dir=Path(args.results),
-        register_timeout=args.register_timeout, port_file=args.port_file,
+        register_timeout=args.register_timeout, connect_timeout=args.connect_timeout,
+        port_file=args.port_file,
+        failure_file=Path(args.failure_file) if args.failure_file else None,
         tls=tls_from_args(args, args.name), coordinator_name=args.coordinator_name,
         operator_name=args.operator_name,
         state_dir=Path(args.state_dir) if args.state_dir else None,
@@ -65,21 +65,6 @@ def _agent(args: argparse.Namespace) -> int:
     return 0
 
 
-def _up(args: argparse.Namespace) -> int:
-    from agent.launcher import launch_local_network
-
-    config = config_from_args(args)
-    summary = launch_local_network(
-        config, results=Path(args.results) if args.results else None, host=args.host,
-        data_dir=Path(args.data_dir) if args.data_dir else None, holdout=args.holdout,
-        label_column=args.label_column,
-        quiet=args.quiet, insecure=args.insecure, checkpoint_every=args.checkpoint_every,
-        insecure_noise_seed=args.insecure_noise_seed,
-        debug_expose_mask=args.debug_expose_mask, allow_insecure_keys=args.allow_insecure_keys,
-    )
-    return 0 if summary["ok"] else 1
-
-
 def configure(agent: argparse.ArgumentParser) -> None:
     """The agent's flags (its own options; the run's parameters come from the coordinator)."""
     agent.add_argument("--name", required=True, help="agent name, e.g. agent1")
@@ -88,8 +73,16 @@ def configure(agent: argparse.ArgumentParser) -> None:
                        help="HOST:PORT neighbours dial (default: listen host and bound port)")
     agent.add_argument("--coordinator", required=True, help="coordinator HOST:PORT")
     agent.add_argument("--results", default="results", help="folder for result.json/model.npy")
-    agent.add_argument("--register-timeout", type=float, default=600.0)
+    agent.add_argument("--connect-timeout", type=float, default=120.0,
+                       help="seconds to keep trying to reach the coordinator (default 120); "
+                            "what is awaited is logged after 5 s and every 10 s")
+    agent.add_argument("--register-timeout", type=float, default=600.0,
+                       help="seconds to wait, once the coordinator answers, for every agent to "
+                            "register (default 600)")
     agent.add_argument("--port-file", default=None, help="write the bound port here")
+    agent.add_argument("--failure-file", default=None,
+                       help="if the agent stops with an error, record why here (JSON: its own "
+                            "reason, and the other agent it blames, if any)")
     # `efpsn up`: the coordinator's port, once it is bound (--coordinator gives the host)
     agent.add_argument("--coordinator-port-file", default=None, help=argparse.SUPPRESS)
     agent.add_argument("--verbose", action="store_true")
@@ -128,26 +121,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     agent = sub.add_parser("agent", help="one agent: phase I with neighbours, then phase II")
     configure(agent)
     return agent
-
-
-def add_up_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """`efpsn up`: a coordinator and n agents as local processes (agent/launcher.py)."""
-    up = sub.add_parser("up", help="the main job: coordinator + n agents as local processes")
-    add_run_arguments(up)
-    add_data_dir_arguments(up)
-    up.add_argument("--results", default=None, help="results folder (default: results/run-TIME)")
-    up.add_argument("--host", default="127.0.0.1", help="loopback address to serve on")
-    up.add_argument("--quiet", action="store_true", help="no progress bar")
-    up.add_argument("--insecure", action="store_true",
-                    help="plaintext gRPC (default: a fresh CA and certificates in RESULTS/tls, "
-                         "mutual TLS everywhere)")
-    up.add_argument("--checkpoint-every", type=int, default=50,
-                    help="agents save their phase II state every this many rounds")
-    add_debug_flags(up)
-    # numeric=False: the launcher starts the processes at once and loads torch in the
-    # background (agent/launcher.py), so the network's start-up does not wait for it.
-    up.set_defaults(handler=_up, numeric=False)
-    return up
 
 
 def build_parser() -> argparse.ArgumentParser:

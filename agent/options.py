@@ -9,14 +9,27 @@ from efpsn.wire.tls import TlsConfig
 
 
 class AgentFailure(RuntimeError):
-    """The run cannot go on at this agent (a neighbour failed, timed out or misbehaved)."""
+    """The run cannot go on at this agent. `blame`: the other agent whose failure (or silence)
+    caused it, when known; None when the cause is this agent's own (its input, its state)."""
+
+    def __init__(self, message: str, *, blame: str | None = None) -> None:
+        super().__init__(message)
+        self.blame = blame
+
+
+class Cancelled(AgentFailure):
+    """The coordinator cancelled the run before phase I because of agent `by`."""
+
+    def __init__(self, message: str, *, by: str) -> None:
+        super().__init__(message, blame=by)
+        self.by = by
 
 
 class RefusedByNeighbour(AgentFailure):
     """A neighbour answered a call with an error status (`code`, its name; `detail`)."""
 
-    def __init__(self, message: str, *, code: str, detail: str) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, code: str, detail: str, neighbour: str) -> None:
+        super().__init__(message, blame=neighbour)
         self.code = code
         self.detail = detail
 
@@ -30,8 +43,10 @@ class AgentOptions:
     coordinator: str
     advertise: str | None = None  # host:port neighbours dial; default: listen host + bound port
     results_dir: Path = Path("results")
-    register_timeout: float = 600.0
+    register_timeout: float = 600.0  # for every agent to register, once the coordinator answers
+    connect_timeout: float = 120.0  # to reach the coordinator at all
     port_file: str | None = None
+    failure_file: Path | None = None  # where to record why this agent stopped (JSON), if asked
     # Mutual TLS (None: plaintext, only with an explicit --insecure). The certificate must name
     # this agent; peers are verified against their agent names, the coordinator against
     # coordinator_name.

@@ -1,24 +1,32 @@
 """The agent's client side: one channel per peer, calls retried until a deadline, and errors
-that name the neighbour, its address and what was being done."""
+that name the neighbour, its address and what was being done. Phase drivers hand it plain
+values (keys, ciphertexts, serialized round messages); protobuf stays here and in the servicer."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
 
 from agent.concurrency import all_or_first_error, settle
+from agent.ledger import RoundLedger
 from agent.mailbox import Mailbox, NeighbourTimeout
 from agent.options import AgentFailure, AgentOptions, RefusedByNeighbour
+from agent.outbox import Outbox
 from agent.round_stream import RoundStream, StreamBroken
 from agent.session import Session
+from efpsn import paillier
 from efpsn.wire import serde
-from efpsn.wire.net import call_with_retry, open_channel
-from efpsn.wire.serde import Phase
+from efpsn.wire.net import Patience, call_with_retry, open_channel
+from efpsn.wire.records import Phase
+from efpsn.wire.rounds import RoundRecord, parse_round, round_request
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
+
+log = logging.getLogger("efpsn.agent")
 
 
 class Peers:
@@ -28,6 +36,7 @@ class Peers:
         self.options = options
         self.mailbox = mailbox
         self.session: Session | None = None
+        self.ledger: RoundLedger | None = None  # phase II: which neighbours' rounds arrived
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[str, RoundStream] = {}  # neighbour -> my round stream to it
         self.unacknowledged: collections.Counter[str] = collections.Counter()  # sends in flight
@@ -40,6 +49,13 @@ class Peers:
             return open_channel(address, max_receive_bytes=max_receive_bytes)
         return open_channel(address, credentials=tls.channel_credentials(),
                             server_name=server_name, max_receive_bytes=max_receive_bytes)
+
+    def _say(self, line: str) -> None:
+        log.warning("%s: %s", self.options.name, line)
+
+    def attach(self, session: Session, ledger: RoundLedger) -> None:
+        """The agent is assigned (or resumed): from now on it talks to its neighbours."""
+        self.session, self.ledger = session, ledger
 
     def keep(self, key: str, channel: grpc.aio.Channel) -> None:
         """Close `channel` with the others at the end."""
@@ -86,19 +102,21 @@ class Peers:
             return await call_with_retry(
                 lambda: rpc(request, timeout=max(0.1, deadline - loop.time())),
                 deadline=deadline, what=f"{what} neighbour {name} ({address})",
+                on_retry=Patience(self._say, f"neighbour {name} ({address}): {what} it"),
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise AgentFailure(
                     f"timed out {what} neighbour {name} ({address}): no answer before the "
-                    "round deadline (neighbour stopped, frozen or overloaded?)"
+                    "round deadline (neighbour stopped, frozen or overloaded?)", blame=name,
                 ) from None
             raise RefusedByNeighbour(
                 f"{what} neighbour {name} ({address}) was refused: {exc.code().name}: "
                 f"{exc.details()}", code=exc.code().name, detail=exc.details() or "",
+                neighbour=name,
             ) from None
         except TimeoutError as exc:
-            raise AgentFailure(str(exc)) from None
+            raise AgentFailure(str(exc), blame=name) from None
 
     async def send(self, name: str, method: str, request: Any, *, timeout: float) -> None:
         """Deliver one message to a neighbour (phase and round in every error)."""
@@ -112,16 +130,14 @@ class Peers:
             self._done_sending(name)
         if not ack.accepted:
             raise AgentFailure(f"neighbour {name} ({self._session().addresses[name]}) refused "
-                               f"{what}: {ack.detail}")
+                               f"{what}: {ack.detail}", blame=name)
 
-    async def send_round(self, name: str, request: agent_pb2.RoundMessage, data: bytes, *,
-                         timeout: float) -> None:
-        """Write my round message (`data`, its serialized bytes) on my round stream to a
+    async def send_round(self, name: str, t: int, data: bytes, *, timeout: float) -> None:
+        """Write my round-t message (`data`, its serialized bytes) on my round stream to a
         neighbour; if that stream has ended, deliver it with PutRound, which retries and names
         every failure as `send` does. A stream that ends later is mended by `repair`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        t = request.header.round
         self.unacknowledged[name] += 1
         try:
             stream = self._streams.get(name)
@@ -137,30 +153,67 @@ class Peers:
                 raise AgentFailure(
                     f"timed out sending OPTIMIZE round {t} to neighbour {name} "
                     f"({self._session().addresses[name]}): it accepted no more data before the "
-                    "round deadline (neighbour stopped, frozen or overloaded?)") from None
+                    "round deadline (neighbour stopped, frozen or overloaded?)",
+                    blame=name) from None
             except StreamBroken:
                 pass  # the unary call below gets the neighbour's answer for this message
         finally:
             self._done_sending(name)
-        await self.send(name, "PutRound", request, timeout=max(0.1, deadline - loop.time()))
+        await self.put_round(name, data, timeout=max(0.1, deadline - loop.time()))
 
-    async def repair(self, sent: Mapping[int, agent_pb2.RoundMessage], *,
-                     deadline: float) -> None:
+    async def put_round(self, name: str, data: bytes, *, timeout: float) -> None:
+        """Deliver one serialized round message with PutRound, acknowledged."""
+        await self.send(name, "PutRound", agent_pb2.RoundMessage.FromString(data),
+                        timeout=timeout)
+
+    async def repair(self, outbox: Outbox, *, deadline: float) -> None:
         """For every round stream that has ended: deliver with PutRound the rounds written on
-        it that the neighbour has not confirmed (its round t+1 message confirms my round t);
-        `sent` holds my recent round messages. A refusal raises RefusedByNeighbour."""
+        it that the neighbour has not confirmed (its round t+1 message confirms my round t,
+        as the ledger knows); `outbox` holds my recent round messages. A refusal raises
+        RefusedByNeighbour."""
         loop = asyncio.get_running_loop()
+        assert self.ledger is not None
         for name, stream in sorted(self._streams.items()):
             if stream.broken is None:
                 continue
             del self._streams[name]
             await stream.close()
             for t in stream.written:
-                message = sent.get(t)
-                if message is None or self.mailbox.digest("round", t + 1, name) is not None:
+                data = outbox.get(t)
+                if data is None or self.ledger.holds(name, t + 1):
                     continue
-                await self.send(name, "PutRound", message,
-                                timeout=max(0.1, deadline - loop.time()))
+                await self.put_round(name, data, timeout=max(0.1, deadline - loop.time()))
+
+    async def pull(self, name: str, t: int, *, deadline: float) -> RoundRecord | None:
+        """A neighbour's round-t message as it sent it to this agent's previous process
+        (GetRound), validated like a pushed one; None when it has not reached round t yet.
+        RefusedByNeighbour when it refuses (NOT_FOUND: it no longer holds that round)."""
+        s = self._session()
+        reply = await self.call(name, "GetRound", round_request(
+            header=self.header(Phase.OPTIMIZE, t)), deadline=deadline,
+            what=f"pulling OPTIMIZE round {t} from")
+        if not reply.available:
+            return None
+        try:
+            return parse_round(reply.message, run_id=s.run_id, senders={name},
+                               shapes=s.message_shapes, round_=t)
+        except ValueError as exc:
+            raise AgentFailure(f"neighbour {name} served a bad round {t}: {exc}",
+                               blame=name) from None
+
+    async def send_public_key(self, public_key: paillier.PublicKey, *, timeout: float) -> None:
+        """Phase I, step 1: my Paillier public key to every neighbour."""
+        message = serde.public_key_message(header=self.header(Phase.KEYS, 0), n=public_key.n)
+        await self.send_all("PutPublicKey", lambda name: message, timeout=timeout)
+
+    async def send_shares(self, outgoing: Mapping[str, tuple[paillier.PublicKey, list[int]]], *,
+                          num_coefficients: int, packed: bool, timeout: float) -> None:
+        """Phase I: each neighbour's ciphertexts, under its key (name -> (key, ciphertexts))."""
+        header = self.header(Phase.SHARES, 0)
+        await self.send_all("PutShares", lambda name: serde.shares_message(
+            header=header, fingerprint=paillier.fingerprint(outgoing[name][0]),
+            ciphertexts=outgoing[name][1], num_coefficients=num_coefficients, packed=packed),
+            timeout=timeout)
 
     def _done_sending(self, name: str) -> None:
         self.unacknowledged[name] -= 1
@@ -201,7 +254,8 @@ class Peers:
                 hints = probe.result()
             late = NeighbourTimeout(kind=kind, round_=round_, missing=exc.missing,
                                     waited=loop.time() - start)
-            raise AgentFailure(f"{self.options.name}: {late} [{where}]{hints}") from None
+            raise AgentFailure(f"{self.options.name}: {late} [{where}]{hints}",
+                               blame=exc.missing[0]) from None
         finally:
             if probe is not None:
                 await settle(probe)

@@ -1,28 +1,35 @@
-"""The agent's gRPC servicer: authenticate, validate, decode, and file into the mailbox.
+"""The agent's gRPC edge: admit, authenticate, validate once, ask the ledger, file the message.
 
-It never drives the run: phase I and phase II (agent/phase_one.py, agent/phase_two.py) wait on
-the mailbox it fills and read the records it keeps.
+Every handler checks, before it touches any state: the caller's certificate names the claimed
+sender (mutual TLS), the sender is a neighbour, and the message passes the wire checks (run,
+phase, round, tensors: efpsn/wire/rounds.py; keys and ciphertexts: efpsn/wire/serde.py and
+efpsn/paillier.py). Whether a valid message is taken (window, duplicates) is the ledger's
+verdict (agent/ledger.py). Refusals are counted (GetStatus.rejections) and logged; no
+exception escapes as UNKNOWN (efpsn/wire/guard.py). It never drives the run: the phases wait on
+the mailbox it fills.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 
-from agent.phase_two import decode_round
+from agent.ledger import Judgement, PhaseOneLedger, RoundLedger, Verdict
+from agent.mailbox import Mailbox
+from agent.outbox import Outbox
 from agent.session import Session
+from agent.status import Status
 from efpsn import paillier
 from efpsn.wire import limits, serde
-from efpsn.wire.net import Admission, Reject, guarded, guarded_stream
-from efpsn.wire.serde import Phase, WireError
+from efpsn.wire.net import Admission, Reject, RejectionLog, guarded, guarded_stream
+from efpsn.wire.records import Phase, WireError
+from efpsn.wire.rounds import parse_round, round_reply
 from efpsn.wire.tls import caller_names
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
-
-if TYPE_CHECKING:
-    from agent.node import AgentNode
 
 StatusCode = grpc.StatusCode
 
@@ -32,28 +39,46 @@ def _short(text: str, limit: int = 64) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
-def _within_run(round_: int, session: Session) -> int:
-    """The round, if the run has it (rounds 0..iterations); WireError otherwise."""
-    last = session.config.iterations
-    if round_ > last:
-        raise WireError(f"round {round_} is beyond the run's last round {last}")
-    return round_
+@dataclass(frozen=True)
+class Identity:
+    """Who this agent is on the wire: its name, whether it runs mutual TLS, whose certificate
+    may read its private figures, and whether tests allow small Paillier keys."""
+
+    name: str
+    tls: bool
+    operator: str
+    allow_insecure_keys: bool = False
+
+
+@dataclass(frozen=True)
+class ShareCheck:
+    """What this agent's phase I expects in a neighbour's shares: ciphertexts under its own
+    key, so many of them (set once its key exists)."""
+
+    public_key: paillier.PublicKey
+    count: int
 
 
 class AgentService(agent_pb2_grpc.AgentServicer):
-    """The gRPC edge: authenticate, validate, decode, drop into the mailbox.
+    """Serves one agent: phase I keys and shares, phase II rounds, replays and status."""
 
-    Every handler checks, before it touches any state: the caller's certificate names the
-    claimed sender (mutual TLS), the sender is a neighbour, run id, phase and round window, and
-    the payload (shapes, dtypes, finiteness; key size; ciphertext range and key fingerprint). A
-    duplicate must repeat the first copy exactly. Refusals are counted (GetStatus.rejections)
-    and logged; no exception escapes as UNKNOWN (efpsn.wire.guard.guarded).
-    """
-
-    def __init__(self, node: AgentNode) -> None:
-        self.node = node
-        self.rejections = node.rejections
+    def __init__(self, *, identity: Identity, mailbox: Mailbox, outbox: Outbox, status: Status,
+                 rejections: RejectionLog, waiting: Callable[[], set[str]]) -> None:
+        self.identity = identity
+        self.mailbox = mailbox
+        self.outbox = outbox
+        self.status = status
+        self.rejections = rejections
+        self._waiting = waiting
+        self.phase_one = PhaseOneLedger()
+        self.rounds: RoundLedger | None = None
+        self.shares: ShareCheck | None = None
+        self._session: Session | None = None
         self._in_flight: Counter[str] = Counter()
+
+    def attach(self, session: Session, rounds: RoundLedger) -> None:
+        """The agent is assigned (or resumed): from now on neighbours' messages are served."""
+        self._session, self.rounds = session, rounds
 
     # ---------------------------------------------------------------- checks
 
@@ -62,18 +87,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         certificate must name a neighbour in this run (GetStatus: any certificate the CA
         signed), the body may be at most what `method` can legitimately carry in this run
         (Session.request_limits), and one caller has at most a few calls in flight."""
-        names = caller_names(context) if self.node.options.tls is not None else None
+        names = caller_names(context) if self.identity.tls else None
         if names is not None and not names:
             raise Reject(StatusCode.UNAUTHENTICATED,
                          "this agent requires mutual TLS: the call carries no client certificate")
         max_bytes = limits.SMALL_REQUEST_BYTES
         if method != "GetStatus":
-            s = self._session()
+            s = self._assigned()
             if names is not None and not names & s.neighbour_names:
                 raise Reject(
                     StatusCode.PERMISSION_DENIED,
                     f"the caller's certificate is for {sorted(names)[:4]}, not a neighbour of "
-                    f"{self.node.options.name} in its run",  # no run id for outsiders
+                    f"{self.identity.name} in its run",  # no run id for outsiders
                 )
             max_bytes = s.request_limits[method]
         key = min(names) if names else context.peer()
@@ -90,104 +115,94 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
         return Admission(max_bytes, release)
 
-    def _authenticate(self, context: grpc.aio.ServicerContext, claimed: str) -> None:
-        """Under mutual TLS the claimed sender must be a name in the caller's certificate."""
-        if self.node.options.tls is None:
-            return
-        names = caller_names(context)
-        if not names:
-            raise Reject(StatusCode.UNAUTHENTICATED,
-                         "this agent requires mutual TLS: the call carries no client certificate")
-        if claimed not in names:
-            raise Reject(
-                StatusCode.PERMISSION_DENIED,
-                f"the caller's certificate is for {sorted(names)}, but the message claims to "
-                f"come from {_short(claimed)}",
-            )
+    def _authenticate(self, context: grpc.aio.ServicerContext, claimed: str) -> Session:
+        """The session, once the claimed sender is a name in the caller's certificate (mutual
+        TLS) and a neighbour in this run."""
+        if self.identity.tls:
+            names = caller_names(context)
+            if not names:
+                raise Reject(StatusCode.UNAUTHENTICATED, "this agent requires mutual TLS: the "
+                             "call carries no client certificate")
+            if claimed not in names:
+                raise Reject(StatusCode.PERMISSION_DENIED,
+                             f"the caller's certificate is for {sorted(names)}, but the message "
+                             f"claims to come from {_short(claimed)}")
+        s = self._assigned()
+        if claimed not in s.neighbour_names:
+            raise Reject(StatusCode.PERMISSION_DENIED,
+                         f"sender {_short(claimed)} is not a neighbour of {self.identity.name} in "
+                         f"run {s.run_id} (neighbours: {', '.join(sorted(s.neighbour_names))})")
+        return s
 
-    def _session(self) -> Session:
-        session = self.node.session
-        if session is None:
+    def _assigned(self) -> Session:
+        if self._session is None:
             # Not assigned (or not restored) yet: the sender retries UNAVAILABLE with backoff.
             raise Reject(StatusCode.UNAVAILABLE, "agent not assigned to a run yet")
-        return session
+        return self._session
 
-    def _check_header(
-        self, header: common_pb2.Header, context: grpc.aio.ServicerContext, phase: Phase,
-        *, round_: int | None = None,
-    ) -> tuple[Session, serde.Header]:
-        if not isinstance(header, common_pb2.Header):
-            raise TypeError(f"expected efpsn.v1.Header, got {type(header).__name__}")
-        self._authenticate(context, header.sender)
-        s = self._session()
-        if header.sender not in s.neighbour_names:
-            raise Reject(
-                StatusCode.PERMISSION_DENIED,
-                f"sender {_short(header.sender)} is not a neighbour of {self.node.options.name} "
-                f"in run {s.run_id} (neighbours: {', '.join(sorted(s.neighbour_names))})",
-            )
-        parsed = serde.validate_header(header, run_id=s.run_id, phase=phase, round=round_)
-        return s, parsed
-
-    def _late_phase_one(self, kind: str, sender: str, digest: bytes) -> common_pb2.Ack | None:
-        """After a restart phase I is over: a retry of a message the previous process received
-        (its ack may have been lost in the crash) is acknowledged if it is identical to what was
-        received, as recorded next to the saved mask; anything else is refused."""
-        if not self.node.phase_one_restored:
-            return None
-        if self.node.mailbox.digest(kind, 0, sender) != digest:
-            raise Reject(StatusCode.FAILED_PRECONDITION,
-                         f"phase I is over at this agent (it resumed from its saved mask), and "
-                         f"this {kind} message is not the one it received from {sender}")
-        return common_pb2.Ack(accepted=True, detail="duplicate of a phase I message")
+    @staticmethod
+    def _obey(judgement: Judgement) -> str:
+        """The acknowledgement's detail for an accepted or duplicate message; a Reject for the
+        others (with the ledger's status code and reason)."""
+        if judgement.verdict in (Verdict.ACCEPT, Verdict.DUPLICATE):
+            return judgement.reason
+        raise Reject(StatusCode[judgement.code], judgement.reason)
 
     # ---------------------------------------------------------------- phase I
+
+    def _phase_one_header(self, header: common_pb2.Header, context: grpc.aio.ServicerContext,
+                          phase: Phase) -> tuple[Session, str]:
+        s = self._authenticate(context, header.sender)
+        parsed = serde.validate_header(header, run_id=s.run_id, phase=phase, round=0)
+        return s, parsed.sender
+
+    def _late_phase_one(self, kind: str, sender: str, digest: bytes) -> common_pb2.Ack:
+        """A retry after phase I ended here (its acknowledgement may have been lost in a
+        crash): acknowledged when identical to what was received, refused otherwise."""
+        return common_pb2.Ack(accepted=True,
+                              detail=self._obey(self.phase_one.judge(kind, sender, digest)))
 
     @guarded
     async def PutPublicKey(
         self, request: agent_pb2.PublicKeyMessage, context: grpc.aio.ServicerContext
     ) -> common_pb2.Ack:
-        _, header = self._check_header(request.header, context, Phase.KEYS, round_=0)
+        _, sender = self._phase_one_header(request.header, context, Phase.KEYS)
         n = serde.public_key_from_proto(request.key)
-        late = self._late_phase_one("key", header.sender, serde.key_fingerprint(n))
-        if late is not None:
-            return late
+        digest = serde.key_fingerprint(n)
+        if self.phase_one.closed:
+            return self._late_phase_one("key", sender, digest)
         key = paillier.public_key_from_n(n)
-        paillier.check_key_size(key, allow_insecure=self.node.options.allow_insecure_keys)
-        fresh = self.node.mailbox.put("key", 0, header.sender, key, serde.key_fingerprint(n))
-        return common_pb2.Ack(accepted=True, detail="" if fresh else "duplicate ignored")
+        paillier.check_key_size(key, allow_insecure=self.identity.allow_insecure_keys)
+        judgement = self.phase_one.judge("key", sender, digest)
+        if judgement.verdict == Verdict.ACCEPT:
+            self.mailbox.put("key", 0, sender, key)
+        return common_pb2.Ack(accepted=True, detail=self._obey(judgement))
 
     @guarded
     async def PutShares(
         self, request: agent_pb2.SharesMessage, context: grpc.aio.ServicerContext
     ) -> common_pb2.Ack:
-        s, header = self._check_header(request.header, context, Phase.SHARES, round_=0)
-        late = self._late_phase_one("shares", header.sender, serde.shares_digest(request.batch))
-        if late is not None:
-            return late
-        masker = self.node.masker
-        if masker is None:
+        s, sender = self._phase_one_header(request.header, context, Phase.SHARES)
+        digest = serde.shares_digest(request.batch)
+        if self.phase_one.closed:
+            return self._late_phase_one("shares", sender, digest)
+        expected = self.shares
+        if expected is None:
             raise Reject(StatusCode.UNAVAILABLE, "phase I key not ready yet")
         batch = serde.ciphertexts_from_proto(
-            request.batch,
-            expected_fingerprint=paillier.fingerprint(masker.public_key),
-            expected_num_coefficients=s.config.N,
-            expected_packed=s.config.packed,
-        )
-        if len(batch.ciphertexts) != masker.ciphertexts_per_neighbour:
-            raise WireError(
-                f"expected {masker.ciphertexts_per_neighbour} ciphertexts, "
-                f"got {len(batch.ciphertexts)}"
-            )
+            request.batch, expected_fingerprint=paillier.fingerprint(expected.public_key),
+            expected_num_coefficients=s.problem.N, expected_packed=s.config.packed)
+        if len(batch.ciphertexts) != expected.count:
+            raise WireError(f"expected {expected.count} ciphertexts, got {len(batch.ciphertexts)}")
         for i, c in enumerate(batch.ciphertexts):
             try:
-                paillier.validate_ciphertext(masker.public_key, c)
+                paillier.validate_ciphertext(expected.public_key, c)
             except ValueError as exc:
                 raise WireError(f"ciphertext {i}: {exc}") from None
-        fresh = self.node.mailbox.put(
-            "shares", 0, header.sender, list(batch.ciphertexts), serde.shares_digest(request.batch)
-        )
-        return common_pb2.Ack(accepted=True, detail="" if fresh else "duplicate ignored")
+        judgement = self.phase_one.judge("shares", sender, digest)
+        if judgement.verdict == Verdict.ACCEPT:
+            self.mailbox.put("shares", 0, sender, list(batch.ciphertexts))
+        return common_pb2.Ack(accepted=True, detail=self._obey(judgement))
 
     # ---------------------------------------------------------------- phase II
 
@@ -208,93 +223,68 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     def _file_round(self, request: agent_pb2.RoundMessage,
                     context: grpc.aio.ServicerContext) -> str:
-        """Check a round message and file it into the mailbox; the acknowledgement's detail
-        (empty for a fresh message). Raises Reject or WireError saying what is wrong."""
-        s, header = self._check_header(request.header, context, Phase.OPTIMIZE)
-        node = self.node
-        t = _within_run(header.round, s)
-        current = node.status.round
-        if t < current:
-            # A retry (or a neighbour's bit-identical replay after its restart) of a round we
-            # consumed: acknowledge it if it matches what we got, refuse it otherwise.
-            known = node.mailbox.digest("round", t, header.sender)
-            if known is None and node.resumed_from is not None and t < node.resumed_from:
-                # consumed by this agent's previous process (which reached a later checkpoint,
-                # so it had this message); a retry whose ack the crash lost: nothing to do
-                return "round consumed before this agent restarted"
-            if known is None:
-                raise Reject(
-                    StatusCode.FAILED_PRECONDITION,
-                    f"round {t} is behind this agent (at round {current}) and older than the "
-                    f"rounds it remembers",
-                )
-            if known != serde.round_digest(request):
-                raise WireError(
-                    f"round {t} from {header.sender} conflicts with the copy already received"
-                )
-            return "duplicate of a consumed round"
-        if t > current + 1:
-            # A neighbour ahead of us while we catch up after a restart: let it retry later
-            # instead of buffering an unbounded number of rounds.
-            raise Reject(
-                StatusCode.UNAVAILABLE,
-                f"this agent is at round {current}; round {t} is ahead of its window, retry",
-            )
-        tensors, digest = decode_round(s, request, sender=header.sender, round_=t)
-        fresh = node.mailbox.put("round", t, header.sender, tensors, digest)
-        return "" if fresh else "duplicate ignored"
+        """Authenticate, validate (once), ask the ledger, file an accepted message; the
+        acknowledgement's detail (empty for a fresh message)."""
+        if not isinstance(request.header, common_pb2.Header):
+            raise TypeError(f"expected efpsn.v1.Header, got {type(request.header).__name__}")
+        s = self._authenticate(context, request.header.sender)
+        record = parse_round(request, run_id=s.run_id, senders=s.neighbour_names,
+                             shapes=s.message_shapes)
+        assert self.rounds is not None
+        judgement = self.rounds.judge(record.sender, record.round, record.digest)
+        if judgement.verdict == Verdict.ACCEPT:
+            self.mailbox.put("round", record.round, record.sender, record.tensors)
+        return self._obey(judgement)
 
     @guarded
     async def GetRound(
         self, request: agent_pb2.RoundRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.RoundReply:
-        s, header = self._check_header(request.header, context, Phase.OPTIMIZE)
-        node = self.node
-        t = _within_run(header.round, s)
-        message = node.outboxes.sent.get(t)
+        s = self._authenticate(context, request.header.sender)
+        header = serde.validate_header(request.header, run_id=s.run_id, phase=Phase.OPTIMIZE)
+        t = header.round
+        if t > s.config.iterations:
+            raise WireError(f"round {t} is beyond the run's last round {s.config.iterations}")
+        message = self.outbox.get(t)
         if message is not None:
-            return serde.round_reply(message, latest_round=node.outboxes.produced)
-        if t > node.outboxes.produced:
-            return serde.round_reply(None, latest_round=node.outboxes.produced)
-        raise Reject(
-            StatusCode.NOT_FOUND,
-            f"round {t} is no longer held by {node.options.name} (it keeps rounds {node.outboxes.held()})",
-        )
+            return round_reply(message, latest_round=self.outbox.produced)
+        if t > self.outbox.produced:
+            return round_reply(None, latest_round=self.outbox.produced)
+        raise Reject(StatusCode.NOT_FOUND, f"round {t} is no longer held by "
+                     f"{self.identity.name} (it keeps rounds {self.outbox.held()})")
 
     @guarded
     async def GetStatus(
         self, request: agent_pb2.StatusRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.AgentStatus:
-        node = self.node
-        s = node.session
+        s = self._session
         if request.run_id and s is not None and request.run_id != s.run_id:
             shown = s.run_id if self._is_operator(context) else "another run"
             raise Reject(StatusCode.NOT_FOUND,
                          f"this agent is in {shown}, not {_short(request.run_id)}")
-        st = node.status
+        st = self.status
         reply = agent_pb2.AgentStatus(
-            name=node.options.name, phase=int(st.phase), round=st.round,
+            name=self.identity.name, phase=int(st.phase), round=st.round,
             total_rounds=s.config.iterations if s else 0, loss=math.nan, accuracy=math.nan,
             error=st.error, finished=st.finished,
         )
-        names = caller_names(context) if node.options.tls is not None else None
+        names = caller_names(context) if self.identity.tls else None
         if s is not None and (names is None or names & s.neighbour_names):
             # whom it waits for (messages, acknowledgements): lets neighbours name a stall
-            reply.waiting_for.extend(sorted(set(node.mailbox.waiting_for)
-                                            | set(node.peers.unacknowledged)))
+            reply.waiting_for.extend(sorted(self._waiting()))
         if not self._is_operator(context):
             return reply  # liveness only: loss and accuracy are values of this agent's f_i
         reply.run_id = s.run_id if s else ""
         reply.loss, reply.accuracy = st.loss, st.accuracy
-        reply.rejections.update(node.rejections.counts)
-        if node.resumed_from is not None:
-            reply.resumed_from_round = node.resumed_from
+        reply.rejections.update(self.rejections.counts)
+        if self.rounds is not None and self.rounds.resumed_from is not None:
+            reply.resumed_from_round = self.rounds.resumed_from
         return reply
 
     def _is_operator(self, context: grpc.aio.ServicerContext) -> bool:
         """Under mutual TLS only the operator's certificate (--operator-name, default this
         agent's own name) sees private figures; plaintext (--insecure) has no identities."""
-        if self.node.options.tls is None:
+        if not self.identity.tls:
             return True
         names = caller_names(context)
-        return bool(names) and self.node.options.operator in names
+        return bool(names) and self.identity.operator in names

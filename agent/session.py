@@ -1,4 +1,4 @@
-"""What an assigned agent knows: its run, neighbours and the public problem; and its status."""
+"""What an assigned agent knows: its run, its neighbours and the problem as it sees it."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import logging
 import math
 from dataclasses import dataclass
 
-from agent.bootstrap import Prepared
 from agent.options import AgentFailure
+from agent.prepare import Prepared
 from efpsn.algorithms import make_algorithm
 from efpsn.config import RunConfig
-from efpsn.problem import Problem, build_problem
-from efpsn.wire import limits, serde
-from efpsn.wire.serde import Phase
+from efpsn.problem import Problem
+from efpsn.wire import limits
+from efpsn.wire.records import Assignment
 
 log = logging.getLogger("efpsn.agent")
 
@@ -22,7 +22,7 @@ log = logging.getLogger("efpsn.agent")
 class Session:
     """What the agent knows once assigned: the run, its neighbours and the public problem."""
 
-    assignment: serde.Assignment
+    assignment: Assignment
     config: RunConfig
     problem: Problem
     names: dict[int, str]  # neighbour index -> name
@@ -48,31 +48,15 @@ class Session:
         return out
 
 
-@dataclass
-class Status:
-    """What GetStatus reports about this agent."""
-
-    phase: Phase = Phase.PHASE_UNSPECIFIED
-    round: int = 0
-    loss: float = math.nan
-    accuracy: float = math.nan
-    error: str = ""
-    finished: bool = False
-
-
-async def open_session(assignment: serde.Assignment, *, name: str,
-                       prepared: Prepared | None = None) -> Session:
-    """Build the problem of the assigned run (off the event loop) from what was prepared for
-    its parameters (None: shards by index of a public data set, built here), and check that
-    the coordinator's neighbours agree with its topology."""
-    config = RunConfig.from_dict(assignment.params)
-    if prepared is not None and config != prepared.config:
+async def open_session(assignment: Assignment, *, name: str, prepared: Prepared) -> Session:
+    """The assigned run: the problem as this agent sees it (its own shard, built once when it
+    prepared), checked against the assignment (the same run parameters as announced, the
+    neighbours its topology gives)."""
+    if assignment.params != prepared.config.to_dict():
         raise AgentFailure(f"the coordinator's assignment for {name} carries other run "
                            "parameters than it announced before registration")
-    if prepared is None:
-        problem = await asyncio.to_thread(build_problem, config)
-    else:
-        problem = await asyncio.to_thread(prepared.build, assignment.index)
+    config = prepared.config
+    problem = await asyncio.to_thread(prepared.problem_for, assignment.index)
     expected = set(problem.graph.neighbours(assignment.index))
     got = {p.index for p in assignment.neighbours}
     if expected != got:
@@ -83,7 +67,7 @@ async def open_session(assignment: serde.Assignment, *, name: str,
     shape = tuple(problem.initial_params().shape)
     keys = make_algorithm(config.algorithm).message_keys
     shapes = {k: shape for k in keys}
-    request_limits = legitimate_request_bytes(config, shapes)
+    request_limits = legitimate_request_bytes(config, shapes, coefficients=problem.N)
     largest = max(request_limits, key=request_limits.__getitem__)
     if request_limits[largest] > limits.AGENT_RECEIVE_BYTES:
         raise AgentFailure(
@@ -106,11 +90,11 @@ async def open_session(assignment: serde.Assignment, *, name: str,
 HEADER_BYTES = 1024
 
 
-def legitimate_request_bytes(config: RunConfig,
-                             shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+def legitimate_request_bytes(config: RunConfig, shapes: dict[str, tuple[int, ...]], *,
+                             coefficients: int) -> dict[str, int]:
     """The largest request each Agent method can carry in this run, so a bigger body is refused
     unread: a round message is the model's float64 tensors plus names, shapes and a header;
-    phase I shares are at most N ciphertexts below n^2 (2 * key_bits bits) each."""
+    phase I shares are at most `coefficients` (N) ciphertexts below n^2 (2 * key_bits bits) each."""
     per_tensor = [8 * math.prod(shape) + 64 + 11 * len(shape) for shape in shapes.values()]
     ciphertext = 2 * config.key_bits // 8 + 1 + 8  # minimal big-endian bytes + field framing
     return {
@@ -118,6 +102,6 @@ def legitimate_request_bytes(config: RunConfig,
         "StreamRounds": HEADER_BYTES + sum(per_tensor),  # per message of the stream
         "GetRound": HEADER_BYTES,
         "PutPublicKey": HEADER_BYTES + 2 * (limits.MAX_KEY_BITS // 8) + 64,
-        "PutShares": HEADER_BYTES + 64 + config.N * ciphertext,
+        "PutShares": HEADER_BYTES + 64 + coefficients * ciphertext,
         "GetStatus": limits.SMALL_REQUEST_BYTES,
     }

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import bench_transport  # this folder's transport benchmark (scripts run with it on sys.path)
 
-from agent.launcher import launch_local_network
-from agent.summary import load_agent_results
 from efpsn.config import RunConfig
+from efpsn.launch.network import launch_local_network
+from efpsn.launch.summary import load_agent_results
 from efpsn.problem import build_problem
 from efpsn.runtime import configure_threads, machine_load
 from efpsn.simulator import run_simulation
@@ -132,7 +132,7 @@ def main() -> None:
         print(f"  key generation, during start-up (s):      {net['keygen_seconds']}")
         print(f"  whole run wall time incl. start-up (s):  {net['wall_seconds']:.1f}")
     if args.paper:
-        paper_config = RunConfig()  # 10,000 steps, batch 64
+        paper_config = RunConfig.preset("paper")  # 10,000 steps, batch 64
         sim_paper = simulator_seconds_per_round(paper_config)
         paper = network_run(paper_config, key_bits=args.key_bits)
         out["paper_network"] = {**paper, "simulator_seconds_per_round": sim_paper}

@@ -25,10 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from agent.launcher import launch_local_network
-from agent.summary import load_agent_results
 from efpsn.config import RunConfig
 from efpsn.datadir import read_schema, split_data
+from efpsn.launch.network import launch_local_network
+from efpsn.launch.summary import load_agent_results
 from efpsn.runtime import configure_threads
 
 FASHION = "idx:/usr/share/datasets/fashion-mnist"

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import ssl
 import struct
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -35,15 +36,16 @@ from typing import Any
 import grpc
 import torch
 
-from agent.node import AgentNode, AgentOptions
-from agent.session import open_session
-from coordinator.registry import Registry, default_names
 from efpsn.config import RunConfig
 from efpsn.runtime import configure_threads, machine_load
-from efpsn.wire import serde
-from efpsn.wire.net import open_channel, start_server
+from efpsn.wire import rounds, serde
+from efpsn.wire.net import open_channel
+from efpsn.wire.rounds import encode_round
 from efpsn.wire.serde import Phase
 from efpsn.wire.tls import TlsConfig, generate_certificates
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from harness import assigned_agents
 
 RUN = "bench-transport"
 CONFIG = RunConfig(agents=3, iterations=1_000_000, key_bits=2048, round_timeout_seconds=30.0)
@@ -65,45 +67,25 @@ async def _measure(n: int, send: Callable[[int], Awaitable[None]]) -> tuple[floa
 async def agent_transport(tls_dir: Path | None, n: int, *, stream: bool) -> tuple[float, float]:
     """agent2 pushes round messages to agent1's real server; agent1 consumes each one. stream:
     over agent2's round stream (Peers.send_round, phase II's path); else one PutRound each."""
-    tls = TlsConfig.from_dir(tls_dir, "agent1") if tls_dir else None
-    receiver = AgentNode(AgentOptions(name="agent1", listen="127.0.0.1:0",
-                                      coordinator="127.0.0.1:1", tls=tls,
-                                      results_dir=Path(tempfile.mkdtemp())))
-    receiver.server = await start_server("127.0.0.1:0", add_servicers=receiver._add_servicers,
-                                         credentials=tls.server_credentials() if tls else None)
-    registry = Registry(CONFIG, run_id=RUN, expected_names=default_names(3))
-    for i in (1, 2, 3):
-        address = f"127.0.0.1:{receiver.server.port}" if i == 1 else f"127.0.0.1:{40000 + i}"
-        registry.register(f"agent{i}", address)
-    assignments = registry.assignments()
-    receiver._enter(await open_session(assignments["agent1"], name="agent1"))
-    receiver.status.phase = Phase.OPTIMIZE
-    sender = AgentNode(AgentOptions(
-        name="agent2", listen="127.0.0.1:0", coordinator="127.0.0.1:1",
-        tls=TlsConfig.from_dir(tls_dir, "agent2") if tls_dir else None,
-        results_dir=Path(tempfile.mkdtemp())))
-    sender._enter(await open_session(assignments["agent2"], name="agent2"))
-    shape = receiver.session.message_shapes["x"]
-    x = torch.linspace(-1, 1, shape[0], dtype=torch.float64)
+    folder = Path(tempfile.mkdtemp(prefix="efpsn-bench-"))
+    async with assigned_agents(folder, CONFIG, run_id=RUN, names=("agent1", "agent2"),
+                               serve=("agent1",), tls=tls_dir is not None) as agents:
+        receiver, sender = agents["agent1"], agents["agent2"]
+        x = torch.linspace(-1, 1, receiver.session.message_shapes["x"][0], dtype=torch.float64)
 
-    async def send(t: int) -> None:
-        request = serde.message_to_proto({"x": x}, header=sender.peers.header(Phase.OPTIMIZE, t))
-        if stream:
-            await sender.peers.send_round("agent1", request, request.SerializeToString(),
-                                          timeout=30.0)
-        else:
-            await sender.peers.send("agent1", "PutRound", request, timeout=30.0)
-        # the receiving agent's round loop: wait until the message is filed (a stream has no
-        # answer per message: the next one goes out once this one is in), then consume it
-        await receiver.mailbox.collect("round", t, ["agent2"], timeout=30.0)
-        receiver.mailbox.discard_before("round", t + 1)
-        receiver.status.round = t + 1
+        async def send(t: int) -> None:
+            data = encode_round({"x": x}, run_id=RUN, sender="agent2", round_=t)
+            if stream:
+                await sender.peers.send_round("agent1", t, data, timeout=30.0)
+            else:
+                await sender.peers.put_round("agent1", data, timeout=30.0)
+            # the receiving agent's round loop: wait until the message is filed (a stream has
+            # no answer per message: the next one goes out once this one is in), consume it
+            await receiver.mailbox.collect("round", t, ["agent2"], timeout=30.0)
+            receiver.mailbox.discard_before("round", t + 1)
+            receiver.ledger.advance(t + 1)
 
-    try:
         return await _measure(n, send)
-    finally:
-        await sender.peers.close()
-        await receiver.server.stop(0)
 
 
 async def bare_grpc(tls_dir: Path | None, payload: bytes, n: int, *,
@@ -212,7 +194,7 @@ async def measure_all(*, messages: int, insecure: bool) -> dict[str, tuple[float
             generate_certificates(tls_dir, ["agent1", "agent2", "agent3"])
         x = torch.linspace(-1, 1, 7850, dtype=torch.float64)
         header = serde.make_header(run_id=RUN, sender="agent2", round=1, phase=Phase.OPTIMIZE)
-        payload = serde.message_to_proto({"x": x}, header=header).SerializeToString()
+        payload = rounds.message_to_proto({"x": x}, header=header).SerializeToString()
         security = "plaintext" if insecure else "mutual TLS"
         print(f"round message: {len(payload):,} bytes; {messages} messages each; "
               f"{security}; {machine_load()}")

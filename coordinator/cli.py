@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from efpsn.cli_common import add_run_arguments, config_from_args
 from efpsn.cli_services import (
     add_tls_flags,
     check_key_policy,
@@ -17,17 +16,16 @@ from efpsn.cli_services import (
     setup_logging,
     tls_from_args,
 )
+from efpsn.flags import add_run_arguments, config_from_args
 
 
 def _coordinator(args: argparse.Namespace) -> int:
     from coordinator.registry import default_names
     from coordinator.service import serve
-    from efpsn.schedules import make_schedule
 
     setup_logging(args.verbose)
-    config = config_from_args(args)
+    config = config_from_args(args)  # validated here, once, torch-free (efpsn/config.py)
     check_key_policy(config, allow_insecure_keys=args.allow_insecure_keys)
-    make_schedule(config.schedule, iterations=config.iterations)  # a bad schedule fails here
     tls = tls_from_args(args, args.tls_name)
     expected = (parse_names(args.expected_names) if args.expected_names
                 else default_names(config.agents))
@@ -36,6 +34,7 @@ def _coordinator(args: argparse.Namespace) -> int:
     asyncio.run(serve(
         config, listen=args.listen, run_id=args.run_id, port_file=args.port_file,
         register_timeout=args.register_timeout, expected_names=expected, tls=tls,
+        linger=None if args.keep_serving else args.linger,
     ))
     return 0
 
@@ -56,6 +55,12 @@ def configure(coord: argparse.ArgumentParser) -> None:
     coord.add_argument("--expected-names", default=None,
                        help="comma-separated agent names allowed to register "
                             "(default agent1..agentN)")
+    coord.add_argument("--linger", type=float, default=10.0,
+                       help="exit this many seconds after every agent has its assignment (or "
+                            "the run is cancelled): the agents never need the coordinator "
+                            "again (default 10)")
+    coord.add_argument("--keep-serving", action="store_true",
+                       help="serve until stopped instead (e.g. to keep GetRunStatus answering)")
     coord.add_argument("--verbose", action="store_true")
     coord.add_argument("--allow-insecure-keys", action="store_true", help=argparse.SUPPRESS)
     add_tls_flags(coord, own_name="--tls-name")

@@ -25,7 +25,12 @@ class NotExpected(ValueError):
 
 class RunCancelled(ValueError):
     """The run cannot start: an agent failed before phase I or declared a schema or model that
-    does not match. Every held and later registration is refused with this message."""
+    does not match. Every held and later registration is refused with this message; `by` names
+    the agent that caused it."""
+
+    def __init__(self, message: str, *, by: str) -> None:
+        super().__init__(message)
+        self.by = by
 
 
 @dataclass(frozen=True)
@@ -75,34 +80,36 @@ class Registry:
         self.addresses: dict[str, str] = {}
         self.declared: dict[str, Declaration] = {}
         self.cancelled: str | None = None  # why the run was cancelled, once it is
+        self.cancelled_by = ""  # the agent that caused it
         self._assignments: dict[str, Assignment] | None = None
 
     @property
     def complete(self) -> bool:
         return len(self.addresses) == self.config.agents
 
-    def cancel(self, reason: str) -> RunCancelled:
-        """Cancel the run (the first reason sticks) and return the error to raise."""
+    def cancel(self, reason: str, *, by: str) -> RunCancelled:
+        """Cancel the run because of agent `by` (the first reason sticks); the error to raise."""
         if self.cancelled is None:
-            self.cancelled = reason
-        return RunCancelled(self.cancelled)
+            self.cancelled, self.cancelled_by = reason, by
+        return RunCancelled(self.cancelled, by=self.cancelled_by)
 
     def _check_declaration(self, name: str, d: Declaration) -> None:
         c = self.config
         if d.failure:
             why = "".join(ch if ch.isprintable() else "?" for ch in d.failure[:MAX_FAILURE_CHARS])
-            raise self.cancel(f"{name} stopped before phase I: {why}; the run is cancelled")
+            raise self.cancel(f"{name} stopped before phase I: {why}; the run is cancelled",
+                              by=name)
         if d.input_shape != c.input_shape:
             raise self.cancel(f"{name} declared input_shape {_shown(d.input_shape)}, but the "
                               f"run's data schema has input_shape {c.input_shape!r}; the run "
-                              "is cancelled")
+                              "is cancelled", by=name)
         if d.classes != c.classes:
             raise self.cancel(f"{name} declared classes {d.classes}, but the run's data schema "
-                              f"has classes {c.classes}; the run is cancelled")
+                              f"has classes {c.classes}; the run is cancelled", by=name)
         if len(d.model_fingerprint) != FINGERPRINT_BYTES:
             raise self.cancel(f"{name} declared a model_fingerprint of "
                               f"{len(d.model_fingerprint)} bytes, expected {FINGERPRINT_BYTES} "
-                              "(sha256); the run is cancelled")
+                              "(sha256); the run is cancelled", by=name)
 
     def _check_models(self) -> None:
         """Once everyone registered: all model fingerprints must agree. Agents whose
@@ -117,10 +124,10 @@ class Registry:
         if majority is None:
             raise self.cancel(f"the agents disagree on model_fingerprint: {shown}; every agent "
                               f"must build the same model for task {self.config.task!r}; the "
-                              "run is cancelled")
+                              "run is cancelled", by=odd[0])
         raise self.cancel(f"model_fingerprint of {shown} differs from the other agents' "
                           f"({majority.hex()[:12]}): every agent must build the same model for "
-                          f"task {self.config.task!r}; the run is cancelled")
+                          f"task {self.config.task!r}; the run is cancelled", by=odd[0])
 
     def register(self, name: str, address: str,
                  declaration: Declaration | None = None) -> None:
@@ -137,7 +144,7 @@ class Registry:
         if self.expected_names is not None and name not in self.expected_names:
             raise NotExpected(f"{name!r} is not one of the expected agents")
         if self.cancelled is not None:
-            raise RunCancelled(self.cancelled)
+            raise RunCancelled(self.cancelled, by=self.cancelled_by)
         holder = next((other for other, at in self.addresses.items()
                        if at == address and other != name), None)
         if holder is not None:

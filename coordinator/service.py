@@ -46,6 +46,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         # the coordinator's own certificate names (its operator)
         self.operator_names = operator_names
         self.settled = asyncio.Event()  # complete, or cancelled
+        self.answered: set[str] = set()  # agents that received their assignment
+        self.done = asyncio.Event()  # every agent has its assignment, or the run is cancelled
         self.rejections = RejectionLog(log, "coordinator")
 
     def _authenticate(self, context: grpc.aio.ServicerContext, name: str) -> None:
@@ -94,7 +96,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         except RunCancelled as exc:
             self.settled.set()  # release every held Register call with the reason
             log.error("run %s cancelled: %s", self.registry.run_id, exc)
-            raise Reject(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
+            raise self._cancelled() from None
         log.info("registered %s at %s (%d/%d)", request.name, request.address,
                  len(self.registry.addresses), self.registry.config.agents)
         if self.registry.complete:
@@ -113,8 +115,18 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 f"({', '.join(have)}) before the registration deadline",
             ) from None
         if self.registry.cancelled is not None:
-            raise Reject(grpc.StatusCode.FAILED_PRECONDITION, self.registry.cancelled)
+            raise self._cancelled()
+        self.answered.add(request.name)
+        if len(self.answered) == self.registry.config.agents:
+            self.done.set()
         return records.assignment_to_proto(self.registry.assignments()[request.name])
+
+    def _cancelled(self) -> Reject:
+        """The refusal of a cancelled run, naming (as trailing metadata) the agent that caused
+        it; the run is over for this coordinator."""
+        self.done.set()
+        return Reject(grpc.StatusCode.FAILED_PRECONDITION, self.registry.cancelled or "",
+                      metadata=((records.CANCELLED_BY, self.registry.cancelled_by),))
 
     @guarded
     async def GetRunParameters(
@@ -152,8 +164,11 @@ async def serve(
     expected_names: set[str] | None = None,
     tls: TlsConfig | None = None,
     stop: asyncio.Event | None = None,
+    linger: float | None = 10.0,
 ) -> None:
-    """Validate the run, serve until stopped (SIGINT/SIGTERM or `stop`).
+    """Serve until stopped (SIGINT/SIGTERM or `stop`), or `linger` seconds after the run's
+    bootstrap ended (every agent has its assignment, or the run was cancelled): the agents
+    never need the coordinator again. linger=None serves until stopped.
 
     expected_names defaults to agent1..agentN; tls=None serves plaintext (--insecure)."""
     registry = Registry(config, run_id=run_id or uuid.uuid4().hex[:16],
@@ -178,6 +193,31 @@ async def serve(
     stop = stop or asyncio.Event()
     install_stop_signals(stop)
     try:
-        await stop.wait()
+        if linger is None:
+            await stop.wait()
+        else:
+            await _until_done(stop, service, linger=linger)
     finally:
         await server.stop(grace=0.5)
+
+
+async def _until_done(stop: asyncio.Event, service: CoordinatorService, *, linger: float) -> None:
+    """Until `stop`, or `linger` seconds after the service is done (then say so)."""
+    stopped = asyncio.ensure_future(stop.wait())
+    done = asyncio.ensure_future(service.done.wait())
+    try:
+        await asyncio.wait({stopped, done}, return_when=asyncio.FIRST_COMPLETED)
+        if stop.is_set():
+            return
+        outcome = ("cancelled: " + (service.registry.cancelled or "")
+                   if service.registry.cancelled else "every agent has its assignment")
+        log.info("run %s: bootstrap over (%s); exiting in %.0fs", service.registry.run_id,
+                 outcome, linger)
+        try:
+            async with asyncio.timeout(linger):
+                await stop.wait()
+        except TimeoutError:
+            pass
+    finally:
+        stopped.cancel()
+        done.cancel()

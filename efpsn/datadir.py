@@ -113,3 +113,12 @@ def load_data_dir(config: RunConfig, data_dir: Path, *, holdout: float = 0.2,
             test_path=test if test.is_file() else None, label_column=label_column,
         )
     return out
+
+
+def agent_data_file(data_dir: Path, name: str) -> Path:
+    """The private file of agent `name` in a data folder: DIR/NAME/train.npz, else train.csv."""
+    folder = Path(data_dir) / name
+    for candidate in ("train.npz", "train.csv"):
+        if (folder / candidate).is_file():
+            return folder / candidate
+    return folder / "train.npz"  # missing: the agent's own check names it

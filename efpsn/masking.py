@@ -1,4 +1,6 @@
-"""Phase I: exact zero-sum noise over Paillier as a sans-I/O state machine, and mask baselines."""
+"""Phase I at one agent: exact zero-sum noise over Paillier as a sans-I/O state machine, and
+the baseline mask modes of one agent. Every agent's masks at once (the simulator) are
+efpsn/masks.py's."""
 
 from __future__ import annotations
 
@@ -23,11 +25,8 @@ __all__ = [
     "NoiseSpec",
     "draw_shares",
     "independent_mask",
-    "independent_masks",
-    "no_masks",
     "noise_generator",
-    "zero_sum_masks",
-    "zero_sum_masks_fast",
+    "sorted_neighbours",
 ]
 
 # Without packing, each coefficient travels as z mod n and the receiver decrypts a sum of deg(i)
@@ -84,7 +83,7 @@ class NoiseSpec:
         return self.gamma / k**self.p
 
 
-def _sorted_neighbours(neighbours: Sequence[int], *, agent: int | None = None) -> tuple[int, ...]:
+def sorted_neighbours(neighbours: Sequence[int], *, agent: int | None = None) -> tuple[int, ...]:
     """Neighbours as a strictly ascending tuple of distinct non-negative ints."""
     out = []
     for j in neighbours:
@@ -110,7 +109,7 @@ def draw_shares(
     """
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy Generator, got {type(rng).__name__}")
-    order = _sorted_neighbours(neighbours)
+    order = sorted_neighbours(neighbours)
     draws = rng.standard_normal((len(order), spec.num_coefficients))
     eta = draws * np.sqrt(spec.sigma2())[None, :]
     return {j: encode_fixed(eta[r], precision=spec.precision) for r, j in enumerate(order)}
@@ -190,7 +189,7 @@ class Masker:
         if layout is not None and not isinstance(layout, SlotLayout):
             raise TypeError(f"layout must be a SlotLayout or None, got {type(layout).__name__}")
         self.agent = int(agent)
-        self.neighbours = _sorted_neighbours(neighbours, agent=self.agent)
+        self.neighbours = sorted_neighbours(neighbours, agent=self.agent)
         if len(self.neighbours) > MAX_NEIGHBOURS:
             raise ValueError(f"at most {MAX_NEIGHBOURS} neighbours, got {len(self.neighbours)}")
         if layout is not None and len(self.neighbours) > layout.max_terms:
@@ -338,82 +337,6 @@ class Masker:
         return self._result
 
 
-def _checked_neighbours(graph: GraphLike, n_rngs: int | None) -> list[tuple[int, ...]]:
-    """Every agent's sorted neighbours, after checking the graph is undirected and in range."""
-    n = graph.n
-    if n_rngs is not None and n_rngs != n:
-        raise ValueError(f"need one rng per agent: graph has {n} agents, got {n_rngs} rngs")
-    nbrs = [_sorted_neighbours(graph.neighbours(i), agent=i) for i in range(n)]
-    for i, row in enumerate(nbrs):
-        for j in row:
-            if j >= n:
-                raise ValueError(f"agent {i} has neighbour {j} outside 0..{n - 1}")
-            if i not in nbrs[j]:
-                raise ValueError(f"graph is not undirected: {j} is a neighbour of {i} but not back")
-    return nbrs
-
-
-def zero_sum_masks_fast(
-    rngs: Sequence[np.random.Generator], graph: GraphLike, spec: NoiseSpec
-) -> list[MaskCoefficients]:
-    """The integers the Paillier protocol produces from the same per-agent rngs, unencrypted.
-
-    numerator_ik = sum_{j in N_i} z_ijk - sum_{j in N_i} z_jik; each z_ijk appears once with +
-    (at i) and once with - (at j), so sum_i numerator_ik == 0 exactly. Consumes the rngs exactly
-    as Masker.outgoing does.
-    """
-    nbrs = _checked_neighbours(graph, len(rngs))
-    shares = [draw_shares(rngs[i], spec, nbrs[i]) for i in range(graph.n)]
-    out = []
-    for i in range(graph.n):
-        numerators = []
-        for k in range(spec.num_coefficients):
-            sent = sum(shares[i][j][k] for j in nbrs[i])
-            received = sum(shares[j][i][k] for j in nbrs[i])
-            numerators.append(sent - received)
-        out.append(MaskCoefficients(tuple(numerators), spec.precision))
-    return out
-
-
-def zero_sum_masks(
-    rngs: Sequence[np.random.Generator],
-    graph: GraphLike,
-    spec: NoiseSpec,
-    *,
-    layout: SlotLayout | None,
-    key_bits: int = paillier.DEFAULT_KEY_BITS,
-    keypairs: Sequence[tuple[paillier.PublicKey, paillier.PrivateKey]] | None = None,
-    allow_insecure: bool = False,
-) -> list[MaskCoefficients]:
-    """Run the full Paillier phase I between in-process Maskers (reference for tests/benchmarks)."""
-    nbrs = _checked_neighbours(graph, len(rngs))
-    if keypairs is not None and len(keypairs) != graph.n:
-        raise ValueError(f"need one key pair per agent ({graph.n}), got {len(keypairs)}")
-    maskers = [
-        Masker(
-            agent=i, neighbours=nbrs[i], spec=spec, rng=rngs[i], layout=layout,
-            key_bits=None if keypairs is not None else key_bits,
-            keypair=None if keypairs is None else keypairs[i], allow_insecure=allow_insecure,
-        )
-        for i in range(graph.n)
-    ]
-    keys = {i: m.public_key for i, m in enumerate(maskers)}
-    sent = [m.outgoing(keys) for m in maskers]
-    return [m.finish({j: sent[j][i] for j in nbrs[i]}) for i, m in enumerate(maskers)]
-
-
-def independent_masks(
-    rngs: Sequence[np.random.Generator], graph: GraphLike, spec: NoiseSpec
-) -> list[MaskCoefficients]:
-    """Non-zero-sum baseline (Nozari et al. 2016): eta_ik ~ N(0, 2 deg(i) sigma_k^2), independent.
-
-    The variance matches EFPSN's eta_bar_ik (diagonal of 2 sigma_k^2 L). One
-    rng.standard_normal(N) call per agent, k ascending, encoded with encode_fixed like the shares.
-    """
-    nbrs = _checked_neighbours(graph, len(rngs))
-    return [independent_mask(rngs[i], degree=len(nbrs[i]), spec=spec) for i in range(graph.n)]
-
-
 def independent_mask(
     rng: np.random.Generator, *, degree: int, spec: NoiseSpec
 ) -> MaskCoefficients:
@@ -427,12 +350,6 @@ def independent_mask(
         raise ValueError(f"degree must be a non-negative int, got {degree!r}")
     eta = rng.standard_normal(spec.num_coefficients) * np.sqrt(2 * int(degree) * spec.sigma2())
     return MaskCoefficients(tuple(encode_fixed(eta, precision=spec.precision)), spec.precision)
-
-
-def no_masks(graph: GraphLike, spec: NoiseSpec) -> list[MaskCoefficients]:
-    """All-zero coefficients (mask mode `none`)."""
-    zero = MaskCoefficients((0,) * spec.num_coefficients, spec.precision)
-    return [zero] * graph.n
 
 
 def noise_generator(noise_seed: int | None, agent: int) -> np.random.Generator:

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from efpsn.basis import Measure, OrthonormalSystem
+from efpsn.basis import OrthonormalSystem
+from efpsn.selection import (  # re-exported: the selection belongs with the perturbation
+    DEFAULT_MEASURES,
+    SELECTION_SPECS,
+    Selection,
+    parse_selection,
+    selection_measure,
+)
 
 __all__ = [
+    "DEFAULT_MEASURES",
     "SELECTION_SPECS",
     "FunctionalPerturbation",
     "Selection",
@@ -18,80 +25,6 @@ __all__ = [
     "select_indices",
     "selection_measure",
 ]
-
-SELECTION_SPECS = ("last-bias", "random", "random:M", "indices:I,J,...", "all")
-"""Selection kinds; each may end in "@lebesgue" or "@uniform" to choose the measure explicitly."""
-
-DEFAULT_MEASURES: dict[str, Measure] = {
-    # The paper's selections (a few chosen coordinates): its Lebesgue measure, so the paper's
-    # (K, m, N) = (1, 10, 10) runs and the Sec. 5.1 example stay exactly as published.
-    "last-bias": "lebesgue",
-    "random": "lebesgue",
-    "indices": "lebesgue",
-    # Selections for perturbing many coordinates: the uniform probability measure, whose basis
-    # does not shrink as 2^(-m/2) (that factor underflows float64 from m of about 2,040).
-    "all": "uniform",
-    "random:M": "uniform",
-}
-"""The measure on [-1, 1]^m each selection kind uses unless its spec says "@MEASURE"."""
-
-
-@dataclass(frozen=True)
-class Selection:
-    """A parsed selection spec: its kind, the measure of the basis, and the kind's argument."""
-
-    kind: str  # "last-bias" | "random" | "random:M" | "indices" | "all"
-    measure: Measure
-    count: int | None = None  # M of "random:M"
-    indices: tuple[int, ...] | None = None  # of "indices:..."
-
-
-def parse_selection(spec: str) -> Selection:
-    """Parse "KIND[@MEASURE]", e.g. "last-bias", "all", "random:200", "last-bias@uniform".
-
-    The measure (lebesgue or uniform on [-1, 1]^m) is part of the spec so that every agent
-    derives the same basis from the public selection string; without a suffix it is the kind's
-    default (DEFAULT_MEASURES).
-    """
-    if not isinstance(spec, str):
-        raise TypeError(f"selection must be a str, got {type(spec).__name__}")
-    body, sep, measure_text = spec.strip().partition("@")
-    body = body.strip()
-    measure_text = measure_text.strip()
-    if sep and measure_text not in ("lebesgue", "uniform"):
-        raise ValueError(
-            f"selection {spec!r}: the measure after '@' must be 'lebesgue' or 'uniform', "
-            f"got {measure_text!r}"
-        )
-    if body in ("last-bias", "random", "all"):
-        kind, count, indices = body, None, None
-    elif body.startswith("random:"):
-        text = body[len("random:") :].strip()
-        if not text.isdigit() or int(text) < 1:
-            raise ValueError(
-                f"selection {spec!r}: expected 'random:M' with M a positive integer, got {text!r}"
-            )
-        kind, count, indices = "random:M", int(text), None
-    elif body.startswith("indices:"):
-        try:
-            raw = tuple(int(t) for t in body[len("indices:") :].split(",") if t.strip())
-        except ValueError as err:
-            raise ValueError(
-                f"selection {spec!r}: expected comma-separated integers like 'indices:3,17,42'"
-            ) from err
-        kind, count, indices = "indices", None, raw
-    else:
-        raise ValueError(
-            f"unknown parameter selection {spec!r}: expected one of {', '.join(SELECTION_SPECS)}, "
-            f"optionally followed by @lebesgue or @uniform"
-        )
-    measure: Measure = measure_text if sep else DEFAULT_MEASURES[kind]  # type: ignore[assignment]
-    return Selection(kind=kind, measure=measure, count=count, indices=indices)
-
-
-def selection_measure(spec: str) -> Measure:
-    """The measure on [-1, 1]^m the basis of this selection is orthonormal for."""
-    return parse_selection(spec).measure
 
 
 def select_indices(

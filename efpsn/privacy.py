@@ -82,7 +82,7 @@ def protection_statement(
     *, selection: str, m: int, K: int, N: int, sensitivity: float, q: float
 ) -> str:
     """One sentence: which coordinates and which changes of f_i Theorem 4.1's epsilon covers."""
-    from efpsn.perturbation import parse_selection  # lazy: keeps this module free of torch
+    from efpsn.selection import parse_selection
 
     parsed = parse_selection(selection)
     body = selection.split("@")[0].strip()

@@ -9,7 +9,14 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from efpsn.basis import OrthonormalSystem, choose_monomials
+from efpsn.basis import (
+    MAX_CANDIDATES,
+    Monomials,
+    OrthonormalSystem,
+    choose_monomials,
+    count_monomials,
+    power_monomials,
+)
 from efpsn.config import LOCAL_DATA, RunConfig, parse_shape
 from efpsn.encoding import SlotLayout
 from efpsn.masking import MaskCoefficients, NoiseSpec
@@ -72,10 +79,21 @@ class Problem:
     def n(self) -> int:
         return self.graph.n
 
+    @property
+    def m(self) -> int:
+        """How many parameters the perturbation acts on (the config's m, or derived)."""
+        return self.system.m
+
+    @property
+    def N(self) -> int:
+        """How many basis functions, i.e. noise coefficients per agent (the config's N, or
+        derived: 1 + K m)."""
+        return self.system.size
+
     @cached_property
     def noise_spec(self) -> NoiseSpec:
         c = self.config
-        return NoiseSpec(gamma=c.gamma, p=c.p, precision=c.precision, num_coefficients=c.N)
+        return NoiseSpec(gamma=c.gamma, p=c.p, precision=c.precision, num_coefficients=self.N)
 
     @cached_property
     def layout(self) -> SlotLayout | None:
@@ -119,6 +137,15 @@ class Problem:
         )
 
 
+def basis_monomials(*, m: int, K: int, N: int, seed: int) -> Monomials:
+    """The run's monomials: the constant and N - 1 drawn from every monomial of degree <= K
+    (seeded), or, when there are more than MAX_CANDIDATES of those (e.g. every parameter with
+    K = 2), every coordinate's powers up to K (N = 1 + K m; RunConfig checks it)."""
+    if count_monomials(m=m, K=K) <= MAX_CANDIDATES:
+        return choose_monomials(m=m, K=K, N=N, seed=seed)
+    return power_monomials(m=m, K=K)
+
+
 def build_task(config: RunConfig) -> Task:
     """The run's model and loss for its data schema (initial parameters from the public seed)."""
     c = config
@@ -142,14 +169,17 @@ def build_problem(
     c = config
     graph = build_graph(c.topology, c.agents, seed=c.seed)
     task = task if task is not None else build_task(c)
-    indices = select_indices(
-        c.selection, num_params=task.num_params, m=c.m, last_bias=task.last_bias_indices(),
-        seed=c.basis_seed,
-    )
+    last_bias = task.last_bias_indices()
+    m, n_functions = c.basis_counts(num_params=task.num_params, last_bias=len(last_bias))
+    if m is None or n_functions is None:
+        raise ValueError(f"selection {c.selection!r} does not fix how many parameters to "
+                         "perturb: give m")
+    indices = select_indices(c.selection, num_params=task.num_params, m=m, last_bias=last_bias,
+                             seed=c.basis_seed)
     # The measure comes from the public selection spec (e.g. "all" -> uniform), so every agent
     # derives the same basis without a further run parameter.
     system = OrthonormalSystem.from_monomials(
-        choose_monomials(m=c.m, K=c.K, N=c.N, seed=c.basis_seed),
+        basis_monomials(m=m, K=c.K, N=n_functions, seed=c.basis_seed),
         measure=selection_measure(c.selection),
     )
     holdouts: list[Dataset | None] = []

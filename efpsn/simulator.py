@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -10,18 +9,13 @@ from typing import Any
 
 import torch
 
-from efpsn.algorithms import AgentState, Message, StepContext, make_algorithm
+from efpsn.algorithms import StepContext, make_algorithm
 from efpsn.config import RunConfig
-from efpsn.masking import (
-    MaskCoefficients,
-    independent_masks,
-    no_masks,
-    noise_generator,
-    zero_sum_masks,
-    zero_sum_masks_fast,
-)
+from efpsn.masking import MaskCoefficients, noise_generator
+from efpsn.masks import independent_masks, no_masks, zero_sum_masks, zero_sum_masks_fast
 from efpsn.metrics import evaluate
 from efpsn.problem import Problem, build_problem
+from efpsn.rounds import RoundDriver, worst
 from efpsn.schedules import make_schedule
 
 PROTOCOLS = ("fast", "paillier")
@@ -108,36 +102,25 @@ def run_simulation(
     algorithm = make_algorithm(config.algorithm)
     schedule = make_schedule(config.schedule, iterations=config.iterations)
     n = problem.n
-    oracles = [problem.objective(i, masks[i]) for i in range(n)]
-    contexts = [
-        StepContext(agent=i, weights=problem.agent_weights(i), lr=schedule(0), oracle=oracles[i])
+    x0 = problem.initial_params()
+    drivers = [
+        RoundDriver(algorithm=algorithm, schedule=schedule, iterations=config.iterations,
+                    eval_every=config.eval_every, x0=x0,
+                    context=StepContext(agent=i, weights=problem.agent_weights(i),
+                                        lr=schedule(0), oracle=problem.objective(i, masks[i])))
         for i in range(n)
     ]
-    x0 = problem.initial_params()
-    states: list[AgentState] = []
-    outboxes: list[Message] = []
-    for ctx in contexts:
-        state, out = algorithm.init(x0, ctx)
-        states.append(state)
-        outboxes.append(out)
-
-    history = [{"round": 0, **evaluate(problem, [s["x"] for s in states], x_star=x_star)}]
+    history = [{"round": 0, **evaluate(problem, [d.state["x"] for d in drivers], x_star=x_star)}]
     t1 = time.perf_counter()
     for t in range(config.iterations):
-        lr = schedule(t)
-        stepped = [
-            algorithm.step(
-                states[i],
-                {j: outboxes[j] for j in problem.graph.neighbours(i)},
-                dataclasses.replace(contexts[i], lr=lr),
-            )
-            for i in range(n)
-        ]
-        states = [s for s, _ in stepped]
-        outboxes = [o for _, o in stepped]
+        outboxes = [d.outbox for d in drivers]  # round t's messages, taken before anyone steps
+        due = [d.step({j: outboxes[j] for j in problem.graph.neighbours(i)})
+               for i, d in enumerate(drivers)]
         record = None
-        if (t + 1) % config.eval_every == 0 or t + 1 == config.iterations:
-            record = {"round": t + 1, **evaluate(problem, [s["x"] for s in states], x_star=x_star)}
+        if any(due):
+            record = {"round": t + 1,
+                      **evaluate(problem, [d.state["x"] for d in drivers], x_star=x_star),
+                      **worst([d.measures for d in drivers])}
             history.append(record)
         if on_round is not None:
             on_round(t + 1, record)
@@ -147,7 +130,7 @@ def run_simulation(
         protocol=protocol,
         history=history,
         final=dict(history[-1]),
-        xs=[s["x"] for s in states],
+        xs=[d.state["x"] for d in drivers],
         masks=masks,
         timings={
             "phase1_seconds": t_phase1,

@@ -17,14 +17,14 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Self
 
-from agent.status import AgentStatus, fetch_status
-from efpsn.cli_services import config_to_args
 from efpsn.config import RunConfig
+from efpsn.flags import config_to_args
+from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
+from efpsn.wire.status import AgentStatus, fetch_status
 from efpsn.wire.tls import TlsConfig, generate_certificates
 
 
@@ -45,7 +45,7 @@ class LocalNet:
         self.names = names or [f"agent{i}" for i in range(1, config.agents + 1)]
         self.logs = folder / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.children: dict[str, Child] = {}
         self.argv: dict[str, list[str]] = {}
         self.ports: dict[str, int] = {}
         self.tls_dir = folder / "tls"
@@ -72,66 +72,56 @@ class LocalNet:
 
     # ------------------------------------------------------------------ processes
 
-    def _popen(self, name: str) -> subprocess.Popen:
-        with open(self.logs / f"{name}.log", "a") as log:  # a restart appends to the same log
-            return subprocess.Popen(
-                self.argv[name], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env={**os.environ, **self.env.get(name, {})},
-            )
+    @property
+    def procs(self) -> dict[str, subprocess.Popen]:
+        return {name: child.process for name, child in self.children.items()}
 
-    def _wait_port(self, name: str, timeout: float = 180.0) -> int:
-        path = self.folder / "ports" / name
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            proc = self.procs[name]
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"{name} exited with {proc.returncode}:\n{self.log(name)[-3000:]}")
-            try:
-                return int(path.read_text())
-            except (OSError, ValueError):
-                time.sleep(0.05)
-        raise TimeoutError(f"{name} not serving after {timeout:.0f}s")
+    def _spawn(self, name: str) -> None:
+        """Start `name` with its recorded command line; a restart appends to the same log."""
+        self.children[name] = spawn(name, self.argv[name], self.folder,
+                                    env=self.env.get(name, {}), append_log=True)
+
+    def wait_port(self, name: str, timeout: float = 180.0) -> int:
+        try:
+            self.ports[name] = wait_port(self.children[name], timeout)
+        except ExitedBeforeServing as exc:
+            raise RuntimeError(f"{name} exited with {exc.child.process.returncode}:\n"
+                               f"{self.log(name)[-3000:]}") from None
+        return self.ports[name]
 
     def start_coordinator(self) -> int:
-        (self.folder / "ports").mkdir(exist_ok=True)
+        # --keep-serving: tests decide when it stops (it would exit once the run is assigned)
         self.argv["coordinator"] = [
-            sys.executable, "-m", "efpsn", "coordinator", "--listen", "127.0.0.1:0",
-            "--port-file", str(self.folder / "ports" / "coordinator"),
+            "efpsn", "coordinator", "--listen", "127.0.0.1:0", "--keep-serving",
             "--expected-names", ",".join(self.names), *self.tls_args,
             *config_to_args(self.config),
         ]
-        self.procs["coordinator"] = self._popen("coordinator")
-        self.ports["coordinator"] = self._wait_port("coordinator")
-        return self.ports["coordinator"]
+        self._spawn("coordinator")
+        return self.wait_port("coordinator")
 
     def start_agent(self, name: str, *, wait: bool = True) -> None:
-        port_file = self.folder / "ports" / name
-        port_file.unlink(missing_ok=True)
         self.argv[name] = [
-            sys.executable, "-m", "efpsn", "agent", "--name", name, "--listen", "127.0.0.1:0",
+            "efpsn", "agent", "--name", name, "--listen", "127.0.0.1:0",
             "--coordinator", f"127.0.0.1:{self.ports['coordinator']}",
-            "--results", str(self.folder), "--port-file", str(port_file),
-            *self.tls_args, *self.agent_args, *self.debug,
+            "--results", str(self.folder), *self.tls_args, *self.agent_args, *self.debug,
         ]
-        self.procs[name] = self._popen(name)
+        self._spawn(name)
         if wait:
-            self.ports[name] = self._wait_port(name)
+            self.wait_port(name)
 
     def start_all(self) -> None:
         self.start_coordinator()
         for name in self.names:
             self.start_agent(name, wait=False)
         for name in self.names:
-            self.ports[name] = self._wait_port(name)
+            self.wait_port(name)
 
     def restart(self, name: str, *, env: dict[str, str] | None = None) -> None:
         """Start `name` again with exactly the command line it had (and the extra environment
         `env`, which replaces the one it had: none by default)."""
         assert self.procs[name].poll() is not None, f"{name} is still running"
         self.env[name] = dict(env or {})
-        (self.folder / "ports" / name).unlink(missing_ok=True)
-        self.procs[name] = self._popen(name)
+        self._spawn(name)
 
     def signal(self, name: str, sig: int) -> None:
         os.kill(self.procs[name].pid, sig)
@@ -142,22 +132,13 @@ class LocalNet:
         self.procs[name].wait(timeout=30)
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
+        for child in self.children.values():
+            if child.running:
                 try:
-                    os.killpg(proc.pid, signal.SIGCONT)  # in case a test froze it
-                    os.killpg(proc.pid, signal.SIGTERM)
+                    os.killpg(child.process.pid, signal.SIGCONT)  # in case a test froze it
                 except ProcessLookupError:
                     pass
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait()
+        stop_children(list(self.children.values()), grace=10.0)
 
     # ------------------------------------------------------------------ observing
 

@@ -46,7 +46,7 @@ def write_state(results: Path, *, name: str = "agent2", finished: bool = False,
     store.save_assignment(registry.assignments()[name], advertise=f"127.0.0.1:{ports[name]}",
                           port=ports[name], finished=finished)
     if mask:
-        numerators = tuple(range(-5, CONFIG.N - 5))
+        numerators = tuple(range(-5, CONFIG.basis_counts()[1] - 5))
         store.save_mask(MaskCoefficients(numerators, CONFIG.precision), run_id=RUN, stats={})
     return store, ports[name], {n: f"127.0.0.1:{p}" for n, p in ports.items()}
 
@@ -124,9 +124,9 @@ def test_damaged_mask_is_refused(tmp_path: Path, capsys) -> None:
     assert err.startswith(f"agent2 cannot resume: cannot read {store.mask_path}: ")
     store.save_mask(MaskCoefficients((1, 2), CONFIG.precision), run_id=RUN, stats={})
     err = one_line_error(capsys, agent(tmp_path))
-    assert err == (f"agent2 cannot resume: no usable mask for {CONFIG.N} coefficients in "
+    assert err == (f"agent2 cannot resume: no usable mask for {CONFIG.basis_counts()[1]} coefficients in "
                    f"{store.mask_path}")
-    store.save_mask(MaskCoefficients(tuple(range(CONFIG.N)), CONFIG.precision),
+    store.save_mask(MaskCoefficients(tuple(range(CONFIG.basis_counts()[1])), CONFIG.precision),
                     run_id="another-run", stats={})
     err = one_line_error(capsys, agent(tmp_path))
     assert err.startswith(f"agent2 cannot resume: {store.mask_path} belongs to run "
@@ -171,8 +171,9 @@ def test_neighbour_unreachable_from_the_start_is_named_with_its_address(tmp_path
     # addresses where nothing listens
     import grpc
 
-    from agent.bootstrap import prepare
+    from agent.bootstrap import registration
     from agent.node import AgentFailure, AgentNode, AgentOptions
+    from agent.prepare import prepare
     from coordinator.service import serve
     from efpsn.wire.v1 import coordinator_pb2_grpc
 
@@ -198,7 +199,7 @@ def test_neighbour_unreachable_from_the_start_is_named_with_its_address(tmp_path
             async with grpc.aio.insecure_channel(address) as channel:
                 stub = coordinator_pb2_grpc.CoordinatorStub(channel)
                 await asyncio.gather(*(
-                    stub.Register(declared.request(name=n, address=f"127.0.0.1:{p}"),
+                    stub.Register(registration(declared, name=n, address=f"127.0.0.1:{p}"),
                                   timeout=30)
                     for n, p in dead.items()))
             with pytest.raises(AgentFailure) as info:

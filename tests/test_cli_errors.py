@@ -6,10 +6,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from conftest import Processes
 
 from efpsn.wire.tls import generate_certificates
 
@@ -55,78 +55,50 @@ def healthcheck(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
-def _coordinator(tmp_path: Path, name: str, *tls: str) -> tuple[subprocess.Popen, int]:
-    port_file = tmp_path / f"{name}.port"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "coordinator", "--listen", "127.0.0.1:0", "--port-file",
-         str(port_file), "--key-bits", "2048", *tls],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"coordinator exited with {proc.returncode}"
-        try:
-            return proc, int(port_file.read_text())
-        except (OSError, ValueError):
-            time.sleep(0.05)
-    raise TimeoutError("coordinator not serving")
-
-
-def test_healthcheck_exit_codes(tmp_path: Path) -> None:
+def test_healthcheck_exit_codes(tmp_path: Path, processes: Processes) -> None:
     tls_dir = tmp_path / "tls"
     generate_certificates(tls_dir, ["coordinator", "agent1"])
-    procs: list[subprocess.Popen] = []
-    try:
-        plain, plain_port = _coordinator(tmp_path, "plain", "--insecure")
-        procs.append(plain)
-        secure, secure_port = _coordinator(tmp_path, "secure", "--tls-dir", str(tls_dir))
-        procs.append(secure)
-        plain_at, secure_at = f"127.0.0.1:{plain_port}", f"127.0.0.1:{secure_port}"
+    for name, tls in (("plain", ["--insecure"]), ("secure", ["--tls-dir", str(tls_dir)])):
+        processes.start(name, ["coordinator", "--listen", "127.0.0.1:0", "--key-bits", "2048",
+                               "--keep-serving", *tls])
+    plain = processes.children["plain"].process
+    plain_at = f"127.0.0.1:{processes.port('plain')}"
+    secure_at = f"127.0.0.1:{processes.port('secure')}"
+    # 0: SERVING, on stdout
+    ok = healthcheck(plain_at)
+    assert (ok.returncode, ok.stdout, ok.stderr) == (0, f"{plain_at}: SERVING\n", "")
+    ok = healthcheck(secure_at, "--tls-dir", str(tls_dir), "--tls-name", "coordinator")
+    assert (ok.returncode, ok.stdout) == (0, f"{secure_at}: SERVING\n")
+    assert healthcheck(plain_at, "--quiet").stdout == ""
 
-        # 0: SERVING, on stdout
-        ok = healthcheck(plain_at)
-        assert (ok.returncode, ok.stdout, ok.stderr) == (0, f"{plain_at}: SERVING\n", "")
-        ok = healthcheck(secure_at, "--tls-dir", str(tls_dir), "--tls-name", "coordinator")
-        assert (ok.returncode, ok.stdout) == (0, f"{secure_at}: SERVING\n")
-        assert healthcheck(plain_at, "--quiet").stdout == ""
+    # 1: anything else, on stderr
+    for args, expected in (
+        ((plain_at, "--service", "no.such.Service"), "NOT_FOUND"),
+        ((secure_at,), "UNAVAILABLE"),  # plaintext to a TLS server
+        # the server's certificate does not carry the name we expect
+        ((secure_at, "--tls-dir", str(tls_dir), "--tls-name", "agent1"), "UNAVAILABLE"),
+    ):
+        bad = healthcheck(*args, "--timeout", "3")
+        assert bad.returncode == 1, (args, bad.stdout, bad.stderr)
+        assert bad.stdout == "" and bad.stderr.startswith(f"{args[0]}: {expected}"), (
+            args, bad.stderr)
 
-        # 1: anything else, on stderr
-        for args, expected in (
-            ((plain_at, "--service", "no.such.Service"), "NOT_FOUND"),
-            ((secure_at,), "UNAVAILABLE"),  # plaintext to a TLS server
-            # the server's certificate does not carry the name we expect
-            ((secure_at, "--tls-dir", str(tls_dir), "--tls-name", "agent1"), "UNAVAILABLE"),
-        ):
-            bad = healthcheck(*args, "--timeout", "3")
-            assert bad.returncode == 1, (args, bad.stdout, bad.stderr)
-            assert bad.stdout == "" and bad.stderr.startswith(f"{args[0]}: {expected}"), (
-                args, bad.stderr)
+    # 2: usage errors
+    for args, expected in (
+        (("localhost",), "expected HOST:PORT, got 'localhost'"),
+        ((plain_at, "--tls-dir", str(tls_dir)), "--tls-dir and --tls-name go together"),
+        ((plain_at, "--tls-dir", str(tmp_path / "none"), "--tls-name", "agent1"),
+         "cannot read the TLS files"),
+    ):
+        usage = healthcheck(*args)
+        assert usage.returncode == 2, (args, usage.stderr)
+        assert expected in usage.stderr.splitlines()[-1], (args, usage.stderr)
 
-        # 2: usage errors
-        for args, expected in (
-            (("localhost",), "expected HOST:PORT, got 'localhost'"),
-            ((plain_at, "--tls-dir", str(tls_dir)), "--tls-dir and --tls-name go together"),
-            ((plain_at, "--tls-dir", str(tmp_path / "none"), "--tls-name", "agent1"),
-             "cannot read the TLS files"),
-        ):
-            usage = healthcheck(*args)
-            assert usage.returncode == 2, (args, usage.stderr)
-            assert expected in usage.stderr.splitlines()[-1], (args, usage.stderr)
-
-        # 1 again once the server is gone
-        plain.send_signal(signal.SIGTERM)
-        plain.wait(timeout=30)
-        gone = healthcheck(plain_at, "--timeout", "2")
-        assert gone.returncode == 1 and gone.stderr.startswith(f"{plain_at}: UNAVAILABLE")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    # 1 again once the server is gone
+    plain.send_signal(signal.SIGTERM)
+    plain.wait(timeout=30)
+    gone = healthcheck(plain_at, "--timeout", "2")
+    assert gone.returncode == 1 and gone.stderr.startswith(f"{plain_at}: UNAVAILABLE")
 
 
 # ------------------------------------------------------------------------------ bad settings

@@ -10,8 +10,8 @@ import pytest
 from localnet import LocalNet
 
 from agent.state import StateStore
-from agent.summary import load_agent_results
 from efpsn.config import RunConfig
+from efpsn.launch.summary import load_agent_results
 from efpsn.simulator import run_simulation
 
 pytestmark = pytest.mark.timeout(400)
@@ -36,7 +36,7 @@ def test_adjacent_agents_crashed_at_different_checkpoints_resume(tmp_path: Path)
             net.agent_args = ["--checkpoint-every", str(EVERY[name])]
             net.start_agent(name, wait=False)
         for name in net.names:
-            net.ports[name] = net._wait_port(name)
+            net.wait_port(name)
         net.wait_round("agent2", 30, timeout=180)
         net.kill("agent2")
         net.kill("agent3")

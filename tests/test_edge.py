@@ -19,15 +19,14 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
+from harness import InProcessAgent, assigned_agents
 
-from agent.node import AgentNode, AgentOptions
-from agent.session import open_session
-from agent.status import fetch_status
+from agent.options import RefusedByNeighbour
 from coordinator.registry import Registry, default_names
 from efpsn.config import RunConfig
-from efpsn.wire import limits, serde
-from efpsn.wire.net import start_server
+from efpsn.wire import limits, rounds, serde
 from efpsn.wire.serde import Phase
+from efpsn.wire.status import fetch_status
 from efpsn.wire.tls import TlsConfig, generate_certificates
 from efpsn.wire.v1 import agent_pb2
 
@@ -40,10 +39,14 @@ PUT = "/efpsn.v1.Agent/PutRound"
 
 
 class Served:
-    """agent1 of a 5-ring at phase II round 3, served over mutual TLS on a loopback port."""
+    """agent1 of a 5-ring at phase II round 3, served over mutual TLS on a loopback port, and
+    its neighbour agent2 (not served) with its own client side."""
 
-    def __init__(self, folder: Path, node: AgentNode, port: int, server: Any) -> None:
-        self.folder, self.node, self.port, self.server = folder, node, port, server
+    def __init__(self, folder: Path, agents: dict[str, InProcessAgent]) -> None:
+        self.folder, self.agents = folder, agents
+        self.agent = agents["agent1"]
+        assert self.agent.server is not None
+        self.port = self.agent.server.port
 
     def creds(self, name: str) -> grpc.ChannelCredentials:
         tls = TlsConfig.from_dir(self.folder / "tls", name)
@@ -76,24 +79,10 @@ class Served:
 
 @asynccontextmanager
 async def serving(tmp_path: Path) -> AsyncIterator[Served]:
-    names = ["agent1", "agent2", "agent3", "agent4", "agent5", "coordinator", "mallory", "ops"]
-    generate_certificates(tmp_path / "tls", names)
-    tls = TlsConfig.from_dir(tmp_path / "tls", "agent1")
-    node = AgentNode(AgentOptions(name="agent1", listen="127.0.0.1:0", coordinator="127.0.0.1:1",
-                                  tls=tls, results_dir=tmp_path / "results"))
-    registry = Registry(CONFIG, run_id=RUN, expected_names=default_names(5))
-    for i in range(1, 6):
-        registry.register(f"agent{i}", f"127.0.0.1:{40000 + i}")
-    node._enter(await open_session(registry.assignments()["agent1"], name="agent1"))
-    node.status.phase, node.status.round = Phase.OPTIMIZE, 3
-    node.status.loss, node.status.accuracy = 0.25, 0.875
-    server = await start_server("127.0.0.1:0", add_servicers=node._add_servicers,
-                                credentials=tls.server_credentials(), rejections=node.rejections)
-    await server.set_serving(True)
-    try:
-        yield Served(tmp_path, node, server.port, server)
-    finally:
-        await server.stop(None)
+    async with assigned_agents(tmp_path, CONFIG, run_id=RUN, names=("agent1", "agent2"),
+                               serve=("agent1",), round_=3) as agents:
+        agents["agent1"].status.loss, agents["agent1"].status.accuracy = 0.25, 0.875
+        yield Served(tmp_path, agents)
 
 
 def run_served(tmp_path: Path, scenario: Callable[[Served], Awaitable[None]]) -> None:
@@ -105,7 +94,7 @@ def run_served(tmp_path: Path, scenario: Callable[[Served], Awaitable[None]]) ->
 
 
 def _round(sender: str, t: int, x: torch.Tensor) -> bytes:
-    return serde.message_to_proto({"x": x}, header=serde.make_header(
+    return rounds.message_to_proto({"x": x}, header=serde.make_header(
         run_id=RUN, sender=sender, round=t, phase=Phase.OPTIMIZE)).SerializeToString()
 
 
@@ -125,7 +114,7 @@ async def _outsider_is_refused_before_its_body_is_read(served: Served) -> None:
     assert got["PERMISSION_DENIED"] == 2, got
     got = await served.call("mallory", "/efpsn.v1.Agent/GetRound", [b"\xff" * 100])
     assert got["PERMISSION_DENIED"] == 1, got
-    assert served.node.mailbox.size() == 0
+    assert served.agent.mailbox.size() == 0
 
 
 def test_bodies_are_capped_per_method_and_by_decompressed_size(tmp_path: Path) -> None:
@@ -133,7 +122,7 @@ def test_bodies_are_capped_per_method_and_by_decompressed_size(tmp_path: Path) -
 
 
 async def _bodies_are_capped_per_method_and_by_decompressed_size(served: Served) -> None:
-    limit = served.node.session.request_limits["PutRound"]
+    limit = served.agent.session.request_limits["PutRound"]
     assert NUM_PARAMS * 8 < limit < NUM_PARAMS * 8 + 4096
     big = torch.zeros(4 * NUM_PARAMS, dtype=torch.float64)
     got = await served.call("agent2", PUT, [_round("agent2", 4, big)])
@@ -147,7 +136,7 @@ async def _bodies_are_capped_per_method_and_by_decompressed_size(served: Served)
     got = await served.call("agent2", PUT, [_round("agent2", 4, x)],
                             compression=grpc.Compression.Gzip)
     assert got["OK"] == 1, got
-    assert served.node.mailbox.has("round", 4, "agent2")
+    assert served.agent.mailbox.has("round", 4, "agent2")
 
 
 def test_health_and_reflection_refuse_garbage_by_name(tmp_path: Path) -> None:
@@ -158,7 +147,7 @@ async def _health_and_reflection_refuse_garbage_by_name(served: Served) -> None:
     got = await served.call("mallory", "/grpc.health.v1.Health/Check",
                             [b"\xff\xff\xff", b"\x0a\xff", b"\x08"] * 20)
     assert got["INVALID_ARGUMENT"] == 60 and got["UNKNOWN"] == 0, got
-    assert served.node.rejections.counts["INVALID_ARGUMENT"] == 60
+    assert served.agent.service.rejections.counts["INVALID_ARGUMENT"] == 60
     async with grpc.aio.secure_channel(
             f"127.0.0.1:{served.port}", served.creds("mallory"),
             options=[("grpc.ssl_target_name_override", "agent1")]) as channel:
@@ -192,7 +181,8 @@ async def _status_shows_private_figures_only_to_the_operator(served: Served) -> 
         assert seen is not None and seen.round == 3 and seen.phase == Phase.OPTIMIZE
         assert math.isnan(seen.loss) and math.isnan(seen.accuracy), outsider
         assert seen.run_id == "" and seen.rejections == {}
-    served.node.options = AgentOptions(**{**served.node.options.__dict__, "operator_name": "ops"})
+    service = served.agent.service
+    service.identity = dataclasses.replace(service.identity, operator="ops")
     ops = await fetch_status("agent1", address, tls=TlsConfig.from_dir(tls_dir, "ops"))
     assert ops is not None and ops.loss == 0.25
     again = await fetch_status("agent1", address, tls=TlsConfig.from_dir(tls_dir, "agent1"))
@@ -202,10 +192,11 @@ async def _status_shows_private_figures_only_to_the_operator(served: Served) -> 
 def test_request_limits_follow_the_run() -> None:
     from agent.session import legitimate_request_bytes
 
-    small = legitimate_request_bytes(CONFIG, {"x": (NUM_PARAMS,)})
-    tracked = legitimate_request_bytes(CONFIG, {"x": (13_426,), "y": (13_426,)})
+    small = legitimate_request_bytes(CONFIG, {"x": (NUM_PARAMS,)}, coefficients=11)
+    tracked = legitimate_request_bytes(CONFIG, {"x": (13_426,), "y": (13_426,)},
+                                       coefficients=11)
     assert small["PutRound"] < 70_000 and 214_816 < tracked["PutRound"] < 220_000
-    assert small["PutShares"] >= CONFIG.N * 2 * CONFIG.key_bits // 8
+    assert small["PutShares"] >= 11 * 2 * CONFIG.key_bits // 8
     assert max(small.values()) <= limits.AGENT_RECEIVE_BYTES
 
 
@@ -222,11 +213,11 @@ def test_duplicate_tensor_names_are_found_in_linear_time() -> None:
         tensors=[agent_pb2.NamedTensor(name=n, tensor=common_pb2.Tensor()) for n in names])
     started = time.thread_time()  # CPU time of this thread: other processes' load does not count
     with pytest.raises(serde.WireError, match=r"unique, got duplicates \['t029999'\]"):
-        serde.message_from_proto(pb)
+        rounds.message_from_proto(pb)
     assert time.thread_time() - started < 1.5  # linear: about 0.01 s; quadratic: seconds
     # with the run's shapes, a wrong count is refused before any name is looked at
     with pytest.raises(serde.WireError, match="got 30001 tensors"):
-        serde.message_from_proto(pb, expected_shapes={"x": (NUM_PARAMS,)})
+        rounds.message_from_proto(pb, expected_shapes={"x": (NUM_PARAMS,)})
 
 
 def test_two_names_at_one_address_are_refused_at_registration() -> None:
@@ -311,34 +302,21 @@ def test_a_neighbours_reply_is_capped_at_a_round_message(tmp_path: Path) -> None
     """A GetRound reply bigger than a round message of this run is refused by gRPC unread."""
 
     async def scenario(served: Served) -> None:
-        node = served.node
-        limit = node.session.request_limits["PutRound"]
-        x = torch.zeros(NUM_PARAMS, dtype=torch.float64)
+        agent1 = served.agent
+        limit = agent1.session.request_limits["PutRound"]
         for t, size in ((1, NUM_PARAMS), (2, 40 * NUM_PARAMS)):
-            pb = serde.message_to_proto({"x": torch.zeros(size, dtype=torch.float64) + x[0]},
-                                        header=serde.make_header(run_id=RUN, sender="agent1",
-                                                                 round=t, phase=Phase.OPTIMIZE))
-            node.outboxes.sent[t] = pb
-        # agent2's client side (its own Peers, on the same session) pulls from agent1
-        from agent.peers import Peers
-
-        tls = TlsConfig.from_dir(served.folder / "tls", "agent2")
-        peers = Peers(AgentOptions(name="agent2", listen="127.0.0.1:0",
-                                   coordinator="127.0.0.1:1", tls=tls), node.mailbox)
-        peers.session = dataclasses.replace(
-            node.session, addresses={"agent1": f"127.0.0.1:{served.port}"})
-        try:
-            stub = peers._stub("agent1")
-            header = serde.make_header(run_id=RUN, sender="agent2", round=1,
-                                       phase=Phase.OPTIMIZE)
-            reply = await stub.GetRound(agent_pb2.RoundRequest(header=header), timeout=10)
-            assert reply.available and len(reply.SerializeToString()) < limit
-            header = serde.make_header(run_id=RUN, sender="agent2", round=2,
-                                       phase=Phase.OPTIMIZE)
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                await stub.GetRound(agent_pb2.RoundRequest(header=header), timeout=10)
-            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        finally:
-            await peers.close()
+            pb = rounds.message_to_proto({"x": torch.zeros(size, dtype=torch.float64)},
+                                         header=serde.make_header(run_id=RUN, sender="agent1",
+                                                                  round=t, phase=Phase.OPTIMIZE))
+            agent1.outbox.remember(t, pb.SerializeToString())
+        # agent2's client side pulls from agent1, as a restarted agent does
+        peers = served.agents["agent2"].peers
+        loop = asyncio.get_running_loop()
+        record = await peers.pull("agent1", 1, deadline=loop.time() + 10)
+        assert record is not None and record.round == 1
+        assert len(agent1.outbox.get(1) or b"") < limit
+        with pytest.raises(RefusedByNeighbour) as info:
+            await peers.pull("agent1", 2, deadline=loop.time() + 10)
+        assert info.value.code == "RESOURCE_EXHAUSTED"
 
     run_served(tmp_path, scenario)

@@ -261,8 +261,8 @@ def test_network_check_reproduces_the_simulator_bitwise(tmp_path: Path) -> None:
                for c in summary["comparison"])
     # ... and not only by its own account: the agents' model.npy files, read here, equal a
     # simulation run here with the configuration and noise seed the check reports
-    from agent.summary import load_agent_results
     from efpsn.config import RunConfig
+    from efpsn.launch.summary import load_agent_results
     from efpsn.simulator import run_simulation
 
     config = RunConfig.from_dict(summary["config"])

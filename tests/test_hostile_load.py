@@ -22,8 +22,8 @@ import grpc
 import pytest
 from localnet import LocalNet
 
-from agent.summary import load_agent_results
 from efpsn.config import RunConfig
+from efpsn.launch.summary import load_agent_results
 from efpsn.simulator import run_simulation
 from efpsn.wire import serde
 from efpsn.wire.serde import Phase

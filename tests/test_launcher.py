@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.launcher import Child, _wait_port, stop_children
-from agent.summary import check_results
 from efpsn.cli_common import format_metrics
+from efpsn.launch.processes import Child, stop_children, wait_port
+from efpsn.launch.summary import check_results
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -93,8 +93,9 @@ def test_up_writes_a_default_results_folder_and_prints_its_metrics(tmp_path: Pat
     for name in NAMES:
         result = json.loads((tmp_path / folder / name / "result.json").read_text())
         assert result["final"]["round"] == 4 and result["run_id"] == summary["run_id"]
-        # unpacked: N = 10 encryptions per neighbour (2 on a ring) and N decryptions
-        assert result["timings"]["encryptions"] == 20 and result["timings"]["decryptions"] == 10
+        # unpacked: N = 11 encryptions per neighbour (2 on a ring) and N decryptions (the basis
+        # of the 10 last-layer biases: every affine function)
+        assert result["timings"]["encryptions"] == 22 and result["timings"]["decryptions"] == 11
     assert leftovers(str(tmp_path)) == ""
 
 
@@ -122,7 +123,8 @@ def test_agent_dying_mid_run_stops_the_network_with_its_log(tmp_path: Path) -> N
     )
     # assert: one error naming agent3 and its exit, the others stopped by the launcher
     assert out.returncode == 2, out.stderr[-3000:]
-    assert out.stderr.startswith("efpsn: error: agent3 failed (exit -9):"), out.stderr[-3000:]
+    assert out.stderr.startswith("efpsn: error: agent3: exited with code -9 without recording "
+                                 "why"), out.stderr[-3000:]
     assert "agent3 is agent index 2" in out.stderr  # the tail of agent3's log comes with it
     assert leftovers(str(tmp_path)) == ""
     for name in ("agent1", "agent2", "agent4", "agent5"):
@@ -152,7 +154,7 @@ def test_coordinator_dying_before_assignment_fails_the_launch(tmp_path: Path) ->
     finally:
         stop(proc)
     assert proc.returncode == 2, err[-3000:]
-    assert err.startswith("efpsn: error: coordinator failed:"), err[-3000:]
+    assert err.startswith("efpsn: error: the coordinator failed (exit -9):"), err[-3000:]
     assert leftovers(str(tmp_path)) == ""
     assert not (tmp_path / "summary.json").exists()
 
@@ -214,7 +216,7 @@ def test_child_that_never_serves_times_out(tmp_path: Path) -> None:
     child = _child(tmp_path, "import time; time.sleep(60)")
     try:
         with pytest.raises(TimeoutError, match="child did not start serving within 1s"):
-            _wait_port(child, timeout=1.0)
+            wait_port(child, timeout=1.0)
     finally:
         stop_children([child], grace=0.1)
     assert child.process.returncode == -signal.SIGTERM

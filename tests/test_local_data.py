@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from agent.bootstrap import prepare
 from agent.options import AgentOptions
+from agent.prepare import prepare
 from coordinator.registry import Declaration, Registry, RunCancelled
 from efpsn.config import RunConfig
 from efpsn.datadir import dirichlet_partition, load_data_dir, split_data

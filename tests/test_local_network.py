@@ -9,10 +9,6 @@ an error naming that agent, within seconds.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,11 +16,12 @@ import numpy as np
 import pytest
 from test_local_data import tabular, write_model
 
-from agent.launcher import launch_local_network
-from agent.summary import load_agent_results
-from efpsn.cli_services import config_to_args
 from efpsn.config import RunConfig
 from efpsn.datadir import load_data_dir, split_data
+from efpsn.flags import config_to_args
+from efpsn.launch.network import launch_local_network
+from efpsn.launch.processes import Child, spawn, stop_children, wait_port
+from efpsn.launch.summary import load_agent_results
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 from efpsn.tasks.local import load_local_data
@@ -60,66 +57,39 @@ def test_up_on_private_folders_equals_the_simulator_bitwise(tmp_path: Path) -> N
 # ------------------------------------------------------------------------ processes by hand
 
 
-def _python(*args: str) -> list[str]:
-    return [sys.executable, "-m", *args]
-
-
-def _wait_port(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"exited early with {proc.returncode}"
-        if path.exists() and path.read_text().strip():
-            return int(path.read_text())
-        time.sleep(0.05)
-    raise TimeoutError(path)
-
-
 def run_network(folder: Path, config: RunConfig, agent_args: dict[str, list[str]],
                 pythonpath: dict[str, Path], *, timeout: float = 240.0) -> dict[str, tuple]:
     """Coordinator + agents (plaintext, seeded noise) with per-agent flags and PYTHONPATH;
     returns {name: (exit code, log text, seconds after the first agent exited)}."""
-    logs = folder / "logs"
-    logs.mkdir(parents=True)
-    procs: dict[str, subprocess.Popen] = {}
-
-    def spawn(name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
-        with open(logs / f"{name}.log", "w") as log:
-            procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, env=env,
-                                           start_new_session=True)
+    children: list[Child] = []
     try:
-        spawn("coordinator", _python("coordinator", "--listen", "127.0.0.1:0", "--insecure",
-                                     "--port-file", str(folder / "c.port"),
-                                     *config_to_args(config)))
-        port = _wait_port(folder / "c.port", procs["coordinator"])
+        coordinator = spawn("coordinator", ["coordinator", "--listen", "127.0.0.1:0",
+                                            "--insecure", *config_to_args(config)], folder)
+        children.append(coordinator)
+        port = wait_port(coordinator, 60)
+        agents = {}
         for name, extra in agent_args.items():
-            env = {**os.environ, "PYTHONPATH": str(pythonpath[name])} if name in pythonpath \
-                else None
-            spawn(name, _python("agent", "--name", name, "--listen", "127.0.0.1:0", "--insecure",
-                                "--coordinator", f"127.0.0.1:{port}", "--insecure-noise-seed",
-                                "7", "--results", str(folder / "results"), *extra), env)
+            env = {"PYTHONPATH": str(pythonpath[name])} if name in pythonpath else None
+            agents[name] = spawn(name, ["agent", "--name", name, "--listen", "127.0.0.1:0",
+                                        "--insecure", "--coordinator", f"127.0.0.1:{port}",
+                                        "--insecure-noise-seed", "7",
+                                        "--results", str(folder / "results"), *extra],
+                                 folder, env=env)
+            children.append(agents[name])
         out: dict[str, tuple] = {}
         deadline = time.monotonic() + timeout
         first: float | None = None
-        while len(out) < len(agent_args) and time.monotonic() < deadline:
-            for name in agent_args:
-                if name not in out and procs[name].poll() is not None:
+        while len(out) < len(agents) and time.monotonic() < deadline:
+            for name, child in agents.items():
+                if name not in out and not child.running:
                     first = first or time.monotonic()
-                    out[name] = (procs[name].returncode, time.monotonic() - first)
+                    out[name] = (child.process.returncode, time.monotonic() - first)
             time.sleep(0.1)
-        assert len(out) == len(agent_args), f"agents still running after {timeout}s: " \
-            f"{sorted(set(agent_args) - set(out))}"
-        return {n: (rc, (logs / f"{n}.log").read_text(), after) for n, (rc, after) in out.items()}
+        assert len(out) == len(agents), f"agents still running after {timeout}s: " \
+            f"{sorted(set(agents) - set(out))}"
+        return {n: (rc, agents[n].log_path.read_text(), after) for n, (rc, after) in out.items()}
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        stop_children(children, grace=10.0)
 
 
 def _csv_folders(folder: Path, agents: int) -> dict[str, Path]:

@@ -19,11 +19,8 @@ from efpsn.masking import (
     NoiseSpec,
     draw_shares,
     independent_mask,
-    independent_masks,
-    no_masks,
-    zero_sum_masks,
-    zero_sum_masks_fast,
 )
+from efpsn.masks import independent_masks, no_masks, zero_sum_masks, zero_sum_masks_fast
 from efpsn.topology import Graph
 
 MAX_AGENTS = 7

@@ -25,9 +25,9 @@ import pytest
 import torch
 from netns import NetnsNetwork, can_use_netns, stop_processes
 
-from agent.summary import load_agent_results
-from efpsn.cli_services import config_to_args
 from efpsn.config import RunConfig
+from efpsn.flags import config_to_args
+from efpsn.launch.summary import load_agent_results
 from efpsn.simulator import run_simulation
 from efpsn.wire.tls import generate_certificates
 
@@ -261,9 +261,9 @@ def test_five_agents_in_five_namespaces_finish(multihost) -> None:
 def test_masks_sum_to_exactly_zero(multihost) -> None:
     results, _ = load_agent_results(multihost["folder"], NAMES)
     numerators = [[int(v) for v in r["debug_mask_numerators"]] for r in results]
-    assert all(len(row) == CONFIG.N for row in numerators)
+    assert all(len(row) == CONFIG.basis_counts()[1] for row in numerators)
     assert all(any(v != 0 for v in row) for row in numerators)  # each mask is non-trivial
-    assert [sum(col) for col in zip(*numerators, strict=True)] == [0] * CONFIG.N
+    assert [sum(col) for col in zip(*numerators, strict=True)] == [0] * CONFIG.basis_counts()[1]
 
 
 def test_final_parameters_equal_the_simulator_bitwise(multihost) -> None:

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from conftest import Processes
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from agent.launcher import launch_local_network
-from agent.summary import load_agent_results
 from efpsn.config import RunConfig
+from efpsn.launch.network import launch_local_network
+from efpsn.launch.summary import load_agent_results
 from efpsn.simulator import run_simulation
 
 pytestmark = pytest.mark.timeout(600)
@@ -53,9 +54,9 @@ def test_network_completes_both_phases_with_exactly_zero_sum_masks(dsgd_run) -> 
     assert [r["final"]["round"] for r in results] == [config.iterations] * 5
     assert {r["run_id"] for r in results} == {summary["run_id"]}
     numerators = [[int(v) for v in r["debug_mask_numerators"]] for r in results]
-    assert len(numerators[0]) == config.N
+    assert len(numerators[0]) == config.basis_counts()[1]
     assert all(any(v != 0 for v in row) for row in numerators)  # each mask is non-trivial
-    assert [sum(col) for col in zip(*numerators, strict=True)] == [0] * config.N
+    assert [sum(col) for col in zip(*numerators, strict=True)] == [0] * config.basis_counts()[1]
     # phase I really used Paillier with packing: one ciphertext per neighbour, one decryption
     for r in results:
         assert r["timings"]["encryptions"] == 2 and r["timings"]["decryptions"] == 1
@@ -87,33 +88,11 @@ def test_production_results_do_not_expose_masks(tmp_path: Path) -> None:
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
 
 
-def _wait_port(path: Path, proc: subprocess.Popen, timeout: float = 60) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"process exited early with {proc.returncode}"
-        if path.exists() and path.read_text().strip():
-            return int(path.read_text())
-        time.sleep(0.05)
-    raise TimeoutError(path)
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def _rounds(ports: dict[str, int]) -> dict[str, int | None]:
     """Each agent's phase II round (None: not in phase II or not answering), via GetStatus."""
     import asyncio
 
-    from agent.status import fetch_statuses
+    from efpsn.wire.status import fetch_statuses
 
     statuses = asyncio.run(fetch_statuses({n: f"127.0.0.1:{p}" for n, p in ports.items()},
                                           tls=None))
@@ -121,68 +100,56 @@ def _rounds(ports: dict[str, int]) -> dict[str, int | None]:
             for n in ports}
 
 
-def test_stopped_neighbour_is_named_within_the_deadline(tmp_path: Path) -> None:
+def test_stopped_neighbour_is_named_within_the_deadline(processes: Processes) -> None:
     # prepare: a 5-ring with a short round deadline and enough rounds to still be running
     timeout = 4.0
-    procs: list[subprocess.Popen] = []
-    try:
-        # plaintext: this test is about deadlines, not about TLS (which the others use)
-        coord = subprocess.Popen(
-            efpsn("coordinator", "--listen", "127.0.0.1:0", "--port-file", str(tmp_path / "c"),
-                  "--iterations", "100000", "--eval-every", "100000", "--key-bits", "2048",
-                  "--round-timeout", str(timeout), "--insecure"),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        procs.append(coord)
-        port = _wait_port(tmp_path / "c", coord)
-        agents: dict[str, subprocess.Popen] = {}
-        for name in NAMES:
-            with open(tmp_path / f"{name}.log", "w") as log:
-                agents[name] = subprocess.Popen(
-                    efpsn("agent", "--name", name, "--listen", "127.0.0.1:0", "--insecure",
-                          "--coordinator", f"127.0.0.1:{port}", "--results", str(tmp_path),
-                          "--port-file", str(tmp_path / f"{name}.port")),
-                    stdout=log, stderr=subprocess.STDOUT,
-                )
-                procs.append(agents[name])
-        ports = {n: _wait_port(tmp_path / f"{n}.port", agents[n]) for n in NAMES}
-        # wait until phase II is under way everywhere (GetStatus: OPTIMIZE, round >= 2)
-        deadline = time.monotonic() + 180
+    # plaintext: this test is about deadlines, not about TLS (which the others use)
+    processes.start("coordinator", [
+        "efpsn", "coordinator", "--listen", "127.0.0.1:0", "--iterations", "100000",
+        "--eval-every", "100000", "--key-bits", "2048", "--round-timeout", str(timeout),
+        "--insecure"])
+    port = processes.port("coordinator")
+    agents = {name: processes.start(name, [
+        "efpsn", "agent", "--name", name, "--listen", "127.0.0.1:0", "--insecure",
+        "--coordinator", f"127.0.0.1:{port}", "--results", str(processes.folder)])
+        for name in NAMES}
+    ports = {n: processes.port(n) for n in NAMES}
+    # wait until phase II is under way everywhere (GetStatus: OPTIMIZE, round >= 2)
+    deadline = time.monotonic() + 180
+    rounds = _rounds(ports)
+    while not all(r is not None and r >= 2 for r in rounds.values()):
+        assert time.monotonic() < deadline, f"phase II not under way: {rounds}"
+        assert all(a.running for a in agents.values()), rounds
+        time.sleep(0.1)
         rounds = _rounds(ports)
-        while not all(r is not None and r >= 2 for r in rounds.values()):
-            assert time.monotonic() < deadline, f"phase II not under way: {rounds}"
-            assert all(p.poll() is None for p in agents.values()), rounds
-            time.sleep(0.1)
-            rounds = _rounds(ports)
-        # execute: agent3 disappears without a word
-        agents["agent3"].kill()
-        killed_at = time.monotonic()
-        agents["agent3"].wait(timeout=10)
-        reached = _rounds({n: ports[n] for n in ("agent2", "agent4")})
-        for name in ("agent2", "agent4"):  # agent3's neighbours on the ring
-            agents[name].wait(timeout=timeout + 30)
-        elapsed = time.monotonic() - killed_at
-        # assert: its neighbours fail with a one-line error naming agent3, its address and a
-        # phase II round at or after the kill, within the deadline (+ slack)
-        for name in ("agent2", "agent4"):
-            assert agents[name].returncode == 2
-            text = (tmp_path / f"{name}.log").read_text()
-            errors = [line for line in text.splitlines() if line.startswith("efpsn: error: ")]
-            assert len(errors) == 1, text[-2000:]
-            assert f"agent3 (127.0.0.1:{ports['agent3']})" in errors[0], errors[0]
-            numbers = [int(m) for m in re.findall(r"round (\d+)", errors[0])]
-            # the round it failed to receive, or the one before it whose delivery to agent3 is
-            # confirmed during the next round (acknowledgements are off the critical path)
-            assert numbers and all(r >= (reached[name] or 0) - 1 for r in numbers), (
-                reached, errors)
-        # (no lower bound: on a loaded machine a neighbour's round deadline may have started
-        # well before the kill)
-        assert elapsed < timeout + 15
-    finally:
-        _stop(procs)
+    # execute: agent3 disappears without a word
+    agents["agent3"].process.kill()
+    killed_at = time.monotonic()
+    agents["agent3"].process.wait(timeout=10)
+    reached = _rounds({n: ports[n] for n in ("agent2", "agent4")})
+    for name in ("agent2", "agent4"):  # agent3's neighbours on the ring
+        agents[name].process.wait(timeout=timeout + 30)
+    elapsed = time.monotonic() - killed_at
+    # assert: its neighbours fail with a one-line error naming agent3, its address and a
+    # phase II round at or after the kill, within the deadline (+ slack)
+    for name in ("agent2", "agent4"):
+        assert agents[name].process.returncode == 2
+        text = agents[name].log_path.read_text()
+        errors = [line for line in text.splitlines() if line.startswith("efpsn: error: ")]
+        assert len(errors) == 1, text[-2000:]
+        assert f"agent3 (127.0.0.1:{ports['agent3']})" in errors[0], errors[0]
+        numbers = [int(m) for m in re.findall(r"round (\d+)", errors[0])]
+        # the round it failed to receive, or the one before it whose delivery to agent3 is
+        # confirmed during the next round (acknowledgements are off the critical path)
+        assert numbers and all(r >= (reached[name] or 0) - 1 for r in numbers), (
+            reached, errors)
+    # (no lower bound: on a loaded machine a neighbour's round deadline may have started
+    # well before the kill)
+    assert elapsed < timeout + 15
 
 
-def test_coordinator_serves_health_and_reflection_and_rejects_bad_runs(tmp_path: Path) -> None:
+def test_coordinator_serves_health_and_reflection_and_rejects_bad_runs(
+        tmp_path: Path, processes: Processes) -> None:
     # bad parameters are one-line errors before anything listens
     bad = subprocess.run(
         efpsn("coordinator", "--listen", "127.0.0.1:0", "--insecure",
@@ -204,13 +171,10 @@ def test_coordinator_serves_health_and_reflection_and_rejects_bad_runs(tmp_path:
     assert small_key.returncode != 0 and "2048" in small_key.stderr
 
     # plaintext health and reflection (this part of the test is about them, not about TLS)
-    proc = subprocess.Popen(
-        efpsn("coordinator", "--listen", "127.0.0.1:0", "--insecure",
-              "--port-file", str(tmp_path / "p")),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    coordinator = processes.start("coordinator", ["efpsn", "coordinator", "--listen",
+                                                  "127.0.0.1:0", "--insecure"])
     try:
-        port = _wait_port(tmp_path / "p", proc)
+        port = processes.port("coordinator")
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             health = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=10
@@ -223,8 +187,8 @@ def test_coordinator_serves_health_and_reflection_and_rejects_bad_runs(tmp_path:
             names = {s.name for s in reply.list_services_response.service}
             assert "efpsn.v1.Coordinator" in names and "grpc.health.v1.Health" in names
     finally:
-        _stop([proc])
-    assert proc.returncode == 0  # SIGTERM is a clean shutdown
+        processes.stop()
+    assert coordinator.process.returncode == 0  # SIGTERM is a clean shutdown
 
 
 def test_neither_tls_nor_insecure_is_a_one_line_error(
@@ -268,22 +232,17 @@ def test_up_fails_cleanly_on_bad_data(tmp_path: Path) -> None:
     assert not any(p.name.startswith("agent") for p in tmp_path.iterdir() if p.is_dir())
 
 
-def test_agent_stops_promptly_on_sigterm(tmp_path: Path) -> None:
+def test_agent_stops_promptly_on_sigterm(tmp_path: Path, processes: Processes) -> None:
     # An agent waiting for its coordinator (nothing listens there) is stopped the way
     # `docker stop` or an orchestrator does it: SIGTERM, and it must not linger.
-    proc = subprocess.Popen(
-        efpsn("agent", "--name", "agent1", "--listen", "127.0.0.1:0", "--insecure",
-              "--coordinator", "127.0.0.1:9", "--results", str(tmp_path),
-              "--port-file", str(tmp_path / "port")),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        _wait_port(tmp_path / "port", proc)
-        start = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
-        assert time.monotonic() - start < 10
-        assert proc.returncode == 130, out
-        assert "interrupted" in out
-    finally:
-        _stop([proc])
+    agent = processes.start("agent1", ["efpsn", "agent", "--name", "agent1", "--listen",
+                                       "127.0.0.1:0", "--insecure", "--coordinator",
+                                       "127.0.0.1:9", "--results", str(tmp_path)])
+    processes.port("agent1")
+    start = time.monotonic()
+    agent.process.send_signal(signal.SIGTERM)
+    agent.process.wait(timeout=30)
+    assert time.monotonic() - start < 10
+    out = agent.log_path.read_text()
+    assert agent.process.returncode == 130, out
+    assert "interrupted" in out

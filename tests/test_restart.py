@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from localnet import LocalNet
 
-from agent.summary import load_agent_results
 from efpsn.config import RunConfig
+from efpsn.launch.summary import load_agent_results
 from efpsn.simulator import run_simulation
 
 pytestmark = pytest.mark.timeout(900)
@@ -167,7 +167,7 @@ def test_masks_still_sum_to_exactly_zero(fault_run) -> None:
     numerators = [[int(v) for v in r["debug_mask_numerators"]] for r in results]
     assert all(any(v != 0 for v in row) for row in numerators)
     config = fault_run["config"]
-    assert [sum(col) for col in zip(*numerators, strict=True)] == [0] * config.N
+    assert [sum(col) for col in zip(*numerators, strict=True)] == [0] * config.basis_counts()[1]
     sim = run_simulation(config.replace(iterations=1), noise_seed=NOISE_SEED)
     assert numerators == [list(m.numerators) for m in sim.masks]
 

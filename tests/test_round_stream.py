@@ -20,17 +20,16 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
+from harness import InProcessAgent, assigned_agents
 
-from agent.node import AgentNode, AgentOptions
 from agent.options import RefusedByNeighbour
+from agent.outbox import Outbox
 from agent.round_stream import METHOD, RoundStream, StreamBroken
-from agent.session import open_session
-from coordinator.registry import Registry, default_names
 from efpsn.config import RunConfig
-from efpsn.wire import guard, serde
-from efpsn.wire.net import open_channel, start_server
+from efpsn.wire import guard, rounds, serde
+from efpsn.wire.net import open_channel
 from efpsn.wire.serde import Phase
-from efpsn.wire.tls import TlsConfig, generate_certificates
+from efpsn.wire.tls import TlsConfig
 from efpsn.wire.v1 import agent_pb2
 
 RUN = "stream-run"
@@ -40,16 +39,22 @@ START = 4  # the receiver's current round
 
 @dataclass
 class Pair:
-    receiver: AgentNode  # agent1, serving, in phase II at round START
-    sender: AgentNode  # agent2, its neighbour (not serving: it only sends)
+    receiver: InProcessAgent  # agent1, serving, in phase II at round START
+    sender: InProcessAgent  # agent2, its neighbour (not serving: it only sends)
     tls_dir: Path
-    address: str
-    shape: tuple[int, ...]
+
+    @property
+    def address(self) -> str:
+        return self.receiver.address
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.receiver.session.message_shapes["x"]
 
     def message(self, t: int, *, sender: str = "agent2", run: str = RUN,
                 value: float = 1.0) -> agent_pb2.RoundMessage:
         x = torch.full(self.shape, value + t, dtype=torch.float64)
-        return serde.message_to_proto({"x": x}, header=serde.make_header(
+        return rounds.message_to_proto({"x": x}, header=serde.make_header(
             run_id=run, sender=sender, round=t, phase=Phase.OPTIMIZE))
 
     def channel(self, who: str) -> grpc.aio.Channel:
@@ -62,35 +67,22 @@ class Pair:
 async def serving_pair() -> AsyncIterator[Pair]:
     """agent1 serving in phase II, and agent2 (its neighbour) ready to send to it."""
     folder = Path(tempfile.mkdtemp(prefix="efpsn-stream-"))
-    tls_dir = folder / "tls"
-    generate_certificates(tls_dir, ["agent1", "agent2", "agent3", "agent4", "intruder"])
-    registry = Registry(CONFIG, run_id=RUN, expected_names=default_names(4))
-    receiver = AgentNode(AgentOptions(name="agent1", listen="127.0.0.1:0",
-                                      coordinator="127.0.0.1:1",
-                                      tls=TlsConfig.from_dir(tls_dir, "agent1"),
-                                      results_dir=folder / "r1"))
-    receiver.server = await start_server(
-        "127.0.0.1:0", add_servicers=receiver._add_servicers,
-        credentials=receiver.options.tls.server_credentials(), rejections=receiver.rejections)
-    address = f"127.0.0.1:{receiver.server.port}"
-    for i in (1, 2, 3, 4):
-        registry.register(f"agent{i}", address if i == 1 else f"127.0.0.1:{40000 + i}")
-    assignments = registry.assignments()
-    receiver._enter(await open_session(assignments["agent1"], name="agent1"))
-    receiver.status.phase, receiver.status.round = Phase.OPTIMIZE, START
-    sender = AgentNode(AgentOptions(name="agent2", listen="127.0.0.1:0",
-                                    coordinator="127.0.0.1:1",
-                                    tls=TlsConfig.from_dir(tls_dir, "agent2"),
-                                    results_dir=folder / "r2"))
-    sender._enter(await open_session(assignments["agent2"], name="agent2"))
-    # agent2's neighbour agent1 is at `address` (the registry saw agent1 register there)
-    assert sender.session is not None and sender.session.addresses["agent1"] == address
     try:
-        yield Pair(receiver, sender, tls_dir, address, receiver.session.message_shapes["x"])
+        async with assigned_agents(folder, CONFIG, run_id=RUN, names=("agent1", "agent2"),
+                                   serve=("agent1",), round_=START) as agents:
+            # agent2's neighbour agent1 is at its served address
+            assert agents["agent2"].session.addresses["agent1"] == agents["agent1"].address
+            yield Pair(agents["agent1"], agents["agent2"], folder / "tls")
     finally:
-        await sender.peers.close()
-        await receiver.server.stop(0)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _outbox(*messages: agent_pb2.RoundMessage) -> Outbox:
+    """My sent round messages, as the exchange keeps them."""
+    outbox = Outbox(keep=8)
+    for m in messages:
+        outbox.remember(m.header.round, m.SerializeToString())
+    return outbox
 
 
 def in_pair(test: Callable[..., Awaitable[None]]) -> Callable[..., None]:
@@ -142,8 +134,8 @@ async def test_rounds_are_acknowledged_in_order_and_filed(pair: Pair) -> None:
     mailbox = pair.receiver.mailbox
     assert mailbox.has("round", START, "agent2") and mailbox.has("round", START + 1, "agent2")
     # the digest filed with the message is the one a retry is compared with
-    assert mailbox.digest("round", START, "agent2") == serde.round_digest(first)
-    assert not pair.receiver.rejections.counts
+    assert pair.receiver.ledger.digest("agent2", START) == rounds.round_digest(first)
+    assert not pair.receiver.service.rejections.counts
 
 
 @pytest.mark.parametrize("who", ["intruder", "agent3"])
@@ -167,7 +159,7 @@ async def test_outsider_is_refused_before_anything_is_read(
     assert (answer, code) == (None, "PERMISSION_DENIED")
     assert f"certificate is for ['{who}'], not a neighbour of agent1" in details
     assert reads == []  # refused at admission, before the first message was read
-    assert pair.receiver.rejections.counts == {"PERMISSION_DENIED": 1}
+    assert pair.receiver.service.rejections.counts == {"PERMISSION_DENIED": 1}
     assert pair.receiver.mailbox.size() == 0
 
 
@@ -196,7 +188,7 @@ async def test_first_refusal_ends_the_stream_with_put_rounds_status(pair: Pair) 
     finally:
         await channel.close()
     assert not pair.receiver.mailbox.has("round", START + 1, "agent2")
-    assert sum(pair.receiver.rejections.counts.values()) == len(cases)
+    assert sum(pair.receiver.service.rejections.counts.values()) == len(cases)
 
 
 @in_pair
@@ -208,7 +200,7 @@ async def test_a_broken_stream_is_mended_with_put_round(pair: Pair) -> None:
     # stream (UNAVAILABLE); repair delivers that round with PutRound, retried until the
     # receiver has moved on
     ahead = pair.message(START + 2)
-    await peers.send_round("agent1", ahead, ahead.SerializeToString(), timeout=10.0)
+    await peers.send_round("agent1", START + 2, ahead.SerializeToString(), timeout=10.0)
     stream = peers._streams["agent1"]
     await _until(lambda: stream.broken is not None, timeout=10)
     assert isinstance(stream.broken, grpc.aio.AioRpcError)
@@ -217,31 +209,32 @@ async def test_a_broken_stream_is_mended_with_put_round(pair: Pair) -> None:
 
     async def advance() -> None:
         await asyncio.sleep(0.5)
-        pair.receiver.status.round = START + 1
+        pair.receiver.ledger.advance(START + 1)
 
     mover = asyncio.ensure_future(advance())
     loop = asyncio.get_running_loop()
-    await peers.repair({START + 2: ahead}, deadline=loop.time() + 10)
+    await peers.repair(_outbox(ahead), deadline=loop.time() + 10)
     await mover
     assert pair.receiver.mailbox.has("round", START + 2, "agent2")
     assert "agent1" not in peers._streams  # the next round opens a new stream
     # a round the neighbour has confirmed (its next round arrived) is not sent again
     nxt = pair.message(START + 3)
-    await peers.send_round("agent1", nxt, nxt.SerializeToString(), timeout=10.0)
+    await peers.send_round("agent1", START + 3, nxt.SerializeToString(), timeout=10.0)
     stream = peers._streams["agent1"]
     await _until(lambda: stream.broken is not None, timeout=10)  # ahead again
-    mailbox.put("round", START + 4, "agent1", {}, b"confirms round START+3")
-    rejected_before = sum(pair.receiver.rejections.counts.values())
-    await peers.repair({START + 3: nxt}, deadline=loop.time() + 10)
-    assert sum(pair.receiver.rejections.counts.values()) == rejected_before  # nothing sent
+    pair.sender.ledger.advance(START + 3)
+    pair.sender.ledger.judge("agent1", START + 4, b"confirms round START+3")
+    rejected_before = sum(pair.receiver.service.rejections.counts.values())
+    await peers.repair(_outbox(nxt), deadline=loop.time() + 10)
+    assert sum(pair.receiver.service.rejections.counts.values()) == rejected_before  # nothing sent
     # a message the receiver refuses for good: repair raises, naming the neighbour and the
     # reason exactly as PutRound reports it
     bad = pair.message(START + 2, value=9.0)
-    await peers.send_round("agent1", bad, bad.SerializeToString(), timeout=10.0)
+    await peers.send_round("agent1", START + 2, bad.SerializeToString(), timeout=10.0)
     stream = peers._streams["agent1"]
     await _until(lambda: stream.broken is not None, timeout=10)
     with pytest.raises(RefusedByNeighbour) as info:
-        await peers.repair({START + 2: bad}, deadline=loop.time() + 10)
+        await peers.repair(_outbox(bad), deadline=loop.time() + 10)
     assert info.value.code == "INVALID_ARGUMENT"
     assert str(info.value).startswith(
         f"sending OPTIMIZE round {START + 2} to neighbour agent1 ({pair.address}) was refused: "
@@ -265,7 +258,7 @@ async def test_a_write_on_an_ended_stream_goes_by_put_round(pair: Pair) -> None:
     # Peers: a stream that ended before the write -> this round by PutRound at once
     peers._streams["agent1"] = garbage_stream
     message = pair.message(START)
-    await peers.send_round("agent1", message, message.SerializeToString(), timeout=10.0)
+    await peers.send_round("agent1", START, message.SerializeToString(), timeout=10.0)
     assert pair.receiver.mailbox.has("round", START, "agent2")
 
 

@@ -30,23 +30,25 @@ import numpy as np
 import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from harness import assigned_agents
 from hypothesis import HealthCheck, given, settings
 from hypothesis import Phase as HPhase
 from hypothesis import strategies as st
 from localnet import LocalNet
 
-from agent.node import AgentNode, AgentOptions, AgentService
-from agent.session import open_session
-from agent.summary import load_agent_results
+from agent.ledger import RoundLedger
+from agent.servicer import ShareCheck
 from coordinator.registry import Registry, default_names
 from coordinator.service import CoordinatorService
 from efpsn import paillier
 from efpsn.config import RunConfig
+from efpsn.launch.summary import load_agent_results
 from efpsn.masking import Masker
 from efpsn.simulator import run_simulation
+from efpsn.wire import rounds as wire_rounds
 from efpsn.wire import serde
 from efpsn.wire.serde import Phase
-from efpsn.wire.tls import TlsConfig, generate_certificates
+from efpsn.wire.tls import generate_certificates
 from efpsn.wire.v1 import agent_pb2, common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 pytestmark = pytest.mark.timeout(600)
@@ -74,6 +76,7 @@ class FakeContext:
         self._auth = auth
         self.code: grpc.StatusCode | None = None
         self.details = ""
+        self.trailing: tuple = ()
 
     def auth_context(self) -> dict[str, list[bytes]]:
         return self._auth
@@ -91,6 +94,9 @@ class FakeContext:
     def invocation_metadata(self) -> tuple:
         return ()
 
+    def set_trailing_metadata(self, metadata: tuple) -> None:
+        self.trailing = tuple(metadata)
+
 
 def _auth(identity: str, pems: dict[str, bytes]) -> dict[str, list[bytes]]:
     if identity == "plaintext":
@@ -105,46 +111,41 @@ class Harness:
     """One event loop, one agent (agent1 of a 5-ring in phase II round 5), one coordinator."""
 
     def __init__(self, folder: Path) -> None:
-        names = ["agent1", "agent2", "agent3", "agent4", "agent5", "coordinator", "intruder"]
-        generate_certificates(folder / "tls", names)
-        self.pems = {n: (folder / "tls" / f"{n}.pem").read_bytes() for n in names}
         self.loop = asyncio.new_event_loop()
-        tls = TlsConfig.from_dir(folder / "tls", "agent1")
-        self.node = AgentNode(AgentOptions(
-            name="agent1", listen="127.0.0.1:0", coordinator="127.0.0.1:1", tls=tls,
-            results_dir=folder / "results",
-        ))
-        registry = Registry(CONFIG, run_id=RUN, expected_names=default_names(5))
-        for i in range(1, 6):
-            registry.register(f"agent{i}", f"127.0.0.1:{40000 + i}")
-        assignment = registry.assignments()["agent1"]
-        node = self.node
-        node._enter(self.loop.run_until_complete(open_session(assignment, name="agent1")))
-        problem = node.session.problem
-        node.masker = Masker(agent=0, neighbours=[1, 4], spec=problem.noise_spec,
+        self._context = assigned_agents(folder, CONFIG, run_id=RUN, names=("agent1",),
+                                        serve=(), round_=0)
+        self.parts = self.loop.run_until_complete(self._context.__aenter__())["agent1"]
+        names = ["agent1", "agent2", "agent3", "agent4", "agent5", "coordinator", "intruder"]
+        self.pems = {n: (folder / "tls" / f"{n}.pem").read_bytes() for n in names}
+        problem = self.parts.session.problem
+        self.coefficients = problem.N
+        self.masker = Masker(agent=0, neighbours=[1, 4], spec=problem.noise_spec,
                              rng=np.random.default_rng(0), layout=problem.layout, key_bits=2048)
-        node.status.phase = Phase.OPTIMIZE
-        node.status.round = CURRENT_ROUND
-        self.agent = AgentService(node)
+        self.agent = self.parts.service
+        self.agent.shares = ShareCheck(public_key=self.masker.public_key,
+                                       count=self.masker.ciphertexts_per_neighbour)
         x = torch.linspace(-1, 1, NUM_PARAMS, dtype=torch.float64)
         for t in range(CURRENT_ROUND + 1):
-            mine = serde.message_to_proto({"x": x + t}, header=serde.make_header(
+            mine = wire_rounds.message_to_proto({"x": x + t}, header=serde.make_header(
                 run_id=RUN, sender="agent1", round=t, phase=Phase.OPTIMIZE))
-            node.outboxes.remember(t, mine, mine.SerializeToString())
+            self.parts.outbox.remember(t, mine.SerializeToString())
         # neighbours' messages of earlier rounds were consumed: only their digests remain
         self.valid_rounds: list[agent_pb2.RoundMessage] = []
-        for sender in ("agent2", "agent5"):
-            for t in range(CURRENT_ROUND + 2):
-                pb = serde.message_to_proto({"x": x * (t + 1)}, header=serde.make_header(
+        for t in range(CURRENT_ROUND + 2):
+            for sender in ("agent2", "agent5"):
+                pb = wire_rounds.message_to_proto({"x": x * (t + 1)}, header=serde.make_header(
                     run_id=RUN, sender=sender, round=t, phase=Phase.OPTIMIZE))
                 self.valid_rounds.append(pb)
                 if t < CURRENT_ROUND:
-                    node.mailbox.put("round", t, sender, {}, serde.round_digest(pb))
-        node.mailbox.discard_before("round", CURRENT_ROUND)
+                    self.parts.ledger.judge(sender, t, wire_rounds.round_digest(pb))
+            if t < CURRENT_ROUND:
+                self.parts.ledger.advance(t + 1)
+        self.valid_rounds.sort(key=lambda pb: (pb.header.sender, pb.header.round))
+        self.parts.status.round = CURRENT_ROUND
         # phase I material: the agent's own key, a neighbour-sized valid key, crafted ciphertexts
-        own = node.masker.public_key
+        own = self.masker.public_key
         self.own_fp = paillier.fingerprint(own)
-        self.p = node.masker._private_key.p
+        self.p = self.masker._private_key.p
         other_pub, _ = paillier.generate_keypair(2048)
         small_pub, _ = paillier.generate_keypair(1024, allow_insecure=True)
         self.key_ns = [other_pub.n, small_pub.n, own.n, other_pub.n + 1, 2**2048 - 1,
@@ -158,6 +159,10 @@ class Harness:
             CoordinatorService(Registry(CONFIG, run_id=RUN), register_timeout=0.0,
                                tls_required=False),
         ]
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self._context.__aexit__(None, None, None))
+        self.loop.close()
 
     def call(self, service: str, method: Any, request: Any, identity: str) -> Any:
         context = FakeContext(_auth(identity, self.pems))
@@ -177,7 +182,7 @@ class Harness:
 def harness(tmp_path_factory: pytest.TempPathFactory) -> Harness:
     h = Harness(tmp_path_factory.mktemp("fuzz"))
     yield h
-    h.loop.close()
+    h.close()
 
 
 # ----------------------------------------------------------------------------- strategies
@@ -280,7 +285,7 @@ def share_messages(draw: st.DrawFn, h: Harness) -> agent_pb2.SharesMessage:
     batch = common_pb2.CiphertextBatch(
         key_fingerprint=draw(st.sampled_from([h.own_fp, b"\x00" * 32, b""])
                              | st.binary(max_size=40)),
-        ciphertexts=cts, num_coefficients=draw(st.sampled_from([CONFIG.N, 0, 1, 2**32 - 1])),
+        ciphertexts=cts, num_coefficients=draw(st.sampled_from([h.coefficients, 0, 1, 2**32 - 1])),
         packed=draw(st.booleans()),
     )
     return agent_pb2.SharesMessage(header=draw(headers(Phase.SHARES)), batch=batch)
@@ -298,7 +303,7 @@ FUZZ = settings(max_examples=PER_SERVICE // 5 + 50, deadline=None, database=None
 def _round(h: Harness, sender: str, t: int, x: torch.Tensor | None = None, *,
            run: str = RUN, dtype: torch.dtype = torch.float64) -> agent_pb2.RoundMessage:
     x = torch.zeros(NUM_PARAMS, dtype=torch.float64) if x is None else x
-    return serde.message_to_proto({"x": x.to(dtype)}, header=serde.make_header(
+    return wire_rounds.message_to_proto({"x": x.to(dtype)}, header=serde.make_header(
         run_id=run, sender=sender, round=t, phase=Phase.OPTIMIZE))
 
 
@@ -308,7 +313,7 @@ def _shares(h: Harness, cts: list[int], fp: bytes | None = None) -> agent_pb2.Sh
         batch=common_pb2.CiphertextBatch(
             key_fingerprint=h.own_fp if fp is None else fp,
             ciphertexts=[c.to_bytes((c.bit_length() + 7) // 8 or 1, "big") for c in cts],
-            num_coefficients=CONFIG.N, packed=True))
+            num_coefficients=h.coefficients, packed=True))
 
 
 def _key(n: int, *, good_fp: bool = True) -> agent_pb2.PublicKeyMessage:
@@ -326,10 +331,10 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
     a = h.agent
     nan = torch.zeros(NUM_PARAMS, dtype=torch.float64)
     nan[17] = float("nan")
-    wrong_shape = serde.message_to_proto(
+    wrong_shape = wire_rounds.message_to_proto(
         {"x": torch.zeros(3, dtype=torch.float64)}, header=serde.make_header(
             run_id=RUN, sender="agent2", round=5, phase=Phase.OPTIMIZE))
-    own_n = h.node.masker.public_key.n
+    own_n = h.masker.public_key.n
     cases = [
         # (method, request, caller identity, code, words in the message)
         (a.PutRound, _round(h, "agent2", 5), "no-cert", "UNAUTHENTICATED", "client certificate"),
@@ -387,14 +392,17 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
         h.loop.run_until_complete(a.PutRound(Undecodable("efpsn.v1.RoundMessage", "bad"),
                                              context))
     assert context.code == SC.INVALID_ARGUMENT and "not a valid" in context.details
-    counted = dict(h.node.rejections.counts)
+    counted = dict(h.agent.rejections.counts)
     assert counted["PERMISSION_DENIED"] == 3 and counted["UNAUTHENTICATED"] == 1
 
     # After a restart (mask and phase I digests reloaded, resumed at round 5, no memory of the
     # rounds before): retries the crash may have left unacknowledged are acked, others refused.
-    node = h.node
-    node.phase_one_restored, node.resumed_from, node.masker = True, CURRENT_ROUND, None
-    node.mailbox.forget_before("round", CURRENT_ROUND)
+    service = h.agent
+    service.phase_one.restore(service.phase_one.received())
+    service.shares = None
+    restarted = RoundLedger(last=CONFIG.iterations, keep=128, position=CURRENT_ROUND,
+                            resumed_from=CURRENT_ROUND)
+    service.attach(h.parts.session, restarted)
 
     def outcome(method: Any, request: Any) -> tuple[str, str]:
         context = FakeContext(_auth("agent2", h.pems))
@@ -410,11 +418,10 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
     assert code == "FAILED_PRECONDITION" and "not the one it received" in details
     assert outcome(a.PutRound, _round(h, "agent2", 2)) == (
         "OK", "round consumed before this agent restarted")
-    node.resumed_from = None
+    restarted.resumed_from = None
     code, details = outcome(a.PutRound, _round(h, "agent2", 2))
     assert code == "FAILED_PRECONDITION" and "older than the rounds it remembers" in details
-    h.loop.close()
-
+    h.close()
 
 
 def test_fuzz_agent_service_in_process(harness: Harness) -> None:
@@ -448,18 +455,20 @@ def test_fuzz_agent_service_in_process(harness: Harness) -> None:
     sent = COUNTS["agent"] - before
     codes = dict(CODES["agent"])
     print(f"\nagent servicer fuzz: {sent} requests in {time.perf_counter() - started:.1f}s; "
-          f"outcomes {codes}; rejections counted by the agent {dict(h.node.rejections.counts)}")
+          f"outcomes {codes}; rejections counted by the agent {dict(h.agent.rejections.counts)}")
     assert sent >= PER_SERVICE
-    assert "INTERNAL" not in h.node.rejections.counts and "UNKNOWN" not in codes
+    assert "INTERNAL" not in h.agent.rejections.counts and "UNKNOWN" not in codes
     # every outcome class was reached, including acceptance of a neighbour's valid message
     for code in ("OK", "INVALID_ARGUMENT", "PERMISSION_DENIED", "UNAUTHENTICATED"):
         assert codes.get(code, 0) > 0, codes
     # the agent's state is still its own: bounded buffers, same round, same history
-    node = h.node
-    assert node.status.round == CURRENT_ROUND and node.session is not None
-    assert node.mailbox.size() <= 2 * 2 + 2 * 2  # rounds 5-6 and phase I, per neighbour
-    assert sorted(node.outboxes.sent) == list(range(CURRENT_ROUND + 1))
-    assert sum(node.rejections.counts.values()) == sum(v for k, v in codes.items() if k != "OK")
+    parts = h.parts
+    assert parts.status.round == CURRENT_ROUND and parts.ledger.position == CURRENT_ROUND
+    assert parts.mailbox.size() <= 2 * 2 + 2 * 2  # rounds 5-6 and phase I, per neighbour
+    assert [t for t in range(CURRENT_ROUND + 3) if parts.outbox.get(t) is not None] == list(
+        range(CURRENT_ROUND + 1))
+    assert sum(h.agent.rejections.counts.values()) == sum(v for k, v in codes.items()
+                                                          if k != "OK")
 
 
 def test_fuzz_coordinator_service_in_process(harness: Harness) -> None:
@@ -647,7 +656,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
         def rounds_message(sender: str, run: str) -> bytes:
             x = torch.zeros(NUM_PARAMS, dtype=torch.float64)
-            return serde.message_to_proto({"x": x}, header=serde.make_header(
+            return wire_rounds.message_to_proto({"x": x}, header=serde.make_header(
                 run_id=run, sender=sender, round=at_round, phase=Phase.OPTIMIZE)
             ).SerializeToString()
 
@@ -815,4 +824,5 @@ def test_run_finishes_bitwise_after_the_attack(live: dict[str, Any]) -> None:
     sim = run_simulation(LIVE, noise_seed=LIVE_SEED)
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
     numerators = [[int(v) for v in r["debug_mask_numerators"]] for r in results]
-    assert [sum(col) for col in zip(*numerators, strict=True)] == [0] * LIVE.N
+    assert [sum(col) for col in zip(*numerators, strict=True)] == [0] * len(numerators[0])
+    assert len(numerators[0]) == sim.masks[0].num_coefficients

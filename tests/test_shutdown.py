@@ -28,7 +28,7 @@ def test_a_cancellation_arriving_with_a_message_is_not_swallowed() -> None:
         mailbox = Mailbox()
         task = asyncio.ensure_future(mailbox.collect("round", 1, ["agent2"], timeout=30))
         await asyncio.sleep(0.01)  # waiting for agent2
-        mailbox.put("round", 1, "agent2", "x", b"digest")
+        mailbox.put("round", 1, "agent2", "x")
         task.cancel()  # in the same loop iteration as the message
         try:
             await task

@@ -61,7 +61,7 @@ def test_history_and_metrics_are_recorded(problem) -> None:
         assert key in result.final
     assert result.history[-1]["loss"] < result.history[0]["loss"]
     payload = result.to_json()
-    assert payload["masks"]["numerator_sums"] == ["0"] * problem.config.N
+    assert payload["masks"]["numerator_sums"] == ["0"] * problem.N
     json.dumps(payload, allow_nan=False)
 
 

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from efpsn.wire import limits, serde
+from efpsn.wire import limits, rounds, serde
 from efpsn.wire.serde import Phase, WireError
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
@@ -344,12 +344,12 @@ def test_round_digest_is_the_content_not_the_header() -> None:
     retry is compared with); it ignores the header and changes with any name, dtype, shape or
     byte of the tensors."""
     x = torch.arange(6, dtype=torch.float64)
-    base = serde.message_to_proto({"x": x}, header=_header())
-    tensors, digest = serde.decode_round_message(base)
-    assert digest == serde.round_digest(base) and torch.equal(tensors["x"], x)
-    other_header = serde.message_to_proto({"x": x}, header=serde.make_header(
+    base = rounds.message_to_proto({"x": x}, header=_header())
+    tensors, digest = rounds.decode_round_message(base)
+    assert digest == rounds.round_digest(base) and torch.equal(tensors["x"], x)
+    other_header = rounds.message_to_proto({"x": x}, header=serde.make_header(
         run_id="another-run", sender="agent9", round=77, phase=Phase.OPTIMIZE))
-    assert serde.round_digest(other_header) == digest
+    assert rounds.round_digest(other_header) == digest
     variants = [
         {"y": x},  # name
         {"x": x.reshape(2, 3)},  # shape (same bytes)
@@ -359,7 +359,7 @@ def test_round_digest_is_the_content_not_the_header() -> None:
     ]
     seen = {digest}
     for variant in variants:
-        digest_of = serde.round_digest(serde.message_to_proto(variant, header=_header()))
+        digest_of = rounds.round_digest(rounds.message_to_proto(variant, header=_header()))
         assert digest_of not in seen, variant
         seen.add(digest_of)
     # length-prefixed fields: moving bytes between name and dtype changes the digest
@@ -367,15 +367,15 @@ def test_round_digest_is_the_content_not_the_header() -> None:
         name="xf", tensor=common_pb2.Tensor(dtype="loat64", shape=[0]))])
     b = agent_pb2.RoundMessage(tensors=[agent_pb2.NamedTensor(
         name="x", tensor=common_pb2.Tensor(dtype="float64", shape=[0]))])
-    assert serde.round_digest(a) != serde.round_digest(b)
+    assert rounds.round_digest(a) != rounds.round_digest(b)
 
 
 def test_round_message_round_trip_sorted_by_name() -> None:
     message = {"y": torch.full((3,), -1.5, dtype=torch.float64),
                "x": torch.arange(3, dtype=torch.float64)}
-    pb = serde.message_to_proto(message, header=_header())
+    pb = rounds.message_to_proto(message, header=_header())
     assert [t.name for t in pb.tensors] == ["x", "y"]
-    back = serde.message_from_proto(pb, expected_shapes={"x": (3,), "y": (3,)})
+    back = rounds.message_from_proto(pb, expected_shapes={"x": (3,), "y": (3,)})
     assert list(back) == ["x", "y"]
     assert all(torch.equal(back[k], message[k]) for k in message)
 
@@ -387,17 +387,17 @@ def test_bad_round_messages_are_rejected() -> None:
             header=_header(), tensors=[agent_pb2.NamedTensor(name=n, tensor=t) for n in names]
         )
     with pytest.raises(WireError, match="unique"):
-        serde.message_from_proto(msg("x", "x"))
+        rounds.message_from_proto(msg("x", "x"))
     with pytest.raises(WireError, match="sorted"):
-        serde.message_from_proto(msg("y", "x"))
+        rounds.message_from_proto(msg("y", "x"))
     with pytest.raises(WireError, match="non-empty"):
-        serde.message_from_proto(msg(""))
+        rounds.message_from_proto(msg(""))
     with pytest.raises(WireError, match=r"must carry tensors \['x', 'y'\]"):
-        serde.message_from_proto(msg("x"), expected_shapes={"x": (2,), "y": (2,)})
+        rounds.message_from_proto(msg("x"), expected_shapes={"x": (2,), "y": (2,)})
     with pytest.raises(WireError, match=r"tensor 'x': tensor shape must be \[3\]"):
-        serde.message_from_proto(msg("x"), expected_shapes={"x": (3,)})
+        rounds.message_from_proto(msg("x"), expected_shapes={"x": (3,)})
     with pytest.raises(WireError, match="non-empty strings"):
-        serde.message_to_proto({"": torch.zeros(1)}, header=_header())
+        rounds.message_to_proto({"": torch.zeros(1)}, header=_header())
 
 
 # ------------------------------------------------------------------------------ run parameters
@@ -550,7 +550,7 @@ class _RecordingAgent(agent_pb2_grpc.AgentServicer):
     ) -> common_pb2.Ack:
         try:
             header = serde.validate_header(request.header, run_id="run-1", phase=Phase.OPTIMIZE)
-            tensors = serde.message_from_proto(request)
+            tensors = rounds.message_from_proto(request)
         except WireError as exc:
             return common_pb2.Ack(accepted=False, detail=str(exc))
         self.received.append(tensors)
@@ -596,7 +596,7 @@ def test_grpc_smoke_put_round_health_and_limits() -> None:
                 stub = agent_pb2_grpc.AgentStub(channel)
                 x = torch.linspace(-1, 1, 13_426, dtype=torch.float64)
                 y = torch.full((13_426,), math.nan, dtype=torch.float64)
-                ack = await stub.PutRound(serde.message_to_proto({"x": x, "y": y},
+                ack = await stub.PutRound(rounds.message_to_proto({"x": x, "y": y},
                                                                  header=_header()), timeout=5)
                 assert ack.accepted and ack.detail == "round 3"
                 assert torch.equal(agent.received[0]["x"], x)
@@ -604,14 +604,14 @@ def test_grpc_smoke_put_round_health_and_limits() -> None:
 
                 wrong_run = serde.make_header(run_id="other", sender="agent2", round=3,
                                               phase=Phase.OPTIMIZE)
-                nack = await stub.PutRound(serde.message_to_proto({"x": x}, header=wrong_run),
+                nack = await stub.PutRound(rounds.message_to_proto({"x": x}, header=wrong_run),
                                            timeout=5)
                 assert not nack.accepted and "expected run 'run-1'" in nack.detail
 
                 # one element past the cap: the client refuses to send it
                 huge = torch.zeros(limits.MAX_MESSAGE_BYTES // 8 + 1, dtype=torch.float64)
                 with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await stub.PutRound(serde.message_to_proto({"x": huge}, header=_header()),
+                    await stub.PutRound(rounds.message_to_proto({"x": huge}, header=_header()),
                                         timeout=30)
                 assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                 assert "larger than max" in (info.value.details() or "")
@@ -634,7 +634,7 @@ def test_grpc_server_rejects_oversize_message() -> None:
                 stub = agent_pb2_grpc.AgentStub(channel)
                 big = torch.zeros((1 << 20) // 8 + 1, dtype=torch.float64)
                 with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await stub.PutRound(serde.message_to_proto({"x": big}, header=_header()),
+                    await stub.PutRound(rounds.message_to_proto({"x": big}, header=_header()),
                                         timeout=10)
                 assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                 assert re.search(r"larger than max \(\d+ vs\. 1048576\)", info.value.details())

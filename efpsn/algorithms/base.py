@@ -47,7 +47,8 @@ class Algorithm(Protocol):
     """A decentralized algorithm as a sans-I/O state machine."""
 
     name: str
-    message_keys: tuple[str, ...]
+    state_keys: tuple[str, ...]  # the tensors of its state (what a checkpoint holds)
+    message_keys: tuple[str, ...]  # the tensors of its round message (a subset of the state's)
 
     def init(self, x0: torch.Tensor, ctx: StepContext) -> tuple[AgentState, Message]:
         """State at t = 0 and the message to send in round 0."""

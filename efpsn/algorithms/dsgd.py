@@ -17,6 +17,7 @@ class DSGD:
     """
 
     name = "dsgd"
+    state_keys = ("x",)
     message_keys = ("x",)
 
     def init(self, x0: torch.Tensor, ctx: StepContext) -> tuple[AgentState, Message]:

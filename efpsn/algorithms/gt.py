@@ -21,6 +21,7 @@ class GradientTracking:
     """
 
     name = "gt"
+    state_keys = ("x", "y", "g")
     message_keys = ("x", "y")
 
     def init(self, x0: torch.Tensor, ctx: StepContext) -> tuple[AgentState, Message]:

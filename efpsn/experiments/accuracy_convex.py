@@ -42,7 +42,8 @@ class ConvexSettings:
     main: Series
     extras: tuple[Series, ...] = ()
     noise_seed: int = 0
-    base: RunConfig = field(default_factory=lambda: RunConfig(task="logreg", topology="ring"))
+    base: RunConfig = field(
+        default_factory=lambda: RunConfig.preset("paper", task="logreg", topology="ring"))
 
     def series(self) -> tuple[Series, ...]:
         return (self.main, *self.extras)

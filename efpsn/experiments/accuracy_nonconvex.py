@@ -39,7 +39,8 @@ class NonconvexSettings:
     profile: str
     main: Series
     noise_seed: int = 0
-    base: RunConfig = field(default_factory=lambda: RunConfig(task="lenet", topology="ring"))
+    base: RunConfig = field(
+        default_factory=lambda: RunConfig.preset("paper", task="lenet", topology="ring"))
 
 
 PROFILES: dict[str, NonconvexSettings] = {

@@ -103,7 +103,7 @@ class AttackSettings:
     extended_rounds: tuple[int, ...] = (50,)
     multi_round: bool = True
     multi_round_gap: int = 10
-    base: RunConfig = field(default_factory=RunConfig)
+    base: RunConfig = field(default_factory=lambda: RunConfig.preset("paper"))
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.perturbations) - set(PERTURBATIONS))

@@ -9,6 +9,7 @@ from typing import Any
 
 from efpsn.experiments import EXPERIMENTS
 from efpsn.experiments.common import DEFAULT_ROOT, parse_floats
+from efpsn.flags import add_run_arguments
 
 __all__ = ["default_out", "register", "run_experiment"]
 
@@ -172,8 +173,9 @@ def _common(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def _add_sweep_overrides(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--iterations", type=int, default=None,
-                        help="rounds per run instead of the profile's (an intermediate profile)")
+    add_run_arguments(parser, only=("iterations",),
+                      title="run parameters instead of the profile's (an intermediate profile)",
+                      show_defaults=False)
     parser.add_argument("--gammas", type=parse_floats, default=None, metavar="G1,G2,...",
                         help="noise levels instead of the profile's")
     parser.add_argument("--noise-seed", type=int, default=None,
@@ -239,17 +241,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(p, "privacy")
     p.add_argument("--delta", type=float, default=None)
     p.add_argument("--agents", type=_ints, default=None, metavar="N1,N2")
-    p.add_argument("--p", type=float, default=None)
+    add_run_arguments(p, only=("p",), title="run parameters instead of the profile's",
+                      show_defaults=False)
     p.add_argument("--q", type=float, default=None)
     p.add_argument("--sensitivity", type=float, default=None)
 
     p = sub.add_parser("network-check",
                        help="the convex run at gamma=1e3 through real gRPC agents vs the simulator")
     _common(p, "network-check")
-    p.add_argument("--iterations", type=int, default=None)
-    p.add_argument("--key-bits", type=int, default=None,
-                   help="Paillier key size (default: 3072 full, 2048 quick)")
-    p.add_argument("--gamma", type=float, default=None)
+    add_run_arguments(p, only=("iterations", "key_bits", "gamma"),
+                      title="run parameters instead of the profile's (key size: 3072 full, "
+                            "2048 quick)", show_defaults=False)
     p.add_argument("--noise-seed", type=int, default=None)
 
     for name in EXPERIMENTS:

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.launcher import launch_local_network
-from agent.summary import load_agent_results
 from efpsn.experiments import accuracy_convex
 from efpsn.experiments.common import Column, finish, format_table, log, output_dir, stopwatch
+from efpsn.launch.network import launch_local_network
+from efpsn.launch.summary import load_agent_results
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 from efpsn.tasks import centralized_optimum

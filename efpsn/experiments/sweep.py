@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from efpsn.config import RunConfig
+from efpsn.config import RunConfig, structural_fields
 from efpsn.experiments.common import PAPER_GAMMAS, Column, log, new_figure, save_figure
 from efpsn.problem import Problem, build_problem
 from efpsn.simulator import mask_sums_are_zero, run_simulation
@@ -27,12 +27,9 @@ __all__ = [
 ]
 
 # The RunConfig fields build_problem derives the graph, task, basis, selection and data shards
-# from. A sweep may vary every other field (gamma, mask, algorithm, batch, schedule, iterations)
-# on one Problem; changing one of these needs a new Problem.
-STRUCTURAL_FIELDS = (
-    "agents", "topology", "task", "K", "m", "N", "selection", "basis_seed", "data", "partition",
-    "test_fraction", "l2", "seed",
-)
+# from (declared structural in efpsn/config.py). A sweep may vary every other field (gamma, mask,
+# algorithm, batch, schedule, iterations) on one Problem; changing one of these needs a new one.
+STRUCTURAL_FIELDS = structural_fields()
 
 
 @dataclass(frozen=True, kw_only=True)

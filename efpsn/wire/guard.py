@@ -25,10 +25,12 @@ T = TypeVar("T")
 class Reject(Exception):
     """Raised inside an RPC handler to refuse the call with `code` and a message saying why."""
 
-    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
+    def __init__(self, code: grpc.StatusCode, detail: str, *,
+                 metadata: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(detail)
         self.code = code
         self.detail = detail
+        self.metadata = metadata  # trailing metadata: the refusal's facts as data
 
 
 class RejectionLog:
@@ -202,12 +204,14 @@ def _server_stopped(exc: BaseException) -> bool:
     return type(exc).__name__ == "_ServerStoppedError"
 
 
-def _refusal(exc: Exception, name: str) -> tuple[grpc.StatusCode, str]:
+def _refusal(exc: Exception, name: str, context: Any) -> tuple[grpc.StatusCode, str]:
     """The status and message a handler's exception becomes (never UNKNOWN); gRPC's own
     server-stopped error is re-raised for gRPC to end the call."""
     if _server_stopped(exc):
         raise exc
     if isinstance(exc, Reject):
+        if exc.metadata:
+            context.set_trailing_metadata(exc.metadata)
         return exc.code, exc.detail
     if isinstance(exc, BAD_INPUT):
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc) or type(exc).__name__
@@ -255,7 +259,7 @@ def guarded(
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - every exception becomes a status
-            code, detail = _refusal(exc, method.__name__)
+            code, detail = _refusal(exc, method.__name__, context)
         finally:
             if admission is not None and admission.release is not None:
                 admission.release()
@@ -297,7 +301,7 @@ def _guard_stream(method: Callable[[Any, Any, Any], Awaitable[Any]], *,
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - every exception becomes a status
-            code, detail = _refusal(exc, name)
+            code, detail = _refusal(exc, name, context)
         finally:
             if admission is not None and admission.release is not None:
                 admission.release()

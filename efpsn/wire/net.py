@@ -7,6 +7,7 @@ import asyncio
 import logging
 import random
 import signal
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,9 +124,11 @@ async def call_with_retry(
     what: str,
     base_delay: float = 0.05,
     max_delay: float = 2.0,
+    on_retry: Callable[[grpc.aio.AioRpcError], None] | None = None,
 ) -> T:
     """Await call() until it succeeds, retrying UNAVAILABLE with exponential backoff and full
-    jitter until the loop-time `deadline`; then raise TimeoutError naming `what`."""
+    jitter until the loop-time `deadline`; then raise TimeoutError naming `what`. on_retry(error)
+    hears every retried failure (e.g. to tell a person what is being waited for)."""
     loop = asyncio.get_running_loop()
     delay = base_delay
     last: grpc.aio.AioRpcError | None = None
@@ -136,6 +139,8 @@ async def call_with_retry(
             if exc.code() not in RETRYABLE:
                 raise
             last = exc
+            if on_retry is not None:
+                on_retry(exc)
         remaining = deadline - loop.time()
         if remaining <= 0:
             detail = last.details() if last is not None else "no answer"
@@ -160,3 +165,24 @@ def install_stop_signals(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # not the main thread
             pass
+
+
+class Patience:
+    """Tells a person, through `say`, what a retried call is waiting for: first after `first`
+    seconds, then every `every` seconds, with the gRPC reason of the last failure."""
+
+    def __init__(self, say: Callable[[str], None], what: str, *, first: float = 5.0,
+                 every: float = 10.0, hint: str = "") -> None:
+        self._say, self._what, self._hint = say, what, hint
+        self._start = time.monotonic()
+        self._next = self._start + first
+        self._every = every
+
+    def __call__(self, error: grpc.aio.AioRpcError) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self._every
+        reason = (error.details() or "").splitlines()[0][:200] if error.details() else ""
+        self._say(f"still waiting for {self._what} after {now - self._start:.0f}s "
+                  f"({error.code().name}: {reason}){self._hint}")

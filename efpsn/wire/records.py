@@ -17,6 +17,9 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from efpsn.wire.v1 import common_pb2, coordinator_pb2
 
+# Trailing metadata of the coordinator's refusal of a Register call when the run is cancelled:
+# the agent that caused it, so agents and `efpsn up` never parse the message text.
+CANCELLED_BY = "efpsn-cancelled-by"
 UINT32_END = 2**32
 UINT64_END = 2**64
 _WEIGHT_TOLERANCE = 1e-9

@@ -6,13 +6,10 @@ assignments) live in efpsn.wire.records and are re-exported, so the agent import
 
 from __future__ import annotations
 
-import collections
 import hashlib
-import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -81,11 +78,11 @@ def tensor_from_proto(
     """Decode and validate a Tensor; the result is a fresh, writable CPU tensor (never a view)."""
     if not isinstance(pb, common_pb2.Tensor):
         raise TypeError(f"expected efpsn.v1.Tensor, got {type(pb).__name__}")
-    return _tensor_from_parts(pb.dtype, pb.shape, pb.data, max_elements=max_elements,
+    return tensor_from_parts(pb.dtype, pb.shape, pb.data, max_elements=max_elements,
                               expected_shape=expected_shape)
 
 
-def _tensor_from_parts(dtype: str, dims: Sequence[int], data: bytes, *, max_elements: int,
+def tensor_from_parts(dtype: str, dims: Sequence[int], data: bytes, *, max_elements: int,
                        expected_shape: Sequence[int] | None) -> torch.Tensor:
     """tensor_from_proto on fields already read (each read of a bytes field copies it)."""
     if dtype not in _DTYPES:
@@ -288,125 +285,8 @@ def shares_message(
     return agent_pb2.SharesMessage(header=header, batch=batch)
 
 
-def message_to_proto(
-    message: Mapping[str, torch.Tensor | np.ndarray], *, header: common_pb2.Header
-) -> agent_pb2.RoundMessage:
-    """Encode an algorithm's outbox {name: tensor} as a RoundMessage, tensors sorted by name."""
-    for name in message:
-        if not isinstance(name, str) or not name:
-            raise WireError(f"tensor names must be non-empty strings, got {name!r}")
-    tensors = [
-        agent_pb2.NamedTensor(name=name, tensor=tensor_to_proto(message[name]))
-        for name in sorted(message)
-    ]
-    return agent_pb2.RoundMessage(header=header, tensors=tensors)
-
-
-def message_from_proto(
-    pb: agent_pb2.RoundMessage,
-    *,
-    max_elements: int = limits.MAX_TENSOR_ELEMENTS,
-    expected_shapes: Mapping[str, Sequence[int]] | None = None,
-) -> dict[str, torch.Tensor]:
-    """Decode a RoundMessage's tensors into {name: tensor} ordered by name.
-
-    Names must be non-empty, unique and sorted. With expected_shapes, the names must be exactly
-    its keys and every tensor must have the given shape.
-    """
-    return _decode_round(pb, max_elements=max_elements, expected_shapes=expected_shapes,
-                         digest=None)
-
-
-def decode_round_message(
-    pb: agent_pb2.RoundMessage,
-    *,
-    max_elements: int = limits.MAX_TENSOR_ELEMENTS,
-    expected_shapes: Mapping[str, Sequence[int]] | None = None,
-) -> tuple[dict[str, torch.Tensor], bytes]:
-    """message_from_proto and round_digest in one pass over the tensors' bytes."""
-    digest = hashlib.sha256()
-    tensors = _decode_round(pb, max_elements=max_elements, expected_shapes=expected_shapes,
-                            digest=digest)
-    return tensors, digest.digest()
-
-
-def _decode_round(pb: agent_pb2.RoundMessage, *, max_elements: int,
-                  expected_shapes: Mapping[str, Sequence[int]] | None,
-                  digest: Any) -> dict[str, torch.Tensor]:
-    if not isinstance(pb, agent_pb2.RoundMessage):
-        raise TypeError(f"expected efpsn.v1.RoundMessage, got {type(pb).__name__}")
-    if expected_shapes is not None and len(pb.tensors) != len(expected_shapes):
-        raise WireError(f"message must carry tensors {sorted(expected_shapes)}, got "
-                        f"{len(pb.tensors)} tensors")
-    names = [named.name for named in pb.tensors]
-    if any(not name for name in names):
-        raise WireError("tensor names must be non-empty")
-    counts = collections.Counter(names)  # linear: a message may carry millions of names
-    if len(counts) != len(names):
-        duplicates = sorted(name for name, count in counts.items() if count > 1)
-        raise WireError(f"tensor names must be unique, got duplicates {_few(duplicates)}")
-    if any(a > b for a, b in itertools.pairwise(names)):
-        raise WireError(f"tensors must be sorted by name, got {_few(names)}")
-    if expected_shapes is not None and set(names) != set(expected_shapes):
-        raise WireError(f"message must carry tensors {sorted(expected_shapes)}, got {names}")
-    out: dict[str, torch.Tensor] = {}
-    for named in pb.tensors:
-        shape = None if expected_shapes is None else expected_shapes[named.name]
-        tensor = named.tensor
-        dtype, dims, data = tensor.dtype, tensor.shape, tensor.data
-        try:
-            out[named.name] = _tensor_from_parts(dtype, dims, data, max_elements=max_elements,
-                                                 expected_shape=shape)
-        except WireError as exc:
-            raise WireError(f"tensor {named.name!r}: {exc}") from None
-        if digest is not None:
-            _digest_tensor(digest, named.name, dtype, dims, data)
-    return out
-
-
-def _few(names: Sequence[str], shown: int = 8) -> str:
-    """At most `shown` names, for error messages about untrusted lists."""
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return f"{list(names[:shown])}{more}"
-
-
-def round_digest(pb: agent_pb2.RoundMessage) -> bytes:
-    """sha256 of a RoundMessage's tensors (names, dtypes, shapes, bytes), header excluded: two
-    copies of one (run, sender, round) message are the same message iff their digests agree."""
-    if not isinstance(pb, agent_pb2.RoundMessage):
-        raise TypeError(f"expected efpsn.v1.RoundMessage, got {type(pb).__name__}")
-    h = hashlib.sha256()
-    for named in pb.tensors:
-        tensor = named.tensor
-        _digest_tensor(h, named.name, tensor.dtype, tensor.shape, tensor.data)
-    return h.digest()
-
-
-def _digest_tensor(h: Any, name: str, dtype: str, dims: Sequence[int], data: bytes) -> None:
-    """Feed one named tensor to a round digest: every field length-prefixed, so no two
-    different messages feed the same bytes."""
-    for part in (name.encode(), dtype.encode(), b",".join(b"%d" % d for d in dims), data):
-        h.update(len(part).to_bytes(8, "big"))
-        h.update(part)
-
-
 def shares_digest(pb: common_pb2.CiphertextBatch) -> bytes:
     """sha256 of a CiphertextBatch as sent (deterministic serialization)."""
     if not isinstance(pb, common_pb2.CiphertextBatch):
         raise TypeError(f"expected efpsn.v1.CiphertextBatch, got {type(pb).__name__}")
     return hashlib.sha256(pb.SerializeToString(deterministic=True)).digest()
-
-
-def round_request(*, header: common_pb2.Header) -> agent_pb2.RoundRequest:
-    """RoundRequest for Agent.GetRound: header.sender is the requester, header.round the round."""
-    return agent_pb2.RoundRequest(header=header)
-
-
-def round_reply(
-    message: agent_pb2.RoundMessage | None, *, latest_round: int
-) -> agent_pb2.RoundReply:
-    """RoundReply: the stored message, or available=false when that round is not reached yet."""
-    latest = max(0, latest_round)
-    if message is None:
-        return agent_pb2.RoundReply(available=False, latest_round=latest)
-    return agent_pb2.RoundReply(available=True, message=message, latest_round=latest)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from efpsn.config import parse_shape, scale_divisor
+from efpsn.config import RunConfig, parse_shape, scale_divisor
 
 
 def network_timings(agents: dict[str, Any], *, started_at: float) -> dict[str, float]:
@@ -122,3 +123,51 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float]) -> dict
         "final": final,
         "agents": {r["name"]: {"final": r["final"], "timings": r["timings"]} for r in results},
     }
+
+
+def _public_problem(config: RunConfig, *, local: bool) -> tuple[Any, Any]:
+    """The public problem and, for logistic regression on public data, x* (for the summary).
+    With agent-local data only the public part (schema, model, basis) exists here."""
+    from efpsn.problem import build_problem
+    from efpsn.runtime import configure_threads
+
+    configure_threads()
+    problem = build_problem(config, local={} if local else None)
+    if local or problem.config.task != "logreg":
+        return problem, None
+    from efpsn.tasks import centralized_optimum
+
+    return problem, centralized_optimum(problem.task, problem.shards).x
+
+
+class ProblemBuild:
+    """The public problem and x* for the summary, built in a thread of the launcher once the
+    agents are in phase II (start()), or when first needed.
+
+    Not earlier: on a small machine the build (torch, the data set, x*) would take CPU from the
+    agents' start-up, which is the network's critical path, and nice cannot lower a thread
+    below the agents when the kernel groups CPU time by session (autogroup; the agents run in
+    sessions of their own)."""
+
+    def __init__(self, config: RunConfig, *, local: bool) -> None:
+        self._config, self._local = config, local
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="efpsn-up-problem")
+        self._future: Future[tuple[Any, Any]] | None = None
+
+    def start(self) -> Future[tuple[Any, Any]]:
+        if self._future is None:
+            self._future = self._pool.submit(_public_problem, self._config, local=self._local)
+        return self._future
+
+    def result(self) -> tuple[Any, Any]:
+        return self.start().result()
+
+    def raise_error(self) -> None:
+        """Called when a child failed: if the public problem cannot be built (a bad run
+        parameter, which every agent fails on too), raise that error, the one to report."""
+        error = self.start().exception()  # waits for the build
+        if error is not None:
+            raise error
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,9 +1,11 @@
-"""An agent's sent round messages on disk, so that after a crash it can still serve the rounds a
+"""The round messages this agent sent: the newest ones in memory (served to neighbours that
+restart, through GetRound) and on disk, so that after a crash it can still serve the rounds a
 neighbour restarted from an older checkpoint must replay (two adjacent agents crashed at
-different checkpoints then both resume)."""
+different checkpoints then both resume). Messages are kept as the bytes that were sent."""
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import os
@@ -89,3 +91,46 @@ class OutboxLog:
     def delete(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
         self._folder_made = False
+
+
+class Outbox:
+    """My round messages of the newest `keep` rounds, as sent (serialized RoundMessage bytes);
+    with a log, also kept on disk and reloaded after a crash (`restore`)."""
+
+    def __init__(self, keep: int, log: OutboxLog | None = None) -> None:
+        self.keep = keep
+        self.log = log
+        self._sent: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        self.produced = -1  # newest round whose message exists
+
+    def remember(self, t: int, data: bytes) -> None:
+        """Keep my round-t message (`data`: its serialized bytes, as sent)."""
+        if self.log is not None and t > self.produced:
+            self.log.append(t, data)
+        self._keep(t, data)
+
+    def _keep(self, t: int, data: bytes) -> None:
+        self._sent[t] = data
+        self.produced = max(self.produced, t)
+        while len(self._sent) > self.keep:
+            self._sent.popitem(last=False)
+
+    def get(self, t: int) -> bytes | None:
+        """My round-t message, if still held."""
+        return self._sent.get(t)
+
+    def restore(self) -> int:
+        """Reload what the previous process sent (from the log); returns how many rounds."""
+        if self.log is None:
+            return 0
+        restored = self.log.load()
+        for t, data in restored.items():
+            self._keep(t, data)
+        return len(restored)
+
+    def stop_logging(self) -> None:
+        """The run is over: the log is deleted with the state; memory serves the rest."""
+        self.log = None
+
+    def held(self) -> str:
+        return f"{min(self._sent)}..{max(self._sent)}" if self._sent else "none"

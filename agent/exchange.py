@@ -1,0 +1,98 @@
+"""One round's exchange with the neighbours: my message out, theirs in, broken streams mended.
+
+Round messages go on the round streams (agent/round_stream.py), with no answer per message: a
+neighbour's next round message is the acknowledgement, so only the neighbours' messages are
+on the critical path. A stream that ended (a refusal, a neighbour restarting) is mended first:
+the rounds it carried that were not confirmed go again by PutRound (Peers.repair), also when it
+ends while we wait. After a restart, rounds pushed to the previous process are pulled from the
+neighbours (agent/resume.py, Replay). The run's last round is sent by PutRound and
+acknowledged, since no later round will confirm it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from agent.concurrency import all_or_first_error, settle
+from agent.mailbox import Interrupted
+from agent.options import AgentFailure
+from agent.outbox import Outbox
+from agent.peers import Peers
+from agent.resume import Replay
+from efpsn.algorithms import Message
+from efpsn.wire.rounds import encode_round
+
+__all__ = ["RoundLink"]
+
+log = logging.getLogger("efpsn.agent")
+
+
+class RoundLink:
+    """Moves one agent's round messages: `exchange(t, outbox)` sends mine while collecting the
+    neighbours' round-t messages (keyed by neighbour index)."""
+
+    def __init__(self, *, peers: Peers, outbox: Outbox, replay: Replay, run_id: str,
+                 name: str, neighbours: list[str], timeout: float) -> None:
+        self.peers = peers
+        self.outbox = outbox
+        self.replay = replay
+        self.run_id = run_id
+        self.name = name
+        self.neighbours = sorted(neighbours)
+        self.timeout = timeout
+        self._sending: asyncio.Future[Any] | None = None
+
+    async def exchange(self, t: int, message: Message, *, final: bool = False
+                       ) -> dict[int, Message]:
+        """Send my round-t message to every neighbour while collecting theirs."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        await self.delivered()
+        await self.peers.repair(self.outbox, deadline=deadline)
+        data = encode_round(message, run_id=self.run_id, sender=self.name, round_=t)
+        self.outbox.remember(t, data)
+        if final:
+            sends = (self.peers.put_round(n, data, timeout=self.timeout) for n in self.neighbours)
+        else:
+            sends = (self.peers.send_round(n, t, data, timeout=self.timeout)
+                     for n in self.neighbours)
+        self._sending = asyncio.ensure_future(all_or_first_error(sends))
+        try:
+            await self.replay.fill(t, deadline=deadline)
+            while True:
+                try:
+                    return await self.peers.collect(
+                        "round", t, timeout=max(0.0, deadline - loop.time()))
+                except Interrupted:
+                    await self.peers.repair(self.outbox, deadline=deadline)
+        except BaseException:
+            await self.abandon()
+            raise
+
+    async def delivered(self) -> None:
+        """Wait until my last round message is written to every neighbour's stream (or, by
+        PutRound, acknowledged); AgentFailure if a neighbour refused it or stayed unreachable
+        until the deadline."""
+        sending, self._sending = self._sending, None
+        if sending is not None:
+            await sending
+
+    async def abandon(self) -> None:
+        """Cancel a delivery still under way and collect its outcome, so that no task is left
+        with an exception nobody retrieved."""
+        sending, self._sending = self._sending, None
+        if sending is not None:
+            await settle(sending)
+
+    async def finish(self, t: int, message: Message) -> None:
+        """Push my final message (round t, the run's last) and wait, still serving GetRound,
+        until every neighbour has finished too (or the round deadline passes): a neighbour
+        that restarts near the end can then still replay the rounds it needs from us."""
+        try:
+            await self.exchange(t, message, final=True)
+            await self.delivered()
+        except AgentFailure as exc:
+            log.warning("%s finished, but not every neighbour confirmed it did: %s", self.name,
+                        exc)

@@ -1,0 +1,78 @@
+"""Before registering: this agent's model built and its own data loaded and checked against the
+run's public parameters, so that a bad file stops the run before phase I."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from agent.options import AgentOptions
+from efpsn.config import LOCAL_DATA, RunConfig, parse_shape, scale_divisor
+from efpsn.problem import Problem, build_problem, build_task
+from efpsn.tasks import Task
+from efpsn.tasks.local import DataError, LocalData, load_local_data
+
+__all__ = ["Prepared", "failure_category", "prepare"]
+
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """This agent's model and data for a run, checked before it registers, and the problem
+    built once from them: with agent-local data its public part (graph, basis, model), to which
+    the assignment adds this agent's own shard; shards by index: the whole public problem."""
+
+    config: RunConfig
+    task: Task
+    problem: Problem
+    local: LocalData | None = None
+
+    def problem_for(self, index: int) -> Problem:
+        """The problem as agent `index` sees it (its own shard only, for local data)."""
+        if self.local is None:
+            return self.problem
+        n = self.config.agents
+        return dataclasses.replace(
+            self.problem,
+            shards=[self.local.train if i == index else None for i in range(n)],
+            holdouts=[self.local.holdout if i == index else None for i in range(n)],
+            test=self.local.test)
+
+    def schema(self) -> tuple[str, int]:
+        """What this agent declares at registration besides its model's fingerprint: the input
+        shape per sample and the number of classes (never a count or a statistic)."""
+        return "x".join(map(str, self.task.shape)), self.task.classes
+
+
+def prepare(config: RunConfig, options: AgentOptions) -> Prepared:
+    """Build the model and load the data; DataError/ValueError name the agent and what is wrong."""
+    who = options.name
+    local_mode = config.data == LOCAL_DATA
+    if local_mode and options.data is None:
+        raise ValueError(f"{who}: the run's data is local (each agent brings its own): give "
+                         "--data PATH (.npz with X and y, .csv with a header, or an IDX folder)")
+    if not local_mode and options.data is not None:
+        raise ValueError(f"{who}: --data {options.data} given, but the run cuts the public data "
+                         f"set {config.data!r} into shards by index; run the coordinator with "
+                         "--data local to use the agents' own data")
+    try:
+        task = build_task(config)
+    except (ValueError, TypeError, ImportError) as exc:
+        raise ValueError(f"{who}: cannot build the model of task {config.task!r}: {exc}") from None
+    if not local_mode:
+        return Prepared(config=config, task=task, problem=build_problem(config, task=task))
+    assert options.data is not None
+    local = load_local_data(
+        options.data, who=who, shape=parse_shape(config.input_shape), classes=config.classes,
+        divisor=scale_divisor(config.scale), seed=config.seed, holdout=options.holdout,
+        batch_size=config.batch_size, test_path=options.test_data,
+        label_column=options.label_column,
+    )
+    problem = build_problem(config, local={}, task=task)  # the public part, checked once
+    return Prepared(config=config, task=task, problem=problem, local=local)
+
+
+def failure_category(exc: BaseException) -> str:
+    """What the other agents learn about a failure: a category, never the data's contents."""
+    if isinstance(exc, DataError):
+        return "its local data cannot be used"
+    return "its data or model could not be prepared"

@@ -1,0 +1,114 @@
+"""Restart with the same command: whether this agent's state folder can resume its run, what
+it reloads (mask, phase I digests, newest checkpoint, sent messages), and how it replays the
+rounds pushed to its previous process.
+
+The storage itself is agent/state.py (assignment, mask, checkpoints) and agent/outbox.py (sent
+messages); the receive rules after a restart are agent/ledger.py's (RoundLedger.resumed_from,
+PhaseOneLedger.restore). This module decides and sequences, so a reader finds resume here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from agent.concurrency import all_or_first_error
+from agent.ledger import RoundLedger, Verdict
+from agent.mailbox import Mailbox
+from agent.options import AgentFailure, RefusedByNeighbour
+from agent.peers import Peers
+from agent.state import Checkpoint, SavedAssignment, SavedMask, StateError, StateStore
+
+__all__ = ["Replay", "check_address", "check_resumable", "reload_checkpoint", "reload_mask"]
+
+log = logging.getLogger("efpsn.agent")
+
+
+def check_resumable(saved: SavedAssignment, *, name: str, store: StateStore) -> None:
+    """AgentFailure with one line saying why, unless `saved` is this agent's unfinished run,
+    stopped after phase I (checked before this process serves anything)."""
+    where = store.folder
+    run = saved.assignment.run_id
+    if saved.assignment.name != name:
+        raise AgentFailure(f"the state in {where} belongs to {saved.assignment.name}, not {name}")
+    unresumable = store.unresumable()
+    if unresumable is not None:
+        raise AgentFailure(unresumable)
+    if saved.finished:
+        raise AgentFailure(
+            f"{name} already finished run {run} (state in {where}); remove that folder (or give "
+            "another --results/--state-dir) to start a new run")
+    if not store.mask_path.exists():
+        raise AgentFailure(
+            f"{name} was stopped during phase I of run {run}: its mask was never saved (state "
+            f"in {where}), and drawing a new one would break the zero sum of the masks. This "
+            "run cannot continue: start a new run")
+
+
+def check_address(saved: SavedAssignment, *, name: str, advertised: str) -> None:
+    """The restarted agent must be reached where its neighbours know it."""
+    if advertised != saved.advertise:
+        raise AgentFailure(
+            f"{name} advertised {saved.advertise} in run {saved.assignment.run_id}, but would "
+            f"now be reached at {advertised}: restart it with the same --listen/--advertise")
+
+
+def reload_mask(store: StateStore, *, name: str, run_id: str, coefficients: int) -> SavedMask:
+    """The saved phase I result (a resumed agent never redraws its mask)."""
+    try:
+        saved = store.load_mask(run_id=run_id)
+    except StateError as exc:
+        raise AgentFailure(f"{name} cannot resume: {exc}") from None
+    if saved is None or saved.mask.num_coefficients != coefficients:
+        raise AgentFailure(f"{name} cannot resume: no usable mask for {coefficients} "
+                           f"coefficients in {store.mask_path}")
+    return saved
+
+
+def reload_checkpoint(store: StateStore, *, name: str, run_id: str,
+                      expected: dict[str, tuple[int, ...]]) -> Checkpoint | None:
+    """The newest intact checkpoint whose tensors have the algorithm's names and shapes."""
+    try:
+        return store.load_checkpoint(run_id=run_id, expected=expected)
+    except StateError as exc:
+        raise AgentFailure(f"{name} cannot resume: {exc}") from None
+
+
+class Replay:
+    """After a restart, round-t messages the neighbours pushed to this agent's previous process
+    are pulled from them (Agent.GetRound) until each says it has not reached round t yet: from
+    then on its pushes reach this process. A fresh start pulls nothing."""
+
+    def __init__(self, *, peers: Peers, ledger: RoundLedger, mailbox: Mailbox,
+                 neighbours: set[str], describe_loss: Callable[[str, int, str], str],
+                 on_loss: Callable[[str], None]) -> None:
+        self.peers = peers
+        self.ledger = ledger
+        self.mailbox = mailbox
+        self.pending = set(neighbours)  # neighbours that may hold rounds this agent lost
+        self._describe_loss = describe_loss
+        self._on_loss = on_loss
+
+    async def fill(self, t: int, *, deadline: float) -> None:
+        """Pull round t from every neighbour that may still hold it for us."""
+        wanted = [n for n in sorted(self.pending) if not self.mailbox.has("round", t, n)]
+        if wanted:
+            await all_or_first_error(self._pull(n, t, deadline=deadline) for n in wanted)
+
+    async def _pull(self, name: str, t: int, *, deadline: float) -> None:
+        try:
+            record = await self.peers.pull(name, t, deadline=deadline)
+        except RefusedByNeighbour as exc:
+            if exc.code != "NOT_FOUND":
+                raise
+            reason = self._describe_loss(name, t, exc.detail)
+            self._on_loss(reason)
+            raise AgentFailure(reason) from None
+        if record is None:
+            self.pending.discard(name)  # it will push round t and later ones to this process
+            return
+        judgement = self.ledger.judge(record.sender, record.round, record.digest)
+        if judgement.verdict == Verdict.ACCEPT:
+            self.mailbox.put("round", t, name, record.tensors)
+        elif judgement.verdict == Verdict.REFUSE:
+            raise AgentFailure(f"neighbour {name} served round {t}: {judgement.reason}")

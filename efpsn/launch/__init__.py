@@ -1,0 +1,8 @@
+"""`efpsn up`: a coordinator and n agents as separate local processes, watched to the end.
+
+processes.py starts, waits for and stops the services' processes; network.py plans and runs the
+local network; failures.py turns the agents' structured failure records into the root cause;
+summary.py makes the network's summary of the agents' results; cli.py is the command line.
+It starts the services as processes (`python -m coordinator`, `python -m agent`) and never
+imports them.
+"""

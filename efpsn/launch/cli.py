@@ -1,0 +1,55 @@
+"""`efpsn up`: the command line of the local network launcher (efpsn/launch/network.py)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from efpsn.cli_common import add_data_dir_arguments
+from efpsn.cli_services import add_debug_flags
+from efpsn.flags import add_run_arguments, config_from_args
+
+__all__ = ["add_parser"]
+
+
+def _up(args: argparse.Namespace) -> int:
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # no gRPC notices in the user's terminal
+    from efpsn.launch.network import launch_local_network
+
+    config = config_from_args(args)
+    options = {
+        "results": Path(args.results) if args.results else None, "host": args.host,
+        "data_dir": Path(args.data_dir) if args.data_dir else None, "holdout": args.holdout,
+        "label_column": args.label_column, "quiet": args.quiet, "insecure": args.insecure,
+        "checkpoint_every": args.checkpoint_every,
+        "insecure_noise_seed": args.insecure_noise_seed,
+        "debug_expose_mask": args.debug_expose_mask,
+        "allow_insecure_keys": args.allow_insecure_keys,
+    }
+    # a failure raises NetworkFailed, whose message leads with the root cause
+    summary = launch_local_network(config, **options)
+    return 0 if summary["ok"] else 1
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`efpsn up`: a coordinator and n agents as local processes."""
+    up = sub.add_parser("up", help="the main job: coordinator + n agents as local processes",
+                        description="Run a whole EFPSN network on this machine: a coordinator "
+                                    "and one process per agent, on free loopback ports, with "
+                                    "mutual TLS. Every agent reads only its own data folder.")
+    add_run_arguments(up)
+    add_data_dir_arguments(up)
+    up.add_argument("--results", default=None, help="results folder (default: results/run-TIME)")
+    up.add_argument("--host", default="127.0.0.1", help="loopback address to serve on")
+    up.add_argument("--quiet", action="store_true", help="no progress bar")
+    up.add_argument("--insecure", action="store_true",
+                    help="plaintext gRPC (default: a fresh CA and certificates in RESULTS/tls, "
+                         "mutual TLS everywhere)")
+    up.add_argument("--checkpoint-every", type=int, default=50,
+                    help="agents save their phase II state every this many rounds")
+    add_debug_flags(up)
+    # numeric=False: the launcher starts the processes at once and loads torch in the
+    # background, so the network's start-up does not wait for it.
+    up.set_defaults(handler=_up, numeric=False)
+    return up

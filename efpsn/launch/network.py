@@ -1,0 +1,253 @@
+"""A whole network on this machine: the coordinator and n agents started at once as processes,
+polled for progress, diagnosed from structured records if they fail, summarised when done."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from efpsn.cli_common import format_metrics, write_json
+from efpsn.cli_services import check_key_policy
+from efpsn.config import LOCAL_DATA, RunConfig
+from efpsn.flags import config_to_args
+from efpsn.launch.failures import diagnose, failure_file
+from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
+from efpsn.launch.summary import (
+    ProblemBuild,
+    format_reports,
+    network_timings,
+    summarize,
+    summarize_reports,
+)
+from efpsn.runtime import peak_rss_mb
+from efpsn.wire.records import Phase
+from efpsn.wire.status import StatusPoller
+from efpsn.wire.tls import TlsConfig, generate_certificates
+
+__all__ = ["LaunchOptions", "NetworkFailed", "launch_local_network"]
+
+
+class NetworkFailed(RuntimeError):
+    """The local network stopped before its run finished; the message leads with the cause."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """How `efpsn up` runs the network (the run's parameters are the RunConfig)."""
+
+    results: Path | None = None
+    host: str = "127.0.0.1"
+    quiet: bool = False
+    insecure: bool = False
+    checkpoint_every: int | None = None
+    data_dir: Path | None = None
+    holdout: float = 0.2
+    label_column: str = "label"
+    start_timeout: float = 120.0
+    # test hooks: they break privacy (agents/launcher.py of a real deployment never sets them)
+    insecure_noise_seed: int | None = None
+    debug_expose_mask: bool = False
+    allow_insecure_keys: bool = False
+    agent_env: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def _agent_args(config: RunConfig, opts: LaunchOptions, names: list[str],
+                tls_args: list[str]) -> dict[str, list[str]]:
+    """Each agent's own command line (its data folder, crash safety, test hooks)."""
+    common = list(tls_args)
+    if opts.checkpoint_every is not None:
+        common += ["--checkpoint-every", str(opts.checkpoint_every),
+                   "--keep-rounds", str(max(128, 2 * opts.checkpoint_every + 3))]
+    if opts.insecure_noise_seed is not None:
+        common += ["--insecure-noise-seed", str(opts.insecure_noise_seed)]
+    if opts.debug_expose_mask:
+        common.append("--debug-expose-mask")
+    if opts.allow_insecure_keys:
+        common.append("--allow-insecure-keys")
+    out = {name: list(common) for name in names}
+    if opts.data_dir is not None:
+        from efpsn.datadir import agent_data_file
+
+        test = opts.data_dir / "test.npz"
+        for name in names:
+            out[name] += ["--data", str(agent_data_file(opts.data_dir, name)),
+                          "--holdout", repr(opts.holdout), "--label-column", opts.label_column]
+            if test.is_file():
+                out[name] += ["--test-data", str(test)]
+    return out
+
+
+def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
+    """Run a whole network locally; return the summary (also written to RESULTS/summary.json).
+
+    Mutual TLS by default: a fresh CA and one certificate per process go to RESULTS/tls
+    (insecure runs plaintext). With `data_dir` (config.data "local"), agent K reads only its
+    own folder DATA_DIR/agentK (and the public DATA_DIR/test.npz); this process never reads
+    the private files. A failure raises NetworkFailed leading with the agent whose own error
+    stopped the run. `options` are LaunchOptions' fields."""
+    opts = LaunchOptions(**options)
+    check_key_policy(config, allow_insecure_keys=opts.allow_insecure_keys)
+    local_mode = config.data == LOCAL_DATA
+    if local_mode != (opts.data_dir is not None):
+        raise ValueError("efpsn up: give --data-dir DIR for local data (and only then)")
+    if config.data.startswith("idx:") and not Path(config.data[4:]).is_dir():
+        raise ValueError(f"data {config.data!r}: no such folder (the agents would all fail "
+                         "on it)")
+    started, started_at = time.perf_counter(), time.time()
+    # The public problem is needed only for the summary (no private data is read here): built
+    # once the agents are past their start-up, which it would otherwise slow down.
+    build = ProblemBuild(config, local=local_mode)
+    folder = opts.results or Path("results") / time.strftime("run-%Y%m%d-%H%M%S")
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [f"agent{i + 1}" for i in range(config.agents)]
+    run_args = config_to_args(config) + (["--allow-insecure-keys"]
+                                         if opts.allow_insecure_keys else [])
+    tls_args, monitor = ["--insecure"], None
+    if not opts.insecure:
+        tls_dir = folder / "tls"
+        generate_certificates(tls_dir, ["coordinator", *names],
+                              ips=sorted({"127.0.0.1", opts.host}), overwrite=True)
+        tls_args = ["--tls-dir", str(tls_dir)]
+        # status polling as each agent's operator: its own certificate (loss and accuracy are
+        # shown to nobody else)
+        monitor = {name: TlsConfig.from_dir(tls_dir, name) for name in names}
+    agent_args = _agent_args(config, opts, names, tls_args)
+    host = opts.host
+    children: list[Child] = []
+    runner = asyncio.Runner()  # one loop for the run: the poller's channels stay open
+    poller = StatusPoller(monitor)
+    try:
+        coordinator = spawn("coordinator", ["coordinator", "--listen", f"{host}:0", *tls_args,
+                                            *run_args], folder)
+        children.append(coordinator)
+        # The agents start with the coordinator, not after it: each reads the coordinator's
+        # port from its port file once its own imports (torch) are done.
+        agents = [spawn(name, ["agent", "--name", name, "--listen", f"{host}:0",
+                               "--coordinator", f"{host}:0",
+                               "--coordinator-port-file", str(coordinator.port_file),
+                               "--results", str(folder),
+                               "--failure-file", str(failure_file(folder, name)),
+                               *agent_args[name]],
+                        folder, env=opts.agent_env.get(name))
+                  for name in names]
+        children += agents
+        try:
+            coord_port = wait_port(coordinator, opts.start_timeout)
+            addresses = {a.name: f"{host}:{wait_port(a, opts.start_timeout)}" for a in agents}
+        except ExitedBeforeServing as exc:
+            raise NetworkFailed(_explain(agents, folder, fallback=str(exc))) from None
+        print(f"efpsn up: coordinator on {host}:{coord_port}; {config.agents} agents "
+              f"({config.topology}); {'PLAINTEXT' if opts.insecure else 'mutual TLS'}; "
+              f"results in {folder}", flush=True)
+        coordinator_mb = _watch(runner, poller, agents, addresses, config, build,
+                                quiet=opts.quiet, folder=folder, coordinator=coordinator)
+        return _summarise(config, build, folder, names, started=started, started_at=started_at,
+                          coordinator_mb=coordinator_mb, test=_public_test(opts))
+    finally:
+        stop_children(children)
+        runner.run(poller.close())
+        runner.close()
+        build.shutdown()
+
+
+def _public_test(opts: LaunchOptions) -> Path | None:
+    if opts.data_dir is None:
+        return None
+    test = opts.data_dir / "test.npz"
+    return test if test.is_file() else None
+
+
+def _explain(agents: list[Child], folder: Path, *, fallback: str) -> str:
+    """The diagnosis of a failed network as text (root causes first), or `fallback`."""
+    diagnosis = diagnose(agents, folder)
+    if not diagnosis.causes and not diagnosis.followers:
+        return fallback
+    return "\n".join(diagnosis.lines())
+
+
+def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
+           addresses: dict[str, str], config: RunConfig, build: ProblemBuild, *, quiet: bool,
+           folder: Path, coordinator: Child) -> float | None:
+    """Poll the agents until every one has exited; a progress bar for the person watching. A
+    failed agent stops the watch with the network's diagnosis (after the others had a moment
+    to record theirs). Returns the coordinator's peak memory (MB) as last seen while it ran (it
+    exits once every agent is assigned)."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=config.iterations, disable=quiet, unit="round", desc="network")
+    assigned: set[str] = set()
+    coordinator_mb = None
+    try:
+        while any(a.running for a in agents):
+            if coordinator.running:
+                coordinator_mb = peak_rss_mb(coordinator.process.pid) or coordinator_mb
+            if any(a.process.poll() not in (None, 0) for a in agents):
+                _settle(agents)
+                raise NetworkFailed(_explain(agents, folder, fallback="an agent failed"))
+            if coordinator.process.poll() not in (None, 0):
+                raise NetworkFailed(f"the coordinator failed (exit {coordinator.process.poll()})"
+                                    f":\n{coordinator.log_tail()}")
+            running = {a.name: addresses[a.name] for a in agents if a.running}
+            statuses = runner.run(poller.poll(running))
+            assigned |= {n for n, s in statuses.items() if s.run_id}
+            if assigned == set(addresses) and all(s.phase >= Phase.OPTIMIZE
+                                                  for s in statuses.values()):
+                build.start()  # every agent is in phase II: start-up is over
+            if statuses:
+                bar.update(max(0, min(s.round for s in statuses.values()) - bar.n))
+                shown = _progress_figures(statuses.values())
+                if shown:
+                    bar.set_postfix(**shown)
+            time.sleep(0.5)
+        if any(a.process.returncode != 0 for a in agents):
+            raise NetworkFailed(_explain(agents, folder, fallback="an agent failed"))
+        bar.update(config.iterations - bar.n)
+        return coordinator_mb
+    finally:
+        bar.close()
+
+
+def _progress_figures(statuses: Any) -> dict[str, str]:
+    losses = [s.loss for s in statuses if not math.isnan(s.loss)]
+    accs = [s.accuracy for s in statuses if not math.isnan(s.accuracy)]
+    shown = {}
+    if losses:
+        shown["loss"] = f"{statistics.fmean(losses):.4f}"
+    if accs:  # agent-local data: public-test accuracy only (or nothing)
+        shown["acc"] = f"{statistics.fmean(accs):.3f}"
+    return shown
+
+
+def _settle(agents: list[Child], seconds: float = 5.0) -> None:
+    """Give the other agents a moment to stop and record why (the coordinator cancels the run
+    for everyone when one agent cannot take part)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(a.running for a in agents):
+        time.sleep(0.1)
+
+
+def _summarise(config: RunConfig, build: ProblemBuild, folder: Path, names: list[str], *,
+               started: float, started_at: float, coordinator_mb: float | None,
+               test: Path | None) -> dict[str, Any]:
+    problem, x_star = build.result()
+    if config.data == LOCAL_DATA:
+        summary = summarize_reports(problem, folder, names, test_path=test)
+    else:
+        summary = summarize(problem, folder, names, x_star=x_star)
+    summary["wall_seconds"] = time.perf_counter() - started
+    summary["timings"] = network_timings(summary["agents"], started_at=started_at)
+    if coordinator_mb is not None:
+        summary["timings"]["coordinator_peak_rss_mb"] = coordinator_mb
+    write_json(folder / "summary.json", summary)
+    for line in summary["problems"]:
+        print(f"efpsn up: {line}", file=sys.stderr)
+    print("final: " + (format_reports(summary["final"], public_test=test is not None)
+                       if config.data == LOCAL_DATA else format_metrics(summary["final"])))
+    print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}")
+    return summary

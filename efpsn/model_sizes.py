@@ -1,0 +1,40 @@
+"""Parameter counts of the built-in models by arithmetic alone (no torch), for validating a run.
+
+The coordinator, which never builds a model, checks a run's basis counts with these; the tests
+check them against the real models (efpsn/tasks/models.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+__all__ = ["last_bias_count", "parameter_count"]
+
+LENET_CHANNELS = 12
+LENET_KERNEL = 5
+LENET_FEATURES = 588  # 12 channels x 7 x 7 after the strides 2, 2, 1 on 28 x 28
+
+
+def parameter_count(task: str, *, shape: tuple[int, ...], classes: int) -> int | None:
+    """How many scalar parameters the built-in `task` has for this schema (None: a user's
+    python:MODULE:FACTORY model, known only once built)."""
+    features = math.prod(shape)
+    if task == "logreg":
+        return (features + 1) * classes
+    if task == "lenet":
+        conv = [LENET_CHANNELS * c_in * LENET_KERNEL**2 + LENET_CHANNELS
+                for c_in in (1, LENET_CHANNELS, LENET_CHANNELS)]
+        return sum(conv) + (LENET_FEATURES + 1) * classes
+    if task.startswith("mlp:"):
+        widths = (features, *(int(h) for h in task[4:].split(",")), classes)
+        return sum((fan_in + 1) * fan_out for fan_in, fan_out in itertools.pairwise(widths))
+    return None
+
+
+def last_bias_count(task: str, *, classes: int) -> int | None:
+    """The size of the built-in model's last bias (its output layer's: one per class); None for
+    a user's model."""
+    if task in ("logreg", "lenet") or task.startswith("mlp:"):
+        return classes
+    return None

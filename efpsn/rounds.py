@@ -1,0 +1,101 @@
+"""One agent's phase II, round by round and without I/O: the loop around the algorithm's step
+that the in-process simulator and the networked agent share.
+
+The driver owns what happens in a round besides moving messages: the step size of round t,
+the step itself, when to evaluate, and the convergence measures an agent can compute from
+what it holds (its own iterates and its neighbours' messages), so that a run can tell whether
+it has converged without knowing x*. The caller moves the messages: the simulator hands each
+agent its neighbours' outboxes, the agent exchanges them over gRPC (agent/phase_two.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import torch
+
+from efpsn.algorithms import AgentState, Algorithm, Message, StepContext
+from efpsn.schedules import StepSize
+
+__all__ = ["RoundDriver", "progress"]
+
+
+def progress(before: torch.Tensor, state: AgentState,
+             inbox: Mapping[int, Message]) -> dict[str, float]:
+    """Convergence measures of one agent after a round, from what it holds:
+
+    step: ||x^{t+1} - x^t|| (how much its iterate still moves); gap: max over neighbours j of
+    ||x_j^t - x^t|| (their disagreement, from the messages just received); tracker: ||y^{t+1}||
+    for gradient tracking (y tracks the network's average gradient, which is 0 at x*). Each is
+    also given relative to max(1, ||x^{t+1}||), the scale a user can read."""
+    x = state["x"]
+    scale = max(1.0, float(torch.linalg.vector_norm(x)))
+    out = {"step": float(torch.linalg.vector_norm(x - before))}
+    gaps = [float(torch.linalg.vector_norm(m["x"] - before)) for m in inbox.values()]
+    out["gap"] = max(gaps) if gaps else 0.0
+    if "y" in state.tensors:
+        out["tracker"] = float(torch.linalg.vector_norm(state["y"]))
+    for key in list(out):
+        out[f"relative_{key}"] = out[key] / scale
+    return out
+
+
+class RoundDriver:
+    """The state of one agent's algorithm and what to do in each round.
+
+    `outbox` is the message to send for round `t`; `step(inbox)` consumes the neighbours'
+    round-t messages and moves to t + 1, returning True when the caller should evaluate (every
+    `eval_every` rounds and at the last); `measures` then holds `progress` of that round.
+    """
+
+    def __init__(self, *, algorithm: Algorithm, context: StepContext, schedule: StepSize,
+                 iterations: int, eval_every: int, x0: torch.Tensor | None = None,
+                 resume_from: AgentState | None = None) -> None:
+        if (x0 is None) == (resume_from is None):
+            raise ValueError("give x0 (a fresh start) or resume_from (a saved state), not both")
+        if iterations < 1 or eval_every < 1:
+            raise ValueError(f"need iterations >= 1 and eval_every >= 1, got {iterations}, "
+                             f"{eval_every}")
+        self.algorithm = algorithm
+        self.context = context
+        self.schedule = schedule
+        self.iterations = iterations
+        self.eval_every = eval_every
+        self.measures: dict[str, float] = {}
+        if resume_from is not None:
+            self.state = resume_from
+            # an outbox is the state's message tensors (true of every algorithm's step)
+            self.outbox: Message = {k: resume_from[k] for k in algorithm.message_keys}
+        else:
+            assert x0 is not None
+            ctx = dataclasses.replace(context, lr=schedule(0))
+            self.state, self.outbox = algorithm.init(x0, ctx)
+
+    @property
+    def t(self) -> int:
+        """The round whose messages are exchanged next (rounds < t are done)."""
+        return self.state.t
+
+    @property
+    def done(self) -> bool:
+        return self.state.t >= self.iterations
+
+    def step(self, inbox: Mapping[int, Message]) -> bool:
+        """Consume the neighbours' round-t messages; True when round t + 1 is to be evaluated."""
+        t = self.state.t
+        before = self.state["x"]
+        ctx = dataclasses.replace(self.context, lr=self.schedule(t))
+        self.state, self.outbox = self.algorithm.step(self.state, inbox, ctx)
+        due = (t + 1) % self.eval_every == 0 or t + 1 == self.iterations
+        if due:
+            self.measures = progress(before, self.state, inbox)
+        return due
+
+
+def worst(measures: list[dict[str, float]]) -> dict[str, float]:
+    """The network's convergence measures: the largest of every agent's (NaN-free)."""
+    keys = sorted({k for m in measures for k in m})
+    return {k: max((m[k] for m in measures if k in m and not math.isnan(m[k])), default=math.nan)
+            for k in keys}

@@ -1,0 +1,194 @@
+"""Phase II's round messages on the wire: encoding, the one validation at the edge, digests.
+
+A neighbour's round message is checked here, once, wherever it arrives (PutRound, the round
+stream, a GetRound reply): header (run, phase, sender, round), tensor names, shapes, dtype
+float64 and finiteness. What passes inward is a plain `RoundRecord`; whether the agent takes
+it (window, duplicates) is agent/ledger.py's to decide.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import itertools
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from efpsn.wire import limits
+from efpsn.wire.records import Phase, WireError, make_header, validate_header
+from efpsn.wire.serde import tensor_from_parts, tensor_to_proto
+from efpsn.wire.v1 import agent_pb2
+
+__all__ = [
+    "RoundRecord",
+    "decode_round_message",
+    "encode_round",
+    "message_from_proto",
+    "message_to_proto",
+    "parse_round",
+    "round_digest",
+    "round_reply",
+    "round_request",
+]
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """A neighbour's round message that passed every wire check: who sent it, for which round,
+    its float64 tensors by name, and the digest of its content (header excluded)."""
+
+    sender: str
+    round: int
+    tensors: dict[str, torch.Tensor]
+    digest: bytes
+
+
+def message_to_proto(
+    message: Mapping[str, torch.Tensor | np.ndarray], *, header: Any
+) -> agent_pb2.RoundMessage:
+    """Encode an algorithm's outbox {name: tensor} as a RoundMessage, tensors sorted by name."""
+    for name in message:
+        if not isinstance(name, str) or not name:
+            raise WireError(f"tensor names must be non-empty strings, got {name!r}")
+    tensors = [
+        agent_pb2.NamedTensor(name=name, tensor=tensor_to_proto(message[name]))
+        for name in sorted(message)
+    ]
+    return agent_pb2.RoundMessage(header=header, tensors=tensors)
+
+
+def encode_round(message: Mapping[str, torch.Tensor], *, run_id: str, sender: str,
+                 round_: int) -> bytes:
+    """My round message, serialized once for every neighbour (and kept for replays)."""
+    header = make_header(run_id=run_id, sender=sender, round=round_, phase=Phase.OPTIMIZE)
+    return message_to_proto(message, header=header).SerializeToString()
+
+
+def parse_round(pb: agent_pb2.RoundMessage, *, run_id: str, senders: Collection[str],
+                shapes: Mapping[str, Sequence[int]], round_: int | None = None) -> RoundRecord:
+    """Every wire check of a neighbour's round message, in one pass over its bytes: header
+    (this run, phase OPTIMIZE, a sender in `senders`, round `round_` if given), exactly the
+    tensors of `shapes` with those shapes, float64, finite. WireError says what is wrong."""
+    header = validate_header(pb.header, run_id=run_id, phase=Phase.OPTIMIZE, senders=senders,
+                             round=round_)
+    tensors, digest = decode_round_message(pb, expected_shapes=shapes)
+    for name, tensor in tensors.items():
+        if tensor.dtype != torch.float64:
+            raise WireError(f"tensor {name!r} must be float64, got {tensor.dtype}")
+        if not _all_finite(tensor.numpy()):
+            raise WireError(f"tensor {name!r} has non-finite entries")
+    return RoundRecord(sender=header.sender, round=header.round, tensors=tensors, digest=digest)
+
+
+def _all_finite(values: np.ndarray) -> bool:
+    """No NaN or infinity: a finite sum proves it in one cheap pass (NaN and infinities
+    propagate into the sum); an overflowing sum of finite values gets the full check."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(values.sum())) or bool(np.isfinite(values).all())
+
+
+def message_from_proto(
+    pb: agent_pb2.RoundMessage,
+    *,
+    max_elements: int = limits.MAX_TENSOR_ELEMENTS,
+    expected_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Decode a RoundMessage's tensors into {name: tensor} ordered by name.
+
+    Names must be non-empty, unique and sorted. With expected_shapes, the names must be exactly
+    its keys and every tensor must have the given shape.
+    """
+    return _decode_round(pb, max_elements=max_elements, expected_shapes=expected_shapes,
+                         digest=None)
+
+
+def decode_round_message(
+    pb: agent_pb2.RoundMessage,
+    *,
+    max_elements: int = limits.MAX_TENSOR_ELEMENTS,
+    expected_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> tuple[dict[str, torch.Tensor], bytes]:
+    """message_from_proto and round_digest in one pass over the tensors' bytes."""
+    digest = hashlib.sha256()
+    tensors = _decode_round(pb, max_elements=max_elements, expected_shapes=expected_shapes,
+                            digest=digest)
+    return tensors, digest.digest()
+
+
+def _decode_round(pb: agent_pb2.RoundMessage, *, max_elements: int,
+                  expected_shapes: Mapping[str, Sequence[int]] | None,
+                  digest: Any) -> dict[str, torch.Tensor]:
+    if not isinstance(pb, agent_pb2.RoundMessage):
+        raise TypeError(f"expected efpsn.v1.RoundMessage, got {type(pb).__name__}")
+    if expected_shapes is not None and len(pb.tensors) != len(expected_shapes):
+        raise WireError(f"message must carry tensors {sorted(expected_shapes)}, got "
+                        f"{len(pb.tensors)} tensors")
+    names = [named.name for named in pb.tensors]
+    if any(not name for name in names):
+        raise WireError("tensor names must be non-empty")
+    counts = collections.Counter(names)  # linear: a message may carry millions of names
+    if len(counts) != len(names):
+        duplicates = sorted(name for name, count in counts.items() if count > 1)
+        raise WireError(f"tensor names must be unique, got duplicates {_few(duplicates)}")
+    if any(a > b for a, b in itertools.pairwise(names)):
+        raise WireError(f"tensors must be sorted by name, got {_few(names)}")
+    if expected_shapes is not None and set(names) != set(expected_shapes):
+        raise WireError(f"message must carry tensors {sorted(expected_shapes)}, got {names}")
+    out: dict[str, torch.Tensor] = {}
+    for named in pb.tensors:
+        shape = None if expected_shapes is None else expected_shapes[named.name]
+        tensor = named.tensor
+        dtype, dims, data = tensor.dtype, tensor.shape, tensor.data
+        try:
+            out[named.name] = tensor_from_parts(dtype, dims, data, max_elements=max_elements,
+                                                 expected_shape=shape)
+        except WireError as exc:
+            raise WireError(f"tensor {named.name!r}: {exc}") from None
+        if digest is not None:
+            _digest_tensor(digest, named.name, dtype, dims, data)
+    return out
+
+
+def _few(names: Sequence[str], shown: int = 8) -> str:
+    """At most `shown` names, for error messages about untrusted lists."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{list(names[:shown])}{more}"
+
+
+def round_digest(pb: agent_pb2.RoundMessage) -> bytes:
+    """sha256 of a RoundMessage's tensors (names, dtypes, shapes, bytes), header excluded: two
+    copies of one (run, sender, round) message are the same message iff their digests agree."""
+    if not isinstance(pb, agent_pb2.RoundMessage):
+        raise TypeError(f"expected efpsn.v1.RoundMessage, got {type(pb).__name__}")
+    h = hashlib.sha256()
+    for named in pb.tensors:
+        tensor = named.tensor
+        _digest_tensor(h, named.name, tensor.dtype, tensor.shape, tensor.data)
+    return h.digest()
+
+
+def _digest_tensor(h: Any, name: str, dtype: str, dims: Sequence[int], data: bytes) -> None:
+    """Feed one named tensor to a round digest: every field length-prefixed, so no two
+    different messages feed the same bytes."""
+    for part in (name.encode(), dtype.encode(), b",".join(b"%d" % d for d in dims), data):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+
+
+def round_request(*, header: Any) -> agent_pb2.RoundRequest:
+    """RoundRequest for Agent.GetRound: header.sender is the requester, header.round the round."""
+    return agent_pb2.RoundRequest(header=header)
+
+
+def round_reply(message: bytes | None, *, latest_round: int) -> agent_pb2.RoundReply:
+    """RoundReply: the stored message (its serialized bytes, exactly as sent), or
+    available=false when that round is not reached yet."""
+    latest = max(0, latest_round)
+    if message is None:
+        return agent_pb2.RoundReply(available=False, latest_round=latest)
+    return agent_pb2.RoundReply(available=True, message=agent_pb2.RoundMessage.FromString(message),
+                                latest_round=latest)
