@@ -165,9 +165,10 @@ def read_data_schema(data_dir: str | Path) -> DataDirSchema:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not valid JSON ({exc}); expected an object such as "
                          '{"input_shape": "12", "classes": 2, "scale": "none"}') from None
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: holds a JSON {type(values).__name__}; expected an object "
-                         f"with the fields {', '.join(SCHEMA_FIELDS)}")
+    if not isinstance(values, dict):  # a bad file, not a bad argument: ValueError
+        raise ValueError(  # noqa: TRY004
+            f"{path}: holds a JSON {type(values).__name__}; expected an object with the "
+            f"fields {', '.join(SCHEMA_FIELDS)}")
     unknown = sorted(set(values) - set(SCHEMA_FIELDS))
     if unknown:
         raise ValueError(f"{path}: unknown field{'s' if len(unknown) > 1 else ''} "

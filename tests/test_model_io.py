@@ -141,7 +141,7 @@ def test_evaluate_prints_the_accuracy_and_loss_the_task_computes(
 
 
 def test_evaluate_reads_a_flat_model_npy_with_result_json(tmp_path: Path) -> None:
-    task, x, path = trained_logreg(tmp_path)
+    _, x, path = trained_logreg(tmp_path)
     flat = tmp_path / "agent1" / "model.npy"
     np.save(flat, x.numpy(), allow_pickle=False)
     x_raw, y = blobs(seed=1)
