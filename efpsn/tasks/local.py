@@ -152,9 +152,9 @@ def read_data_file(path: str | Path, *, who: str,
 
 def _check_kinds(features: np.ndarray, labels: np.ndarray, *, fail: Refuse,
                  classes: int) -> None:
-    if labels.dtype.kind in "USO":
+    if labels.dtype.kind in "US":
         raise fail(f"y holds text labels ({labels.dtype}); " + label_encoding_hint(classes))
-    if features.dtype.kind in "USO":
+    if features.dtype.kind in "US":
         raise fail(f"X holds text ({features.dtype}); expected numbers (encode a category as "
                    "numbers, e.g. one 0/1 column per category)")
     if features.dtype.kind not in "biuf" or labels.dtype.kind not in "biuf":
