@@ -1,5 +1,6 @@
-"""What an agent leaves for its own operator when its run ends: result.json and model.npy,
-both 0600 (the history holds values of this agent's private f_i)."""
+"""What an agent leaves for its own operator when its run ends: result.json, its model as a named
+state dict (model.safetensors) and as a flat vector (model.npy), all 0600 (the history holds
+values of this agent's private f_i)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from agent.session import Session
 from efpsn.cli_common import write_json
 from efpsn.masking import MaskCoefficients
+from efpsn.model_io import MODEL_FILE, save_model
 
 __all__ = ["failure_record", "write_failure", "write_results"]
 
@@ -24,8 +26,8 @@ def write_results(folder: Path, *, session: Session, name: str, x: torch.Tensor,
                   history: list[dict[str, float]], timings: dict[str, float],
                   resumed_from: int | None, rejections: dict[str, int],
                   expose_mask: MaskCoefficients | None = None) -> dict[str, Any]:
-    """Write FOLDER/model.npy (the final iterate, float64 in model.parameters() order) and
-    FOLDER/result.json; return the result. `expose_mask`: the debug hook that also writes this
+    """Write FOLDER/model.safetensors and FOLDER/model.npy (the final iterate, float64; the
+    latter flat in model.parameters() order) and FOLDER/result.json; return the result. `expose_mask`: the debug hook that also writes this
     agent's mask (never in a real deployment)."""
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / "model.npy.part"
@@ -33,6 +35,7 @@ def write_results(folder: Path, *, session: Session, name: str, x: torch.Tensor,
     with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
         np.save(fh, x.detach().cpu().numpy().astype("<f8"), allow_pickle=False)
     tmp.replace(folder / "model.npy")
+    save_model(folder / MODEL_FILE, task=session.problem.task, x=x, scale=session.config.scale)
     result: dict[str, Any] = {
         "settings": session.config.to_dict(),
         "run_id": session.run_id,
@@ -44,7 +47,7 @@ def write_results(folder: Path, *, session: Session, name: str, x: torch.Tensor,
         "timings": timings,
         "resumed_from_round": resumed_from,
         "rejections": rejections,
-        "model": "model.npy",
+        "model": MODEL_FILE,  # the named state dict; model.npy: the same, flat
     }
     if expose_mask is not None:
         log.warning("%s: writing its mask into result.json (debug hook; not private)", name)

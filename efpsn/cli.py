@@ -72,10 +72,14 @@ def _data_split(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from efpsn.help_texts import MAIN_EPILOG, version_text
+
     parser = argparse.ArgumentParser(
         prog="efpsn",
         description="Private and accurate decentralized optimization (EFPSN).",
+        epilog=MAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True)
 
     sim = sub.add_parser("simulate", help="run n agents in one process (fast sweeps)")
@@ -113,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     import agent.cli
     import coordinator.cli
     from efpsn.cli_services import register_certs
+    from efpsn.evaluate_cli import register as register_evaluate
     from efpsn.experiments.cli import register as register_experiments
     from efpsn.launch.cli import add_parser as add_up
 
@@ -121,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_up(sub)
     register_certs(sub)
     register_experiments(sub)
+    register_evaluate(sub)
     return parser
 
 

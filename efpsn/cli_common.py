@@ -16,11 +16,14 @@ def add_data_dir_arguments(parser: argparse.ArgumentParser) -> None:
     """--data-dir/--holdout/--label-column of `efpsn simulate` and `efpsn up`."""
     g = parser.add_argument_group("agent-local data (instead of --data)")
     g.add_argument("--data-dir", default=None,
-                   help="private folders DIR/agentK/train.npz (efpsn data split), plus a public "
-                        "DIR/test.npz if present: agent K reads only DIR/agentK")
+                   help="private folders DIR/agent1..agentN, each with train.npz or train.csv "
+                        "(efpsn data split writes them), an optional public DIR/test.npz or "
+                        "test.csv and DIR/schema.json: agent K reads only DIR/agentK; the "
+                        "agent count and the schema come from the folder")
     g.add_argument("--holdout", type=float, default=0.2,
                    help="fraction of each agent's data held out locally for evaluation")
-    g.add_argument("--label-column", default="label", help="label column of .csv files")
+    g.add_argument("--label-column", default=None,
+                   help="label column of .csv files (default: schema.json's, else label)")
 
 
 def json_safe(value: Any) -> Any:

@@ -1,22 +1,38 @@
-"""Private data folders for demos and tests: `efpsn data split` writes DIR/agentK/train.npz and
-a public DIR/test.npz; `efpsn up/simulate --data-dir DIR` read them back, agent K from DIR/agentK.
+"""Private data folders: DIR/agent1..agentN each with a train.npz or a train.csv, an optional
+public DIR/test.npz or test.csv, and DIR/schema.json. `efpsn data split` writes them from a
+public set; `efpsn up/simulate --data-dir DIR` read them back, agent K from DIR/agentK only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from efpsn.config import RunConfig, parse_shape, scale_divisor
+from efpsn.config import LOCAL_DATA, RunConfig, parse_shape, scale_divisor
 from efpsn.tasks.data import Dataset, load_data, partition
 from efpsn.tasks.local import LocalData, load_local_data
 
-__all__ = ["agent_names", "dirichlet_partition", "load_data_dir", "read_schema", "split_data"]
+__all__ = ["FORMATS", "SCHEMA_FIELDS", "DataDirLayout", "DataDirSchema", "agent_names",
+           "dirichlet_partition", "inspect_data_dir", "load_data_dir", "read_data_schema",
+           "read_schema", "split_data"]
 
-SCHEMA_FILE = "schema.json"  # public: input shape, classes and scale of the folders' data
+SCHEMA_FILE = "schema.json"  # public: input shape, classes, scale and label column of the data
+FORMATS = ("npz", "csv")  # DIR/agentK/train.EXT
+DEFAULT_LABEL_COLUMN = "label"
+# schema.json's fields, each optional; the run's flags win over them, RunConfig's defaults
+# apply to what neither gives (label_column: "label").
+SCHEMA_FIELDS = {
+    "input_shape": 'per-sample input shape: "12", "1x28x28", 12 or [1, 28, 28]',
+    "classes": "number of classes, an integer >= 2 (labels are 0..classes-1)",
+    "scale": '"none", "unit" (divide by 255) or "div:C": the public feature divisor',
+    "label_column": "the label column of .csv files (default \"label\")",
+}
+_AGENT_FOLDER = re.compile(r"agent(\d+)")
 
 
 def agent_names(agents: int) -> list[str]:
@@ -89,36 +105,190 @@ def split_data(*, source: str, agents: int, partition_spec: str, out: Path, seed
     return written
 
 
-def read_schema(data_dir: Path) -> dict[str, object]:
-    """DIR/schema.json (written by split_data), or {} when the folder has none."""
+@dataclass(frozen=True)
+class DataDirSchema:
+    """DIR/schema.json, validated: every field optional (None: not given)."""
+
+    input_shape: str | None = None
+    classes: int | None = None
+    scale: str | None = None
+    label_column: str | None = None
+
+    def run_values(self) -> dict[str, object]:
+        """The RunConfig fields it gives (input_shape, classes, scale)."""
+        return {k: v for k, v in (("input_shape", self.input_shape), ("classes", self.classes),
+                                  ("scale", self.scale)) if v is not None}
+
+
+def _schema_field(path: Path, key: str, value: object) -> object:
+    given = json.dumps(value)
+
+    def bad(expected: str) -> ValueError:
+        return ValueError(f"{path}: field {key!r} is {given}; expected {expected}")
+
+    if key == "input_shape":
+        if isinstance(value, list) and value and all(
+                isinstance(d, int) and not isinstance(d, bool) for d in value):
+            value = "x".join(map(str, value))
+        elif isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str):
+            raise bad(SCHEMA_FIELDS[key])
+        try:
+            parse_shape(value)
+        except ValueError:
+            raise bad(SCHEMA_FIELDS[key]) from None
+        return value
+    if key == "classes":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+            raise bad(SCHEMA_FIELDS[key])
+        return value
+    if key == "scale":
+        try:
+            scale_divisor(value)  # type: ignore[arg-type]
+        except (ValueError, AttributeError, TypeError):
+            raise bad(SCHEMA_FIELDS[key]) from None
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise bad("a non-empty column name")
+    return value.strip()
+
+
+def read_data_schema(data_dir: str | Path) -> DataDirSchema:
+    """DIR/schema.json validated (DataDirSchema() when the folder has none); ValueError names
+    the file and the field that is unknown or bad, and what was expected."""
     path = Path(data_dir) / SCHEMA_FILE
     if not path.is_file():
-        return {}
-    values = json.loads(path.read_text())
-    return {k: values[k] for k in ("input_shape", "classes", "scale") if k in values}
+        return DataDirSchema()
+    try:
+        values = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc}); expected an object such as "
+                         '{"input_shape": "12", "classes": 2, "scale": "none"}') from None
+    if not isinstance(values, dict):  # a bad file, not a bad argument: ValueError
+        raise ValueError(  # noqa: TRY004
+            f"{path}: holds a JSON {type(values).__name__}; expected an object with the "
+            f"fields {', '.join(SCHEMA_FIELDS)}")
+    unknown = sorted(set(values) - set(SCHEMA_FIELDS))
+    if unknown:
+        raise ValueError(f"{path}: unknown field{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(map(repr, unknown))}; expected only "
+                         f"{', '.join(SCHEMA_FIELDS)}")
+    return DataDirSchema(**{k: _schema_field(path, k, v) for k, v in values.items()})
+
+
+def read_schema(data_dir: Path) -> dict[str, object]:
+    """The RunConfig values DIR/schema.json gives (input_shape, classes, scale), validated;
+    {} when the folder has none."""
+    return read_data_schema(data_dir).run_values()
+
+
+@dataclass(frozen=True)
+class DataDirLayout:
+    """What a data folder holds: N agents (agent1..agentN), each one train file of one
+    format, the optional public test file, and the schema."""
+
+    root: Path
+    agents: int
+    format: str  # one of FORMATS
+    files: dict[str, Path]  # agentK -> DIR/agentK/train.EXT, K = 1..agents
+    test: Path | None
+    schema: DataDirSchema
+
+    def label_column(self, given: str | None = None) -> str:
+        """The .csv label column: the caller's, else schema.json's, else "label"."""
+        return given or self.schema.label_column or DEFAULT_LABEL_COLUMN
+
+    def run_values(self) -> dict[str, object]:
+        """The RunConfig values the folder implies: data "local", its agent count, and
+        schema.json's input_shape, classes and scale (flags given by the user win)."""
+        return {"data": LOCAL_DATA, "agents": self.agents, **self.schema.run_values()}
+
+
+def _one_file(folder: Path, stem: str, where: str) -> Path | None:
+    found = [folder / f"{stem}.{ext}" for ext in FORMATS if (folder / f"{stem}.{ext}").is_file()]
+    if len(found) > 1:
+        raise ValueError(f"{where} holds both {found[0].name} and {found[1].name}; expected "
+                         "one of them")
+    return found[0] if found else None
+
+
+def _agent_folders(root: Path) -> dict[int, Path]:
+    folders: dict[int, Path] = {}
+    for entry in sorted(root.iterdir()):
+        match = _AGENT_FOLDER.fullmatch(entry.name)
+        if match is None or not entry.is_dir():
+            continue
+        number = match.group(1)
+        if number.startswith("0"):
+            raise ValueError(f"data folder {root}: {entry.name} is not a valid agent folder; "
+                             "expected agent1, agent2, ... (numbers from 1, no leading zeros)")
+        folders[int(number)] = entry
+    return folders
+
+
+def inspect_data_dir(data_dir: str | Path) -> DataDirLayout:
+    """The layout of DIR without reading any private file: the agent folders (agent1..agentN,
+    no number skipped), each with exactly one train.npz or train.csv, one format for all,
+    the public test.npz or test.csv if present, and schema.json validated.
+    ValueError says what is wrong and what was expected."""
+    root = Path(data_dir)
+    expected = ("expected DIR/agent1, DIR/agent2, ... each with a train.npz or a train.csv "
+                "(efpsn data split --out DIR writes them)")
+    if not root.is_dir():
+        raise ValueError(f"data folder {root}: no such folder; {expected}")
+    schema = read_data_schema(root)
+    folders = _agent_folders(root)
+    files = {k: _one_file(folder, "train", f"data folder {folder}")
+             for k, folder in folders.items()}
+    usable = {k: f for k, f in files.items() if f is not None}
+    if not usable:
+        raise ValueError(f"data folder {root}: holds nothing usable (no agentK folder with a "
+                         f"train.npz or train.csv); {expected}")
+    empty = [f"agent{k}" for k, f in sorted(files.items()) if f is None]
+    if empty:
+        raise ValueError(f"data folder {root}: {', '.join(empty)} "
+                         f"{'holds' if len(empty) == 1 else 'hold'} no train.npz or train.csv; "
+                         f"{expected}")
+    top = max(folders)
+    skipped = [f"agent{k}" for k in range(1, top + 1) if k not in folders]
+    if skipped:
+        raise ValueError(f"data folder {root}: has agent folders up to agent{top} but no "
+                         f"{', '.join(skipped)}; expected agent1..agent{top} with no number "
+                         "skipped (the agent count is the number of folders)")
+    if top < 2:
+        raise ValueError(f"data folder {root}: holds only agent1; expected at least agent1 "
+                         "and agent2 (a network has 2 agents or more)")
+    formats = {k: f.suffix[1:] for k, f in usable.items()}
+    if len(set(formats.values())) > 1:
+        groups = ", ".join(f"train.{fmt} in " + " ".join(f"agent{k}" for k in sorted(formats)
+                                                         if formats[k] == fmt)
+                           for fmt in FORMATS if fmt in formats.values())
+        raise ValueError(f"data folder {root}: mixes formats ({groups}); expected the same "
+                         "format in every agent folder")
+    return DataDirLayout(root=root, agents=top, format=formats[1],
+                         files={f"agent{k}": usable[k] for k in range(1, top + 1)},
+                         test=_one_file(root, "test", f"data folder {root}"), schema=schema)
 
 
 def load_data_dir(config: RunConfig, data_dir: Path, *, holdout: float = 0.2,
-                  label_column: str = "label") -> dict[int, LocalData]:
-    """Every agent's LocalData from DIR/agentK/train.npz (agent index i reads the folder of
-    the i-th sorted name, as the coordinator assigns them), with DIR/test.npz if present."""
-    data_dir = Path(data_dir)
-    test = data_dir / "test.npz"
+                  label_column: str | None = None) -> dict[int, LocalData]:
+    """Every agent's LocalData from DIR/agentK/train.npz or train.csv (agent index i reads the
+    folder of the i-th sorted name, as the coordinator assigns them), with the public
+    DIR/test.npz or test.csv if present. The .csv label column: `label_column`, else
+    schema.json's, else "label". config.agents must be the folder's agent count."""
+    layout = inspect_data_dir(data_dir)
+    if config.agents != layout.agents:
+        raise ValueError(f"data folder {layout.root}: holds {layout.agents} agent folders "
+                         f"(agent1..agent{layout.agents}), but the run has {config.agents} "
+                         f"agents; expected the run to have {layout.agents} (--agents {layout.agents})")
+    column = layout.label_column(label_column)
     out = {}
     for i, name in enumerate(agent_names(config.agents)):
         out[i] = load_local_data(
-            data_dir / name / "train.npz", who=name, shape=parse_shape(config.input_shape),
+            layout.files[name], who=name, shape=parse_shape(config.input_shape),
             classes=config.classes, divisor=scale_divisor(config.scale), seed=config.seed,
-            holdout=holdout, batch_size=config.batch_size,
-            test_path=test if test.is_file() else None, label_column=label_column,
+            holdout=holdout, batch_size=config.batch_size, test_path=layout.test,
+            label_column=column,
         )
     return out
-
-
-def agent_data_file(data_dir: Path, name: str) -> Path:
-    """The private file of agent `name` in a data folder: DIR/NAME/train.npz, else train.csv."""
-    folder = Path(data_dir) / name
-    for candidate in ("train.npz", "train.csv"):
-        if (folder / candidate).is_file():
-            return folder / candidate
-    return folder / "train.npz"  # missing: the agent's own check names it

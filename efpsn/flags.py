@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
-from efpsn.config import LOCAL_DATA, PRESETS, Declaration, RunConfig, declarations
+from efpsn.config import PRESETS, Declaration, RunConfig, declarations
 
 __all__ = ["add_run_arguments", "config_from_args", "config_to_args", "flag_of"]
 
@@ -74,22 +73,19 @@ def add_run_arguments(parser: argparse.ArgumentParser, *,
 
 def config_from_args(args: argparse.Namespace, *,
                      derived: dict[str, Any] | None = None) -> RunConfig:
-    """The RunConfig of the run flags given. Precedence: flags given, then `derived` (e.g. the
-    schema of a data folder), then the preset, then RunConfig's defaults. With --data-dir
-    (when the parser has it) the data is "local" and DIR/schema.json fills the schema."""
+    """The RunConfig of the run flags given. Precedence: flags given, then a --data-dir folder
+    (when the parser has it: data "local", its agent count, DIR/schema.json's schema), then
+    `derived`, then the preset, then RunConfig's defaults."""
     names = {f.name for f in dataclasses.fields(RunConfig)}
     given = {k: v for k, v in vars(args).items() if k in names}
     values: dict[str, Any] = dict(PRESETS.get(getattr(args, "preset", ""), {}))
     values.update(derived or {})
     data_dir = getattr(args, "data_dir", None)
     if data_dir:
-        from efpsn.datadir import read_schema
+        from efpsn.datadir import inspect_data_dir
 
-        if not Path(data_dir).is_dir():
-            raise ValueError(f"--data-dir {data_dir}: no such folder; expected DIR/agentK/"
-                             "train.npz (efpsn data split --out DIR)")
-        values["data"] = LOCAL_DATA
-        values.update(read_schema(Path(data_dir)))
+        # the folder implies data "local", the agent count and its schema.json's fields
+        values.update(inspect_data_dir(data_dir).run_values())
     values.update(given)
     return RunConfig(**values)
 

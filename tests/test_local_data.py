@@ -77,19 +77,21 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[Path, str]]:
     cases["X and y disagree"] = (npz("ragged", X=x, y=y[:-1]), "X and y disagree: expected")
     bad = x.copy()
     bad[3, 2] = np.nan
-    cases["non-finite"] = (npz("nan", X=bad, y=y), "non-finite values (NaN or inf); expected")
+    cases["non-finite"] = (npz("nan", X=bad, y=y), "non-finite values (NaN or inf), the first at X[3, 2]; expected")
     cases["float labels"] = (npz("flabels", X=x, y=y + 0.5),
-                             "y has labels that are not integers; expected integer labels")
+                             "y has labels that are not integers, the first at y[0]; expected")
     cases["labels out of range"] = (npz("range", X=x, y=y + 1),
-                                    ("y has labels outside [0, 3); expected integers in [0, 3) "
-                                     "(the run's 3 classes)"))
+                                    ("y has labels outside [0, 3), the first at y[0]; expected "
+                                     "integers in [0, 3) (the run's 3 classes)"))
     cases["empty"] = (npz("empty", X=x[:0], y=y[:0]), "holds no samples; expected at least one")
     cases["fewer than the batch"] = (npz("few", X=x[:9], y=y[:9]),
                                      "fewer training samples than the batch size 8")
     (tmp / "ragged.csv").write_text("a,b,c,d,e,f,label\n1,2,3,4,5,6,0\n1,2,3\n")
-    cases["ragged csv"] = (tmp / "ragged.csv", "is ragged: a row has 3 fields where the header")
+    cases["ragged csv"] = (tmp / "ragged.csv",
+                           "is ragged: row 2 (line 3) has 3 fields where the header has 7")
     (tmp / "text.csv").write_text("a,b,c,d,e,f,label\n1,2,x,4,5,6,0\n")
-    cases["non-numeric csv"] = (tmp / "text.csv", "a value that is not a number; expected")
+    cases["non-numeric csv"] = (tmp / "text.csv",
+                                "row 1 (line 2), column 'c' is not a number; expected numeric")
     (tmp / "nolabel.csv").write_text("a,b,c,d,e,f,g\n1,2,3,4,5,6,0\n")
     cases["csv without label column"] = (tmp / "nolabel.csv", "has no column 'label'")
     (tmp / "data.txt").write_text("1,2\n")

@@ -42,6 +42,11 @@ class Diagnosis:
         return out
 
 
+def _own(name: str, reason: str) -> str:
+    """The reason without a leading "NAME: " (the diagnosis names the agent itself)."""
+    return reason[len(name) + 2:] if reason.startswith(f"{name}: ") else reason
+
+
 def _record(folder: Path, name: str) -> dict[str, Any] | None:
     try:
         record = json.loads(failure_file(folder, name).read_text())
@@ -67,12 +72,12 @@ def diagnose(agents: Sequence[Child], folder: Path) -> Diagnosis:
         elif record.get("blame"):
             followers[child.name] = str(record["blame"])
         else:
-            causes[child.name] = str(record.get("reason", "no reason recorded"))
+            causes[child.name] = _own(child.name, str(record.get("reason", "no reason")))
     # a blamed agent that is still running or finished cleanly cannot explain anything: the
     # agents that blame it are then causes in their own right
     for name, cause in list(followers.items()):
         if cause not in causes and cause not in followers:
             record = _record(folder, name) or {}
-            causes[name] = str(record.get("reason", f"stopped because of {cause}"))
+            causes[name] = _own(name, str(record.get("reason", f"stopped because of {cause}")))
             del followers[name]
     return Diagnosis(causes=causes, followers=followers, logs=folder / "logs")

@@ -15,6 +15,7 @@ from typing import Any
 from efpsn.cli_common import format_metrics, write_json
 from efpsn.cli_services import check_key_policy
 from efpsn.config import LOCAL_DATA, RunConfig
+from efpsn.datadir import inspect_data_dir
 from efpsn.flags import config_to_args
 from efpsn.launch.failures import diagnose, failure_file
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
@@ -48,7 +49,7 @@ class LaunchOptions:
     checkpoint_every: int | None = None
     data_dir: Path | None = None
     holdout: float = 0.2
-    label_column: str = "label"
+    label_column: str | None = None  # .csv label column (default: schema.json's, else label)
     start_timeout: float = 120.0
     # test hooks: they break privacy (agents/launcher.py of a real deployment never sets them)
     insecure_noise_seed: int | None = None
@@ -72,14 +73,13 @@ def _agent_args(config: RunConfig, opts: LaunchOptions, names: list[str],
         common.append("--allow-insecure-keys")
     out = {name: list(common) for name in names}
     if opts.data_dir is not None:
-        from efpsn.datadir import agent_data_file
-
-        test = opts.data_dir / "test.npz"
+        layout = inspect_data_dir(opts.data_dir)
+        column = layout.label_column(opts.label_column)
         for name in names:
-            out[name] += ["--data", str(agent_data_file(opts.data_dir, name)),
-                          "--holdout", repr(opts.holdout), "--label-column", opts.label_column]
-            if test.is_file():
-                out[name] += ["--test-data", str(test)]
+            out[name] += ["--data", str(layout.files[name]), "--holdout", repr(opts.holdout),
+                          "--label-column", column]
+            if layout.test is not None:
+                out[name] += ["--test-data", str(layout.test)]
     return out
 
 
@@ -147,8 +147,9 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
               f"results in {folder}", flush=True)
         coordinator_mb = _watch(runner, poller, agents, addresses, config, build,
                                 quiet=opts.quiet, folder=folder, coordinator=coordinator)
+        test, column = _public_test(opts)
         return _summarise(config, build, folder, names, started=started, started_at=started_at,
-                          coordinator_mb=coordinator_mb, test=_public_test(opts))
+                          coordinator_mb=coordinator_mb, test=test, label_column=column)
     finally:
         stop_children(children)
         runner.run(poller.close())
@@ -156,11 +157,12 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
         build.shutdown()
 
 
-def _public_test(opts: LaunchOptions) -> Path | None:
+def _public_test(opts: LaunchOptions) -> tuple[Path | None, str]:
+    """The public test file of the data folder (and its .csv label column), if any."""
     if opts.data_dir is None:
-        return None
-    test = opts.data_dir / "test.npz"
-    return test if test.is_file() else None
+        return None, "label"
+    layout = inspect_data_dir(opts.data_dir)
+    return layout.test, layout.label_column(opts.label_column)
 
 
 def _explain(agents: list[Child], folder: Path, *, fallback: str) -> str:
@@ -234,10 +236,11 @@ def _settle(agents: list[Child], seconds: float = 5.0) -> None:
 
 def _summarise(config: RunConfig, build: ProblemBuild, folder: Path, names: list[str], *,
                started: float, started_at: float, coordinator_mb: float | None,
-               test: Path | None) -> dict[str, Any]:
+               test: Path | None, label_column: str) -> dict[str, Any]:
     problem, x_star = build.result()
     if config.data == LOCAL_DATA:
-        summary = summarize_reports(problem, folder, names, test_path=test)
+        summary = summarize_reports(problem, folder, names, test_path=test,
+                                    label_column=label_column)
     else:
         summary = summarize(problem, folder, names, x_star=x_star)
     summary["wall_seconds"] = time.perf_counter() - started

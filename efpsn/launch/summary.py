@@ -61,25 +61,29 @@ def summarize(problem: Any, folder: Path, names: list[str], *, x_star: Any = Non
     """Network-level metrics of the agents' final iterates (same function as the simulator);
     x_star: the centralized optimum, for the deviation ||x_bar - x*|| (None: not reported)."""
     from efpsn.metrics import evaluate
+    from efpsn.problem import average
 
     results, xs = load_agent_results(folder, names)
+    save_average(problem, folder, average(xs))
     final = evaluate(problem, xs, x_star=x_star)
     return _summary(problem, results, final)
 
 
 def summarize_reports(problem: Any, folder: Path, names: list[str], *,
-                      test_path: Path | None) -> dict[str, Any]:
+                      test_path: Path | None, label_column: str = "label") -> dict[str, Any]:
     """Agent-local data: what the agents reported (their own loss and accuracies), averaged,
-    and the consensus and public-test accuracy of x_bar; never any private data."""
+    and the consensus and public-test accuracy of x_bar; never any private data. The network
+    average x_bar is written as FOLDER/model.safetensors (the model to use)."""
     import numpy as np
     import torch
 
     from efpsn.problem import average
-    from efpsn.tasks.local import check_arrays, read_data_file
+    from efpsn.tasks.local import check_arrays, read_data
 
     results, xs = load_agent_results(folder, names)
     finals = [r["final"] for r in results]
     x_bar = average(xs)
+    save_average(problem, folder, x_bar)
     final: dict[str, float] = {
         "consensus": float(sum(torch.sum((x - x_bar) ** 2) for x in xs) / len(xs)),
         "mean_agent_loss": float(np.mean([f["loss"] for f in finals])),
@@ -90,13 +94,24 @@ def summarize_reports(problem: Any, folder: Path, names: list[str], *,
         final["mean_holdout_accuracy"] = float(np.mean(held))
     if test_path is not None:  # public: the same file every agent was given
         c = problem.config
-        test = check_arrays(*read_data_file(test_path, who="efpsn up"), path=test_path,
-                            who="efpsn up", shape=parse_shape(c.input_shape),
-                            classes=c.classes, divisor=scale_divisor(c.scale))
+        raw = read_data(test_path, who="efpsn up", label_column=label_column,
+                        classes=c.classes)
+        test = check_arrays(raw.features, raw.labels, path=test_path, who="efpsn up",
+                            shape=parse_shape(c.input_shape), classes=c.classes,
+                            divisor=scale_divisor(c.scale), cells=raw.cells)
         final["accuracy"] = float(problem.task.accuracy(x_bar, test))
     else:
         final["accuracy"] = final.get("mean_holdout_accuracy", math.nan)
     return _summary(problem, results, final)
+
+
+def save_average(problem: Any, folder: Path, x_bar: Any) -> Path:
+    """The network's model, the average of the agents' final iterates, as
+    FOLDER/model.safetensors (efpsn/model_io.py): usually better than any one agent's."""
+    from efpsn.model_io import MODEL_FILE, save_model
+
+    return save_model(folder / MODEL_FILE, task=problem.task, x=x_bar,
+                      scale=problem.config.scale)
 
 
 def format_reports(final: dict[str, float], *, public_test: bool) -> str:

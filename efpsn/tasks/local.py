@@ -1,12 +1,14 @@
 """One agent's own data files (.npz, .csv, IDX folder), checked against the run's public schema.
 
-Every error is one line naming the agent, the file and what was expected. Messages never state
-the data's sample count or any statistic of it (they may end up in a log).
+Every error is one line naming the agent, the file and what was expected, and where a single
+cell is at fault, its place (X[3, 2], or a .csv's row, line and column). These errors go to
+the agent's own operator only (its terminal and log); the coordinator and the other agents
+learn the category "its local data cannot be used". Messages never state the data's sample
+count, a cell's value or any statistic of the data.
 """
 
 from __future__ import annotations
 
-import csv
 import math
 import zipfile
 from dataclasses import dataclass
@@ -16,8 +18,20 @@ import numpy as np
 import torch
 
 from efpsn.tasks.data import Dataset, _find_idx_file, read_idx
+from efpsn.tasks.tables import (
+    ArrayCells,
+    Cells,
+    Refuse,
+    first_index,
+    label_encoding_hint,
+    read_csv_table,
+)
 
-__all__ = ["DataError", "LocalData", "load_local_data", "read_data_file", "split_holdout"]
+__all__ = ["HEADROOM", "DataError", "LocalData", "RawData", "check_arrays", "feature_limit",
+           "load_local_data", "read_data", "read_data_file", "split_holdout"]
+
+# The factor of float64's range kept free above features x value^2 (see feature_limit).
+HEADROOM = 2.0**32
 
 EXPECTED_FORMATS = ("an .npz with arrays X and y, a .csv with a header row, or a folder of "
                     "IDX files")
@@ -36,8 +50,33 @@ class LocalData:
     test: Dataset | None
 
 
+@dataclass(frozen=True, eq=False)
+class RawData:
+    """A file's arrays as read (only the format checked) and how to name their cells."""
+
+    features: np.ndarray
+    labels: np.ndarray
+    cells: Cells
+
+
 def _fail(who: str, path: Path, problem: str) -> DataError:
     return DataError(f"{who}: {path}: {problem}")
+
+
+def feature_limit(features: int) -> float:
+    """The largest |feature| (after the public scale divisor) a model's float64 arithmetic is
+    trusted with, for samples of `features` values.
+
+    A logit sums `features` products of a feature and a parameter, and one gradient step moves
+    a parameter by about (learning rate) x (residual, in [-1, 1]) x (a feature): from the
+    second step on, the logits and the l2 term ||x||^2 are of the order of features x value^2.
+    A value is refused when features x value^2 x HEADROOM would exceed the largest float64
+    (HEADROOM = 2^32, room for learning rates above 1 and sums over a batch): about 7e147 for
+    784 features. Values far below this can still overflow a deep model (every layer
+    multiplies again); no sensible data comes near it."""
+    if features < 1:
+        raise ValueError(f"features must be >= 1, got {features}")
+    return math.sqrt(float(np.finfo(np.float64).max) / (features * HEADROOM))
 
 
 def _read_npz(path: Path, who: str) -> tuple[np.ndarray, np.ndarray]:
@@ -71,42 +110,6 @@ def _read_npz(path: Path, who: str) -> tuple[np.ndarray, np.ndarray]:
                                "expected numeric arrays X and y (numpy.savez)") from None
 
 
-def _read_csv(path: Path, who: str, label_column: str) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        with open(path, newline="") as fh:
-            rows = csv.reader(fh)
-            header = next(rows, None)
-            if not header:
-                raise _fail(who, path, "is empty; expected a header row, then one row per "
-                                       f"sample with numeric features and a {label_column!r} "
-                                       "column")
-            header = [h.strip() for h in header]
-            if label_column not in header:
-                raise _fail(who, path, f"has no column {label_column!r} in its header; expected "
-                                       "the label column named by --label-column")
-            label_at = header.index(label_column)
-            values: list[list[float]] = []
-            for row in rows:
-                if not row:
-                    continue
-                if len(row) != len(header):
-                    raise _fail(who, path, f"is ragged: a row has {len(row)} fields where the "
-                                           f"header has {len(header)}; expected every row "
-                                           "to have one value per column")
-                try:
-                    values.append([float(v) for v in row])
-                except ValueError:
-                    raise _fail(who, path, "has a value that is not a number; expected numeric "
-                                           "features and labels") from None
-    except UnicodeDecodeError:
-        raise _fail(who, path, "is not a text .csv file; expected " + EXPECTED_FORMATS) from None
-    except OSError as exc:
-        raise _fail(who, path, f"cannot be read ({exc.strerror}); expected a readable "
-                               "file") from None
-    table = np.asarray(values, dtype=np.float64).reshape(len(values), len(header))
-    return np.delete(table, label_at, axis=1), table[:, label_at]
-
-
 def _read_idx_folder(path: Path, who: str) -> tuple[np.ndarray, np.ndarray]:
     try:
         images = read_idx(_find_idx_file(path, "train", "images"))
@@ -118,53 +121,114 @@ def _read_idx_folder(path: Path, who: str) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def read_data_file(path: str | Path, *, who: str,
-                   label_column: str = "label") -> tuple[np.ndarray, np.ndarray]:
-    """Raw (X, y) from an .npz, a .csv or an IDX folder; only the format is checked here."""
+def read_data(path: str | Path, *, who: str, label_column: str = "label",
+              classes: int | None = None) -> RawData:
+    """Raw X and y from an .npz, a .csv or an IDX folder, with their cells' names; only the
+    format is checked here (and that a .csv's cells are numbers). `classes`, when known, makes
+    the sentence about text labels name the run's label range."""
     path = Path(path)
     if path.is_dir():
-        return _read_idx_folder(path, who)
+        features, labels = _read_idx_folder(path, who)
+        return RawData(features, labels, ArrayCells(tuple(features.shape[1:])))
     if not path.exists():
         raise _fail(who, path, "no such file; expected " + EXPECTED_FORMATS)
     suffix = path.suffix.lower()
     if suffix == ".npz":
-        return _read_npz(path, who)
+        features, labels = _read_npz(path, who)
+        return RawData(features, labels, ArrayCells(tuple(features.shape[1:])))
     if suffix == ".csv":
-        return _read_csv(path, who, label_column)
+        return RawData(*read_csv_table(path, label_column=label_column, classes=classes,
+                                       refuse=lambda problem: _fail(who, path, problem)))
     raise _fail(who, path, f"unknown format {suffix or '(no suffix)'!r}; expected "
                 + EXPECTED_FORMATS)
 
 
+def read_data_file(path: str | Path, *, who: str,
+                   label_column: str = "label") -> tuple[np.ndarray, np.ndarray]:
+    """Raw (X, y) from an .npz, a .csv or an IDX folder; only the format is checked here."""
+    raw = read_data(path, who=who, label_column=label_column)
+    return raw.features, raw.labels
+
+
+def _check_kinds(features: np.ndarray, labels: np.ndarray, *, fail: Refuse,
+                 classes: int) -> None:
+    if labels.dtype.kind in "US":
+        raise fail(f"y holds text labels ({labels.dtype}); " + label_encoding_hint(classes))
+    if features.dtype.kind in "US":
+        raise fail(f"X holds text ({features.dtype}); expected numbers (encode a category as "
+                   "numbers, e.g. one 0/1 column per category)")
+    if features.dtype.kind not in "biuf" or labels.dtype.kind not in "biuf":
+        raise fail(f"X and y must be numeric arrays, got {features.dtype} and "
+                   f"{labels.dtype}; expected numbers")
+
+
+def _check_range(x: np.ndarray, raw: np.ndarray, *, fail: Refuse, cells: Cells,
+                 divisor: float) -> None:
+    """Every scaled feature finite and within feature_limit; else name the first bad cell.
+    The happy path allocates nothing (min and max are reductions; NaN propagates)."""
+    per_sample = math.prod(x.shape[1:])
+    limit = feature_limit(per_sample)
+    lo, hi = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
+    if math.isfinite(lo) and math.isfinite(hi) and max(-lo, hi) <= limit:
+        return
+    flat, flat_raw = x.reshape(len(x), -1), raw.reshape(len(raw), -1)
+    bad = ~np.isfinite(flat)
+    if bad.any():
+        row, col = first_index(bad)
+        if not np.isfinite(flat_raw[row, col]):
+            raise fail(f"X has non-finite values (NaN or inf), the first at "
+                       f"{cells.feature(row, col)}; expected finite numbers")
+    row, col = first_index(bad | (np.abs(flat) > limit))
+    scaled = f" divided by the public scale {divisor:g}" if divisor != 1.0 else ""
+    raise fail(f"X has a value too large for float64 arithmetic at {cells.feature(row, col)}: "
+               f"its magnitude{scaled} exceeds {limit:.3g}, where the model's products of "
+               f"features and parameters (about {per_sample} x value^2) would overflow; "
+               "expected values of a sensible scale (rescale the data, or divide it by a "
+               "public constant with --scale div:C)")
+
+
+def _check_labels(y: np.ndarray, *, fail: Refuse, cells: Cells, classes: int) -> None:
+    if y.dtype.kind == "f":
+        fractional = ~(np.isfinite(y) & (y == np.floor(y)))
+        if fractional.any():
+            at = cells.label(int(np.argmax(fractional)))
+            raise fail(f"y has labels that are not integers, the first at {at}; expected "
+                       f"integer labels in [0, {classes})")
+    outside = (y < 0) | (y >= classes)
+    if outside.any():
+        at = cells.label(int(np.argmax(outside)))
+        raise fail(f"y has labels outside [0, {classes}), the first at {at}; expected "
+                   f"integers in [0, {classes}) (the run's {classes} classes)")
+
+
 def check_arrays(
     features: np.ndarray, labels: np.ndarray, *, path: Path, who: str,
-    shape: tuple[int, ...], classes: int, divisor: float,
+    shape: tuple[int, ...], classes: int, divisor: float, cells: Cells | None = None,
 ) -> Dataset:
-    """Schema, finiteness and label checks; features / divisor reshaped to (n, *shape)."""
+    """Schema, range and label checks; features / divisor reshaped to (n, *shape).
+
+    `cells` names a bad cell in the error (default: numpy indices X[i, j], y[i])."""
+    def fail(problem: str) -> DataError:
+        return _fail(who, path, problem)
+
     want = "x".join(map(str, shape))
-    if features.dtype.kind not in "biuf" or labels.dtype.kind not in "biuf":
-        raise _fail(who, path, f"X and y must be numeric arrays, got {features.dtype} and "
-                               f"{labels.dtype}; expected numbers")
+    _check_kinds(features, labels, fail=fail, classes=classes)
     if features.ndim < 1 or labels.ndim != 1 or features.shape[0] != labels.shape[0]:
-        raise _fail(who, path, "X and y disagree: expected X with one row per sample and y a "
-                               "1-D array with one label per sample")
+        raise fail("X and y disagree: expected X with one row per sample and y a 1-D array "
+                   "with one label per sample")
     if features.shape[0] == 0:
-        raise _fail(who, path, "holds no samples; expected at least one")
+        raise fail("holds no samples; expected at least one")
     sample = features.shape[1:]
     if math.prod(sample) != math.prod(shape) or (features.ndim == 1 and shape != (1,)):
         got = "x".join(map(str, sample)) or "scalar"
-        raise _fail(who, path, f"samples have shape {got}; expected the run's input shape "
-                               f"{want} ({math.prod(shape)} values per sample)")
+        raise fail(f"samples have shape {got}; expected the run's input shape {want} "
+                   f"({math.prod(shape)} values per sample)")
     x = np.array(features, dtype=np.float64).reshape(-1, *shape)  # one copy, scaled in place
     x /= divisor
-    if not np.isfinite(x).all():
-        raise _fail(who, path, "X has non-finite values (NaN or inf); expected finite numbers")
+    _check_range(x, features, fail=fail, cells=cells or ArrayCells(tuple(sample)),
+                 divisor=divisor)
     y = np.asarray(labels)
-    if y.dtype.kind == "f" and not (np.isfinite(y).all() and (y == np.floor(y)).all()):
-        raise _fail(who, path, "y has labels that are not integers; expected integer labels "
-                               f"in [0, {classes})")
-    if (y < 0).any() or (y >= classes).any():
-        raise _fail(who, path, f"y has labels outside [0, {classes}); expected integers in "
-                               f"[0, {classes}) (the run's {classes} classes)")
+    _check_labels(y, fail=fail, cells=cells or ArrayCells(tuple(sample)), classes=classes)
     return Dataset(images=torch.from_numpy(np.ascontiguousarray(x)),
                    labels=torch.from_numpy(y.astype(np.int64)), name=f"{who}:{path.name}",
                    shape=tuple(shape), classes=classes)
@@ -195,9 +259,9 @@ def load_local_data(
 ) -> LocalData:
     """Read and check an agent's own data (and the public test set) against the run's schema."""
     path = Path(path)
-    features, labels = read_data_file(path, who=who, label_column=label_column)
-    data = check_arrays(features, labels, path=path, who=who, shape=shape, classes=classes,
-                        divisor=divisor)
+    raw = read_data(path, who=who, label_column=label_column, classes=classes)
+    data = check_arrays(raw.features, raw.labels, path=path, who=who, shape=shape,
+                        classes=classes, divisor=divisor, cells=raw.cells)
     train, held = split_holdout(data, fraction=holdout, seed=seed, who=who, path=path)
     if batch_size and len(train) < batch_size:
         raise _fail(who, path, f"has fewer training samples than the batch size {batch_size} "
@@ -206,7 +270,7 @@ def load_local_data(
     test = None
     if test_path is not None:
         tpath = Path(test_path)
-        tx, ty = read_data_file(tpath, who=who, label_column=label_column)
-        test = check_arrays(tx, ty, path=tpath, who=who, shape=shape, classes=classes,
-                            divisor=divisor)
+        public = read_data(tpath, who=who, label_column=label_column, classes=classes)
+        test = check_arrays(public.features, public.labels, path=tpath, who=who, shape=shape,
+                            classes=classes, divisor=divisor, cells=public.cells)
     return LocalData(train=train, holdout=held, test=test)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable
 
@@ -13,6 +12,7 @@ from torch import nn
 from torch.func import functional_call
 
 from efpsn.tasks.data import IMAGE_SHAPE, NUM_CLASSES, Dataset
+from efpsn.tasks.fingerprint import model_fingerprint
 from efpsn.tasks.models import LeNet, LogisticRegression
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -79,6 +79,7 @@ class Task:
             self._layout.append((pname, offset, offset + param.numel(), param.shape))
             offset += param.numel()
         self.num_params: int = offset
+        self._fingerprint: bytes | None = None
 
     def __repr__(self) -> str:
         return (
@@ -121,12 +122,16 @@ class Task:
             )
 
     def fingerprint(self) -> bytes:
-        """sha256 over the model's parameter names, shapes and dtypes, in order: agents that
-        built different models (a different user module, other hidden widths) disagree."""
-        digest = hashlib.sha256()
-        for pname, param in self._model.named_parameters():
-            digest.update(f"{pname}|{tuple(param.shape)}|{param.dtype}\n".encode())
-        return digest.digest()
+        """sha256 (32 bytes) of the model's structure: parameter and buffer names, shapes and
+        dtypes, every submodule's class and hyper-parameters, the torch.fx graph of its
+        forward where tracing works, and the loss (efpsn.tasks.fingerprint). Agents that built
+        different models (another module, other widths, Tanh for ReLU) disagree; the same
+        model gives the same bytes in every process. It cannot see the code behind a name
+        (a module's or the loss's body), nor what an untraceable forward computes between its
+        modules; see efpsn.tasks.fingerprint for the whole list. Computed once."""
+        if self._fingerprint is None:
+            self._fingerprint = model_fingerprint(self._model, loss=self._loss)
+        return self._fingerprint
 
     def _check_batch(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         if (images.ndim < 2 or images[0].numel() != self.features

@@ -1,0 +1,189 @@
+"""Data checks that catch the absurd: values that would overflow the model's float64
+arithmetic, non-numeric .csv cells and text labels, each refused at load with its place."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from agent.bootstrap import failure_category, prepare
+from agent.options import AgentOptions
+from efpsn.config import RunConfig
+from efpsn.tasks import make_task
+from efpsn.tasks.local import HEADROOM, DataError, feature_limit, load_local_data
+
+COMMON = {"who": "agent2", "shape": (6,), "classes": 3, "divisor": 1.0, "seed": 0,
+          "holdout": 0.0}
+
+
+def tabular(n: int = 20) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 3, n)
+    return rng.normal(size=(n, 6)) + y[:, None], y
+
+
+def write_csv(path: Path, x: np.ndarray, y: list[str] | np.ndarray, *,
+              cells: dict[tuple[int, int], str] | None = None) -> Path:
+    """A .csv with header f0..f5,label; cells[(row, col)] replaces one feature's text."""
+    lines = [",".join(f"f{j}" for j in range(x.shape[1])) + ",label"]
+    for r, (row, label) in enumerate(zip(x, y, strict=True)):
+        texts = [repr(float(v)) for v in row]
+        for (cr, cc), text in (cells or {}).items():
+            if cr == r:
+                texts[cc] = text
+        lines.append(",".join(texts) + f",{label}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def refusal(path: Path, **kw: object) -> str:
+    with pytest.raises(DataError) as info:
+        load_local_data(path, **{**COMMON, **kw})
+    text = str(info.value)
+    assert "\n" not in text and text.startswith(f"agent2: {path}: ") and "expected" in text
+    return text
+
+
+# ------------------------------------------------------------------------ the limit's arithmetic
+
+
+def test_feature_limit_is_where_features_times_value_squared_meets_the_float64_range() -> None:
+    biggest = float(np.finfo(np.float64).max)
+    for d in (1, 6, 784, 3 * 32 * 32):
+        limit = feature_limit(d)
+        total = math.log(d) + 2 * math.log(limit) + math.log(HEADROOM)  # in logs: no overflow
+        assert total == pytest.approx(math.log(biggest), rel=1e-14)
+    assert 7e147 < feature_limit(784) < 8e147
+    with pytest.raises(ValueError, match="features must be >= 1"):
+        feature_limit(0)
+
+
+def test_at_the_limit_two_logreg_steps_stay_finite_and_1e300_overflows() -> None:
+    """The refusal is about the arithmetic: one gradient step makes the parameters of the
+    features' order, the next logits features x value^2."""
+    task = make_task("logreg", shape=(6,), classes=3, l2=0.01)
+    labels = torch.tensor([0, 1, 2])
+
+    def two_steps(value: float) -> tuple[float, torch.Tensor]:
+        images = torch.full((3, 6), value, dtype=torch.float64)
+        _, grad = task.loss_and_grad(torch.zeros(task.num_params, dtype=torch.float64), images,
+                                     labels)
+        with np.errstate(all="ignore"):
+            return task.loss_and_grad(-grad, images, labels)  # one step at learning rate 1
+
+    loss, grad = two_steps(feature_limit(6))
+    assert math.isfinite(loss) and torch.isfinite(grad).all()
+    loss, grad = two_steps(1e300)
+    assert not (math.isfinite(loss) and torch.isfinite(grad).all())
+
+
+# ------------------------------------------------------------------------ absurd values
+
+
+def test_a_finite_absurd_value_is_refused_naming_its_cell(tmp_path: Path) -> None:
+    x, y = tabular()
+    x[5, 4] = 1e300
+    np.savez(tmp_path / "d.npz", X=x, y=y)
+    text = refusal(tmp_path / "d.npz")
+    assert "X has a value too large for float64 arithmetic at X[5, 4]" in text
+    assert "about 6 x value^2" in text and "--scale div:C" in text
+    assert "1e+300" not in text and "1e300" not in text  # never the value itself
+    csv = write_csv(tmp_path / "d.csv", x, y)
+    assert "at row 6 (line 7), column 'f4'" in refusal(csv)
+
+
+def test_images_name_their_cell_in_the_files_own_shape(tmp_path: Path) -> None:
+    images = np.zeros((4, 1, 3, 2))
+    images[2, 0, 1, 1] = -1e200
+    np.savez(tmp_path / "img.npz", X=images, y=np.zeros(4, int))
+    assert "at X[2, 0, 1, 1]" in refusal(tmp_path / "img.npz", shape=(6,))
+
+
+def test_the_limit_applies_after_the_public_scale(tmp_path: Path) -> None:
+    x, y = tabular()
+    x[0, 0] = 1e149  # above feature_limit(6) ~ 8.3e148 as it stands
+    np.savez(tmp_path / "d.npz", X=x, y=y)
+    assert "at X[0, 0]" in refusal(tmp_path / "d.npz")
+    scaled = load_local_data(tmp_path / "d.npz", **{**COMMON, "divisor": 1e10})
+    assert float(scaled.train.images[0, 0]) == pytest.approx(1e139)
+    x[0, 0] = 1e140  # fine as it stands, too large once divided by a tiny public scale
+    np.savez(tmp_path / "d.npz", X=x, y=y)
+    load_local_data(tmp_path / "d.npz", **COMMON)
+    text = refusal(tmp_path / "d.npz", divisor=1e-10)
+    assert "at X[0, 0]: its magnitude divided by the public scale 1e-10 exceeds" in text
+
+
+def test_non_finite_values_name_their_cell(tmp_path: Path) -> None:
+    x, y = tabular()
+    x[7, 1] = -np.inf
+    np.savez(tmp_path / "d.npz", X=x, y=y)
+    assert "X has non-finite values (NaN or inf), the first at X[7, 1]" in refusal(
+        tmp_path / "d.npz")
+    x[7, 1] = 0.0
+    csv = write_csv(tmp_path / "d.csv", x, y, cells={(2, 3): "nan"})
+    assert "the first at row 3 (line 4), column 'f3'; expected finite" in refusal(csv)
+
+
+def test_the_public_test_set_is_checked_the_same_way(tmp_path: Path) -> None:
+    x, y = tabular()
+    np.savez(tmp_path / "train.npz", X=x, y=y)
+    x[1, 2] = 1e300
+    np.savez(tmp_path / "test.npz", X=x, y=y)
+    with pytest.raises(DataError, match=r"test.npz: X has a value too large .* at X\[1, 2\]"):
+        load_local_data(tmp_path / "train.npz", test_path=tmp_path / "test.npz", **COMMON)
+
+
+# ------------------------------------------------------------------------ text in a .csv
+
+
+def test_a_non_numeric_csv_cell_names_row_line_and_column(tmp_path: Path) -> None:
+    x, y = tabular()
+    csv = write_csv(tmp_path / "d.csv", x, y, cells={(4, 2): "abc"})
+    text = refusal(csv)
+    assert "row 5 (line 6), column 'f2' is not a number; expected numeric features" in text
+    assert "abc" not in text
+    empty = write_csv(tmp_path / "e.csv", x, y, cells={(0, 5): ""})
+    assert "row 1 (line 2), column 'f5' is empty; expected numeric features" in refusal(empty)
+
+
+def test_blank_lines_keep_the_line_numbers_true(tmp_path: Path) -> None:
+    (tmp_path / "d.csv").write_text("a,b,c,d,e,f,label\n\n1,2,3,4,5,6,0\n\n1,2,x,4,5,6,1\n")
+    assert "row 2 (line 5), column 'c' is not a number" in refusal(tmp_path / "d.csv")
+
+
+@pytest.mark.parametrize("labels, classes, span", [
+    (["abc"] * 20, 3, "expected integer labels 0..2: encode each class as one integer"),
+    (["yes", "no"] * 10, 2, "expected integer labels 0 and 1: encode each class as one integer"),
+])
+def test_text_labels_say_how_to_encode_them(tmp_path: Path, labels: list[str], classes: int,
+                                            span: str) -> None:
+    x, _ = tabular()
+    text = refusal(write_csv(tmp_path / "d.csv", x, labels), classes=classes)
+    assert "row 1 (line 2), column 'label' is not a number: labels must be numbers; " in text
+    assert span in text and "the same mapping at every agent (e.g. 'no' -> 0, 'yes' -> 1)" in text
+    np.savez(tmp_path / "d.npz", X=x, y=np.array(labels))
+    text = refusal(tmp_path / "d.npz", classes=classes)
+    assert "y holds text labels (<U3); " + span in text
+
+
+def test_text_features_in_an_npz_are_refused(tmp_path: Path) -> None:
+    np.savez(tmp_path / "d.npz", X=np.array([["1", "a"]] * 4), y=np.zeros(4, int))
+    assert "X holds text (<U1); expected numbers" in refusal(tmp_path / "d.npz", shape=(2,))
+
+
+def test_the_coordinator_learns_only_the_category(tmp_path: Path) -> None:
+    x, y = tabular()
+    x[0, 0] = 1e300
+    np.savez(tmp_path / "d.npz", X=x, y=y)
+    config = RunConfig(data="local", input_shape="6", classes=3, batch_size=4, m=3, N=3,
+                       key_bits=2048)
+    options = AgentOptions(name="agent2", listen="127.0.0.1:0", coordinator="127.0.0.1:1",
+                           data=tmp_path / "d.npz")
+    with pytest.raises(DataError) as info:
+        prepare(config, options)
+    assert "X[0, 0]" in str(info.value)
+    assert failure_category(info.value) == "its local data cannot be used"
