@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The services' commands live with the services; their parsers import nothing heavy.
     import agent.cli
     import coordinator.cli
-    from efpsn.cli_services import register_certs
+    from efpsn.certs_cli import register as register_certs
     from efpsn.experiments.cli import register as register_experiments
 
     coordinator.cli.add_parser(sub)
