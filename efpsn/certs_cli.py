@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 DEFAULT_DAYS = 365
 KEY_TYPES = ("ec", "rsa")
@@ -95,20 +96,31 @@ def _items(values: list[str] | None) -> list[str]:
     return [v.strip() for raw in values or [] for v in raw.split(",") if v.strip()]
 
 
-def _key_type(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--key-type", choices=KEY_TYPES, default="ec",
-                   help="EC P-256 (default) or RSA 3072")
+def _step(steps: argparse._SubParsersAction, step: str, handler: Any, /, *, help: str,
+          force: str, key_type: bool, **flags: dict[str, Any]) -> None:
+    """A step's parser: its own flags (name -> add_argument keywords), then --key-type (for
+    the steps that make a key) and --force."""
+    p = steps.add_parser(step, help=help)
+    for flag, options in flags.items():
+        p.add_argument("--" + flag.replace("_", "-"), **options)
+    if key_type:
+        p.add_argument("--key-type", choices=KEY_TYPES, default="ec",
+                       help="EC P-256 (default) or RSA 3072")
+    p.add_argument("--force", action="store_true", help=force)
+    p.set_defaults(handler=handler)
+
+
+DESCRIPTION = (
+    "Certificates for mutual TLS. Parties on separate hosts: the operator runs `init-ca`, each "
+    "party runs `request` on its own host (its key never leaves that folder) and sends the .csr, "
+    "the operator runs `sign` and sends back NAME.pem and ca.pem. One operator for every node: "
+    "`efpsn certs --out DIR --names ...` (every key in DIR).")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `efpsn certs` (its three steps and the one-operator form) to the `efpsn` parser."""
-    certs = sub.add_parser(
-        "certs", help="certificates for mutual TLS: CA, party-side keys and requests, signing",
-        description="Certificates for mutual TLS. Parties on separate hosts: the operator runs "
-                    "`init-ca`, each party runs `request` on its own host (its key never leaves "
-                    "that folder) and sends the .csr, the operator runs `sign` and sends back "
-                    "NAME.pem and ca.pem. One operator for every node: `efpsn certs --out DIR "
-                    "--names ...` (every key in DIR).")
+    certs = sub.add_parser("certs", description=DESCRIPTION, help="certificates for mutual TLS: "
+                           "CA, party-side keys and requests, signing")
     one = certs.add_argument_group("one operator, every key in one folder (no step given)")
     one.add_argument("--out", dest="legacy_out", metavar="DIR", default=None,
                      help="folder for ca.pem, NAME.pem, NAME.key")
@@ -128,34 +140,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     certs.set_defaults(handler=_one_operator, numeric=False, certs_step=None)
     steps = certs.add_subparsers(dest="certs_step", metavar="STEP")
 
-    init = steps.add_parser("init-ca", help="a new CA: OUT/ca.pem and OUT/ca.key (0600)")
-    init.add_argument("--out", required=True, help="the CA's folder (made 0700)")
-    init.add_argument("--days", type=int, default=DEFAULT_DAYS,
-                      help=f"validity (default {DEFAULT_DAYS})")
-    _key_type(init)
-    init.add_argument("--force", action="store_true", help="replace an existing CA")
-    init.set_defaults(handler=_init_ca)
-
-    req = steps.add_parser("request", help="on the party's host: OUT/NAME.key (0600) and "
-                                           "OUT/NAME.csr to send to the CA")
-    req.add_argument("--name", required=True, help="the node's name, e.g. agent1")
-    req.add_argument("--out", required=True, help="the party's own folder (made 0700)")
-    req.add_argument("--ip", action="append", default=None,
-                     help="an IP address the node is dialled at (repeatable or comma-separated)")
-    req.add_argument("--dns", action="append", default=None,
-                     help="an extra fully qualified DNS name of the node (repeatable)")
-    _key_type(req)
-    req.add_argument("--force", action="store_true", help="overwrite NAME.key and NAME.csr")
-    req.set_defaults(handler=_request)
-
-    sign = steps.add_parser("sign", help="on the CA's host: check a request, write OUT/NAME.pem "
-                                         "and OUT/ca.pem")
-    sign.add_argument("--ca", required=True, help="the CA's folder (ca.pem, ca.key)")
-    sign.add_argument("--csr", required=True, help="the party's NAME.csr")
-    sign.add_argument("--out", required=True, help="folder for NAME.pem and ca.pem")
-    sign.add_argument("--days", type=int, default=DEFAULT_DAYS,
-                      help=f"validity (default {DEFAULT_DAYS}, never beyond the CA's)")
-    sign.add_argument("--force", action="store_true", help="overwrite NAME.pem and ca.pem")
-    sign.add_argument("--replace", action="store_true",
-                      help="sign although NAME already has a certificate for another key")
-    sign.set_defaults(handler=_sign)
+    _step(steps, "init-ca", _init_ca, help="a new CA: OUT/ca.pem and OUT/ca.key (0600)",
+          force="replace an existing CA", key_type=True,
+          out={"required": True, "help": "the CA's folder (made 0700)"},
+          days={"type": int, "default": DEFAULT_DAYS, "help": f"validity (default {DEFAULT_DAYS})"})
+    _step(steps, "request", _request,
+          help="on the party's host: OUT/NAME.key (0600) and OUT/NAME.csr to send to the CA",
+          force="overwrite NAME.key and NAME.csr", key_type=True,
+          name={"required": True, "help": "the node's name, e.g. agent1"},
+          out={"required": True, "help": "the party's own folder (made 0700)"},
+          ip={"action": "append", "default": None,
+              "help": "an IP address the node is dialled at (repeatable or comma-separated)"},
+          dns={"action": "append", "default": None,
+               "help": "an extra fully qualified DNS name of the node (repeatable)"})
+    _step(steps, "sign", _sign,
+          help="on the CA's host: check a request, write OUT/NAME.pem and OUT/ca.pem",
+          force="overwrite NAME.pem and ca.pem", key_type=False,
+          ca={"required": True, "help": "the CA's folder (ca.pem, ca.key)"},
+          csr={"required": True, "help": "the party's NAME.csr"},
+          out={"required": True, "help": "folder for NAME.pem and ca.pem"},
+          days={"type": int, "default": DEFAULT_DAYS,
+                "help": f"validity (default {DEFAULT_DAYS}, never beyond the CA's)"},
+          replace={"action": "store_true",
+                   "help": "sign although NAME already has a certificate for another key"})
