@@ -9,7 +9,9 @@
 
 `secrets` reads the files straight from the party's own folder (as written by `efpsn certs
 request` and `sign`) into Swarm secrets named efpsn-NAME.key, efpsn-NAME.pem (and efpsn-ca.pem);
-it writes no file. Run it with the Docker CLI pointed at a manager (DOCKER_HOST=ssh://...,
+it writes no file. It first checks them with efpsn (key mode 0600, certificate of NAME from the
+CA, matching the key), so run it with the Python that has efpsn installed; the other commands
+need only the standard library. Run it with the Docker CLI pointed at a manager (DOCKER_HOST=ssh://...,
 or `docker context use`). `label` adds the node label efpsn.party.NAME=true that the stack's
 placement constraint asks for; a node may carry several. Everything else is plain `docker`.
 """
