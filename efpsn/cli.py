@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The services' commands live with the services; their parsers import nothing heavy.
     import agent.cli
     import coordinator.cli
-    from efpsn.cli_services import register_certs
+    from efpsn.certs_cli import register as register_certs
     from efpsn.evaluate_cli import register as register_evaluate
     from efpsn.experiments.cli import register as register_experiments
     from efpsn.launch.cli import add_parser as add_up

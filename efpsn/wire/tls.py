@@ -3,13 +3,15 @@ credentials, and the peer identity (certificate name) of a caller.
 
 Every node (the coordinator and each agent) holds `ca.pem`, `NAME.pem` and `NAME.key`. A node's
 certificate names it twice: as its subject common name and as a DNS subject-alternative name
-(plus any extra DNS and IP SANs, e.g. the address it is reached at). Servers require a client
+(plus any extra DNS and IP SANs, e.g. the address it is reached at). `generate_certificates`
+makes every node's key in one folder (one operator); efpsn.wire.csr issues certificates from
+signing requests, so that each key stays on its party's host. Servers require a client
 certificate signed by the same CA; clients check the server's certificate against the name of
 the peer they mean to reach (`grpc.ssl_target_name_override`), also when they dial an IP address.
 
 The identity of a caller is the set of its certificate's DNS SANs and its CN; IP SANs never count
-as names. `efpsn certs` refuses extra DNS SANs that equal another node's name, so no certificate
-it issues can speak for another node.
+as names. `efpsn certs` refuses extra DNS SANs that equal another node's name (in any letter
+case), so no certificate it issues can speak for another node.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class TlsError(ValueError):
 # ------------------------------------------------------------------------------- generation
 
 
-def _new_key(key_type: str) -> ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey:
+def new_key(key_type: str) -> ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey:
+    """A fresh private key: EC P-256 ("ec") or RSA 3072 ("rsa")."""
     if key_type == "ec":
         return ec.generate_private_key(ec.SECP256R1())
     if key_type == "rsa":
@@ -64,7 +67,7 @@ def _new_key(key_type: str) -> ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey:
     raise TlsError(f"key type must be one of {KEY_TYPES}, got {key_type!r}")
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
     """Write a secret atomically with mode 0600 from the first byte on."""
     tmp = path.with_name(path.name + ".part")
     tmp.unlink(missing_ok=True)
@@ -74,18 +77,97 @@ def _write_private(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _write_public(path: Path, data: bytes) -> None:
+def write_public(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".part")
     tmp.write_bytes(data)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 
-def _key_pem(key: Any) -> bytes:
+def private_folder(folder: Path) -> None:
+    """Create `folder` (and parents) readable by its owner only."""
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+
+
+def key_pem(key: Any) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
+
+
+def cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def check_days(days: int) -> None:
+    if not 1 <= days <= 3650:
+        raise TlsError(f"days must be in [1, 3650], got {days}")
+
+
+def new_ca(key_type: str, *, days: int) -> tuple[x509.Certificate, Any]:
+    """A self-signed CA certificate that may sign node certificates only (path length 0)."""
+    key = new_key(key_type)
+    now = datetime.datetime.now(datetime.UTC)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "EFPSN run CA"),
+                      x509.NameAttribute(NameOID.ORGANIZATION_NAME, "EFPSN")])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name).issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=False, content_commitment=False, key_encipherment=False,
+            data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+            encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                       critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return cert, key
+
+
+def node_certificate(ca_cert: x509.Certificate, ca_key: Any, public_key: Any, name: str, *,
+                     dns: Sequence[str] = (), ips: Sequence[str] = (),
+                     not_after: datetime.datetime) -> x509.Certificate:
+    """The certificate of node `name`: CN=name, DNS SANs name + `dns`, IP SANs `ips`, usable
+    for TLS servers and clients, never for signing certificates."""
+    now = datetime.datetime.now(datetime.UTC)
+    sans: list[x509.GeneralName] = [x509.DNSName(name)]
+    sans += [x509.DNSName(d) for d in dict.fromkeys(dns) if d != name]
+    sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in dict.fromkeys(ips)]
+    return (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(
+            digital_signature=True, content_commitment=False,
+            key_encipherment=isinstance(public_key, rsa.RSAPublicKey), data_encipherment=False,
+            key_agreement=False, key_cert_sign=False, crl_sign=False, encipher_only=False,
+            decipher_only=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(
+            [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+            critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+            ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+
+def check_node_name(name: str) -> None:
+    if not NODE_NAME.match(name) or is_ip(name):
+        raise TlsError(f"name must match {NODE_NAME.pattern} and not be an IP, got {name!r}")
 
 
 def _split_per_node(values: Sequence[str], names: Sequence[str], what: str) -> dict[str, list[str]]:
@@ -117,7 +199,8 @@ def generate_certificates(
     key_type: str = "ec",
     overwrite: bool = False,
 ) -> dict[str, Path]:
-    """A CA (reused when OUT already holds ca.pem + ca.key) and one key/certificate per name.
+    """A CA (reused when OUT already holds ca.pem + ca.key) and one key/certificate per name:
+    one operator makes every node's key (efpsn.wire.csr keeps each key on its party's host).
 
     ips/dns entries are 'VALUE' (every certificate) or 'NAME=VALUE' (that one only). Every
     certificate carries DNS:NAME and CN=NAME. Private keys are written with mode 0600.
@@ -128,92 +211,52 @@ def generate_certificates(
     if not names:
         raise TlsError("give at least one name (e.g. --names coordinator,agent1,agent2)")
     for name in names:
-        if not NODE_NAME.match(name) or _is_ip(name):
-            raise TlsError(f"name must match {NODE_NAME.pattern} and not be an IP, got {name!r}")
-    if not 1 <= days <= 3650:
-        raise TlsError(f"days must be in [1, 3650], got {days}")
+        check_node_name(name)
+    check_days(days)
     ip_map = _split_per_node(ips, names, "ip")
     dns_map = _split_per_node(dns, names, "dns")
+    folded = {n.casefold(): n for n in names}
     for name in names:
         for value in ip_map[name]:
-            if not _is_ip(value):
+            if not is_ip(value):
                 raise TlsError(f"--ip {value!r} is not an IP address")
         for value in dns_map[name]:
-            if value in names and value != name:
+            if folded.get(value.casefold(), name) != name:
                 raise TlsError(f"extra DNS name {value!r} of {name} is another node's name: "
                                "that certificate could then speak for it")
-    folder.mkdir(parents=True, exist_ok=True)
-    os.chmod(folder, 0o700)
+    private_folder(folder)
     targets = [folder / f"{n}{ext}" for n in names for ext in (".pem", ".key")]
     existing = [str(p) for p in targets if p.exists()]
     if existing and not overwrite:
         raise TlsError(f"refusing to overwrite {', '.join(existing)} (use --force)")
 
-    now = datetime.datetime.now(datetime.UTC)
     ca_cert_path, ca_key_path = folder / CA_CERT, folder / CA_KEY
     if ca_cert_path.exists() and ca_key_path.exists():
         ca_cert = x509.load_pem_x509_certificate(ca_cert_path.read_bytes())
         ca_key = serialization.load_pem_private_key(ca_key_path.read_bytes(), password=None)
     else:
-        ca_key = _new_key(key_type)
-        ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "EFPSN run CA"),
-                             x509.NameAttribute(NameOID.ORGANIZATION_NAME, "EFPSN")])
-        ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(ca_name).issuer_name(ca_name)
-            .public_key(ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(
-                digital_signature=False, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256())
-        )
-        _write_private(ca_key_path, _key_pem(ca_key))
-        _write_public(ca_cert_path, ca_cert.public_bytes(serialization.Encoding.PEM))
+        ca_cert, ca_key = new_ca(key_type, days=days)
+        write_private(ca_key_path, key_pem(ca_key))
+        write_public(ca_cert_path, cert_pem(ca_cert))
 
+    not_after = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=days)
     written: dict[str, Path] = {}
     for name in names:
-        key = _new_key(key_type)
-        sans: list[x509.GeneralName] = [x509.DNSName(name)]
-        sans += [x509.DNSName(d) for d in dict.fromkeys(dns_map[name]) if d != name]
-        sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in dict.fromkeys(ip_map[name])]
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-            .issuer_name(ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(
-                digital_signature=True, content_commitment=False,
-                key_encipherment=isinstance(key, rsa.RSAPrivateKey), data_encipherment=False,
-                key_agreement=False, key_cert_sign=False, crl_sign=False, encipher_only=False,
-                decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                critical=False)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
-                           critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
-                ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256())
-        )
-        _write_private(folder / f"{name}.key", _key_pem(key))
-        _write_public(folder / f"{name}.pem", cert.public_bytes(serialization.Encoding.PEM))
+        key = new_key(key_type)
+        cert = node_certificate(ca_cert, ca_key, key.public_key(), name, dns=dns_map[name],
+                                ips=ip_map[name], not_after=not_after)
+        write_private(folder / f"{name}.key", key_pem(key))
+        write_public(folder / f"{name}.pem", cert_pem(cert))
         written[name] = folder / f"{name}.pem"
     return written
 
 
-def _is_ip(value: str) -> bool:
+def public_der(public_key: Any) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.DER,
+                                   serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def is_ip(value: str) -> bool:
     try:
         ipaddress.ip_address(value)
     except ValueError:
@@ -237,7 +280,7 @@ def names_in_certificate(pem: bytes) -> frozenset[str]:
     for attr in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME):
         value = attr.value if isinstance(attr.value, str) else attr.value.decode(errors="replace")
         names.add(value)
-    return frozenset(n for n in names if not _is_ip(n))
+    return frozenset(n for n in names if not is_ip(n))
 
 
 def caller_names(context: Any) -> frozenset[str] | None:
@@ -310,9 +353,7 @@ class TlsConfig:
         except (ValueError, TypeError, InvalidSignature):
             raise TlsError(f"{self.cert_path or 'the certificate'} was not issued by the CA "
                            f"{ca.subject.rfc4514_string()}") from None
-        pub = serialization.PublicFormat.SubjectPublicKeyInfo
-        enc = serialization.Encoding.DER
-        if key.public_key().public_bytes(enc, pub) != cert.public_key().public_bytes(enc, pub):
+        if public_der(key.public_key()) != public_der(cert.public_key()):
             raise TlsError(f"the key does not belong to {self.cert_path or 'the certificate'}")
 
     @property
