@@ -57,7 +57,7 @@ def _agent(args: argparse.Namespace) -> int:
         allow_insecure_keys=args.allow_insecure_keys,
         data=Path(args.data) if args.data else None, holdout=args.holdout,
         test_data=Path(args.test_data) if args.test_data else None,
-        label_column=args.label_column,
+        label_column=args.label_column, quiet=args.quiet,
     )
     result = asyncio.run(until_signalled(AgentNode(options).run(), what=args.name))
     final = result["final"]
@@ -86,6 +86,8 @@ def configure(agent: argparse.ArgumentParser) -> None:
     # `efpsn up`: the coordinator's port, once it is bound (--coordinator gives the host)
     agent.add_argument("--coordinator-port-file", default=None, help=argparse.SUPPRESS)
     agent.add_argument("--verbose", action="store_true")
+    agent.add_argument("--quiet", action="store_true",
+                       help="no progress line at each evaluation (round, local loss, accuracy)")
     data = agent.add_argument_group(
         "this agent's own data (runs with --data local at the coordinator); read on this host "
         "only, never sent or logged")

@@ -189,7 +189,8 @@ class AgentNode:
             done = await run_phase_two(
                 session=session, driver=driver, link=link, ledger=ledger, mailbox=self.mailbox,
                 store=self.store, status=self.status, checkpoint_every=opts.checkpoint_every,
-                name=opts.name, history=history)
+                name=opts.name, history=history,
+                on_evaluation=None if opts.quiet else self._progress(cfg.iterations))
         except BaseException:
             await link.abandon()
             raise
@@ -212,6 +213,15 @@ class AgentNode:
         self.status.finished = True
         await link.finish(cfg.iterations, done.final_outbox)
         return result
+
+    def _progress(self, iterations: int) -> Any:
+        """A progress line per evaluation, for this agent's own operator (its log)."""
+        def say(record: dict[str, float]) -> None:
+            figures = ", ".join(f"{k} {record[k]:.4g}" for k in ("loss", "accuracy")
+                                if k in record)
+            log.info("%s: round %d/%d: %s", self.options.name, int(record["round"]),
+                     iterations, figures)
+        return say
 
     def _attach(self, session: Session, *, resumed_from: int | None) -> RoundLedger:
         """The session is known: neighbours' messages are served from now on."""

@@ -68,6 +68,7 @@ class AgentOptions:
     holdout: float = 0.2
     test_data: Path | None = None
     label_column: str = "label"
+    quiet: bool = False  # no progress line per evaluation
     # Test and debugging hooks. Both break privacy; never use them in a real deployment.
     insecure_noise_seed: int | None = None  # reproducible noise (to compare with the simulator)
     debug_expose_mask: bool = False  # write this agent's mask numerators into result.json

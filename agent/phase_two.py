@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.exchange import RoundLink
@@ -60,8 +61,11 @@ def make_driver(session: Session, mask: MaskCoefficients,
 async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLink,
                         ledger: RoundLedger, mailbox: Mailbox, store: StateStore,
                         status: Status, checkpoint_every: int, name: str,
-                        history: list[dict[str, float]]) -> PhaseTwoResult:
-    """Every round from the driver's (0, or the checkpoint's) to the last."""
+                        history: list[dict[str, float]],
+                        on_evaluation: Callable[[dict[str, float]], None] | None = None,
+                        ) -> PhaseTwoResult:
+    """Every round from the driver's (0, or the checkpoint's) to the last; on_evaluation hears
+    each evaluation record (e.g. a progress line for this agent's operator)."""
     cfg = session.config
     if not history:
         history.append(evaluate(session.problem, session.index, driver.state, status))
@@ -90,6 +94,8 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
         if due:
             record = evaluate(session.problem, session.index, driver.state, status)
             history.append({**record, **driver.measures})
+            if on_evaluation is not None:
+                on_evaluation(history[-1])
     status.round = cfg.iterations
     return PhaseTwoResult(state=driver.state, final_outbox=driver.outbox, history=history)
 

@@ -137,7 +137,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def _assigned(self) -> Session:
         if self._session is None:
             # Not assigned (or not restored) yet: the sender retries UNAVAILABLE with backoff.
-            raise Reject(StatusCode.UNAVAILABLE, "agent not assigned to a run yet")
+            raise Reject(StatusCode.UNAVAILABLE, "agent not assigned to a run yet", early=True)
         return self._session
 
     @staticmethod
@@ -188,7 +188,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             return self._late_phase_one("shares", sender, digest)
         expected = self.shares
         if expected is None:
-            raise Reject(StatusCode.UNAVAILABLE, "phase I key not ready yet")
+            raise Reject(StatusCode.UNAVAILABLE, "phase I key not ready yet", early=True)
         batch = serde.ciphertexts_from_proto(
             request.batch, expected_fingerprint=paillier.fingerprint(expected.public_key),
             expected_num_coefficients=s.problem.N, expected_packed=s.config.packed)

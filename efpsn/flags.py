@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from efpsn.config import PRESETS, Declaration, RunConfig, declarations
+from efpsn.config import LOCAL_DATA, PRESETS, Declaration, RunConfig, declarations
 
 __all__ = ["add_run_arguments", "config_from_args", "config_to_args", "flag_of"]
 
@@ -86,6 +86,8 @@ def config_from_args(args: argparse.Namespace, *,
 
         # the folder implies data "local", the agent count and its schema.json's fields
         values.update(inspect_data_dir(data_dir).run_values())
+    elif ("input_shape" in given or "classes" in given) and "data" not in given:
+        values["data"] = LOCAL_DATA  # a schema of one's own and no data set named: local data
     values.update(given)
     return RunConfig(**values)
 

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from efpsn.cli_common import write_json
-from efpsn.config import LOCAL_DATA, RunConfig
+from efpsn.config import RunConfig
 from efpsn.flags import add_run_arguments, config_from_args
 
 __all__ = ["add_parser"]
@@ -41,8 +41,7 @@ def _privacy(args: argparse.Namespace) -> int:
     from efpsn.selection import parse_selection
     from efpsn.topology import build_graph, laplacian_spectrum
 
-    own_schema = any(hasattr(args, k) for k in ("input_shape", "classes"))
-    config = config_from_args(args, derived={"data": LOCAL_DATA} if own_schema else None)
+    config = config_from_args(args)
     m, n_functions = _basis(config)
     protects = protection_statement(selection=config.selection, m=m, K=config.K, N=n_functions,
                                     sensitivity=args.sensitivity, q=args.q)

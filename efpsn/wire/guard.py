@@ -26,11 +26,14 @@ class Reject(Exception):
     """Raised inside an RPC handler to refuse the call with `code` and a message saying why."""
 
     def __init__(self, code: grpc.StatusCode, detail: str, *,
-                 metadata: tuple[tuple[str, str], ...] = ()) -> None:
+                 metadata: tuple[tuple[str, str], ...] = (), early: bool = False) -> None:
         super().__init__(detail)
         self.code = code
         self.detail = detail
         self.metadata = metadata  # trailing metadata: the refusal's facts as data
+        # early: the caller is simply ahead of us (we are not assigned or ready yet) and
+        # retries; a normal race at start-up, not counted or logged as a refusal
+        self.early = early
 
 
 class RejectionLog:
@@ -204,7 +207,7 @@ def _server_stopped(exc: BaseException) -> bool:
     return type(exc).__name__ == "_ServerStoppedError"
 
 
-def _refusal(exc: Exception, name: str, context: Any) -> tuple[grpc.StatusCode, str]:
+def _refusal(exc: Exception, name: str, context: Any) -> tuple[grpc.StatusCode, str, bool]:
     """The status and message a handler's exception becomes (never UNKNOWN); gRPC's own
     server-stopped error is re-raised for gRPC to end the call."""
     if _server_stopped(exc):
@@ -212,11 +215,11 @@ def _refusal(exc: Exception, name: str, context: Any) -> tuple[grpc.StatusCode, 
     if isinstance(exc, Reject):
         if exc.metadata:
             context.set_trailing_metadata(exc.metadata)
-        return exc.code, exc.detail
+        return exc.code, exc.detail, exc.early
     if isinstance(exc, BAD_INPUT):
-        return grpc.StatusCode.INVALID_ARGUMENT, str(exc) or type(exc).__name__
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc) or type(exc).__name__, False
     log.error("%s failed on unexpected input", name, exc_info=exc)  # a bug: INTERNAL
-    return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"
+    return grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})", False
 
 
 def _parsed(request: Any) -> Any:
@@ -228,10 +231,14 @@ def _parsed(request: Any) -> Any:
 
 
 async def _refuse(servicer: Any, name: str, context: Any, code: grpc.StatusCode,
-                  detail: str) -> None:
-    """Count and log the refusal, then end the call with `code` (context.abort raises)."""
+                  detail: str, early: bool = False) -> None:
+    """Count and log the refusal (an early caller's only at debug level), then end the call
+    with `code` (context.abort raises)."""
     detail = detail if len(detail) <= 1000 else detail[:1000] + "..."
-    servicer.rejections.record(name, code, detail)
+    if early:
+        log.debug("%s: %s early (%s): %s", name, code.name, "the caller retries", detail)
+    else:
+        servicer.rejections.record(name, code, detail)
     await context.abort(code, detail)
     raise AssertionError("context.abort returned")  # pragma: no cover
 
@@ -259,11 +266,11 @@ def guarded(
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - every exception becomes a status
-            code, detail = _refusal(exc, method.__name__, context)
+            code, detail, early = _refusal(exc, method.__name__, context)
         finally:
             if admission is not None and admission.release is not None:
                 admission.release()
-        await _refuse(self, method.__name__, context, code, detail)
+        await _refuse(self, method.__name__, context, code, detail, early)
         raise AssertionError("unreachable")  # pragma: no cover
 
     return handler
@@ -301,10 +308,10 @@ def _guard_stream(method: Callable[[Any, Any, Any], Awaitable[Any]], *,
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - every exception becomes a status
-            code, detail = _refusal(exc, name, context)
+            code, detail, early = _refusal(exc, name, context)
         finally:
             if admission is not None and admission.release is not None:
                 admission.release()
-        await _refuse(self, name, context, code, detail)
+        await _refuse(self, name, context, code, detail, early)
 
     return handler
