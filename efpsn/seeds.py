@@ -187,7 +187,7 @@ def _parse_seed_object(name: str, value: object) -> dict[int, bytes]:
 class SeedExchange:
     """Phase I with seeds for one agent, without I/O: keys and ints in, EdgeSeeds out.
 
-    Lifecycle (as efpsn.masking.Masker): construct (generates or takes the key pair) -> publish
+    Lifecycle (as efpsn.masking.Masker): construct with the agent's key pair -> publish
     `public_key` -> outgoing(neighbours' public keys) -> {j: [one ciphertext]} ->
     finish({j: [the one ciphertext j sent]}) -> EdgeSeeds. A seed s travels as the plaintext
     int.from_bytes(s, "big") < 2^256 < n, encrypted with fresh randomness.
@@ -198,22 +198,17 @@ class SeedExchange:
         *,
         agent: int,
         neighbours: Sequence[int],
+        keypair: tuple[paillier.PublicKey, paillier.PrivateKey],
         rng: np.random.Generator | None = None,
-        key_bits: int | None = None,
-        keypair: tuple[paillier.PublicKey, paillier.PrivateKey] | None = None,
         allow_insecure: bool = False,
     ) -> None:
-        if isinstance(agent, bool) or not isinstance(agent, numbers.Integral) or agent < 0:
-            raise ValueError(f"agent must be a non-negative int, got {agent!r}")
-        self.agent = int(agent)
-        self.neighbours = _sorted_neighbours(neighbours, agent=self.agent)
+        self.neighbours = _sorted_neighbours(neighbours, agent=agent)
+        self.agent = _sorted_neighbours([agent])[0]  # a non-negative int
         self.allow_insecure = bool(allow_insecure)
-        if keypair is None:
-            bits = paillier.DEFAULT_KEY_BITS if key_bits is None else key_bits
-            keypair = paillier.generate_keypair(bits, allow_insecure=self.allow_insecure)
-        elif keypair[1].public_key != keypair[0]:
+        public_key, private_key = keypair
+        if not isinstance(private_key, paillier.PrivateKey) or private_key.public_key != public_key:
             raise ValueError("keypair's private key does not belong to its public key")
-        self._public_key, self._private_key = keypair
+        self._public_key, self._private_key = public_key, private_key
         self._check_key(self._public_key, f"agent {self.agent}")
         self._seeds = draw_seeds(self.neighbours, rng)
         self._sent: dict[int, list[int]] | None = None
@@ -268,17 +263,13 @@ class SeedExchange:
         Refused: senders other than exactly the neighbours, a count other than one, a
         ciphertext outside 0 < c < n^2 or not a unit, a plaintext of more than 256 bits.
         """
-        if self._sent is None:
-            raise MaskingStateError(f"agent {self.agent}: call outgoing() before finish()")
-        if self._result is not None:
-            raise MaskingStateError(f"agent {self.agent}: finish() was already called")
-        expected, got = set(self.neighbours), set(incoming)
-        if expected != got:
-            raise ValueError(
-                f"agent {self.agent} expects a seed from exactly its neighbours "
-                f"{sorted(expected)}; missing {sorted(expected - got)}, "
-                f"unexpected {sorted(got - expected, key=repr)}"
-            )
+        if self._sent is None or self._result is not None:
+            raise MaskingStateError(f"agent {self.agent}: finish() comes once, after outgoing()")
+        unexpected = sorted(set(incoming) - set(self.neighbours), key=repr)
+        missing = [j for j in self.neighbours if j not in incoming]
+        if missing or unexpected:
+            raise ValueError(f"agent {self.agent} expects a seed from exactly its neighbours "
+                             f"{list(self.neighbours)}; missing {missing}, unexpected {unexpected}")
         received = {}
         for j in self.neighbours:
             ciphertexts = list(incoming[j])
@@ -317,23 +308,20 @@ def exchange_seeds_fast(graph: GraphLike, *, noise_seed: int | None) -> list[Edg
 
 def exchange_seeds(
     graph: GraphLike,
+    keypairs: Sequence[tuple[paillier.PublicKey, paillier.PrivateKey]],
     *,
     noise_seed: int | None,
-    key_bits: int = paillier.DEFAULT_KEY_BITS,
-    keypairs: Sequence[tuple[paillier.PublicKey, paillier.PrivateKey]] | None = None,
     allow_insecure: bool = False,
 ) -> list[EdgeSeeds]:
-    """The real Paillier phase I with seeds between in-process SeedExchanges (tests, simulator)."""
+    """The real Paillier phase I with seeds between in-process SeedExchanges, agent i holding
+    keypairs[i] (tests and the simulator's --protocol paillier)."""
+    if len(keypairs) != graph.n:
+        raise ValueError(f"exchange_seeds needs {graph.n} key pairs (one per agent), got "
+                         f"{len(keypairs)}")
     nbrs = _checked_neighbours(graph, None)
-    if keypairs is not None and len(keypairs) != graph.n:
-        raise ValueError(f"need one key pair per agent ({graph.n}), got {len(keypairs)}")
-    agents = [
-        SeedExchange(agent=i, neighbours=nbrs[i], rng=rng,
-                     key_bits=None if keypairs is not None else key_bits,
-                     keypair=None if keypairs is None else keypairs[i],
-                     allow_insecure=allow_insecure)
-        for i, rng in enumerate(_generators(graph.n, noise_seed))
-    ]
+    agents = [SeedExchange(agent=i, neighbours=nbrs[i], rng=rng, keypair=keypairs[i],
+                           allow_insecure=allow_insecure)
+              for i, rng in enumerate(_generators(graph.n, noise_seed))]
     keys = {i: a.public_key for i, a in enumerate(agents)}
     sent = [a.outgoing(keys) for a in agents]
     return [a.finish({j: sent[j][i] for j in nbrs[i]}) for i, a in enumerate(agents)]

@@ -63,7 +63,9 @@ def test_masks_sum_to_zero_exactly_in_every_period(graph: str, n: int, precision
 
 
 def test_real_paillier_exchange_gives_the_fast_path_seeds_and_zero_sum_masks() -> None:
-    real = exchange_seeds(FIVE, noise_seed=11, keypairs=keys()[:5], allow_insecure=True)
+    real = exchange_seeds(FIVE, keys()[:5], noise_seed=11, allow_insecure=True)
+    with pytest.raises(ValueError, match="needs 5 key pairs"):
+        exchange_seeds(FIVE, keys()[:4], noise_seed=11, allow_insecure=True)
     assert real == exchange_seeds_fast(FIVE, noise_seed=11)
     for i, s in enumerate(real):
         assert s.neighbours == FIVE.neighbours(i)
@@ -112,7 +114,7 @@ def test_one_ciphertext_per_neighbour_and_retransmission_is_identical() -> None:
         a.outgoing({1: keys()[2][0]})
     b.outgoing({0: a.public_key})
     assert b.finish({0: sent[1]}).received == ((0, dict(a._seeds)[1]),) and b.decryptions == 1
-    with pytest.raises(MaskingStateError, match="already called"):
+    with pytest.raises(MaskingStateError, match="comes once, after outgoing"):
         b.finish({0: sent[1]})
 
 
@@ -134,7 +136,7 @@ def test_what_arrives_is_validated() -> None:
         with pytest.raises(ValueError, match=message):
             b.finish(incoming)
     assert b.finish({0: good}).received == ((0, dict(a._seeds)[1]),)
-    with pytest.raises(MaskingStateError, match="outgoing\\(\\) before finish"):
+    with pytest.raises(MaskingStateError, match="comes once, after outgoing"):
         SeedExchange(agent=2, neighbours=[0], keypair=keys()[2], allow_insecure=True).finish({})
 
 
@@ -142,7 +144,11 @@ def test_keys_are_checked() -> None:
     with pytest.raises(ValueError, match="at least 2048 are required"):
         SeedExchange(agent=0, neighbours=[1], keypair=keys()[0])
     with pytest.raises(ValueError, match="cannot carry a 256-bit seed"):
-        SeedExchange(agent=0, neighbours=[1], key_bits=256, allow_insecure=True)
+        SeedExchange(agent=0, neighbours=[1], allow_insecure=True,
+                     keypair=paillier.generate_keypair(256, allow_insecure=True))
+    with pytest.raises(ValueError, match="does not belong"):
+        SeedExchange(agent=0, neighbours=[1], keypair=(keys()[0][0], keys()[1][1]),
+                     allow_insecure=True)
     a, _ = make_pair()
     with pytest.raises(ValueError, match="missing \\[1\\]"):
         a.outgoing({})
