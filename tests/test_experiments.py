@@ -372,8 +372,9 @@ def test_refreshed_noise_is_the_seeds_noise_and_attackers_pick_rounds_in_a_perio
     assert attacker_rounds(50, refresh=Refresh(None), count=3, gap=10) == [50, 60, 70]
     assert attacker_rounds(50, refresh=Refresh(10), count=3, gap=10) == [50, 54, 58]
     assert attacker_rounds(50, refresh=Refresh(100), count=2, gap=10) == [50, 60]
-    assert attacker_rounds(50, refresh=Refresh(1), count=2, gap=10) == [50, 51]
+    assert attacker_rounds(50, refresh=Refresh(1), count=2, gap=10) == [50, 60]
     assert attacker_rounds(58, refresh=Refresh(10), count=2, gap=10) == [58, 59]
+    assert attacker_rounds(50, refresh=Refresh(2), count=3, gap=10) == [50, 60, 70]
 
 
 def test_quick_attack_has_refreshed_and_fixed_multi_round_rows() -> None:

@@ -82,9 +82,9 @@ def attacker_rounds(first: int, *, refresh: Refresh, count: int, gap: int) -> li
     """The `count` rounds a multi-round attacker combines, starting at `first`.
 
     The refresh period R is public, so against refreshed masks the attacker takes its rounds
-    inside first's period when they fit there: spacing min(gap, (rounds left in the period - 1)
-    // (count - 1)), at least 1. Against the fixed mask (and R = 1, where no two rounds share a
-    period) the spacing is `gap`, or 1 for R = 1.
+    inside first's period when they fit there, `gap` apart or as far apart as the period allows.
+    When they do not fit (R = 1, or a period too short), and against the fixed mask, they are
+    `gap` apart: fresh noise cancels nowhere, and far-apart rounds differ most in the gradient.
     """
     if count < 2 or gap < 1 or first < 0:
         raise ValueError(f"need count >= 2, gap >= 1, first >= 0; got {count}, {gap}, {first}")
@@ -93,6 +93,7 @@ def attacker_rounds(first: int, *, refresh: Refresh, count: int, gap: int) -> li
         every = refresh.every
         assert every is not None
         left = every - first % every  # rounds first..first+left-1 share first's period
-        spacing = min(gap, max(1, (left - 1) // (count - 1)))
+        if left - 1 >= count - 1:
+            spacing = min(gap, (left - 1) // (count - 1))
     return [first + r * spacing for r in range(count)]
 
