@@ -7,7 +7,8 @@ round (s_ij and s_ji for each neighbour: efpsn.refresh.RefreshedMask.numerators)
 paper's basis) and N = 7,851 (every logistic-regression parameter, K = 1). Measured in the same
 run: the mini-batch gradient (batch 64) of the logistic regression at a trained-like point, and,
 for N = 7,851, what the per-round driver adds on top of the integers (their float values, and
-rebuilding the functional perturbation Phi's gradient from them). CPU seconds of this process
+rebuilding the functional perturbation Phi's gradient from them with
+FunctionalPerturbation.with_eta). CPU seconds of this process
 (single-threaded), so other jobs on the machine do not inflate them; the load is printed.
 """
 
@@ -70,13 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     # What the driver adds per period for N = 7,851: values, and Phi's gradient rebuilt from them.
     system = OrthonormalSystem.from_monomials(
         choose_monomials(m=task.num_params, K=1, N=task.num_params + 1, seed=0), measure="uniform")
-    indices = np.arange(task.num_params)
+    template = FunctionalPerturbation(system=system, indices=np.arange(task.num_params),
+                                      eta=mask.values(0))
 
     def values(i: int) -> None:
         mask.values(i)
 
     def rebuild(i: int) -> None:
-        FunctionalPerturbation(system=system, indices=indices, eta=mask.values(i)).gradient(x)
+        template.with_eta(mask.values(i)).gradient(x)
 
     extra = {"values_ms": 1e3 * (per_call(values, args.reps) - noise_s),
              "values_and_phi_ms": 1e3 * (per_call(rebuild, args.reps) - noise_s)}

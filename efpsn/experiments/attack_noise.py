@@ -32,6 +32,7 @@ class Agent1Noise:
         self._fixed: FunctionalPerturbation | None = None
         self._mask: RefreshedMask | None = None
         self._means: dict[tuple[int, int], FunctionalPerturbation] = {}
+        self._template: FunctionalPerturbation | None = None
         if gamma == 0:
             return
         if not refresh.refreshed:
@@ -43,8 +44,11 @@ class Agent1Noise:
         self._mask = RefreshedMask(seeds=seeds, spec=spec, refresh=refresh)
 
     def _perturbation(self, eta: np.ndarray) -> FunctionalPerturbation:
-        return FunctionalPerturbation(system=self.problem.system, indices=self.problem.indices,
-                                      eta=eta)
+        if self._template is None:
+            self._template = FunctionalPerturbation(system=self.problem.system,
+                                                    indices=self.problem.indices, eta=eta)
+            return self._template
+        return self._template.with_eta(eta)
 
     def perturbation(self, t: int) -> FunctionalPerturbation | None:
         """Agent 1's perturbation in round t (None without noise)."""
