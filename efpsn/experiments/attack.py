@@ -103,11 +103,11 @@ class AttackSettings:
     An attacker whose result cannot depend on gamma (adaptive; 2 rounds against K = 1; 3 rounds
     against K <= 2) runs once, at the largest gamma (the worst case for float rounding).
 
-    `refreshes` ("every:R"): rows with masks refreshed every R rounds on
-    `refreshed_perturbation`, at the `extended_rounds`, for each of `refresh_gammas`: against
-    R < 3 the plain, 2-round and 3-round attackers; against R >= 3 the 2-round attacker inside a
-    period (once, at the largest gamma: it cancels the mask); against every R the averaging
-    attacker over `averaging_rounds` rounds.
+    `refreshes` ("every:R"; none by default, the full and quick profiles set them): rows with
+    masks refreshed every R rounds on `refreshed_perturbation`, at the `extended_rounds`, for
+    each of `refresh_gammas`: against R < 3 the plain, 2-round and 3-round attackers; against
+    R >= 3 the 2-round attacker inside a period (once, at the largest gamma: it cancels the
+    mask); against every R the averaging attacker over `averaging_rounds` rounds.
     """
 
     profile: str
@@ -124,7 +124,7 @@ class AttackSettings:
     extended_rounds: tuple[int, ...] = (50,)
     multi_round: bool = True
     multi_round_gap: int = 10
-    refreshes: tuple[str, ...] = ("every:1", "every:10", "every:100")
+    refreshes: tuple[str, ...] = ()
     refresh_gammas: tuple[float, ...] = (1e0, 1e2, 1e4, 1e6)
     refreshed_perturbation: str = "all-k1"
     averaging_rounds: int = 10_000
@@ -151,7 +151,7 @@ class AttackSettings:
 
 
 PROFILES: dict[str, AttackSettings] = {
-    "full": AttackSettings(profile="full"),
+    "full": AttackSettings(profile="full", refreshes=("every:1", "every:10", "every:100")),
     "quick": AttackSettings(profile="quick", gammas=(0.0, 1e2, 1e4), seeds=(0,),
                             images_per_seed=2, iterations=60, snapshots=4, attack_rounds=(50,),
                             refreshes=("every:1", "every:10"), refresh_gammas=(1e4,),
