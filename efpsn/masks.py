@@ -20,10 +20,11 @@ from efpsn.masking import (
     sorted_neighbours,
 )
 
-__all__ = ["independent_masks", "no_masks", "zero_sum_masks", "zero_sum_masks_fast"]
+__all__ = ["checked_neighbours", "independent_masks", "no_masks", "zero_sum_masks",
+           "zero_sum_masks_fast"]
 
 
-def _checked_neighbours(graph: GraphLike, n_rngs: int | None) -> list[tuple[int, ...]]:
+def checked_neighbours(graph: GraphLike, n_rngs: int | None) -> list[tuple[int, ...]]:
     """Every agent's sorted neighbours, after checking the graph is undirected and in range."""
     n = graph.n
     if n_rngs is not None and n_rngs != n:
@@ -47,7 +48,7 @@ def zero_sum_masks_fast(
     (at i) and once with - (at j), so sum_i numerator_ik == 0 exactly. Consumes the rngs exactly
     as Masker.outgoing does.
     """
-    nbrs = _checked_neighbours(graph, len(rngs))
+    nbrs = checked_neighbours(graph, len(rngs))
     shares = [draw_shares(rngs[i], spec, nbrs[i]) for i in range(graph.n)]
     out = []
     for i in range(graph.n):
@@ -71,7 +72,7 @@ def zero_sum_masks(
     allow_insecure: bool = False,
 ) -> list[MaskCoefficients]:
     """Run the full Paillier phase I between in-process Maskers (reference for tests/benchmarks)."""
-    nbrs = _checked_neighbours(graph, len(rngs))
+    nbrs = checked_neighbours(graph, len(rngs))
     if keypairs is not None and len(keypairs) != graph.n:
         raise ValueError(f"need one key pair per agent ({graph.n}), got {len(keypairs)}")
     maskers = [
@@ -95,7 +96,7 @@ def independent_masks(
     The variance matches EFPSN's eta_bar_ik (diagonal of 2 sigma_k^2 L). One
     rng.standard_normal(N) call per agent, k ascending, encoded with encode_fixed like the shares.
     """
-    nbrs = _checked_neighbours(graph, len(rngs))
+    nbrs = checked_neighbours(graph, len(rngs))
     return [independent_mask(rngs[i], degree=len(nbrs[i]), spec=spec) for i in range(graph.n)]
 
 

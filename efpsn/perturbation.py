@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import numpy as np
@@ -134,6 +135,24 @@ class FunctionalPerturbation:
             raise ValueError(f"indices must be >= 0, got {idx[idx < 0].tolist()}")
         if np.unique(idx).size != idx.size:
             raise ValueError("indices must be distinct")
+        self._system = system
+        self._indices_np = idx.astype(np.int64)
+        self._indices = torch.from_numpy(self._indices_np.copy())
+        self._max_index = int(self._indices_np.max())
+        # A contiguous ascending run (the last-layer bias, or "all") is read as a slice: a view,
+        # no gather kernel.
+        start = int(self._indices_np[0])
+        contiguous = np.array_equal(self._indices_np, np.arange(start, start + idx.size))
+        self._slice: tuple[int, int] | None = (start, idx.size) if contiguous else None
+        variables, exponents = system.exponent_slots
+        self._variables = torch.from_numpy(variables.copy())
+        self._exponents = torch.from_numpy(exponents.copy()).to(torch.float64)
+        self._affine = system.max_degree <= 1
+        self._set_eta(eta)
+
+    def _set_eta(self, eta: np.ndarray | Sequence[float]) -> None:
+        """Check eta and derive what depends on it (the rest depends on system and indices)."""
+        system = self._system
         eta_arr = np.asarray(eta, dtype=np.float64)
         if eta_arr.shape != (system.size,):
             raise ValueError(
@@ -142,25 +161,13 @@ class FunctionalPerturbation:
             )
         if not np.isfinite(eta_arr).all():
             raise ValueError("eta must be finite")
-        self._system = system
-        self._indices_np = idx.astype(np.int64)
         self._eta = eta_arr.copy()
         self._eta.setflags(write=False)
         coeffs = system.monomial_coefficients(eta_arr)
-        variables, exponents = system.exponent_slots
-        self._indices = torch.from_numpy(self._indices_np.copy())
-        self._max_index = int(self._indices_np.max())
-        # A contiguous ascending run (the last-layer bias, or "all") is read as a slice: a view,
-        # no gather kernel.
-        start = int(self._indices_np[0])
-        contiguous = np.array_equal(self._indices_np, np.arange(start, start + idx.size))
-        self._slice: tuple[int, int] | None = (start, idx.size) if contiguous else None
         self._p = torch.from_numpy(coeffs.copy())
-        self._variables = torch.from_numpy(variables.copy())
-        self._exponents = torch.from_numpy(exponents.copy()).to(torch.float64)
-        self._affine = system.max_degree <= 1
         if self._affine:
             # Phi(x_S) = p_const + sum_v g_v x_S[v]: split constant and linear parts once.
+            variables, exponents = system.exponent_slots
             degree = exponents.sum(axis=1)
             self._constant = float(coeffs[degree == 0].sum())
             g = np.zeros(system.m, dtype=np.float64)
@@ -168,6 +175,13 @@ class FunctionalPerturbation:
             np.add.at(g, variables[linear, 0], coeffs[linear])
             self._linear = torch.from_numpy(g)
         self._grad_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def with_eta(self, eta: np.ndarray | Sequence[float]) -> FunctionalPerturbation:
+        """The same system and indices with other coefficients (a refreshed mask's next period),
+        without checking and converting the indices again."""
+        other = copy.copy(self)
+        other._set_eta(eta)
+        return other
 
     @property
     def system(self) -> OrthonormalSystem:

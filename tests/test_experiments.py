@@ -338,3 +338,81 @@ def test_accuracy_convex_can_perturb_every_parameter() -> None:
     assert args.selection == "all"
     with pytest.raises(ValueError, match="expected 'all'"):
         accuracy_convex.settings_for("quick", selection="last-bias")
+
+
+# ------------------------------------------------------------------------------ refreshed masks
+
+
+def test_refreshed_noise_is_the_seeds_noise_and_attackers_pick_rounds_in_a_period() -> None:
+    import numpy as np
+
+    from efpsn.experiments.attack_noise import Agent1Noise, attacker_rounds
+    from efpsn.masking import NoiseSpec
+    from efpsn.refresh import Refresh, RefreshedMask
+    from efpsn.seeds import exchange_seeds_fast
+
+    problem = load_problem(accuracy_convex.PROFILES["quick"].base)
+    setting = attack.perturbation_problem(problem, "all-k1")
+    noise = Agent1Noise(setting, gamma=1e4, noise_seed=3, refresh=Refresh(5))
+    c = setting.config
+    mask = RefreshedMask(seeds=exchange_seeds_fast(problem.graph, noise_seed=3)[0],
+                         spec=NoiseSpec(gamma=1e4, p=c.p, precision=c.precision,
+                                        num_coefficients=setting.N), refresh=Refresh(5))
+    etas = {t: noise.perturbation(t).eta for t in (0, 3, 4, 5, 12)}  # type: ignore[union-attr]
+    for t, eta in etas.items():
+        assert np.array_equal(eta, mask.values(t))  # the network's integers, / 10^P
+    assert np.array_equal(etas[0], etas[4]) and not np.array_equal(etas[4], etas[5])
+    mean = noise.mean_perturbation(3, 7).eta  # type: ignore[union-attr]
+    np.testing.assert_allclose(mean, (2 * mask.values(3) + 5 * mask.values(5)) / 7, rtol=1e-12)
+    fixed = Agent1Noise(setting, gamma=1e4, noise_seed=3, refresh=Refresh(None))
+    assert fixed.perturbation(0) is fixed.perturbation(99) is fixed.mean_perturbation(0, 50)
+    assert Agent1Noise(setting, gamma=0.0, noise_seed=3, refresh=Refresh(1)).perturbation(7) \
+        is None
+    # the attacker knows R: its rounds share x_1's period when they fit in it
+    assert attacker_rounds(50, refresh=Refresh(None), count=3, gap=10) == [50, 60, 70]
+    assert attacker_rounds(50, refresh=Refresh(10), count=3, gap=10) == [50, 54, 58]
+    assert attacker_rounds(50, refresh=Refresh(100), count=2, gap=10) == [50, 60]
+    assert attacker_rounds(50, refresh=Refresh(1), count=2, gap=10) == [50, 60]
+    assert attacker_rounds(58, refresh=Refresh(10), count=2, gap=10) == [58, 59]
+    assert attacker_rounds(50, refresh=Refresh(2), count=3, gap=10) == [50, 60, 70]
+
+
+def test_quick_attack_has_refreshed_and_fixed_multi_round_rows() -> None:
+    quick = attack.PROFILES["quick"]
+    plans = {(name, refresh): plan for name, refresh, plan in attack._jobs(quick, 50)}
+    assert (attack.TWO_ROUNDS in {a for _, a in plans[("all-k1", "never")]})
+    assert {a for _, a in plans[("all-k1", "every:1")]} == {
+        attack.PLAIN, attack.TWO_ROUNDS, attack.THREE_ROUNDS, attack.AVERAGING}
+    assert {a for _, a in plans[("all-k1", "every:10")]} == {attack.TWO_ROUNDS, attack.AVERAGING}
+    args = parser().parse_args(["experiment", "attack", "--refreshes", "every:1,every:5",
+                                "--refresh-gammas", "1,1e6", "--averaging-rounds", "300",
+                                "--perturbations", "none"])
+    assert (args.refreshes, args.refresh_gammas, args.averaging_rounds, args.perturbations) == (
+        ("every:1", "every:5"), (1.0, 1e6), 300, ())
+    with pytest.raises(ValueError, match="'every:R'"):
+        attack.settings_for("quick", refreshes=("never",))
+
+
+@pytest.mark.slow
+def test_refreshed_masks_stop_the_multi_round_attacker_that_fixed_ones_do_not(
+    tmp_path: Path,
+) -> None:
+    # prepare: logistic regression, one image, every parameter perturbed (K = 1) at gamma 1e4:
+    # the fixed mask, a mask refreshed every round, and one refreshed every 10 rounds
+    settings = attack.AttackSettings(
+        profile="test", models=("logreg",), gammas=(0.0, 1e4), seeds=(0,), images_per_seed=1,
+        iterations=20, snapshots=2, attack_rounds=(50,), perturbations=("all-k1",),
+        refreshes=("every:1", "every:10"), refresh_gammas=(1e4,), averaging_rounds=200)
+    # execute
+    attack.run(settings, out=tmp_path)
+    # assert: every record in results.json names its perturbation, refresh, attacker and PSNR
+    records = json.loads((tmp_path / "results.json").read_text())["rows"]
+    got = {(r["refresh"], r["attacker"]): r["psnr"] for r in records
+           if r["perturbation"] == "all-k1"}
+    assert got[("never", attack.TWO_ROUNDS)] >= 30  # the fixed mask cancels in 2 rounds...
+    assert got[("every:1", attack.TWO_ROUNDS)] <= 15  # ...fresh noise every round does not
+    assert got[("every:1", attack.THREE_ROUNDS)] <= 15
+    assert got[("every:1", attack.AVERAGING)] <= 15  # 200 rounds of gamma 1e4: still noise
+    assert got[("every:10", attack.TWO_ROUNDS)] >= 30  # two rounds of one period cancel it
+    assert {r["rounds_seen"] for r in records if r["attacker"] == attack.AVERAGING} == {200}
+    assert_figure(tmp_path / "attack_refresh_psnr.png")

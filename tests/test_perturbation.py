@@ -253,3 +253,25 @@ def test_gradient_equals_autograd(case: tuple[FunctionalPerturbation, torch.Tens
     torch.testing.assert_close(grad, autograd_gradient(pert, x), rtol=1e-10, atol=1e-10)
     off = np.setdiff1d(np.arange(x.numel()), pert.indices)
     assert torch.count_nonzero(grad[torch.from_numpy(off)]) == 0
+
+
+def test_with_eta_equals_a_new_perturbation_bit_for_bit() -> None:
+    from efpsn.basis import power_monomials
+
+    rng = np.random.default_rng(5)
+    for monomials, indices in ((choose_monomials(m=6, K=1, N=7, seed=1), [9, 2, 4, 0, 7, 5]),
+                               (power_monomials(m=4, K=2), [3, 4, 5, 6])):
+        system = OrthonormalSystem.from_monomials(monomials, measure="uniform")
+        first, second = rng.normal(size=(2, system.size))
+        x = torch.from_numpy(rng.uniform(-1, 1, 10))
+        old = FunctionalPerturbation(system=system, indices=indices, eta=first)
+        old.gradient(x)  # fill the gradient cache, which the new coefficients must not reuse
+        new = old.with_eta(second)
+        fresh = FunctionalPerturbation(system=system, indices=indices, eta=second)
+        assert torch.equal(new.gradient(x), fresh.gradient(x))
+        assert float(new.value(x)) == float(fresh.value(x))
+        assert np.array_equal(new.eta, second) and np.array_equal(old.eta, first)
+        assert torch.equal(old.gradient(x), FunctionalPerturbation(
+            system=system, indices=indices, eta=first).gradient(x))
+        with pytest.raises(ValueError, match="expected eta of shape"):
+            old.with_eta(second[:-1])

@@ -20,9 +20,20 @@ family (K = 2, one quadratic per coordinate) it is affine in each coordinate, wh
 per-coordinate combination (x_b - x_c) g_a + (x_c - x_a) g_b + (x_a - x_b) g_c of three rounds.
 The attacker matches that combination of the dummy's gradients to the observed one.
 
+Refreshed masks (efpsn/refresh.py): with `every:R` agent 1's mask is new every R rounds,
+derived from its edge seeds exactly as the network derives it (efpsn/experiments/attack_noise.py).
+The multi-round attackers then take their rounds inside one period when R leaves room
+(attack_noise.attacker_rounds), where a K = 1 mask still cancels; across periods the noise is
+fresh and does not. A fourth attacker, the strongest a neighbour has against fresh noise,
+averages agent 1's perturbed gradients on the sample over `averaging_rounds` rounds and runs
+iDLG on the mean, generously assumed to be at one and the same iterate x_1 (in a run x_1 moves
+and the batch changes, which only hurts the attacker): the noise's variance falls by the number
+of periods those rounds span.
+
 Perturbations compared: the paper's (last-layer bias, (K, m, N) = (1, 10, 10), Lebesgue measure)
 and every parameter with K = 1 (N = d + 1) or with the squares added (K = 2, N = 2d + 1), both in
-the uniform-measure basis that `--selection all` uses.
+the uniform-measure basis that `--selection all` uses; the refreshed rows perturb every
+parameter with K = 1.
 """
 
 from __future__ import annotations
@@ -37,17 +48,21 @@ import numpy as np
 import torch
 
 from efpsn.config import RunConfig
-from efpsn.experiments.common import (
-    Column,
-    finish,
-    format_table,
-    log,
-    new_figure,
-    output_dir,
-    save_figure,
-    stopwatch,
-    write_csv,
+from efpsn.experiments.attack_noise import Agent1Noise, attacker_rounds
+from efpsn.experiments.attack_report import (
+    ADAPTIVE,
+    AVERAGING,
+    PLAIN,
+    THREE_ROUNDS,
+    TWO_ROUNDS,
+    attack_table,
+    grid_row_name,
+    plot_grid,
+    plot_psnr,
+    plot_refreshed_psnr,
+    summarise,
 )
+from efpsn.experiments.common import finish, log, output_dir, stopwatch, write_csv
 from efpsn.experiments.idlg import (  # noqa: F401  (the attack's API, re-exported)
     MSE_FLOOR,
     MULTI_ROUND_INIT_SCALE,
@@ -66,12 +81,12 @@ from efpsn.experiments.idlg import (  # noqa: F401  (the attack's API, re-export
     sample_gradient,
 )
 from efpsn.experiments.sweep import load_problem
+from efpsn.refresh import Refresh
+from efpsn.tasks import Task
 
 NAME = "attack"
-PLAIN = "iDLG"
-ADAPTIVE = "iDLG, perturbed coords dropped"
-TWO_ROUNDS = "iDLG, 2 rounds differenced"
-THREE_ROUNDS = "iDLG, 3 rounds combined"
+
+
 @dataclass(frozen=True, kw_only=True)
 class AttackSettings:
     """What to attack. gamma 0 means no perturbation (mask "none").
@@ -82,11 +97,17 @@ class AttackSettings:
     `iterations` counts optimizer.step calls of L-BFGS with `inner_iterations` iterations each,
     like the DLG/iDLG code (whose figures show these steps, 0 to 240 in the paper).
 
-    `perturbations` (PERTURBATIONS keys): "last-bias" runs at every attack round; the
-    all-parameter settings and the multi-round attackers run at the `extended_rounds` only. The
-    multi-round attacker sees x_1 after r, r + gap and r + 2 gap rounds (`multi_round_gap`). An
-    attacker whose result cannot depend on gamma (adaptive; 2 rounds against K = 1; 3 rounds
+    `perturbations` (PERTURBATIONS keys; fixed masks): "last-bias" runs at every attack round;
+    the all-parameter settings and the multi-round attackers run at the `extended_rounds` only.
+    The multi-round attacker sees x_1 after r, r + gap and r + 2 gap rounds (`multi_round_gap`).
+    An attacker whose result cannot depend on gamma (adaptive; 2 rounds against K = 1; 3 rounds
     against K <= 2) runs once, at the largest gamma (the worst case for float rounding).
+
+    `refreshes` ("every:R"; none by default, the full and quick profiles set them): rows with
+    masks refreshed every R rounds on `refreshed_perturbation`, at the `extended_rounds`, for
+    each of `refresh_gammas`: against R < 3 the plain, 2-round and 3-round attackers; against
+    R >= 3 the 2-round attacker inside a period (once, at the largest gamma: it cancels the
+    mask); against every R the averaging attacker over `averaging_rounds` rounds.
     """
 
     profile: str
@@ -103,22 +124,38 @@ class AttackSettings:
     extended_rounds: tuple[int, ...] = (50,)
     multi_round: bool = True
     multi_round_gap: int = 10
+    refreshes: tuple[str, ...] = ()
+    refresh_gammas: tuple[float, ...] = (1e0, 1e2, 1e4, 1e6)
+    refreshed_perturbation: str = "all-k1"
+    averaging_rounds: int = 10_000
     base: RunConfig = field(default_factory=lambda: RunConfig.preset("paper"))
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.perturbations) - set(PERTURBATIONS))
+        unknown = sorted({*self.perturbations, self.refreshed_perturbation} - set(PERTURBATIONS))
         if unknown:
             raise ValueError(
                 f"unknown perturbations {unknown}: expected some of {sorted(PERTURBATIONS)}"
             )
         if self.multi_round_gap < 1:
             raise ValueError(f"multi_round_gap must be >= 1, got {self.multi_round_gap}")
+        for text in self.refreshes:
+            if not Refresh.parse(text).refreshed:
+                raise ValueError(f"refreshes are 'every:R' (the fixed mask always runs), got "
+                                 f"{text!r}")
+        if self.refreshes and self.refreshed_perturbation != "all-k1":
+            raise ValueError("refreshed rows need the K = 1 perturbation 'all-k1' (the averaging "
+                             f"attacker's mean is exact for K = 1), got "
+                             f"{self.refreshed_perturbation!r}")
+        if self.averaging_rounds < 1:
+            raise ValueError(f"averaging_rounds must be >= 1, got {self.averaging_rounds}")
 
 
 PROFILES: dict[str, AttackSettings] = {
-    "full": AttackSettings(profile="full"),
+    "full": AttackSettings(profile="full", refreshes=("every:1", "every:10", "every:100")),
     "quick": AttackSettings(profile="quick", gammas=(0.0, 1e2, 1e4), seeds=(0,),
-                            images_per_seed=2, iterations=60, snapshots=4, attack_rounds=(50,)),
+                            images_per_seed=2, iterations=60, snapshots=4, attack_rounds=(50,),
+                            refreshes=("every:1", "every:10"), refresh_gammas=(1e4,),
+                            averaging_rounds=1000),
 }
 
 
@@ -131,7 +168,7 @@ def settings_for(profile: str, **overrides: Any) -> AttackSettings:
     return dataclasses.replace(s, profile=profile if not changes else f"{profile} (modified)")
 
 
-# ------------------------------------------------------------------------------ experiment
+# ------------------------------------------------------------------------------ plan
 
 
 def _snapshot_points(settings: AttackSettings) -> tuple[int, ...]:
@@ -142,108 +179,8 @@ def _snapshot_points(settings: AttackSettings) -> tuple[int, ...]:
     return tuple(points)
 
 
-def _plot_grid(truth: torch.Tensor, grids: dict[str, dict[int, torch.Tensor]],
-               psnr: dict[str, float], title: str, path: Path) -> Path:
-    """One row per attack (its label and PSNR on the left), columns: truth, then snapshots."""
-    names = list(grids)
-    points = sorted(next(iter(grids.values())))
-    fig, axes = new_figure(len(points) + 1, len(names), size=(1.05, 1.15))
-    for r, name in enumerate(names):
-        cells = [("truth", truth), *((f"it {p}", grids[name][p]) for p in points)]
-        for c, (label, image) in enumerate(cells):
-            ax = axes[r][c]
-            ax.imshow(image.reshape(28, 28).clamp(0, 1).numpy(), cmap="gray", vmin=0, vmax=1)
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if r == 0:
-                ax.set_title(label, fontsize=7)
-        axes[r][0].set_ylabel(f"{name}\n{psnr[name]:.1f} dB", fontsize=7)
-    fig.suptitle(title, fontsize=8)
-    return save_figure(fig, path, dpi=80)
-
-
-def _grid_row_name(attacker: str, gamma: float) -> str:
-    short = {PLAIN: "", ADAPTIVE: "adaptive, ", TWO_ROUNDS: "2 rounds, ",
-             THREE_ROUNDS: "3 rounds, "}[attacker]
-    return short + ("no noise" if gamma == 0 else f"$\\gamma$={gamma:g}")
-
-
-def _gamma_independent(perturbation: str, attacker: str) -> bool:
-    """Whether the attacker removes this perturbation exactly (so it runs at one gamma only)."""
-    if attacker in (ADAPTIVE, THREE_ROUNDS):
-        return True
-    return attacker == TWO_ROUNDS and perturbation != "all-k2"
-
-
-_PERTURBATION_STYLE = {"last-bias": "tab:blue", "all-k1": "tab:green", "all-k2": "tab:red"}
-_ATTACKER_STYLE = {PLAIN: ("-", "o"), TWO_ROUNDS: ("--", "s")}
-
-
-def _plot_psnr(summary: list[dict[str, Any]], path: Path) -> Path:
-    """PSNR vs gamma, one panel per (model, x_1 round): colour = perturbation, style = attacker.
-
-    Attackers run at one gamma only (their result cannot depend on it) are horizontal lines.
-    """
-    panels = sorted({(r["model"], r["attack_round"]) for r in summary},
-                    key=lambda mr: (mr[0] != "logreg", -mr[1]))
-    fig, axes = new_figure(len(panels), 1, size=(4.6, 3.6))
-    top = max(r["psnr_mean"] for r in summary) * 1.08 + 2.0
-    for ax, (model, rnd) in zip(axes[0], panels, strict=True):
-        rows = [r for r in summary if r["model"] == model and r["attack_round"] == rnd]
-        clean = [r for r in rows if r["gamma"] == 0 and r["attacker"] == PLAIN]
-        for name in PERTURBATIONS:
-            mine = [r for r in rows if r["perturbation"] == name]
-            for attacker in sorted({r["attacker"] for r in mine}):
-                series = sorted((r for r in mine if r["attacker"] == attacker),
-                                key=lambda r: r["gamma"])
-                label = f"{name}: {attacker}"
-                if _gamma_independent(name, attacker):
-                    ax.axhline(series[0]["psnr_mean"], color=_PERTURBATION_STYLE[name],
-                               linestyle=":" if attacker == ADAPTIVE else "-.", alpha=0.7,
-                               label=label + " (any gamma)")
-                    continue
-                if attacker == PLAIN and name != "last-bias":
-                    series = clean + series  # gamma 0 is the same run for every setting
-                linestyle, marker = _ATTACKER_STYLE.get(attacker, ("-", "^"))
-                ax.errorbar([max(r["gamma"], 1e0) for r in series],  # gamma 0 drawn at 1
-                            [r["psnr_mean"] for r in series],
-                            yerr=[r["psnr_std"] for r in series], color=_PERTURBATION_STYLE[name],
-                            marker=marker, linestyle=linestyle, capsize=3, label=label)
-        ax.set_ylim(bottom=0.0, top=top)
-        ax.set_xscale("log")
-        ax.set_xlabel(r"noise level $\gamma$ (no noise drawn at $\gamma$=1)")
-        ax.set_ylabel("PSNR of the reconstruction (dB)")
-        ax.set_title(f"{model}, x_1 at round {rnd}", fontsize=8)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=5.5, loc="best")
-    fig.suptitle("iDLG on agent 1: plain, adaptive and multi-round attackers", fontsize=9)
-    return save_figure(fig, path)
-
-
-def _summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    fields = ("model", "attack_round", "perturbation", "attacker", "gamma")
-    keys: list[tuple[Any, ...]] = []
-    for r in rows:
-        key = tuple(r[f] for f in fields)
-        if key not in keys:
-            keys.append(key)
-    out = []
-    for key in keys:
-        chosen = [r for r in rows if tuple(r[f] for f in fields) == key]
-        psnr = np.array([r["psnr"] for r in chosen])
-        mse = np.array([r["mse"] for r in chosen])
-        out.append({
-            **dict(zip(fields, key, strict=True)),
-            "samples": len(chosen), "psnr_mean": float(psnr.mean()), "psnr_std": float(psnr.std()),
-            "mse_mean": float(mse.mean()), "mse_std": float(mse.std()),
-            "label_accuracy": float(np.mean([r["label_ok"] for r in chosen])),
-            "seconds_mean": float(np.mean([r["seconds"] for r in chosen])),
-        })
-    return out
-
-
 def _plan(settings: AttackSettings, name: str, rnd: int) -> list[tuple[float, str]]:
-    """The (gamma, attacker) pairs run for one perturbation setting at one x_1 round."""
+    """The (gamma, attacker) pairs run for one fixed-mask perturbation at one x_1 round."""
     top = max(settings.gammas)
     noisy = [g for g in settings.gammas if g > 0]
     extended = rnd in settings.extended_rounds
@@ -265,28 +202,113 @@ def _plan(settings: AttackSettings, name: str, rnd: int) -> list[tuple[float, st
     return plan
 
 
+def _refreshed_plan(settings: AttackSettings, refresh: str) -> list[tuple[float, str]]:
+    """The (gamma, attacker) pairs run against masks refreshed as `refresh` says."""
+    every = Refresh.parse(refresh).every
+    assert every is not None
+    gammas = settings.refresh_gammas
+    plan = [(g, AVERAGING) for g in gammas]
+    if every < 3:  # no period holds 3 rounds: every attacker faces fresh noise
+        plan += [(g, PLAIN) for g in gammas]
+        if settings.multi_round:
+            plan += [(g, a) for g in gammas for a in (TWO_ROUNDS, THREE_ROUNDS)]
+    elif settings.multi_round:
+        plan.append((max(gammas), TWO_ROUNDS))  # inside one period a K = 1 mask cancels
+    return plan
+
+
+def _jobs(settings: AttackSettings, rnd: int) -> list[tuple[str, str, list[tuple[float, str]]]]:
+    """(perturbation, refresh, [(gamma, attacker), ...]) to run at x_1 round `rnd`."""
+    jobs = [(name, "never", _plan(settings, name, rnd)) for name in settings.perturbations]
+    if rnd in settings.extended_rounds:
+        jobs += [(settings.refreshed_perturbation, refresh, _refreshed_plan(settings, refresh))
+                 for refresh in settings.refreshes]
+    return [job for job in jobs if job[2]]
+
+
+# ------------------------------------------------------------------------------ attacks
+
+
+@dataclass
+class _Target:
+    """One private sample of agent 1 under attack, and what the attacker knows around it."""
+
+    task: Task
+    image: torch.Tensor
+    label: torch.Tensor
+    rnd: int
+    seed: int
+    perturbed: torch.Tensor  # boolean, the coordinates Phi moves
+    init_scale: float
+
+
+def _attack(settings: AttackSettings, target: _Target, attacker: str, noise: Agent1Noise,
+            iterate: Any, snap: tuple[int, ...]) -> tuple[dict[str, Any], dict[int, Any]]:
+    """Run one attacker on one sample; (the record, the reconstruction's snapshots)."""
+    started = time.perf_counter()
+    task, image, label, rnd = target.task, target.image, target.label, target.rnd
+    dummy_seed = target.seed
+    steps = {"iterations": settings.iterations, "inner_iterations": settings.inner_iterations}
+    if attacker in (PLAIN, ADAPTIVE, AVERAGING):
+        rounds = ([rnd] if attacker != AVERAGING
+                  else list(range(rnd, rnd + settings.averaging_rounds)))
+        perturbation = (noise.perturbation(rnd) if attacker != AVERAGING
+                        else noise.mean_perturbation(rnd, settings.averaging_rounds))
+        observed = observed_gradient(task, iterate(rnd), image, label, perturbation)
+        guess = infer_label(task, observed)
+        keep = ~target.perturbed if attacker == ADAPTIVE else None
+        rec, snaps, loss = reconstruct(task, iterate(rnd), observed, guess, seed=dummy_seed,
+                                       snapshot_at=snap, keep=keep, **steps)
+    else:
+        rounds = attacker_rounds(rnd, refresh=noise.refresh, gap=settings.multi_round_gap,
+                                 count=2 if attacker == TWO_ROUNDS else 3)
+        xs = [iterate(r) for r in rounds]
+        seen = [observed_gradient(task, x, image, label, noise.perturbation(r))
+                for x, r in zip(xs, rounds, strict=True)]
+        observed = seen[0]
+        guess = infer_label_multi(task, xs, seen, seed=dummy_seed, init_scale=target.init_scale,
+                                  inner_iterations=settings.inner_iterations)
+        rec, snaps, loss = reconstruct_multi(task, xs, seen, guess, seed=dummy_seed,
+                                             snapshot_at=snap, init_scale=target.init_scale,
+                                             **steps)
+        if loss > RESTART_ABOVE:
+            # the attacker sees its own matching loss: one restart from another dummy, keep the
+            # better fit
+            again = reconstruct_multi(task, xs, seen, guess, seed=dummy_seed + 500,
+                                      snapshot_at=snap, init_scale=target.init_scale, **steps)
+            if again[2] < loss:
+                rec, snaps, loss = again
+    mse, psnr = image_errors(rec, image)
+    record = {
+        "refresh": str(noise.refresh), "attacker": attacker, "gamma": noise.gamma,
+        "rounds_seen": len(rounds), "rounds": f"{rounds[0]}-{rounds[-1]}" if len(rounds) > 3
+        else ",".join(map(str, rounds)), "label": int(label), "inferred_label": guess,
+        "label_ok": guess == int(label), "mse": mse, "psnr": psnr, "final_loss": loss,
+        "observed_norm": float(observed.norm()), "seconds": time.perf_counter() - started,
+    }
+    return record, snaps
+
+
 def run(settings: AttackSettings, *, out: str | Path | None = None,
         figures_to: str | Path | None = None) -> dict[str, Any]:
-    """Attack every (model, round, perturbation, attacker, gamma, seed, image); write results."""
+    """Attack every (model, round, perturbation, refresh, attacker, gamma, seed, image)."""
     folder = output_dir(out, NAME)
     points = _snapshot_points(settings)
     rows: list[dict[str, Any]] = []
     figures: list[Path] = []
-    gap = settings.multi_round_gap
     with stopwatch() as elapsed:
         for model in settings.models:
             problem = load_problem(settings.base.replace(task=model))
             task, shard = problem.task, problem.shards[0]
-            init_scale = MULTI_ROUND_INIT_SCALE.get(model, 1.0)
+            cache: dict[int, torch.Tensor] = {}
+
+            def iterate(r: int, problem: Any = problem, cache: Any = cache) -> torch.Tensor:
+                if r not in cache:
+                    cache[r] = attack_point(problem, r)
+                return cache[r]
+
             for rnd in settings.attack_rounds:
-                x1 = attack_point(problem, rnd)
-                later: list[torch.Tensor] = []
-                if settings.multi_round and rnd in settings.extended_rounds:
-                    later = [attack_point(problem, rnd + gap), attack_point(problem, rnd + 2 * gap)]
-                for name in settings.perturbations:
-                    plan = _plan(settings, name, rnd)
-                    if not plan:
-                        continue
+                for name, refresh, plan in _jobs(settings, rnd):
                     setting = perturbation_problem(problem, name)
                     perturbed = torch.zeros(task.num_params, dtype=torch.bool)
                     perturbed[torch.from_numpy(setting.indices)] = True
@@ -297,97 +319,49 @@ def run(settings: AttackSettings, *, out: str | Path | None = None,
                         picks = np.random.default_rng(seed).choice(
                             len(shard), size=settings.images_per_seed, replace=False)
                         for gamma in sorted({g for g, _ in plan}):
-                            perturbation = agent1_perturbation(setting, gamma, seed)
+                            noise = Agent1Noise(setting, gamma=gamma, noise_seed=seed,
+                                                refresh=Refresh.parse(refresh))
                             attackers = [a for g, a in plan if g == gamma]
+                            done = []
                             for j, index in enumerate(picks):
-                                image = shard.images[int(index)].unsqueeze(0)
-                                label = shard.labels[int(index)].reshape(1)
-                                observed = observed_gradient(task, x1, image, label, perturbation)
+                                target = _Target(
+                                    task=task, image=shard.images[int(index)].unsqueeze(0),
+                                    label=shard.labels[int(index)].reshape(1), rnd=rnd,
+                                    seed=1000 * seed + j, perturbed=perturbed,
+                                    init_scale=MULTI_ROUND_INIT_SCALE.get(model, 1.0))
+                                first = seed == settings.seeds[0] and j == 0
                                 for attacker in attackers:
-                                    started = time.perf_counter()
-                                    first = seed == settings.seeds[0] and j == 0
-                                    snap = points if first else ()
-                                    if attacker in (PLAIN, ADAPTIVE):
-                                        guess = infer_label(task, observed)
-                                        keep = ~perturbed if attacker == ADAPTIVE else None
-                                        rec, snaps, loss = reconstruct(
-                                            task, x1, observed, guess, seed=1000 * seed + j,
-                                            iterations=settings.iterations,
-                                            inner_iterations=settings.inner_iterations,
-                                            snapshot_at=snap, keep=keep,
-                                        )
-                                    else:
-                                        used = 2 if attacker == TWO_ROUNDS else 3
-                                        xs = [x1, *later][:used]
-                                        seen = [observed, *(observed_gradient(
-                                            task, x, image, label, perturbation)
-                                            for x in later)][:used]
-                                        guess = infer_label_multi(
-                                            task, xs, seen, seed=1000 * seed + j,
-                                            inner_iterations=settings.inner_iterations,
-                                            init_scale=init_scale)
-                                        rec, snaps, loss = reconstruct_multi(
-                                            task, xs, seen, guess, seed=1000 * seed + j,
-                                            iterations=settings.iterations,
-                                            inner_iterations=settings.inner_iterations,
-                                            snapshot_at=snap, init_scale=init_scale,
-                                        )
-                                        if loss > RESTART_ABOVE:
-                                            # the attacker sees its own matching loss: one
-                                            # restart from another dummy, keep the better fit
-                                            again = reconstruct_multi(
-                                                task, xs, seen, guess,
-                                                seed=1000 * seed + j + 500,
-                                                iterations=settings.iterations,
-                                                inner_iterations=settings.inner_iterations,
-                                                snapshot_at=snap, init_scale=init_scale,
-                                            )
-                                            if again[2] < loss:
-                                                rec, snaps, loss = again
-                                    mse, psnr = image_errors(rec, image)
-                                    rows.append({
-                                        "model": model, "attack_round": rnd,
-                                        "perturbation": name, "attacker": attacker,
-                                        "gamma": gamma, "seed": seed, "image": int(index),
-                                        "label": int(label), "inferred_label": guess,
-                                        "label_ok": guess == int(label),
-                                        "mse": mse, "psnr": psnr, "final_loss": loss,
-                                        "observed_norm": float(observed.norm()),
-                                        "seconds": time.perf_counter() - started,
-                                    })
+                                    record, snaps = _attack(settings, target, attacker, noise,
+                                                            iterate, points if first else ())
+                                    done.append({"model": model, "attack_round": rnd,
+                                                 "perturbation": name, "seed": seed,
+                                                 "image": int(index), **record})
                                     if first:
-                                        row_name = _grid_row_name(attacker, gamma)
-                                        grids[row_name], grid_psnr[row_name] = snaps, psnr
-                                        grid_truth = image
-                            done = [r for r in rows if r["model"] == model and r["seed"] == seed
-                                    and r["attack_round"] == rnd and r["perturbation"] == name
-                                    and r["gamma"] == gamma]
-                            text = "; ".join(
-                                f"{a}: " + ", ".join(f"{r['psnr']:.1f}" for r in done
-                                                     if r["attacker"] == a)
+                                        row_name = grid_row_name(attacker, gamma, refresh)
+                                        grids[row_name] = snaps
+                                        grid_psnr[row_name] = record["psnr"]
+                                        grid_truth = target.image
+                            rows += done
+                            text = "; ".join(f"{a}: " + ", ".join(
+                                f"{r['psnr']:.1f}" for r in done if r["attacker"] == a)
                                 for a in attackers)
-                            log(f"{model}, x_1 at round {rnd}, {name}, seed {seed}, gamma "
-                                f"{gamma:g}: PSNR (dB) {text} "
+                            log(f"{model}, x_1 at round {rnd}, {name}, refresh {refresh}, seed "
+                                f"{seed}, gamma {gamma:g}: PSNR (dB) {text} "
                                 f"({sum(r['seconds'] for r in done):.0f}s)")
                     assert grid_truth is not None
-                    suffix = "" if name == "last-bias" else f"_{name}"
-                    figures.append(_plot_grid(
+                    suffix = ("" if name == "last-bias" else f"_{name}") + (
+                        "" if refresh == "never" else "_" + refresh.replace(":", ""))
+                    figures.append(plot_grid(
                         grid_truth, grids, grid_psnr,
-                        f"iDLG on agent 1, {model}, x_1 at round {rnd}, {PERTURBATIONS[name]}: "
-                        f"L-BFGS steps ({settings.inner_iterations} iterations each)",
-                        folder / f"attack_{model}_round{rnd}{suffix}.png"))
-        summary = _summarise(rows)
+                        f"iDLG on agent 1, {model}, x_1 at round {rnd}, {PERTURBATIONS[name]}, "
+                        f"refresh {refresh}: L-BFGS steps ({settings.inner_iterations} "
+                        "iterations each)", folder / f"attack_{model}_round{rnd}{suffix}.png"))
+        summary = summarise(rows)
         write_csv(folder / "summary.csv", summary)
-        figures.append(_plot_psnr(summary, folder / "attack_psnr.png"))
-        table = format_table(summary, [
-            Column("model", "model"), Column("attack_round", "x_1 round"),
-            Column("perturbation", "perturbation"), Column("attacker", "attacker"),
-            Column("gamma", "gamma", lambda g: f"{g:g}"),
-            Column("samples", "n"),
-            Column("psnr_mean", "PSNR mean (dB)", ".1f"), Column("psnr_std", "std", ".1f"),
-            Column("mse_mean", "MSE mean", ".3g"), Column("mse_std", "std", ".2g"),
-            Column("label_accuracy", "label ok", ".2f"),
-        ])
+        if any(r["refresh"] == "never" for r in summary):
+            figures.append(plot_psnr(summary, folder / "attack_psnr.png"))
+        if any(r["refresh"] != "never" for r in summary):
+            figures.append(plot_refreshed_psnr(summary, folder / "attack_refresh_psnr.png"))
         payload = {
             "profile": settings.profile,
             "settings": {k: v for k, v in dataclasses.asdict(settings).items() if k != "base"},
@@ -396,5 +370,5 @@ def run(settings: AttackSettings, *, out: str | Path | None = None,
             "summary": summary,
         }
         wall = elapsed()
-    return finish(folder, NAME, payload=payload, rows=rows, table=table, figures=figures,
-                  wall_seconds=wall, figures_to=figures_to)
+    return finish(folder, NAME, payload=payload, rows=rows, table=attack_table(summary),
+                  figures=figures, wall_seconds=wall, figures_to=figures_to)

@@ -24,6 +24,11 @@ def _words(text: str) -> tuple[str, ...]:
     return tuple(w.strip() for w in text.split(",") if w.strip())
 
 
+def _words_or_none(text: str) -> tuple[str, ...]:
+    """Like _words; "none" is the empty list."""
+    return () if text.strip() == "none" else _words(text)
+
+
 def _profile(args: argparse.Namespace) -> str:
     return "quick" if args.quick else "full"
 
@@ -63,6 +68,9 @@ def _attack(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
         attack_rounds=getattr(args, "attack_rounds", None),
         perturbations=getattr(args, "perturbations", None),
         multi_round=False if getattr(args, "no_multi_round", False) else None,
+        refreshes=getattr(args, "refreshes", None),
+        refresh_gammas=getattr(args, "refresh_gammas", None),
+        averaging_rounds=getattr(args, "averaging_rounds", None),
     )
     return attack.run(settings, out=out, figures_to=args.figures)
 
@@ -223,12 +231,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="L-BFGS steps (each up to 20 iterations, as in the DLG code)")
     p.add_argument("--attack-rounds", type=_ints, default=None, metavar="R1,R2",
                    help="x_1 = agent 1's iterate after R rounds of noise-free DSGD")
-    p.add_argument("--perturbations", type=_words, default=None,
+    p.add_argument("--perturbations", type=_words_or_none, default=None,
                    metavar="last-bias,all-k1,all-k2",
-                   help="perturbation settings: the paper's last-layer bias, every parameter "
-                        "with K=1, every parameter with the squares added (K=2)")
+                   help="fixed-mask perturbation settings: the paper's last-layer bias, every "
+                        "parameter with K=1, every parameter with the squares added (K=2); "
+                        "'none' runs only the refreshed rows")
     p.add_argument("--no-multi-round", action="store_true",
                    help="skip the attackers that combine several rounds of agent 1")
+    p.add_argument("--refreshes", type=_words_or_none, default=None,
+                   metavar="every:1,every:10",
+                   help="rows with agent 1's mask refreshed every R rounds (every parameter, "
+                        "K=1); 'none' runs only the fixed masks")
+    p.add_argument("--refresh-gammas", type=parse_floats, default=None, metavar="1,1e2,...",
+                   help="noise levels of the refreshed rows")
+    p.add_argument("--averaging-rounds", type=int, default=None, metavar="A",
+                   help="rounds the averaging attacker averages over (default: the run's "
+                        "10,000; quick: 1,000)")
 
     p = sub.add_parser("perturbation",
                        help="the 2-D perturbing function for (K,m,N) = (3,2,5) (Sec. 5.1)")

@@ -1,0 +1,146 @@
+"""Masks per round: the fixed mask of the paper, or one refreshed every R rounds from edge seeds.
+
+The per-round driver asks a MaskProvider for round t's coefficients. `FixedMask` returns phase
+I's mask every round (`--refresh never`, the paper). `RefreshedMask` derives period
+floor(t / R)'s numerators sum_j (z(s_ij) - z(s_ji)) from the agent's EdgeSeeds (efpsn/seeds.py)
+and caches the current period. Every agent uses the same public R and NoiseSpec, so in every
+period each z(s_ij) appears once with + (at i) and once with - (at j): the masks sum to zero
+exactly, every round.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from efpsn.keystream import exact_bound
+from efpsn.masking import MaskCoefficients, NoiseSpec
+from efpsn.seeds import EdgeSeeds
+
+__all__ = [
+    "FixedMask",
+    "MaskProvider",
+    "Refresh",
+    "RefreshedMask",
+    "refreshed_numerators",
+]
+
+
+@dataclass(frozen=True)
+class Refresh:
+    """How often the mask changes: `every` rounds (a period), or never (None, the paper)."""
+
+    every: int | None
+
+    def __post_init__(self) -> None:
+        if self.every is None:
+            return
+        if isinstance(self.every, bool) or not isinstance(self.every, numbers.Integral):
+            raise TypeError(f"refresh period must be an int or None, got {type(self.every)}")
+        if self.every < 1:
+            raise ValueError(f"refresh period must be >= 1 round, got {self.every}")
+        object.__setattr__(self, "every", int(self.every))
+
+    @classmethod
+    def parse(cls, text: str) -> Refresh:
+        """"never" or "every:R" (R >= 1 rounds per period)."""
+        if not isinstance(text, str):
+            raise TypeError(f"refresh must be a str, got {type(text).__name__}")
+        body = text.strip()
+        if body == "never":
+            return cls(None)
+        kind, _, count = body.partition(":")
+        if kind != "every" or not count.strip().isdigit() or int(count) < 1:
+            raise ValueError(f"refresh must be 'never' or 'every:R' with R >= 1, got {text!r}")
+        return cls(int(count))
+
+    def __str__(self) -> str:
+        return "never" if self.every is None else f"every:{self.every}"
+
+    @property
+    def refreshed(self) -> bool:
+        return self.every is not None
+
+    def period(self, t: int) -> int:
+        """floor(t / R) for round t >= 0 (0 for every round when never)."""
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+            raise ValueError(f"round must be an int >= 0, got {t!r}")
+        return 0 if self.every is None else int(t) // self.every
+
+
+class MaskProvider(Protocol):
+    """What the per-round driver asks: round t's mask coefficients eta_bar_i(t)."""
+
+    def coefficients(self, t: int) -> MaskCoefficients: ...
+
+
+class FixedMask:
+    """Phase I's mask for every round (`--refresh never`)."""
+
+    def __init__(self, mask: MaskCoefficients) -> None:
+        if not isinstance(mask, MaskCoefficients):
+            raise TypeError(f"mask must be MaskCoefficients, got {type(mask).__name__}")
+        self.mask = mask
+        self.refresh = Refresh(None)
+
+    def coefficients(self, t: int) -> MaskCoefficients:
+        self.refresh.period(t)  # validates t
+        return self.mask
+
+
+class RefreshedMask:
+    """Agent i's mask of round t from its edge seeds, new every `refresh.every` rounds.
+
+    coefficients(t) derives period floor(t / R) once and caches it (the driver asks every
+    round, mostly for the same period). Raises ValueError when the spec or the degree could
+    leave the exact integer range (|z| < 2^52 per stream, 2 deg(i) max|z| < 2^63 summed).
+    """
+
+    def __init__(self, *, seeds: EdgeSeeds, spec: NoiseSpec, refresh: Refresh) -> None:
+        if not isinstance(seeds, EdgeSeeds):
+            raise TypeError(f"seeds must be EdgeSeeds, got {type(seeds).__name__}")
+        if not isinstance(spec, NoiseSpec):
+            raise TypeError(f"spec must be a NoiseSpec, got {type(spec).__name__}")
+        if not isinstance(refresh, Refresh) or not refresh.refreshed:
+            raise ValueError(f"RefreshedMask needs refresh 'every:R', got {refresh} "
+                             "(the fixed mask is FixedMask)")
+        terms = 2 * len(seeds.neighbours)
+        if terms * exact_bound(spec) >= 2**63:
+            raise ValueError(f"agent {seeds.agent}: {terms} noise streams of up to "
+                             f"{exact_bound(spec)} could overflow int64; lower P or gamma")
+        self.seeds, self.spec, self.refresh = seeds, spec, refresh
+        self._period: int | None = None
+        self._numerators = np.zeros(0, dtype=np.int64)
+        self._mask: MaskCoefficients | None = None
+
+    def numerators(self, t: int) -> np.ndarray:
+        """Round t's numerators as int64 (a read-only view of the cached period)."""
+        period = self.refresh.period(t)
+        if period != self._period:
+            numerators = self.seeds.numerators(period, self.spec)
+            numerators.setflags(write=False)
+            self._period, self._numerators, self._mask = period, numerators, None
+        return self._numerators
+
+    def coefficients(self, t: int) -> MaskCoefficients:
+        numerators = self.numerators(t)
+        if self._mask is None:
+            self._mask = MaskCoefficients(tuple(numerators.tolist()), self.spec.precision)
+        return self._mask
+
+    def values(self, t: int) -> np.ndarray:
+        """Round t's eta_bar_i = numerators / 10^P as float64: the same correctly rounded
+        values as MaskCoefficients.values(), vectorised (|numerators| < 2^53 are exact floats)."""
+        return self.numerators(t).astype(np.float64) / float(10**self.spec.precision)
+
+
+def refreshed_numerators(
+    seeds: Sequence[EdgeSeeds], spec: NoiseSpec, period: int
+) -> np.ndarray:
+    """Every agent's numerators of one period, (n, N) int64: the fast path of the simulator
+    and the tests (row i = seeds[i].numerators(period, spec))."""
+    return np.stack([s.numerators(period, spec) for s in seeds])
