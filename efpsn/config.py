@@ -166,6 +166,17 @@ def _check_selection(spec: str) -> None:
     parse_selection(spec)
 
 
+def _check_refresh(text: str) -> None:
+    kind, _, count = text.partition(":")
+    if text != "never" and not (kind == "every" and count.isdigit() and int(count) >= 1):
+        raise ValueError(f"refresh must be 'never' or 'every:R' with R >= 1, got {text!r}")
+
+
+def _check_clip(value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"clip must be a finite number >= 0 (0: no clipping), got {value}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """Everything that is public and identical at every agent of a run.
@@ -244,6 +255,14 @@ class RunConfig:
     round_timeout_seconds: float = param(60.0, check=_positive("round_timeout_seconds"),
                                          flag="--round-timeout",
                                          help="seconds to wait for a neighbour's message")
+    # privacy across rounds
+    refresh: str = param("never", check=_check_refresh,
+                         help="how often the zero-sum masks change: never (phase I's mask every "
+                              "round, the paper) or every:R (fresh noise every R rounds, from "
+                              "seeds shared under Paillier in phase I; still exactly zero-sum)")
+    clip: float = param(0.0, check=_check_clip,
+                        help="clip every sample's gradient to this norm before averaging (0: "
+                             "no clipping); the refreshed masks' accountant needs it")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -266,6 +285,9 @@ class RunConfig:
             raise ValueError(f"task lenet takes 1x28x28 images, but the run's input shape is "
                              f"{self.input_shape}: use logreg, mlp:... or python:...")
         make_schedule(self.schedule, iterations=self.iterations)
+        if self.refresh != "never" and self.mask != "zero-sum":
+            raise ValueError(f"refresh {self.refresh} renews zero-sum masks; mask {self.mask!r} "
+                             "has none to renew: use --mask zero-sum or --refresh never")
         self.basis_counts()
 
     def basis_counts(self, *, num_params: int | None = None,

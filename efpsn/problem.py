@@ -21,33 +21,70 @@ from efpsn.config import LOCAL_DATA, RunConfig, parse_shape
 from efpsn.encoding import SlotLayout
 from efpsn.masking import MaskCoefficients, NoiseSpec
 from efpsn.perturbation import FunctionalPerturbation, select_indices, selection_measure
+from efpsn.refresh import FixedMask, MaskProvider
 from efpsn.tasks import BatchSampler, Dataset, Task, load_data, make_task, partition
 from efpsn.tasks.local import LocalData
 from efpsn.topology import Graph, build_graph, metropolis_weights
 
 
+class MaskedPerturbation:
+    """Phi(eta_bar_i(t)) of round t: the perturbation of the mask a MaskProvider gives for the
+    round (efpsn/refresh.py), built once per refresh period (once for a fixed mask)."""
+
+    def __init__(self, *, system: OrthonormalSystem, indices: np.ndarray,
+                 masks: MaskProvider) -> None:
+        self.system, self.indices, self.masks = system, indices, masks
+        self._period: int | None = None
+        self._current: FunctionalPerturbation | None = None
+        self._template: FunctionalPerturbation | None = None
+
+    def at(self, t: int) -> FunctionalPerturbation | None:
+        """The perturbation of round t (None when its mask is all zero)."""
+        period = self.masks.refresh.period(t)
+        if period != self._period:
+            values = self.masks.values(t)
+            if not np.any(values):
+                self._current = None
+            elif self._template is None:
+                self._template = FunctionalPerturbation(system=self.system,
+                                                        indices=self.indices, eta=values)
+                self._current = self._template
+            else:  # the same system and indices, the new period's coefficients
+                self._current = self._template.with_eta(values)
+            self._period = period
+        return self._current
+
+
 class LocalObjective:
-    """Agent i's masked objective f_hat_i = f_i + Phi(eta_bar_i)(x_S), as a gradient oracle."""
+    """Agent i's masked objective f_hat_i = f_i + Phi(eta_bar_i(t))(x_S), as a gradient oracle:
+    the mask is round t's (fixed, or refreshed every R rounds); with `clip` > 0 every sample's
+    gradient is clipped to that norm before the batch mean."""
 
     def __init__(
         self,
         *,
         task: Task,
         shard: Dataset,
-        perturbation: FunctionalPerturbation | None,
+        perturbation: MaskedPerturbation,
         sampler: BatchSampler,
+        clip: float = 0.0,
     ) -> None:
         self.task = task
         self.shard = shard
         self.perturbation = perturbation
         self.sampler = sampler
+        self.clip = clip
 
     def __call__(self, x: torch.Tensor, t: int) -> torch.Tensor:
         """The masked mini-batch gradient for round t (the oracle the algorithms call)."""
         images, labels = self.shard.batch(self.sampler.indices(t))
-        _, grad = self.task.loss_and_grad(x, images, labels)
-        if self.perturbation is not None:
-            grad = grad + self.perturbation.gradient(x)
+        if self.clip > 0:
+            _, grad = self.task.clipped_loss_and_grad(x, images, labels, clip=self.clip)
+        else:
+            _, grad = self.task.loss_and_grad(x, images, labels)
+        perturbation = self.perturbation.at(t)
+        if perturbation is not None:
+            grad = grad + perturbation.gradient(x)
         return grad
 
     def loss_and_grad(self, x: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -115,10 +152,9 @@ class Problem:
         return self.task.init_params(self.config.seed)
 
     def perturbation(self, mask: MaskCoefficients) -> FunctionalPerturbation | None:
-        values = mask.values()
-        if not np.any(values):
-            return None
-        return FunctionalPerturbation(system=self.system, indices=self.indices, eta=values)
+        """Phi(eta_bar) of a fixed mask (None when it is all zero)."""
+        return MaskedPerturbation(system=self.system, indices=self.indices,
+                                  masks=FixedMask(mask)).at(0)
 
     def shard(self, i: int) -> Dataset:
         """Agent i's training data (a ValueError when this process does not hold it)."""
@@ -127,13 +163,18 @@ class Problem:
             raise ValueError(f"this process does not hold agent {i}'s data")
         return shard
 
-    def objective(self, i: int, mask: MaskCoefficients) -> LocalObjective:
+    def objective(self, i: int, masks: MaskProvider | MaskCoefficients) -> LocalObjective:
+        """Agent i's masked objective: its shard, its batches, and its mask of every round
+        (a fixed MaskCoefficients, or a MaskProvider such as a RefreshedMask)."""
         c = self.config
         shard = self.shard(i)
         sampler = BatchSampler(len(shard.labels), batch_size=c.batch_size or None, seed=c.seed,
                                agent=i)
+        provider = FixedMask(masks) if isinstance(masks, MaskCoefficients) else masks
         return LocalObjective(
-            task=self.task, shard=shard, perturbation=self.perturbation(mask), sampler=sampler,
+            task=self.task, shard=shard, sampler=sampler, clip=c.clip,
+            perturbation=MaskedPerturbation(system=self.system, indices=self.indices,
+                                            masks=provider),
         )
 
 

@@ -73,9 +73,14 @@ class Refresh:
 
 
 class MaskProvider(Protocol):
-    """What the per-round driver asks: round t's mask coefficients eta_bar_i(t)."""
+    """What the per-round driver asks: round t's mask coefficients eta_bar_i(t), as exact
+    integers or as float64 values, and how often they change."""
+
+    refresh: Refresh
 
     def coefficients(self, t: int) -> MaskCoefficients: ...
+
+    def values(self, t: int) -> np.ndarray: ...
 
 
 class FixedMask:
@@ -90,6 +95,9 @@ class FixedMask:
     def coefficients(self, t: int) -> MaskCoefficients:
         self.refresh.period(t)  # validates t
         return self.mask
+
+    def values(self, t: int) -> np.ndarray:
+        return self.coefficients(t).values()
 
 
 class RefreshedMask:

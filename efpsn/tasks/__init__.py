@@ -13,13 +13,9 @@ from efpsn.tasks.data import (
     read_idx,
     train_test_split,
 )
+from efpsn.tasks.logreg import LogisticRegressionTask
 from efpsn.tasks.models import MLP, LeNet, LogisticRegression, count_parameters
-from efpsn.tasks.objective import (
-    DEFAULT_L2,
-    LeNetTask,
-    LogisticRegressionTask,
-    Task,
-)
+from efpsn.tasks.objective import DEFAULT_L2, LeNetTask, Task
 from efpsn.tasks.optimum import (
     Optimum,
     centralized_optimum,

@@ -12,8 +12,9 @@ from torch import nn
 
 from efpsn.config import check_task_spec
 from efpsn.tasks.data import IMAGE_SHAPE, NUM_CLASSES
+from efpsn.tasks.logreg import LogisticRegressionTask
 from efpsn.tasks.models import MLP
-from efpsn.tasks.objective import DEFAULT_L2, LeNetTask, LogisticRegressionTask, LossFn, Task
+from efpsn.tasks.objective import DEFAULT_L2, LeNetTask, LossFn, Task
 
 __all__ = ["DataSchema", "MLPTask", "PythonTask", "make_task"]
 
