@@ -29,11 +29,18 @@ from agent.mailbox import Mailbox
 from agent.options import AgentFailure, AgentOptions
 from agent.outbox import Outbox, OutboxLog
 from agent.peers import Peers
-from agent.phase_one import run_phase_one
+from agent.phase_one import run_phase_one, shares_packed
 from agent.phase_two import make_driver, run_phase_two
 from agent.prepare import prepare
 from agent.results import write_failure, write_results
-from agent.resume import Replay, check_address, check_resumable, reload_checkpoint, reload_mask
+from agent.resume import (
+    Replay,
+    check_address,
+    check_resumable,
+    mask_provider,
+    reload_checkpoint,
+    reload_phase_one,
+)
 from agent.servicer import AgentService, Identity, ShareCheck
 from agent.session import Session, open_session
 from agent.state import SavedAssignment, StateError, StateStore
@@ -41,8 +48,10 @@ from agent.status import Status
 from efpsn import paillier
 from efpsn.algorithms import make_algorithm
 from efpsn.config import RunConfig
-from efpsn.masking import MaskCoefficients, Masker, noise_generator
+from efpsn.masking import Masker, noise_generator
+from efpsn.refresh import MaskProvider
 from efpsn.runtime import peak_rss_mb
+from efpsn.seeds import EdgeSeeds, SeedExchange
 from efpsn.wire.net import (
     RejectionLog,
     Server,
@@ -132,16 +141,24 @@ class AgentNode:
         ledger = self._attach(session, resumed_from=None)
         self.timings["phase1_started_at"] = time.time()  # wall clock, for start-up
         start = time.perf_counter()
-        mask = await run_phase_one(
+        seed = opts.insecure_noise_seed
+        result = await run_phase_one(
             session=session, peers=self.peers, status=self.status, timings=self.timings,
-            rng=noise_generator(opts.insecure_noise_seed, session.index),
+            rng=noise_generator(seed, session.index),
+            seed_rng=None if seed is None else noise_generator(seed, session.index),
             keypair=self._keypair, on_masker=self._expect_shares,
             allow_insecure_keys=opts.allow_insecure_keys)
         self.service.phase_one.close()
         self.timings["phase1_seconds"] = time.perf_counter() - start
-        self.store.save_mask(mask, run_id=assignment.run_id, stats=dict(self.timings),
-                             received=self.service.phase_one.received())
-        return await self._phase_two(session, saved, ledger, mask, history=[], replay=set())
+        received = self.service.phase_one.received()
+        if isinstance(result, EdgeSeeds):
+            self.store.save_seeds(result.to_json(), run_id=assignment.run_id,
+                                  stats=dict(self.timings), received=received)
+        else:
+            self.store.save_mask(result, run_id=assignment.run_id, stats=dict(self.timings),
+                                 received=received)
+        return await self._phase_two(session, saved, ledger, mask_provider(session, result),
+                                     history=[], replay=set())
 
     async def _resumed(self, saved: SavedAssignment) -> dict[str, Any]:
         """Restart with the same command: reload everything and carry on (agent/resume.py)."""
@@ -151,10 +168,9 @@ class AgentNode:
         config = RunConfig.from_dict(saved.assignment.params)
         prepared = await asyncio.to_thread(prepare, config, opts)
         session = await open_session(saved.assignment, name=name, prepared=prepared)
-        restored = reload_mask(self.store, name=name, run_id=session.run_id,
-                               coefficients=session.problem.N)
-        self.timings.update(restored.stats)
-        self.service.phase_one.restore(restored.received)
+        phase_one, stats, received = reload_phase_one(self.store, name=name, session=session)
+        self.timings.update(stats)
+        self.service.phase_one.restore(received)
         shapes = {k: tuple(session.problem.initial_params().shape)
                   for k in make_algorithm(config.algorithm).state_keys}
         checkpoint = reload_checkpoint(self.store, name=name, run_id=session.run_id,
@@ -163,19 +179,21 @@ class AgentNode:
         sent = self.outbox.restore()
         log.info("%s reloaded %d sent round messages (rounds up to %d)", name, sent,
                  self.outbox.produced)
-        log.warning("%s resumes run %s at round %d (saved mask reloaded; %s)", name,
+        log.warning("%s resumes run %s at round %d (saved %s reloaded; %s)", name,
                     session.run_id, resumed_from,
+                    "seeds" if isinstance(phase_one, EdgeSeeds) else "mask",
                     "from its checkpoint" if checkpoint else "no checkpoint yet")
         ledger = self._attach(session, resumed_from=resumed_from)
         history = list(checkpoint.history) if checkpoint else []
-        return await self._phase_two(session, saved, ledger, restored.mask, history=history,
+        return await self._phase_two(session, saved, ledger,
+                                     mask_provider(session, phase_one), history=history,
                                      replay=set(session.neighbour_names), checkpoint=checkpoint)
 
     async def _phase_two(self, session: Session, saved: SavedAssignment, ledger: RoundLedger,
-                         mask: MaskCoefficients, *, history: list[dict[str, float]],
+                         masks: MaskProvider, *, history: list[dict[str, float]],
                          replay: set[str], checkpoint: Any = None) -> dict[str, Any]:
         opts, cfg = self.options, session.config
-        driver = make_driver(session, mask, checkpoint)
+        driver = make_driver(session, masks, checkpoint)
         first = driver.t
         link = RoundLink(
             peers=self.peers, outbox=self.outbox, run_id=session.run_id, name=opts.name,
@@ -206,7 +224,7 @@ class AgentNode:
             Path(opts.results_dir) / opts.name, session=session, name=opts.name,
             x=done.state["x"], history=done.history, timings=self.timings,
             resumed_from=ledger.resumed_from, rejections=dict(self.rejections.counts),
-            expose_mask=mask if opts.debug_expose_mask else None)
+            expose_mask=masks.coefficients(0) if opts.debug_expose_mask else None)
         self.outbox.stop_logging()  # deleted with the checkpoints; memory serves the rest
         self.store.mark_finished(saved)
         self.status.phase = Phase.DONE
@@ -238,9 +256,11 @@ class AgentNode:
                     f"holds that round ({detail}); start a new run")
         return describe
 
-    def _expect_shares(self, masker: Masker) -> None:
+    def _expect_shares(self, masker: Masker | SeedExchange) -> None:
+        assert self.service.session is not None
         self.service.shares = ShareCheck(public_key=masker.public_key,
-                                         count=masker.ciphertexts_per_neighbour)
+                                         count=masker.ciphertexts_per_neighbour,
+                                         packed=shares_packed(self.service.session.config))
 
     async def _close(self) -> None:
         """Close my streams and channels, stop the server (its grace period lets in-flight

@@ -1,7 +1,8 @@
-"""Phase I at one agent: keys to the neighbours, encrypted shares both ways, the exact mask.
+"""Phase I at one agent: keys to the neighbours, encrypted shares both ways, the exact mask (or,
+with refreshed masks, one encrypted seed each way: the edge seeds every period's noise comes from).
 
-The math is efpsn/masking.py's Masker; this module only moves its keys and ciphertexts through
-the client side (agent/peers.py) and times each step."""
+The math is efpsn/masking.py's Masker (efpsn/seeds.py's SeedExchange); this module only moves
+their keys and ciphertexts through the client side (agent/peers.py) and times each step."""
 
 from __future__ import annotations
 
@@ -15,20 +16,32 @@ import numpy as np
 from agent.peers import Peers
 from agent.session import Session
 from agent.status import Status
+from efpsn import paillier
+from efpsn.config import RunConfig
 from efpsn.masking import MaskCoefficients, Masker, independent_mask
+from efpsn.seeds import EdgeSeeds, SeedExchange
 from efpsn.wire.records import Phase
 
-__all__ = ["run_phase_one"]
+__all__ = ["run_phase_one", "shares_packed"]
+
+
+def shares_packed(config: RunConfig) -> bool:
+    """The `packed` flag of this run's shares: a seed (refreshed masks) is one plaintext
+    carrying many values, so it travels as a packed batch of one ciphertext."""
+    return config.packed or config.refresh != "never"
 
 
 async def run_phase_one(*, session: Session, peers: Peers, status: Status,
                         rng: np.random.Generator, timings: dict[str, float],
                         keypair: Awaitable[tuple[Any, float]] | None,
-                        on_masker: Callable[[Masker], None],
-                        allow_insecure_keys: bool = False) -> MaskCoefficients:
-    """This agent's mask. `keypair` (generated since the run parameters arrived, with its
-    generation time) is awaited when the zero-sum protocol needs it; `on_masker` is told the
-    Masker as soon as it exists, so incoming shares can be checked against its key."""
+                        on_masker: Callable[[Masker | SeedExchange], None],
+                        allow_insecure_keys: bool = False,
+                        seed_rng: np.random.Generator | None = None,
+                        ) -> MaskCoefficients | EdgeSeeds:
+    """This agent's mask, or with refreshed masks its edge seeds. `keypair` (generated since
+    the run parameters arrived, with its generation time) is awaited when the zero-sum protocol
+    needs it; `on_masker` is told the Masker (SeedExchange) as soon as it exists, so incoming
+    shares can be checked against its key. seed_rng: the test hook's seeds (None: secrets)."""
     cfg, problem = session.config, session.problem
     spec = problem.noise_spec
     if cfg.mask == "none":
@@ -41,11 +54,19 @@ async def run_phase_one(*, session: Session, peers: Peers, status: Status,
     pair = None
     if keypair is not None:
         pair, timings["keygen_seconds"] = await keypair
-    # Masker checks a given key pair (size, policy, matching halves).
-    masker = await asyncio.to_thread(
-        Masker, agent=session.index, neighbours=sorted(session.names), spec=spec, rng=rng,
-        layout=problem.layout, key_bits=cfg.key_bits, keypair=pair,
-        allow_insecure=allow_insecure_keys)
+    # Masker and SeedExchange check a given key pair (size, policy, matching halves).
+    masker: Masker | SeedExchange
+    if cfg.refresh != "never":
+        if pair is None:
+            pair = await asyncio.to_thread(paillier.generate_keypair, cfg.key_bits,
+                                           allow_insecure=allow_insecure_keys)
+        masker = SeedExchange(agent=session.index, neighbours=sorted(session.names),
+                              keypair=pair, rng=seed_rng, allow_insecure=allow_insecure_keys)
+    else:
+        masker = await asyncio.to_thread(
+            Masker, agent=session.index, neighbours=sorted(session.names), spec=spec, rng=rng,
+            layout=problem.layout, key_bits=cfg.key_bits, keypair=pair,
+            allow_insecure=allow_insecure_keys)
     on_masker(masker)
     timings["key_wait_seconds"] = time.perf_counter() - t0  # phase I's share of it
     timings.setdefault("keygen_seconds", timings["key_wait_seconds"])
@@ -56,7 +77,8 @@ async def run_phase_one(*, session: Session, peers: Peers, status: Status,
     outgoing = await asyncio.to_thread(masker.outgoing, keys)
     timings["encrypt_seconds"] = time.perf_counter() - t0
     await peers.send_shares({name: (keys[j], outgoing[j]) for j, name in session.names.items()},
-                            num_coefficients=problem.N, packed=cfg.packed, timeout=timeout)
+                            num_coefficients=problem.N, packed=shares_packed(cfg),
+                            timeout=timeout)
     incoming = await peers.collect("shares", 0, timeout=timeout)
     t0 = time.perf_counter()
     mask = await asyncio.to_thread(masker.finish, incoming)

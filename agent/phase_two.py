@@ -21,8 +21,8 @@ from agent.state import Checkpoint, StateStore
 from agent.status import Status
 from efpsn.algorithms import AgentState, Message, StepContext, make_algorithm
 from efpsn.config import LOCAL_DATA
-from efpsn.masking import MaskCoefficients
 from efpsn.problem import Problem
+from efpsn.refresh import MaskProvider
 from efpsn.rounds import RoundDriver
 from efpsn.schedules import make_schedule
 from efpsn.wire.records import Phase
@@ -42,14 +42,14 @@ class PhaseTwoResult:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def make_driver(session: Session, mask: MaskCoefficients,
+def make_driver(session: Session, masks: MaskProvider,
                 checkpoint: Checkpoint | None) -> RoundDriver:
     """The round driver of this agent's run, fresh or from a checkpoint."""
     cfg, problem = session.config, session.problem
     algorithm = make_algorithm(cfg.algorithm)
     schedule = make_schedule(cfg.schedule, iterations=cfg.iterations)
     ctx = StepContext(agent=session.index, weights=session.weights(), lr=schedule(0),
-                      oracle=problem.objective(session.index, mask))
+                      oracle=problem.objective(session.index, masks))
     common = {"algorithm": algorithm, "context": ctx, "schedule": schedule,
               "iterations": cfg.iterations, "eval_every": cfg.eval_every}
     if checkpoint is None:

@@ -17,9 +17,14 @@ from agent.ledger import RoundLedger, Verdict
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, RefusedByNeighbour
 from agent.peers import Peers
-from agent.state import Checkpoint, SavedAssignment, SavedMask, StateError, StateStore
+from agent.session import Session
+from agent.state import Checkpoint, SavedAssignment, StateError, StateStore
+from efpsn.masking import MaskCoefficients
+from efpsn.refresh import FixedMask, MaskProvider, Refresh, RefreshedMask
+from efpsn.seeds import EdgeSeeds
 
-__all__ = ["Replay", "check_address", "check_resumable", "reload_checkpoint", "reload_mask"]
+__all__ = ["Replay", "check_address", "check_resumable", "mask_provider", "reload_checkpoint",
+           "reload_phase_one"]
 
 log = logging.getLogger("efpsn.agent")
 
@@ -38,7 +43,7 @@ def check_resumable(saved: SavedAssignment, *, name: str, store: StateStore) -> 
         raise AgentFailure(
             f"{name} already finished run {run} (state in {where}); remove that folder (or give "
             "another --results/--state-dir) to start a new run")
-    if not store.mask_path.exists():
+    if not store.phase_one_saved():
         raise AgentFailure(
             f"{name} was stopped during phase I of run {run}: its mask was never saved (state "
             f"in {where}), and drawing a new one would break the zero sum of the masks. This "
@@ -53,16 +58,37 @@ def check_address(saved: SavedAssignment, *, name: str, advertised: str) -> None
             f"now be reached at {advertised}: restart it with the same --listen/--advertise")
 
 
-def reload_mask(store: StateStore, *, name: str, run_id: str, coefficients: int) -> SavedMask:
-    """The saved phase I result (a resumed agent never redraws its mask)."""
+def reload_phase_one(store: StateStore, *, name: str, session: Session
+                     ) -> tuple[MaskCoefficients | EdgeSeeds, dict[str, float],
+                                dict[str, dict[str, bytes]]]:
+    """The saved phase I result (a resumed agent never redraws its mask or its seeds), with
+    phase I's statistics and the digests of what it received."""
+    coefficients = session.problem.N
     try:
-        saved = store.load_mask(run_id=run_id)
-    except StateError as exc:
+        if session.config.refresh != "never":
+            saved_seeds = store.load_seeds(run_id=session.run_id)
+            if saved_seeds is None:
+                raise StateError(f"no edge seeds in {store.seeds_path}")
+            text, stats, received = saved_seeds
+            seeds = EdgeSeeds.from_json(text, agent=session.index,
+                                        neighbours=sorted(session.names))
+            return seeds, stats, received
+        saved = store.load_mask(run_id=session.run_id)
+    except (StateError, ValueError) as exc:
         raise AgentFailure(f"{name} cannot resume: {exc}") from None
     if saved is None or saved.mask.num_coefficients != coefficients:
         raise AgentFailure(f"{name} cannot resume: no usable mask for {coefficients} "
                            f"coefficients in {store.mask_path}")
-    return saved
+    return saved.mask, saved.stats, saved.received
+
+
+def mask_provider(session: Session, phase_one: MaskCoefficients | EdgeSeeds) -> MaskProvider:
+    """This agent's mask of every round: phase I's fixed mask, or the refreshed masks its edge
+    seeds give (period floor(t / R))."""
+    if isinstance(phase_one, EdgeSeeds):
+        return RefreshedMask(seeds=phase_one, spec=session.problem.noise_spec,
+                             refresh=Refresh.parse(session.config.refresh))
+    return FixedMask(phase_one)
 
 
 def reload_checkpoint(store: StateStore, *, name: str, run_id: str,

@@ -57,6 +57,7 @@ class ShareCheck:
 
     public_key: paillier.PublicKey
     count: int
+    packed: bool
 
 
 class AgentService(agent_pb2_grpc.AgentServicer):
@@ -75,6 +76,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.shares: ShareCheck | None = None
         self._session: Session | None = None
         self._in_flight: Counter[str] = Counter()
+
+    @property
+    def session(self) -> Session | None:
+        return self._session
 
     def attach(self, session: Session, rounds: RoundLedger) -> None:
         """The agent is assigned (or resumed): from now on neighbours' messages are served."""
@@ -191,7 +196,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             raise Reject(StatusCode.UNAVAILABLE, "phase I key not ready yet", early=True)
         batch = serde.ciphertexts_from_proto(
             request.batch, expected_fingerprint=paillier.fingerprint(expected.public_key),
-            expected_num_coefficients=s.problem.N, expected_packed=s.config.packed)
+            expected_num_coefficients=s.problem.N, expected_packed=expected.packed)
         if len(batch.ciphertexts) != expected.count:
             raise WireError(f"expected {expected.count} ciphertexts, got {len(batch.ciphertexts)}")
         for i, c in enumerate(batch.ciphertexts):

@@ -8,6 +8,8 @@ Layout of the state folder (default RESULTS/NAME/state; mode 0700, every file 06
     mask.json                       the phase I result (mask numerators, as decimal strings),
                                     phase I statistics and the sha256 digests of the keys and
                                     shares received; written before phase II starts
+    seeds.json                      instead, with refreshed masks: the edge seeds phase I shared
+                                    (secret like a mask), statistics and digests
     checkpoints/round-00000050/     the algorithm state after 50 completed rounds:
         state.json                  round, tensor names/shapes/sha256, evaluation history
         x.npy, y.npy, ...           one float64 array per state tensor (np.save, no pickle)
@@ -118,6 +120,20 @@ def _read_json(path: Path) -> dict[str, Any]:
     return payload
 
 
+def _digests_out(received: dict[str, dict[str, bytes]] | None) -> dict[str, dict[str, str]]:
+    return {kind: {sender: d.hex() for sender, d in by.items()}
+            for kind, by in (received or {}).items()}
+
+
+def _phase_one_record(payload: dict[str, Any]) -> tuple[dict[str, float],
+                                                        dict[str, dict[str, bytes]]]:
+    """Phase I's statistics and received digests, as saved with its result."""
+    stats = {str(k): float(v) for k, v in dict(payload.get("stats", {})).items()}
+    received = {str(kind): {str(s): bytes.fromhex(d) for s, d in dict(by).items()}
+                for kind, by in dict(payload.get("received", {})).items()}
+    return stats, received
+
+
 class StateStore:
     """Reads and writes one agent's state folder (see the module docstring for the layout)."""
 
@@ -139,6 +155,15 @@ class StateStore:
     @property
     def mask_path(self) -> Path:
         return self.folder / "mask.json"
+
+    @property
+    def seeds_path(self) -> Path:
+        """Refreshed masks: phase I's edge seeds instead of a mask."""
+        return self.folder / "seeds.json"
+
+    def phase_one_saved(self) -> bool:
+        """Whether phase I's result (a mask, or edge seeds) was saved."""
+        return self.mask_path.exists() or self.seeds_path.exists()
 
     @property
     def checkpoint_folder(self) -> Path:
@@ -183,6 +208,7 @@ class StateStore:
         self.save_assignment(saved.assignment, advertise=saved.advertise, port=saved.port,
                              finished=True)
         self.mask_path.unlink(missing_ok=True)
+        self.seeds_path.unlink(missing_ok=True)
         shutil.rmtree(self.checkpoint_folder, ignore_errors=True)
         shutil.rmtree(self.outbox_folder, ignore_errors=True)
         _fsync_dir(self.folder)
@@ -222,10 +248,34 @@ class StateStore:
             "precision": mask.precision,
             "numerators": [str(v) for v in mask.numerators],
             "stats": stats,
-            "received": {kind: {sender: d.hex() for sender, d in by.items()}
-                         for kind, by in (received or {}).items()},
+            "received": _digests_out(received),
         }
         write_private(self.mask_path, _json_bytes(payload))
+
+    def save_seeds(self, seeds_json: str, *, run_id: str, stats: dict[str, float],
+                   received: dict[str, dict[str, bytes]] | None = None) -> None:
+        """Refreshed masks: the edge seeds (efpsn/seeds.py EdgeSeeds.to_json), with phase I's
+        statistics and received digests as for a mask. Secret like the mask: 0600, deleted when
+        the run finishes."""
+        self._ensure()
+        payload = {"format": FORMAT, "run_id": run_id, "seeds": json.loads(seeds_json),
+                   "stats": stats, "received": _digests_out(received)}
+        write_private(self.seeds_path, _json_bytes(payload))
+
+    def load_seeds(self, *, run_id: str) -> tuple[str, dict[str, float],
+                                                  dict[str, dict[str, bytes]]] | None:
+        """(seeds JSON, stats, received digests) saved by save_seeds, or None."""
+        if not self.seeds_path.exists():
+            return None
+        payload = _read_json(self.seeds_path)
+        if payload.get("run_id") != run_id:
+            raise StateError(f"{self.seeds_path} belongs to run {payload.get('run_id')!r}, "
+                             f"not {run_id!r}")
+        try:
+            stats, received = _phase_one_record(payload)
+            return json.dumps(payload["seeds"]), stats, received
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"{self.seeds_path} is damaged: {exc}") from None
 
     def load_mask(self, *, run_id: str) -> SavedMask | None:
         if not self.mask_path.exists():
@@ -237,9 +287,7 @@ class StateStore:
         try:
             mask = MaskCoefficients(tuple(int(v) for v in payload["numerators"]),
                                     int(payload["precision"]))
-            stats = {str(k): float(v) for k, v in dict(payload.get("stats", {})).items()}
-            received = {str(kind): {str(s): bytes.fromhex(d) for s, d in dict(by).items()}
-                        for kind, by in dict(payload.get("received", {})).items()}
+            stats, received = _phase_one_record(payload)
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"{self.mask_path} is damaged: {exc}") from None
         return SavedMask(mask=mask, stats=stats, received=received)

@@ -51,7 +51,10 @@ def _simulate(args: argparse.Namespace) -> int:
         f"in {result.timings['phase1_seconds'] + result.timings['phase2_seconds']:.1f}s"
     )
     print("final: " + format_metrics(result.final))
-    if config.mask == "zero-sum":
+    if config.mask == "zero-sum" and config.refresh != "never":
+        print(f"masks sum to zero exactly: {result.masks_sum_to_zero()} (refreshed {config.refresh}:"
+              f" {result.periods_zero_sum} periods checked, each in integers)")
+    elif config.mask == "zero-sum":
         print(f"masks sum to zero exactly: {mask_sums_are_zero(result.masks)}")
     if args.json:
         write_json(args.json, result.to_json())

@@ -1,5 +1,6 @@
 """`efpsn privacy`: Theorem 4.1 both ways, (gamma, graph, basis) -> (epsilon, delta) and a target
-epsilon -> the gamma that reaches it, with the run parameters declared in efpsn/config.py."""
+epsilon -> the gamma that reaches it; with --refresh every:R, the per-sample accountant of
+refreshed masks over the run's rounds. Run parameters as declared in efpsn/config.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import dataclasses
 import json
 from typing import Any
 
-from efpsn.cli_common import write_json
+from efpsn.cli_common import json_safe, write_json
 from efpsn.config import RunConfig
 from efpsn.flags import add_run_arguments, config_from_args
 
@@ -17,7 +18,8 @@ __all__ = ["add_parser"]
 # The run parameters the accountant reads: the graph, the noise, the basis and the model (for
 # the number of coordinates of "all").
 PRIVACY_PARAMETERS = ("agents", "topology", "seed", "gamma", "p", "task", "input_shape",
-                      "classes", "selection", "K", "m", "N")
+                      "classes", "selection", "K", "m", "N", "refresh", "iterations", "clip",
+                      "batch_size")
 
 
 def _basis(config: RunConfig) -> tuple[int, int]:
@@ -36,12 +38,64 @@ def _basis(config: RunConfig) -> tuple[int, int]:
     return m, n_functions
 
 
+def _refreshed(args: argparse.Namespace, config: RunConfig) -> int:
+    """Refreshed masks: the per-sample accountant (efpsn/accounting.py), composed over the
+    run's rounds by dp-accounting."""
+    from efpsn.accounting import account_refreshed, gamma_for_refreshed_epsilon
+    from efpsn.problem import build_task
+    from efpsn.refresh import Refresh
+    from efpsn.selection import selection_measure
+    from efpsn.topology import build_graph
+
+    m, n_functions = _basis(config)
+    common: dict[str, Any] = {
+        "graph": build_graph(config.topology, config.agents, seed=config.seed), "p": config.p,
+        "K": config.K, "m": m, "N": n_functions,
+        "num_params": _num_params(config, build_task),
+        "measure": selection_measure(config.selection),
+        "refresh": Refresh.parse(config.refresh), "iterations": config.iterations,
+        "clip": config.clip or None, "batch_size": config.batch_size or None,
+        "delta": args.delta, "attacker": args.attacker, "samples": args.samples}
+    gamma = config.gamma
+    if args.target_epsilon is not None:
+        gamma = gamma_for_refreshed_epsilon(target_epsilon=args.target_epsilon, **common)
+        print(f"gamma needed for epsilon <= {args.target_epsilon:g} at delta {args.delta:g}: "
+              f"{gamma:.6g}")
+    result = account_refreshed(gamma=gamma, **common)
+    print(f"epsilon = {result.epsilon:.6g}, delta = {result.delta:.3g} (refresh "
+          f"{config.refresh}, gamma {gamma:g}, {config.iterations} rounds, against "
+          f"{args.attacker})")
+    print(result.statement)
+    _write(args, {"topology": config.topology, "agents": config.agents, "gamma": gamma,
+                  "selection": config.selection, "m": m, "K": config.K, "N": n_functions,
+                  "clip": config.clip, "batch_size": config.batch_size, **result.to_dict()})
+    return 0
+
+
+def _num_params(config: RunConfig, build_task: Any) -> int:
+    from efpsn.config import parse_shape
+    from efpsn.model_sizes import parameter_count
+
+    counted = parameter_count(config.task, shape=parse_shape(config.input_shape),
+                              classes=config.classes)
+    return counted if counted is not None else build_task(config).num_params
+
+
+def _write(args: argparse.Namespace, payload: dict[str, Any]) -> None:
+    if args.json == "-":
+        print(json.dumps(json_safe(payload), indent=2))
+    elif args.json:
+        write_json(args.json, payload)
+
+
 def _privacy(args: argparse.Namespace) -> int:
     from efpsn.privacy import epsilon_delta, gamma_for_epsilon, protection_statement
     from efpsn.selection import parse_selection
     from efpsn.topology import build_graph, laplacian_spectrum
 
     config = config_from_args(args)
+    if config.refresh != "never":
+        return _refreshed(args, config)
     m, n_functions = _basis(config)
     protects = protection_statement(selection=config.selection, m=m, K=config.K, N=n_functions,
                                     sensitivity=args.sensitivity, q=args.q)
@@ -59,16 +113,11 @@ def _privacy(args: argparse.Namespace) -> int:
         print(f"epsilon = {result.epsilon:.6g}, delta = {result.delta:.3g} "
               f"(gamma {config.gamma:g}, mu_2 {mu2:.4g}, mu_max {mu_max:.4g})")
     print(protects)
-    if args.json:
-        payload: dict[str, Any] = {
-            "topology": config.topology, "agents": config.agents, "mu2": mu2, "mu_max": mu_max,
-            **dataclasses.asdict(result), "selection": config.selection,
-            "measure": parse_selection(config.selection).measure, "m": m, "K": config.K,
-            "N": n_functions, "protects": protects}
-        if args.json == "-":
-            print(json.dumps(payload, indent=2))
-        else:
-            write_json(args.json, payload)
+    _write(args, {"topology": config.topology, "agents": config.agents, "mu2": mu2,
+                  "mu_max": mu_max, **dataclasses.asdict(result),
+                  "selection": config.selection,
+                  "measure": parse_selection(config.selection).measure, "m": m, "K": config.K,
+                  "N": n_functions, "protects": protects})
     return 0
 
 
@@ -76,8 +125,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """The `privacy` subcommand of `efpsn`."""
     priv = sub.add_parser(
         "privacy", help="Theorem 4.1: (gamma, graph) -> (epsilon, delta), or back",
-        description="EFPSN's differential privacy by Theorem 4.1 of the paper: epsilon for the "
-                    "run's gamma, graph and basis, or with --target-epsilon the gamma that "
+        description="EFPSN's differential privacy. Fixed masks (--refresh never): Theorem 4.1 "
+                    "of the paper, epsilon for the run's gamma, graph and basis. Refreshed "
+                    "masks (--refresh every:R): each training sample's epsilon over the run's "
+                    "rounds, composed by dp-accounting, against one curious neighbour, an "
+                    "eavesdropper or all neighbours. --target-epsilon gives the gamma that "
                     "reaches it. The run parameters mean what they mean for a run.")
     add_run_arguments(priv, only=PRIVACY_PARAMETERS, title="run parameters (as for the run)")
     g = priv.add_argument_group("the privacy guarantee")
@@ -91,6 +143,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "selection's measure (uniform = 2^(-m/2) x Lebesgue) (default 1)")
     g.add_argument("--target-epsilon", type=float, default=None,
                    help="print the smallest gamma that reaches this epsilon instead")
+    g.add_argument("--attacker", choices=("neighbour", "eavesdropper", "neighbours"),
+                   default="neighbour",
+                   help="refreshed masks: against whom: one curious neighbour (it cancels the "
+                        "seeds it shares), an eavesdropper (every message, no seed) or all of "
+                        "an agent's neighbours together (default neighbour)")
+    g.add_argument("--samples", type=int, default=None,
+                   help="refreshed masks: the agent's own number of training samples (only its "
+                        "operator knows it); a sample is then in one batch per epoch, so fewer "
+                        "rounds are composed")
     priv.add_argument("--json", metavar="OUT.json", help="write the result ('-' for stdout)")
     priv.set_defaults(handler=_privacy)
     return priv

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from efpsn.algorithms import StepContext, make_algorithm
@@ -14,9 +15,12 @@ from efpsn.config import RunConfig
 from efpsn.masking import MaskCoefficients, noise_generator
 from efpsn.masks import independent_masks, no_masks, zero_sum_masks, zero_sum_masks_fast
 from efpsn.metrics import evaluate
+from efpsn.paillier import generate_keypair
 from efpsn.problem import Problem, build_problem
+from efpsn.refresh import FixedMask, MaskProvider, Refresh, RefreshedMask
 from efpsn.rounds import RoundDriver, worst
 from efpsn.schedules import make_schedule
+from efpsn.seeds import exchange_seeds, exchange_seeds_fast
 
 PROTOCOLS = ("fast", "paillier")
 
@@ -28,7 +32,8 @@ def make_masks(
     noise_seed: int | None = None,
     allow_insecure_keys: bool = False,
 ) -> list[MaskCoefficients]:
-    """Every agent's mask coefficients eta_bar_i for the configured mask mode.
+    """Every agent's mask coefficients eta_bar_i for the configured mask mode (phase I's: with
+    refreshed masks see make_mask_providers).
 
     protocol="paillier" runs the real phase I (key generation, encryption under each neighbour's
     key, homomorphic sums, decryption) between in-process Maskers; "fast" computes the same
@@ -50,6 +55,34 @@ def make_masks(
     )
 
 
+def make_mask_providers(
+    problem: Problem,
+    *,
+    protocol: str = "fast",
+    noise_seed: int | None = None,
+    allow_insecure_keys: bool = False,
+) -> list[MaskProvider]:
+    """Every agent's masks of every round: phase I's fixed mask (refresh never), or masks
+    refreshed every R rounds from the seeds phase I shares (by real Paillier between in-process
+    agents, or the fast path that yields the same seeds)."""
+    c = problem.config
+    refresh = Refresh.parse(c.refresh)
+    if not refresh.refreshed:
+        return [FixedMask(m) for m in make_masks(problem, protocol=protocol,
+                                                 noise_seed=noise_seed,
+                                                 allow_insecure_keys=allow_insecure_keys)]
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+    if protocol == "fast":
+        seeds = exchange_seeds_fast(problem.graph, noise_seed=noise_seed)
+    else:
+        keypairs = [generate_keypair(c.key_bits, allow_insecure=allow_insecure_keys)
+                    for _ in range(problem.n)]
+        seeds = exchange_seeds(problem.graph, keypairs, noise_seed=noise_seed,
+                               allow_insecure=allow_insecure_keys)
+    return [RefreshedMask(seeds=s, spec=problem.noise_spec, refresh=refresh) for s in seeds]
+
+
 @dataclass
 class SimulationResult:
     """A finished simulation: settings, per-round history, final metrics, iterates and masks."""
@@ -59,8 +92,14 @@ class SimulationResult:
     history: list[dict[str, float]]
     final: dict[str, float]
     xs: list[torch.Tensor]
-    masks: list[MaskCoefficients]
+    masks: list[MaskCoefficients]  # phase I's (refreshed: the first period's)
     timings: dict[str, float] = field(default_factory=dict)
+    periods_zero_sum: int = 0  # refreshed masks: how many periods were checked, every round
+    every_period_zero_sum: bool = True  # ... and whether each summed to zero exactly
+
+    def masks_sum_to_zero(self) -> bool:
+        """Phase I's masks, and with refreshed masks every period's, sum to zero exactly."""
+        return mask_sums_are_zero(self.masks) and self.every_period_zero_sum
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -94,10 +133,11 @@ def run_simulation(
     if noise_seed is None:
         noise_seed = config.seed  # a simulation is reproducible by default; it is not private
     t0 = time.perf_counter()
-    masks = make_masks(
-        problem, protocol=protocol, noise_seed=noise_seed, allow_insecure_keys=allow_insecure_keys
-    )
+    providers = make_mask_providers(problem, protocol=protocol, noise_seed=noise_seed,
+                                    allow_insecure_keys=allow_insecure_keys)
+    masks = [p.coefficients(0) for p in providers]
     t_phase1 = time.perf_counter() - t0
+    zero_sum = ZeroSumCheck(providers)
 
     algorithm = make_algorithm(config.algorithm)
     schedule = make_schedule(config.schedule, iterations=config.iterations)
@@ -107,7 +147,7 @@ def run_simulation(
         RoundDriver(algorithm=algorithm, schedule=schedule, iterations=config.iterations,
                     eval_every=config.eval_every, x0=x0,
                     context=StepContext(agent=i, weights=problem.agent_weights(i),
-                                        lr=schedule(0), oracle=problem.objective(i, masks[i])))
+                                        lr=schedule(0), oracle=problem.objective(i, providers[i])))
         for i in range(n)
     ]
     history = [{"round": 0, **evaluate(problem, [d.state["x"] for d in drivers], x_star=x_star)}]
@@ -116,6 +156,7 @@ def run_simulation(
         outboxes = [d.outbox for d in drivers]  # round t's messages, taken before anyone steps
         due = [d.step({j: outboxes[j] for j in problem.graph.neighbours(i)})
                for i, d in enumerate(drivers)]
+        zero_sum.check(t)
         record = None
         if any(due):
             record = {"round": t + 1,
@@ -132,6 +173,8 @@ def run_simulation(
         final=dict(history[-1]),
         xs=[d.state["x"] for d in drivers],
         masks=masks,
+        periods_zero_sum=zero_sum.periods,
+        every_period_zero_sum=zero_sum.ok,
         timings={
             "phase1_seconds": t_phase1,
             "phase2_seconds": t_phase2,
@@ -143,3 +186,27 @@ def run_simulation(
 def mask_sums_are_zero(masks: Sequence[MaskCoefficients]) -> bool:
     """True when sum_i numerator_ik == 0 exactly for every k (integer arithmetic)."""
     return all(sum(col) == 0 for col in zip(*(m.numerators for m in masks), strict=True))
+
+
+class ZeroSumCheck:
+    """Checks, once per refresh period, that the agents' refreshed masks of the period sum to
+    zero exactly (integers), from what the providers already derived for the round."""
+
+    def __init__(self, providers: Sequence[MaskProvider]) -> None:
+        self.providers = [p for p in providers if isinstance(p, RefreshedMask)]
+        self.periods = 0
+        self.ok = True
+        self._last: int | None = None
+
+    def check(self, t: int) -> None:
+        if not self.providers:
+            return
+        period = self.providers[0].refresh.period(t)
+        if period == self._last:
+            return
+        self._last = period
+        total = np.zeros_like(self.providers[0].numerators(t))
+        for provider in self.providers:
+            total += provider.numerators(t)
+        self.periods += 1
+        self.ok = self.ok and not bool(np.any(total))

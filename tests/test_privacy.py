@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -209,3 +211,30 @@ def test_protection_statement_names_coordinates_and_functions() -> None:
     every = protection_statement(selection="all", m=7850, K=2, N=15701, sensitivity=0.5, q=2.0)
     assert "N = 15,701" in every and "degree <= 2" in every and "every parameter" in every
     assert "uniform measure on [-1, 1]^7850" in every
+
+
+def test_privacy_cli_accounts_refreshed_masks(tmp_path: Path) -> None:
+    """`efpsn privacy --refresh every:R`: the per-sample accountant, the same epsilon as the
+    library gives, and an infinite one with its reason where the run gives no bound."""
+    from efpsn.accounting import account_refreshed
+    from efpsn.cli import main
+    from efpsn.refresh import Refresh
+    from efpsn.topology import build_graph
+
+    out = tmp_path / "eps.json"
+    assert main(["privacy", "--refresh", "every:1", "--iterations", "10000", "--selection", "all",
+                 "--clip", "1", "--gamma", "1e6", "--json", str(out)]) == 0
+    written = json.loads(out.read_text())
+    expected = account_refreshed(
+        graph=build_graph("ring", 5), gamma=1e6, p=1.0, K=1, m=7850, N=7851, num_params=7850,
+        measure="uniform", refresh=Refresh(1), iterations=10000, clip=1.0, batch_size=64,
+        delta=1e-5)
+    assert written["epsilon"] == pytest.approx(expected.epsilon, rel=1e-12)
+    assert 0 < written["epsilon"] < 1 and written["attacker"] == "neighbour"
+    assert main(["privacy", "--refresh", "every:1", "--iterations", "10000",
+                 "--json", str(out)]) == 0
+    unbounded = json.loads(out.read_text())
+    assert unbounded["epsilon"] == "inf" and "get no noise" in unbounded["reason"]
+    assert main(["privacy", "--refresh", "every:2", "--iterations", "100", "--selection", "all",
+                 "--clip", "1", "--json", str(out)]) == 0
+    assert "cancel" in json.loads(out.read_text())["reason"]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from efpsn.config import RunConfig
 from efpsn.problem import build_problem
@@ -201,3 +202,22 @@ def test_gt_with_every_parameter_perturbed_reaches_x_star_at_gamma_1e6(
     else:
         # the non-zero-sum baseline on the same run ends far from x* (the check can fail)
         assert relative > 1e-1, relative
+
+
+@pytest.mark.parametrize("refresh", ["every:1", "every:3"])
+def test_refreshed_masks_sum_to_zero_every_period_by_paillier_and_fast_path(refresh: str) -> None:
+    """Phase I by real Paillier (seeds, small test keys) gives the very run of the fast path;
+    every period's masks sum to zero exactly, and the masks do change between periods."""
+    config = RunConfig(iterations=30, eval_every=30, refresh=refresh, gamma=1e4, key_bits=512,
+                       schedule="constant:0.05", algorithm="dsgd")
+    fast = run_simulation(config, noise_seed=5)
+    real = run_simulation(config, noise_seed=5, protocol="paillier", allow_insecure_keys=True)
+    assert fast.masks_sum_to_zero() and real.masks_sum_to_zero()
+    assert fast.periods_zero_sum == real.periods_zero_sum == -(-30 // int(refresh[6:]))
+    assert all(torch.equal(a, b) for a, b in zip(fast.xs, real.xs, strict=True))
+    from efpsn.simulator import make_mask_providers
+
+    providers = make_mask_providers(build_problem(config), noise_seed=5)
+    assert not np.array_equal(providers[0].values(0), providers[0].values(3))
+    never = run_simulation(config.replace(refresh="never"), noise_seed=5)
+    assert not all(torch.equal(a, b) for a, b in zip(fast.xs, never.xs, strict=True))
