@@ -123,7 +123,7 @@ class Harness:
                              rng=np.random.default_rng(0), layout=problem.layout, key_bits=2048)
         self.agent = self.parts.service
         self.agent.shares = ShareCheck(public_key=self.masker.public_key,
-                                       count=self.masker.ciphertexts_per_neighbour)
+                                       count=self.masker.ciphertexts_per_neighbour, packed=True)
         x = torch.linspace(-1, 1, NUM_PARAMS, dtype=torch.float64)
         for t in range(CURRENT_ROUND + 1):
             mine = wire_rounds.message_to_proto({"x": x + t}, header=serde.make_header(
