@@ -349,7 +349,7 @@ def test_a_caller_has_at_most_a_few_calls_in_flight(tmp_path: Path) -> None:
     waits its turn (UNAVAILABLE, retried), and a slot freed lets it in again."""
 
     async def scenario(served: Served) -> None:
-        cap = limits.CALLS_IN_FLIGHT_PER_CALLER
+        cap = 4  # calls one caller may have in flight at an agent
         request = agent_pb2.RoundRequest(header=serde.make_header(
             run_id=RUN, sender="agent2", round=3, phase=Phase.OPTIMIZE))
         async with grpc.aio.secure_channel(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from functools import cache
 
+import gmpy2
 import numpy as np
 import pytest
 
@@ -121,6 +122,16 @@ def test_a_neighbour_must_be_an_agent_of_the_graph() -> None:
         zero_sum_masks_fast(rngs(0, 3), Reaching(), SPEC)
     assert str(error.value) == "agent 0 has neighbour 3 outside 0..2"
 
+    class Looping:
+        n = 2
+
+        def neighbours(self, i: int) -> tuple[int, ...]:
+            return (0, 1) if i == 1 else (1,)
+
+    with pytest.raises(ValueError) as error:
+        zero_sum_masks_fast(rngs(0, 2), Looping(), SPEC)
+    assert str(error.value) == "agent 1 lists itself among its neighbours [0, 1]"
+
 
 def test_the_largest_unpacked_share_is_the_one_whose_sum_still_decrypts() -> None:
     spec = NoiseSpec(gamma=1.0, p=1.0, precision=0, num_coefficients=1)
@@ -167,6 +178,16 @@ def test_a_layout_fits_a_key_up_to_one_bit_below_its_size() -> None:
     assert str(error.value) == (
         "agent 0's 63-bit key cannot hold the layout's 63-bit plaintexts (1 slots x 63 bits): "
         "plan the layout for key_bits <= 63")
+    # a neighbour whose key is too small for the layout: 61 bits
+    small = paillier.keypair_from_primes(int(gmpy2.next_prime(2**30)),
+                                         int(gmpy2.next_prime(2**30 + 64)),
+                                         allow_insecure=True)[0]
+    assert paillier.key_bits(small) == 61
+    with pytest.raises(ValueError) as error:
+        masker.outgoing({1: small})
+    assert str(error.value) == (
+        "neighbour 1's 61-bit key cannot hold the layout's 62-bit plaintexts (1 slots x 62 "
+        "bits): plan the layout for key_bits <= 61")
 
 
 def test_masker_refusals_by_type_and_message() -> None:
