@@ -24,6 +24,7 @@ import difflib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -129,10 +130,12 @@ def function_mutants(tree: Path, module: str) -> list[Mutant]:
 
 
 def module_level_mutants(tree: Path, module: str) -> list[Mutant]:
-    """mutmut's operators on the statements that run at import (module and class bodies, not
-    functions, docstrings, imports or __all__), each mutant a whole edited module."""
+    """mutmut's operators where mutmut does not apply them, each mutant a whole edited module:
+    the assignments that run at import (module and class bodies; not docstrings, imports or
+    __all__) and the bodies of decorated functions mutmut skips (@property and the like)."""
     import libcst as cst
     from libcst.metadata import MetadataWrapper, PositionProvider
+    from mutmut.mutation.file_mutation import NEVER_MUTATE_FUNCTION_CALLS
     from mutmut.mutation.mutators import mutation_operators
 
     source = (tree / module).read_text()
@@ -140,31 +143,40 @@ def module_level_mutants(tree: Path, module: str) -> list[Mutant]:
     positions = wrapper.resolve(PositionProvider)
     lines = source.splitlines()
 
-    def statements(body: object) -> list[cst.CSTNode]:
+    def skipped_by_mutmut(function: cst.FunctionDef) -> bool:
+        names = [d.decorator.value for d in function.decorators
+                 if isinstance(d.decorator, cst.Name)]
+        return bool(function.decorators) and names not in (["staticmethod"], ["classmethod"])
+
+    def targets(body: object) -> list[cst.CSTNode]:
         out = []
         for statement in body:
             if isinstance(statement, cst.ClassDef):
-                out += statements(statement.body.body)
+                out += targets(statement.body.body)
+            elif isinstance(statement, cst.FunctionDef) and skipped_by_mutmut(statement):
+                out.append(statement.body)
             elif isinstance(statement, cst.SimpleStatementLine):
                 small = statement.body[0]
-                if isinstance(small, (cst.Assign, cst.AnnAssign)) and not any(
-                        isinstance(t, cst.Name) and t.value in SKIPPED_TARGETS
-                        for t in ([a.target for a in small.targets]
-                                  if isinstance(small, cst.Assign) else [small.target])):
+                assigned = ([a.target for a in small.targets] if isinstance(small, cst.Assign)
+                            else [small.target] if isinstance(small, cst.AnnAssign) else [])
+                if assigned and not any(isinstance(a, cst.Name) and a.value in SKIPPED_TARGETS
+                                        for a in assigned):
                     out.append(statement)
         return out
 
     def walk(node: cst.CSTNode) -> list[cst.CSTNode]:
-        if isinstance(node, cst.Annotation):
+        if isinstance(node, cst.Annotation) or (
+                isinstance(node, cst.Call) and isinstance(node.func, cst.Name)
+                and node.func.value in NEVER_MUTATE_FUNCTION_CALLS):
             return []
         return [node] + [n for child in node.children for n in walk(child)]
 
     out = []
-    for statement in statements(wrapper.module.body):
-        line = positions[statement].start.line
-        if "pragma: no mutate" in lines[line - 1]:
-            continue
-        for node in walk(statement):
+    for target in targets(wrapper.module.body):
+        for node in walk(target):
+            line = positions[node].start.line
+            if "pragma: no mutate" in lines[line - 1]:
+                continue
             for kind, operator in mutation_operators:
                 if not isinstance(node, kind):
                     continue
@@ -198,9 +210,14 @@ def run_mutmut(tree: Path, module: str, sample: list[Mutant], jobs: int, log: Pa
     names = [m.name for m in sample if m.source is None]
     if not names:
         return
-    with log.open("w") as out:
-        subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs),
-                        *names], cwd=tree, stdout=out, stderr=subprocess.STDOUT, check=False)
+    with log.open("w") as out, subprocess.Popen(
+            [sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs), *names],
+            cwd=tree, stdout=out, stderr=subprocess.STDOUT, start_new_session=True) as mutmut:
+        try:
+            mutmut.wait()
+        finally:  # interrupted: end mutmut and the workers it forked, then clean up
+            if mutmut.poll() is None:
+                os.killpg(mutmut.pid, signal.SIGKILL)
     meta = tree / "mutants" / (module + ".meta")
     codes = json.loads(meta.read_text())["exit_code_by_key"] if meta.exists() else {}
     if any(codes.get(name) is None for name in names):
@@ -316,6 +333,7 @@ def main() -> None:
     parser.add_argument("--all-mutants", action="store_true", help="every mutant, no sample")
     parser.add_argument("--jobs", type=int, default=2, help="parallel test processes (default 2)")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("mutation: terminated"))  # cleans up
     if args.sample < 1:
         parser.error("--sample must be >= 1")
     known = mapping()

@@ -160,4 +160,6 @@ def test_weights_degrees_and_the_laplacian_of_an_uneven_graph() -> None:
     assert g.laplacian().tolist() == [[1, -1, 0, 0], [-1, 3, -1, -1], [0, -1, 1, 0],
                                       [0, -1, 0, 1]]
     assert Graph(5, ((3, 4), (0, 2))).components() == [[0, 2], [1], [3, 4]]
-    assert describe(Graph(3, ())) == "graph: 3 agents, 0 edges, degree 0..0, 3 components"
+    unnamed = Graph(3, ())
+    assert unnamed.name == "" and unnamed == Graph(3, (), name="named")  # names never compared
+    assert describe(unnamed) == "graph: 3 agents, 0 edges, degree 0..0, 3 components"
