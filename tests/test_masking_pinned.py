@@ -193,6 +193,13 @@ def test_a_layout_fits_a_key_up_to_one_bit_below_its_size() -> None:
 def test_masker_refusals_by_type_and_message() -> None:
     common = {"agent": 0, "neighbours": (1,), "spec": SPEC, "rng": np.random.default_rng(0),
               "layout": None, "keypair": keys(128, 1)[0], "allow_insecure": True}
+    for neighbour in (True, 1.0, -1):
+        with pytest.raises(ValueError) as error:
+            Masker(**{**common, "neighbours": (neighbour,)})
+        assert str(error.value) == f"neighbours must be non-negative ints, got {neighbour!r}"
+    with pytest.raises(ValueError) as error:
+        Masker(**{**common, "neighbours": (1, 2, 1)})
+    assert str(error.value) == "neighbours must be distinct, got [1, 2, 1]"
     for agent in (-1, True, "0"):
         with pytest.raises(ValueError) as error:
             Masker(**{**common, "agent": agent})

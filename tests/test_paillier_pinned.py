@@ -75,6 +75,7 @@ def test_generated_keys_have_exactly_the_bits_asked_for() -> None:
     assert paillier.key_bits(public_key) == 2048
     assert private_key.public_key == public_key
     assert paillier.key_bits(paillier.generate_keypair(64, allow_insecure=True)[0]) == 64
+    assert paillier.key_bits(paillier.generate_keypair()[0]) == 3072  # ~128-bit security
     assert refusal(ValueError, paillier.generate_keypair, 2046) == (
         "key size must be >= 2048 bits, got 2046 (allow_insecure=True permits small keys in "
         "tests)")

@@ -147,6 +147,8 @@ def test_calibrate_passes_every_input_on() -> None:
     assert result.epsilon <= 2.0 and result.epsilon == pytest.approx(2.0, rel=1e-12)
     assert refusal(ValueError, gamma_for_epsilon, target_epsilon=1e-160, mu2=1.0, mu_max=3.0,
                    **kwargs).startswith("target_epsilon = 1e-160 needs gamma = inf")
+    assert refusal(ValueError, calibrate, graph=graph, target_epsilon=0.0, **kwargs) == (
+        "target_epsilon must be finite and > 0, got 0.0")
     with pytest.raises(DisconnectedGraphError, match="2 components"):
         calibrate(Graph(4, ((0, 1), (2, 3))), target_epsilon=1.0, **kwargs)
 

@@ -133,7 +133,7 @@ def test_build_graph_refusals_name_the_spec() -> None:
 
 def test_edge_files_by_message(tmp_path: Path) -> None:
     file = tmp_path / "g.txt"
-    file.write_text("# a 4-path\nagent1, agent2\n2 3 # middle\nAGENT4 3\n\n")
+    file.write_text("# a 4-path\nagent1, agent2\n2 3 # the middle # edge\nAGENT4 3\n\n")
     assert from_edge_file(file) == path(4)
     assert from_edge_file(file, n=5).n == 5
     assert build_graph(f"edges:{file}", 4).name == "edges from g.txt"
