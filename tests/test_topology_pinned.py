@@ -8,17 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from efpsn import topology
 from efpsn.topology import (
     DisconnectedGraphError,
     Graph,
     build_graph,
-    complete,
     describe,
-    erdos_renyi,
     from_edge_file,
     grid,
     laplacian_spectrum,
-    metropolis_weights,
     path,
     ring,
     star,
@@ -53,10 +51,11 @@ def test_graph_refusals_by_message() -> None:
 
 def test_the_two_agent_graph_and_its_spectrum() -> None:
     pair = path(2)
-    assert pair == star(2) == complete(2) == build_graph("path", 2) == Graph(2, ((1, 0),))
+    assert pair == star(2) == topology.complete(2) == build_graph("path", 2)
+    assert pair == Graph(2, ((1, 0),))
     # L = [[1, -1], [-1, 1]]: eigenvalues 0 and 2, so mu2 = mu_max = 2
     assert laplacian_spectrum(pair) == (2.0, 2.0)
-    assert metropolis_weights(pair).tolist() == [[0.5, 0.5], [0.5, 0.5]]
+    assert topology.metropolis_weights(pair).tolist() == [[0.5, 0.5], [0.5, 0.5]]
     assert describe(pair) == "path: 2 agents, 1 edges, degree 1..1, connected, mu2=2, mu_max=2"
     assert refusal(ValueError, laplacian_spectrum, path(1)) == (
         "the Laplacian spectrum (mu_2, mu_max) needs n >= 2 agents, got 1")
@@ -68,19 +67,19 @@ def test_the_smallest_graph_of_each_builder() -> None:
     assert refusal(ValueError, ring, 2) == "a ring graph needs an integer n >= 3 agents, got 2"
     assert refusal(ValueError, star, 1) == "a star graph needs an integer n >= 2 agents, got 1"
     assert refusal(ValueError, path, 0) == "a path graph needs an integer n >= 1 agents, got 0"
-    assert refusal(ValueError, complete, True) == (
+    assert refusal(ValueError, topology.complete, True) == (
         "a complete graph needs an integer n >= 1 agents, got True")
     one = Graph(1, ())
     assert grid(1, 1) == build_graph("grid", 1) == build_graph("grid:1x1", 1) == one
-    assert erdos_renyi(1, 0.5, 0) == build_graph("erdos-renyi", 1) == one
-    assert grid(1, 1).name == "grid 1x1" and erdos_renyi(1, 0.5, 3).name == (
+    assert topology.erdos_renyi(1, 0.5, 0) == build_graph("erdos-renyi", 1) == one
+    assert grid(1, 1).name == "grid 1x1" and topology.erdos_renyi(1, 0.5, 3).name == (
         "erdos-renyi p=0.5 seed=3")
     for label, rows, cols in (("rows", 0, 2), ("cols", 2, 0), ("rows", True, 2)):
         assert refusal(ValueError, grid, rows, cols) == (
             f"grid {label} must be a positive integer, got {rows if label == 'rows' else cols!r}")
     assert refusal(ValueError, build_graph, "grid", 0) == (
         "a grid graph needs an integer n >= 1 agents, got 0")
-    assert refusal(ValueError, erdos_renyi, 0, 0.5, 0) == (
+    assert refusal(ValueError, topology.erdos_renyi, 0, 0.5, 0) == (
         "a erdos-renyi graph needs an integer n >= 1 agents, got 0")
 
 
@@ -95,19 +94,19 @@ def test_grids_are_as_square_as_n_allows() -> None:
 
 
 def test_erdos_renyi_probability_range_and_draw_budget() -> None:
-    assert erdos_renyi(4, 1.0, 0) == complete(4)
+    assert topology.erdos_renyi(4, 1.0, 0) == topology.complete(4)
     for prob in (0.0, 1.5, -0.5):
-        assert refusal(ValueError, erdos_renyi, 4, prob, 0) == (
+        assert refusal(ValueError, topology.erdos_renyi, 4, prob, 0) == (
             f"erdos-renyi edge probability must be in (0, 1], got {prob!r}")
     assert refusal(ValueError, build_graph, "erdos-renyi:0.001", 20) == (
         "no connected erdos-renyi graph with n = 20, p = 0.001 in 1000 draws (seed 0); raise p")
-    assert refusal(ValueError, erdos_renyi, 6, 0.2, 1, max_tries=1) == (
+    assert refusal(ValueError, topology.erdos_renyi, 6, 0.2, 1, max_tries=1) == (
         "no connected erdos-renyi graph with n = 6, p = 0.2 in 1 draws (seed 1); raise p")
     # the seeded generator is drawn from once per try: the accepted graph is the same whatever
     # the budget, once the budget reaches it
-    assert erdos_renyi(6, 0.4, 2, max_tries=1000) == erdos_renyi(6, 0.4, 2)
-    assert build_graph("ER:0.4", 6, seed=2) == erdos_renyi(6, 0.4, 2)
-    assert build_graph(" Erdos_Renyi ", 6, seed=2) == erdos_renyi(6, 0.5, 2)
+    assert topology.erdos_renyi(6, 0.4, 2, max_tries=1000) == topology.erdos_renyi(6, 0.4, 2)
+    assert build_graph("ER:0.4", 6, seed=2) == topology.erdos_renyi(6, 0.4, 2)
+    assert build_graph(" Erdos_Renyi ", 6, seed=2) == topology.erdos_renyi(6, 0.5, 2)
     assert refusal(ValueError, build_graph, "erdos-renyi:half", 4) == (
         "graph spec 'erdos-renyi:half': expected 'erdos-renyi:P' with a number P")
 
@@ -155,7 +154,7 @@ def test_edge_files_by_message(tmp_path: Path) -> None:
 def test_weights_degrees_and_the_laplacian_of_an_uneven_graph() -> None:
     g = Graph(4, ((0, 1), (1, 2), (1, 3)))  # a star centred on agent 1
     assert g.degrees == (1, 3, 1, 1) and g.max_degree == 3
-    w = metropolis_weights(g)
+    w = topology.metropolis_weights(g)
     assert w[0, 1] == w[1, 0] == 0.25 and w[0, 0] == 0.75 and w[1, 1] == 0.25
     assert g.laplacian().tolist() == [[1, -1, 0, 0], [-1, 3, -1, -1], [0, -1, 1, 0],
                                       [0, -1, 0, 1]]

@@ -229,7 +229,8 @@ def test_keys_up_to_the_key_cap_are_read_and_longer_ones_refused() -> None:
     forged = common_pb2.PaillierPublicKey(n=longer, fingerprint=serde.key_fingerprint(2**bits + 1))
     with pytest.raises(WireError, match=f"^public key n \\(at most {bits} bits\\)"):
         serde.public_key_from_proto(forged)
-    with pytest.raises(WireError, match=f"^Paillier modulus has {bits + 1} bits, more than {bits}$"):
+    with pytest.raises(WireError,
+                       match=f"^Paillier modulus has {bits + 1} bits, more than {bits}$"):
         serde.public_key_to_proto(2**bits + 1)
 
 
