@@ -4,9 +4,10 @@ For MODULE (a path like efpsn/encoding.py, a dotted name, or `all` for every map
 
 1. copy the tree git knows (tracked and untracked-but-not-ignored files, as they are now) into
    a scratch folder outside the repository, removed at the end whatever happens;
-2. list the mutants: mutmut's own, inside functions and methods (it cannot mutate code that runs
-   at import), and the same operators applied to the module-level and class-level statements
-   (constants, caps, tables), which this script applies as real edits of the copied file;
+2. list the mutants: mutmut's own, inside functions and methods, and the same operators where
+   mutmut does not apply them (the assignments that run at import: constants, caps, tables,
+   class fields; the bodies of decorated functions such as @property), which this script
+   applies as real edits of the copied file;
 3. take an evenly spaced sample of them in source order (all when there are fewer);
 4. run mutmut on its sampled mutants (in the copy: it writes mutants/ there) and the module's
    test files against each real-edit mutant, in a fresh pytest process;
@@ -40,7 +41,7 @@ SKIPPED_TARGETS = {"__all__"}  # re-export lists: not behaviour
 
 @dataclasses.dataclass
 class Mutant:
-    """One mutant: mutmut's (name) or a real edit of module-level code (source)."""
+    """One mutant: mutmut's (by name) or a real edit of the module (its whole source)."""
 
     line: int
     name: str
