@@ -12,7 +12,6 @@ import pytest
 from efpsn import masking, paillier
 from efpsn.encoding import SlotLayout
 from efpsn.masking import (
-    MAX_NEIGHBOURS,
     MaskCoefficients,
     Masker,
     NoiseSpec,
@@ -27,7 +26,8 @@ from efpsn.topology import Graph
 # Ring 0-1-2-3-4-0 plus the chord 0-2: degrees (3, 2, 3, 2, 2), 12 directed edges.
 FIVE = Graph(n=5, edges=((0, 1), (1, 2), (2, 3), (3, 4), (0, 4), (0, 2)))
 SPEC = NoiseSpec(gamma=1.0, p=1.0, precision=3, num_coefficients=5)
-# Two 63-bit moduli p q with n = 1 and n = -1 modulo 2 * MAX_NEIGHBOURS = 2^17.
+# Two 63-bit moduli p q with n = 1 and n = -1 modulo 2^17 (twice the 65536 neighbours an agent
+# may have at most).
 N_ONE = (2147483659, 2149878691)
 N_MINUS_ONE = (2147483659, 2148103261)
 
@@ -138,8 +138,8 @@ def test_the_largest_unpacked_share_is_the_one_whose_sum_still_decrypts() -> Non
     own = keys(128, 1)[0]
     for primes in (N_ONE, N_MINUS_ONE):
         neighbour = paillier.keypair_from_primes(*primes, allow_insecure=True)[0]
-        # MAX_NEIGHBOURS shares of |z| <= (n - 1) / (2 MAX_NEIGHBOURS) sum to at most (n - 1) / 2
-        largest = (neighbour.n - 1) // (2 * MAX_NEIGHBOURS)
+        # 65536 shares of |z| <= (n - 1) / 2^17 sum to at most (n - 1) / 2
+        largest = (neighbour.n - 1) // 2**17  # 65536 neighbours at most
         for z in (largest, -largest):
             masker = Masker(agent=0, neighbours=(1,), spec=spec, rng=Draws([float(z)]),
                             layout=None, keypair=own, allow_insecure=True)
@@ -157,11 +157,11 @@ def test_an_agent_has_at_most_max_neighbours() -> None:
     spec = NoiseSpec(gamma=1.0, p=1.0, precision=0, num_coefficients=1)
     common = {"agent": 0, "spec": spec, "rng": np.random.default_rng(0), "layout": None,
               "keypair": keys(128, 1)[0], "allow_insecure": True}
-    most = Masker(neighbours=range(1, MAX_NEIGHBOURS + 1), **common)
-    assert len(most.neighbours) == MAX_NEIGHBOURS
+    most = Masker(neighbours=range(1, 2**16 + 1), **common)
+    assert len(most.neighbours) == 2**16
     with pytest.raises(ValueError) as error:
-        Masker(neighbours=range(1, MAX_NEIGHBOURS + 2), **common)
-    assert str(error.value) == f"at most {MAX_NEIGHBOURS} neighbours, got {MAX_NEIGHBOURS + 1}"
+        Masker(neighbours=range(1, 2**16 + 2), **common)
+    assert str(error.value) == "at most 65536 neighbours, got 65537"
 
 
 def test_a_layout_fits_a_key_up_to_one_bit_below_its_size() -> None:
@@ -208,7 +208,7 @@ def test_masker_refusals_by_type_and_message() -> None:
         ("spec", {"gamma": 1.0}, "spec must be a NoiseSpec, got dict"),
         ("rng", np.random.RandomState(0), "rng must be a numpy Generator, got RandomState"),
         ("layout", 4, "layout must be a SlotLayout or None, got int"),
-        ("keypair", (keys(128, 1)[0][0], None), "keypair[1] must be a PrivateKey, got NoneType"),
+        ("keypair", (keys(128, 1)[0][0], "key"), "keypair[1] must be a PrivateKey, got str"),
     ):
         with pytest.raises(TypeError) as type_error:
             Masker(**{**common, name: value})
@@ -217,8 +217,10 @@ def test_masker_refusals_by_type_and_message() -> None:
         Masker(**{**common, "keypair": (keys(128, 2)[1][0], keys(128, 1)[0][1])})
     assert str(error.value) == "keypair's private key does not belong to its public key"
     masker = Masker(**common)
-    with pytest.raises(TypeError, match="^public key of neighbour 1 must be a PublicKey"):
+    with pytest.raises(TypeError) as type_error:
         masker.outgoing({1: 187})
+    assert str(type_error.value) == (
+        "public key of neighbour 1 must be a PublicKey, got <class 'int'>")
     sent = masker.outgoing({1: keys(128, 2)[1][0], 7: "not a neighbour: ignored"})
     assert list(sent) == [1] and len(sent[1]) == 5
     good = [paillier.encrypt(masker.public_key, 1) for _ in range(5)]
@@ -230,7 +232,8 @@ def test_masker_refusals_by_type_and_message() -> None:
 
 
 def test_mask_coefficients_and_independent_masks_refusals() -> None:
-    assert MaskCoefficients((np.int64(3), -2), 0).numerators == (3, -2)
+    numerators = MaskCoefficients([np.int64(3), -2], 0).numerators  # type: ignore[arg-type]
+    assert numerators == (3, -2) and [type(z) for z in numerators] == [int, int]
     with pytest.raises(TypeError, match=r"^numerators\[1\] must be an int, got float$"):
         MaskCoefficients((1, 2.0), 0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="^precision must be >= 0, got -1$"):
@@ -244,6 +247,28 @@ def test_mask_coefficients_and_independent_masks_refusals() -> None:
     with pytest.raises(TypeError) as type_error:
         independent_mask(np.random.RandomState(0), degree=1, spec=SPEC)
     assert str(type_error.value) == "rng must be a numpy Generator, got RandomState"
+
+
+def test_noise_spec_and_draws_refuse_wrong_types_by_name() -> None:
+    for name, value, message in (
+        ("gamma", "1", "gamma must be a real number, got str"),
+        ("p", True, "p must be a real number, got bool"),
+        ("precision", 1.5, "precision must be an int, got float"),
+        ("num_coefficients", "5", "num_coefficients must be an int, got str"),
+    ):
+        with pytest.raises(TypeError) as error:
+            NoiseSpec(**{"gamma": 1.0, "p": 1.0, "precision": 3, "num_coefficients": 5,
+                         name: value})
+        assert str(error.value) == message
+    with pytest.raises(TypeError) as error:
+        masking.draw_shares(np.random.RandomState(0), SPEC, (1,))  # type: ignore[arg-type]
+    assert str(error.value) == "rng must be a numpy Generator, got RandomState"
+
+
+def test_a_masker_without_a_key_generates_one_of_the_default_size() -> None:
+    masker = Masker(agent=0, neighbours=(1,), spec=SPEC, rng=np.random.default_rng(0),
+                    layout=None)
+    assert paillier.key_bits(masker.public_key) == 3072
 
 
 def test_noise_generators_are_private_unless_seeded() -> None:
