@@ -1,5 +1,5 @@
 """An asyncio buffer for neighbours' accepted messages: early ones wait, a full set is collected,
-missing ones are named. Whether a message is acceptable is agent/ledger.py's to decide."""
+missing ones are named. Whether a message is acceptable is efpsn/ledger.py's to decide."""
 
 from __future__ import annotations
 

@@ -24,7 +24,6 @@ import grpc
 from agent.bootstrap import bootstrap
 from agent.concurrency import to_completion
 from agent.exchange import RoundLink
-from agent.ledger import RoundLedger
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, AgentOptions
 from agent.outbox import Outbox, OutboxLog
@@ -48,6 +47,7 @@ from agent.status import Status
 from efpsn import paillier
 from efpsn.algorithms import make_algorithm
 from efpsn.config import RunConfig
+from efpsn.ledger import RoundLedger
 from efpsn.masking import Masker, noise_generator
 from efpsn.refresh import MaskProvider
 from efpsn.runtime import peak_rss_mb

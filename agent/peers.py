@@ -13,13 +13,13 @@ from typing import Any
 import grpc
 
 from agent.concurrency import all_or_first_error, settle
-from agent.ledger import RoundLedger
 from agent.mailbox import Mailbox, NeighbourTimeout
 from agent.options import AgentFailure, AgentOptions, RefusedByNeighbour
 from agent.outbox import Outbox
 from agent.round_stream import RoundStream, StreamBroken
 from agent.session import Session
 from efpsn import paillier
+from efpsn.ledger import RoundLedger
 from efpsn.wire import serde
 from efpsn.wire.net import Patience, call_with_retry, open_channel
 from efpsn.wire.records import Phase

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agent.exchange import RoundLink
-from agent.ledger import RoundLedger
 from agent.mailbox import Mailbox
 from agent.session import Session
 from agent.state import Checkpoint, StateStore
 from agent.status import Status
 from efpsn.algorithms import AgentState, Message, StepContext, make_algorithm
 from efpsn.config import LOCAL_DATA
+from efpsn.ledger import RoundLedger
 from efpsn.problem import Problem
 from efpsn.refresh import MaskProvider
 from efpsn.rounds import RoundDriver

@@ -3,7 +3,7 @@ it reloads (mask, phase I digests, newest checkpoint, sent messages), and how it
 rounds pushed to its previous process.
 
 The storage itself is agent/state.py (assignment, mask, checkpoints) and agent/outbox.py (sent
-messages); the receive rules after a restart are agent/ledger.py's (RoundLedger.resumed_from,
+messages); the receive rules after a restart are efpsn/ledger.py's (RoundLedger.resumed_from,
 PhaseOneLedger.restore). This module decides and sequences, so a reader finds resume here.
 """
 
@@ -13,12 +13,12 @@ import logging
 from collections.abc import Callable
 
 from agent.concurrency import all_or_first_error
-from agent.ledger import RoundLedger, Verdict
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, RefusedByNeighbour
 from agent.peers import Peers
 from agent.session import Session
 from agent.state import Checkpoint, SavedAssignment, StateError, StateStore
+from efpsn.ledger import RoundLedger, Verdict
 from efpsn.masking import MaskCoefficients
 from efpsn.refresh import FixedMask, MaskProvider, Refresh, RefreshedMask
 from efpsn.seeds import EdgeSeeds

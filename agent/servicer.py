@@ -4,7 +4,7 @@ Every handler checks, before it touches any state: the caller's certificate name
 sender (mutual TLS), the sender is a neighbour, and the message passes the wire checks (run,
 phase, round, tensors: efpsn/wire/rounds.py; keys and ciphertexts: efpsn/wire/serde.py and
 efpsn/paillier.py). Whether a valid message is taken (window, duplicates) is the ledger's
-verdict (agent/ledger.py). Refusals are counted (GetStatus.rejections) and logged; no
+verdict (efpsn/ledger.py). Refusals are counted (GetStatus.rejections) and logged; no
 exception escapes as UNKNOWN (efpsn/wire/guard.py). It never drives the run: the phases wait on
 the mailbox it fills.
 """
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import grpc
 
-from agent.ledger import Judgement, PhaseOneLedger, RoundLedger, Verdict
 from agent.mailbox import Mailbox
 from agent.outbox import Outbox
 from agent.session import Session
 from agent.status import Status
 from efpsn import paillier
+from efpsn.ledger import Judgement, PhaseOneLedger, RoundLedger, Verdict
 from efpsn.wire import limits, serde
 from efpsn.wire.net import Admission, Reject, RejectionLog, guarded, guarded_stream
 from efpsn.wire.records import Phase, WireError

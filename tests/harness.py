@@ -18,7 +18,6 @@ from pathlib import Path
 import grpc
 import torch
 
-from agent.ledger import RoundLedger
 from agent.mailbox import Mailbox
 from agent.options import AgentOptions
 from agent.outbox import Outbox
@@ -29,6 +28,7 @@ from agent.session import Session, open_session
 from agent.status import Status
 from coordinator.registry import Registry
 from efpsn.config import RunConfig
+from efpsn.ledger import RoundLedger
 from efpsn.wire.net import RejectionLog, Server, add_service, start_server
 from efpsn.wire.records import Phase, make_header
 from efpsn.wire.rounds import message_to_proto

@@ -320,3 +320,43 @@ def test_a_neighbours_reply_is_capped_at_a_round_message(tmp_path: Path) -> None
         assert info.value.code == "RESOURCE_EXHAUSTED"
 
     run_served(tmp_path, scenario)
+
+
+def test_a_caller_has_at_most_a_few_calls_in_flight(tmp_path: Path) -> None:
+    """Round streams hold their caller's slots while open: past the cap a neighbour's next call
+    waits its turn (UNAVAILABLE, retried), and a slot freed lets it in again."""
+
+    async def scenario(served: Served) -> None:
+        cap = 4  # calls one caller may have in flight at an agent
+        request = agent_pb2.RoundRequest(header=serde.make_header(
+            run_id=RUN, sender="agent2", round=3, phase=Phase.OPTIMIZE))
+        async with grpc.aio.secure_channel(
+                f"127.0.0.1:{served.port}", served.creds("agent2"),
+                options=[("grpc.ssl_target_name_override", "agent1")]) as channel:
+            streams = [channel.stream_unary("/efpsn.v1.Agent/StreamRounds")() for _ in range(cap)]
+            get = channel.unary_unary("/efpsn.v1.Agent/GetRound",
+                                      request_serializer=agent_pb2.RoundRequest.SerializeToString)
+
+            async def answer() -> tuple[str, str]:
+                try:
+                    await get(request, timeout=10)
+                except grpc.aio.AioRpcError as exc:
+                    return exc.code().name, exc.details() or ""
+                return "OK", ""
+
+            async with asyncio.timeout(20):  # until the server has admitted every stream
+                while (got := await answer())[0] != "UNAVAILABLE":
+                    await asyncio.sleep(0.02)
+            assert got == ("UNAVAILABLE",
+                           f"{cap} calls from 'agent2' are already in flight: retry later")
+            # another caller is not held up by agent2's calls
+            assert (await served.call("agent3", "/efpsn.v1.Agent/GetRound", [
+                request.SerializeToString()]))["UNAVAILABLE"] == 0
+            await streams[0].done_writing()
+            await streams[0]
+            assert (await answer())[0] == "OK"
+            for stream in streams[1:]:  # every one of the `cap` streams had been admitted
+                await stream.done_writing()
+                assert isinstance(await stream, bytes)
+
+    run_served(tmp_path, scenario)

@@ -1,4 +1,4 @@
-"""The receive rules (agent/ledger.py), without a network: every verdict with hand-made
+"""The receive rules (efpsn/ledger.py), without a network: every verdict with hand-made
 messages, and properties of the window over arbitrary sequences of deliveries."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.ledger import PhaseOneLedger, RoundLedger, Verdict
+from efpsn.ledger import PhaseOneLedger, RoundLedger, Verdict
 
 
 def _ledger(**kw: int | None) -> RoundLedger:

@@ -36,13 +36,13 @@ from hypothesis import Phase as HPhase
 from hypothesis import strategies as st
 from localnet import LocalNet
 
-from agent.ledger import RoundLedger
 from agent.servicer import ShareCheck
 from coordinator.registry import Registry, default_names
 from coordinator.service import CoordinatorService
 from efpsn import paillier
 from efpsn.config import RunConfig
 from efpsn.launch.summary import load_agent_results
+from efpsn.ledger import RoundLedger
 from efpsn.masking import Masker
 from efpsn.simulator import run_simulation
 from efpsn.wire import rounds as wire_rounds

@@ -46,7 +46,7 @@ KEEPALIVE_TIMEOUT_MS: int = 10_000  # and gives the connection up 10 s after an 
 # The server must tolerate the client's ping rate, else it answers GOAWAY "too_many_pings".
 SERVER_MIN_PING_INTERVAL_MS: int = 10_000
 
-GrpcOptions = list[tuple[str, int]]
+GrpcOptions = list[tuple[str, int]]  # pragma: no mutate (a type alias, not behaviour)
 
 
 def channel_options(*, max_message_bytes: int = MAX_MESSAGE_BYTES) -> GrpcOptions:

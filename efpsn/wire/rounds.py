@@ -3,7 +3,7 @@
 A neighbour's round message is checked here, once, wherever it arrives (PutRound, the round
 stream, a GetRound reply): header (run, phase, sender, round), tensor names, shapes, dtype
 float64 and finiteness. What passes inward is a plain `RoundRecord`; whether the agent takes
-it (window, duplicates) is agent/ledger.py's to decide.
+it (window, duplicates) is efpsn/ledger.py's to decide.
 """
 
 from __future__ import annotations
