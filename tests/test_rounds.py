@@ -1,0 +1,89 @@
+"""The round driver (efpsn/rounds.py) alone: the step size of each round, the evaluation
+cadence, resuming from a saved state, and the convergence measures computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from efpsn.algorithms import AgentState, StepContext, make_algorithm
+from efpsn.rounds import RoundDriver, progress, worst
+from efpsn.schedules import make_schedule
+
+
+def _driver(name: str = "dsgd", *, iterations: int = 7, eval_every: int = 3,
+            resume: AgentState | None = None, lrs: list[float] | None = None) -> RoundDriver:
+    seen = lrs if lrs is not None else []
+
+    def oracle(x: torch.Tensor, t: int) -> torch.Tensor:
+        return x - 1.0  # the gradient of ||x - 1||^2 / 2
+
+    schedule = make_schedule("paper:0.5", iterations=iterations)
+
+    def recorded(t: int) -> float:
+        seen.append(t)
+        return schedule(t)
+
+    ctx = StepContext(agent=0, weights={0: 0.5, 1: 0.5}, lr=0.0, oracle=oracle)
+    x0 = None if resume is not None else torch.zeros(3, dtype=torch.float64)
+    return RoundDriver(algorithm=make_algorithm(name), context=ctx, schedule=recorded,
+                       iterations=iterations, eval_every=eval_every, x0=x0, resume_from=resume)
+
+
+def test_each_round_uses_its_own_step_size_and_evaluations_come_on_cadence() -> None:
+    used: list[int] = []
+    driver = _driver(lrs=used)
+    assert used == [0]  # init asks for round 0's step size
+    due = []
+    while not driver.done:
+        inbox = {1: {"x": torch.full((3,), float(driver.t), dtype=torch.float64)}}
+        due.append(driver.step(inbox))
+    assert used[1:] == list(range(7)) and driver.t == 7
+    assert due == [False, False, True, False, False, True, True]  # rounds 3, 6 and the last
+
+
+def test_the_step_is_the_algorithm_s_step_bit_for_bit() -> None:
+    driver = _driver()
+    algorithm = make_algorithm("dsgd")
+    schedule = make_schedule("paper:0.5", iterations=7)
+    ctx = StepContext(agent=0, weights={0: 0.5, 1: 0.5}, lr=schedule(0),
+                      oracle=lambda x, t: x - 1.0)
+    state, _ = algorithm.init(torch.zeros(3, dtype=torch.float64), ctx)
+    inbox = {1: {"x": torch.ones(3, dtype=torch.float64)}}
+    driver.step(inbox)
+    state, outbox = algorithm.step(state, inbox, ctx)
+    assert torch.equal(driver.state["x"], state["x"]) and torch.equal(driver.outbox["x"],
+                                                                      outbox["x"])
+
+
+def test_a_resumed_driver_starts_at_the_saved_round_with_its_message() -> None:
+    saved = AgentState(t=4, tensors={"x": torch.arange(3, dtype=torch.float64),
+                                     "y": torch.ones(3, dtype=torch.float64),
+                                     "g": torch.zeros(3, dtype=torch.float64)})
+    driver = _driver("gt", resume=saved)
+    assert driver.t == 4 and set(driver.outbox) == {"x", "y"}
+    assert driver.outbox["x"] is saved["x"]
+    with pytest.raises(ValueError, match="not both"):
+        _driver(resume=saved).__class__(
+            algorithm=make_algorithm("dsgd"), context=driver.context, schedule=lambda t: 0.1,
+            iterations=5, eval_every=1, x0=torch.zeros(3), resume_from=saved)
+    with pytest.raises(ValueError, match="iterations >= 1"):
+        RoundDriver(algorithm=make_algorithm("dsgd"), context=driver.context,
+                    schedule=lambda t: 0.1, iterations=0, eval_every=1, x0=torch.zeros(3))
+
+
+def test_progress_measures_by_hand() -> None:
+    before = torch.tensor([0.0, 0.0], dtype=torch.float64)
+    state = AgentState(t=1, tensors={"x": torch.tensor([3.0, 4.0], dtype=torch.float64),
+                                     "y": torch.tensor([0.0, 2.0], dtype=torch.float64)})
+    inbox = {1: {"x": torch.tensor([1.0, 0.0], dtype=torch.float64)},
+             2: {"x": torch.tensor([0.0, -2.0], dtype=torch.float64)}}
+    got = progress(before, state, inbox)
+    assert got["step"] == 5.0 and got["gap"] == 2.0 and got["tracker"] == 2.0
+    assert got["relative_step"] == 1.0 and got["relative_gap"] == 0.4  # ||x|| = 5
+    assert "tracker" not in progress(before, AgentState(t=1, tensors={"x": before}), {})
+    assert progress(before, AgentState(t=1, tensors={"x": before}), {})["gap"] == 0.0
+    merged = worst([{"step": 1.0, "gap": math.nan}, {"step": 3.0, "gap": 2.0}, {"step": 2.0}])
+    assert merged == {"gap": 2.0, "step": 3.0}
