@@ -60,7 +60,13 @@ async def fetch_parameters(stub: coordinator_pb2_grpc.CoordinatorStub, *,
     reply = await _ask(lambda timeout: stub.GetRunParameters(
         coordinator_pb2.RunParametersRequest(), timeout=timeout), options=options,
         deadline=deadline, waiting=f"the coordinator at {options.coordinator}")
-    return RunConfig.from_dict(records.run_parameters_from_proto(reply))  # type: ignore[arg-type]
+    config = RunConfig.from_dict(records.run_parameters_from_proto(reply))  # type: ignore[arg-type]
+    if not config.resolved_ok:
+        raise AgentFailure(f"{options.name}: the coordinator at {options.coordinator} sent "
+                           f"schedule {config.schedule!r}, {config.iterations} rounds, momentum "
+                           f"{config.momentum:g}: not the step rule's concrete numbers (is it an "
+                           "older efpsn?)")
+    return config
 
 
 def registration(prepared: Prepared, *, name: str, address: str

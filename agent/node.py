@@ -235,7 +235,10 @@ class AgentNode:
     def _progress(self, iterations: int) -> Any:
         """A progress line per evaluation, for this agent's own operator (its log)."""
         def say(record: dict[str, float]) -> None:
-            figures = ", ".join(f"{k} {record[k]:.4g}" for k in ("loss", "accuracy")
+            # its own loss and accuracy, and how far it still moves and disagrees with its
+            # neighbours (efpsn.rounds.progress; relative to max(1, ||x||))
+            figures = ", ".join(f"{k.replace('relative_', '')} {record[k]:.4g}"
+                                for k in ("loss", "accuracy", "relative_step", "relative_gap")
                                 if k in record)
             log.info("%s: round %d/%d: %s", self.options.name, int(record["round"]),
                      iterations, figures)

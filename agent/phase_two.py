@@ -46,7 +46,7 @@ def make_driver(session: Session, masks: MaskProvider,
                 checkpoint: Checkpoint | None) -> RoundDriver:
     """The round driver of this agent's run, fresh or from a checkpoint."""
     cfg, problem = session.config, session.problem
-    algorithm = make_algorithm(cfg.algorithm)
+    algorithm = make_algorithm(cfg.algorithm, momentum=cfg.momentum)
     schedule = make_schedule(cfg.schedule, iterations=cfg.iterations)
     ctx = StepContext(agent=session.index, weights=session.weights(), lr=schedule(0),
                       oracle=problem.objective(session.index, masks))

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from agent.options import AgentOptions
-from efpsn.config import LOCAL_DATA, RunConfig, parse_shape, scale_divisor
+from efpsn.config import LOCAL_DATA, RunConfig, parse_shape
 from efpsn.problem import Problem, build_problem, build_task
 from efpsn.tasks import Task
 from efpsn.tasks.local import DataError, LocalData, load_local_data
@@ -63,9 +63,9 @@ def prepare(config: RunConfig, options: AgentOptions) -> Prepared:
     assert options.data is not None
     local = load_local_data(
         options.data, who=who, shape=parse_shape(config.input_shape), classes=config.classes,
-        divisor=scale_divisor(config.scale), seed=config.seed, holdout=options.holdout,
+        divisor=config.divisor, seed=config.seed, holdout=options.holdout,
         batch_size=config.batch_size, test_path=options.test_data,
-        label_column=options.label_column,
+        label_column=options.label_column, moment_bound=config.moment_bound,
     )
     problem = build_problem(config, local={}, task=task)  # the public part, checked once
     return Prepared(config=config, task=task, problem=problem, local=local)

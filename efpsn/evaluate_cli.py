@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -101,7 +102,8 @@ def evaluate_model(model: str | Path, data: str | Path, *, task: str | None = No
     data = Path(data)
     raw = read_data(data, who=WHO, label_column=label_column, classes=built.classes)
     dataset = check_arrays(raw.features, raw.labels, path=data, who=WHO, shape=built.shape,
-                           classes=built.classes, divisor=scale_divisor(scale), cells=raw.cells)
+                           classes=built.classes, divisor=scale_divisor(scale, features=math.prod(built.shape)),
+                           cells=raw.cells)
     return Evaluation(accuracy=built.accuracy(x, dataset),
                       loss=built.loss(x, dataset.images, dataset.labels),
                       samples=len(dataset), task=built.name, l2=built.l2)

@@ -75,7 +75,8 @@ def config_from_args(args: argparse.Namespace, *,
                      derived: dict[str, Any] | None = None) -> RunConfig:
     """The RunConfig of the run flags given. Precedence: flags given, then a --data-dir folder
     (when the parser has it: data "local", its agent count, DIR/schema.json's schema), then
-    `derived`, then the preset, then RunConfig's defaults."""
+    `derived`, then the preset, then RunConfig's defaults; then the step rule where it was asked for
+    (RunConfig.resolved: --schedule auto, iterations 0, a negative momentum)."""
     names = {f.name for f in dataclasses.fields(RunConfig)}
     given = {k: v for k, v in vars(args).items() if k in names}
     values: dict[str, Any] = dict(PRESETS.get(getattr(args, "preset", ""), {}))
@@ -89,7 +90,7 @@ def config_from_args(args: argparse.Namespace, *,
     elif ("input_shape" in given or "classes" in given) and "data" not in given:
         values["data"] = LOCAL_DATA  # a schema of one's own and no data set named: local data
     values.update(given)
-    return RunConfig(**values)
+    return RunConfig(**values).resolved()
 
 
 def config_to_args(config: RunConfig) -> list[str]:

@@ -52,7 +52,7 @@ class ModelMetadata:
     def __post_init__(self) -> None:
         check_task_spec(self.task)
         parse_shape(self.input_shape)
-        scale_divisor(self.scale)
+        scale_divisor(self.scale, features=math.prod(parse_shape(self.input_shape)))
         if isinstance(self.classes, bool) or not isinstance(self.classes, int) \
                 or self.classes < 2:
             raise ValueError(f"classes must be an integer >= 2, got {self.classes!r}")

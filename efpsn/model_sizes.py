@@ -9,7 +9,12 @@ from __future__ import annotations
 import itertools
 import math
 
-__all__ = ["last_bias_count", "parameter_count"]
+__all__ = ["DEFAULT_L2", "l2_weight", "last_bias_count", "parameter_count"]
+
+# The tasks' default L2 weights, f(x) = mean loss + (l2 / 2) ||x||^2 (why these values: see
+# efpsn/tasks/objective.py): logistic regression 1e-2, so that x* exists, is unique and the
+# problem is l2-strongly convex; the others the plain loss.
+DEFAULT_L2: dict[str, float] = {"logreg": 1e-2, "lenet": 0.0, "mlp": 0.0, "python": 0.0}
 
 LENET_CHANNELS = 12
 LENET_KERNEL = 5
@@ -38,3 +43,8 @@ def last_bias_count(task: str, *, classes: int) -> int | None:
     if task in ("logreg", "lenet") or task.startswith("mlp:"):
         return classes
     return None
+
+
+def l2_weight(task: str, l2: float) -> float:
+    """The run's L2 weight: `l2`, or the task family's default when it is negative."""
+    return DEFAULT_L2[task.split(":", 1)[0]] if l2 < 0 else l2

@@ -48,6 +48,10 @@ def _refreshed(args: argparse.Namespace, config: RunConfig) -> int:
     from efpsn.topology import build_graph
 
     m, n_functions = _basis(config)
+    if config.batch_size == 0 and args.samples is None:
+        raise ValueError("the run takes the full local batch (the default): the per-sample "
+                         "accountant needs --samples N (an agent's own sample count; it stays "
+                         "on this machine) or the run's --batch-size B")
     common: dict[str, Any] = {
         "graph": build_graph(config.topology, config.agents, seed=config.seed), "p": config.p,
         "K": config.K, "m": m, "N": n_functions,

@@ -207,7 +207,7 @@ def build_problem(
     otherwise. Every check that can fail (disconnected graph, bad selection, basis too large)
     fails here, before any agent starts phase I.
     """
-    c = config
+    c = config.resolved()  # the step rule's numbers where they were asked for
     graph = build_graph(c.topology, c.agents, seed=c.seed)
     task = task if task is not None else build_task(c)
     last_bias = task.last_bias_indices()

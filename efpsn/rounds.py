@@ -22,23 +22,25 @@ from efpsn.schedules import StepSize
 __all__ = ["RoundDriver", "progress"]
 
 
-def progress(before: torch.Tensor, state: AgentState,
+def progress(before: AgentState, state: AgentState,
              inbox: Mapping[int, Message]) -> dict[str, float]:
     """Convergence measures of one agent after a round, from what it holds:
 
     step: ||x^{t+1} - x^t|| (how much its iterate still moves); gap: max over neighbours j of
-    ||x_j^t - x^t|| (their disagreement, from the messages just received); tracker: ||y^{t+1}||
-    for gradient tracking (y tracks the network's average gradient, which is 0 at x*). Each is
-    also given relative to max(1, ||x^{t+1}||), the scale a user can read."""
+    the distance between j's round-t iterate as sent (x, or accelerated tracking's z) and this
+    agent's own; tracker: ||y^{t+1}|| for gradient tracking (y tracks the network's average
+    gradient, which is 0 at x*). Each is also given relative to max(1, ||x^{t+1}||), the scale
+    a user can read."""
     x = state["x"]
     scale = max(1.0, float(torch.linalg.vector_norm(x)))
-    out = {"step": float(torch.linalg.vector_norm(x - before))}
-    gaps = [float(torch.linalg.vector_norm(m["x"] - before)) for m in inbox.values()]
+    out = {"step": float(torch.linalg.vector_norm(x - before["x"]))}
+    key = "x" if "z" not in before.tensors else "z"
+    gaps = [float(torch.linalg.vector_norm(m[key] - before[key])) for m in inbox.values()]
     out["gap"] = max(gaps) if gaps else 0.0
     if "y" in state.tensors:
         out["tracker"] = float(torch.linalg.vector_norm(state["y"]))
-    for key in list(out):
-        out[f"relative_{key}"] = out[key] / scale
+    for k in list(out):
+        out[f"relative_{k}"] = out[k] / scale
     return out
 
 
@@ -85,7 +87,7 @@ class RoundDriver:
     def step(self, inbox: Mapping[int, Message]) -> bool:
         """Consume the neighbours' round-t messages; True when round t + 1 is to be evaluated."""
         t = self.state.t
-        before = self.state["x"]
+        before = self.state
         ctx = dataclasses.replace(self.context, lr=self.schedule(t))
         self.state, self.outbox = self.algorithm.step(self.state, inbox, ctx)
         due = (t + 1) % self.eval_every == 0 or t + 1 == self.iterations

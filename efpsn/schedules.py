@@ -59,12 +59,18 @@ class PaperSchedule:
 
 
 def make_schedule(spec: str, *, iterations: int) -> StepSize:
-    """Parse a schedule spec: "paper", "paper:LR0", "constant:LR".
+    """Parse a schedule spec: "paper", "paper:LR0", "constant:LR", or "auto:LR" (the constant
+    step the public step rule gave, efpsn/step_rule.py).
 
     "paper" keeps the paper's proportions (hold for the first 20% of rounds, reach 4e-5 at the last)
     so that a shortened run (e.g. a quick profile) decays over its own length.
     """
     name, _, arg = spec.partition(":")
+    if name == "auto":
+        if not arg:
+            raise ValueError("schedule auto is the step rule's: resolve the run first "
+                             "(RunConfig.resolved), which gives auto:LR")
+        return Constant(float(arg))
     if name == "constant":
         if not arg:
             raise ValueError("constant schedule needs a learning rate, e.g. 'constant:0.05'")
@@ -75,4 +81,5 @@ def make_schedule(spec: str, *, iterations: int) -> StepSize:
             return Constant(lr0)
         hold = min(iterations - 2, max(0, round(iterations * 0.2)))
         return PaperSchedule(lr0=lr0, hold=hold, final=4e-5, total=iterations)
-    raise ValueError(f"unknown schedule {spec!r}: expected 'paper', 'paper:LR0' or 'constant:LR'")
+    raise ValueError(f"unknown schedule {spec!r}: expected 'auto', 'paper', 'paper:LR0' or "
+                     "'constant:LR'")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -11,12 +12,13 @@ import numpy as np
 import torch
 
 from efpsn.algorithms import StepContext, make_algorithm
+from efpsn.certificate import Certificate, Certifier
 from efpsn.config import RunConfig
 from efpsn.masking import MaskCoefficients, noise_generator
 from efpsn.masks import independent_masks, no_masks, zero_sum_masks, zero_sum_masks_fast
 from efpsn.metrics import evaluate
 from efpsn.paillier import generate_keypair
-from efpsn.problem import Problem, build_problem
+from efpsn.problem import Problem, average, build_problem
 from efpsn.refresh import FixedMask, MaskProvider, Refresh, RefreshedMask
 from efpsn.rounds import RoundDriver, worst
 from efpsn.schedules import make_schedule
@@ -96,6 +98,7 @@ class SimulationResult:
     timings: dict[str, float] = field(default_factory=dict)
     periods_zero_sum: int = 0  # refreshed masks: how many periods were checked, every round
     every_period_zero_sum: bool = True  # ... and whether each summed to zero exactly
+    convergence: Certificate | None = None  # efpsn/certificate.py, from the last round
 
     def masks_sum_to_zero(self) -> bool:
         """Phase I's masks, and with refreshed masks every period's, sum to zero exactly."""
@@ -107,6 +110,7 @@ class SimulationResult:
             "history": self.history,
             "final": self.final,
             "timings": self.timings,
+            "convergence": None if self.convergence is None else self.convergence.to_json(),
             # A simulation is not private: the masks are reported so users can inspect them.
             "masks": {
                 "precision": self.config.precision,
@@ -128,7 +132,9 @@ def run_simulation(
     allow_insecure_keys: bool = False,
     on_round: Callable[[int, dict[str, float] | None], None] | None = None,
 ) -> SimulationResult:
-    """Run phase I then `config.iterations` synchronous phase II rounds for every agent."""
+    """Run phase I then `config.iterations` synchronous phase II rounds for every agent (the
+    step rule's numbers where the config asks for them: RunConfig.resolved)."""
+    config = config.resolved()
     problem = problem if problem is not None else build_problem(config)
     if noise_seed is None:
         noise_seed = config.seed  # a simulation is reproducible by default; it is not private
@@ -139,7 +145,7 @@ def run_simulation(
     t_phase1 = time.perf_counter() - t0
     zero_sum = ZeroSumCheck(providers)
 
-    algorithm = make_algorithm(config.algorithm)
+    algorithm = make_algorithm(config.algorithm, momentum=config.momentum)
     schedule = make_schedule(config.schedule, iterations=config.iterations)
     n = problem.n
     x0 = problem.initial_params()
@@ -150,6 +156,7 @@ def run_simulation(
                                         lr=schedule(0), oracle=problem.objective(i, providers[i])))
         for i in range(n)
     ]
+    certifier = Certifier.for_run(config, problem.weights)
     history = [{"round": 0, **evaluate(problem, [d.state["x"] for d in drivers], x_star=x_star)}]
     t1 = time.perf_counter()
     for t in range(config.iterations):
@@ -159,22 +166,30 @@ def run_simulation(
         zero_sum.check(t)
         record = None
         if any(due):
-            record = {"round": t + 1,
-                      **evaluate(problem, [d.state["x"] for d in drivers], x_star=x_star),
-                      **worst([d.measures for d in drivers])}
+            xs = [d.state["x"] for d in drivers]
+            measures = worst([d.measures for d in drivers])
+            convergence = certifier(measures, rounds=t + 1,
+                                    x_bar_norm=float(torch.linalg.vector_norm(average(xs))))
+            record = {"round": t + 1, **evaluate(problem, xs, x_star=x_star), **measures}
+            if convergence.bound is not None and math.isfinite(convergence.bound):
+                record["certificate"] = convergence.bound  # absent while there is no bound
             history.append(record)
         if on_round is not None:
             on_round(t + 1, record)
     t_phase2 = time.perf_counter() - t1
+    xs = [d.state["x"] for d in drivers]
+    convergence = certifier(worst([d.measures for d in drivers]),
+                            x_bar_norm=float(torch.linalg.vector_norm(average(xs))))
     return SimulationResult(
         config=config,
         protocol=protocol,
         history=history,
         final=dict(history[-1]),
-        xs=[d.state["x"] for d in drivers],
+        xs=xs,
         masks=masks,
         periods_zero_sum=zero_sum.periods,
         every_period_zero_sum=zero_sum.ok,
+        convergence=convergence,
         timings={
             "phase1_seconds": t_phase1,
             "phase2_seconds": t_phase2,

@@ -96,7 +96,9 @@ async def assigned_agents(folder: Path, config: RunConfig, *, run_id: str,
                           tls: bool = True, round_: int = 0,
                           keep_rounds: int = 128) -> AsyncIterator[dict[str, InProcessAgent]]:
     """Agents `names` of a run of `config` (every agent registered: the served ones at their
-    real address, the others at unused loopback ports), each in phase II at round `round_`."""
+    real address, the others at unused loopback ports), each in phase II at round `round_`
+    (the run as the coordinator announces it: resolved)."""
+    config = config.resolved()
     all_names = [f"agent{i}" for i in range(1, config.agents + 1)]
     tls_dir = folder / "tls"
     if tls:

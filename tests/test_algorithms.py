@@ -141,3 +141,61 @@ def test_step_context_is_immutable_and_replaceable() -> None:
     assert replaced.lr == 0.5 and ctx.lr == 0.1  # a new context; the old one is unchanged
     assert (replaced.agent, replaced.weights, replaced.oracle) == (0, WEIGHTS[0], ctx.oracle)
     assert ctx.neighbours == (1, 4)
+
+
+@pytest.mark.parametrize("scale", [0.0, 1.0, 1e3, 1e6])
+def test_accelerated_tracking_is_exact_under_zero_sum_offsets(scale: float) -> None:
+    # prepare: the same zero-sum perturbations; Nesterov momentum on the lazy matrix
+    oracles, x_star = quadratic_oracles(zero_sum_offsets(scale))
+    # execute
+    states = run(make_algorithm("agt", momentum=0.5), oracles, lr=0.3, rounds=1500)
+    # assert: every agent's x (and its extrapolated z) reaches x*
+    for s in states:
+        assert torch.allclose(s["x"], x_star, atol=1e-9 * max(1.0, scale), rtol=0)
+        assert torch.allclose(s["z"], x_star, atol=1e-9 * max(1.0, scale), rtol=0)
+
+
+def test_accelerated_tracking_step_matches_hand_computation() -> None:
+    # prepare: agent 0 with weights 1/2 (itself), 1/4, 1/4: lazy weights 3/4, 1/8, 1/8
+    ctx = StepContext(agent=0, weights={0: 0.5, 1: 0.25, 4: 0.25}, lr=0.1,
+                      oracle=lambda x, t: 2 * x)
+    algo = make_algorithm("agt", momentum=0.5)
+    state, msg = algo.init(torch.tensor([1.0], dtype=torch.float64), ctx)
+    assert msg["z"].item() == 1.0 and msg["y"].item() == 2.0
+    inbox = {1: {"z": torch.tensor([3.0], dtype=torch.float64),
+                 "y": torch.tensor([4.0], dtype=torch.float64)},
+             4: {"z": torch.tensor([5.0], dtype=torch.float64),
+                 "y": torch.tensor([-8.0], dtype=torch.float64)}}
+    # execute
+    nxt, out = algo.step(state, inbox, ctx)
+    # assert: x+ = 3/4*1 + 1/8*3 + 1/8*5 - 0.1*2 = 1.55; z+ = x+ + 0.5 (x+ - 1) = 1.825;
+    # y+ = 3/4*2 + 1/8*4 + 1/8*(-8) + g(z+) - g(z) = 1.0 + 3.65 - 2 = 2.65
+    assert nxt["x"].item() == pytest.approx(1.55, abs=1e-15)
+    assert nxt["z"].item() == pytest.approx(1.825, abs=1e-15)
+    assert nxt["y"].item() == pytest.approx(2.65, abs=1e-14)
+    assert nxt["g"].item() == pytest.approx(3.65, abs=1e-15)
+    assert out["z"] is nxt["z"] and out["y"] is nxt["y"] and nxt.t == 1
+
+
+def test_accelerated_tracking_beats_plain_tracking_on_an_ill_conditioned_problem() -> None:
+    # prepare: f_i(x) = 0.5 h ||x - c_i||^2 + offsets with curvature 1e-2 (kappa 100 at step 1)
+    def slow(offsets: list[torch.Tensor]) -> tuple[list, torch.Tensor]:
+        oracles, x_star = quadratic_oracles(offsets)
+        return [lambda x, t, o=o: 1e-2 * o(x, t) for o in oracles], x_star
+
+    oracles, x_star = slow(zero_sum_offsets(1.0))
+    # execute: 300 rounds each, momentum from the strong convexity (q = sqrt(alpha mu) = 0.1)
+    plain = run(make_algorithm("agt", momentum=0.0), oracles, lr=1.0, rounds=300)
+    fast = run(make_algorithm("agt", momentum=(1 - 0.1) / (1 + 0.1)), oracles, lr=1.0,
+               rounds=300)
+    # assert: momentum is orders of magnitude closer after the same rounds
+    def error(states):
+        return max(float(torch.linalg.vector_norm(s["x"] - x_star)) for s in states)
+
+    assert error(fast) < 1e-3 * error(plain)
+
+
+@pytest.mark.parametrize("momentum", [-0.1, 1.0, float("nan")])
+def test_accelerated_tracking_refuses_a_momentum_outside_0_1(momentum: float) -> None:
+    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\)"):
+        make_algorithm("agt", momentum=momentum)

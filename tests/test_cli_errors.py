@@ -108,7 +108,7 @@ def test_healthcheck_exit_codes(tmp_path: Path, processes: Processes) -> None:
     (("--schedule", "constant"), "constant schedule needs a learning rate, e.g. 'constant:0.05'"),
     (("--schedule", "paper:-1"), "learning rates must be positive, got lr0=-1.0, final=4e-05"),
     (("--schedule", "cosine"),
-     "unknown schedule 'cosine': expected 'paper', 'paper:LR0' or 'constant:LR'"),
+     "unknown schedule 'cosine': expected 'auto', 'paper', 'paper:LR0' or 'constant:LR'"),
 ])
 def test_bad_schedules_are_one_line_errors(args: tuple[str, ...], message: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:

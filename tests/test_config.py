@@ -110,13 +110,16 @@ def test_flags_round_trip_through_config_to_args() -> None:
     config = RunConfig(agents=7, topology="grid:1x7", gamma=12.5, packed=False, batch_size=0,
                        selection="random:5", refresh="every:3", clip=0.5, scale="div:3",
                        data="local", input_shape="3x4", classes=4)
-    assert _parse(*config_to_args(config)) == config
+    # flags are parsed into the resolved run (the step rule's numbers where none were given)
+    assert _parse(*config_to_args(config)) == config.resolved()
+    resolved = config.resolved()
+    assert _parse(*config_to_args(resolved)) == resolved
     assert "--no-packed" in config_to_args(config)
     assert config_to_args(config)[config_to_args(config).index("--batch-size") + 1] == "full"
 
 
 def test_a_flag_not_given_is_the_default_and_bad_text_is_a_usage_error() -> None:
-    assert _parse() == RunConfig()
+    assert _parse() == RunConfig().resolved()
     with pytest.raises(SystemExit):
         _parse("--batch-size", "0")
     with pytest.raises(SystemExit):

@@ -4,6 +4,7 @@ arithmetic, non-numeric .csv cells and text labels, each refused at load with it
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -187,3 +188,47 @@ def test_the_coordinator_learns_only_the_category(tmp_path: Path) -> None:
         prepare(config, options)
     assert "X[0, 0]" in str(info.value)
     assert failure_category(info.value) == "its local data cannot be used"
+
+
+def test_the_step_rule_s_second_moment_bound_is_checked_on_the_training_part(
+        tmp_path: Path) -> None:
+    from efpsn.tasks.local import second_moment
+
+    rng = np.random.default_rng(4)
+    y = rng.integers(0, 3, 200)
+    # standardised data meets lambda_max(E[x~ x~^T]) <= d + 1 = 7 by the cheap trace test
+    unit = rng.normal(size=(200, 6))
+    np.savez(tmp_path / "unit.npz", X=unit, y=y)
+    load_local_data(tmp_path / "unit.npz", **COMMON, moment_bound=7.0)
+    # independent columns of standard deviation 1.5: the trace (14.5) exceeds 7, the largest
+    # eigenvalue (about 2.25) does not: accepted by the exact test
+    wide = 1.5 * rng.normal(size=(200, 6))
+    assert float(np.mean(wide**2)) * 6 + 1 > 7 and second_moment(wide) < 7
+    np.savez(tmp_path / "wide.npz", X=wide, y=y)
+    load_local_data(tmp_path / "wide.npz", **COMMON, moment_bound=7.0)
+    # one column far out of scale: refused, naming that column and never a value
+    far = unit.copy()
+    far[:, 4] *= 40.0
+    np.savez(tmp_path / "far.npz", X=far, y=y)
+    text = refusal(tmp_path / "far.npz", moment_bound=7.0)
+    assert "too large for the default step size" in text and "largest column: X[:, 4]" in text
+    assert not re.search(r"\d+\.\d", text.split("largest column")[0].split("exceeds 7")[0])
+    # the public scale is applied first: the same file divided by 40 per feature passes
+    load_local_data(tmp_path / "far.npz", **{**COMMON, "divisor": np.array([1, 1, 1, 1, 40, 1.0])},
+                    moment_bound=7.0)
+    # a .csv names the column by its header
+    write_csv(tmp_path / "far.csv", far, y)
+    assert "largest column: column 'f4'" in refusal(tmp_path / "far.csv", moment_bound=7.0)
+
+
+def test_second_moment_is_the_largest_eigenvalue_with_the_bias_column() -> None:
+    from efpsn.tasks.local import second_moment
+
+    x = np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 2.0]])
+    tilde = np.hstack([x, np.ones((3, 1))])
+    expected = float(np.linalg.eigvalsh(tilde.T @ tilde / 3)[-1])
+    assert second_moment(x) == pytest.approx(expected, rel=1e-12)
+    tall = np.arange(12.0).reshape(2, 6)  # more features than samples: the other Gram side
+    tilde = np.hstack([tall, np.ones((2, 1))])
+    assert second_moment(tall) == pytest.approx(
+        float(np.linalg.eigvalsh(tilde.T @ tilde / 2)[-1]), rel=1e-12)

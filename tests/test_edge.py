@@ -33,7 +33,8 @@ from efpsn.wire.v1 import agent_pb2
 pytestmark = pytest.mark.timeout(300)
 
 RUN = "edge-run-0001"
-CONFIG = RunConfig(iterations=20, eval_every=10, key_bits=2048, round_timeout_seconds=5.0)
+# the paper's DSGD: a round message is one tensor x, which these tests craft by hand
+CONFIG = RunConfig.preset("paper", iterations=20, eval_every=10, key_bits=2048, round_timeout_seconds=5.0)
 NUM_PARAMS = 7850
 PUT = "/efpsn.v1.Agent/PutRound"
 

@@ -223,7 +223,7 @@ def test_privacy_cli_accounts_refreshed_masks(tmp_path: Path) -> None:
 
     out = tmp_path / "eps.json"
     assert main(["privacy", "--refresh", "every:1", "--iterations", "10000", "--selection", "all",
-                 "--clip", "1", "--gamma", "1e6", "--json", str(out)]) == 0
+                 "--clip", "1", "--gamma", "1e6", "--batch-size", "64", "--json", str(out)]) == 0
     written = json.loads(out.read_text())
     expected = account_refreshed(
         graph=build_graph("ring", 5), gamma=1e6, p=1.0, K=1, m=7850, N=7851, num_params=7850,
@@ -232,9 +232,15 @@ def test_privacy_cli_accounts_refreshed_masks(tmp_path: Path) -> None:
     assert written["epsilon"] == pytest.approx(expected.epsilon, rel=1e-12)
     assert 0 < written["epsilon"] < 1 and written["attacker"] == "neighbour"
     assert main(["privacy", "--refresh", "every:1", "--iterations", "10000",
-                 "--json", str(out)]) == 0
+                 "--batch-size", "64", "--json", str(out)]) == 0
     unbounded = json.loads(out.read_text())
     assert unbounded["epsilon"] == "inf" and "get no noise" in unbounded["reason"]
     assert main(["privacy", "--refresh", "every:2", "--iterations", "100", "--selection", "all",
-                 "--clip", "1", "--json", str(out)]) == 0
+                 "--clip", "1", "--batch-size", "64", "--json", str(out)]) == 0
     assert "cancel" in json.loads(out.read_text())["reason"]
+    # full batch (the default): the accountant needs the agent's own sample count
+    assert main(["privacy", "--refresh", "every:1", "--iterations", "100", "--selection", "all",
+                 "--clip", "1"]) == 2
+    assert main(["privacy", "--refresh", "every:1", "--iterations", "100", "--selection", "all",
+                 "--clip", "1", "--samples", "800", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["batch_size"] == 0

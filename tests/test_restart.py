@@ -8,7 +8,8 @@
 * Phase I: an agent killed before its mask was saved refuses to resume (a new mask would break
   the zero sum), and every agent of the run aborts with an error within its deadlines.
 
-EFPSN_FAULT_SEED=S picks the algorithm (DSGD or gradient tracking), the victim and the round
+EFPSN_FAULT_SEED=S picks the algorithm (the default accelerated gradient tracking, the paper's DSGD
+or gradient tracking), the victim and the round
 reproducibly (default: a fresh seed); the seed is always printed.
 """
 
@@ -26,7 +27,7 @@ from typing import Any
 import pytest
 from localnet import LocalNet
 
-from efpsn.config import RunConfig
+from efpsn.config import PRESETS, RunConfig
 from efpsn.launch.summary import load_agent_results
 from efpsn.simulator import run_simulation
 
@@ -35,7 +36,8 @@ pytestmark = pytest.mark.timeout(900)
 NOISE_SEED = 13
 CHECKPOINT_EVERY = 20
 BASE = RunConfig(iterations=240, eval_every=40, key_bits=2048, round_timeout_seconds=90.0)
-ALGORITHMS = {"dsgd": {}, "gt": {"algorithm": "gt", "schedule": "constant:0.05"}}
+ALGORITHMS = {"agt": {}, "dsgd": {**PRESETS["paper"], "iterations": 240},
+              "gt": {"algorithm": "gt", "schedule": "constant:0.05"}}
 NAMES = [f"agent{i}" for i in range(1, BASE.agents + 1)]
 
 

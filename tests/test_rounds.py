@@ -75,7 +75,7 @@ def test_a_resumed_driver_starts_at_the_saved_round_with_its_message() -> None:
 
 
 def test_progress_measures_by_hand() -> None:
-    before = torch.tensor([0.0, 0.0], dtype=torch.float64)
+    before = AgentState(t=0, tensors={"x": torch.tensor([0.0, 0.0], dtype=torch.float64)})
     state = AgentState(t=1, tensors={"x": torch.tensor([3.0, 4.0], dtype=torch.float64),
                                      "y": torch.tensor([0.0, 2.0], dtype=torch.float64)})
     inbox = {1: {"x": torch.tensor([1.0, 0.0], dtype=torch.float64)},
@@ -83,7 +83,12 @@ def test_progress_measures_by_hand() -> None:
     got = progress(before, state, inbox)
     assert got["step"] == 5.0 and got["gap"] == 2.0 and got["tracker"] == 2.0
     assert got["relative_step"] == 1.0 and got["relative_gap"] == 0.4  # ||x|| = 5
-    assert "tracker" not in progress(before, AgentState(t=1, tensors={"x": before}), {})
-    assert progress(before, AgentState(t=1, tensors={"x": before}), {})["gap"] == 0.0
+    assert "tracker" not in progress(before, before, {})
+    assert progress(before, before, {})["gap"] == 0.0
+    # accelerated tracking: the neighbours' extrapolated z against this agent's own z
+    mine = AgentState(t=0, tensors={"x": torch.zeros(2, dtype=torch.float64),
+                                    "z": torch.tensor([1.0, 1.0], dtype=torch.float64)})
+    sent = {1: {"z": torch.tensor([1.0, 4.0], dtype=torch.float64)}}
+    assert progress(mine, mine, sent)["gap"] == 3.0
     merged = worst([{"step": 1.0, "gap": math.nan}, {"step": 3.0, "gap": 2.0}, {"step": 2.0}])
     assert merged == {"gap": 2.0, "step": 3.0}

@@ -58,7 +58,8 @@ ALLOWED = {SC.INVALID_ARGUMENT, SC.PERMISSION_DENIED, SC.UNAUTHENTICATED, SC.UNA
            SC.FAILED_PRECONDITION, SC.NOT_FOUND, SC.DEADLINE_EXCEEDED}
 PER_SERVICE = 10_000  # requests per service, at least
 RUN = "fuzz-run-0001"
-CONFIG = RunConfig(iterations=20, eval_every=10, key_bits=2048, round_timeout_seconds=5.0)
+# the paper's DSGD: a round message is one tensor x, which these tests craft by hand
+CONFIG = RunConfig.preset("paper", iterations=20, eval_every=10, key_bits=2048, round_timeout_seconds=5.0)
 NUM_PARAMS = 7850  # logistic regression on 28x28 digits, 10 classes
 CURRENT_ROUND = 5
 IDENTITIES = ("plaintext", "no-cert", "agent1", "agent2", "agent3", "agent5", "intruder")

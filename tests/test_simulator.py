@@ -98,7 +98,7 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
         assert proc.stderr.strip().count("\n") == 0, proc.stderr  # exactly one line
     usage = efpsn("simulate", "--algorithm", "adam")  # argparse: usage, then one error line
     assert usage.returncode == 2
-    assert usage.stderr.strip().splitlines()[-1].endswith("(choose from 'dsgd', 'gt')")
+    assert usage.stderr.strip().splitlines()[-1].endswith("(choose from 'agt', 'gt', 'dsgd')")
 
 
 def test_privacy_cli_both_directions() -> None:

@@ -31,10 +31,11 @@ UID = "10001"  # the images' user
 PORTS = {"coordinator": 50050, "agent": 50051}
 RUN_PARAMETERS = (  # flag, environment variable, default: the same as docker-compose.yml
     ("--topology", "EFPSN_TOPOLOGY", "ring"), ("--task", "EFPSN_TASK", "logreg"),
-    ("--algorithm", "EFPSN_ALGORITHM", "dsgd"), ("--mask", "EFPSN_MASK", "zero-sum"),
+    ("--algorithm", "EFPSN_ALGORITHM", "agt"), ("--mask", "EFPSN_MASK", "zero-sum"),
     ("--gamma", "EFPSN_GAMMA", "1000"), ("--key-bits", "EFPSN_KEY_BITS", "3072"),
-    ("--iterations", "EFPSN_ITERATIONS", "10000"), ("--batch-size", "EFPSN_BATCH_SIZE", "64"),
-    ("--schedule", "EFPSN_SCHEDULE", "paper"), ("--input-shape", "EFPSN_INPUT_SHAPE", "1x28x28"),
+    ("--iterations", "EFPSN_ITERATIONS", "auto"), ("--batch-size", "EFPSN_BATCH_SIZE", "full"),
+    ("--schedule", "EFPSN_SCHEDULE", "auto"), ("--momentum", "EFPSN_MOMENTUM", "auto"),
+    ("--input-shape", "EFPSN_INPUT_SHAPE", "1x28x28"),
     ("--classes", "EFPSN_CLASSES", "10"), ("--scale", "EFPSN_SCALE", "unit"),
     ("--seed", "EFPSN_SEED", "0"), ("--eval-every", "EFPSN_EVAL_EVERY", "100"),
     ("--round-timeout", "EFPSN_ROUND_TIMEOUT", "60"),

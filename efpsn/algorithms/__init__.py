@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from efpsn.algorithms.agt import AcceleratedTracking
 from efpsn.algorithms.base import AgentState, Algorithm, GradientOracle, Message, StepContext, mix
 from efpsn.algorithms.dsgd import DSGD
 from efpsn.algorithms.gt import GradientTracking
 
-ALGORITHMS: dict[str, type] = {"dsgd": DSGD, "gt": GradientTracking}
+ALGORITHMS: dict[str, type] = {"dsgd": DSGD, "gt": GradientTracking, "agt": AcceleratedTracking}
 
 
-def make_algorithm(name: str) -> Algorithm:
-    """Return the algorithm called `name` ("dsgd" or "gt")."""
+def make_algorithm(name: str, *, momentum: float = 0.0) -> Algorithm:
+    """Return the algorithm called `name` ("dsgd", "gt" or "agt", the latter with its
+    Nesterov momentum)."""
+    if name == "agt":
+        return AcceleratedTracking(momentum)
     try:
         return ALGORITHMS[name]()
     except KeyError:
@@ -22,6 +26,7 @@ def make_algorithm(name: str) -> Algorithm:
 __all__ = [
     "ALGORITHMS",
     "DSGD",
+    "AcceleratedTracking",
     "AgentState",
     "Algorithm",
     "GradientOracle",

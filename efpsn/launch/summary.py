@@ -9,7 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from efpsn.config import RunConfig, parse_shape, scale_divisor
+from efpsn.config import RunConfig, parse_shape
 
 
 def network_timings(agents: dict[str, Any], *, started_at: float) -> dict[str, float]:
@@ -64,9 +64,10 @@ def summarize(problem: Any, folder: Path, names: list[str], *, x_star: Any = Non
     from efpsn.problem import average
 
     results, xs = load_agent_results(folder, names)
-    save_average(problem, folder, average(xs))
+    x_bar = average(xs)
+    save_average(problem, folder, x_bar)
     final = evaluate(problem, xs, x_star=x_star)
-    return _summary(problem, results, final)
+    return _summary(problem, results, final, x_bar)
 
 
 def summarize_reports(problem: Any, folder: Path, names: list[str], *,
@@ -98,11 +99,11 @@ def summarize_reports(problem: Any, folder: Path, names: list[str], *,
                         classes=c.classes)
         test = check_arrays(raw.features, raw.labels, path=test_path, who="efpsn up",
                             shape=parse_shape(c.input_shape), classes=c.classes,
-                            divisor=scale_divisor(c.scale), cells=raw.cells)
+                            divisor=c.divisor, cells=raw.cells)
         final["accuracy"] = float(problem.task.accuracy(x_bar, test))
     else:
         final["accuracy"] = final.get("mean_holdout_accuracy", math.nan)
-    return _summary(problem, results, final)
+    return _summary(problem, results, final, x_bar)
 
 
 def save_average(problem: Any, folder: Path, x_bar: Any) -> Path:
@@ -127,10 +128,20 @@ def format_reports(final: dict[str, float], *, public_test: bool) -> str:
     return ", ".join(parts)
 
 
-def _summary(problem: Any, results: list[dict], final: dict[str, float]) -> dict[str, Any]:
-    """summary.json: the network's final metrics, each agent's own, and whether the run is whole."""
+def _summary(problem: Any, results: list[dict], final: dict[str, float],
+             x_bar: Any) -> dict[str, Any]:
+    """summary.json: the network's final metrics, each agent's own, whether the run is whole,
+    and whether it converged (efpsn/certificate.py, from the agents' own last-round measures)."""
+    import torch
+
+    from efpsn.certificate import Certifier
+    from efpsn.rounds import worst
+
     problems = check_results(results, iterations=problem.config.iterations)
+    convergence = Certifier.for_run(problem.config, problem.weights)(
+        worst([r["final"] for r in results]), x_bar_norm=float(torch.linalg.vector_norm(x_bar)))
     return {
+        "convergence": convergence.to_json(),
         "ok": not problems,
         "problems": problems,
         "settings": problem.config.to_dict(),

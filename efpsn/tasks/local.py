@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +28,9 @@ from efpsn.tasks.tables import (
     read_csv_table,
 )
 
-__all__ = ["HEADROOM", "DataError", "LocalData", "RawData", "check_arrays", "feature_limit",
-           "load_local_data", "read_data", "read_data_file", "split_holdout"]
+__all__ = ["HEADROOM", "DataError", "LocalData", "RawData", "check_arrays",
+           "check_second_moment", "feature_limit", "load_local_data", "read_data",
+           "read_data_file", "second_moment", "split_holdout"]
 
 # The factor of float64's range kept free above features x value^2 (see feature_limit).
 HEADROOM = 2.0**32
@@ -163,7 +165,7 @@ def _check_kinds(features: np.ndarray, labels: np.ndarray, *, fail: Refuse,
 
 
 def _check_range(x: np.ndarray, raw: np.ndarray, *, fail: Refuse, cells: Cells,
-                 divisor: float) -> None:
+                 after: str) -> None:
     """Every scaled feature finite and within feature_limit; else name the first bad cell.
     The happy path allocates nothing (min and max are reductions; NaN propagates)."""
     per_sample = math.prod(x.shape[1:])
@@ -179,12 +181,40 @@ def _check_range(x: np.ndarray, raw: np.ndarray, *, fail: Refuse, cells: Cells,
             raise fail(f"X has non-finite values (NaN or inf), the first at "
                        f"{cells.feature(row, col)}; expected finite numbers")
     row, col = first_index(bad | (np.abs(flat) > limit))
-    scaled = f" divided by the public scale {divisor:g}" if divisor != 1.0 else ""
     raise fail(f"X has a value too large for float64 arithmetic at {cells.feature(row, col)}: "
-               f"its magnitude{scaled} exceeds {limit:.3g}, where the model's products of "
+               f"its magnitude{after} exceeds {limit:.3g}, where the model's products of "
                f"features and parameters (about {per_sample} x value^2) would overflow; "
                "expected values of a sensible scale (rescale the data, or divide it by a "
                "public constant with --scale div:C)")
+
+
+def second_moment(x: np.ndarray) -> float:
+    """lambda_max of E[x~ x~^T], x~ = (x, 1) the flattened features with the bias's constant:
+    (the trace, when that already meets a bound, is cheaper) computed on the smaller Gram side."""
+    flat = x.reshape(len(x), -1)
+    tilde = np.concatenate([flat, np.ones((len(flat), 1))], axis=1)
+    gram = tilde.T @ tilde if tilde.shape[1] <= len(tilde) else tilde @ tilde.T
+    return float(np.linalg.eigvalsh(gram / len(tilde))[-1])
+
+
+def check_second_moment(data: Dataset, *, bound: float, fail: Refuse,
+                        names: Callable[[int], str]) -> None:
+    """Refuse features whose second-moment matrix E[x~ x~^T] (bias column included) has its
+    largest eigenvalue above `bound`: the step rule's public curvature bound rests on it
+    (efpsn/step_rule.py). Data in [-1, 1] or standardised passes; the error names the column
+    of largest mean square, never a value. The trace is tried first (cheap, and sufficient:
+    lambda_max <= trace)."""
+    x = data.images.numpy().reshape(len(data), -1)
+    squares = np.mean(x * x, axis=0)
+    if float(squares.sum()) + 1.0 <= bound or second_moment(x) <= bound:
+        return
+    column = names(int(np.argmax(squares)))
+    raise fail(f"its features are too large for the default step size: the largest eigenvalue "
+               f"of their second-moment matrix exceeds {bound:g} (the features plus one), the "
+               f"public bound the step size rests on, which any data in [-1, 1] or standardised "
+               f"to unit variance meets (largest column: {column}); expected features divided "
+               f"by public constants (--scale div:C, or div:C1,...,Cd with one per feature) or "
+               f"your own step size (--schedule constant:LR)")
 
 
 def _check_labels(y: np.ndarray, *, fail: Refuse, cells: Cells, classes: int) -> None:
@@ -203,11 +233,13 @@ def _check_labels(y: np.ndarray, *, fail: Refuse, cells: Cells, classes: int) ->
 
 def check_arrays(
     features: np.ndarray, labels: np.ndarray, *, path: Path, who: str,
-    shape: tuple[int, ...], classes: int, divisor: float, cells: Cells | None = None,
+    shape: tuple[int, ...], classes: int, divisor: float | np.ndarray,
+    cells: Cells | None = None,
 ) -> Dataset:
     """Schema, range and label checks; features / divisor reshaped to (n, *shape).
 
-    `cells` names a bad cell in the error (default: numpy indices X[i, j], y[i])."""
+    `divisor` is one public constant or one per feature (efpsn.schema.scale_divisor). `cells`
+    names a bad cell in the error (default: numpy indices X[i, j], y[i])."""
     def fail(problem: str) -> DataError:
         return _fail(who, path, problem)
 
@@ -224,11 +256,14 @@ def check_arrays(
         raise fail(f"samples have shape {got}; expected the run's input shape {want} "
                    f"({math.prod(shape)} values per sample)")
     x = np.array(features, dtype=np.float64).reshape(-1, *shape)  # one copy, scaled in place
-    x /= divisor
-    _check_range(x, features, fail=fail, cells=cells or ArrayCells(tuple(sample)),
-                 divisor=divisor)
+    div = np.asarray(divisor, dtype=np.float64)
+    x /= div.reshape(shape) if div.ndim else div
+    after = ("" if not np.any(div != 1.0) else " divided by its public scale" if div.ndim
+             else f" divided by the public scale {float(div):g}")
+    cells = cells or ArrayCells(tuple(sample))
+    _check_range(x, features, fail=fail, cells=cells, after=after)
     y = np.asarray(labels)
-    _check_labels(y, fail=fail, cells=cells or ArrayCells(tuple(sample)), classes=classes)
+    _check_labels(y, fail=fail, cells=cells, classes=classes)
     return Dataset(images=torch.from_numpy(np.ascontiguousarray(x)),
                    labels=torch.from_numpy(y.astype(np.int64)), name=f"{who}:{path.name}",
                    shape=tuple(shape), classes=classes)
@@ -253,11 +288,13 @@ def split_holdout(data: Dataset, *, fraction: float, seed: int, who: str,
 
 
 def load_local_data(
-    path: str | Path, *, who: str, shape: tuple[int, ...], classes: int, divisor: float,
-    seed: int, holdout: float = 0.2, batch_size: int = 0, test_path: str | Path | None = None,
-    label_column: str = "label",
+    path: str | Path, *, who: str, shape: tuple[int, ...], classes: int,
+    divisor: float | np.ndarray, seed: int, holdout: float = 0.2, batch_size: int = 0,
+    test_path: str | Path | None = None, label_column: str = "label",
+    moment_bound: float | None = None,
 ) -> LocalData:
-    """Read and check an agent's own data (and the public test set) against the run's schema."""
+    """Read and check an agent's own data (and the public test set) against the run's schema;
+    with `moment_bound`, its training part must pass check_second_moment."""
     path = Path(path)
     raw = read_data(path, who=who, label_column=label_column, classes=classes)
     data = check_arrays(raw.features, raw.labels, path=path, who=who, shape=shape,
@@ -267,6 +304,9 @@ def load_local_data(
         raise _fail(who, path, f"has fewer training samples than the batch size {batch_size} "
                                f"(after the {holdout:g} holdout); expected at least "
                                f"{batch_size} (lower --batch-size or --holdout)")
+    if moment_bound is not None:
+        check_second_moment(train, bound=moment_bound, fail=lambda text: _fail(who, path, text),
+                            names=raw.cells.column)
     test = None
     if test_path is not None:
         tpath = Path(test_path)

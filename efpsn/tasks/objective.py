@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from efpsn.model_sizes import DEFAULT_L2
 from efpsn.tasks.data import IMAGE_SHAPE, NUM_CLASSES, Dataset
 from efpsn.tasks.fingerprint import model_fingerprint
 from efpsn.tasks.models import LeNet
@@ -31,7 +32,6 @@ __all__ = ["DEFAULT_L2", "LeNetTask", "Task", "check_clip"]
 # - lenet: 0, the plain cross-entropy of the paper (Sec. 5.1) and of DLG; the non-convex
 #   metric is stationarity ||(1/n) sum_i grad f_i(x_i)||^2, which needs no unique minimiser.
 # - mlp:... and python:...: 0, the plain loss.
-DEFAULT_L2: dict[str, float] = {"logreg": 1e-2, "lenet": 0.0, "mlp": 0.0, "python": 0.0}
 
 _PREDICT_CHUNK = 2048
 

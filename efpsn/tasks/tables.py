@@ -38,6 +38,11 @@ class ArrayCells:
     def label(self, row: int) -> str:
         return f"y[{row}]"
 
+    def column(self, column: int) -> str:
+        """X's feature at the flat index `column`, in every sample."""
+        index = np.unravel_index(column, self.sample_shape) if self.sample_shape else ()
+        return "X[:, " + ", ".join(str(int(i)) for i in index) + "]"
+
 
 @dataclass(frozen=True)
 class CsvCells:
@@ -53,6 +58,9 @@ class CsvCells:
 
     def label(self, row: int) -> str:
         return self._cell(row, self.label_column)
+
+    def column(self, column: int) -> str:
+        return f"column {self.features[column]!r}"
 
     def _cell(self, row: int, column: str) -> str:
         return f"row {row + 1} (line {self.lines[row]}), column {column!r}"

@@ -1,0 +1,148 @@
+"""Did the run converge? A bound on ||x_bar - x*|| / ||x*|| from what the agents already hold.
+
+For logistic regression with the step rule's public curvature bound L (efpsn/step_rule.py) and
+strong convexity mu = l2, gradient tracking keeps the average of the trackers equal to the
+average gradient at the points z_i the agents last evaluated (z = x for plain tracking). So,
+for the network objective F (its gradient the average of the perturbed ones, which equals the
+unperturbed one: the masks sum to zero):
+
+    ||z_bar - x*|| <= ||grad F(z_bar)|| / mu <= (max_i ||y_i|| + L max_i ||z_i - z_bar||) / mu,
+    ||z_i - z_bar|| <= D max_(i,j) edge ||z_i - z_j||     (D the graph's diameter),
+    ||x_bar - x*|| <= ||z_bar - x*|| + beta max_i ||x_i - x_i^-||,
+
+and with that bound B, ||x*|| >= ||x_bar|| - B gives the certificate B / (||x_bar|| - B), an
+upper bound on the relative distance (infinite while B >= ||x_bar||). Every input is an
+agent's own measure of its last round (efpsn.rounds.progress: tracker, gap, step), the public
+L, mu, beta and graph, and ||x_bar||: nobody needs x*, and nothing private is shared.
+
+A run is reported converged when the certificate is at most TARGET; models without a public
+curvature bound (LeNet, MLPs, a user's) and DSGD (no tracker) get no certificate, only the
+measures.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from efpsn.config import RunConfig
+
+__all__ = ["TARGET", "Certificate", "Certifier", "certify", "diameter"]
+
+TARGET = 1e-3  # relative distance to x* a run must be certified within to count as converged
+
+
+def diameter(weights: np.ndarray) -> int:
+    """The longest shortest path (in hops) of the graph whose edges are the nonzero
+    off-diagonal weights (Floyd-Warshall; inf when disconnected)."""
+    hops = np.where(np.asarray(weights) > 0, 1.0, np.inf)
+    np.fill_diagonal(hops, 0.0)
+    for k in range(len(hops)):
+        hops = np.minimum(hops, hops[:, [k]] + hops[[k], :])
+    longest = float(hops.max())
+    if not math.isfinite(longest):
+        raise ValueError("the graph is disconnected: no diameter")
+    return int(longest)
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """The bound (None: no certificate for this model or algorithm) and a line for the user."""
+
+    bound: float | None
+    converged: bool
+    line: str
+
+    def to_json(self) -> dict[str, object]:
+        """For summary.json: the bound (None: no certificate, or none finite yet), whether the
+        run converged, and the line the user saw."""
+        finite = self.bound is not None and math.isfinite(self.bound)
+        return {"certificate": self.bound if finite else None, "converged": self.converged,
+                "line": self.line}
+
+
+def certify(measures: Mapping[str, float], *, x_bar_norm: float, curvature: float | None,
+            l2: float, hops: int, momentum: float, rounds: int, rate: float | None = None,
+            fallback_rounds: int | None = None, target: float = TARGET) -> Certificate:
+    """The certificate from the network's worst measures (efpsn.rounds.worst: tracker, gap,
+    step), ||x_bar||, the public curvature bound (None: none), mu = l2, the graph's diameter,
+    the momentum beta and the rounds run. `rate` (the step rule's contraction per round,
+    1 - q) turns an uncertified bound into a rounds estimate; while there is no finite bound
+    yet, the advice is `fallback_rounds` (the step rule's) or twice the rounds run."""
+    tracker = measures.get("tracker", math.nan)
+    if curvature is None or l2 <= 0 or math.isnan(tracker):
+        why = ("no public curvature bound for this model" if curvature is None or l2 <= 0
+               else "no tracker (DSGD)")
+        return Certificate(None, False, _uncertified(measures, why))
+    bound = ((tracker + curvature * hops * measures.get("gap", 0.0)) / l2
+             + momentum * measures.get("step", 0.0))
+    value = bound / (x_bar_norm - bound) if bound < x_bar_norm else math.inf
+    if value <= target:
+        return Certificate(value, True, f"converged: ||x_bar - x*|| <= {value:.2g} ||x*|| "
+                                        f"(certified after {rounds} rounds; target {target:g})")
+    if math.isfinite(value) and rate is not None and 0 < rate < 1:
+        advice = rounds + math.ceil(math.log(value / target) / -math.log(rate))
+    else:
+        advice = max(fallback_rounds or 0, 2 * rounds)
+    shown = f"{value:.2g} ||x*||" if math.isfinite(value) else "nothing yet (B >= ||x_bar||)"
+    return Certificate(value, False,
+                       f"NOT converged: after {rounds} rounds the certificate bounds "
+                       f"||x_bar - x*|| by {shown}, above the target {target:g}; raise "
+                       f"--iterations to about {advice}")
+
+
+def _uncertified(measures: Mapping[str, float], why: str) -> str:
+    step = measures.get("relative_step", math.nan)
+    gap = measures.get("relative_gap", math.nan)
+    return (f"no convergence certificate ({why}): the last round moved the iterates by "
+            f"{step:.2g} and neighbours disagree by {gap:.2g}, relative to ||x||")
+
+
+@dataclass(frozen=True)
+class Certifier:
+    """certify() with one run's public numbers, derived once (Certifier.for_run)."""
+
+    curvature: float | None
+    l2: float
+    hops: int
+    momentum: float
+    rounds: int
+    rate: float | None
+    fallback_rounds: int | None
+
+    @classmethod
+    def for_run(cls, config: RunConfig, weights: np.ndarray) -> Certifier:
+        """The step rule's curvature bound (logistic regression only), the L2 weight, the
+        graph's diameter, the momentum, the rounds and, for a constant step, the contraction
+        per round (agt: 1 - sqrt(alpha l2); gt: 1 - alpha l2)."""
+        from efpsn.model_sizes import l2_weight
+        from efpsn.schema import parse_shape
+        from efpsn.step_rule import public_curvature, step_rule
+
+        c = config.resolved()
+        features = math.prod(parse_shape(c.input_shape))
+        mu = l2_weight(c.task, c.l2)
+        name, _, arg = c.schedule.partition(":")
+        rate = None
+        if name in ("auto", "constant") and arg and mu > 0:
+            step = float(arg)
+            rate = 1 - math.sqrt(step * mu) if c.algorithm == "agt" else 1 - step * mu
+        rule = step_rule(algorithm=c.algorithm, task=c.task, features=features, l2=c.l2,
+                         weights=weights)
+        return cls(curvature=public_curvature(c.task, features=features, l2=c.l2), l2=mu,
+                   hops=diameter(weights),
+                   momentum=c.momentum if c.algorithm == "agt" else 0.0,
+                   rounds=c.iterations, rate=rate, fallback_rounds=rule.rounds)
+
+    def __call__(self, measures: Mapping[str, float], *, x_bar_norm: float,
+                 rounds: int | None = None) -> Certificate:
+        """The certificate after `rounds` (default: the run's last)."""
+        return certify(measures, x_bar_norm=x_bar_norm, curvature=self.curvature, l2=self.l2,
+                       hops=self.hops, momentum=self.momentum,
+                       rounds=self.rounds if rounds is None else rounds, rate=self.rate,
+                       fallback_rounds=self.fallback_rounds)

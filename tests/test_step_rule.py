@@ -1,0 +1,210 @@
+"""The default step rule (efpsn/step_rule.py) and the convergence certificate
+(efpsn/certificate.py): public numbers only, stability checked against the companion matrices,
+and a certificate that never claims less than the true distance."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from efpsn.algorithms import StepContext, make_algorithm
+from efpsn.certificate import TARGET, Certifier, certify, diameter
+from efpsn.config import RunConfig
+from efpsn.step_rule import (
+    MAX_ROUNDS,
+    NO_BOUND_ROUNDS,
+    NO_BOUND_STEP,
+    companion,
+    nesterov_margin,
+    public_curvature,
+    step_rule,
+)
+from efpsn.topology import build_graph, metropolis_weights
+
+
+def ring(n: int) -> np.ndarray:
+    return metropolis_weights(build_graph("ring", n, seed=0))
+
+
+def test_public_curvature_is_half_the_features_plus_one_plus_l2() -> None:
+    # logistic regression: Hessian <= 0.5 E[x~ x~^T] <= 0.5 (d + 1) for features in [-1, 1]
+    assert public_curvature("logreg", features=784, l2=0.01) == 0.5 * 785 + 0.01
+    assert public_curvature("logreg", features=13, l2=-1.0) == 7.0 + 0.01  # the default l2
+    assert public_curvature("lenet", features=784, l2=0.0) is None
+    assert public_curvature("mlp:32", features=13, l2=0.01) is None
+
+
+def test_the_rule_s_numbers_for_the_mnist_ring_are_pinned() -> None:
+    # the README's and RESULTS' default run: 5-ring, 784 features, l2 1e-2
+    rule = step_rule(algorithm="agt", task="logreg", features=784, l2=0.01, weights=ring(5))
+    assert (rule.step, rule.momentum, rule.rounds) == (0.00104197, 0.993565, 6502)
+    assert rule.curvature == 392.51
+    q = math.sqrt(rule.step * 0.01)
+    assert rule.momentum == pytest.approx((1 - q) / (1 + q), rel=1e-5)
+
+
+def test_every_mode_and_curvature_is_stable_at_the_rule_s_step() -> None:
+    # prepare: the rule for a 4-ring and a 7-path on 13 features (wine's size)
+    for weights in (ring(4), metropolis_weights(build_graph("path", 7, seed=0))):
+        rule = step_rule(algorithm="agt", task="logreg", features=13, l2=0.01,
+                         weights=weights)
+        lazy = (np.eye(len(weights)) + weights) / 2
+        lams = np.linalg.eigvalsh(lazy)
+        # assert: every disagreement mode at every curvature in [l2, L] contracts (the
+        # consensus mode lam = 1 has the tracking's eigenvalue 1 by design)
+        for lam in lams[lams < 1 - 1e-12]:
+            for h in np.geomspace(0.01, rule.curvature, 25):
+                radius = max(abs(np.linalg.eigvals(companion(lam, rule.step * h,
+                                                             rule.momentum))))
+                assert radius < 1, (lam, h, radius)
+
+
+def test_the_margin_is_where_stability_ends() -> None:
+    lams = np.linalg.eigvalsh((np.eye(5) + ring(5)) / 2)
+    c_max, rho = nesterov_margin(lams, kappa=1000.0)
+    assert 0 < rho < 1 and 0.1 < c_max <= 1.0
+    unstable = c_max * 1.05
+    q = math.sqrt(unstable / 1000.0)
+    beta = (1 - q) / (1 + q)
+    radii = [max(abs(np.linalg.eigvals(companion(lam, unstable * h, beta))))
+             for lam in lams[lams < 1 - 1e-12] for h in np.geomspace(1e-3, 1, 80)]
+    assert max(radii) > 1
+
+
+def test_other_algorithms_and_models_get_their_documented_defaults() -> None:
+    dsgd = step_rule(algorithm="dsgd", task="logreg", features=784, l2=0.01, weights=ring(5))
+    assert (dsgd.step, dsgd.momentum, dsgd.rounds) == (None, 0.0, 10_000)
+    lenet = step_rule(algorithm="agt", task="lenet", features=784, l2=0.0, weights=ring(5))
+    assert (lenet.step, lenet.momentum, lenet.rounds) == (NO_BOUND_STEP, 0.0, NO_BOUND_ROUNDS)
+    gt = step_rule(algorithm="gt", task="logreg", features=784, l2=0.01, weights=ring(5))
+    lam_min = np.linalg.eigvalsh(ring(5))[0]
+    assert gt.step == pytest.approx(0.9 * (1 + lam_min) ** 2 / (2 * 392.51), rel=1e-5)
+    assert gt.momentum == 0.0 and gt.rounds == MAX_ROUNDS  # 1 - alpha l2 is slow: capped
+    with pytest.raises(ValueError, match="no step rule for algorithm 'adam'"):
+        step_rule(algorithm="adam", task="logreg", features=4, l2=0.01, weights=ring(3))
+
+
+def test_the_rounds_are_capped_on_large_sparse_graphs() -> None:
+    rule = step_rule(algorithm="agt", task="logreg", features=784, l2=0.01, weights=ring(30))
+    assert rule.rounds == MAX_ROUNDS
+
+
+def test_a_config_resolves_auto_into_concrete_public_numbers() -> None:
+    config = RunConfig()
+    assert (config.schedule, config.iterations, config.momentum) == ("auto", 0, -1.0)
+    resolved = config.resolved()
+    assert resolved.schedule == "auto:0.00104197" and resolved.iterations == 6502
+    assert resolved.momentum == 0.993565 and resolved.resolved_ok
+    assert resolved.resolved() is resolved
+    # what the user gave stays: only the missing numbers come from the rule
+    mine = RunConfig(iterations=300, momentum=0.9).resolved()
+    assert (mine.iterations, mine.momentum) == (300, 0.9)
+    assert RunConfig.preset("paper").resolved().schedule == "paper"
+    with pytest.raises(ValueError, match="iterations 0 means the step rule's rounds"):
+        RunConfig(schedule="constant:0.1")
+
+
+# ----------------------------------------------------------------------------- certificate
+
+
+def test_diameter_counts_hops() -> None:
+    assert diameter(ring(5)) == 2 and diameter(ring(6)) == 3
+    assert diameter(metropolis_weights(build_graph("path", 7, seed=0))) == 6
+    with pytest.raises(ValueError, match="disconnected"):
+        diameter(np.eye(3))
+
+
+def test_certify_computes_the_documented_bound() -> None:
+    # B = (tracker + L D gap) / mu + beta step; certificate B / (||x_bar|| - B)
+    measures = {"tracker": 1e-6, "gap": 1e-8, "step": 1e-4}
+    out = certify(measures, x_bar_norm=10.0, curvature=100.0, l2=0.01, hops=2, momentum=0.5,
+                  rounds=50)
+    bound = (1e-6 + 100.0 * 2 * 1e-8) / 0.01 + 0.5 * 1e-4
+    assert out.bound == pytest.approx(bound / (10.0 - bound), rel=1e-12)
+    assert out.converged and out.line.startswith("converged:")
+
+
+def test_an_uncertified_run_says_so_and_what_to_change() -> None:
+    far = {"tracker": 1.0, "gap": 0.0, "step": 0.0}
+    out = certify(far, x_bar_norm=1000.0, curvature=1.0, l2=0.01, hops=1, momentum=0.0,
+                  rounds=300, rate=0.99)
+    assert not out.converged and out.bound == pytest.approx(100 / 900)
+    # 0.111 -> 1e-3 at 0.99 per round: ln(111.1) / -ln(0.99) = 469 more rounds
+    assert out.line.startswith("NOT converged: after 300 rounds")
+    assert out.line.endswith("raise --iterations to about 769")
+    none_yet = certify(far, x_bar_norm=1.0, curvature=1.0, l2=0.01, hops=1, momentum=0.0,
+                       rounds=300, fallback_rounds=6502)
+    assert none_yet.bound == math.inf and "nothing yet" in none_yet.line
+    assert none_yet.line.endswith("to about 6502")
+    assert "to about 600" in certify(far, x_bar_norm=1.0, curvature=1.0, l2=0.01, hops=1,
+                                     momentum=0.0, rounds=300).line
+
+
+def test_no_certificate_without_a_curvature_bound_or_a_tracker() -> None:
+    lenet = certify({"tracker": 0.0, "relative_step": 0.5, "relative_gap": 0.25},
+                    x_bar_norm=1.0, curvature=None, l2=0.0, hops=1, momentum=0.0, rounds=5)
+    assert lenet.bound is None and not lenet.converged
+    assert "no public curvature bound" in lenet.line and "0.5" in lenet.line
+    dsgd = certify({"step": 0.1}, x_bar_norm=1.0, curvature=3.0, l2=0.01, hops=1,
+                   momentum=0.0, rounds=5)
+    assert dsgd.bound is None and "no tracker (DSGD)" in dsgd.line
+
+
+def test_the_certificate_is_never_below_the_true_distance() -> None:
+    # prepare: heterogeneous quadratics f_i = 0.5 h_i ||x - c_i||^2 with curvatures in [mu, L]
+    n, d, mu, big_l = 5, 4, 0.05, 2.0
+    gen = torch.Generator().manual_seed(3)
+    centers = [torch.randn(d, generator=gen, dtype=torch.float64) + 3 for _ in range(n)]
+    curv = [mu, big_l, 0.5, 1.0, 0.2]
+    x_star = sum(h * c for h, c in zip(curv, centers, strict=True)) / sum(curv)
+    weights = ring(n)
+    momentum = 0.8
+    algo = make_algorithm("agt", momentum=momentum)
+    ctxs = [StepContext(agent=i, weights={j: float(weights[i, j]) for j in range(n)
+                                          if weights[i, j] > 0}, lr=0.2,
+                        oracle=lambda x, t, h=curv[i], c=centers[i]: h * (x - c))
+            for i in range(n)]
+    pairs = [algo.init(torch.zeros(d, dtype=torch.float64), c) for c in ctxs]
+    states, outs = [s for s, _ in pairs], [o for _, o in pairs]
+    checked = 0
+    for t in range(400):
+        before = states
+        stepped = [algo.step(states[i], {j: outs[j] for j in ctxs[i].weights if j != i},
+                             ctxs[i]) for i in range(n)]
+        states, outs = [s for s, _ in stepped], [o for _, o in stepped]
+        if t % 20:
+            continue
+        norm = torch.linalg.vector_norm
+        measures = {
+            "tracker": max(float(norm(s["y"])) for s in states),
+            "gap": max(float(norm(before[i]["z"] - before[j]["z"]))
+                       for i in range(n) for j in ctxs[i].weights if j != i),
+            "step": max(float(norm(s["x"] - b["x"])) for s, b in zip(states, before,
+                                                                     strict=True))}
+        # the gap is measured on round t's z (as agents do); the certificate uses round t+1's
+        # z_bar, so allow for this round's move in the comparison (measures on one round)
+        x_bar = sum(s["x"] for s in states) / n
+        out = certify(measures, x_bar_norm=float(norm(x_bar)), curvature=big_l, l2=mu,
+                      hops=diameter(weights), momentum=momentum, rounds=t + 1)
+        true = float(norm(x_bar - x_star) / norm(x_star))
+        assert out.bound >= true * 0.999, (t, out.bound, true)
+        checked += 1
+    assert checked == 20
+
+
+def test_a_certifier_for_a_run_uses_its_public_numbers() -> None:
+    config = RunConfig().resolved()
+    certifier = Certifier.for_run(config, ring(5))
+    assert certifier.curvature == 392.51 and certifier.l2 == 0.01 and certifier.hops == 2
+    assert certifier.momentum == 0.993565 and certifier.rounds == 6502
+    assert certifier.rate == pytest.approx(1 - math.sqrt(0.00104197 * 0.01))
+    gt_config = RunConfig(algorithm="gt", iterations=100).resolved()
+    gt = Certifier.for_run(gt_config, ring(5))
+    step = float(gt_config.schedule.split(":")[1])
+    assert gt.momentum == 0.0 and gt.rate == pytest.approx(1 - step * 0.01) and gt.rounds == 100
+    out = certifier({"tracker": 0.0, "gap": 0.0, "step": 0.0}, x_bar_norm=1.0)
+    assert out.converged and out.bound == 0.0 and out.bound <= TARGET
+
