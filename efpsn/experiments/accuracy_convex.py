@@ -18,6 +18,15 @@ from efpsn.experiments.common import (
     save_figure,
     stopwatch,
 )
+from efpsn.experiments.frontier import (
+    REFRESH_GAMMAS,
+    REFRESHES,
+    attack_psnr,
+    frontier_rows,
+    frontier_table,
+    plot_frontier,
+    refreshed_series,
+)
 from efpsn.experiments.sweep import Series, load_problem, plot_sweep, run_series, sweep_columns
 from efpsn.tasks import centralized_optimum, make_task
 
@@ -36,17 +45,34 @@ class ConvexSettings:
       zero-sum masks, so its error cannot grow with gamma;
     - full-batch DSGD with the paper's schedule, extended to gamma = 1e6: no sampling noise, so
       what remains is the perturbation's own effect through the agents' disagreement.
+
+    `refreshes` (none: no such rows) add the refreshed rows (efpsn/experiments/frontier.py):
+    every parameter perturbed, each refresh setting at `refresh_gammas`, for main's DSGD, for
+    full-batch GT over `gt_iterations` (None: none) and, per clip C in `clips`, for DSGD with
+    every:1 and per-sample gradients clipped to C, at `clip_gammas`. `attack_results` (the
+    attack experiment's results.json files or folders) give the frontier's PSNR column.
     """
 
     profile: str
     main: Series
     extras: tuple[Series, ...] = ()
+    refreshes: tuple[str, ...] = ()
+    refresh_gammas: tuple[float, ...] = REFRESH_GAMMAS
+    gt_iterations: int | None = None
+    clips: tuple[float, ...] = ()
+    clip_gammas: tuple[float, ...] = (1e4, 1e5, 1e6)
+    attack_results: tuple[str, ...] = ()
     noise_seed: int = 0
     base: RunConfig = field(
         default_factory=lambda: RunConfig.preset("paper", task="logreg", topology="ring"))
 
+    def refreshed(self) -> tuple[Series, ...]:
+        return refreshed_series(self.main, refreshes=self.refreshes, gammas=self.refresh_gammas,
+                                gt_iterations=self.gt_iterations, gt_lr=GT_LR, clips=self.clips,
+                                clip_gammas=self.clip_gammas)
+
     def series(self) -> tuple[Series, ...]:
-        return (self.main, *self.extras)
+        return (self.main, *self.extras, *self.refreshed())
 
 
 def _extras(iterations: int, gammas: tuple[float, ...], eval_every: int) -> tuple[Series, ...]:
@@ -67,12 +93,14 @@ PROFILES: dict[str, ConvexSettings] = {
         main=Series(name="dsgd-b64", label="DSGD, batch 64, paper schedule",
                     iterations=10_000, gammas=PAPER_GAMMAS, eval_every=250),
         extras=_extras(1000, EXTRA_GAMMAS, 100),
+        refreshes=REFRESHES, gt_iterations=1000, clips=(1.0, 10.0),
     ),
     "quick": ConvexSettings(
         profile="quick",
         main=Series(name="dsgd-b64", label="DSGD, batch 64, paper schedule (800 steps)",
                     iterations=800, gammas=(1e-2, 1e0, 1e2, 1e3, 1e4), eval_every=100),
         extras=_extras(200, (1e3, 1e6), 50),
+        refreshes=("never", "every:1"), refresh_gammas=(1e4,), gt_iterations=200,
     ),
 }
 
@@ -80,11 +108,12 @@ PROFILES: dict[str, ConvexSettings] = {
 def settings_for(profile: str, *, iterations: int | None = None,
                  gammas: tuple[float, ...] | None = None, extras: bool = True,
                  noise_seed: int | None = None,
-                 selection: str | None = None) -> ConvexSettings:
+                 selection: str | None = None, **refreshed: Any) -> ConvexSettings:
     """A profile with optional overrides of the main series (an intermediate profile).
 
     `selection="all"` perturbs every parameter (m = 7,850, N = 7,851: every affine function, in
-    the uniform-measure basis) instead of the paper's last-layer bias.
+    the uniform-measure basis) instead of the paper's last-layer bias. `refreshed`: overrides
+    of refreshes, refresh_gammas, clips, clip_gammas and attack_results (None values ignored).
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}: expected one of {sorted(PROFILES)}")
@@ -102,9 +131,15 @@ def settings_for(profile: str, *, iterations: int | None = None,
                              f"{selection!r}")
         d = make_task(base.task).num_params
         base = base.replace(selection=selection, K=1, m=d, N=d + 1)
-    modified = iterations is not None or gammas is not None or selection is not None
+    changes = {k: v for k, v in refreshed.items() if v is not None}
+    unknown = sorted(set(changes) - {"refreshes", "refresh_gammas", "clips", "clip_gammas",
+                                    "attack_results"})
+    if unknown:
+        raise ValueError(f"unknown overrides {unknown}")
+    modified = (iterations is not None or gammas is not None or selection is not None
+                or bool(set(changes) - {"attack_results"}))
     return dataclasses.replace(
-        s, main=main, extras=s.extras if extras else (), base=base,
+        s, main=main, extras=s.extras if extras else (), base=base, **changes,
         noise_seed=s.noise_seed if noise_seed is None else noise_seed,
         profile=f"{profile} (modified)" if modified else profile,
     )
@@ -176,6 +211,20 @@ def run(settings: ConvexSettings, *, out: str | Path | None = None,
             figures.append(
                 _plot_extras(rows, settings.extras, folder / "accuracy_convex_extras.png"))
         table = format_table(rows, sweep_columns("deviation", "‖x_bar − x*‖"))
+        frontier: list[dict[str, Any]] = []
+        if settings.refreshes:
+            reference = next((r for r in rows if r["series"] == settings.main.name
+                              and r["mode"] == "none"), None)
+            frontier = frontier_rows(rows, runs, reference=reference,
+                                     series=[s.name for s in settings.refreshed()],
+                                     psnr=attack_psnr(settings.attack_results))
+            table += "\n\nRefreshed masks, every parameter perturbed:\n\n" + frontier_table(
+                frontier)
+            figures.append(plot_frontier(
+                frontier, reference=reference,
+                series=[s.name for s in settings.refreshed() if s.algorithm == "dsgd"],
+                title=f"Logistic regression, {settings.main.label}, every parameter perturbed: "
+                      "fixed vs refreshed masks", path=folder / "accuracy_convex_frontier.png"))
         payload = {
             "profile": settings.profile,
             "protocol": "fast (the integers of the Paillier phase I, computed without encryption)",
@@ -186,6 +235,7 @@ def run(settings: ConvexSettings, *, out: str | Path | None = None,
                      "test": len(problem.test)},
             "x_star": {"grad_norm": optimum.grad_norm, "norm": float(optimum.x.norm()),
                        "loss": optimum.loss, "seconds": optimum.seconds},
+            "frontier": frontier,
             "runs": runs,
         }
         wall = elapsed()
