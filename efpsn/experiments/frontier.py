@@ -25,6 +25,7 @@ __all__ = [
     "plot_frontier",
     "refreshed_series",
     "run_epsilon",
+    "strongest",
 ]
 
 REFRESHES: tuple[str, ...] = ("never", "every:1", "every:10", "every:100")
@@ -85,35 +86,37 @@ def run_epsilon(settings: dict[str, Any], *, delta: float = DELTA) -> float:
                              **refreshed_arguments(config, delta=delta)).epsilon
 
 
-def attack_psnr(paths: Sequence[str | Path]) -> dict[tuple[str, str, float], float]:
+def attack_psnr(paths: Sequence[str | Path]) -> dict[tuple[str, str, float | None], float]:
     """{(model, refresh, gamma): the highest PSNR of any attacker on any image} from attack
     experiment results (results.json files or their folders), for the refreshed rows'
-    perturbation. An attacker that removes the mask exactly (run at one gamma) counts at every
-    gamma of its refresh setting."""
-    rows: list[dict[str, Any]] = []
+    perturbation. An attacker that removes the mask exactly runs at one gamma and counts at
+    every gamma: its best is kept under gamma None (`strongest` combines both)."""
+    best: dict[tuple[str, str, float | None], float] = {}
     for path in paths:
         file = Path(path) / "results.json" if Path(path).is_dir() else Path(path)
         doc = json.loads(file.read_text())
         if doc.get("experiment") != "attack":
             raise ValueError(f"{file}: expected results of the attack experiment, got "
                              f"{doc.get('experiment')!r}")
-        rows += [r for r in doc["rows"] if r["perturbation"] == ATTACKED and r["gamma"] > 0]
-    best: dict[tuple[str, str, float], float] = {}
-    gammas: dict[tuple[str, str], set[float]] = {}
-    for r in rows:
-        gammas.setdefault((r["model"], r["refresh"]), set()).add(float(r["gamma"]))
-    for r in rows:
-        model, refresh = r["model"], r["refresh"]
-        exact = gamma_independent(ATTACKED, r["attacker"], refresh)
-        for gamma in gammas[model, refresh] if exact else {float(r["gamma"])}:
-            key = (model, refresh, gamma)
+        for r in doc["rows"]:
+            if r["perturbation"] != ATTACKED or r["gamma"] <= 0:
+                continue
+            exact = gamma_independent(ATTACKED, r["attacker"], r["refresh"])
+            key = (r["model"], r["refresh"], None if exact else float(r["gamma"]))
             best[key] = max(best.get(key, -math.inf), float(r["psnr"]))
     return best
 
 
+def strongest(psnr: dict[tuple[str, str, float | None], float], model: str, refresh: str,
+              gamma: float) -> float | None:
+    """The strongest attacker's PSNR at (model, refresh, gamma); None where none was run."""
+    found = [psnr[k] for k in ((model, refresh, gamma), (model, refresh, None)) if k in psnr]
+    return max(found) if found else None
+
+
 def frontier_rows(rows: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]], *,
                   reference: dict[str, Any] | None, series: Sequence[str],
-                  psnr: dict[tuple[str, str, float], float]) -> list[dict[str, Any]]:
+                  psnr: dict[tuple[str, str, float | None], float]) -> list[dict[str, Any]]:
     """One record per refreshed run of `series`: accuracy and its loss against the noise-free
     run (the series' own, else `reference`), distance to x*, consensus, the strongest
     attacker's PSNR per model (None where not measured) and the accountant's epsilon."""
@@ -131,8 +134,8 @@ def frontier_rows(rows: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]]
             "accuracy_loss": None if base is None else base["accuracy"] - row["accuracy"],
             "deviation": row.get("deviation"), "relative_deviation":
                 row.get("relative_deviation"), "consensus": row["consensus"],
-            "psnr_logreg": psnr.get(("logreg", row["refresh"], gamma)),
-            "psnr_lenet": psnr.get(("lenet", row["refresh"], gamma)),
+            "psnr_logreg": strongest(psnr, "logreg", row["refresh"], gamma),
+            "psnr_lenet": strongest(psnr, "lenet", row["refresh"], gamma),
             "epsilon": run_epsilon(run["settings"]),
         })
     return out
