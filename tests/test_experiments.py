@@ -27,7 +27,7 @@ from efpsn.experiments import (
     perturbation,
     privacy,
 )
-from efpsn.experiments.cli import default_out, register
+from efpsn.experiments.cli import default_out, register, run_experiment
 from efpsn.experiments.common import Column, format_table, parse_floats
 from efpsn.experiments.sweep import Series, load_problem, with_config
 
@@ -484,6 +484,21 @@ def test_accuracy_convex_refreshed_rows_and_their_frontier(tmp_path: Path) -> No
     assert clipped["epsilon"] == json.loads((tmp_path / "eps.json").read_text())["epsilon"]
     assert "Refreshed masks" in (tmp_path / "out" / "table.md").read_text()
     assert_figure(tmp_path / "out" / "accuracy_convex_frontier.png")
+    # later attack results redraw the frontier without running the sweep again
+    later = json.loads((tmp_path / "attack.json").read_text())
+    later["rows"].append({**later["rows"][0], "psnr": 40.0, "image": 7})
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    args = parser().parse_args(["experiment", "accuracy-convex", "--frontier-only", "--out",
+                                str(tmp_path / "out"), "--attack-results",
+                                str(tmp_path / "later.json")])
+    redrawn = run_experiment("accuracy-convex", args)
+    again = {(r["series"], r["refresh"]): r for r in redrawn["frontier"]}
+    assert again[("dsgd-b64-all", "every:1")]["psnr_logreg"] == 40.0
+    assert again[("dsgd-b64-all", "every:1")]["accuracy"] == frontier[
+        ("dsgd-b64-all", "every:1")]["accuracy"]
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["attack_results"] == [
+        str(tmp_path / "later.json")]
+    assert " 40.0 |" in (tmp_path / "out" / "table.md").read_text()
 
 
 def test_profiles_keep_the_paper_rows_and_add_refreshed_ones() -> None:

@@ -21,10 +21,8 @@ from efpsn.experiments.common import (
 from efpsn.experiments.frontier import (
     REFRESH_GAMMAS,
     REFRESHES,
-    attack_psnr,
-    frontier_rows,
-    frontier_table,
-    plot_frontier,
+    frontier_report,
+    load_results,
     refreshed_series,
 )
 from efpsn.experiments.sweep import Series, load_problem, plot_sweep, run_series, sweep_columns
@@ -184,6 +182,41 @@ def _plot_extras(rows: list[dict[str, Any]], extras: tuple[Series, ...], path: P
     return save_figure(fig, path)
 
 
+def _frontier(rows: list[dict[str, Any]], runs: list[dict[str, Any]],
+              series: list[dict[str, Any]], attack_results: Any, folder: Path
+              ) -> tuple[list[dict[str, Any]], str, Path | None]:
+    return frontier_report(rows, runs, series, attack_results=attack_results,
+                           title=f"Logistic regression, {series[0]['label']}, every parameter "
+                                 "perturbed: fixed vs refreshed masks",
+                           path=folder / "accuracy_convex_frontier.png")
+
+
+def _table(rows: list[dict[str, Any]], frontier_text: str) -> str:
+    table = format_table(rows, sweep_columns("deviation", "‖x_bar − x*‖"))
+    return table + ("\n\n" + frontier_text if frontier_text else "")
+
+
+def redraw_frontier(out: str | Path, *, attack_results: tuple[str, ...],
+                    figures_to: str | Path | None = None) -> dict[str, Any]:
+    """Recompute the frontier (table, figure, results.json) of the sweep in `out` with these
+    attack results, without running anything again."""
+    folder = Path(out)
+    doc = load_results(folder)
+    if doc.get("experiment") != NAME:
+        raise ValueError(f"{folder}: expected results of {NAME}, got {doc.get('experiment')!r}")
+    frontier, text, figure = _frontier(doc["rows"], doc["runs"], doc["series"], attack_results,
+                                       folder)
+    if figure is None:
+        raise ValueError(f"{folder}: the sweep has no refreshed rows (run it with --refreshes)")
+    figures = [Path(f) for f in doc["files"] if f.endswith(".png") and Path(f) != figure]
+    payload = {k: v for k, v in doc.items()
+               if k not in ("experiment", "out", "wall_seconds", "files", "rows")}
+    payload.update(frontier=frontier, attack_results=list(attack_results))
+    return finish(folder, NAME, payload=payload, rows=doc["rows"],
+                  table=_table(doc["rows"], text), figures=[*figures, figure],
+                  wall_seconds=doc["wall_seconds"], figures_to=figures_to)
+
+
 def run(settings: ConvexSettings, *, out: str | Path | None = None,
         figures_to: str | Path | None = None) -> dict[str, Any]:
     """Run the sweep, write rows.csv, results.json, table.md and the figures into `out`."""
@@ -210,27 +243,16 @@ def run(settings: ConvexSettings, *, out: str | Path | None = None,
         if settings.extras:
             figures.append(
                 _plot_extras(rows, settings.extras, folder / "accuracy_convex_extras.png"))
-        table = format_table(rows, sweep_columns("deviation", "‖x_bar − x*‖"))
-        frontier: list[dict[str, Any]] = []
-        if settings.refreshes:
-            reference = next((r for r in rows if r["series"] == settings.main.name
-                              and r["mode"] == "none"), None)
-            frontier = frontier_rows(rows, runs, reference=reference,
-                                     series=[s.name for s in settings.refreshed()],
-                                     psnr=attack_psnr(settings.attack_results))
-            table += "\n\nRefreshed masks, every parameter perturbed:\n\n" + frontier_table(
-                frontier)
-            figures.append(plot_frontier(
-                frontier, reference=reference,
-                series=[s.name for s in settings.refreshed() if s.algorithm == "dsgd"],
-                title=f"Logistic regression, {settings.main.label}, every parameter perturbed: "
-                      "fixed vs refreshed masks", path=folder / "accuracy_convex_frontier.png"))
+        series = [dataclasses.asdict(s) for s in settings.series()]
+        frontier, text, figure = _frontier(rows, runs, series, settings.attack_results, folder)
+        figures += [figure] if figure is not None else []
         payload = {
             "profile": settings.profile,
             "protocol": "fast (the integers of the Paillier phase I, computed without encryption)",
             "noise_seed": settings.noise_seed,
             "base_config": base.to_dict(),
-            "series": [dataclasses.asdict(s) for s in settings.series()],
+            "series": series,
+            "attack_results": list(settings.attack_results),
             "data": {"spec": base.data, "train": sum(len(s) for s in problem.shards),
                      "test": len(problem.test)},
             "x_star": {"grad_norm": optimum.grad_norm, "norm": float(optimum.x.norm()),
@@ -239,5 +261,5 @@ def run(settings: ConvexSettings, *, out: str | Path | None = None,
             "runs": runs,
         }
         wall = elapsed()
-    return finish(folder, NAME, payload=payload, rows=rows, table=table, figures=figures,
-                  wall_seconds=wall, figures_to=figures_to)
+    return finish(folder, NAME, payload=payload, rows=rows, table=_table(rows, text),
+                  figures=figures, wall_seconds=wall, figures_to=figures_to)

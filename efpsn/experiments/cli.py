@@ -44,6 +44,12 @@ def _profile(args: argparse.Namespace) -> str:
 def _accuracy_convex(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
     from efpsn.experiments import accuracy_convex
 
+    if getattr(args, "frontier_only", False):
+        if not getattr(args, "attack_results", None) or out is None:
+            raise ValueError("--frontier-only redraws the frontier of the results in --out with "
+                             "--attack-results: give --attack-results")
+        return accuracy_convex.redraw_frontier(out, attack_results=args.attack_results,
+                                               figures_to=args.figures)
     settings = accuracy_convex.settings_for(
         _profile(args), iterations=getattr(args, "iterations", None),
         gammas=getattr(args, "gammas", None), extras=not getattr(args, "no_extras", False),
@@ -237,6 +243,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--attack-results", type=_words, default=None, metavar="DIR1,DIR2",
                    help="results of `efpsn experiment attack` (folders or results.json) whose "
                         "refreshed rows give the frontier's strongest-attacker PSNR")
+    p.add_argument("--frontier-only", action="store_true",
+                   help="run nothing: redraw the frontier of the earlier results in --out with "
+                        "--attack-results")
 
     p = sub.add_parser("accuracy-nonconvex",
                        help="LeNet: ||avg grad||^2 and accuracy vs gamma (Sec. 5.2.2)")

@@ -20,8 +20,10 @@ __all__ = [
     "REFRESHES",
     "REFRESH_GAMMAS",
     "attack_psnr",
+    "frontier_report",
     "frontier_rows",
     "frontier_table",
+    "load_results",
     "plot_frontier",
     "refreshed_series",
     "run_epsilon",
@@ -211,3 +213,41 @@ def plot_frontier(frontier: Sequence[dict[str, Any]], *, reference: dict[str, An
     axes[0][2].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     return save_figure(fig, path)
+
+
+def frontier_report(rows: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any]],
+                    series: Sequence[dict[str, Any]], *, attack_results: Sequence[str | Path],
+                    title: str, path: Path) -> tuple[list[dict[str, Any]], str, Path | None]:
+    """(records, table text, figure) of the frontier of a sweep whose `series` (as
+    dataclasses.asdict(Series), main first) include refreshed ones; ([], "", None) if none."""
+    refreshed = [s for s in series if s["selection"] == "all"]
+    if not refreshed:
+        return [], "", None
+    reference = next((r for r in rows if r["series"] == series[0]["name"]
+                      and r["mode"] == "none"), None)
+    frontier = frontier_rows(rows, runs, reference=reference,
+                             series=[s["name"] for s in refreshed],
+                             psnr=attack_psnr(attack_results))
+    table = "Refreshed masks, every parameter perturbed:\n\n" + frontier_table(frontier)
+    figure = plot_frontier(frontier, reference=reference, title=title, path=path,
+                           series=[s["name"] for s in refreshed if s["algorithm"] == "dsgd"])
+    return frontier, table, figure
+
+
+def _numbers(value: Any) -> Any:
+    """json_safe's strings for non-finite floats, back to floats."""
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    return value
+
+
+def load_results(folder: str | Path) -> dict[str, Any]:
+    """An experiment's results.json (non-finite numbers restored)."""
+    file = Path(folder) / "results.json"
+    if not file.is_file():
+        raise ValueError(f"expected an experiment's results in {folder}, found no results.json")
+    return _numbers(json.loads(file.read_text()))
