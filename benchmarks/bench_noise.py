@@ -13,12 +13,14 @@ inflate it; the load is printed):
   float values, Phi rebuilt from them, and its gradient), minus what a fixed mask's round costs
   for the same gradient;
 - the mini-batch gradient (batch 64) at a trained-like point;
-- a whole round of one agent in the simulator (5 agents, DSGD, batch 64; CPU per round / 5),
-  with the mask fixed and refreshed every round;
+- a whole round of one agent in the simulator (5 agents, DSGD, batch 64; CPU per round / 5)
+  with the mask fixed, and refreshed every round (there the agents share the streams of their
+  edges, so an agent derives half of its 4);
 - with --network: an agent's CPU per round in a real 5-agent gRPC network (`efpsn up`'s
   cpu_seconds_per_round, 2048-bit keys), mask fixed and refreshed every round.
 
-The goal's ratio is the refresh path against a whole round (refreshed) of the agent.
+The goal's ratio is the refresh path's share of an agent's whole refreshed round: in the
+simulator's computation, path / (fixed round + path); in the network, path / refreshed round.
 """
 
 from __future__ import annotations
@@ -129,17 +131,17 @@ def main(argv: list[str] | None = None) -> int:
             for n_coef in SELECTIONS]
     print(f"CPU ms per round of one agent (4 streams: 2 neighbours, a seed each way); "
           f"{args.reps} calls per figure, simulator {args.rounds} rounds")
-    header = (f"{'N':>5} {'noise':>7} {'refresh':>8} {'gradient':>9} {'sim round':>10} "
-              f"{'sim round':>10} {'refresh /':>10} {'refresh /':>10}")
-    print(header)
-    print(f"{'':>5} {'':>7} {'path':>8} {'batch 64':>9} {'fixed':>10} {'every:1':>10} "
-          f"{'gradient':>10} {'round':>10}")
+    print(f"{'N':>5} {'noise':>7} {'refresh':>8} {'gradient':>9} {'sim round':>10} "
+          f"{'sim round':>10} {'path /':>9} {'share of':>9}")
+    print(f"{'':>5} {'':>7} {'path':>8} {'batch 64':>9} {'fixed':>10} {'every:1 *':>10} "
+          f"{'gradient':>9} {'round':>9}")
     for r in rows:
+        share = r["refresh_path_ms"] / (r["sim_round_fixed_ms"] + r["refresh_path_ms"])
         print(f"{r['N']:>5} {r['noise_ms']:>7.3f} {r['refresh_path_ms']:>8.3f} "
               f"{r['gradient_ms']:>9.3f} {r['sim_round_fixed_ms']:>10.3f} "
               f"{r['sim_round_refreshed_ms']:>10.3f} "
-              f"{r['refresh_path_ms'] / r['gradient_ms']:>10.3f} "
-              f"{r['refresh_path_ms'] / r['sim_round_refreshed_ms']:>10.3f}")
+              f"{r['refresh_path_ms'] / r['gradient_ms']:>9.3f} {share:>9.3f}")
+    print("* the simulator's agents share their edges' streams: half of an agent's 4")
     if args.network:
         print(f"\nnetwork, {args.network_rounds} rounds: an agent's CPU per round (ms), and the "
               "refresh path's share of the refreshed round")
