@@ -8,6 +8,8 @@ last-layer bias, K = 1) and N = 7,851 (every logistic-regression parameter, K = 
 the same run, in CPU time of this process (single-threaded, so other jobs on the machine do not
 inflate it; the load is printed):
 
+Micro-measurements are the lowest mean of 5 batches (other jobs only ever add to a batch).
+
 - noise: the period's integers (RefreshedMask.numerators, a new period every call);
 - refresh path: all a new period costs the round (MaskedPerturbation.at: the integers, their
   float values, Phi rebuilt from them, and its gradient), minus what a fixed mask's round costs
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -47,13 +50,18 @@ GAMMA, P, PRECISION = 1e3, 1.0, 6
 SELECTIONS = {11: {"N": 11}, 7851: {"selection": "all", "m": 7850, "N": 7851}}
 
 
-def per_call(fn: Callable[[int], Any], reps: int) -> float:
-    """Mean CPU seconds of fn(i) over i = 1..reps (after one warm-up call at 0)."""
+def per_call(fn: Callable[[int], Any], reps: int, *, batches: int = 5) -> float:
+    """CPU seconds per call of fn(i), i = 1, 2, ... (each call a new index): the lowest mean of
+    `batches` batches of `reps` calls, after one warm-up call at 0 (other jobs on the shared
+    cores only ever add to a batch)."""
     fn(0)
-    start = time.process_time()
-    for i in range(1, reps + 1):
-        fn(i)
-    return (time.process_time() - start) / reps
+    best = float("inf")
+    for batch in range(batches):
+        start = time.process_time()
+        for i in range(1 + batch * reps, 1 + (batch + 1) * reps):
+            fn(i)
+        best = min(best, (time.process_time() - start) / reps)
+    return best
 
 
 def simulator_round(config: RunConfig) -> float:
@@ -77,8 +85,8 @@ def network_round(config: RunConfig) -> float:
     return run["agents_cpu_seconds_per_round"] / config.agents
 
 
-def measure(n_coef: int, *, reps: int, rounds: int, network_rounds: int | None
-            ) -> dict[str, float]:
+def measure(n_coef: int, *, reps: int, rounds: int, network_rounds: int | None,
+            network_reps: int = 3) -> dict[str, Any]:
     config = RunConfig.preset("paper", gamma=GAMMA, iterations=rounds, eval_every=rounds,
                               **SELECTIONS[n_coef])
     problem = build_problem(config)
@@ -107,10 +115,15 @@ def measure(n_coef: int, *, reps: int, rounds: int, network_rounds: int | None
            "refresh_path_ms": 1e3 * path, "gradient_ms": 1e3 * per_call(gradient, reps),
            "sim_round_fixed_ms": 1e3 * simulator_round(config),
            "sim_round_refreshed_ms": 1e3 * simulator_round(config.replace(refresh="every:1"))}
-    if network_rounds:
+    if network_rounds:  # alternating, several times: one network run varies by +-10% here
         net = config.replace(iterations=network_rounds, eval_every=network_rounds)
-        out["net_round_fixed_ms"] = 1e3 * network_round(net)
-        out["net_round_refreshed_ms"] = 1e3 * network_round(net.replace(refresh="every:1"))
+        runs: dict[str, list[float]] = {"never": [], "every:1": []}
+        for _ in range(network_reps):
+            for refresh, seen in runs.items():
+                seen.append(1e3 * network_round(net.replace(refresh=refresh)))
+        out["net_round_fixed_ms"] = statistics.median(runs["never"])
+        out["net_round_refreshed_ms"] = statistics.median(runs["every:1"])
+        out["net_runs_ms"] = runs
     return out
 
 
@@ -121,13 +134,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--network", action="store_true",
                         help="also an agent's CPU per round in a real 5-agent network")
     parser.add_argument("--network-rounds", type=int, default=1000)
+    parser.add_argument("--network-reps", type=int, default=3,
+                        help="network runs per setting (fixed and refreshed alternate)")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args(argv)
     configure_threads()
     before = machine_load()
     print(f"before: {before}")
     rows = [measure(n_coef, reps=args.reps, rounds=args.rounds,
-                    network_rounds=args.network_rounds if args.network else None)
+                    network_rounds=args.network_rounds if args.network else None,
+                    network_reps=args.network_reps)
             for n_coef in SELECTIONS]
     print(f"CPU ms per round of one agent (4 streams: 2 neighbours, a seed each way); "
           f"{args.reps} calls per figure, simulator {args.rounds} rounds")
@@ -143,13 +159,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['refresh_path_ms'] / r['gradient_ms']:>9.3f} {share:>9.3f}")
     print("* the simulator's agents share their edges' streams: half of an agent's 4")
     if args.network:
-        print(f"\nnetwork, {args.network_rounds} rounds: an agent's CPU per round (ms), and the "
-              "refresh path's share of the refreshed round")
+        print(f"\nnetwork, {args.network_rounds} rounds: an agent's CPU per round (ms, median of "
+              f"{args.network_reps} runs each, alternating), and the refresh path's share of the "
+              "refreshed round")
         for r in rows:
             fixed, refreshed = r["net_round_fixed_ms"], r["net_round_refreshed_ms"]
             print(f"N = {r['N']:>5}: fixed {fixed:.3f}, every:1 {refreshed:.3f} "
                   f"(+{refreshed - fixed:.3f}); refresh path / round "
-                  f"{r['refresh_path_ms'] / refreshed:.3f}")
+                  f"{r['refresh_path_ms'] / refreshed:.3f}; runs {r['net_runs_ms']}")
     after = machine_load()
     print(f"after: {after}")
     if args.json:
