@@ -116,6 +116,7 @@ class OrthonormalSystem:
     ) -> None:
         self._monomials = monomials
         self._coefficients = coefficients
+        self._transposed: scipy.sparse.csc_array | None = None
         self._blocks = blocks
         self._measure: Measure = measure
         size = len(monomials)
@@ -283,7 +284,9 @@ class OrthonormalSystem:
         eta_arr = np.asarray(eta, dtype=np.float64)
         if eta_arr.shape != (self.size,):
             raise ValueError(f"expected {self.size} coefficients eta, got shape {eta_arr.shape}")
-        return np.asarray(self._coefficients.T @ eta_arr, dtype=np.float64)
+        if self._transposed is None:  # built once: the same C^T, product and sums every call
+            self._transposed = self._coefficients.T
+        return np.asarray(self._transposed @ eta_arr, dtype=np.float64)
 
     def polynomial(self, eta: np.ndarray | Sequence[float]) -> dict[Monomial, float]:
         """Phi(eta) as {dense monomial: coefficient}, in the system's monomial order."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import threading
 from collections.abc import Sequence
 from decimal import Context, Decimal
 
@@ -48,6 +49,7 @@ __all__ = [
     "exact_bound",
     "fixed_point_scales",
     "period_noise",
+    "period_noise_block",
     "period_noises",
     "portable_log",
     "standard_normals",
@@ -92,22 +94,59 @@ def portable_log(x: np.ndarray) -> np.ndarray:
     return _log(x)
 
 
-def _log(x: np.ndarray) -> np.ndarray:
-    """portable_log without the input check (x positive, normal, finite float64)."""
-    mantissa, exponent = np.frexp(x)  # x = mantissa * 2^exponent, mantissa in [0.5, 1)
-    low = mantissa < _SQRT_HALF
-    mantissa[low] *= 2.0  # exact
-    exponent[low] -= 1
-    k = exponent.astype(np.float64)
+class _LogWork:
+    """Scratch arrays of _log for inputs of one shape (reused from call to call)."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.mantissa = np.empty(shape)
+        self.exponent = np.empty(shape, dtype=np.intc)
+        self.low = np.empty(shape, dtype=bool)
+        self.k, self.hfsq, self.s, self.z, self.w, self.r, self.r2 = (
+            np.empty(shape) for _ in range(7))
+
+
+def _log(x: np.ndarray, work: _LogWork | None = None) -> np.ndarray:
+    """portable_log without the input check (x positive, normal, finite float64), into `work`'s
+    arrays (the result is work.k: valid until work is used again).
+
+    Each line is one of fdlibm's operations on every element, in fdlibm's order (products and
+    sums written the other way round are the same IEEE operation)."""
+    w_ = _LogWork(x.shape) if work is None else work
+    mantissa, exponent = np.frexp(x, out=(w_.mantissa, w_.exponent))  # mantissa in [0.5, 1)
+    np.less(mantissa, _SQRT_HALF, out=w_.low)
+    np.multiply(mantissa, 2.0, out=mantissa, where=w_.low)  # exact
+    np.subtract(exponent, 1, out=exponent, where=w_.low)
+    k = w_.k
+    np.copyto(k, exponent)  # int -> float64, exact
     f = mantissa
     f -= 1.0  # exact (Sterbenz)
-    hfsq = 0.5 * f * f
-    s = f / (2.0 + f)
-    z = s * s
-    w = z * z
-    r = z * (_LG1 + w * (_LG3 + w * (_LG5 + w * _LG7)))
-    r += w * (_LG2 + w * (_LG4 + w * _LG6))
-    return k * _LN2_HI - ((hfsq - (s * (hfsq + r) + k * _LN2_LO)) - f)
+    hfsq = np.multiply(f, 0.5, out=w_.hfsq)
+    hfsq *= f  # 0.5 * f * f
+    s = np.add(f, 2.0, out=w_.s)
+    np.divide(f, s, out=s)  # f / (2 + f)
+    z = np.multiply(s, s, out=w_.z)
+    w = np.multiply(z, z, out=w_.w)
+    r = np.multiply(w, _LG7, out=w_.r)
+    for c in (_LG5, _LG3):
+        r += c
+        r *= w
+    r += _LG1
+    r *= z  # z * (LG1 + w * (LG3 + w * (LG5 + w * LG7)))
+    r2 = np.multiply(w, _LG6, out=w_.r2)
+    r2 += _LG4
+    r2 *= w
+    r2 += _LG2
+    r2 *= w
+    r += r2  # + w * (LG2 + w * (LG4 + w * LG6))
+    r += hfsq
+    r *= s  # s * (hfsq + r)
+    np.multiply(k, _LN2_LO, out=w)
+    r += w  # ... + k * ln2_lo
+    np.subtract(hfsq, r, out=r)
+    r -= f  # (hfsq - (...)) - f
+    k *= _LN2_HI
+    k -= r  # k * ln2_hi - (...)
+    return k
 
 
 def _check_seed(seed: object) -> bytes:
@@ -165,40 +204,98 @@ def _accepted_one(seed: bytes, period: int, pairs: int, first: bytes
     return u[keep][:pairs], v[keep][:pairs], q[keep][:pairs]
 
 
-def _accepted(seed: bytes, period: int, pairs: int
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The first `pairs` accepted (u, v, q) of the seed's stream for `period`."""
-    draw = _candidates(pairs)
-    block = Cipher(algorithms.ChaCha20(seed, stream_nonce(period)), mode=None).encryptor().update(
-        bytes(16 * draw))
-    u, v, q = _uniform_pairs(np.frombuffer(block, dtype="<u8"))
-    keep = (q > 0.0) & (q < 1.0)
-    if int(keep.sum()) < pairs:
-        return _accepted_one(seed, period, pairs, block)
-    last = int(np.flatnonzero(keep)[pairs - 1]) + 1
-    keep = keep[:last]
-    return u[:last][keep], v[:last][keep], q[:last][keep]
-
-
-def standard_normals(seed: bytes, period: int, count: int) -> np.ndarray:
-    """`count` N(0, 1) draws (float64) of the seed's stream for `period` (steps 1-3 above).
-
-    One seed at a time keeps every temporary small: arrays large enough to be mapped and
-    unmapped on each call cost more in page faults than the arithmetic.
-    """
-    seed = _check_seed(seed)
-    count = _check_count("count", count, minimum=1)
-    period = _check_count("period", period, minimum=0, maximum=MAX_PERIOD)
-    pairs = (count + 1) // 2
-    u, v, q = _accepted(seed, period, pairs)
-    factor = _log(q)
+def _polar(uv: np.ndarray, q: np.ndarray, work: _LogWork | None = None) -> np.ndarray:
+    """Accepted pairs (M, 2) and their q (M,) -> the pairs' normals, in place in `uv` (step 3):
+    u * f and v * f with f = sqrt((log(q) * -2) / q)."""
+    factor = _log(q, work)
     factor *= -2.0
     factor /= q
     np.sqrt(factor, out=factor)
-    out = np.empty(2 * pairs, dtype=np.float64)
-    np.multiply(u, factor, out=out[0::2])
-    np.multiply(v, factor, out=out[1::2])
-    return out[:count]
+    np.multiply(uv, factor[:, None], out=uv)
+    return uv
+
+
+class _Pass:
+    """One pass over `rows` streams of `count` normals: steps 1-3 for all of them at once, in
+    buffers reused from pass to pass (arrays allocated anew on every call cost more in page
+    faults and cache misses than the arithmetic)."""
+
+    def __init__(self, rows: int, count: int, draw: int) -> None:
+        self.rows, self.count, self.draw = rows, count, draw
+        self.pairs = pairs = (count + 1) // 2
+        self.size = 16 * draw
+        self.zeros = bytes(self.size)
+        self.stream = bytearray(rows * self.size + 63)  # + room that update_into may ask for
+        self.words = np.frombuffer(self.stream, dtype="<u8", count=rows * 2 * draw).reshape(
+            rows, 2 * draw)
+        self.shifted = np.empty_like(self.words)
+        self.uniform = np.empty(self.words.shape)
+        self.q, self.vv = np.empty((rows, draw)), np.empty((rows, draw))
+        self.keep, self.ok = np.empty((rows, draw), bool), np.empty((rows, draw), bool)
+        self.rank = np.empty((rows, draw), dtype=np.int64)
+        self.uv, self.accepted = np.empty((rows * pairs, 2)), np.empty(rows * pairs)
+        self.log = _LogWork((rows * pairs,))
+
+    def normals(self, streams: Sequence[tuple[bytes, int]]) -> np.ndarray | None:
+        """(rows, count) normals of the streams (a view of the pass's buffer, valid until its
+        next use), or None when some stream's first candidates hold too few accepted pairs."""
+        view = memoryview(self.stream)
+        for row, (seed, period) in enumerate(streams):
+            Cipher(algorithms.ChaCha20(seed, stream_nonce(period)), mode=None).encryptor(
+            ).update_into(self.zeros, view[row * self.size:])
+        np.right_shift(self.words, np.uint64(11), out=self.shifted)  # < 2^53
+        np.multiply(self.shifted, 2.0**-52, out=self.uniform)  # exact: to float64, times 2^-52
+        self.uniform -= 1.0  # exact: a multiple of 2^-52 in [-1, 1)
+        u, v = self.uniform[:, 0::2], self.uniform[:, 1::2]
+        q = np.multiply(u, u, out=self.q)
+        q += np.multiply(v, v, out=self.vv)  # u*u + v*v
+        keep = np.greater(q, 0.0, out=self.keep)
+        keep &= np.less(q, 1.0, out=self.ok)
+        rank = np.cumsum(keep, axis=1, out=self.rank)
+        if int(rank[:, -1].min()) < self.pairs:
+            return None
+        keep &= np.less_equal(rank, self.pairs, out=self.ok)  # the first `pairs` accepted
+        flat = keep.reshape(-1)
+        np.compress(flat, self.uniform.reshape(-1, 2), axis=0, out=self.uv)
+        np.compress(flat, q.reshape(-1), out=self.accepted)
+        _polar(self.uv, self.accepted, self.log)
+        return self.uv.reshape(self.rows, 2 * self.pairs)[:, :self.count]
+
+
+_PASS_PAIRS = 4096
+"""Accepted pairs per pass (several streams per pass when N is small): a pass's buffers then
+stay in the CPU's caches."""
+_KEPT_PAIRS = 16_384  # larger passes (one huge stream) are not kept for reuse
+_passes = threading.local()
+
+
+def _normals(streams: Sequence[tuple[bytes, int]], count: int) -> np.ndarray:
+    """`count` N(0, 1) draws of each (seed, period) stream (steps 1-3 above), (len(streams),
+    count): the reused pass's buffer, or new arrays when a stream needs to read on."""
+    pairs = (count + 1) // 2
+    key = (len(streams), count, _candidates(pairs))
+    cache: dict[tuple[int, int, int], _Pass] = _passes.__dict__.setdefault("cache", {})
+    work = cache.get(key) or _Pass(*key)
+    if key not in cache and len(streams) * pairs <= _KEPT_PAIRS:
+        if len(cache) >= 8:
+            cache.pop(next(iter(cache)))
+        cache[key] = work
+    normals = work.normals(streams)
+    if normals is not None:
+        return normals
+    out = np.empty((len(streams), 2 * pairs))
+    for row, (seed, period) in enumerate(streams):
+        u, v, q = _accepted_one(seed, period, pairs, b"")
+        out[row] = _polar(np.stack([u, v], axis=1), q).reshape(-1)
+    return out[:, :count]
+
+
+def standard_normals(seed: bytes, period: int, count: int) -> np.ndarray:
+    """`count` N(0, 1) draws (float64) of the seed's stream for `period` (steps 1-3 above)."""
+    seed = _check_seed(seed)
+    count = _check_count("count", count, minimum=1)
+    period = _check_count("period", period, minimum=0, maximum=MAX_PERIOD)
+    return _normals([(seed, period)], count)[0].copy()
 
 
 @functools.lru_cache(maxsize=16)
@@ -243,18 +340,33 @@ def exact_bound(spec: NoiseSpec) -> int:
 
 def period_noise(seed: bytes, period: int, spec: NoiseSpec) -> np.ndarray:
     """z_k = floor(n_k c_k), k = 1..N, of one seed and period: int64 of shape (N,)."""
-    if not isinstance(spec, NoiseSpec):
-        raise TypeError(f"spec must be a NoiseSpec, got {type(spec).__name__}")
-    exact_bound(spec)
-    products = standard_normals(seed, period, spec.num_coefficients)
-    products *= fixed_point_scales(spec)
-    np.floor(products, out=products)
-    return products.astype(np.int64)
+    return period_noise_block([seed], period, 1, spec)[0, 0]
 
 
 def period_noises(seeds: Sequence[bytes], period: int, spec: NoiseSpec) -> np.ndarray:
     """period_noise of each seed, stacked: int64 of shape (len(seeds), N)."""
-    out = np.empty((len(seeds), spec.num_coefficients), dtype=np.int64)
-    for row, seed in enumerate(seeds):
-        out[row] = period_noise(seed, period, spec)
-    return out
+    return period_noise_block(seeds, period, 1, spec)[:, 0]
+
+
+def period_noise_block(seeds: Sequence[bytes], first: int, periods: int, spec: NoiseSpec
+                       ) -> np.ndarray:
+    """period_noise of every seed for periods first..first+periods-1 in one pass: int64 of
+    shape (len(seeds), periods, N). The same integers as one call per (seed, period): every
+    element goes through the same operations; the pass only saves the per-call overhead."""
+    if not isinstance(spec, NoiseSpec):
+        raise TypeError(f"spec must be a NoiseSpec, got {type(spec).__name__}")
+    exact_bound(spec)
+    checked = [_check_seed(seed) for seed in seeds]
+    periods = _check_count("periods", periods, minimum=1)
+    first = _check_count("period", first, minimum=0, maximum=MAX_PERIOD - periods + 1)
+    streams = [(seed, first + t) for seed in checked for t in range(periods)]
+    count = spec.num_coefficients
+    out = np.empty((len(streams), count), dtype=np.int64)
+    scales = fixed_point_scales(spec)
+    per_pass = max(1, _PASS_PAIRS // ((count + 1) // 2))
+    for start in range(0, len(streams), per_pass):
+        products = _normals(streams[start:start + per_pass], count)
+        products *= scales
+        np.floor(products, out=products)
+        out[start:start + len(products)] = products  # exact integers to int64
+    return out.reshape(len(checked), periods, count)

@@ -148,6 +148,12 @@ class FunctionalPerturbation:
         self._variables = torch.from_numpy(variables.copy())
         self._exponents = torch.from_numpy(exponents.copy()).to(torch.float64)
         self._affine = system.max_degree <= 1
+        if self._affine:  # where Phi's constant and linear parts sit among the monomials
+            degree = exponents.sum(axis=1)
+            self._constant_rows = np.flatnonzero(degree == 0)
+            self._linear_rows = np.flatnonzero(degree == 1)
+            self._linear_vars = variables[self._linear_rows, 0]
+            self._distinct = np.unique(self._linear_vars).size == self._linear_vars.size
         self._set_eta(eta)
 
     def _set_eta(self, eta: np.ndarray | Sequence[float]) -> None:
@@ -167,12 +173,12 @@ class FunctionalPerturbation:
         self._p = torch.from_numpy(coeffs.copy())
         if self._affine:
             # Phi(x_S) = p_const + sum_v g_v x_S[v]: split constant and linear parts once.
-            variables, exponents = system.exponent_slots
-            degree = exponents.sum(axis=1)
-            self._constant = float(coeffs[degree == 0].sum())
+            self._constant = float(coeffs[self._constant_rows].sum())
             g = np.zeros(system.m, dtype=np.float64)
-            linear = degree == 1
-            np.add.at(g, variables[linear, 0], coeffs[linear])
+            if self._distinct:  # 0 + c, as np.add.at gives it (-0.0 becomes 0.0)
+                g[self._linear_vars] = coeffs[self._linear_rows] + 0.0
+            else:
+                np.add.at(g, self._linear_vars, coeffs[self._linear_rows])
             self._linear = torch.from_numpy(g)
         self._grad_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
 

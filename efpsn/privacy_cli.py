@@ -13,7 +13,7 @@ from efpsn.cli_common import json_safe, write_json
 from efpsn.config import RunConfig
 from efpsn.flags import add_run_arguments, config_from_args
 
-__all__ = ["add_parser"]
+__all__ = ["add_parser", "refreshed_arguments"]
 
 # The run parameters the accountant reads: the graph, the noise, the basis and the model (for
 # the number of coordinates of "all").
@@ -38,28 +38,38 @@ def _basis(config: RunConfig) -> tuple[int, int]:
     return m, n_functions
 
 
-def _refreshed(args: argparse.Namespace, config: RunConfig) -> int:
-    """Refreshed masks: the per-sample accountant (efpsn/accounting.py), composed over the
-    run's rounds by dp-accounting."""
-    from efpsn.accounting import account_refreshed, gamma_for_refreshed_epsilon
+def refreshed_arguments(config: RunConfig, *, delta: float, attacker: str = "neighbour",
+                        samples: int | None = None) -> dict[str, Any]:
+    """The keyword arguments of efpsn.accounting.account_refreshed (all but gamma) for a run:
+    its graph, noise decay, basis, model size, refresh, rounds, clip and batch."""
     from efpsn.problem import build_task
     from efpsn.refresh import Refresh
     from efpsn.selection import selection_measure
     from efpsn.topology import build_graph
 
     m, n_functions = _basis(config)
-    if config.batch_size == 0 and args.samples is None:
+    if config.batch_size == 0 and samples is None:
         raise ValueError("the run takes the full local batch (the default): the per-sample "
                          "accountant needs --samples N (an agent's own sample count; it stays "
                          "on this machine) or the run's --batch-size B")
-    common: dict[str, Any] = {
+    return {
         "graph": build_graph(config.topology, config.agents, seed=config.seed), "p": config.p,
         "K": config.K, "m": m, "N": n_functions,
         "num_params": _num_params(config, build_task),
         "measure": selection_measure(config.selection),
         "refresh": Refresh.parse(config.refresh), "iterations": config.iterations,
         "clip": config.clip or None, "batch_size": config.batch_size or None,
-        "delta": args.delta, "attacker": args.attacker, "samples": args.samples}
+        "delta": delta, "attacker": attacker, "samples": samples}
+
+
+def _refreshed(args: argparse.Namespace, config: RunConfig) -> int:
+    """Refreshed masks: the per-sample accountant (efpsn/accounting.py), composed over the
+    run's rounds by dp-accounting."""
+    from efpsn.accounting import account_refreshed, gamma_for_refreshed_epsilon
+
+    common = refreshed_arguments(config, delta=args.delta, attacker=args.attacker,
+                                 samples=args.samples)
+    m, n_functions = common["m"], common["N"]
     gamma = config.gamma
     if args.target_epsilon is not None:
         gamma = gamma_for_refreshed_epsilon(target_epsilon=args.target_epsilon, **common)

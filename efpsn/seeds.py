@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from efpsn import paillier
-from efpsn.keystream import SEED_BYTES, period_noise
+from efpsn.keystream import SEED_BYTES, period_noises
 from efpsn.masking import (
     GraphLike,
     MaskingStateError,
@@ -114,16 +114,11 @@ class EdgeSeeds:
     def numerators(self, period: int, spec: NoiseSpec) -> np.ndarray:
         """sum_j (z(s_ij, period) - z(s_ji, period)) as int64 of shape (N,).
 
-        Streams are added in a fixed order (sent ascending, then received ascending, though
-        integer sums do not depend on it); int64 is exact because every |z| < 2^52 and the caller
-        (RefreshedMask) checks 2 deg(i) * max|z| < 2^63.
+        Integer sums do not depend on the order of the streams; int64 is exact because every
+        |z| < 2^52 and RefreshedMask checks 2 deg(i) * max|z| < 2^63.
         """
-        total = np.zeros(spec.num_coefficients, dtype=np.int64)
-        for _, seed in self.sent:
-            total += period_noise(seed, period, spec)
-        for _, seed in self.received:
-            total -= period_noise(seed, period, spec)
-        return total
+        rows = period_noises([seed for _, seed in self.sent + self.received], period, spec)
+        return rows[:len(self.sent)].sum(axis=0) - rows[len(self.sent):].sum(axis=0)
 
     def to_json(self) -> str:
         """The seeds as a small JSON document (the agent's crash-safe state; no pickle):

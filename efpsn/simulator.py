@@ -19,7 +19,7 @@ from efpsn.masks import independent_masks, no_masks, zero_sum_masks, zero_sum_ma
 from efpsn.metrics import evaluate
 from efpsn.paillier import generate_keypair
 from efpsn.problem import Problem, average, build_problem
-from efpsn.refresh import FixedMask, MaskProvider, Refresh, RefreshedMask
+from efpsn.refresh import FixedMask, MaskProvider, NoiseBlocks, Refresh, RefreshedMask
 from efpsn.rounds import RoundDriver, worst
 from efpsn.schedules import make_schedule
 from efpsn.seeds import exchange_seeds, exchange_seeds_fast
@@ -66,7 +66,8 @@ def make_mask_providers(
 ) -> list[MaskProvider]:
     """Every agent's masks of every round: phase I's fixed mask (refresh never), or masks
     refreshed every R rounds from the seeds phase I shares (by real Paillier between in-process
-    agents, or the fast path that yields the same seeds)."""
+    agents, or the fast path that yields the same seeds). The refreshed masks share one
+    NoiseBlocks: each edge's stream is derived once per period, not at both ends."""
     c = problem.config
     refresh = Refresh.parse(c.refresh)
     if not refresh.refreshed:
@@ -82,7 +83,9 @@ def make_mask_providers(
                     for _ in range(problem.n)]
         seeds = exchange_seeds(problem.graph, keypairs, noise_seed=noise_seed,
                                allow_insecure=allow_insecure_keys)
-    return [RefreshedMask(seeds=s, spec=problem.noise_spec, refresh=refresh) for s in seeds]
+    blocks = NoiseBlocks(problem.noise_spec)
+    return [RefreshedMask(seeds=s, spec=problem.noise_spec, refresh=refresh, blocks=blocks)
+            for s in seeds]
 
 
 @dataclass

@@ -27,7 +27,7 @@ from efpsn.experiments import (
     perturbation,
     privacy,
 )
-from efpsn.experiments.cli import default_out, register
+from efpsn.experiments.cli import default_out, register, run_experiment
 from efpsn.experiments.common import Column, format_table, parse_floats
 from efpsn.experiments.sweep import Series, load_problem, with_config
 
@@ -191,8 +191,13 @@ def test_accuracy_nonconvex_zero_sum_tracks_noise_free(tmp_path: Path) -> None:
     settings = accuracy_nonconvex.NonconvexSettings(
         profile="test",
         main=Series(name="dsgd-b64", label="test", iterations=40, gammas=(1e3,), eval_every=40),
+        refreshes=("every:1",), refresh_gammas=(1e3,),
     )
     summary = accuracy_nonconvex.run(settings, out=tmp_path)
+    refreshed = by_mode(summary["rows"], "dsgd-b64-all")[("zero-sum", 1e3)]
+    assert refreshed["masks_sum_to_zero"] and refreshed["periods_checked"] == 40
+    assert (refreshed["refresh"], refreshed["N"]) == ("every:1", 13_427)
+    assert math.isfinite(refreshed["grad_norm2"])
     rows = by_mode(summary["rows"], "dsgd-b64")
     clean, zero_sum, independent = (rows[("none", None)], rows[("zero-sum", 1e3)],
                                     rows[("independent", 1e3)])
@@ -416,3 +421,110 @@ def test_refreshed_masks_stop_the_multi_round_attacker_that_fixed_ones_do_not(
     assert got[("every:10", attack.TWO_ROUNDS)] >= 30  # two rounds of one period cancel it
     assert {r["rounds_seen"] for r in records if r["attacker"] == attack.AVERAGING} == {200}
     assert_figure(tmp_path / "attack_refresh_psnr.png")
+
+
+def _attack_results(path: Path) -> Path:
+    """A hand-made attack results.json: refreshed rows of the "all-k1" perturbation."""
+    def row(refresh: str, attacker: str, gamma: float, psnr: float, image: int = 0) -> dict:
+        return {"model": "logreg", "perturbation": "all-k1", "refresh": refresh,
+                "attacker": attacker, "gamma": gamma, "psnr": psnr, "image": image}
+
+    rows = [row("every:1", attack.AVERAGING, 1e4, 12.0), row("every:1", attack.PLAIN, 1e4, 3.0),
+            row("every:1", attack.AVERAGING, 1e4, 14.5, image=1),
+            row("every:1", attack.AVERAGING, 1e6, 4.0),
+            row("every:10", attack.AVERAGING, 1e4, 5.0),
+            row("every:10", attack.TWO_ROUNDS, 1e6, 98.0),  # cancels the period's mask: any gamma
+            row("every:10", attack.AVERAGING, 1e6, 4.0),
+            {**row("every:1", attack.PLAIN, 1e4, 90.0), "perturbation": "last-bias"}]
+    path.write_text(json.dumps({"experiment": "attack", "rows": rows}))
+    return path
+
+
+def test_accuracy_convex_refreshed_rows_and_their_frontier(tmp_path: Path) -> None:
+    # prepare: 40 DSGD rounds, the mask fixed, refreshed every round and every 10 rounds, every
+    # parameter perturbed at gamma 1e4; 20 rounds of full-batch GT; every:1 clipped to 1
+    from efpsn.cli import main as efpsn_main
+
+    settings = accuracy_convex.ConvexSettings(
+        profile="test",
+        main=Series(name="dsgd-b64", label="test", iterations=40, gammas=(1e3,),
+                    modes=("zero-sum",), eval_every=20),
+        refreshes=("never", "every:1", "every:10"), refresh_gammas=(1e4,), gt_iterations=20,
+        clips=(1.0,), clip_gammas=(1e4,),
+        attack_results=(str(_attack_results(tmp_path / "attack.json")),))
+    # execute
+    summary = accuracy_convex.run(settings, out=tmp_path / "out")
+    # assert: every refreshed run's masks summed to zero in every one of its periods
+    rows = {(r["series"], r["mode"], r["refresh"]): r for r in summary["rows"]}
+    periods = {"never": 0, "every:1": 40, "every:10": 4}
+    for refresh, count in periods.items():
+        row = rows[("dsgd-b64-all", "zero-sum", refresh)]
+        assert row["masks_sum_to_zero"] and row["periods_checked"] == count
+        assert (row["selection"], row["N"], row["gamma"]) == ("all", 7851, 1e4)
+    assert rows[("dsgd-b64", "zero-sum", "never")]["N"] == 10  # the paper's rows are unchanged
+    # a changing perturbation moves gradient tracking's agents apart; a fixed one does not
+    gt = {k[2]: r for k, r in rows.items() if k[:2] == ("gt-full-all", "zero-sum")}
+    assert gt["every:1"]["consensus"] > 100 * gt["never"]["consensus"]
+    frontier = {(r["series"], r["refresh"]): r for r in summary["frontier"]}
+    assert len(frontier) == 7
+    # the strongest attacker on any image; one that cancels the mask counts at every gamma
+    assert frontier[("dsgd-b64-all", "every:1")]["psnr_logreg"] == 14.5
+    assert frontier[("dsgd-b64-all", "every:10")]["psnr_logreg"] == 98.0
+    assert frontier[("dsgd-b64-all", "never")]["psnr_logreg"] is None  # not measured
+    assert frontier[("dsgd-b64-all", "every:1")]["psnr_lenet"] is None
+    # epsilon: only clipped, refreshed-every-round DSGD has one, and it is `efpsn privacy`'s
+    clipped = frontier[("dsgd-b64-all-clip1", "every:1")]
+    assert clipped["accuracy_loss"] == pytest.approx(
+        rows[("dsgd-b64-all-clip1", "none", "never")]["accuracy"] - clipped["accuracy"])
+    assert all(math.isinf(r["epsilon"]) for k, r in frontier.items() if k != (
+        "dsgd-b64-all-clip1", "every:1"))
+    assert efpsn_main(["privacy", "--refresh", "every:1", "--selection", "all", "--m", "7850",
+                       "--N", "7851", "--clip", "1", "--gamma", "1e4", "--iterations", "40",
+                       "--json", str(tmp_path / "eps.json")]) == 0
+    assert clipped["epsilon"] == json.loads((tmp_path / "eps.json").read_text())["epsilon"]
+    assert "Refreshed masks" in (tmp_path / "out" / "table.md").read_text()
+    assert_figure(tmp_path / "out" / "accuracy_convex_frontier.png")
+    # later attack results redraw the frontier without running the sweep again
+    later = json.loads((tmp_path / "attack.json").read_text())
+    later["rows"].append({**later["rows"][0], "psnr": 40.0, "image": 7})
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    args = parser().parse_args(["experiment", "accuracy-convex", "--frontier-only", "--out",
+                                str(tmp_path / "out"), "--attack-results",
+                                str(tmp_path / "later.json")])
+    redrawn = run_experiment("accuracy-convex", args)
+    again = {(r["series"], r["refresh"]): r for r in redrawn["frontier"]}
+    assert again[("dsgd-b64-all", "every:1")]["psnr_logreg"] == 40.0
+    assert again[("dsgd-b64-all", "every:1")]["accuracy"] == frontier[
+        ("dsgd-b64-all", "every:1")]["accuracy"]
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["attack_results"] == [
+        str(tmp_path / "later.json")]
+    assert " 40.0 |" in (tmp_path / "out" / "table.md").read_text()
+
+
+def test_profiles_keep_the_paper_rows_and_add_refreshed_ones() -> None:
+    for module in (accuracy_convex, accuracy_nonconvex):
+        for name, settings in module.PROFILES.items():
+            configs = [c for s in settings.series() for c in s.configs(settings.base)]
+            paper = settings.main.configs(settings.base)
+            assert all((c.refresh, c.clip, c.selection, c.N) == ("never", 0.0, "last-bias", 10)
+                       for c in paper), name
+            refreshed = [c for c in configs if c.refresh != "never"]
+            assert refreshed and all(c.selection == "all" and c.K == 1 for c in refreshed)
+    full = accuracy_convex.PROFILES["full"]
+    assert full.main.iterations == 10_000 and full.main.gammas == (
+        1e-2, 1e-1, 1e0, 1e1, 1e2, 1e3, 1e4)
+    dsgd = next(s for s in full.refreshed() if s.name == "dsgd-b64-all")
+    assert (dsgd.iterations, dsgd.batch_size, dsgd.schedule, dsgd.refreshes) == (
+        10_000, 64, "paper", ("never", "every:1", "every:10", "every:100"))
+    args = parser().parse_args(["experiment", "accuracy-convex", "--refreshes", "none",
+                                "--clips", "1,10", "--attack-results", "a,b"])
+    settings = accuracy_convex.settings_for("quick", refreshes=args.refreshes, clips=args.clips,
+                                            attack_results=args.attack_results)
+    assert (settings.refreshed(), settings.clips, settings.attack_results) == (
+        (), (1.0, 10.0), ("a", "b"))
+    args = parser().parse_args(["experiment", "accuracy-nonconvex", "--refreshes", "every:1",
+                                "--refresh-gammas", "1e6"])
+    lenet = accuracy_nonconvex.settings_for("quick", refreshes=args.refreshes,
+                                            refresh_gammas=args.refresh_gammas)
+    assert [(c.refresh, c.gamma, c.N) for c in lenet.series()[1].configs(lenet.base)] == [
+        ("every:1", 1e6, 13_427)]

@@ -16,6 +16,7 @@ from efpsn.keystream import (
     exact_bound,
     fixed_point_scales,
     period_noise,
+    period_noise_block,
     period_noises,
     portable_log,
     standard_normals,
@@ -122,6 +123,30 @@ def test_same_seed_and_period_same_noise_else_different() -> None:
     corr = np.corrcoef(eta)
     assert np.abs(corr[np.triu_indices(50, 1)]).max() < 0.35  # 200 samples: |r| ~ 0.07
     assert np.array_equal(period_noises([SEED, bytes(other_seed)], 5, spec)[1], rows[-1])
+
+
+def test_a_block_of_seeds_and_periods_is_one_call_per_seed_and_period(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seeds = [SEED, bytes(range(1, 33)), bytes(32)]
+    for spec in (SPEC, NoiseSpec(gamma=1e6, p=0.5, precision=4, num_coefficients=7851)):
+        block = period_noise_block(seeds, 2**40, 3, spec)
+        assert block.shape == (3, 3, spec.num_coefficients) and block.dtype == np.int64
+        for i, seed in enumerate(seeds):
+            for t in range(3):
+                assert np.array_equal(block[i, t], reference_noise(seed, 2**40 + t, spec)
+                                      if spec is SPEC else period_noise(seed, 2**40 + t, spec))
+    # a stream whose first candidates are too few reads on: force it with no margin at all
+    monkeypatch.setattr("efpsn.keystream._candidates", lambda pairs: pairs)
+    spec = NoiseSpec(gamma=7.5, p=2.0, precision=3, num_coefficients=101)
+    block = period_noise_block(seeds, 7, 2, spec)
+    assert [block[i, t].tolist() for i in range(3) for t in range(2)] == [
+        reference_noise(seed, 7 + t, spec) for seed in seeds for t in range(2)]
+    assert period_noise_block([], 0, 4, spec).shape == (0, 4, 101)
+    with pytest.raises(ValueError, match="periods must be >= 1"):
+        period_noise_block(seeds, 0, 0, spec)
+    with pytest.raises(ValueError, match="period must be"):
+        period_noise_block(seeds, 2**64 - 2, 3, spec)
 
 
 # ------------------------------------------------------------------ distribution

@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from efpsn import paillier
+from efpsn.keystream import period_noise
 from efpsn.masking import MaskCoefficients, MaskingStateError, NoiseSpec
-from efpsn.refresh import FixedMask, Refresh, RefreshedMask, refreshed_numerators
+from efpsn.refresh import FixedMask, NoiseBlocks, Refresh, RefreshedMask, refreshed_numerators
 from efpsn.seeds import (
     SEEDS_FORMAT,
     EdgeSeeds,
@@ -223,3 +224,32 @@ def test_fixed_and_refreshed_providers() -> None:
                                                   num_coefficients=3), refresh=Refresh(1))
     cached = every1.numerators(3)
     assert not cached.flags.writeable and every1.numerators(3) is cached
+
+
+def test_blocks_of_periods_give_each_period_s_own_integers() -> None:
+    # prepare: agent 1's seeds, masks drawing blocks of 1, 7 and 64 periods (the default for
+    # N = 40), and a simulator-style block shared by every agent
+    seeds = exchange_seeds_fast(FIVE, noise_seed=4)
+    assert NoiseBlocks(SPEC).periods == 64
+    assert NoiseBlocks(NoiseSpec(gamma=1.0, p=1.0, precision=6, num_coefficients=7851)).periods == 1
+    shared = NoiseBlocks(SPEC, periods=5)
+    masks = {size: RefreshedMask(seeds=seeds[1], spec=SPEC, refresh=Refresh(2),
+                                 blocks=NoiseBlocks(SPEC, periods=size)) for size in (1, 7, 64)}
+    everyone = [RefreshedMask(seeds=s, spec=SPEC, refresh=Refresh(2), blocks=shared)
+                for s in seeds]
+    # execute and assert: whatever the block, round t has period t // 2's numerators
+    for t in [*range(40), 127, 128, 129, 3, 2**41]:
+        expected = seeds[1].numerators(t // 2, SPEC)
+        for mask in masks.values():
+            assert np.array_equal(mask.numerators(t), expected), t
+        rows = np.stack([m.numerators(t) for m in everyone])
+        assert np.array_equal(rows[1], expected) and not rows.sum(axis=0).any()
+    z = shared.noise([seeds[0].sent[0][1], seeds[3].received[0][1]], 2**41 // 2)
+    assert np.array_equal(z[1], period_noise(seeds[3].received[0][1], 2**41 // 2, SPEC))
+    assert shared.noise([], 3).shape == (0, 40)
+    with pytest.raises(ValueError, match="periods must be an int >= 1"):
+        NoiseBlocks(SPEC, periods=0)
+    with pytest.raises(ValueError, match="own NoiseSpec"):
+        RefreshedMask(seeds=seeds[1], spec=SPEC, refresh=Refresh(1),
+                      blocks=NoiseBlocks(NoiseSpec(gamma=2.0, p=1.0, precision=6,
+                                                   num_coefficients=40)))

@@ -17,13 +17,14 @@ from efpsn.experiments.common import (
     output_dir,
     stopwatch,
 )
+from efpsn.experiments.frontier import REFRESHES, refreshed_series
 from efpsn.experiments.sweep import (
+    Problems,
     Series,
     load_problem,
     plot_sweep,
     run_series,
     sweep_columns,
-    with_config,
 )
 from efpsn.metrics import evaluate
 from efpsn.problem import Problem
@@ -34,13 +35,24 @@ NAME = "accuracy-nonconvex"
 
 @dataclass(frozen=True, kw_only=True)
 class NonconvexSettings:
-    """The paper's settings are those of the convex case with DLG's LeNet (13,426 parameters)."""
+    """The paper's settings are those of the convex case with DLG's LeNet (13,426 parameters).
+
+    `refreshes` (none: no such rows) add main's DSGD with every parameter perturbed (K = 1,
+    N = 13,427, uniform measure), zero-sum masks fixed ("never") or refreshed, at
+    `refresh_gammas` (efpsn/experiments/frontier.py).
+    """
 
     profile: str
     main: Series
+    refreshes: tuple[str, ...] = ()
+    refresh_gammas: tuple[float, ...] = (1e0, 1e2, 1e4, 1e6)
     noise_seed: int = 0
     base: RunConfig = field(
         default_factory=lambda: RunConfig.preset("paper", task="lenet", topology="ring"))
+
+    def series(self) -> tuple[Series, ...]:
+        return (self.main, *refreshed_series(self.main, refreshes=self.refreshes,
+                                             gammas=self.refresh_gammas))
 
 
 PROFILES: dict[str, NonconvexSettings] = {
@@ -50,6 +62,7 @@ PROFILES: dict[str, NonconvexSettings] = {
         profile="full",
         main=Series(name="dsgd-b64", label="DSGD, batch 64, paper schedule",
                     iterations=10_000, gammas=PAPER_GAMMAS, eval_every=1000),
+        refreshes=REFRESHES,
     ),
     # The first 200 steps of the paper's run, where its schedule is still the constant 0.2.
     # (Compressing the whole schedule into a few hundred steps instead, as "paper" does for
@@ -59,6 +72,7 @@ PROFILES: dict[str, NonconvexSettings] = {
         main=Series(name="dsgd-b64",
                     label="DSGD, batch 64, first 200 steps of the paper's run (lr 0.2)",
                     schedule="constant:0.2", iterations=200, gammas=(1e1, 1e3), eval_every=100),
+        refreshes=("never", "every:1"), refresh_gammas=(1e4,),
     ),
 }
 
@@ -71,7 +85,8 @@ def _schedule_text(schedule: str) -> str:
 
 def settings_for(profile: str, *, iterations: int | None = None,
                  gammas: tuple[float, ...] | None = None,
-                 noise_seed: int | None = None) -> NonconvexSettings:
+                 noise_seed: int | None = None, refreshes: tuple[str, ...] | None = None,
+                 refresh_gammas: tuple[float, ...] | None = None) -> NonconvexSettings:
     """A profile with optional overrides (an intermediate profile)."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}: expected one of {sorted(PROFILES)}")
@@ -84,34 +99,49 @@ def settings_for(profile: str, *, iterations: int | None = None,
         )
     if gammas is not None:
         main = dataclasses.replace(main, gammas=gammas)
+    changes = {k: v for k, v in (("refreshes", refreshes), ("refresh_gammas", refresh_gammas))
+               if v is not None}
+    modified = iterations is not None or gammas is not None or bool(changes)
     return dataclasses.replace(
         s, main=main, noise_seed=s.noise_seed if noise_seed is None else noise_seed,
-        profile=profile if iterations is None and gammas is None else f"{profile} (modified)",
+        profile=f"{profile} (modified)" if modified else profile, **changes,
     )
 
 
 def estimate_seconds(settings: NonconvexSettings, problem: Problem, *,
                      probe_rounds: int = 10) -> dict[str, float]:
-    """Measure this machine's seconds per round and per evaluation; extrapolate the profile."""
-    s = settings.main
-    config = s.configs(problem.config)[-1].replace(iterations=probe_rounds, eval_every=probe_rounds)
-    stamps: dict[int, float] = {}
+    """Measure this machine's seconds per round (per series and refresh setting, at its largest
+    gamma) and per evaluation; extrapolate the profile."""
+    problems = Problems(problem)
+    total, runs, rounds, per_round = 0.0, 0, 0, {}
+    per_eval = 0.0
+    for s in settings.series():
+        configs = s.configs(problem.config)
+        for refresh in dict.fromkeys(c.refresh for c in configs):
+            group = [c for c in configs if c.refresh == refresh]
+            config = group[-1].replace(iterations=probe_rounds, eval_every=probe_rounds)
+            stamps: dict[int, float] = {}
 
-    def on_round(t: int, record: dict[str, float] | None) -> None:
-        stamps[t] = time.perf_counter()
+            def on_round(t: int, record: dict[str, float] | None,
+                         stamps: dict[int, float] = stamps) -> None:
+                stamps[t] = time.perf_counter()
 
-    result = run_simulation(config, problem=with_config(problem, config),
-                            noise_seed=settings.noise_seed, on_round=on_round)
-    # rounds 2 .. probe-1 contain no evaluation (only the last round evaluates)
-    per_round = (stamps[probe_rounds - 1] - stamps[1]) / (probe_rounds - 2)
-    started = time.perf_counter()
-    evaluate(problem, result.xs)
-    per_eval = time.perf_counter() - started
-    runs = len(s.configs(problem.config))
-    evals_per_run = s.iterations // s.eval_every + 1
-    total = runs * (s.iterations * per_round + evals_per_run * per_eval)
-    return {"seconds_per_round": per_round, "seconds_per_evaluation": per_eval,
-            "runs": runs, "rounds": s.rounds(), "estimated_seconds": total}
+            result = run_simulation(config, problem=problems.for_config(config),
+                                    noise_seed=settings.noise_seed, on_round=on_round)
+            # rounds 2 .. probe-1 contain no evaluation (only the last round evaluates)
+            seconds = (stamps[probe_rounds - 1] - stamps[1]) / (probe_rounds - 2)
+            per_round.setdefault(s.name, seconds)
+            if not per_eval:
+                started = time.perf_counter()
+                evaluate(problem, result.xs)
+                per_eval = time.perf_counter() - started
+            evals = s.iterations // s.eval_every + 1
+            total += len(group) * (s.iterations * seconds + evals * per_eval)
+        runs += len(configs)
+        rounds += s.rounds()
+    return {"seconds_per_round": per_round[settings.main.name],
+            "seconds_per_evaluation": per_eval, "runs": runs, "rounds": rounds,
+            "estimated_seconds": total}
 
 
 def run(settings: NonconvexSettings, *, out: str | Path | None = None,
@@ -125,18 +155,18 @@ def run(settings: NonconvexSettings, *, out: str | Path | None = None,
             f"LeNet ({problem.task.num_params} parameters), data {base.data}")
         cost = estimate_seconds(settings, problem)
         log(f"measured {cost['seconds_per_round']:.3f} s per round (5 agents), "
-            f"{cost['seconds_per_evaluation']:.2f} s per evaluation: {cost['runs']} runs x "
-            f"{settings.main.iterations} rounds need about "
+            f"{cost['seconds_per_evaluation']:.2f} s per evaluation: {cost['runs']} runs, "
+            f"{cost['rounds']} rounds in all, need about "
             f"{cost['estimated_seconds'] / 3600:.2f} h")
         if estimate_only:
             rows = [cost]
             table = (f"estimated {cost['estimated_seconds'] / 3600:.2f} h for {cost['runs']} runs "
-                     f"x {settings.main.iterations} rounds "
+                     f"({cost['rounds']} rounds) "
                      f"({cost['seconds_per_round']:.3f} s/round, "
                      f"{cost['seconds_per_evaluation']:.2f} s/evaluation)")
             return finish(folder, NAME, payload={"profile": settings.profile, "estimate": cost},
                           rows=rows, table=table, figures=[], wall_seconds=elapsed())
-        rows, runs = run_series(problem, (settings.main,), noise_seed=settings.noise_seed,
+        rows, runs = run_series(problem, settings.series(), noise_seed=settings.noise_seed,
                                 x_star=None)
         figures = [plot_sweep(
             rows, series=settings.main.name, metric="grad_norm2",
@@ -150,7 +180,7 @@ def run(settings: NonconvexSettings, *, out: str | Path | None = None,
             "protocol": "fast (the integers of the Paillier phase I, computed without encryption)",
             "noise_seed": settings.noise_seed,
             "base_config": base.to_dict(),
-            "series": [dataclasses.asdict(settings.main)],
+            "series": [dataclasses.asdict(s) for s in settings.series()],
             "data": {"spec": base.data, "train": sum(len(s) for s in problem.shards),
                      "test": len(problem.test)},
             "estimate": cost,

@@ -29,6 +29,11 @@ def _words_or_none(text: str) -> tuple[str, ...]:
     return () if text.strip() == "none" else _words(text)
 
 
+def _floats_or_none(text: str) -> tuple[float, ...]:
+    """Like parse_floats; "none" is the empty list."""
+    return () if text.strip() == "none" else parse_floats(text)
+
+
 def _profile(args: argparse.Namespace) -> str:
     return "quick" if args.quick else "full"
 
@@ -39,10 +44,20 @@ def _profile(args: argparse.Namespace) -> str:
 def _accuracy_convex(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
     from efpsn.experiments import accuracy_convex
 
+    if getattr(args, "frontier_only", False):
+        if not getattr(args, "attack_results", None) or out is None:
+            raise ValueError("--frontier-only redraws the frontier of the results in --out with "
+                             "--attack-results: give --attack-results")
+        return accuracy_convex.redraw_frontier(out, attack_results=args.attack_results,
+                                               figures_to=args.figures)
     settings = accuracy_convex.settings_for(
         _profile(args), iterations=getattr(args, "iterations", None),
         gammas=getattr(args, "gammas", None), extras=not getattr(args, "no_extras", False),
         noise_seed=getattr(args, "noise_seed", None), selection=getattr(args, "selection", None),
+        refreshes=getattr(args, "refreshes", None),
+        refresh_gammas=getattr(args, "refresh_gammas", None), clips=getattr(args, "clips", None),
+        clip_gammas=getattr(args, "clip_gammas", None),
+        attack_results=getattr(args, "attack_results", None),
     )
     return accuracy_convex.run(settings, out=out, figures_to=args.figures)
 
@@ -53,6 +68,8 @@ def _accuracy_nonconvex(args: argparse.Namespace, out: str | Path | None) -> dic
     settings = accuracy_nonconvex.settings_for(
         _profile(args), iterations=getattr(args, "iterations", None),
         gammas=getattr(args, "gammas", None), noise_seed=getattr(args, "noise_seed", None),
+        refreshes=getattr(args, "refreshes", None),
+        refresh_gammas=getattr(args, "refresh_gammas", None),
     )
     return accuracy_nonconvex.run(settings, out=out, figures_to=args.figures,
                                   estimate_only=getattr(args, "estimate", False))
@@ -188,6 +205,13 @@ def _add_sweep_overrides(parser: argparse.ArgumentParser) -> None:
                         help="noise levels instead of the profile's")
     parser.add_argument("--noise-seed", type=int, default=None,
                         help="seed of every agent's noise (simulations are not private)")
+    parser.add_argument("--refreshes", type=_words_or_none, default=None,
+                        metavar="never,every:1,every:10",
+                        help="rows with every parameter perturbed (K=1, uniform measure) and the "
+                             "zero-sum masks fixed (never) or refreshed every R rounds; 'none' "
+                             "runs no such rows")
+    parser.add_argument("--refresh-gammas", type=parse_floats, default=None, metavar="1,1e2,...",
+                        help="noise levels of those rows")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -210,6 +234,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--selection", default=None, metavar="all",
                    help="perturb every parameter (K=1, N=d+1, uniform-measure basis) instead of "
                         "the paper's last-layer bias")
+    p.add_argument("--clips", type=_floats_or_none, default=None, metavar="C1,C2",
+                   help="rows with masks refreshed every round and per-sample gradients clipped "
+                        "to C (what the accountant's epsilon needs), with their own noise-free "
+                        "run; 'none' runs no such rows")
+    p.add_argument("--clip-gammas", type=parse_floats, default=None, metavar="1e4,1e5,...",
+                   help="noise levels of the clipped rows")
+    p.add_argument("--attack-results", type=_words, default=None, metavar="DIR1,DIR2",
+                   help="results of `efpsn experiment attack` (folders or results.json) whose "
+                        "refreshed rows give the frontier's strongest-attacker PSNR")
+    p.add_argument("--frontier-only", action="store_true",
+                   help="run nothing: redraw the frontier of the earlier results in --out with "
+                        "--attack-results")
 
     p = sub.add_parser("accuracy-nonconvex",
                        help="LeNet: ||avg grad||^2 and accuracy vs gamma (Sec. 5.2.2)")

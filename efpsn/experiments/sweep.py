@@ -10,15 +10,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from efpsn.config import RunConfig, structural_fields
+from efpsn.config import RunConfig, parse_shape, structural_fields
 from efpsn.experiments.common import PAPER_GAMMAS, Column, log, new_figure, save_figure
+from efpsn.model_sizes import parameter_count
 from efpsn.problem import Problem, build_problem
-from efpsn.simulator import mask_sums_are_zero, run_simulation
+from efpsn.simulator import run_simulation
 from efpsn.tasks import Dataset, load_data
 
 __all__ = [
     "STRUCTURAL_FIELDS",
+    "Problems",
     "Series",
+    "every_parameter",
     "load_problem",
     "plot_sweep",
     "run_series",
@@ -37,7 +40,11 @@ class Series:
     """One algorithm setting of an accuracy figure, swept over gamma for some mask modes.
 
     `reference` adds one noise-free run (mask "none"), drawn as a horizontal line: without
-    noise, gamma does not enter the run at all.
+    noise, gamma does not enter the run at all (nor the selection, nor the refresh).
+    `selection` "all" perturbs every parameter (K = 1, N = d + 1, uniform-measure basis;
+    `every_parameter`) instead of the base's selection; `refreshes` are the mask's refresh
+    settings ("never": phase I's fixed mask; "every:R"); `clip` clips every sample's gradient
+    (the reference too).
     """
 
     name: str
@@ -50,19 +57,38 @@ class Series:
     modes: tuple[str, ...] = ("zero-sum", "independent")
     reference: bool = True
     eval_every: int = 250
+    selection: str = ""  # "": the base's
+    refreshes: tuple[str, ...] = ("never",)
+    clip: float = 0.0
 
     def configs(self, base: RunConfig) -> list[RunConfig]:
-        """The runs of this series: the reference first, then modes x gammas."""
-        common = base.replace(
+        """The runs of this series: the reference first, then modes x refreshes x gammas."""
+        if self.selection not in ("", "all"):
+            raise ValueError(f"series {self.name}: selection must be '' (the base's) or 'all', "
+                             f"got {self.selection!r}")
+        common = (every_parameter(base) if self.selection == "all" else base).replace(
             algorithm=self.algorithm, batch_size=self.batch_size, schedule=self.schedule,
             iterations=self.iterations, eval_every=min(self.eval_every, self.iterations),
+            clip=self.clip, refresh="never",
         )
         runs = [common.replace(mask="none", gamma=1.0)] if self.reference else []
-        runs += [common.replace(mask=mode, gamma=g) for mode in self.modes for g in self.gammas]
+        runs += [common.replace(mask=mode, gamma=g, refresh=r)
+                 for mode in self.modes for r in self.refreshes for g in self.gammas]
         return runs
 
     def rounds(self) -> int:
-        return self.iterations * (len(self.modes) * len(self.gammas) + int(self.reference))
+        runs = len(self.modes) * len(self.refreshes) * len(self.gammas) + int(self.reference)
+        return self.iterations * runs
+
+
+def every_parameter(base: RunConfig) -> RunConfig:
+    """`base` with every parameter perturbed: selection "all", K = 1, m = d, N = d + 1 (every
+    affine function, in the uniform-measure basis), as `efpsn simulate --selection all`."""
+    d = parameter_count(base.task, shape=parse_shape(base.input_shape), classes=base.classes)
+    if d is None:
+        raise ValueError(f"task {base.task!r}: its parameter count is known only once built; "
+                         "give --m and --N")
+    return base.replace(selection="all", K=1, m=d, N=d + 1)
 
 
 def load_problem(base: RunConfig) -> Problem:
@@ -89,6 +115,24 @@ def _gamma_text(gamma: float | None) -> str:
     return "-" if gamma is None else f"{gamma:g}"
 
 
+class Problems:
+    """One Problem per structure (selection, basis, ...) a sweep's runs need, built once each
+    on the same data; `for_config` gives it under the run's parameters (with_config)."""
+
+    def __init__(self, problem: Problem) -> None:
+        self._built = {self._structure(problem.config): problem}
+
+    @staticmethod
+    def _structure(config: RunConfig) -> tuple[Any, ...]:
+        return tuple(getattr(config, f) for f in STRUCTURAL_FIELDS)
+
+    def for_config(self, config: RunConfig) -> Problem:
+        key = self._structure(config)
+        if key not in self._built:
+            self._built[key] = load_problem(config)
+        return with_config(self._built[key], config)
+
+
 def run_series(
     problem: Problem,
     series: Sequence[Series],
@@ -100,18 +144,20 @@ def run_series(
     """Run every configuration of every series with the "fast" phase I.
 
     "fast" computes exactly the integers the Paillier protocol produces from the same noise seed
-    (tests/test_network.py checks it bitwise against real gRPC agents). Returns (rows, runs):
-    one row of final metrics per run, and the runs' histories for the JSON file.
+    (tests/test_network.py checks it bitwise against real gRPC agents). A series with another
+    selection than `problem`'s gets its own problem (same data and split; x* does not depend on
+    the perturbation). Returns (rows, runs): one row of final metrics per run, and the runs'
+    histories for the JSON file.
     """
     plan = [(s, c) for s in series for c in s.configs(problem.config)]
+    problems = Problems(problem)
     spent: dict[str, tuple[int, float]] = {}  # series -> (rounds done, seconds)
     rows: list[dict[str, Any]] = []
     runs: list[dict[str, Any]] = []
     for index, (s, config) in enumerate(plan, start=1):
-        result = run_simulation(
-            config, protocol="fast", noise_seed=noise_seed, problem=with_config(problem, config),
-            x_star=x_star,
-        )
+        derived = problems.for_config(config)
+        result = run_simulation(config, protocol="fast", noise_seed=noise_seed, problem=derived,
+                                x_star=x_star)
         gamma = None if config.mask == "none" else config.gamma
         eta = np.array([m.values() for m in result.masks])
         row: dict[str, Any] = {
@@ -120,11 +166,16 @@ def run_series(
             "batch_size": config.batch_size or "full",
             "schedule": config.schedule,
             "iterations": config.iterations,
+            "selection": config.selection,
+            "N": derived.N,
             "mode": config.mask,
+            "refresh": config.refresh,
+            "clip": config.clip,
             "gamma": gamma,
             **{k: v for k, v in result.final.items() if k != "round"},
             "max_abs_eta": float(np.abs(eta).max()),
-            "masks_sum_to_zero": mask_sums_are_zero(result.masks),
+            "masks_sum_to_zero": result.masks_sum_to_zero(),
+            "periods_checked": result.periods_zero_sum,
             "seconds": result.timings["phase1_seconds"] + result.timings["phase2_seconds"],
             "seconds_per_round": result.timings["seconds_per_round"],
         }
@@ -135,7 +186,8 @@ def run_series(
         left = sum(c.iterations for t, c in plan[index:] if t.name == s.name)
         eta = spent[s.name][1] / spent[s.name][0] * left
         extra = f", dev {row['deviation']:.3g}" if "deviation" in row else ""
-        log(f"[{index}/{len(plan)}] {s.name} {config.mask} gamma {_gamma_text(gamma)}: "
+        refresh = "" if config.refresh == "never" else f" {config.refresh}"
+        log(f"[{index}/{len(plan)}] {s.name} {config.mask}{refresh} gamma {_gamma_text(gamma)}: "
             f"acc {row['accuracy']:.4f}, ||avg grad||^2 {row['grad_norm2']:.3g}{extra} "
             f"({row['seconds']:.0f}s; about {eta / 60:.1f} min left in {s.name})")
         if on_row is not None:
@@ -148,6 +200,7 @@ def sweep_columns(metric: str, header: str) -> list[Column]:
     return [
         Column("series", "series"),
         Column("mode", "mask"),
+        Column("refresh", "refresh"),
         Column("gamma", "gamma", lambda g: f"{g:g}"),
         Column(metric, header, ".3g"),
         Column("accuracy", "test acc", ".4f"),
