@@ -7,8 +7,8 @@ Runs `efpsn up --preset paper` (logistic regression, DSGD, batch 64, the paper's
 mutual TLS) as a separate process and, once every agent is past round 200, measures two windows
 of `--window` seconds on the running agents:
   1. unprofiled: each agent's CPU (/proc/PID/stat) and rounds (GetStatus) over the window;
-  2. profiled: `py-spy record --native` on `--profiled` agents (agent1, agent2, ...), with each
-     thread's CPU from /proc/PID/task; profile_stages.py sorts every sample into a stage.
+  2. profiled: `py-spy record --nonblocking` on `--profiled` agents (agent1, agent2, ...), with
+     each thread's CPU from /proc/PID/task; profile_stages.py sorts every sample into a stage.
 Prints, per agent per round, the CPU of each stage (receive and decode, checks and digests,
 the step, encode and send, outbox log, checkpoint, evaluation, round bookkeeping, the event
 loop, gRPC's internals and its own threads), beside reference lines measured in this same run:
@@ -20,10 +20,14 @@ after.
 
 Why py-spy: it samples from outside the process, so the agent runs its own code unchanged
 (cProfile and yappi instrument every Python call, which inflates Python-heavy stages against
-numpy and gRPC's C code); with --native it sees through Cython and C (gRPC's core, numpy,
-hashlib), and a sample's stack holds the coroutines the event loop is running, so asyncio is
-seen as it runs. Its cost: the sampled process is paused for each native stack (the profiled
-window's CPU per round is printed beside the unprofiled one).
+numpy and gRPC's C code), and a sample's stack holds the coroutines the event loop is running,
+so asyncio is seen as it runs. --nonblocking: it reads the stacks without stopping the agent.
+(--native, which sees inside C code, must stop the process for every sample; stopping it
+interrupts system calls and skews the samples towards them: it showed sendmsg as half of all
+gRPC's work where `perf record` on the same agent finds all kernel time at a fifth of the
+process's CPU.) C code is charged to the Python function that called it: numpy and BLAS to
+the step, hashlib to the digests, gRPC's Cython calls to gRPC. The profiled window's CPU per
+round is printed beside the unprofiled one.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -68,6 +73,17 @@ def cpu_seconds(path: str) -> float:
     """utime + stime of a /proc .../stat file, in seconds."""
     fields = Path(path).read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def run_delay_seconds(pid: int) -> float:
+    """Time the process's threads spent runnable, waiting for a core (/proc schedstat)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / 1e9
 
 
 def thread_cpu(pid: int) -> dict[int, float]:
@@ -167,7 +183,7 @@ def profile_window(watch: Watch, pids: dict[str, int], profiled: list[str], *, w
     """One window on the running agents: CPU and rounds of all, py-spy on `profiled`."""
     outputs = {n: folder / f"pyspy-{n}.txt" for n in profiled}
     spies = [subprocess.Popen(
-        [PY_SPY, "record", "--pid", str(pids[n]), "--native", "--threads", "--format", "raw",
+        [PY_SPY, "record", "--pid", str(pids[n]), "--nonblocking", "--threads", "--format", "raw",
          "--rate", str(rate), "--duration", str(int(window)), "--output", str(outputs[n])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for n in profiled]
     before = measure(watch, pids)
@@ -187,6 +203,9 @@ def profile_window(watch: Watch, pids: dict[str, int], profiled: list[str], *, w
         for stage, cpu in split.items():
             stages[stage] = stages.get(stage, 0.0) + cpu * 1e3 / rounds / len(profiled)
     out["stages_ms"] = stages
+    lines = [line for n in profiled if outputs[n].exists()
+             for line in outputs[n].read_text().splitlines()]
+    out["top_frames"] = profile_stages.top_frames(lines)
     return out
 
 
@@ -194,19 +213,23 @@ def measure(watch: Watch, pids: dict[str, int]) -> dict:
     rounds = watch.rounds()
     return {"time": time.perf_counter(), "rounds": rounds,
             "cpu": {n: cpu_seconds(f"/proc/{p}/stat") for n, p in pids.items()},
+            "delay": {n: run_delay_seconds(p) for n, p in pids.items()},
             "threads": {n: thread_cpu(p) for n, p in pids.items()}}
 
 
 def window_figures(before: dict, after: dict) -> dict:
-    per_round = []
+    per_round, delays = [], []
     for n in before["cpu"]:
         rounds = after["rounds"].get(n, 0) - before["rounds"].get(n, 0)
         if rounds > 0:
             per_round.append((after["cpu"][n] - before["cpu"][n]) * 1e3 / rounds)
+            delays.append((after["delay"][n] - before["delay"][n]) * 1e3 / rounds)
     seconds = after["time"] - before["time"]
     done = [after["rounds"][n] - before["rounds"][n] for n in before["rounds"]
             if n in after["rounds"]]
     return {"cpu_ms_per_agent_round": statistics.fmean(per_round) if per_round else float("nan"),
+            "waiting_for_a_core_ms_per_agent_round":
+                statistics.fmean(delays) if delays else float("nan"),
             "seconds_per_round": seconds / max(1, min(done, default=1))}
 
 
@@ -240,8 +263,8 @@ def run(args: argparse.Namespace) -> dict:
             watch.close()
             log, _ = up.communicate(timeout=3600)
         finally:
-            if up.poll() is None:
-                up.terminate()
+            if up.poll() is None:  # SIGINT: `efpsn up` stops its processes as on Ctrl-C
+                up.send_signal(signal.SIGINT)
                 up.wait()
         if up.returncode != 0:
             raise RuntimeError(f"efpsn up failed:\n{log[-3000:]}")
@@ -253,7 +276,7 @@ def run(args: argparse.Namespace) -> dict:
     return out
 
 
-def report(out: dict) -> None:
+def report(out: dict, *, detail: bool) -> None:
     n, ref = out["agents"], out["reference"]
     stages = out["profiled"]["stages_ms"]
     total = sum(stages.values())
@@ -264,6 +287,10 @@ def report(out: dict) -> None:
         if stage in stages:
             print(f"  {stage:<30} {stages[stage]:>7.3f} {stages[stage] / total:>6.1%}")
     print(f"  {'total':<30} {total:>7.3f}")
+    if detail:
+        print("\nmost sampled inside each stage (innermost project function | leaf frame):")
+        for stage, rows in out["profiled"]["top_frames"].items():
+            print(f"  {stage}: " + "; ".join(f"{where} {count}" for where, count in rows))
     bare = out["bare_stream_ms_per_message"] * ref["degree"]
     run_cpu = out["run"]["agents_cpu_seconds_per_round"] * 1e3 / n
     print("\nreference lines (this run):")
@@ -275,7 +302,8 @@ def report(out: dict) -> None:
           f"{out['unprofiled']['cpu_ms_per_agent_round']:.3f} ms per agent per round, "
           f"{out['unprofiled']['seconds_per_round'] * 1e3:.2f} ms per round")
     print(f"  profiled window (/proc):                        "
-          f"{out['profiled']['cpu_ms_per_agent_round']:.3f} ms per agent per round")
+          f"{out['profiled']['cpu_ms_per_agent_round']:.3f} ms per agent per round; runnable "
+          f"but waiting for a core {out['profiled']['waiting_for_a_core_ms_per_agent_round']:.3f} ms")
     print(f"  whole run (summary.json, agents_cpu_seconds_per_round / n): {run_cpu:.3f} ms "
           f"(goal 1.2 ms: {run_cpu / 1.2:.2f}x)")
     print(f"  ours beyond step and bare gRPC: "
@@ -291,11 +319,13 @@ def main() -> None:
     parser.add_argument("--profiled", type=int, default=5, help="agents under py-spy")
     parser.add_argument("--rate", type=int, default=50, help="py-spy samples per second")
     parser.add_argument("--key-bits", type=int, default=2048)
+    parser.add_argument("--detail", action="store_true",
+                        help="also the most sampled functions inside each stage")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     configure_threads()
     out = run(args)
-    report(out)
+    report(out, detail=args.detail)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 

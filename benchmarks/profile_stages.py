@@ -1,12 +1,14 @@
 """py-spy's folded stacks of an agent process, sorted into the stages of an agent's round.
 
-bench_profile.py records every profiled agent with `py-spy record --native --format raw
+bench_profile.py records every profiled agent with `py-spy record --nonblocking --format raw
 --threads`: one line per distinct stack, `thread (TID): NAME;frame;frame;... COUNT`, the root
 first. A sample belongs to the innermost frame that names a stage (walking from the leaf up):
-the leaf `sendmsg` under gRPC's Cython code under `RoundStream.send` is gRPC's own work, while
-`_digest_tensor` under `parse_round` is a check. Samples whose leaf waits (epoll_wait, a lock)
-are idle and dropped (py-spy's own idle test does not hold for paused, natively unwound
-threads), and so are waits for the disk (fsync): they take time, not CPU. Each thread's CPU
+gRPC's `_write` under `RoundStream.send` is gRPC's own work, while `_digest_tensor` under
+`parse_round` is a check. py-spy leaves out threads the OS shows sleeping; samples whose leaf
+still waits are dropped too: epoll's select (a thread just woken is runnable there until it
+gets a core, which on a loaded machine is most of its runnable time), a lock, and the disk
+(fsync): they take time, not CPU. A runnable thread preempted elsewhere still counts where it
+stands (bench_profile.py prints how long the agents waited for a core). Each thread's CPU
 time (from /proc) is then split over its stages by their share of its busy samples.
 """
 
@@ -52,7 +54,8 @@ STAGES = (*(stage for stage, _ in RULES), "other", OTHER_THREADS)
 _IDLE = re.compile(r"^(epoll_wait|epoll_pwait|poll|ppoll|select|pselect6?|nanosleep|"
                    r"clock_nanosleep|PyThread_acquire_lock_timed|pthread_cond_(timed)?wait|"
                    r"sem_(timed|clock)?wait|do_futex_wait|__futex_abstimed_wait\w*|"
-                   r"select_epoll_poll\w*|time_sleep|fsync|fdatasync) ")
+                   r"select_epoll_poll\w*|time_sleep|fsync|fdatasync|EpollSelector\.select) ")
+POLLER = "(_poll_wrapper)"  # the name of grpc.aio's completion-queue thread
 _THREAD = re.compile(r"^thread \((\d+)\)")
 
 
@@ -67,6 +70,22 @@ def stage_of(frames: list[str]) -> str | None:
     return "other"
 
 
+def top_frames(lines: Iterable[str], *, per_stage: int = 6) -> dict[str, list[tuple[str, int]]]:
+    """Stage -> its most sampled (innermost project function | leaf frame) pairs: what inside a
+    stage costs the most."""
+    out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for line in lines:
+        stack, _, count = line.rstrip("\n").rpartition(" ")
+        frames = stack.split(";")[1:]
+        stage = stage_of(frames) if frames and count.isdigit() else None
+        if stage is None:
+            continue
+        ours = [f for f in frames if "(agent/" in f or "(efpsn/" in f]
+        where = ours[-1].split(" (")[0] if ours else "-"
+        out[stage][f"{where} | {frames[-1].split(' (')[0][:40]}"] += int(count)
+    return {stage: c.most_common(per_stage) for stage, c in out.items()}
+
+
 def busy_samples(lines: Iterable[str]) -> dict[int, collections.Counter[str]]:
     """Thread id -> stage -> busy samples, from py-spy's raw (folded) output."""
     out: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
@@ -79,6 +98,8 @@ def busy_samples(lines: Iterable[str]) -> dict[int, collections.Counter[str]]:
         if match is None:
             continue
         stage = stage_of(frames[1:])
+        if stage is not None and POLLER in frames[0]:
+            stage = "gRPC internals"  # grpc.aio's poller thread: its work is C, under Thread.run
         if stage is not None:
             out[int(match.group(1))][stage] += int(count)
     return out
