@@ -1,6 +1,6 @@
 """Where an agent's CPU goes in a round: real agents under py-spy, stage by stage.
 
-    python benchmarks/bench_profile.py [--agents 5] [--rounds 4000] [--window 15]
+    python benchmarks/bench_profile.py [--agents 5] [--rounds 10000] [--window 15]
         [--profiled 5] [--rate 50] [--key-bits 2048] [--json OUT]
 
 Runs `efpsn up --preset paper` (logistic regression, DSGD, batch 64, the paper's schedule;
@@ -314,7 +314,7 @@ def report(out: dict, *, detail: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=4000)
+    parser.add_argument("--rounds", type=int, default=10_000)
     parser.add_argument("--window", type=float, default=15.0)
     parser.add_argument("--profiled", type=int, default=5, help="agents under py-spy")
     parser.add_argument("--rate", type=int, default=50, help="py-spy samples per second")

@@ -30,7 +30,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "AgentService._obey", "_admit")),
     ("receive and decode", (
         "tensor_from_parts", "_decode_round", "decode_round_message", "parse_round",
-        "tolerant_parser", "_parse (", "_read_raw", "_file_round", "StreamRounds",
+        "tolerant_parser", "_parse (", "_file_round", "StreamRounds",
         "Mailbox.put", "_admit_and_read", "_guard_stream", "RoundDecoder")),
     ("step (gradient and mixing)", (
         "RoundDriver.step", "DSGD.step", "GradientTracking.step", "loss_and_grad",
@@ -44,7 +44,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("round bookkeeping", (
         "RoundLink.", "Peers.", "Mailbox.", "RoundLedger.", "run_phase_two", "Replay.",
         "Outbox.", "settle", "Status")),
-    ("gRPC internals", ("(grpc/", "cygrpc", "(grpc_")),
+    ("gRPC internals", ("(grpc/", "cygrpc", "(grpc_", "_read_raw")),
     ("event loop (asyncio)", ("(asyncio/", "_asynciomodule", "selectmodule", "(selectors")),
 )
 OTHER_THREADS = "gRPC's own threads"
@@ -76,10 +76,12 @@ def top_frames(lines: Iterable[str], *, per_stage: int = 6) -> dict[str, list[tu
     out: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for line in lines:
         stack, _, count = line.rstrip("\n").rpartition(" ")
-        frames = stack.split(";")[1:]
+        thread, *frames = stack.split(";")
         stage = stage_of(frames) if frames and count.isdigit() else None
         if stage is None:
             continue
+        if POLLER in thread:
+            stage = "gRPC internals"
         ours = [f for f in frames if "(agent/" in f or "(efpsn/" in f]
         where = ours[-1].split(" (")[0] if ours else "-"
         out[stage][f"{where} | {frames[-1].split(' (')[0][:40]}"] += int(count)

@@ -128,10 +128,10 @@ def _decode_round(pb: agent_pb2.RoundMessage, *, max_elements: int,
         raise WireError(f"message must carry tensors {sorted(expected_shapes)}, got "
                         f"{len(pb.tensors)} tensors")
     names = [named.name for named in pb.tensors]
-    if any(not name for name in names):
+    if not all(names):
         raise WireError("tensor names must be non-empty")
-    counts = collections.Counter(names)  # linear: a message may carry millions of names
-    if len(counts) != len(names):
+    if len(set(names)) != len(names):  # linear: a message may carry millions of names
+        counts = collections.Counter(names)
         duplicates = sorted(name for name, count in counts.items() if count > 1)
         raise WireError(f"tensor names must be unique, got duplicates {_few(duplicates)}")
     if any(a > b for a, b in itertools.pairwise(names)):
@@ -173,10 +173,11 @@ def round_digest(pb: agent_pb2.RoundMessage) -> bytes:
 
 def _digest_tensor(h: Any, name: str, dtype: str, dims: Sequence[int], data: bytes) -> None:
     """Feed one named tensor to a round digest: every field length-prefixed, so no two
-    different messages feed the same bytes."""
-    for part in (name.encode(), dtype.encode(), b",".join(b"%d" % d for d in dims), data):
-        h.update(len(part).to_bytes(8, "big"))
-        h.update(part)
+    different messages feed the same bytes (the small fields in one update, then the data)."""
+    fields = [name.encode(), dtype.encode(), b",".join(b"%d" % d for d in dims)]
+    h.update(b"".join(len(part).to_bytes(8, "big") + part for part in fields)
+             + len(data).to_bytes(8, "big"))
+    h.update(data)
 
 
 def round_request(*, header: Any) -> agent_pb2.RoundRequest:

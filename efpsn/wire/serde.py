@@ -47,6 +47,7 @@ _DTYPES: dict[str, tuple[np.dtype, torch.dtype]] = {
     "int64": (np.dtype("<i8"), torch.int64),
 }
 WIRE_DTYPES: tuple[str, ...] = tuple(_DTYPES)
+_NATIVE: dict[str, np.dtype] = {name: wire.newbyteorder("=") for name, (wire, _) in _DTYPES.items()}
 _TORCH_TO_WIRE: dict[torch.dtype, str] = {t: name for name, (_, t) in _DTYPES.items()}
 
 
@@ -106,7 +107,7 @@ def tensor_from_parts(dtype: str, dims: Sequence[int], data: bytes, *, max_eleme
             f"tensor data must be {expected_bytes} bytes ({count} x {dtype} for shape "
             f"{list(shape)}), got {len(data)}"
         )
-    native = wire_dtype.newbyteorder("=")
+    native = _NATIVE[dtype]
     if count == 0:
         array = np.empty(shape, dtype=native)
     else:
