@@ -273,7 +273,7 @@ async def measure_all(*, messages: int, insecure: bool) -> dict[str, tuple[float
             "bare grpc.aio client stream, no reply, same bytes":
                 await bare_grpc(tls_dir, payload, messages, stream="client"),
             **({} if tls_dir is None else {
-                "bare grpc.aio bidirectional stream, server in another process":
+                "bare grpc.aio bidi stream, server in another process":
                     await bare_grpc_processes(tls_dir, payload, messages)}),
             f"raw TCP socket ({'plaintext' if insecure else 'TLS'})":
                 await raw_socket(tls_dir, payload, messages),

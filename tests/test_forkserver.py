@@ -1,4 +1,4 @@
-"""`efpsn up`'s fork server (efpsn/launch/forkserver.py, forking.py): agents forked from one
+"""`efpsn up`'s fork server (agent/forkserver.py; the launcher's side efpsn/launch/forking.py): agents forked from one
 process that loaded torch once, each in a session of its own with its own log and environment,
 adopted by the launcher, which reads their exit codes and stops them as any child."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from agent.forkserver import check_forkable
 from efpsn.launch.forking import Adopted, ForkServer, can_fork_agents
-from efpsn.launch.forkserver import check_forkable
 from efpsn.launch.processes import stop_children
 
 pytestmark = [pytest.mark.timeout(180),

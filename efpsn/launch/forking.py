@@ -1,4 +1,4 @@
-"""The launcher's side of the fork server (efpsn/launch/forkserver.py): `efpsn up`'s agents are
+"""The launcher's side of the fork server (agent/forkserver.py, started as a process): `efpsn up`'s agents are
 forked from one process that loaded the interpreter, numpy, torch and phe once, and share those
 pages; once the server has forked them all it exits, and the launcher adopts them (Linux's
 child subreaper), so it waits for them and reads their exit codes as for any child."""
@@ -92,7 +92,7 @@ class ForkServer:
         self.log_path, _ = child_files("forkserver", folder)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "efpsn.launch.forkserver", "--folder", str(folder),
+                [sys.executable, "-m", "agent.forkserver", "--folder", str(folder),
                  *(["--data", data] if data else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
                 start_new_session=True)  # our Ctrl-C is for us: we end it

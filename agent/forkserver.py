@@ -2,7 +2,7 @@
 then every agent forked from it, so that those pages are shared copy-on-write by all agents
 instead of loaded by each (as multiprocessing's forkserver does).
 
-    python -m efpsn.launch.forkserver --folder RESULTS [--data SPEC]
+    python -m agent.forkserver --folder RESULTS [--data SPEC]
 
 Requests come as JSON lines on standard input, one per agent:
 {"name": NAME, "argv": [...], "env": {...}, "log": PATH, "append_log": false}; each is answered
@@ -134,7 +134,7 @@ def serve(requests: TextIO, replies: TextIO, *, control: Sequence[int]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m efpsn.launch.forkserver",
+    parser = argparse.ArgumentParser(prog="python -m agent.forkserver",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--folder", required=True,
                         help="the run's results folder (named on this command line, so the "
