@@ -119,8 +119,10 @@ def _write_new(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def _json_bytes(payload: Any) -> bytes:
-    return (json.dumps(payload, indent=1, allow_nan=True) + "\n").encode()
+def _json_bytes(payload: Any, *, indent: int | None = 1) -> bytes:
+    """JSON text of a state file; indent=None: compact, by json's C encoder (a checkpoint's
+    growing evaluation history, written every few rounds)."""
+    return (json.dumps(payload, indent=indent, allow_nan=True) + "\n").encode()
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -331,7 +333,7 @@ class StateStore:
                             "sha256": hashlib.sha256(data).hexdigest()}
         meta = {"format": FORMAT, "run_id": run_id, "round": round_, "tensors": entries,
                 "history": history}
-        _write_new(tmp / "state.json", _json_bytes(meta))
+        _write_new(tmp / "state.json", _json_bytes(meta, indent=None))
         _fsync_dir(tmp)  # its entries, before the folder is renamed into place
         if final.exists():
             shutil.rmtree(final)
