@@ -30,7 +30,8 @@ class Interrupted(Exception):
 class Mailbox:
     """Accepted payloads keyed by (kind, round, sender).
 
-    `put` never blocks (it runs inside gRPC handlers); `collect` waits for a full set of senders.
+    `put` never blocks (it runs inside gRPC handlers); `collect` waits for a full set of senders
+    and is woken once, when the set is complete (or it is interrupted), not by every message.
     A message that arrives before its round is buffered until collected; `discard_before` frees
     the payloads of rounds already consumed.
     """
@@ -39,12 +40,26 @@ class Mailbox:
         self._boxes: dict[tuple[str, int], dict[str, Any]] = {}
         self._changed = asyncio.Event()
         self._interrupt: BaseException | None = None
-        self.waiting_for: list[str] = []  # senders `collect` is waiting for right now
+        self._awaited: tuple[tuple[str, int], frozenset[str]] | None = None  # what collect waits for
+
+    @property
+    def waiting_for(self) -> list[str]:
+        """The senders `collect` is waiting for right now."""
+        if self._awaited is None:
+            return []
+        key, wanted = self._awaited
+        box = self._boxes.get(key, {})
+        return sorted(s for s in wanted if s not in box)
 
     def put(self, kind: str, round_: int, sender: str, payload: Any) -> None:
-        """Store an accepted message (the ledger let it in once)."""
-        self._boxes.setdefault((kind, round_), {})[sender] = payload
-        self._changed.set()
+        """Store an accepted message (the ledger let it in once); wake a waiting `collect` when
+        this message completes what it waits for."""
+        key = (kind, round_)
+        box = self._boxes.setdefault(key, {})
+        box[sender] = payload
+        awaited = self._awaited
+        if awaited is None or (awaited[0] == key and awaited[1] <= box.keys()):
+            self._changed.set()
 
     def has(self, kind: str, round_: int, sender: str) -> bool:
         return sender in self._boxes.get((kind, round_), {})
@@ -72,11 +87,11 @@ class Mailbox:
         wanted = sorted(set(senders))
         start = time.monotonic()
         deadline = start + timeout
+        self._awaited = ((kind, round_), frozenset(wanted))
         try:
             while True:
                 box = self._boxes.get((kind, round_), {})
                 missing = [s for s in wanted if s not in box]
-                self.waiting_for = missing
                 if not missing:
                     return {s: box[s] for s in wanted}
                 if self._interrupt is not None:
@@ -88,7 +103,7 @@ class Mailbox:
                                            waited=time.monotonic() - start)
                 await self._wait(remaining)
         finally:
-            self.waiting_for = []
+            self._awaited = None
 
     async def _wait(self, remaining: float) -> None:
         """Until the next put (or `remaining` seconds)."""

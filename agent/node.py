@@ -50,7 +50,7 @@ from efpsn.config import RunConfig
 from efpsn.ledger import RoundLedger
 from efpsn.masking import Masker, noise_generator
 from efpsn.refresh import MaskProvider
-from efpsn.runtime import peak_rss_mb
+from efpsn.runtime import peak_rss_mb, pss_mb
 from efpsn.seeds import EdgeSeeds, SeedExchange
 from efpsn.wire.net import (
     RejectionLog,
@@ -217,9 +217,11 @@ class AgentNode:
         self.timings["seconds_per_round"] = self.timings["phase2_seconds"] / rounds
         # this process's CPU (every thread: gRPC's too) per round: what a round costs
         self.timings["cpu_seconds_per_round"] = (time.process_time() - cpu) / rounds
-        rss = peak_rss_mb()
+        rss, pss = peak_rss_mb(), pss_mb()
         if rss is not None:
             self.timings["max_rss_mb"] = rss
+        if pss is not None:  # at the end of phase II, while its neighbours still run
+            self.timings["pss_mb"] = pss
         result = write_results(
             Path(opts.results_dir) / opts.name, session=session, name=opts.name,
             x=done.state["x"], history=done.history, timings=self.timings,

@@ -6,25 +6,26 @@ different checkpoints then both resume). Messages are kept as the bytes that wer
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 import os
 import re
 import shutil
+import zlib
 from pathlib import Path
 
 log = logging.getLogger("agent.state")
 
-_MAGIC = b"EFOB"
-_HEAD = len(_MAGIC) + 8 + 4 + 32  # magic, round, length, sha256 of the data
+_MAGIC = b"EFO2"
+_HEAD = len(_MAGIC) + 8 + 4 + 4  # magic, round, length, CRC-32 of the data
 _SEGMENT = re.compile(r"^rounds-(\d{8,})\.log$")
 
 
 class OutboxLog:
     """Append-only segment files `outbox/rounds-START.log` of `segment` rounds each, holding
-    records (round, serialized RoundMessage, sha256); segments older than the newest `keep`
+    records (round, serialized RoundMessage, CRC-32); segments older than the newest `keep`
     rounds are deleted. Records are not fsync'ed: they must survive the process (kill -9),
-    whose page cache the kernel keeps; a torn last record is ignored when loading."""
+    whose page cache the kernel keeps; a torn last record (its CRC-32 or length is off) is
+    ignored when loading. The current segment stays open: one write per round."""
 
     def __init__(self, folder: Path, *, keep: int, segment: int) -> None:
         self.folder = folder
@@ -32,24 +33,38 @@ class OutboxLog:
         self.segment = max(1, segment)
         self._pruned_below = -1
         self._folder_made = False
+        self._fd: int | None = None
+        self._fd_start = -1  # the first round of the open segment
 
     def _path(self, t: int) -> Path:
         return self.folder / f"rounds-{t // self.segment * self.segment:08d}.log"
 
     def append(self, t: int, data: bytes) -> None:
         """Record round t's message (mode 0600 in a 0700 folder)."""
+        start = t // self.segment * self.segment
+        if self._fd is None or start != self._fd_start:
+            self._open(t, start)
+        assert self._fd is not None
+        head = b"".join((_MAGIC, t.to_bytes(8, "big"), len(data).to_bytes(4, "big"),
+                         zlib.crc32(data).to_bytes(4, "big")))
+        os.writev(self._fd, (head, data))  # one record, one system call, no copy of data
+        self._prune(t)
+
+    def _open(self, t: int, start: int) -> None:
+        """Open round t's segment for appending (the previous one is closed)."""
+        self.close()
         if not self._folder_made:  # once, not a stat per round
             self.folder.mkdir(parents=True, exist_ok=True)
             os.chmod(self.folder, 0o700)
             self._folder_made = True
-        record = (_MAGIC + t.to_bytes(8, "big") + len(data).to_bytes(4, "big")
-                  + hashlib.sha256(data).digest() + data)
-        fd = os.open(self._path(t), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            os.write(fd, record)
-        finally:
+        self._fd = os.open(self._path(t), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._fd_start = start
+
+    def close(self) -> None:
+        """Close the open segment (appending opens it again)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
             os.close(fd)
-        self._prune(t)
 
     def _segments(self) -> list[tuple[int, Path]]:
         if not self.folder.is_dir():
@@ -80,15 +95,16 @@ class OutboxLog:
             while at + _HEAD <= len(blob) and blob[at:at + 4] == _MAGIC:
                 t = int.from_bytes(blob[at + 4:at + 12], "big")
                 size = int.from_bytes(blob[at + 12:at + 16], "big")
-                digest = blob[at + 16:at + _HEAD]
+                crc = int.from_bytes(blob[at + 16:at + _HEAD], "big")
                 data = blob[at + _HEAD:at + _HEAD + size]
-                if len(data) != size or hashlib.sha256(data).digest() != digest:
+                if len(data) != size or zlib.crc32(data) != crc:
                     break  # torn by the crash: everything after it is unusable
                 out[t] = data
                 at += _HEAD + size
         return dict(sorted(out.items()))
 
     def delete(self) -> None:
+        self.close()
         shutil.rmtree(self.folder, ignore_errors=True)
         self._folder_made = False
 
@@ -130,6 +146,8 @@ class Outbox:
 
     def stop_logging(self) -> None:
         """The run is over: the log is deleted with the state; memory serves the rest."""
+        if self.log is not None:
+            self.log.close()
         self.log = None
 
     def held(self) -> str:

@@ -76,6 +76,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.shares: ShareCheck | None = None
         self._session: Session | None = None
         self._in_flight: Counter[str] = Counter()
+        self._callers: dict[grpc.aio.ServicerContext, frozenset[str]] = {}  # admitted calls
 
     @property
     def session(self) -> Session | None:
@@ -112,8 +113,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                          f"{limits.CALLS_IN_FLIGHT_PER_CALLER} calls from {_short(key)} are "
                          "already in flight: retry later")
         self._in_flight[key] += 1
+        if names is not None:  # a call's certificate is its connection's: read it once
+            self._callers[context] = names
 
         def release() -> None:
+            self._callers.pop(context, None)
             self._in_flight[key] -= 1
             if self._in_flight[key] <= 0:
                 del self._in_flight[key]
@@ -124,7 +128,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         """The session, once the claimed sender is a name in the caller's certificate (mutual
         TLS) and a neighbour in this run."""
         if self.identity.tls:
-            names = caller_names(context)
+            names = self._callers.get(context)
+            if names is None:  # not admitted through add_service (tests call handlers directly)
+                names = caller_names(context)
             if not names:
                 raise Reject(StatusCode.UNAUTHENTICATED, "this agent requires mutual TLS: the "
                              "call carries no client certificate")

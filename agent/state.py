@@ -13,7 +13,7 @@ Layout of the state folder (default RESULTS/NAME/state; mode 0700, every file 06
     checkpoints/round-00000050/     the algorithm state after 50 completed rounds:
         state.json                  round, tensor names/shapes/sha256, evaluation history
         x.npy, y.npy, ...           one float64 array per state tensor (np.save, no pickle)
-    outbox/rounds-00000050.log      the round messages this agent sent (agent/outbox_log.py),
+    outbox/rounds-00000050.log      the round messages this agent sent (agent/outbox.py),
                                     served to neighbours that replay from an older checkpoint
     unresumable.json                why this run can never resume here (written when it fails)
 
@@ -106,8 +106,23 @@ def write_private(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def _json_bytes(payload: Any) -> bytes:
-    return (json.dumps(payload, indent=1, allow_nan=True) + "\n").encode()
+def _write_new(path: Path, data: bytes) -> None:
+    """Create `path` (mode 0600; it must not exist) with `data`, flushed to disk. For files in
+    a fresh folder that is renamed into place once complete: no rename of their own."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _json_bytes(payload: Any, *, indent: int | None = 1) -> bytes:
+    """JSON text of a state file; indent=None: compact, by json's C encoder (a checkpoint's
+    growing evaluation history, written every few rounds)."""
+    return (json.dumps(payload, indent=indent, allow_nan=True) + "\n").encode()
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -217,7 +232,7 @@ class StateStore:
 
     @property
     def outbox_folder(self) -> Path:
-        """My sent round messages (agent/outbox_log.py)."""
+        """My sent round messages (agent/outbox.py)."""
         return self.folder / "outbox"
 
     @property
@@ -313,12 +328,13 @@ class StateStore:
             buffer = io.BytesIO()
             np.save(buffer, np.ascontiguousarray(array).astype("<f8"), allow_pickle=False)
             data = buffer.getvalue()
-            write_private(tmp / f"{key}.npy", data)
+            _write_new(tmp / f"{key}.npy", data)
             entries[key] = {"file": f"{key}.npy", "shape": list(array.shape),
                             "sha256": hashlib.sha256(data).hexdigest()}
         meta = {"format": FORMAT, "run_id": run_id, "round": round_, "tensors": entries,
                 "history": history}
-        write_private(tmp / "state.json", _json_bytes(meta))
+        _write_new(tmp / "state.json", _json_bytes(meta, indent=None))
+        _fsync_dir(tmp)  # its entries, before the folder is renamed into place
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

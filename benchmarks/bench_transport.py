@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import ssl
 import struct
 import sys
@@ -146,6 +147,69 @@ async def bare_grpc(tls_dir: Path | None, payload: bytes, n: int, *,
         await server.stop(0)
 
 
+# A bare gRPC server in a process of its own: one bidirectional method, an empty reply a message.
+BARE_SERVER = """
+import asyncio, sys, grpc
+from efpsn.wire.tls import TlsConfig
+
+async def serve(tls_dir, port_file):
+    async def stream(requests, context):
+        async for _ in requests:
+            yield b""
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1 << 26)])
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "bench.Bare", {"Stream": grpc.stream_stream_rpc_method_handler(stream)}),))
+    credentials = TlsConfig.from_dir(tls_dir, "agent1").server_credentials()
+    port = server.add_secure_port("127.0.0.1:0", credentials)
+    await server.start()
+    with open(port_file + ".part", "w") as out:
+        out.write(str(port))
+    import os; os.replace(port_file + ".part", port_file)
+    await server.wait_for_termination()
+
+asyncio.run(serve(sys.argv[1], sys.argv[2]))
+"""
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def bare_grpc_processes(tls_dir: Path, payload: bytes, n: int) -> tuple[float, float]:
+    """A bare grpc.aio bidirectional stream to a server in another process (mutual TLS): each
+    message waits for its empty reply, as agents in separate processes wait for each other.
+    CPU ms per message of both processes together, and wall ms per message."""
+    port_file = tls_dir.parent / "bare-port"
+    server = await asyncio.create_subprocess_exec(sys.executable, "-c", BARE_SERVER,
+                                                  str(tls_dir), str(port_file))
+    try:
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            if server.returncode is not None or time.monotonic() > deadline:
+                raise RuntimeError("the bare gRPC server did not start")
+            await asyncio.sleep(0.05)
+        client = TlsConfig.from_dir(tls_dir, "agent2")
+        channel = open_channel(f"127.0.0.1:{int(port_file.read_text())}",
+                               credentials=client.channel_credentials(), server_name="agent1")
+        call = channel.stream_stream(BARE_STREAM)()
+        for _ in range(20):
+            await call.write(payload)
+            await call.read()
+        cpu, server_cpu, wall = time.process_time(), _cpu_seconds(server.pid), time.perf_counter()
+        for _ in range(n):
+            await call.write(payload)
+            await call.read()
+        total = time.process_time() - cpu + _cpu_seconds(server.pid) - server_cpu
+        elapsed = time.perf_counter() - wall
+        call.cancel()
+        await channel.close()
+        return total * 1e3 / n, elapsed * 1e3 / n
+    finally:
+        server.kill()
+        await server.wait()
+
+
 def _ssl_contexts(tls_dir: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(tls_dir / "ca.pem"))
     server.load_cert_chain(tls_dir / "agent1.pem", tls_dir / "agent1.key")
@@ -209,6 +273,9 @@ async def measure_all(*, messages: int, insecure: bool) -> dict[str, tuple[float
                 await bare_grpc(tls_dir, payload, messages, stream="bidi"),
             "bare grpc.aio client stream, no reply, same bytes":
                 await bare_grpc(tls_dir, payload, messages, stream="client"),
+            **({} if tls_dir is None else {
+                "bare grpc.aio bidi stream, server in another process":
+                    await bare_grpc_processes(tls_dir, payload, messages)}),
             f"raw TCP socket ({'plaintext' if insecure else 'TLS'})":
                 await raw_socket(tls_dir, payload, messages),
         }

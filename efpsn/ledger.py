@@ -54,6 +54,7 @@ class RoundLedger:
         self.position = position
         self.resumed_from = resumed_from
         self._digests: dict[int, dict[str, bytes]] = {}
+        self._floor = position - keep  # every round below it is forgotten
 
     def judge(self, sender: str, round_: int, digest: bytes) -> Judgement:
         """The verdict on `sender`'s round-`round_` message with content digest `digest`; an
@@ -100,8 +101,13 @@ class RoundLedger:
             raise ValueError(f"the window only moves forward: {self.position} -> {position}")
         self.position = position
         floor = position - self.keep
-        for t in [t for t in self._digests if t < floor]:
-            del self._digests[t]
+        if floor - self._floor > len(self._digests):  # a long jump: one pass over what is held
+            for t in [t for t in self._digests if t < floor]:
+                del self._digests[t]
+        else:  # round by round: only the rounds that just fell out
+            for t in range(self._floor, floor):
+                self._digests.pop(t, None)
+        self._floor = max(self._floor, floor)
 
     def remembered(self) -> int:
         """How many (round, sender) digests are held (bounded by keep x neighbours + window)."""

@@ -51,3 +51,17 @@ def peak_rss_mb(pid: int | str = "self") -> float | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def pss_mb(pid: int | str = "self") -> float | None:
+    """Proportional memory (PSS) of a process in MB, from /proc/PID/smaps_rollup: its private
+    pages plus its share of every page it shares with other processes (each shared page split
+    evenly among them), so the PSS of all processes adds up to the memory they use; None where
+    there is none."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -93,6 +93,10 @@ def test_up_writes_a_default_results_folder_and_prints_its_metrics(tmp_path: Pat
     assert 0 < timings["phase1_seconds"] and 0 < timings["phase2_seconds"] < wall, timings
     assert 0 < timings["agents_cpu_seconds_per_round"] < 5 * timings["phase2_seconds"], timings
     assert timings["agent_peak_rss_mb"] > 100 and 0 < timings["coordinator_peak_rss_mb"] < 150
+    # forked from one fork server: each agent's proportional share is below what it holds
+    assert 0 < timings["agent_pss_mb_median"] < timings["agent_peak_rss_mb"], timings
+    assert timings["agents_pss_mb_total"] >= 5 * min(
+        summary["agents"][n]["timings"]["pss_mb"] for n in NAMES)
     for name in NAMES:
         result = json.loads((tmp_path / folder / name / "result.json").read_text())
         assert result["final"]["round"] == 4 and result["run_id"] == summary["run_id"]

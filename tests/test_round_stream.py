@@ -279,7 +279,7 @@ def test_transport_benchmark_runs_every_path() -> None:
                          cwd=root, check=True).stdout
     rows = {line[:56].strip(): line[56:].split() for line in out.splitlines()
             if line.startswith(("agent transport", "bare grpc", "raw TCP"))}
-    assert len(rows) == 7, out
+    assert len(rows) == 8, out
     assert rows["bare grpc.aio unary, same bytes"][1] == "1.00", out
     for label, (cpu, ratio, wall, wall_ratio) in rows.items():
         assert float(cpu) > 0 and float(wall) > 0 and float(ratio) > 0, (label, out)

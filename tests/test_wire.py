@@ -63,6 +63,18 @@ def test_tensor_round_trip_is_bit_exact(array: np.ndarray) -> None:
     assert _bits(back) == array.tobytes()
 
 
+@given(st.dictionaries(st.text(min_size=1, max_size=6), raw_arrays(), min_size=1, max_size=3),
+       st.integers(min_value=0, max_value=2**64 - 1))
+def test_encode_round_writes_the_bytes_of_the_message(message: dict[str, np.ndarray],
+                                                      round_: int) -> None:
+    """encode_round writes the protobuf encoding itself (one copy of the data): byte for byte
+    what the RoundMessage it stands for serializes to, for every dtype, shape and round."""
+    tensors = {name: torch.from_numpy(array) for name, array in message.items()}
+    expected = rounds.message_to_proto(tensors, header=serde.make_header(
+        run_id="run-1", sender="agent2", round=round_, phase=Phase.OPTIMIZE)).SerializeToString()
+    assert rounds.encode_round(tensors, run_id="run-1", sender="agent2", round_=round_) == expected
+
+
 @given(
     hnp.arrays(
         dtype=st.sampled_from([np.float64, np.float32]),

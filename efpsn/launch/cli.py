@@ -22,7 +22,7 @@ def _up(args: argparse.Namespace) -> int:
         "results": Path(args.results) if args.results else None, "host": args.host,
         "data_dir": Path(args.data_dir) if args.data_dir else None, "holdout": args.holdout,
         "label_column": args.label_column, "quiet": args.quiet, "insecure": args.insecure,
-        "checkpoint_every": args.checkpoint_every,
+        "checkpoint_every": args.checkpoint_every, "fork_agents": not args.no_fork,
         "insecure_noise_seed": args.insecure_noise_seed,
         "debug_expose_mask": args.debug_expose_mask,
         "allow_insecure_keys": args.allow_insecure_keys,
@@ -46,6 +46,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     up.add_argument("--insecure", action="store_true",
                     help="plaintext gRPC (default: a fresh CA and certificates in RESULTS/tls, "
                          "mutual TLS everywhere)")
+    up.add_argument("--no-fork", action="store_true",
+                    help="start every agent as its own interpreter (default: fork them all from "
+                         "one process that loaded Python, torch, numpy and phe once, so that "
+                         "memory is shared)")
     up.add_argument("--checkpoint-every", type=int, default=50,
                     help="agents save their phase II state every this many rounds")
     add_debug_flags(up)

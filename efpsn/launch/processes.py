@@ -1,5 +1,6 @@
-"""Service processes on this machine: started in their own session with a log and a port file,
-waited for until they serve, and stopped (SIGTERM, then SIGKILL) with everything they started."""
+"""Service processes on this machine: started in their own session with a log and a port file
+(each its own interpreter, or forked from the fork server: efpsn/launch/forking.py), waited for
+until they serve, and stopped (SIGTERM, then SIGKILL) with everything they started."""
 
 from __future__ import annotations
 
@@ -11,8 +12,24 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
-__all__ = ["Child", "spawn", "stop_children", "wait_port"]
+__all__ = ["Child", "Process", "spawn", "stop_children", "wait_port"]
+
+
+class Process(Protocol):
+    """What the launcher uses of a process (subprocess.Popen has it)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
 
 
 @dataclass
@@ -20,7 +37,7 @@ class Child:
     """One started process: its name, the process, its log and the file it writes its port to."""
 
     name: str
-    process: subprocess.Popen[bytes]
+    process: Process
     log_path: Path
     port_file: Path
 
@@ -36,15 +53,21 @@ class Child:
         return self.process.poll() is None
 
 
-def spawn(name: str, module_args: Sequence[str], folder: Path, *,
-          env: Mapping[str, str] | None = None, append_log: bool = False) -> Child:
-    """`python -m MODULE ARGS --port-file FOLDER/ports/NAME`, output to FOLDER/logs/NAME.log, in a
-    session of its own (our Ctrl-C is handled by the caller, which then stops it)."""
+def child_files(name: str, folder: Path) -> tuple[Path, Path]:
+    """FOLDER/logs/NAME.log and FOLDER/ports/NAME (a stale port file removed)."""
     log_path = folder / "logs" / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     port_file = folder / "ports" / name
     port_file.parent.mkdir(parents=True, exist_ok=True)
     port_file.unlink(missing_ok=True)
+    return log_path, port_file
+
+
+def spawn(name: str, module_args: Sequence[str], folder: Path, *,
+          env: Mapping[str, str] | None = None, append_log: bool = False) -> Child:
+    """`python -m MODULE ARGS --port-file FOLDER/ports/NAME`, output to FOLDER/logs/NAME.log, in a
+    session of its own (our Ctrl-C is handled by the caller, which then stops it)."""
+    log_path, port_file = child_files(name, folder)
     with open(log_path, "ab" if append_log else "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", *module_args, "--port-file", str(port_file)],

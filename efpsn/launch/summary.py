@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,9 @@ def network_timings(agents: dict[str, Any], *, started_at: float) -> dict[str, f
         out["agents_cpu_seconds_per_round"] = sum(t["cpu_seconds_per_round"] for t in timings)
     if all("max_rss_mb" in t for t in timings):
         out["agent_peak_rss_mb"] = max(t["max_rss_mb"] for t in timings)
+    if all("pss_mb" in t for t in timings):  # memory actually used per agent (shared pages split)
+        out["agent_pss_mb_median"] = statistics.median(t["pss_mb"] for t in timings)
+        out["agents_pss_mb_total"] = sum(t["pss_mb"] for t in timings)
     if all("phase2_started_at" in t for t in timings):
         out["startup_seconds"] = max(t["phase2_started_at"] for t in timings) - started_at
     return out

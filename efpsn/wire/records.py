@@ -94,6 +94,9 @@ def validate_header(
     return header
 
 
+_PHASES = frozenset(Phase)
+
+
 def _check_header(header: Header) -> None:
     if not isinstance(header.run_id, str) or not header.run_id:
         raise WireError(f"header run_id must be a non-empty string, got {header.run_id!r}")
@@ -102,7 +105,7 @@ def _check_header(header: Header) -> None:
     r = header.round
     if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < UINT64_END:
         raise WireError(f"header round must be an int in [0, 2^64), got {r!r}")
-    if not isinstance(header.phase, int) or header.phase not in set(Phase):
+    if not isinstance(header.phase, int) or header.phase not in _PHASES:
         raise WireError(f"header phase must be a Phase, got {header.phase!r}")
     if header.phase == Phase.PHASE_UNSPECIFIED:
         raise WireError("header phase must not be PHASE_UNSPECIFIED")

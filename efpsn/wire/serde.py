@@ -47,11 +47,19 @@ _DTYPES: dict[str, tuple[np.dtype, torch.dtype]] = {
     "int64": (np.dtype("<i8"), torch.int64),
 }
 WIRE_DTYPES: tuple[str, ...] = tuple(_DTYPES)
+_NATIVE: dict[str, np.dtype] = {name: wire.newbyteorder("=") for name, (wire, _) in _DTYPES.items()}
 _TORCH_TO_WIRE: dict[torch.dtype, str] = {t: name for name, (_, t) in _DTYPES.items()}
 
 
 def tensor_to_proto(value: torch.Tensor | np.ndarray) -> common_pb2.Tensor:
     """Encode a float64/float32/int64 tensor as raw little-endian C-order bytes plus dtype and shape."""
+    name, array = wire_array(value)
+    return common_pb2.Tensor(dtype=name, shape=list(array.shape), data=array.tobytes(order="C"))
+
+
+def wire_array(value: torch.Tensor | np.ndarray) -> tuple[str, np.ndarray]:
+    """A tensor's wire dtype name and its values as a C-contiguous little-endian array (the
+    tensor's own memory when it already is one: no copy)."""
     if isinstance(value, torch.Tensor):
         name = _TORCH_TO_WIRE.get(value.dtype)
         if name is None:
@@ -64,9 +72,8 @@ def tensor_to_proto(value: torch.Tensor | np.ndarray) -> common_pb2.Tensor:
         array = value
     else:
         raise TypeError(f"expected a torch.Tensor or numpy.ndarray, got {type(value).__name__}")
-    wire_dtype = _DTYPES[name][0]
-    data = np.ascontiguousarray(array).astype(wire_dtype, copy=False).tobytes(order="C")
-    return common_pb2.Tensor(dtype=name, shape=list(array.shape), data=data)
+    wire = np.ascontiguousarray(array).astype(_DTYPES[name][0], copy=False)
+    return name, wire.reshape(array.shape)  # ascontiguousarray makes a 0-d array 1-d
 
 
 def tensor_from_proto(
@@ -106,7 +113,7 @@ def tensor_from_parts(dtype: str, dims: Sequence[int], data: bytes, *, max_eleme
             f"tensor data must be {expected_bytes} bytes ({count} x {dtype} for shape "
             f"{list(shape)}), got {len(data)}"
         )
-    native = wire_dtype.newbyteorder("=")
+    native = _NATIVE[dtype]
     if count == 0:
         array = np.empty(shape, dtype=native)
     else:

@@ -1,0 +1,74 @@
+"""`efpsn up`'s fork server (agent/forkserver.py; the launcher's side efpsn/launch/forking.py): agents forked from one
+process that loaded torch once, each in a session of its own with its own log and environment,
+adopted by the launcher, which reads their exit codes and stops them as any child."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.forkserver import check_forkable
+from efpsn.launch.forking import Adopted, ForkServer, can_fork_agents
+from efpsn.launch.processes import stop_children
+
+pytestmark = [pytest.mark.timeout(180),
+              pytest.mark.skipif(not can_fork_agents(), reason="forking agents needs Linux")]
+
+
+def test_forked_agents_have_their_logs_exit_codes_sessions_and_environment(
+        tmp_path: Path) -> None:
+    # prepare: one agent that prints its help on a terminal of 200 columns (its own variable),
+    # one without its flags, one that waits (for a coordinator port file nobody writes)
+    waiting = ["agent", "--name", "agent3", "--coordinator", "127.0.0.1:0",
+               "--coordinator-port-file", str(tmp_path / "never"), "--insecure"]
+    # execute
+    with ForkServer(tmp_path) as server:
+        helped = server.spawn("agent1", ["agent", "--help"], tmp_path, env={"COLUMNS": "200"})
+        refused = server.spawn("agent2", ["agent"], tmp_path)
+        waiter = server.spawn("agent3", waiting, tmp_path)
+    try:
+        # assert: exit codes as a separate interpreter would have them, output in each log
+        assert isinstance(helped.process, Adopted)
+        assert helped.process.wait(timeout=60) == 0
+        usage = helped.log_path.read_text()
+        assert "usage: python -m agent" in usage
+        assert max(len(line) for line in usage.splitlines()) > 100  # COLUMNS=200 reached it
+        assert refused.process.wait(timeout=60) == 2
+        assert "the following arguments are required: --name" in refused.log_path.read_text()
+        assert refused.port_file == tmp_path / "ports" / "agent2"
+        pid = waiter.process.pid
+        assert os.getsid(pid) == pid  # its own session: the launcher's Ctrl-C is not its
+        assert str(tmp_path).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert waiter.process.poll() is None
+    finally:
+        stop_children([helped, refused, waiter], grace=10.0)
+    assert waiter.process.returncode == -signal.SIGTERM
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def test_only_agents_are_forked(tmp_path: Path) -> None:
+    with ForkServer(tmp_path) as server, pytest.raises(ValueError, match="agents only"):
+        server.spawn("coordinator", ["coordinator", "--help"], tmp_path)
+
+
+def test_a_process_with_grpc_loaded_is_never_forked() -> None:
+    import grpc  # noqa: F401  (this test process has it; the fork server never imports it)
+
+    assert "grpc" in sys.modules
+    with pytest.raises(RuntimeError, match="gRPC must start after the fork"):
+        check_forkable()
+
+
+def test_the_server_ending_early_is_reported_with_its_log(tmp_path: Path) -> None:
+    server = ForkServer(tmp_path)
+    try:
+        server.process.kill()
+        server.process.wait()
+        with pytest.raises(RuntimeError, match="the fork server exited with code -9"):
+            server.spawn("agent1", ["agent", "--help"], tmp_path)
+    finally:
+        server.close()
