@@ -480,7 +480,7 @@ def test_accuracy_convex_refreshed_rows_and_their_frontier(tmp_path: Path) -> No
         "dsgd-b64-all-clip1", "every:1"))
     assert efpsn_main(["privacy", "--refresh", "every:1", "--selection", "all", "--m", "7850",
                        "--N", "7851", "--clip", "1", "--gamma", "1e4", "--iterations", "40",
-                       "--json", str(tmp_path / "eps.json")]) == 0
+                       "--batch-size", "64", "--json", str(tmp_path / "eps.json")]) == 0
     assert clipped["epsilon"] == json.loads((tmp_path / "eps.json").read_text())["epsilon"]
     assert "Refreshed masks" in (tmp_path / "out" / "table.md").read_text()
     assert_figure(tmp_path / "out" / "accuracy_convex_frontier.png")

@@ -231,9 +231,8 @@ def multihost(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                                                               strict=True))
                            for name, h in net.hosts.items()}
         stop_processes(agents.values())
-        coord_alive = coord_proc.poll() is None
-        stop_processes([coord_proc])  # SIGTERM: a clean shutdown exits 0
-        seen["coordinator_rc"] = coord_proc.returncode if coord_alive else None
+        stop_processes([coord_proc])  # it exits --linger seconds after its bootstrap, or on SIGTERM
+        seen["coordinator_rc"] = coord_proc.returncode
         seen["run_seconds"] = time.monotonic() - started
     seen["wall_seconds"] = time.monotonic() - started
     seen["teardown_problems"] = net.teardown_problems
@@ -251,7 +250,7 @@ def _tails(seen: dict[str, Any]) -> str:
 def test_five_agents_in_five_namespaces_finish(multihost) -> None:
     seen = multihost
     assert seen["agent_rc"] == {n: 0 for n in NAMES}, _tails(seen)
-    assert seen["coordinator_rc"] == 0, _tails(seen)  # was still serving; SIGTERM -> exit 0
+    assert seen["coordinator_rc"] == 0, _tails(seen)  # exited by itself or on SIGTERM: cleanly
     results, _ = load_agent_results(seen["folder"], NAMES)
     assert [r["final"]["round"] for r in results] == [CONFIG.iterations] * len(NAMES)
     assert len({r["run_id"] for r in results}) == 1
