@@ -173,3 +173,55 @@ def test_an_agent_gives_up_on_a_missing_coordinator_saying_how_to_wait_longer(
                            "until the deadline ("), last
     assert last.endswith("is the coordinator running there? (--connect-timeout SECONDS waits "
                          "longer)"), last
+
+
+@pytest.mark.parametrize("outcome", ["assigned", "cancelled"])
+def test_the_coordinator_exits_linger_seconds_after_its_bootstrap(
+        tmp_path: Path, outcome: str) -> None:
+    # prepare: a coordinator in this process with --linger 1; three agents' registrations
+    # (declaring the run's schema and model), or one agent reporting that it cannot take part
+    import asyncio
+
+    import grpc
+
+    from agent.bootstrap import registration
+    from agent.options import AgentOptions
+    from agent.prepare import prepare
+    from coordinator.service import serve
+    from efpsn.config import RunConfig
+    from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+    config = RunConfig(agents=3, key_bits=2048, iterations=10)
+    port_file = tmp_path / "coordinator.port"
+
+    async def scenario() -> float:
+        coordinator = asyncio.ensure_future(serve(config, listen="127.0.0.1:0",
+                                                  port_file=str(port_file), linger=1.0))
+        try:
+            while not port_file.exists() or not port_file.read_text().strip():
+                await asyncio.sleep(0.01)
+            address = f"127.0.0.1:{int(port_file.read_text())}"
+            async with grpc.aio.insecure_channel(address) as channel:
+                stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+                if outcome == "assigned":
+                    declared = prepare(config, AgentOptions(name="agent1", listen="127.0.0.1:0",
+                                                            coordinator=address))
+                    await asyncio.gather(*(stub.Register(
+                        registration(declared, name=f"agent{k}", address=f"127.0.0.1:{k}"),
+                        timeout=30) for k in (1, 2, 3)))
+                else:
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await stub.Register(coordinator_pb2.RegisterRequest(
+                            name="agent2", address="127.0.0.1:2",
+                            failure="its local data cannot be used"), timeout=30)
+                    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            over = time.monotonic()
+            # execute: nothing more is asked of it
+            async with asyncio.timeout(30):
+                await coordinator
+            return time.monotonic() - over
+        finally:
+            coordinator.cancel()
+
+    # assert: it returned by itself, after its linger
+    assert 0.9 < asyncio.run(scenario()) < 10

@@ -9,6 +9,7 @@ or bad data at one agent, stops every agent with an error naming that agent, wit
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -111,10 +112,17 @@ def test_user_model_trains_over_the_network_as_in_the_simulator(
     # prepare: a user's model in a file outside the package; tabular CSV data at each agent
     models = write_model(tmp_path / "models", hidden=5)
     paths = _csv_folders(tmp_path / "data", USER.agents)
-    # execute: over the network, then in the simulator on the same files
-    results = run_network(tmp_path / "net", USER, {n: ["--data", str(p)] for n, p in paths.items()},
+    # execute: over the network (agent3 --quiet), then in the simulator on the same files
+    results = run_network(tmp_path / "net", USER,
+                          {n: ["--data", str(p), *(["--quiet"] if n == "agent3" else [])]
+                           for n, p in paths.items()},
                           {n: models for n in paths})
     assert {n: r[0] for n, r in results.items()} == dict.fromkeys(paths, 0), results
+    # a progress line per evaluation (every 20 rounds) for each agent's operator, but agent3's
+    for name, (_, log, _) in results.items():
+        progress = re.findall(rf"{name}: round (\d+)/60: loss [0-9.e+-]+, accuracy [0-9.]+, "
+                              r"step [0-9.e+-]+, gap [0-9.e+-]+$", log, flags=re.MULTILINE)
+        assert progress == ([] if name == "agent3" else ["20", "40", "60"]), (name, log)
     monkeypatch.syspath_prepend(str(models))
     local = {i: load_local_data(paths[n], who=n, shape=(6,), classes=3, divisor=1.0, seed=0)
              for i, n in enumerate(sorted(paths))}
