@@ -35,13 +35,14 @@ def _refusal(exc: grpc.aio.AioRpcError, options: AgentOptions) -> AgentFailure:
 
 
 async def _ask(stub_call: Callable[[float], object], *, options: AgentOptions,
-               deadline: float, waiting: str) -> object:
-    """One coordinator call, retried while it is unreachable; a person hears what is awaited
-    after 5 s and every 10 s (with the gRPC reason), and a timeout says how to wait longer."""
+               seconds: float, flag: str, waiting: str) -> object:
+    """One coordinator call, retried while it is unreachable for up to `seconds` (the agent's
+    option `flag`); a person hears what is awaited after 5 s and every 10 s (with the gRPC
+    reason), and a timeout says how to wait longer."""
     loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
     patience = Patience(lambda line: log.warning("%s: %s", options.name, line), waiting,
-                        hint=f"; giving up after {options.connect_timeout:.0f}s "
-                             "(--connect-timeout)")
+                        hint=f"; giving up after {seconds:.0f}s ({flag})")
     try:
         return await call_with_retry(
             lambda: stub_call(max(0.1, deadline - loop.time())),  # type: ignore[arg-type,return-value]
@@ -50,16 +51,16 @@ async def _ask(stub_call: Callable[[float], object], *, options: AgentOptions,
         raise _refusal(exc, options) from None
     except TimeoutError as exc:
         raise AgentFailure(f"{options.name}: {exc}; is the coordinator running there? "
-                           "(--connect-timeout SECONDS waits longer)") from None
+                           f"({flag} SECONDS waits longer)") from None
 
 
 async def fetch_parameters(stub: coordinator_pb2_grpc.CoordinatorStub, *,
                            options: AgentOptions) -> RunConfig:
     """The run's public parameters, validated once, here (retried until --connect-timeout)."""
-    deadline = asyncio.get_running_loop().time() + options.connect_timeout
     reply = await _ask(lambda timeout: stub.GetRunParameters(
         coordinator_pb2.RunParametersRequest(), timeout=timeout), options=options,
-        deadline=deadline, waiting=f"the coordinator at {options.coordinator}")
+        seconds=options.connect_timeout, flag="--connect-timeout",
+        waiting=f"the coordinator at {options.coordinator}")
     config = RunConfig.from_dict(records.run_parameters_from_proto(reply))  # type: ignore[arg-type]
     if not config.resolved_ok:
         raise AgentFailure(f"{options.name}: the coordinator at {options.coordinator} sent "
@@ -84,9 +85,8 @@ async def register(stub: coordinator_pb2_grpc.CoordinatorStub, prepared: Prepare
     """Register and wait for the assignment (the coordinator answers once all registered, or
     refuses with a reason when the run is cancelled)."""
     request = registration(prepared, name=options.name, address=address)
-    deadline = asyncio.get_running_loop().time() + options.register_timeout
     reply = await _ask(lambda timeout: stub.Register(request, timeout=timeout), options=options,
-                       deadline=deadline,
+                       seconds=options.register_timeout, flag="--register-timeout",
                        waiting=f"the other agents to register at {options.coordinator}")
     assignment = records.assignment_from_proto(reply)  # type: ignore[arg-type]
     if assignment.name != options.name:

@@ -236,10 +236,12 @@ def gamma_for_epsilon(
     b = R * math.sqrt(mu_max / 2.0)
     c = mu2 * target_epsilon
     u = 2.0 * c / (math.sqrt(b * b + c) + b)
-    gamma = _zeta_factor(p, q) * sensitivity**2 / (u * u)
+    u_squared = u * u  # 0.0 when the target is so small that u^2 underflows: gamma is then inf
+    gamma = _zeta_factor(p, q) * sensitivity**2 / u_squared if u_squared > 0 else math.inf
     if not math.isfinite(gamma) or gamma <= 0:
         raise ValueError(
-            f"target_epsilon = {target_epsilon!r} needs gamma = {gamma!r}, outside the float range"
+            f"target_epsilon = {target_epsilon!r} needs gamma = {gamma!r}, outside the float "
+            "range; expected a target_epsilon whose gamma is a finite float64 (a larger one)"
         )
     for _ in range(64):
         got = epsilon_delta(

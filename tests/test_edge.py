@@ -299,6 +299,42 @@ def test_a_call_cancelled_while_its_body_is_read_frees_the_callers_slot() -> Non
     assert service.in_flight == 0
 
 
+def test_a_caller_ahead_of_us_is_not_counted_or_logged_as_a_refusal(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A neighbour that calls before this agent is assigned or has its phase I key (the normal
+    race at start-up) gets UNAVAILABLE and retries; only a real refusal is counted and logged
+    (result.json's rejections, the agent's log)."""
+    import logging
+
+    from efpsn.wire.guard import Reject
+    from efpsn.wire.net import RejectionLog, guarded
+
+    class Service:
+        def __init__(self) -> None:
+            self.rejections = RejectionLog(logging.getLogger("test.edge"), "agent1")
+
+        @guarded
+        async def PutPublicKey(self, request: Any, context: Any) -> str:
+            raise Reject(grpc.StatusCode.UNAVAILABLE, f"not {request} yet", early=request != "real")
+
+    class Aborted(Exception):
+        pass
+
+    class Context:
+        async def abort(self, code: grpc.StatusCode, detail: str) -> None:
+            raise Aborted(code, detail)
+
+    service = Service()
+    with caplog.at_level(logging.INFO):
+        for request in ("assigned", "ready", "real"):
+            with pytest.raises(Aborted) as info:
+                asyncio.run(service.PutPublicKey(request, Context()))
+            assert info.value.args == (grpc.StatusCode.UNAVAILABLE, f"not {request} yet")
+    assert service.rejections.counts == {"UNAVAILABLE": 1}
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == [
+        "agent1: refused PutPublicKey: UNAVAILABLE: not real yet"]
+
+
 def test_a_neighbours_reply_is_capped_at_a_round_message(tmp_path: Path) -> None:
     """A GetRound reply bigger than a round message of this run is refused by gRPC unread."""
 

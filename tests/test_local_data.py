@@ -29,7 +29,7 @@ USER_MODEL = """
     from torch import nn
 
     def make(schema):
-        return nn.Sequential(nn.Flatten(), nn.Linear(schema.features, {hidden}), nn.Tanh(),
+        return nn.Sequential(nn.Flatten(), nn.Linear(schema.features, {hidden}), nn.{activation}(),
                              nn.Linear({hidden}, schema.classes))
 """
 
@@ -41,9 +41,10 @@ def tabular(n: int = 40, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def write_model(folder: Path, *, hidden: int) -> Path:
+def write_model(folder: Path, *, hidden: int, activation: str = "Tanh") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "mymodel.py").write_text(textwrap.dedent(USER_MODEL.format(hidden=hidden)))
+    (folder / "mymodel.py").write_text(textwrap.dedent(USER_MODEL.format(hidden=hidden,
+                                                                         activation=activation)))
     return folder
 
 

@@ -2,13 +2,14 @@
 
 `efpsn up --data-dir` on folders made by `efpsn data split` equals the simulator bit for bit; a
 user's model from a file outside the package trains over the network (and equals the
-simulator); a different model at one agent, or bad data at one agent, stops every agent with
-an error naming that agent, within seconds.
+simulator); a different model at one agent (also Tanh for ReLU, with equal parameter shapes),
+or bad data at one agent, stops every agent with an error naming that agent, within seconds.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -111,10 +112,17 @@ def test_user_model_trains_over_the_network_as_in_the_simulator(
     # prepare: a user's model in a file outside the package; tabular CSV data at each agent
     models = write_model(tmp_path / "models", hidden=5)
     paths = _csv_folders(tmp_path / "data", USER.agents)
-    # execute: over the network, then in the simulator on the same files
-    results = run_network(tmp_path / "net", USER, {n: ["--data", str(p)] for n, p in paths.items()},
+    # execute: over the network (agent3 --quiet), then in the simulator on the same files
+    results = run_network(tmp_path / "net", USER,
+                          {n: ["--data", str(p), *(["--quiet"] if n == "agent3" else [])]
+                           for n, p in paths.items()},
                           {n: models for n in paths})
     assert {n: r[0] for n, r in results.items()} == dict.fromkeys(paths, 0), results
+    # a progress line per evaluation (every 20 rounds) for each agent's operator, but agent3's
+    for name, (_, log, _) in results.items():
+        progress = re.findall(rf"{name}: round (\d+)/60: loss [0-9.e+-]+, accuracy [0-9.]+, "
+                              r"step [0-9.e+-]+, gap [0-9.e+-]+$", log, flags=re.MULTILINE)
+        assert progress == ([] if name == "agent3" else ["20", "40", "60"]), (name, log)
     monkeypatch.syspath_prepend(str(models))
     local = {i: load_local_data(paths[n], who=n, shape=(6,), classes=3, divisor=1.0, seed=0)
              for i, n in enumerate(sorted(paths))}
@@ -130,14 +138,17 @@ def test_user_model_trains_over_the_network_as_in_the_simulator(
     assert sim.history[-1]["loss"] < 0.7 * sim.history[0]["loss"]
 
 
-@pytest.mark.parametrize("case", ["different model", "bad data"])
+@pytest.mark.parametrize("case", ["different model", "other activation", "bad data"])
 def test_one_bad_agent_stops_everyone_with_its_name(tmp_path: Path, case: str) -> None:
-    # prepare: agent2 has another model (hidden width 7) or data of the wrong shape
+    # prepare: agent2 has another model (hidden width 7, or ReLU for Tanh: the same parameter
+    # shapes) or data of the wrong shape
     models = write_model(tmp_path / "models", hidden=5)
     paths = _csv_folders(tmp_path / "data", USER.agents)
     pythonpath = dict.fromkeys(paths, models)
-    if case == "different model":
-        pythonpath["agent2"] = write_model(tmp_path / "other", hidden=7)
+    if case != "bad data":
+        pythonpath["agent2"] = (write_model(tmp_path / "other", hidden=7)
+                                if case == "different model"
+                                else write_model(tmp_path / "other", hidden=5, activation="ReLU"))
         expected = {"agent2": "model_fingerprint of agent2 (", "other": "model_fingerprint of agent2"}
     else:
         bad = tmp_path / "bad.npz"

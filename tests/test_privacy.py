@@ -107,6 +107,16 @@ def test_gamma_for_epsilon_validation() -> None:
         )
 
 
+@pytest.mark.parametrize("target", [1e-163, 1e-200, 5e-324])
+def test_a_target_too_small_for_float64_is_a_value_error(target: float) -> None:
+    # u^2 underflows to 0 below about 1e-162 (it used to divide by zero)
+    with pytest.raises(ValueError, match=rf"^target_epsilon = {target!r} needs gamma = inf, "
+                                         r"outside the float range; expected a target_epsilon"):
+        gamma_for_epsilon(
+            target_epsilon=target, delta=1e-5, p=1.0, q=2.0, sensitivity=1.0, mu2=1.0, mu_max=2.0
+        )
+
+
 def test_disconnected_graph_cannot_be_accounted() -> None:
     with pytest.raises(DisconnectedGraphError):
         account(Graph(4, ((0, 1), (2, 3))), gamma=1.0, p=1.0, q=2.0, sensitivity=1.0, delta=1e-5)
