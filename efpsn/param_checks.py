@@ -56,28 +56,25 @@ def check_test_fraction(value: float) -> None:
         raise ValueError(f"test_fraction must be in (0, 1), got {value}")
 
 
-def parse_batch(text: str) -> int:
-    if text == "full":
+def _count_or(text: str, *, word: str, name: str) -> int:
+    """A positive integer, or `word` (returned as 0)."""
+    if text == word:
         return 0
     try:
         value = int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise ValueError(f"batch size must be a positive integer or 'full', got {text!r}")
+        raise ValueError(f"{name} must be a positive integer or {word!r}, got {text!r}")
     return value
+
+
+def parse_batch(text: str) -> int:
+    return _count_or(text, word="full", name="batch size")
 
 
 def parse_rounds(text: str) -> int:
-    if text == "auto":
-        return 0
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"iterations must be a positive integer or 'auto', got {text!r}")
-    return value
+    return _count_or(text, word="auto", name="iterations")
 
 
 def parse_momentum(text: str) -> float:

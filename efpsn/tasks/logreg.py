@@ -89,16 +89,7 @@ class LogisticRegressionTask(Task):
         # residual R^T = (softmax(Z) - Y)^T / B, in place
         zt /= norm * batch
         zt[rows, cols] -= 1.0 / batch
-        grad = np.empty(self.num_params, dtype=np.float64)
-        k = self._split
-        np.matmul(zt, features, out=grad[:k].reshape(self.classes, self.features))
-        zt.sum(axis=1, out=grad[k:])
-        value = float(ce)
-        if self.l2:
-            x_np = x.detach().numpy()
-            grad += self.l2 * x_np
-            value += 0.5 * self.l2 * float(x_np @ x_np)
-        return value, torch.from_numpy(grad)
+        return self._assemble(x, zt, features, ce)
 
     def clipped_loss_and_grad(
         self, x: torch.Tensor, images: torch.Tensor, labels: torch.Tensor, *, clip: float
@@ -119,10 +110,16 @@ class LogisticRegressionTask(Task):
         zt[rows, cols] -= 1.0
         sizes = np.sqrt((zt * zt).sum(axis=0)) * np.sqrt((features * features).sum(axis=1) + 1.0)
         zt *= np.minimum(1.0, clip / np.maximum(sizes, 1e-300)) / batch
+        return self._assemble(x, zt, features, ce)
+
+    def _assemble(self, x: torch.Tensor, residual: np.ndarray, features: np.ndarray,
+                  ce: float) -> tuple[float, torch.Tensor]:
+        """The loss and gradient from the (scaled) residual R^T: weights R^T X, biases R^T 1,
+        plus the l2 term."""
         grad = np.empty(self.num_params, dtype=np.float64)
         k = self._split
-        np.matmul(zt, features, out=grad[:k].reshape(self.classes, self.features))
-        zt.sum(axis=1, out=grad[k:])
+        np.matmul(residual, features, out=grad[:k].reshape(self.classes, self.features))
+        residual.sum(axis=1, out=grad[k:])
         value = float(ce)
         if self.l2:
             x_np = x.detach().numpy()
