@@ -68,7 +68,7 @@ _THREAD = re.compile(r"^thread \((\d+)\)")
 
 def stage_of(frames: list[str]) -> str | None:
     """The stage of one sample's stack (root first), or None when it is idle."""
-    if any(_IDLE.match(frame) for frame in frames[-3:]) or _DISK.match(frames[-1]):
+    if any(_IDLE.match(frame) for frame in frames[-3:]) or (frames and _DISK.match(frames[-1])):
         return None
     for frame in reversed(frames):
         for stage, patterns in RULES:
