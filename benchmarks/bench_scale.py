@@ -39,7 +39,8 @@ def run_one(data_dir: Path, *, agents: int, topology: str, iterations: int,
     schema = read_schema(data_dir)
     config = RunConfig(
         agents=agents, topology=topology, data="local", iterations=iterations,
-        eval_every=iterations, key_bits=key_bits, schedule="constant:0.05",
+        eval_every=iterations, key_bits=key_bits, algorithm="dsgd", batch_size=64,
+        schedule="constant:0.05",
         round_timeout_seconds=600.0, **schema,  # type: ignore[arg-type]
     )
     with tempfile.TemporaryDirectory(prefix="efpsn-scale-") as tmp:
