@@ -74,10 +74,12 @@ class LocalObjective:
         self.perturbation = perturbation
         self.sampler = sampler
         self.clip = clip
+        # full batch: every round reads the whole shard in order, so it is not gathered again
+        self._full = (shard.images.contiguous(), shard.labels) if sampler.full_batch else None
 
     def __call__(self, x: torch.Tensor, t: int) -> torch.Tensor:
         """The masked mini-batch gradient for round t (the oracle the algorithms call)."""
-        images, labels = self.shard.batch(self.sampler.indices(t))
+        images, labels = self._full or self.shard.batch(self.sampler.indices(t))
         if self.clip > 0:
             _, grad = self.task.clipped_loss_and_grad(x, images, labels, clip=self.clip)
         else:
