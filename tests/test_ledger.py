@@ -123,3 +123,31 @@ def test_a_restored_phase_one_acknowledges_only_what_the_previous_process_receiv
     assert ledger.closed
     assert ledger.judge("key", "agent2", b"k").verdict is Verdict.DUPLICATE
     assert ledger.judge("shares", "agent2", b"t").verdict is Verdict.REFUSE
+
+
+def test_a_one_round_memory_is_allowed_and_bounded() -> None:
+    # keep = 1: the smallest memory; walking round by round, the ledger never holds more than
+    # the remembered round and the two-round window per sender
+    ledger = RoundLedger(last=500, keep=1)
+    for t in range(400):
+        for sender in ("agent1", "agent2"):
+            assert ledger.judge(sender, t, bytes([t % 256])).verdict is Verdict.ACCEPT
+        assert ledger.digest("agent1", t) == bytes([t % 256])
+        ledger.advance(t + 1)
+        assert ledger.remembered() <= 2 * (1 + 2), (t, ledger.remembered())
+    assert ledger.digest("agent1", 399) == bytes([399 % 256])
+    assert ledger.digest("agent1", 300) is None and ledger.digest("agent3", 399) is None
+    # a forgotten round can no longer be compared: refused, not taken for a duplicate
+    late = ledger.judge("agent1", 300, bytes([300 % 256]))
+    assert (late.verdict, late.code) == (Verdict.REFUSE, "FAILED_PRECONDITION")
+
+
+def test_refusals_name_the_round_and_the_sender() -> None:
+    beyond = RoundLedger(last=10, keep=2).judge("agent1", 11, b"d")
+    assert (beyond.verdict, beyond.code) == (Verdict.REFUSE, "INVALID_ARGUMENT")
+    assert beyond.reason == "round 11 is beyond the run's last round 10"
+    phase_one = PhaseOneLedger()
+    assert phase_one.judge("key", "agent2", b"k1").verdict is Verdict.ACCEPT
+    other = phase_one.judge("key", "agent2", b"k2")
+    assert (other.verdict, other.code) == (Verdict.REFUSE, "INVALID_ARGUMENT")
+    assert "a different key message from agent2 was already received" in other.reason

@@ -92,3 +92,28 @@ def test_progress_measures_by_hand() -> None:
     assert progress(mine, mine, sent)["gap"] == 3.0
     merged = worst([{"step": 1.0, "gap": math.nan}, {"step": 3.0, "gap": 2.0}, {"step": 2.0}])
     assert merged == {"gap": 2.0, "step": 3.0}
+
+
+def test_a_one_round_run_evaluating_every_round_is_allowed() -> None:
+    driver = _driver("gt", iterations=1, eval_every=1)
+    assert driver.step({1: driver.outbox}) and driver.done
+    assert set(driver.measures) >= {"step", "gap", "tracker"}
+
+
+def test_relative_measures_divide_by_the_norm_only_above_one() -> None:
+    # ||x|| = 0.5: the relative measures equal the absolute ones (max(1, ||x||) = 1); ||x|| = 4:
+    # divided by 4
+    before = AgentState(t=0, tensors={"x": torch.zeros(2, dtype=torch.float64)})
+    for x, scale in (([0.3, 0.4], 1.0), ([0.0, 4.0], 4.0)):
+        after = AgentState(t=1, tensors={"x": torch.tensor(x, dtype=torch.float64)})
+        inbox = {1: {"x": torch.tensor([0.0, 1.0], dtype=torch.float64)}}
+        out = progress(before, after, inbox)
+        assert out["relative_step"] == out["step"] / scale and out["gap"] == 1.0
+        assert out["relative_gap"] == 1.0 / scale
+
+
+def test_the_worst_of_measures_nobody_could_compute_is_nan() -> None:
+    # DSGD agents report no tracker; a NaN (no finite value) stays NaN, never None or an error
+    merged = worst([{"step": 0.5, "tracker": math.nan}, {"step": 2.0, "tracker": math.nan},
+                    {"step": 1.0}])
+    assert merged["step"] == 2.0 and math.isnan(merged["tracker"])

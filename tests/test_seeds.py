@@ -253,3 +253,44 @@ def test_blocks_of_periods_give_each_period_s_own_integers() -> None:
         RefreshedMask(seeds=seeds[1], spec=SPEC, refresh=Refresh(1),
                       blocks=NoiseBlocks(NoiseSpec(gamma=2.0, p=1.0, precision=6,
                                                    num_coefficients=40)))
+
+
+# ------------------------------------------------------------------ edges of the seed state
+
+
+def test_the_smallest_key_that_holds_a_seed_carries_one() -> None:
+    # a 258-bit modulus exceeds every 256-bit seed: the exchange works and both ends agree
+    pairs = [paillier.generate_keypair(258, allow_insecure=True) for _ in range(2)]
+    two = Graph(n=2, edges=((0, 1),))
+    a, b = exchange_seeds(two, pairs, noise_seed=7, allow_insecure=True)
+    assert a.sent == ((1, b.received[0][1]),) and b.sent == ((0, a.received[0][1]),)
+    assert (a.sent, b.sent) == tuple(s.sent for s in exchange_seeds_fast(two, noise_seed=7))
+
+
+def test_a_document_in_the_documented_format_loads() -> None:
+    # the crash-safe state as its docstring spells it, written by hand: a restarted agent of
+    # this or a later version reads it
+    sent, received = "11" * 32, "22" * 32
+    text = json.dumps({"format": "efpsn-edge-seeds/1", "agent": 3,
+                       "received": {"10": received, "2": received},
+                       "sent": {"2": sent, "10": sent}})
+    seeds = EdgeSeeds.from_json(text, agent=3, neighbours=[2, 10])
+    assert seeds.neighbours == (2, 10) and seeds.sent[0] == (2, bytes.fromhex(sent))
+    assert json.loads(seeds.to_json())["format"] == "efpsn-edge-seeds/1"
+    for doc, message in (({"format": "efpsn-edge-seeds/2"}, "got 'efpsn-edge-seeds/2'"),
+                         ([1, 2], "got 'list'")):
+        with pytest.raises(ValueError, match=message):
+            EdgeSeeds.from_json(json.dumps(doc))
+    with pytest.raises(ValueError, match="edge seeds: sent must be an object, got list"):
+        EdgeSeeds.from_json(json.dumps({"format": "efpsn-edge-seeds/1", "agent": 3,
+                                        "sent": [], "received": {}}))
+
+
+def test_edge_seeds_name_the_bad_seed_and_keep_plain_ints() -> None:
+    good = bytes(32)
+    with pytest.raises(ValueError, match=r"received\[1\] must be 32 bytes, got 3 bytes"):
+        EdgeSeeds(agent=0, sent=((1, good),), received=((1, b"abc"),))
+    # a numpy agent index is stored as a Python int: the state document is plain JSON
+    seeds = EdgeSeeds(agent=np.int64(4), sent=((1, good),), received=((1, good),))
+    assert type(seeds.agent) is int
+    assert EdgeSeeds.from_json(seeds.to_json(), agent=4) == seeds

@@ -13,6 +13,7 @@ import torch
 from efpsn.algorithms import StepContext, make_algorithm
 from efpsn.certificate import TARGET, Certifier, certify, diameter
 from efpsn.config import RunConfig
+from efpsn.schedules import make_schedule
 from efpsn.step_rule import (
     MAX_ROUNDS,
     NO_BOUND_ROUNDS,
@@ -208,3 +209,97 @@ def test_a_certifier_for_a_run_uses_its_public_numbers() -> None:
     out = certifier({"tracker": 0.0, "gap": 0.0, "step": 0.0}, x_bar_norm=1.0)
     assert out.converged and out.bound == 0.0 and out.bound <= TARGET
 
+
+
+def test_without_strong_convexity_or_a_curvature_bound_the_step_is_constant() -> None:
+    # logistic regression with l2 = 0 (no strong convexity: no rate) and LeNet with an L2 weight
+    # (no public curvature bound): the documented constant step and rounds, without momentum,
+    # for both tracking algorithms; never a division by zero or a step from a missing bound
+    for task, l2 in (("logreg", 0.0), ("lenet", 0.01)):
+        for algorithm in ("agt", "gt"):
+            rule = step_rule(algorithm=algorithm, task=task, features=784, l2=l2,
+                             weights=ring(5))
+            assert (rule.step, rule.momentum, rule.rounds) == (0.05, 0.0, 2000), (task, l2)
+    # a LeNet run resolves to that constant step, not to the paper's decaying schedule
+    resolved = RunConfig(task="lenet").resolved()
+    schedule = make_schedule(resolved.schedule, iterations=resolved.iterations)
+    assert resolved.schedule != "paper" and schedule(0) == schedule(1999) == 0.05
+    assert (resolved.iterations, resolved.momentum) == (2000, 0.0)
+
+
+def test_gradient_tracking_s_rounds_add_the_disagreement_term_below_the_cap() -> None:
+    # a 5-ring, 13 features, l2 = 0.1: uncapped. The ring's Metropolis spectrum in closed form:
+    # 1/3 + 2/3 cos(2 pi k / 5); the rounds are ln(1e9) / (alpha mu) + ln(1e3) / (1 - lam_2)
+    rule = step_rule(algorithm="gt", task="logreg", features=13, l2=0.1, weights=ring(5))
+    lams = sorted(1 / 3 + 2 / 3 * math.cos(2 * math.pi * k / 5) for k in range(5))
+    assert rule.curvature == 7.0 + 0.1
+    assert rule.step == pytest.approx(0.9 * (1 + lams[0]) ** 2 / (2 * 7.1), rel=1e-5)
+    expected = math.log(1e9) / (rule.step * 0.1) + math.log(1e3) / (1 - lams[-2])
+    assert rule.rounds == math.ceil(expected) < MAX_ROUNDS
+
+
+def test_a_single_agent_is_zero_hops_from_everyone() -> None:
+    # one agent, no edges: the certificate's consensus term L D gap must vanish (D = 0)
+    alone = metropolis_weights(build_graph("complete", 1, seed=0))
+    assert diameter(alone) == 0
+    assert diameter(metropolis_weights(build_graph("complete", 4, seed=0))) == 1
+
+
+def test_no_certificate_without_strong_convexity_or_with_a_missing_bound() -> None:
+    # either half of "a curvature bound and l2 > 0" missing: no certificate (never a division by
+    # zero, never arithmetic on a missing bound), and summary.json says converged: false
+    measures = {"tracker": 1e-9, "gap": 0.0, "step": 0.0, "relative_step": 0.5,
+                "relative_gap": 0.25}
+    for curvature, l2 in ((None, 0.01), (3.0, 0.0), (None, 0.0)):
+        out = certify(measures, x_bar_norm=1.0, curvature=curvature, l2=l2, hops=1,
+                      momentum=0.0, rounds=5)
+        assert out.bound is None and out.converged is False, (curvature, l2)
+        assert out.to_json() == {"certificate": None, "converged": False, "line": out.line}
+        # the user still sees both measures: the last move and the neighbours' disagreement
+        assert "moved the iterates by 0.5" in out.line and "disagree by 0.25" in out.line
+
+
+def test_summary_json_carries_a_finite_certificate_and_drops_an_infinite_one() -> None:
+    far = {"tracker": 1.0, "gap": 0.0, "step": 0.0}
+    finite = certify(far, x_bar_norm=1000.0, curvature=1.0, l2=0.01, hops=1, momentum=0.0,
+                     rounds=300)
+    assert finite.to_json() == {"certificate": finite.bound, "converged": False,
+                                "line": finite.line}
+    assert finite.to_json()["certificate"] == pytest.approx(100 / 900)
+    none_yet = certify(far, x_bar_norm=1.0, curvature=1.0, l2=0.01, hops=1, momentum=0.0,
+                       rounds=300)
+    assert none_yet.to_json()["certificate"] is None  # JSON has no infinity
+    close = certify({"tracker": 0.0, "gap": 0.0, "step": 0.0}, x_bar_norm=1.0, curvature=1.0,
+                    l2=0.01, hops=1, momentum=0.0, rounds=3)
+    assert close.to_json() == {"certificate": 0.0, "converged": True, "line": close.line}
+
+
+def test_a_bound_equal_to_the_norm_certifies_nothing() -> None:
+    # B = tracker / l2 = 2 = ||x_bar||: ||x*|| >= ||x_bar|| - B = 0 bounds nothing
+    out = certify({"tracker": 1.0, "gap": 0.0, "step": 0.0}, x_bar_norm=2.0, curvature=1.0,
+                  l2=0.5, hops=1, momentum=0.0, rounds=10, rate=0.9)
+    assert out.bound == math.inf and not out.converged
+    assert "nothing yet" in out.line and out.line.endswith("to about 20")
+
+
+def test_an_uncertified_line_shows_the_bound_it_reached() -> None:
+    far = {"tracker": 1.0, "gap": 0.0, "step": 0.0}
+    out = certify(far, x_bar_norm=1000.0, curvature=1.0, l2=0.01, hops=1, momentum=0.0,
+                  rounds=300, rate=0.99)
+    assert f"by {100 / 900:.2g} ||x*||" in out.line and "nothing yet" not in out.line
+
+
+def test_a_certifier_advises_from_its_run_s_rate() -> None:
+    # agt at the rule's step: the advice is the rounds still needed at the rate 1 - q
+    config = RunConfig().resolved()
+    certifier = Certifier.for_run(config, ring(5))
+    far = {"tracker": 1.0, "gap": 0.0, "step": 0.0}
+    out = certifier(far, x_bar_norm=1000.0, rounds=300)
+    value = 100 / 900
+    rate = 1 - math.sqrt(0.00104197 * 0.01)
+    more = math.ceil(math.log(value / TARGET) / -math.log(rate))
+    assert out.line.endswith(f"to about {300 + more}") and 300 + more != 2 * 300
+    # the paper's decaying schedule has no constant rate: the step rule's rounds instead
+    paper = RunConfig(algorithm="gt", schedule="paper", iterations=100).resolved()
+    out = Certifier.for_run(paper, ring(5))(far, x_bar_norm=1000.0)
+    assert not out.converged and out.line.endswith(f"to about {MAX_ROUNDS}")

@@ -1,0 +1,68 @@
+"""The run parameters' checks and parsers (efpsn/param_checks.py) at their boundaries: the
+smallest and largest value each accepts, the first it refuses, and what the refusal says."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from efpsn.config import RunConfig
+from efpsn.param_checks import (
+    at_least,
+    check_data,
+    check_refresh,
+    one_of,
+    parse_batch,
+    parse_momentum,
+    parse_rounds,
+    positive,
+)
+
+
+def test_batch_sizes_are_positive_integers_or_full() -> None:
+    assert (parse_batch("full"), parse_batch("1"), parse_batch("64")) == (0, 1, 64)
+    for bad in ("0", "-3", "2.5", "lots", ""):
+        with pytest.raises(ValueError, match=f"batch size must be a positive integer or "
+                                             f"'full', got '{bad}'"):
+            parse_batch(bad)
+
+
+def test_rounds_are_positive_integers_or_auto() -> None:
+    assert (parse_rounds("auto"), parse_rounds("1"), parse_rounds("300")) == (0, 1, 300)
+    for bad in ("0", "-1", "many", "1e3"):
+        with pytest.raises(ValueError, match=f"iterations must be a positive integer or "
+                                             f"'auto', got '{bad}'"):
+            parse_rounds(bad)
+
+
+def test_momentum_is_in_0_1_or_auto() -> None:
+    assert (parse_momentum("auto"), parse_momentum("0"), parse_momentum("0.99")) \
+        == (-1.0, 0.0, 0.99)
+    for bad in ("1", "1.0", "-0.1", "nan", "fast"):
+        with pytest.raises(ValueError, match=rf"momentum must be a number in \[0, 1\) or "
+                                             rf"'auto', got '{bad}'"):
+            parse_momentum(bad)
+
+
+def test_the_boundaries_themselves_are_accepted() -> None:
+    for changes in ({"precision": 0}, {"precision": 30}, {"test_fraction": 0.01},
+                    {"test_fraction": 0.99}, {"agents": 2}, {"gamma": 0.5},
+                    {"gamma": 1e-12}, {"refresh": "every:1"}, {"data": "idx:/srv/mnist"}):
+        config = RunConfig(**changes)
+        assert all(getattr(config, k) == v for k, v in changes.items()), changes
+    check_data("idx:folder")
+    check_refresh("every:1")
+
+
+def test_the_check_factories_refuse_exactly_outside_their_range() -> None:
+    at_least("K", 0)(0)
+    with pytest.raises(ValueError, match="K must be >= 0, got -1"):
+        at_least("K", 0)(-1)
+    positive("clip")(1e-300)
+    for bad in (0.0, -1.0, math.inf):
+        with pytest.raises(ValueError, match=f"clip must be a finite number > 0, got {bad}"):
+            positive("clip")(bad)
+    one_of("mode", ("a", "b"))("b")
+    with pytest.raises(ValueError, match=r"mode must be one of \('a', 'b'\), got 'c'"):
+        one_of("mode", ("a", "b"))("c")

@@ -1,0 +1,69 @@
+"""The public data schema's words (efpsn/schema.py) at their edges: every task form, the scale
+divisors (one or one per feature), and refusals that name what came without echoing a whole
+oversized value."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from efpsn.schema import check_task_spec, scale_divisor
+
+
+def test_every_task_form_is_accepted_at_its_smallest() -> None:
+    for task in ("logreg", "lenet", "mlp:1", "mlp:1,1", "mlp:32,16", "python:m:make",
+                 "python:pkg.models:build_net", "python:a:b:c"):
+        check_task_spec(task)
+
+
+@pytest.mark.parametrize(("task", "words"), [
+    ("mlp:0", "expected mlp:H1,H2,... with positive hidden widths"),
+    ("mlp:", "expected mlp:H1,H2,... with positive hidden widths"),
+    ("python:mymodel:", "expected python:MODULE:FACTORY"),
+    ("python:mymodel:1x", "expected python:MODULE:FACTORY"),
+    ("python::make", "expected python:MODULE:FACTORY"),
+    ("python:mymodel", "expected python:MODULE:FACTORY"),
+])
+def test_a_malformed_task_is_refused(task: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words.replace(".", r"\.")):
+        check_task_spec(task)
+
+
+def test_an_unknown_task_is_refused_with_every_accepted_form() -> None:
+    with pytest.raises(ValueError) as refused:
+        check_task_spec("svm")
+    assert str(refused.value) == ("task must be one of ('logreg', 'lenet', 'mlp:H1,H2,...', "
+                                  "'python:MODULE:FACTORY'), got 'svm'")
+
+
+def test_scale_divisors() -> None:
+    # unit: 8-bit intensities onto [0, 1]; div:C one public constant; div:C1,...,Cd per feature
+    assert scale_divisor("none") == 1.0
+    assert np.uint8(255) / scale_divisor("unit") == 1.0 and 0 / scale_divisor("unit") == 0.0
+    assert scale_divisor("div:0.5") == 0.5 and scale_divisor("div:3") == 3.0
+    per_feature = scale_divisor("div:2,4,0.5", features=3)
+    assert isinstance(per_feature, np.ndarray) and per_feature.dtype == np.float64
+    assert per_feature.tolist() == [2.0, 4.0, 0.5]
+    assert scale_divisor("div:2,4").tolist() == [2.0, 4.0]  # the count unchecked without it
+    with pytest.raises(ValueError, match="scale 'div:2,4,8' gives 3 divisors, but a sample has "
+                                         "2 features: one each"):
+        scale_divisor("div:2,4,8", features=2)
+    for bad in ("div:0", "div:-1", "div:", "div:1,,2", "div:inf", "unit8"):
+        with pytest.raises(ValueError, match="scale must be none, unit, div:C"):
+            scale_divisor(bad)
+
+
+def test_a_refusal_quotes_at_most_60_characters_of_the_scale() -> None:
+    short = "div:0"
+    with pytest.raises(ValueError) as refused:
+        scale_divisor(short)
+    assert str(refused.value).endswith(f"got {short!r}")
+    long = "div:" + "1," * 5000 + "x"
+    with pytest.raises(ValueError) as refused:
+        scale_divisor(long)
+    assert str(refused.value).endswith(f"got {long[:60] + '...'!r}")
+    assert len(str(refused.value)) < 200
+    exactly = "div:" + "9" * 55 + ",0"  # 61 characters: cut
+    with pytest.raises(ValueError) as refused:
+        scale_divisor(exactly)
+    assert str(refused.value).endswith(f"got {exactly[:60] + '...'!r}")
