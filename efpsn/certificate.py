@@ -75,12 +75,14 @@ def certify(measures: Mapping[str, float], *, x_bar_norm: float, curvature: floa
     1 - q) turns an uncertified bound into a rounds estimate; while there is no finite bound
     yet, the advice is `fallback_rounds` (the step rule's) or twice the rounds run."""
     tracker = measures.get("tracker", math.nan)
-    if curvature is None or l2 <= 0 or math.isnan(tracker):
+    gap = measures.get("gap", math.nan)  # a missing measure never counts as zero
+    step = measures.get("step", math.nan) if momentum else 0.0
+    if curvature is None or l2 <= 0 or math.isnan(tracker) or math.isnan(gap + step):
         why = ("no public curvature bound for this model" if curvature is None or l2 <= 0
-               else "no tracker (DSGD)")
+               else "no tracker (DSGD)" if math.isnan(tracker)
+               else "the measures of the last round are missing or not finite")
         return Certificate(None, False, _uncertified(measures, why))
-    bound = ((tracker + curvature * hops * measures.get("gap", 0.0)) / l2
-             + momentum * measures.get("step", 0.0))
+    bound = (tracker + curvature * hops * gap) / l2 + momentum * step
     value = bound / (x_bar_norm - bound) if bound < x_bar_norm else math.inf
     if value <= target:
         return Certificate(value, True, f"converged: ||x_bar - x*|| <= {value:.2g} ||x*|| "

@@ -303,3 +303,18 @@ def test_a_certifier_advises_from_its_run_s_rate() -> None:
     paper = RunConfig(algorithm="gt", schedule="paper", iterations=100).resolved()
     out = Certifier.for_run(paper, ring(5))(far, x_bar_norm=1000.0)
     assert not out.converged and out.line.endswith(f"to about {MAX_ROUNDS}")
+
+
+@pytest.mark.parametrize("missing", ["gap", "step"])
+def test_a_missing_measure_certifies_nothing(missing: str) -> None:
+    # a measure that is absent (or NaN) must never count as zero: that would be optimistic
+    measures = {"tracker": 1e-12, "gap": 1e-12, "step": 1e-12}
+    del measures[missing]
+    cert = certify(measures, x_bar_norm=5.0, curvature=4.0, l2=1e-2, hops=2, momentum=0.9,
+                   rounds=100)
+    assert cert.bound is None and not cert.converged
+    assert "missing or not finite" in cert.line
+    # with every measure present the same numbers certify convergence
+    full = certify({"tracker": 1e-12, "gap": 1e-12, "step": 1e-12}, x_bar_norm=5.0,
+                   curvature=4.0, l2=1e-2, hops=2, momentum=0.9, rounds=100)
+    assert full.converged
