@@ -77,7 +77,7 @@ def certify(measures: Mapping[str, float], *, x_bar_norm: float, curvature: floa
     tracker = measures.get("tracker", math.nan)
     gap = measures.get("gap", math.nan)  # a missing measure never counts as zero
     step = measures.get("step", math.nan) if momentum else 0.0
-    if curvature is None or l2 <= 0 or math.isnan(tracker) or math.isnan(gap + step):
+    if curvature is None or l2 <= 0 or not math.isfinite(tracker + gap + step):
         why = ("no public curvature bound for this model" if curvature is None or l2 <= 0
                else "no tracker (DSGD)" if math.isnan(tracker)
                else "the measures of the last round are missing or not finite")

@@ -305,11 +305,16 @@ def test_a_certifier_advises_from_its_run_s_rate() -> None:
     assert not out.converged and out.line.endswith(f"to about {MAX_ROUNDS}")
 
 
-@pytest.mark.parametrize("missing", ["gap", "step"])
-def test_a_missing_measure_certifies_nothing(missing: str) -> None:
-    # a measure that is absent (or NaN) must never count as zero: that would be optimistic
+@pytest.mark.parametrize(("missing", "value"), [("gap", None), ("step", None),
+                                                ("gap", math.inf), ("tracker", math.inf)])
+def test_a_missing_measure_certifies_nothing(missing: str, value: float | None) -> None:
+    # a measure that is absent must never count as zero (that would be optimistic), and a
+    # diverged one (inf) gives no certificate rather than advice to run longer
     measures = {"tracker": 1e-12, "gap": 1e-12, "step": 1e-12}
-    del measures[missing]
+    if value is None:
+        del measures[missing]
+    else:
+        measures[missing] = value
     cert = certify(measures, x_bar_norm=5.0, curvature=4.0, l2=1e-2, hops=2, momentum=0.9,
                    rounds=100)
     assert cert.bound is None and not cert.converged
