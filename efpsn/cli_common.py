@@ -37,6 +37,22 @@ def json_safe(value: Any) -> Any:
     return value
 
 
+def json_numbers(value: Any) -> Any:
+    """json_safe's inverse: its strings for non-finite floats back to floats."""
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: json_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_numbers(v) for v in value]
+    return value
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """A file write_json wrote, with its non-finite numbers back as floats."""
+    return json_numbers(json.loads(Path(path).read_text()))
+
+
 def write_json(path: str | os.PathLike[str], payload: Any, *, mode: int | None = None) -> None:
     """Write strict JSON atomically (temp file then rename): a crash never leaves half a file.
     With `mode` (e.g. 0o600 for private results) the file never exists with wider rights."""

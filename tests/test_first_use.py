@@ -225,3 +225,27 @@ def test_the_coordinator_exits_linger_seconds_after_its_bootstrap(
 
     # assert: it returned by itself, after its linger
     assert 0.9 < asyncio.run(scenario()) < 10
+
+
+def test_a_folder_without_any_test_set_runs_masked_and_unmasked_to_the_same_point(
+        tmp_path: Path) -> None:
+    # prepare: scikit-learn's wine in 3 private folders, no public test set, no held-out part
+    split = efpsn("data", "split", "--data", "sklearn:wine", "--agents", "3", "--out", "D",
+                  "--test-fraction", "0", cwd=tmp_path)
+    assert split.returncode == 0, split.stderr
+    # execute: the defaults over the network, masked and unmasked
+    runs = {mask: efpsn("up", "--data-dir", "D", "--holdout", "0", "--quiet", "--mask", mask,
+                        "--results", f"R-{mask}", cwd=tmp_path) for mask in ("zero-sum", "none")}
+    # assert: both finish (no accuracy exists: said, not a crash), both converged, and the
+    # masked network ends where the unmasked one does
+    finals = {}
+    for mask, out in runs.items():
+        assert out.returncode == 0, out.stderr[-2000:]
+        lines = out.stdout.splitlines()
+        assert "accuracy n/a (no test set, no held-out part)" in lines[1], lines
+        assert lines[-1].startswith("converged:"), lines[-1]
+        summary = json.loads((tmp_path / f"R-{mask}" / "summary.json").read_text())
+        assert summary["final"]["accuracy"] == "nan"  # strict JSON, as json_safe writes it
+        finals[mask] = summary["final"]["mean_agent_loss"]
+    assert finals["zero-sum"] == pytest.approx(finals["none"], rel=1e-9)
+    assert leftovers(str(tmp_path)) == ""

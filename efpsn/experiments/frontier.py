@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from efpsn.cli_common import read_json
 from efpsn.config import RunConfig
 from efpsn.experiments.attack_report import gamma_independent
 from efpsn.experiments.common import Column, format_table, new_figure, save_figure
@@ -234,20 +235,9 @@ def frontier_report(rows: Sequence[dict[str, Any]], runs: Sequence[dict[str, Any
     return frontier, table, figure
 
 
-def _numbers(value: Any) -> Any:
-    """json_safe's strings for non-finite floats, back to floats."""
-    if value in ("nan", "inf", "-inf"):
-        return float(value)
-    if isinstance(value, dict):
-        return {k: _numbers(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_numbers(v) for v in value]
-    return value
-
-
 def load_results(folder: str | Path) -> dict[str, Any]:
     """An experiment's results.json (non-finite numbers restored)."""
     file = Path(folder) / "results.json"
     if not file.is_file():
         raise ValueError(f"expected an experiment's results in {folder}, found no results.json")
-    return _numbers(json.loads(file.read_text()))
+    return read_json(file)

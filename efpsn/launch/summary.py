@@ -3,13 +3,13 @@ run is whole (every agent finished the same run)."""
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from efpsn.cli_common import read_json
 from efpsn.config import RunConfig, parse_shape
 
 
@@ -41,7 +41,7 @@ def load_agent_results(folder: Path, names: list[str]) -> tuple[list[dict], list
     results, xs = [], []
     for name in names:
         sub = folder / name
-        results.append(json.loads((sub / "result.json").read_text()))
+        results.append(read_json(sub / "result.json"))  # "nan" back to a float
         xs.append(torch.from_numpy(np.load(sub / "model.npy", allow_pickle=False)))
     return results, xs
 
@@ -124,7 +124,8 @@ def format_reports(final: dict[str, float], *, public_test: bool) -> str:
         parts = [f"test accuracy {final['accuracy']:.4f} (x_bar, public test set)"]
     else:
         own = "the agents' own, on their held-out parts; no public test set"
-        parts = [f"accuracy {final['accuracy']:.4f} ({own})"]
+        parts = [f"accuracy {final['accuracy']:.4f} ({own})" if not math.isnan(final["accuracy"])
+                 else "accuracy n/a (no test set, no held-out part)"]
     if public_test and "mean_holdout_accuracy" in final:
         parts.append(f"mean local holdout accuracy {final['mean_holdout_accuracy']:.4f}")
     parts += [f"mean local loss {final['mean_agent_loss']:.4g}",
