@@ -43,7 +43,7 @@ from typing import Any, Protocol
 import dp_accounting
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from efpsn.refresh import Refresh
+from efpsn.refresh_value import Refresh
 
 __all__ = [
     "ATTACKERS",
