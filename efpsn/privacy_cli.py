@@ -111,10 +111,9 @@ def _write(args: argparse.Namespace, payload: dict[str, Any]) -> None:
 
 def _privacy(args: argparse.Namespace) -> int:
     from efpsn.privacy import epsilon_delta, gamma_for_epsilon, protection_statement
+    from efpsn.refresh_value import Refresh
     from efpsn.selection import parse_selection
     from efpsn.topology import build_graph, laplacian_spectrum
-
-    from efpsn.refresh_value import Refresh
 
     config = config_from_args(args)
     if Refresh.parse(config.refresh).accumulates:
