@@ -22,7 +22,8 @@ from efpsn.tasks import make_task
 from efpsn.tasks.local import DataError, load_local_data
 
 TABULAR = RunConfig(data="local", input_shape="6", classes=3, task="logreg", batch_size=8,
-                    iterations=30, eval_every=10, key_bits=2048, m=3, N=3)
+                    iterations=30, eval_every=10, key_bits=2048, m=3, N=3,
+                    selection="last-bias")
 
 USER_MODEL = """
     import torch
