@@ -16,7 +16,7 @@ from efpsn.cli_common import format_metrics, write_json
 from efpsn.cli_services import check_key_policy
 from efpsn.config import LOCAL_DATA, RunConfig
 from efpsn.datadir import inspect_data_dir
-from efpsn.flags import config_to_args
+from efpsn.flags import check_flags_against_folder, config_to_args
 from efpsn.launch.failures import diagnose, failure_file
 from efpsn.launch.forking import ForkServer, can_fork_agents
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
@@ -102,6 +102,8 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
     local_mode = config.data == LOCAL_DATA
     if local_mode != (opts.data_dir is not None):
         raise ValueError("efpsn up: give --data-dir DIR for local data (and only then)")
+    if opts.data_dir is not None:  # every party's folder in the run, before anything starts
+        check_flags_against_folder({"agents": config.agents}, inspect_data_dir(opts.data_dir))
     if config.data.startswith("idx:") and not Path(config.data[4:]).is_dir():
         raise ValueError(f"data {config.data!r}: no such folder (the agents would all fail "
                          "on it)")
