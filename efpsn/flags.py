@@ -86,7 +86,6 @@ def config_from_args(args: argparse.Namespace, *,
     values: dict[str, Any] = dict(PRESETS.get(getattr(args, "preset", ""), {}))
     values.update(derived or {})
     data_dir = getattr(args, "data_dir", None)
-    layout = None
     if data_dir:
         from efpsn.datadir import inspect_data_dir
 
@@ -98,18 +97,14 @@ def config_from_args(args: argparse.Namespace, *,
     elif ("input_shape" in given or "classes" in given) and "data" not in given:
         values["data"] = LOCAL_DATA  # a schema of one's own and no data set named: local data
     values.update(given)
-    try:
-        return RunConfig(**values).resolved()
-    except ValueError as exc:
-        if layout is None or "agents" in given:
-            raise
-        raise ValueError(f"{exc} (n: the agent folders of --data-dir {layout.root})") from None
+    return RunConfig(**values).resolved()
 
 
 def check_flags_against_folder(given: dict[str, Any], layout: DataDirLayout, *,
                                label_column: str | None = None) -> None:
     """ValueError, one line naming the flag, the folder and the fix, for a flag given with
-    --data-dir that the folder contradicts (a run that would fail, or leave a party out) or
+    --data-dir that the folder contradicts (a run that would fail, or leave a party out: the
+    agent count, the data, the schema, a graph of another size) or
     makes meaningless (a flag that would be silently ignored). --scale may differ from
     schema.json's: a public preprocessing of one's choice (with a step size of one's own)."""
     root, count = layout.root, layout.agents
@@ -123,6 +118,14 @@ def check_flags_against_folder(given: dict[str, Any], layout: DataDirLayout, *,
             f"--data {given['data']} disagrees with --data-dir {root}: with --data-dir every "
             f"agent reads its own folder; drop --data, or drop --data-dir to use "
             f"{given['data']}")
+    if "topology" in given:
+        from efpsn.topology import build_graph
+
+        try:
+            build_graph(given["topology"], count, seed=given.get("seed", 0))
+        except ValueError as exc:
+            raise ValueError(f"--topology {given['topology']} on the {count} agent folders of "
+                             f"--data-dir {root}: {exc}") from None
     schema = layout.schema
     if ("input_shape" in given and schema.input_shape is not None
             and parse_shape(given["input_shape"]) != parse_shape(schema.input_shape)):

@@ -44,8 +44,9 @@ def refusals(wine: Path) -> list[tuple[tuple[str, ...], str]]:
                                   "applies), or correct schema.json")),
         (("--classes", "2"), (f"--classes 2 disagrees with {wine}/schema.json (classes 3); drop "
                              "--classes")),
-        (("--topology", "grid:2x3"), ("graph spec 'grid:2x3': 2 x 3 = 6 agents, but n = 4 (n: "
-                                     f"the agent folders of --data-dir {wine})")),
+        (("--topology", "grid:2x3"), (f"--topology grid:2x3 on the 4 agent folders of "
+                                     f"--data-dir {wine}: graph spec 'grid:2x3': 2 x 3 = 6 "
+                                     "agents, but n = 4")),
         (("--partition", "by-label"), (f"--partition cuts one data set by index; with "
                                       f"--data-dir {wine} each agent's folder is its part: drop "
                                       "--partition")),
