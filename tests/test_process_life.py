@@ -1,6 +1,7 @@
 """Nothing of a run outlives `efpsn up`: SIGTERM or SIGHUP stop every process it started (fork
 server, forked agents, coordinator, `--no-fork` agents) and it exits 128 + the signal saying so;
-killed -9, it stops nothing itself, and its children notice (efpsn/lifeline.py) and stop.
+killed -9, it stops nothing itself, and its children notice (efpsn/lifeline.py: the pipe it
+alone writes to, and for its direct children the parent-death signal) and stop.
 
 Real processes, a long run (20,000 rounds on wine in 4 private folders: about a minute and a
 half here) signalled in the middle; every process of the run, found by walking /proc from the
@@ -231,3 +232,43 @@ def test_without_a_lifeline_nothing_is_watched() -> None:
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                              text=True, timeout=60, check=True)
         assert out.stdout.strip() == "False", (value, out)
+
+
+LAUNCHER = """
+import os, subprocess, sys, time
+from efpsn.lifeline import ENV
+fd = int(sys.argv[1])
+child = subprocess.Popen([sys.executable, "-c", sys.argv[2], "obey"], pass_fds=(fd,),
+                         env={**os.environ, ENV: f"{fd} {os.getpid()}"})
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_direct_child_gets_the_parent_death_signal() -> None:
+    """The launcher's own children need not wait for the pipe: here it never ends (this test
+    holds its write end), and the child still stops when its parent is killed -9."""
+    lifeline = Lifeline()
+    fd = lifeline.pass_fds[0]
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(fd), CHILD], text=True,
+                                stdout=subprocess.PIPE, pass_fds=(fd,))
+    pid = 0
+    try:
+        assert launcher.stdout is not None
+        pid = int(launcher.stdout.readline())
+        deadline = time.monotonic() + 60
+        while b"hold_to_launcher" not in cmdline(pid) or len(os.listdir(
+                f"/proc/{pid}/task")) < 2:  # its watch thread runs: hold_to_launcher is done
+            assert time.monotonic() < deadline, cmdline(pid)
+            time.sleep(0.05)
+        launcher.kill()
+        launcher.wait(timeout=30)
+        started = time.monotonic()
+        while pid in parents() and time.monotonic() - started < 10:
+            time.sleep(0.05)
+        assert pid not in parents(), "the child outlived its parent"
+        assert time.monotonic() - started < 3.0
+    finally:
+        stop(launcher)
+        lifeline.close()
+        kill_all({pid} if pid else set())
