@@ -21,7 +21,9 @@ from pathlib import Path
 import pytest
 from test_launcher import efpsn, leftovers, stop
 
+from efpsn.cli_common import Stopped
 from efpsn.datadir import split_data
+from efpsn.launch.signals import StopSignals, signals_held
 from efpsn.lifeline import ENV, Lifeline
 
 pytestmark = [pytest.mark.timeout(300),
@@ -185,6 +187,24 @@ def test_sigterm_while_the_fork_server_loads_stops_it_at_once(wine: Path,
     assert code == 143, (tmp_path / "stderr").read_text()
     assert not (run / "logs" / "agent1.log").exists() or "round" not in (
         run / "logs" / "agent1.log").read_text()
+
+
+# ------------------------------------------------------------------------ the launcher's signals
+
+
+def test_a_signal_during_the_stop_waits_for_its_end_and_only_the_first_counts() -> None:
+    finished, before = [], signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Stopped) as stopped, StopSignals("efpsn up"):
+        with signals_held():  # as the launcher's stop of its children
+            os.kill(os.getpid(), signal.SIGHUP)
+            os.kill(os.getpid(), signal.SIGTERM)  # a second one: ignored
+            time.sleep(0.05)
+            finished.append("stop")
+        finished.append("never")
+    assert finished == ["stop"]
+    assert stopped.value.exit_code == 129 and str(stopped.value) == (
+        "efpsn up: stopped by SIGHUP; every process it started is stopped (exit 129)")
+    assert signal.getsignal(signal.SIGTERM) == before  # the handlers are put back
 
 
 # ------------------------------------------------------------------------ the lifeline alone
