@@ -40,7 +40,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="the main job: coordinator + n agents as local processes",
                         description="Run a whole EFPSN network on this machine: a coordinator "
                                     "and one process per agent, on free loopback ports, with "
-                                    "mutual TLS. Every agent reads only its own data folder.")
+                                    "mutual TLS. Every agent reads only its own data folder. "
+                                    "Ctrl-C, SIGTERM or SIGHUP stop every process it started "
+                                    "(exit 128 + the signal); killed -9, its processes stop "
+                                    "by themselves.")
     add_run_arguments(up)
     add_data_dir_arguments(up)
     up.add_argument("--results", default=None, help="results folder (default: results/run-TIME)")
