@@ -18,6 +18,7 @@ from efpsn.cli_services import (
     tls_from_args,
     until_signalled,
 )
+from efpsn.lifeline import hold_to_launcher
 
 
 def _coordinator_address(args: argparse.Namespace) -> str:
@@ -40,6 +41,7 @@ def _coordinator_address(args: argparse.Namespace) -> str:
 
 
 def _agent(args: argparse.Namespace) -> int:
+    hold_to_launcher()  # started by `efpsn up`: stop when it is gone, even killed -9
     from agent.node import AgentNode, AgentOptions
 
     setup_logging(args.verbose)

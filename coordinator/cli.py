@@ -17,9 +17,11 @@ from efpsn.cli_services import (
     tls_from_args,
 )
 from efpsn.flags import add_run_arguments, config_from_args
+from efpsn.lifeline import hold_to_launcher
 
 
 def _coordinator(args: argparse.Namespace) -> int:
+    hold_to_launcher()  # started by `efpsn up`: stop when it is gone, even killed -9
     from coordinator.registry import default_names
     from coordinator.service import serve
 

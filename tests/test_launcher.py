@@ -201,7 +201,8 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
         elapsed = time.monotonic() - started
     finally:
         stop(proc)
-    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "efpsn: interrupted", err
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == (
+        "efpsn up: stopped by SIGINT; every process it started is stopped (exit 130)"), err
     assert leftovers(str(tmp_path)) == ""
     assert elapsed < 30  # SIGTERM, 5 s of grace, then SIGKILL at the latest
     for name in NAMES:

@@ -9,6 +9,7 @@ from pathlib import Path
 from efpsn.cli_common import add_data_dir_arguments
 from efpsn.cli_services import add_debug_flags
 from efpsn.flags import add_run_arguments, config_from_args
+from efpsn.launch.signals import StopSignals
 
 __all__ = ["add_parser"]
 
@@ -27,8 +28,10 @@ def _up(args: argparse.Namespace) -> int:
         "debug_expose_mask": args.debug_expose_mask,
         "allow_insecure_keys": args.allow_insecure_keys,
     }
-    # a failure raises NetworkFailed, whose message leads with the root cause
-    summary = launch_local_network(config, **options)
+    # a failure raises NetworkFailed, whose message leads with the root cause; SIGTERM, SIGHUP
+    # and SIGINT raise Stopped, once every process it started is stopped
+    with StopSignals("efpsn up"):
+        summary = launch_local_network(config, **options)
     return 0 if summary["ok"] else 1
 
 
@@ -37,7 +40,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="the main job: coordinator + n agents as local processes",
                         description="Run a whole EFPSN network on this machine: a coordinator "
                                     "and one process per agent, on free loopback ports, with "
-                                    "mutual TLS. Every agent reads only its own data folder.")
+                                    "mutual TLS. Every agent reads only its own data folder. "
+                                    "Ctrl-C, SIGTERM or SIGHUP stop every process it started "
+                                    "(exit 128 + the signal); killed -9, its processes stop "
+                                    "by themselves.")
     add_run_arguments(up)
     add_data_dir_arguments(up)
     up.add_argument("--results", default=None, help="results folder (default: results/run-TIME)")
