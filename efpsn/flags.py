@@ -83,14 +83,30 @@ def config_from_args(args: argparse.Namespace, *,
     values.update(derived or {})
     data_dir = getattr(args, "data_dir", None)
     if data_dir:
-        from efpsn.datadir import inspect_data_dir
-
-        # the folder implies data "local", the agent count and its schema.json's fields
-        values.update(inspect_data_dir(data_dir).run_values())
+        # the folder implies data "local", the agent count, its schema.json's fields, and
+        # what its files agree on for the schema's fields neither flags nor schema.json give
+        values.update(_folder_values(data_dir, given, getattr(args, "label_column", None)))
     elif ("input_shape" in given or "classes" in given) and "data" not in given:
         values["data"] = LOCAL_DATA  # a schema of one's own and no data set named: local data
     values.update(given)
     return RunConfig(**values).resolved()
+
+
+def _folder_values(data_dir: str, given: dict[str, Any],
+                   label_column: str | None) -> dict[str, Any]:
+    from efpsn.datadir import inspect_data_dir
+    from efpsn.folder_schema import folder_run_values
+
+    layout = inspect_data_dir(data_dir)
+    values: dict[str, Any] = layout.run_values()
+    shape = (("--input-shape", given["input_shape"]) if "input_shape" in given else
+             ("schema.json's input_shape", layout.schema.input_shape)
+             if layout.schema.input_shape else None)
+    values.update(folder_run_values(
+        layout.root, layout.files, layout.test, label_column=layout.label_column(label_column),
+        input_shape=None if shape is None else (shape[1], shape[0]),
+        classes=given.get("classes", layout.schema.classes)))
+    return values
 
 
 def config_to_args(config: RunConfig) -> list[str]:
