@@ -57,7 +57,10 @@ def prepare(config: RunConfig, options: AgentOptions) -> Prepared:
     try:
         task = build_task(config)
     except (ValueError, TypeError, ImportError) as exc:
-        raise ValueError(f"{who}: cannot build the model of task {config.task!r}: {exc}") from None
+        said = f"task {config.task!r}: "  # named once
+        reason = str(exc)[len(said):] if str(exc).startswith(said) else str(exc)
+        raise ValueError(f"{who}: cannot build the model of task {config.task!r}: "
+                         f"{reason}") from None
     if not local_mode:
         return Prepared(config=config, task=task, problem=build_problem(config, task=task))
     assert options.data is not None

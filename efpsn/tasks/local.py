@@ -254,9 +254,9 @@ def check_arrays(
     if math.prod(sample) != math.prod(shape) or (features.ndim == 1 and shape != (1,)):
         got = "x".join(map(str, sample)) or "scalar"
         raise fail(f"samples have shape {got}; expected the run's input shape {want} "
-                   f"({math.prod(shape)} values per sample): if the data is right, give the "
-                   f"run --input-shape {got} (and --classes), or write them in the data "
-                   f"folder's schema.json")
+                   f"({math.prod(shape)} values per sample), the same at every agent: fix "
+                   f"this file, or, only if every agent's samples have shape {got}, give the "
+                   f"run --input-shape {got} (or the data folder's schema.json)")
     x = np.array(features, dtype=np.float64).reshape(-1, *shape)  # one copy, scaled in place
     div = np.asarray(divisor, dtype=np.float64)
     x /= div.reshape(shape) if div.ndim else div
