@@ -31,7 +31,7 @@ def _argument_type(name: str, declared: Declaration, kind: str) -> Callable[[str
         try:
             return convert(text)
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
+            raise argparse.ArgumentTypeError(str(exc)) from None  # argparse names the flag
 
     parse.__name__ = name  # argparse names the parameter in its messages
     return parse
