@@ -9,17 +9,11 @@ import dataclasses
 import json
 from typing import Any
 
-from efpsn.cli_common import json_safe, write_json
+from efpsn.cli_common import add_data_dir_arguments, json_safe, write_json
 from efpsn.config import RunConfig
 from efpsn.flags import add_run_arguments, config_from_args
 
 __all__ = ["add_parser", "refreshed_arguments"]
-
-# The run parameters the accountant reads: the graph, the noise, the basis and the model (for
-# the number of coordinates of "all").
-PRIVACY_PARAMETERS = ("agents", "topology", "seed", "algorithm", "gamma", "p", "task", "input_shape",
-                      "classes", "selection", "K", "m", "N", "refresh", "iterations", "clip",
-                      "batch_size")
 
 
 FADING_NOTE = (
@@ -116,6 +110,14 @@ def _privacy(args: argparse.Namespace) -> int:
     from efpsn.topology import build_graph, laplacian_spectrum
 
     config = config_from_args(args)
+    if args.data_dir:
+        print(f"the run on {args.data_dir}: {config.agents} agents ({config.topology}), task "
+              f"{config.task} on inputs of shape {config.input_shape} and {config.classes} "
+              f"classes, {config.algorithm}, {config.iterations} rounds")
+    if args.insecure:
+        print("--insecure: messages travel in plaintext, so an eavesdropper on the network "
+              "sees what a curious neighbour sees, and the guarantee below holds against it "
+              "only as against a neighbour")
     if Refresh.parse(config.refresh).accumulates:
         return _refreshed(args, config)
     m, n_functions = _basis(config)
@@ -157,7 +159,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     "rounds, composed by dp-accounting, against one curious neighbour, an "
                     "eavesdropper or all neighbours. --target-epsilon gives the gamma that "
                     "reaches it. The run parameters mean what they mean for a run.")
-    add_run_arguments(priv, only=PRIVACY_PARAMETERS, title="run parameters (as for the run)")
+    add_run_arguments(priv, title="run parameters (as for the run: the same flags, the same "
+                                  "defaults, so that a run's own command line can be given)")
+    add_data_dir_arguments(priv)
+    from efpsn.launch.cli import add_launch_flags
+
+    add_launch_flags(priv, ignored=True)
     g = priv.add_argument_group("the privacy guarantee")
     g.add_argument("--q", type=float, default=2.0,
                    help="smoothness order q of the V_q norm; Theorem 4.1 needs p in "

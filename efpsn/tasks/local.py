@@ -28,7 +28,7 @@ from efpsn.tasks.tables import (
     read_csv_table,
 )
 
-__all__ = ["HEADROOM", "DataError", "LocalData", "RawData", "check_arrays",
+__all__ = ["HEADROOM", "DataError", "LocalData", "RawData", "check_arrays", "data_file_in",
            "check_second_moment", "feature_limit", "load_local_data", "read_data",
            "read_data_file", "second_moment", "split_holdout"]
 
@@ -117,18 +117,34 @@ def _read_idx_folder(path: Path, who: str) -> tuple[np.ndarray, np.ndarray]:
         images = read_idx(_find_idx_file(path, "train", "images"))
         labels = read_idx(_find_idx_file(path, "train", "labels"))
     except (OSError, ValueError) as exc:
-        raise _fail(who, path, f"is not a usable IDX folder ({str(exc).split(':')[0]}); "
-                               "expected train-images-idx3-ubyte and "
+        raise _fail(who, path, f"is not a usable data folder ({str(exc).split(':')[0]}); "
+                               "expected a train.csv, train.npz, test.csv or test.npz in it, "
+                               "or the IDX files train-images-idx3-ubyte and "
                                "train-labels-idx1-ubyte (optionally .gz)") from None
     return images, labels
+
+
+def data_file_in(folder: Path, who: str) -> Path | None:
+    """The one data file of a data folder's agent folder (train.npz or train.csv) or of the
+    folder itself (its public test.npz or test.csv); None when it holds none of them."""
+    found = [folder / f"{stem}.{ext}" for stem in ("train", "test") for ext in ("npz", "csv")
+             if (folder / f"{stem}.{ext}").is_file()]
+    if len(found) > 1:
+        raise _fail(who, folder, f"holds {' and '.join(p.name for p in found)}; expected one "
+                                 "data file in the folder (or give the file itself)")
+    return found[0] if found else None
 
 
 def read_data(path: str | Path, *, who: str, label_column: str = "label",
               classes: int | None = None) -> RawData:
     """Raw X and y from an .npz, a .csv or an IDX folder, with their cells' names; only the
-    format is checked here (and that a .csv's cells are numbers). `classes`, when known, makes
-    the sentence about text labels name the run's label range."""
+    format is checked here (and that a .csv's cells are numbers). A folder holding one
+    train.npz, train.csv, test.npz or test.csv (a data folder's agentK, or the folder with its
+    public test file) is read as that file. `classes`, when known, makes the sentence about
+    text labels name the run's label range."""
     path = Path(path)
+    if path.is_dir() and (inside := data_file_in(path, who)) is not None:
+        path = inside
     if path.is_dir():
         features, labels = _read_idx_folder(path, who)
         return RawData(features, labels, ArrayCells(tuple(features.shape[1:])))
