@@ -57,8 +57,7 @@ def prepare(config: RunConfig, options: AgentOptions) -> Prepared:
     try:
         task = build_task(config)
     except (ValueError, TypeError, ImportError) as exc:
-        said = f"task {config.task!r}: "  # named once
-        reason = str(exc)[len(said):] if str(exc).startswith(said) else str(exc)
+        reason = str(exc).removeprefix(f"task {config.task!r}: ")  # the task named once
         raise ValueError(f"{who}: cannot build the model of task {config.task!r}: "
                          f"{reason}") from None
     if not local_mode:

@@ -153,12 +153,12 @@ def test_a_usage_error_is_one_line_naming_the_valid_values(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(("argv", "line"), [
-    (["up", "--iterations", "0"], "efpsn up: error: argument --iterations: iterations must be "
-                                  "a positive integer or 'auto', got '0' (see efpsn up --help)"),
-    (["simulate", "--batch-size", "-3"], "efpsn simulate: error: argument --batch-size: batch "
-                                         "size must be a positive integer or 'full', got '-3'"),
-    (["privacy", "--momentum", "1"], "efpsn privacy: error: argument --momentum: momentum "
-                                     "must be a number in [0, 1) or 'auto', got '1'"),
+    (["up", "--iterations", "0"], ("efpsn up: error: argument --iterations: iterations must be "
+                                   "a positive integer or 'auto', got '0' (see efpsn up --help)")),
+    (["simulate", "--batch-size", "-3"], ("efpsn simulate: error: argument --batch-size: batch "
+                                          "size must be a positive integer or 'full', got '-3'")),
+    (["privacy", "--momentum", "1"], ("efpsn privacy: error: argument --momentum: momentum "
+                                      "must be a number in [0, 1) or 'auto', got '1'")),
     (["nope"], "efpsn: error: argument command: invalid choice: 'nope' (choose from"),
     (["up", "--mask", "zerosum"], "(choose from 'zero-sum', 'independent', 'none')"),
 ])
@@ -175,8 +175,8 @@ def test_usage_errors_of_every_command_are_one_line(argv: list[str], line: str,
 
 def test_the_services_usage_errors_are_one_line_too() -> None:
     for module, args, words in (
-            ("agent", ["--name", "agent1"], "the following arguments are required: "
-                                            "--coordinator"),
+            ("agent", ["--name", "agent1"], ("the following arguments are required: "
+                                             "--coordinator")),
             ("coordinator", ["--algorithm", "x"], "(choose from 'agt', 'gt', 'dsgd')")):
         out = efpsn_run(*args, module=module)
         assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr

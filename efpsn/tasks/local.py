@@ -28,9 +28,21 @@ from efpsn.tasks.tables import (
     read_csv_table,
 )
 
-__all__ = ["HEADROOM", "DataError", "LocalData", "RawData", "check_arrays", "data_file_in",
-           "check_second_moment", "feature_limit", "load_local_data", "read_data",
-           "read_data_file", "second_moment", "split_holdout"]
+__all__ = [
+    "HEADROOM",
+    "DataError",
+    "LocalData",
+    "RawData",
+    "check_arrays",
+    "check_second_moment",
+    "data_file_in",
+    "feature_limit",
+    "load_local_data",
+    "read_data",
+    "read_data_file",
+    "second_moment",
+    "split_holdout",
+]
 
 # The factor of float64's range kept free above features x value^2 (see feature_limit).
 HEADROOM = 2.0**32
