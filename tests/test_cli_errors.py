@@ -245,10 +245,12 @@ def test_privacy_takes_the_runs_own_flags(tmp_path: Path,
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == (f"the run on {data}: 4 agents (ring), task logreg on inputs of shape 30 "
                         "and 2 classes, gt, 20000 rounds")
-    # the folder's schema, not the paper's 10 classes: the 2 last-layer biases are perturbed
-    assert "N = 3 basis functions" in lines[2] and "m = 2 coordinates" in lines[2]
-    assert main(["privacy", "--agents", "4", "--input-shape", "30", "--classes", "2"]) == 0
-    assert capsys.readouterr().out.splitlines()[:2] == lines[1:3]  # the same statement
+    # the folder's schema (30 features, 2 classes), not the paper's 1x28x28 and 10 classes:
+    # the model has 30 x 2 + 2 parameters to perturb
+    assert "of the m = 62 coordinates of 'all'" in lines[2]
+    assert main(["privacy", "--agents", "4", "--input-shape", "30", "--classes", "2",
+                 "--algorithm", "gt"]) == 0
+    assert capsys.readouterr().out.splitlines() == lines[1:]  # the same statement
     # the hooks that break privacy are not accepted
     with pytest.raises(SystemExit):
         main(["privacy", "--data-dir", data, "--debug-expose-mask"])
