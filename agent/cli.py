@@ -11,6 +11,7 @@ import asyncio
 import time
 from pathlib import Path
 
+from efpsn.cli_common import OneLineParser
 from efpsn.cli_services import (
     add_debug_flags,
     add_tls_flags,
@@ -129,7 +130,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m agent",
         description="One EFPSN agent: registers with the coordinator, runs phase I (Paillier "
                     "zero-sum masks) and phase II (the optimisation) with its neighbours.",

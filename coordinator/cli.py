@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from efpsn.cli_common import OneLineParser
 from efpsn.cli_services import (
     add_tls_flags,
     check_key_policy,
@@ -73,7 +74,7 @@ def configure(coord: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m coordinator",
         description="EFPSN's bootstrap coordinator: registers the agents, assigns ids, "
                     "neighbours and mixing weights, hands out the public run parameters. It "

@@ -9,7 +9,16 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr, naming the valid values
+    where there are some, and exit code 2; the usage text only with --help. Subcommands'
+    parsers are of the same class (add_subparsers builds them with the parent's type)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def add_data_dir_arguments(parser: argparse.ArgumentParser) -> None:

@@ -35,7 +35,7 @@ def _argument_type(name: str, declared: Declaration, kind: str) -> Callable[[str
         try:
             return convert(text)
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
+            raise argparse.ArgumentTypeError(str(exc)) from None  # argparse names the flag
 
     parse.__name__ = name  # argparse names the parameter in its messages
     return parse
@@ -90,11 +90,12 @@ def config_from_args(args: argparse.Namespace, *,
     if data_dir:
         from efpsn.datadir import inspect_data_dir
 
-        # the folder implies data "local", the agent count and its schema.json's fields
+        # the folder implies data "local", the agent count, its schema.json's fields, and
+        # what its files agree on for the schema's fields neither flags nor schema.json give
         layout = inspect_data_dir(data_dir)
-        check_flags_against_folder(given, layout, label_column=getattr(args, "label_column",
-                                                                       None))
-        values.update(layout.run_values())
+        label_column = getattr(args, "label_column", None)
+        check_flags_against_folder(given, layout, label_column=label_column)
+        values.update(_folder_values(layout, given, label_column))
     elif ("input_shape" in given or "classes" in given) and "data" not in given:
         values["data"] = LOCAL_DATA  # a schema of one's own and no data set named: local data
     values.update(given)
@@ -151,6 +152,21 @@ def check_flags_against_folder(given: dict[str, Any], layout: DataDirLayout, *,
         raise ValueError(f"--label-column {label_column} names a column of .csv files, but "
                          f"--data-dir {root} holds train.{layout.format} (labels in y): drop "
                          f"--label-column")
+
+
+def _folder_values(layout: DataDirLayout, given: dict[str, Any],
+                   label_column: str | None) -> dict[str, Any]:
+    from efpsn.folder_schema import folder_run_values
+
+    values: dict[str, Any] = layout.run_values()
+    shape = (("--input-shape", given["input_shape"]) if "input_shape" in given else
+             ("schema.json's input_shape", layout.schema.input_shape)
+             if layout.schema.input_shape else None)
+    values.update(folder_run_values(
+        layout.root, layout.files, layout.test, label_column=layout.label_column(label_column),
+        input_shape=None if shape is None else (shape[1], shape[0]),
+        classes=given.get("classes", layout.schema.classes)))
+    return values
 
 
 def config_to_args(config: RunConfig) -> list[str]:

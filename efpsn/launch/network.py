@@ -93,7 +93,8 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
     Mutual TLS by default: a fresh CA and one certificate per process go to RESULTS/tls
     (insecure runs plaintext). With `data_dir` (config.data "local"), agent K reads only its
     own folder DATA_DIR/agentK (and the public DATA_DIR/test.npz); this process never reads
-    the private files. A failure raises NetworkFailed leading with the agent whose own error
+    a private feature (the config's schema may come from the files' headers and labels:
+    efpsn.folder_schema). A failure raises NetworkFailed leading with the agent whose own error
     stopped the run. Every process it starts is stopped before it returns or raises, and stops
     by itself if this process is killed (efpsn/lifeline.py). `options` are LaunchOptions'
     fields."""
