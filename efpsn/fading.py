@@ -1,9 +1,10 @@
 """The default mask (`--refresh fading:RHO`): a fixed zero-sum part and a fresh zero-sum part
 every round that fades as RHO^t, both from the seeds phase I shares under Paillier.
 
-Agent i's numerators of round t (eta_bar_i(t) = numerators / 10^P):
+Agent i's mask of round t, two integer vectors over public denominators:
 
-    fixed_i + sum_{j in N(i)} sign_ij trunc(fade(RHO, t) * w_k(e_ij, t)),
+    eta_bar_i(t) = fixed_i / 10^P + fresh_i(t) / (10^P 2^k(t)),
+    fresh_i(t) = sum_{j in N(i)} sign_ij trunc(fade(RHO, t) 2^k(t) w_k(e_ij, t)),
 
 - fixed_i = sum_j (z(s_ij, 0) - z(s_ji, 0)): period 0 of the per-direction seed streams
   (efpsn/keystream.py), the same integers `every:R` uses for its first period;
@@ -17,11 +18,15 @@ Agent i's numerators of round t (eta_bar_i(t) = numerators / 10^P):
   keystream.fixed_point_scales); one popcount per coefficient instead of a polar-method
   normal;
 - sign_ij = +1 when i < j, -1 otherwise, and fade(RHO, t) = RHO^t by binary powering, every
-  step one IEEE multiplication (the same bits on every machine).
+  step one IEEE multiplication (the same bits on every machine);
+- k(t) >= 0 the public exponent that puts fade(RHO, t) 2^k(t) in [1/2, 1] (math.frexp, exact),
+  so the fresh integers keep their 40-odd significant bits in every round: the fresh part
+  shrinks as RHO^t but never rounds to zero, and late rounds are never bare.
 
-Both ends of an edge compute the same trunc(...) integer, once with + and once with -, so the
-masks sum to zero exactly in integers every round. Once fade * max |w| < 1 every fresh term is
-zero and the mask is the fixed part: late rounds cost nothing to derive.
+Both ends of an edge compute the same trunc(...) integer, once with + and once with -, so both
+integer vectors sum to zero exactly over the agents, every round. The float64 value is
+(fixed + ldexp(fresh, -k)) / 10^P: one exact power-of-two scaling, one addition and one
+division, the same bits on every machine.
 
 Why it keeps both promises: the fixed part is mixed away like the paper's mask; the fresh part's
 increments enter gradient tracking's trackers but die out no faster than the algorithm contracts
@@ -92,7 +97,7 @@ def fresh_scales(spec: NoiseSpec) -> np.ndarray:
 class FadingMask:
     """Agent i's mask of round t (a MaskProvider): the fixed part plus the fading fresh part.
 
-    Raises ValueError when the refresh is not a resolved `fading:RHO`, or when the sum could
+    ValueError when the refresh is not a resolved `fading:RHO`, or when the sum could
     leave int64 (3 deg(i) max|z| < 2^63 is checked)."""
 
     def __init__(self, *, seeds: EdgeSeeds, spec: NoiseSpec, refresh: Refresh,
@@ -121,39 +126,51 @@ class FadingMask:
             else (-1, edge_seed(received[j], sent[j]))
             for j in seeds.neighbours)
         self.scales = fresh_scales(spec)
-        self._top = _BINOMIAL_MAX * float(np.max(self.scales))
         self._t: int | None = None
-        self._numerators = self.fixed
+        self._fresh = np.zeros_like(self.fixed)
+        self._exponent = 0
 
-    def fresh_active(self, t: int) -> bool:
-        """Whether round t's fresh part can be non-zero (fade * max |w| >= 1)."""
-        return fade(self.rate, t) * self._top >= 1.0
+    def exponent(self, t: int) -> int:
+        """k(t): fade(RHO, t) 2^k(t) lies in [1/2, 1] (k = 0 while fade > 1/2)."""
+        mantissa, power = math.frexp(fade(self.rate, t))
+        return max(0, -power) if mantissa else 0
 
-    def numerators(self, t: int) -> np.ndarray:
-        """Round t's numerators as int64 (read-only; cached for the last round asked)."""
-        if t == self._t:
-            return self._numerators
-        factor = fade(self.rate, t)
-        if factor * self._top < 1.0 or not self.edges:
-            numerators = self.fixed
-        else:
+    def fresh(self, t: int) -> tuple[np.ndarray, int]:
+        """Round t's fresh integers (int64, read-only) and k(t): the fresh part is
+        fresh / (10^P 2^k). Cached for the last round asked."""
+        if t != self._t:
+            exponent = self.exponent(t)
+            factor = math.ldexp(fade(self.rate, t), exponent)  # exact: a power of two
             count = self.spec.num_coefficients
-            numerators = self.fixed.copy()
+            fresh = np.zeros(count, dtype=np.int64)
             for sign, seed in self.edges:
                 weights = self.scales * binomial_noise(seed, t, count)
                 weights *= factor
-                fresh = np.trunc(weights).astype(np.int64)  # |.| < 2^52: exact
+                term = np.trunc(weights).astype(np.int64)  # |.| < 2^52: exact
                 if sign > 0:
-                    numerators += fresh
+                    fresh += term
                 else:
-                    numerators -= fresh
-            numerators.setflags(write=False)
-        self._t, self._numerators = t, numerators
-        return numerators
+                    fresh -= term
+            fresh.setflags(write=False)
+            self._t, self._fresh, self._exponent = t, fresh, exponent
+        return self._fresh, self._exponent
+
+    def integer_parts(self, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """(fixed, fresh(t)): the two integer vectors that each sum to zero over the agents."""
+        return self.fixed, self.fresh(t)[0]
 
     def coefficients(self, t: int) -> MaskCoefficients:
-        return MaskCoefficients(tuple(self.numerators(t).tolist()), self.spec.precision)
+        """Round t's mask as exact integers over 10^P: only while k(t) = 0 (the first rounds,
+        where the fresh part shares the fixed part's denominator)."""
+        fresh, exponent = self.fresh(t)
+        if exponent:
+            raise ValueError(f"round {t}'s fresh part has denominator 10^P 2^{exponent}: use "
+                             "integer_parts()")
+        return MaskCoefficients(tuple((self.fixed + fresh).tolist()), self.spec.precision)
 
     def values(self, t: int) -> np.ndarray:
-        """eta_bar_i(t) = numerators / 10^P as float64 (|numerators| < 2^53: exact floats)."""
-        return self.numerators(t).astype(np.float64) / float(10**self.spec.precision)
+        """eta_bar_i(t) = (fixed + ldexp(fresh, -k)) / 10^P as float64 (|integers| < 2^53)."""
+        fresh, exponent = self.fresh(t)
+        total = np.ldexp(fresh.astype(np.float64), -exponent)
+        total += self.fixed
+        return total / float(10**self.spec.precision)

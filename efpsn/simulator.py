@@ -229,8 +229,17 @@ class ZeroSumCheck:
         if period == self._last:
             return
         self._last = period
-        total = np.zeros_like(self.providers[0].numerators(t))
-        for provider in self.providers:
-            total += provider.numerators(t)
+        for part in range(len(_integer_parts(self.providers[0], t))):
+            total = np.zeros_like(_integer_parts(self.providers[0], t)[part])
+            for provider in self.providers:
+                total += _integer_parts(provider, t)[part]
+            self.ok = self.ok and not bool(np.any(total))
         self.periods += 1
-        self.ok = self.ok and not bool(np.any(total))
+
+
+def _integer_parts(provider: MaskProvider, t: int) -> tuple[np.ndarray, ...]:
+    """The integer vectors of round t's mask that must each sum to zero over the agents."""
+    if isinstance(provider, FadingMask):
+        return provider.integer_parts(t)
+    assert isinstance(provider, RefreshedMask)
+    return (provider.numerators(t),)

@@ -41,9 +41,10 @@ def test_masks_sum_to_zero_in_integers_every_round(n: int, extra: int, noise_see
     graph = build_graph("ring", n) if extra == 0 else build_graph(
         f"erdos-renyi:{min(1.0, 0.2 + extra / 10)}", n, seed=noise_seed)
     agents = masks(graph, noise_seed=noise_seed)
+    assert not np.any(sum(m.fixed for m in agents))
     for t in rounds:
-        total = sum(m.numerators(t) for m in agents)
-        assert not np.any(total), t
+        assert len({m.exponent(t) for m in agents}) == 1  # a public denominator
+        assert not np.any(sum(m.fresh(t)[0] for m in agents)), t
 
 
 def test_both_ends_of_an_edge_derive_the_same_fresh_integers() -> None:
@@ -52,8 +53,8 @@ def test_both_ends_of_an_edge_derive_the_same_fresh_integers() -> None:
     assert low.edges[0][1] == high.edges[0][1] and (low.edges[0][0], high.edges[0][0]) == (1, -1)
     a, b = dict(seeds[0].sent)[1], dict(seeds[1].sent)[0]
     assert low.edges[0][1] == edge_seed(a, b) != edge_seed(b, a)  # lower agent's seed first
-    for t in (0, 1, 17):
-        assert np.array_equal(low.numerators(t) - low.fixed, -(high.numerators(t) - high.fixed))
+    for t in (0, 1, 17, 900):
+        assert np.array_equal(low.fresh(t)[0], -high.fresh(t)[0])
 
 
 def test_the_fixed_part_is_period_zero_of_the_refreshed_streams() -> None:
@@ -63,23 +64,30 @@ def test_the_fixed_part_is_period_zero_of_the_refreshed_streams() -> None:
         fading = FadingMask(seeds=s, spec=SPEC, refresh=RATE)
         every = RefreshedMask(seeds=s, spec=SPEC, refresh=Refresh(4))
         assert np.array_equal(fading.fixed, every.numerators(0))
+        # round 0: one denominator, so the exact coefficients exist; later ones need two
+        assert fading.coefficients(0).numerators == tuple((fading.fixed + fading.fresh(0)[0])
+                                                           .tolist())
+        with pytest.raises(ValueError, match="use integer_parts"):
+            fading.coefficients(30)
 
 
-def test_two_rounds_differ_by_fresh_noise_that_fades_to_nothing() -> None:
+def test_two_rounds_differ_by_fresh_noise_that_fades_but_never_rounds_away() -> None:
     agent = masks(FIVE)[0]
-    diffs = [np.abs(agent.numerators(t + 1) - agent.numerators(t)).astype(float).mean()
-             for t in (0, 20, 40)]
-    # the difference's size follows the rate (0.9^20 = 0.12 per 20 rounds), never zero early on
+    scale = agent.values(0) - agent.fixed / 1e6
+    diffs = [float(np.abs(agent.values(t + 1) - agent.values(t)).mean()) for t in (0, 20, 40)]
+    # the difference's size follows the rate (0.9^20 = 0.12 per 20 rounds)
     assert diffs[0] > 0 and 0.03 < diffs[1] / diffs[0] < 0.5 and diffs[2] < diffs[1]
     # scale: the fresh part at round 0 is as large as the fixed part (both 2 deg c_k^2)
-    fresh = (agent.numerators(0) - agent.fixed).astype(float)
-    ratio = np.std(fresh) / np.std(agent.fixed.astype(float))
+    ratio = np.std(scale) / np.std(agent.fixed / 1e6)
     assert 0.4 < ratio < 2.5, ratio
-    # once fade * max|w| < 1 the fresh part is exactly zero, and costs no derivation
-    late = next(t for t in range(10_000) if not agent.fresh_active(t))
-    assert np.array_equal(agent.numerators(late), agent.fixed)
-    assert np.array_equal(agent.numerators(late + 1000), agent.fixed)
-    assert agent.fresh_active(late - 1)
+    # late rounds: at 0.9^200 = 7e-10 most old-style integers trunc(fade * w) would be 0;
+    # the exponent k(t) keeps the fresh part's 40-odd bits, so every coefficient still moves
+    t = 200
+    fresh, exponent = agent.fresh(t)
+    assert exponent > 25 and np.abs(fresh).max() > 2**30
+    moved = np.abs(agent.values(t + 1) - agent.values(t)) / 0.9**t
+    assert np.count_nonzero(moved) >= 0.9 * len(moved)
+    assert 0.1 < float(np.median(moved) / np.abs(scale).mean()) < 10
 
 
 def test_fade_is_binary_powering_close_to_pow() -> None:
