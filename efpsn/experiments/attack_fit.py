@@ -30,7 +30,8 @@ import torch
 
 from efpsn.experiments.attack_view import RoundView
 
-__all__ = ["Differences", "LinearModel", "Prior", "differences", "map_estimate", "svd_estimate"]
+__all__ = ["Differences", "Levels", "LinearModel", "Prior", "differences", "levels", "map_estimate",
+           "svd_estimate"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,23 @@ class Differences:
     before: np.ndarray  # (P, d) the earlier round's point
     after: np.ndarray  # (P, d) the later round's point
     delta: np.ndarray  # (P, d) g_after - g_before
+
+
+@dataclass(frozen=True)
+class Levels:
+    """Released gradients (minus the public l2 term) of every kept round, undifferenced."""
+
+    points: np.ndarray  # (T, d)
+    grads: np.ndarray  # (T, d)
+
+
+def levels(view: RoundView, model: LinearModel, *, late: bool = False) -> Levels:
+    """The view's kept rounds (only those in the last 10% when `late`)."""
+    keep = view.rounds >= (int(0.9 * view.horizon) if late else 0)
+    if keep.sum() < 2:
+        raise ValueError("fewer than two rounds to fit")
+    return Levels(points=view.points[keep],
+                  grads=view.grads[keep] - model.l2 * view.points[keep])
 
 
 def differences(view: RoundView, model: LinearModel, *, late: bool = False) -> Differences:
@@ -136,24 +154,50 @@ def _variances(residual: np.ndarray, floor: float) -> np.ndarray:
     return rows[:, None] * cols[None, :]
 
 
-def map_estimate(model: LinearModel, diffs: Differences, prior: Prior, *,
-                 passes: int = 4, steps: int = 60, start: np.ndarray | None = None
-                 ) -> np.ndarray:
+def _levels(model: LinearModel, points: np.ndarray, x: torch.Tensor) -> torch.Tensor:
+    """softmax(W_t x + b_t) (x, 1) per round: the gradient's part that varies with the round
+    (the label's part -y (x, 1) is the same every round)."""
+    weight, bias = model.split(torch.from_numpy(points))
+    probs = torch.softmax(weight @ x + bias, dim=-1)  # (T, C)
+    grad_w = probs[:, :, None] * x[None, None, :]
+    return torch.cat([grad_w.reshape(len(probs), -1), probs], dim=1)
+
+
+def _residual(model: LinearModel, data: Differences | Levels, x: torch.Tensor,
+              rows: torch.Tensor) -> torch.Tensor:
+    """What the noise must explain if the sample is x: differences minus the model's; or levels
+    minus the model's, minus the constant (a K = 1 mask's fixed part, and the label's) fitted
+    with the rounds' weights 1 / rows."""
+    if isinstance(data, Differences):
+        return torch.from_numpy(data.delta) - _predict(model, data, x)
+    resid = torch.from_numpy(data.grads) - _levels(model, data.points, x)
+    weights = (1.0 / rows)[:, None]
+    return resid - (weights * resid).sum(dim=0) / weights.sum()
+
+
+def map_estimate(model: LinearModel, data: Differences | Levels, prior: Prior, *,
+                 passes: int = 4, steps: int = 60, start: np.ndarray | None = None,
+                 variances: np.ndarray | None = None) -> np.ndarray:
     """The MAP fit of the sample (module docstring), `passes` reweightings of L-BFGS."""
-    target = torch.from_numpy(diffs.delta)
     mu = torch.from_numpy(prior.mean)
     precision = torch.from_numpy(prior.precision())
-    floor = 1e-24 * float(np.mean(diffs.delta ** 2)) + 1e-300
-    variances = _variances(diffs.delta, floor)  # first pass: all of it could be noise
+    observed = data.delta if isinstance(data, Differences) else data.grads
+    floor = 1e-24 * float(np.mean(observed ** 2)) + 1e-300
+    fixed = variances is not None
+    if variances is None:  # first pass: all of it could be noise
+        variances = _variances(_residual(model, data, mu, torch.ones(len(observed))).numpy(),
+                               floor)
     starts = [prior.mean] + ([] if start is None else [start])
     best, best_x = np.inf, prior.mean
     for _ in range(passes):
         inv = torch.from_numpy(1.0 / variances)
-        scale = float((inv * target ** 2).sum()) + len(prior.mean)
+        rows = torch.from_numpy(variances.mean(axis=1))
+        at_mean = _residual(model, data, mu, rows)
+        scale = float((inv * at_mean ** 2).sum()) + len(prior.mean)  # the objective at mu
 
-        def objective(x: torch.Tensor, inv: torch.Tensor = inv, scale: float = scale
-                      ) -> torch.Tensor:
-            resid = target - _predict(model, diffs, x)
+        def objective(x: torch.Tensor, inv: torch.Tensor = inv, rows: torch.Tensor = rows,
+                      scale: float = scale) -> torch.Tensor:
+            resid = _residual(model, data, x, rows)
             gap = x - mu
             return ((inv * resid ** 2).sum() + gap @ precision @ gap) / scale
 
@@ -175,6 +219,7 @@ def map_estimate(model: LinearModel, diffs: Differences, prior: Prior, *,
             if value < best:
                 best, best_x = value, x.detach().numpy().copy()
         starts = [best_x]
-        resid = diffs.delta - _predict(model, diffs, torch.from_numpy(best_x)).numpy()
-        variances = _variances(resid, floor)
+        if not fixed:
+            variances = _variances(
+                _residual(model, data, torch.from_numpy(best_x), rows).detach().numpy(), floor)
     return best_x
