@@ -124,10 +124,10 @@ def _fit_scale(model: LinearModel, diffs: Differences, direction: np.ndarray,
     def loss(s: float) -> float:
         return float((w * (target - _predict(model, diffs, s * v)) ** 2).sum())
 
-    grid = [sign * 10.0 ** e for sign in (1.0, -1.0) for e in np.linspace(-3, 3, 61)]
-    best, width = min(grid, key=loss), 0.1
-    for _ in range(30):  # refine around the best point in log scale, halving the bracket
-        best = min((best * 10.0 ** e for e in np.linspace(-width, width, 9)), key=loss)
+    grid = [sign * 10.0 ** e for sign in (1.0, -1.0) for e in np.linspace(-3, 3, 25)]
+    best, width = min(grid, key=loss), 0.25
+    for _ in range(16):  # refine around the best point in log scale, halving the bracket
+        best = min((best * 10.0 ** e for e in (-width, 0.0, width)), key=loss)
         width /= 2
     return np.asarray(best * direction)
 
@@ -176,7 +176,7 @@ def _residual(model: LinearModel, data: Differences | Levels, x: torch.Tensor,
 
 
 def map_estimate(model: LinearModel, data: Differences | Levels, prior: Prior, *,
-                 passes: int = 4, steps: int = 60, start: np.ndarray | None = None,
+                 passes: int = 3, steps: int = 50, start: np.ndarray | None = None,
                  variances: np.ndarray | None = None) -> np.ndarray:
     """The MAP fit of the sample (module docstring), `passes` reweightings of L-BFGS."""
     mu = torch.from_numpy(prior.mean)
