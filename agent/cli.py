@@ -62,6 +62,7 @@ def _agent(args: argparse.Namespace) -> int:
     result = asyncio.run(until_signalled(AgentNode(options).run(), what=args.name))
     final = result["final"]
     print(f"{args.name}: done; local loss {final['loss']:.4f}, accuracy {final['accuracy']:.4f}")
+    print(f"{args.name}: {result['privacy']['line']}")
     return 0
 
 

@@ -16,6 +16,7 @@ from agent.session import Session
 from efpsn.cli_common import write_json
 from efpsn.masking import MaskCoefficients
 from efpsn.model_io import MODEL_FILE, save_model
+from efpsn.privacy_modes import privacy_statement
 
 __all__ = ["failure_record", "write_failure", "write_results"]
 
@@ -38,6 +39,7 @@ def write_results(folder: Path, *, session: Session, name: str, x: torch.Tensor,
     save_model(folder / MODEL_FILE, task=session.problem.task, x=x, scale=session.config.scale)
     result: dict[str, Any] = {
         "settings": session.config.to_dict(),
+        "privacy": privacy_statement(session.config, session.problem.graph).to_json(),
         "run_id": session.run_id,
         "name": name,
         "index": session.index,

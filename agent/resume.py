@@ -18,9 +18,11 @@ from agent.options import AgentFailure, RefusedByNeighbour
 from agent.peers import Peers
 from agent.session import Session
 from agent.state import Checkpoint, SavedAssignment, StateError, StateStore
+from efpsn.fading import FadingMask
 from efpsn.ledger import RoundLedger, Verdict
 from efpsn.masking import MaskCoefficients
-from efpsn.refresh import FixedMask, MaskProvider, Refresh, RefreshedMask
+from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
+from efpsn.refresh_value import Refresh
 from efpsn.seeds import EdgeSeeds
 
 __all__ = ["Replay", "check_address", "check_resumable", "mask_provider", "reload_checkpoint",
@@ -83,11 +85,13 @@ def reload_phase_one(store: StateStore, *, name: str, session: Session
 
 
 def mask_provider(session: Session, phase_one: MaskCoefficients | EdgeSeeds) -> MaskProvider:
-    """This agent's mask of every round: phase I's fixed mask, or the refreshed masks its edge
-    seeds give (period floor(t / R))."""
+    """This agent's mask of every round: phase I's fixed mask, or the masks its edge seeds give
+    (fading, or refreshed with period floor(t / R))."""
     if isinstance(phase_one, EdgeSeeds):
-        return RefreshedMask(seeds=phase_one, spec=session.problem.noise_spec,
-                             refresh=Refresh.parse(session.config.refresh))
+        refresh = Refresh.parse(session.config.refresh)
+        if refresh.fading:
+            return FadingMask(seeds=phase_one, spec=session.problem.noise_spec, refresh=refresh)
+        return RefreshedMask(seeds=phase_one, spec=session.problem.noise_spec, refresh=refresh)
     return FixedMask(phase_one)
 
 

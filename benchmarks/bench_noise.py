@@ -40,7 +40,8 @@ import torch
 from efpsn.config import RunConfig
 from efpsn.masking import NoiseSpec
 from efpsn.problem import MaskedPerturbation, build_problem
-from efpsn.refresh import FixedMask, Refresh, RefreshedMask
+from efpsn.refresh import FixedMask, RefreshedMask
+from efpsn.refresh_value import Refresh
 from efpsn.runtime import configure_threads, machine_load
 from efpsn.seeds import exchange_seeds_fast
 from efpsn.simulator import run_simulation

@@ -20,7 +20,8 @@ import bench_phase1  # this folder's phase I benchmark (scripts run with it on s
 from efpsn import paillier
 from efpsn.encoding import SlotLayout
 from efpsn.masking import NoiseSpec
-from efpsn.refresh import Refresh, RefreshedMask
+from efpsn.refresh import RefreshedMask
+from efpsn.refresh_value import Refresh
 from efpsn.runtime import machine_load
 from efpsn.seeds import SeedExchange
 

@@ -43,7 +43,7 @@ from typing import Any, Protocol
 import dp_accounting
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from efpsn.refresh import Refresh
+from efpsn.refresh_value import Refresh
 
 __all__ = [
     "ATTACKERS",
@@ -136,6 +136,10 @@ def _why_unbounded(*, refresh: Refresh, K: int, m: int, N: int, num_params: int,
     if not refresh.refreshed:
         return ("the mask is fixed for the whole run: its gradient is the same constant every "
                 "round (K = 1) and cancels in the difference of two rounds")
+    if refresh.fading:
+        return ("the fresh noise fades (refresh fading): the last rounds' differences carry "
+                "almost none of it, so composing the rounds gives no per-sample bound; its "
+                "protection is measured by attacks instead (docs/RESULTS.md)")
     if refresh.every is not None and refresh.every > 1:
         return (f"the noise repeats within a refresh period of {refresh.every} rounds: with "
                 "K = 1 it cancels in the difference of two rounds of one period")

@@ -56,9 +56,13 @@ def _simulate(args: argparse.Namespace) -> int:
               f" {result.periods_zero_sum} periods checked, each in integers)")
     elif config.mask == "zero-sum":
         print(f"masks sum to zero exactly: {mask_sums_are_zero(result.masks)}")
+    from efpsn.privacy_modes import privacy_statement
+
+    privacy = privacy_statement(result.config, problem.graph)
     if args.json:
-        write_json(args.json, result.to_json())
+        write_json(args.json, {**result.to_json(), "privacy": privacy.to_json()})
         print(f"wrote {args.json}")
+    print(privacy.line())
     if result.convergence is not None:
         print(result.convergence.line)  # the last line: converged, or what to change
     return 0

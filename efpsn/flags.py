@@ -49,9 +49,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, *,
     group = parser.add_argument_group(title)
     if wanted is None:
         group.add_argument("--preset", choices=sorted(PRESETS), default=argparse.SUPPRESS,
-                           help="a named set of run parameters, e.g. paper: "
-                                + ", ".join(f"{k} {v}" for k, v in PRESETS["paper"].items())
-                                + " (flags given explicitly win)")
+                           help="a named set of run parameters (flags given explicitly win): "
+                                + "; ".join(f"{name}: " + ", ".join(f"{k} {v}" for k, v in
+                                                                    values.items())
+                                            for name, values in PRESETS.items()))
     for f, declared in declarations():
         if wanted is not None and f.name not in wanted:
             continue

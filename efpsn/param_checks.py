@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from efpsn.refresh_value import Refresh
 from efpsn.selection import parse_selection
 
 # Where the agents' data comes from: shards by index of one public set (the paper's
@@ -94,9 +95,7 @@ def check_selection(spec: str) -> None:
 
 
 def check_refresh(text: str) -> None:
-    kind, _, count = text.partition(":")
-    if text != "never" and not (kind == "every" and count.isdigit() and int(count) >= 1):
-        raise ValueError(f"refresh must be 'never' or 'every:R' with R >= 1, got {text!r}")
+    Refresh.parse(text)
 
 
 def check_clip(value: float) -> None:

@@ -17,9 +17,16 @@ __all__ = ["add_parser", "refreshed_arguments"]
 
 # The run parameters the accountant reads: the graph, the noise, the basis and the model (for
 # the number of coordinates of "all").
-PRIVACY_PARAMETERS = ("agents", "topology", "seed", "gamma", "p", "task", "input_shape",
+PRIVACY_PARAMETERS = ("agents", "topology", "seed", "algorithm", "gamma", "p", "task", "input_shape",
                       "classes", "selection", "K", "m", "N", "refresh", "iterations", "clip",
                       "batch_size")
+
+
+FADING_NOTE = (
+    "refresh fading: Theorem 4.1's epsilon above covers the fixed part of the mask; the fresh "
+    "part, which differencing two rounds does not cancel, fades, so it carries no "
+    "per-sample epsilon of its own: what it protects is measured by attacks "
+    "(docs/RESULTS.md). For a per-sample epsilon use --preset dp.")
 
 
 def _basis(config: RunConfig) -> tuple[int, int]:
@@ -43,7 +50,7 @@ def refreshed_arguments(config: RunConfig, *, delta: float, attacker: str = "nei
     """The keyword arguments of efpsn.accounting.account_refreshed (all but gamma) for a run:
     its graph, noise decay, basis, model size, refresh, rounds, clip and batch."""
     from efpsn.problem import build_task
-    from efpsn.refresh import Refresh
+    from efpsn.refresh_value import Refresh
     from efpsn.selection import selection_measure
     from efpsn.topology import build_graph
 
@@ -104,11 +111,12 @@ def _write(args: argparse.Namespace, payload: dict[str, Any]) -> None:
 
 def _privacy(args: argparse.Namespace) -> int:
     from efpsn.privacy import epsilon_delta, gamma_for_epsilon, protection_statement
+    from efpsn.refresh_value import Refresh
     from efpsn.selection import parse_selection
     from efpsn.topology import build_graph, laplacian_spectrum
 
     config = config_from_args(args)
-    if config.refresh != "never":
+    if Refresh.parse(config.refresh).accumulates:
         return _refreshed(args, config)
     m, n_functions = _basis(config)
     protects = protection_statement(selection=config.selection, m=m, K=config.K, N=n_functions,
@@ -127,11 +135,15 @@ def _privacy(args: argparse.Namespace) -> int:
         print(f"epsilon = {result.epsilon:.6g}, delta = {result.delta:.3g} "
               f"(gamma {config.gamma:g}, mu_2 {mu2:.4g}, mu_max {mu_max:.4g})")
     print(protects)
+    fading = Refresh.parse(config.refresh).fading
+    if fading:
+        print(FADING_NOTE)
     _write(args, {"topology": config.topology, "agents": config.agents, "mu2": mu2,
                   "mu_max": mu_max, **dataclasses.asdict(result),
                   "selection": config.selection,
                   "measure": parse_selection(config.selection).measure, "m": m, "K": config.K,
-                  "N": n_functions, "protects": protects})
+                  "N": n_functions, "protects": protects,
+                  "refresh": config.refresh, **({"refresh_note": FADING_NOTE} if fading else {})})
     return 0
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from efpsn.keystream import MAX_PERIOD, exact_bound, period_noise_block
 from efpsn.masking import MaskCoefficients, NoiseSpec
+from efpsn.refresh_value import Refresh
 from efpsn.seeds import EdgeSeeds
 
 __all__ = [
@@ -31,48 +31,6 @@ __all__ = [
     "RefreshedMask",
     "refreshed_numerators",
 ]
-
-
-@dataclass(frozen=True)
-class Refresh:
-    """How often the mask changes: `every` rounds (a period), or never (None, the paper)."""
-
-    every: int | None
-
-    def __post_init__(self) -> None:
-        if self.every is None:
-            return
-        if isinstance(self.every, bool) or not isinstance(self.every, numbers.Integral):
-            raise TypeError(f"refresh period must be an int or None, got {type(self.every)}")
-        if self.every < 1:
-            raise ValueError(f"refresh period must be >= 1 round, got {self.every}")
-        object.__setattr__(self, "every", int(self.every))
-
-    @classmethod
-    def parse(cls, text: str) -> Refresh:
-        """"never" or "every:R" (R >= 1 rounds per period)."""
-        if not isinstance(text, str):
-            raise TypeError(f"refresh must be a str, got {type(text).__name__}")
-        body = text.strip()
-        if body == "never":
-            return cls(None)
-        kind, _, count = body.partition(":")
-        if kind != "every" or not count.strip().isdigit() or int(count) < 1:
-            raise ValueError(f"refresh must be 'never' or 'every:R' with R >= 1, got {text!r}")
-        return cls(int(count))
-
-    def __str__(self) -> str:
-        return "never" if self.every is None else f"every:{self.every}"
-
-    @property
-    def refreshed(self) -> bool:
-        return self.every is not None
-
-    def period(self, t: int) -> int:
-        """floor(t / R) for round t >= 0 (0 for every round when never)."""
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
-            raise ValueError(f"round must be an int >= 0, got {t!r}")
-        return 0 if self.every is None else int(t) // self.every
 
 
 class MaskProvider(Protocol):

@@ -14,12 +14,14 @@ import torch
 from efpsn.algorithms import StepContext, make_algorithm
 from efpsn.certificate import Certificate, Certifier
 from efpsn.config import RunConfig
+from efpsn.fading import FadingMask
 from efpsn.masking import MaskCoefficients, noise_generator
 from efpsn.masks import independent_masks, no_masks, zero_sum_masks, zero_sum_masks_fast
 from efpsn.metrics import evaluate
 from efpsn.paillier import generate_keypair
 from efpsn.problem import Problem, average, build_problem
-from efpsn.refresh import FixedMask, MaskProvider, NoiseBlocks, Refresh, RefreshedMask
+from efpsn.refresh import FixedMask, MaskProvider, NoiseBlocks, RefreshedMask
+from efpsn.refresh_value import Refresh
 from efpsn.rounds import RoundDriver, worst
 from efpsn.schedules import make_schedule
 from efpsn.seeds import exchange_seeds, exchange_seeds_fast
@@ -64,12 +66,12 @@ def make_mask_providers(
     noise_seed: int | None = None,
     allow_insecure_keys: bool = False,
 ) -> list[MaskProvider]:
-    """Every agent's masks of every round: phase I's fixed mask (refresh never), or masks
-    refreshed every R rounds from the seeds phase I shares (by real Paillier between in-process
+    """Every agent's masks of every round: phase I's fixed mask (refresh never), the fading
+    masks (efpsn/fading.py), or masks refreshed every R rounds from the seeds phase I shares (by real Paillier between in-process
     agents, or the fast path that yields the same seeds). The refreshed masks share one
     NoiseBlocks: each edge's stream is derived once per period, not at both ends."""
     c = problem.config
-    refresh = Refresh.parse(c.refresh)
+    refresh = Refresh.parse(c.refresh if c.resolved_ok else c.resolved().refresh)
     if not refresh.refreshed:
         return [FixedMask(m) for m in make_masks(problem, protocol=protocol,
                                                  noise_seed=noise_seed,
@@ -83,6 +85,10 @@ def make_mask_providers(
                     for _ in range(problem.n)]
         seeds = exchange_seeds(problem.graph, keypairs, noise_seed=noise_seed,
                                allow_insecure=allow_insecure_keys)
+    if refresh.fading:
+        blocks = NoiseBlocks(problem.noise_spec, periods=1)
+        return [FadingMask(seeds=s, spec=problem.noise_spec, refresh=refresh, blocks=blocks)
+                for s in seeds]
     blocks = NoiseBlocks(problem.noise_spec)
     return [RefreshedMask(seeds=s, spec=problem.noise_spec, refresh=refresh, blocks=blocks)
             for s in seeds]
@@ -211,7 +217,7 @@ class ZeroSumCheck:
     zero exactly (integers), from what the providers already derived for the round."""
 
     def __init__(self, providers: Sequence[MaskProvider]) -> None:
-        self.providers = [p for p in providers if isinstance(p, RefreshedMask)]
+        self.providers = [p for p in providers if isinstance(p, (RefreshedMask, FadingMask))]
         self.periods = 0
         self.ok = True
         self._last: int | None = None

@@ -34,7 +34,7 @@ import numpy as np
 from efpsn.model_sizes import l2_weight
 
 __all__ = ["MAX_ROUNDS", "NO_BOUND_ROUNDS", "NO_BOUND_STEP", "StepRule", "companion",
-           "public_curvature", "step_rule"]
+           "fading_rate", "public_curvature", "step_rule"]
 
 NO_BOUND_STEP = 0.05  # models without a public curvature bound
 NO_BOUND_ROUNDS = 2000
@@ -51,12 +51,34 @@ _BISECTIONS = 14
 @dataclass(frozen=True)
 class StepRule:
     """What the rule gives: a constant step size (None: the paper's decaying schedule), the
-    momentum of accelerated tracking, the rounds, and the public curvature bound it used."""
+    momentum of accelerated tracking, the rounds, the public curvature bound it used, and the
+    contraction of the slowest disagreement mode per round (`mixing`; None for DSGD and models
+    without a curvature bound)."""
 
     step: float | None
     momentum: float
     rounds: int
     curvature: float | None
+    mixing: float | None = None
+
+
+def fading_rate(rule: StepRule, *, algorithm: str, step: float | None, mu: float,
+                rounds: int) -> float:
+    """The fading mask's public rate RHO (`--refresh fading`), never faster than the algorithm
+    contracts with the run's own constant `step` (None: a decaying schedule): the average's
+    rate (agt 1 - sqrt(step mu), gt 1 - step mu) or the step rule's slowest disagreement mode
+    (`rule.mixing`), whichever is slower; without a contraction rate (DSGD, mu = 0), the rate
+    that fades the fresh part to 1e-9 of its size over the run's `rounds`. Rounded up to six
+    significant digits of 1 - RHO (a public number every machine reads the same)."""
+    rate = None
+    if step is not None and mu > 0 and algorithm in ("agt", "gt"):
+        average = 1 - math.sqrt(step * mu) if algorithm == "agt" else 1 - step * mu
+        if 0 < average < 1:
+            rate = max(average, rule.mixing or 0.0)
+    if rate is None:
+        rate = 1e-9 ** (1.0 / max(1, rounds))
+    digits = 10 ** (5 - math.floor(math.log10(1 - rate)))  # six significant digits of 1 - rate
+    return min(1 - 1 / digits, 1 - math.floor((1 - rate) * digits) / digits)
 
 
 def public_curvature(task: str, *, features: int, l2: float) -> float | None:
@@ -119,7 +141,7 @@ def step_rule(*, algorithm: str, task: str, features: int, l2: float,
         step = _rounded(0.9 * (1 + eigenvalues[0]) ** 2 / (2 * curvature))
         rounds = math.log(1e9) / (step * mu) + math.log(1e3) / (1 - eigenvalues[-2])
         return StepRule(step=step, momentum=0.0, rounds=min(MAX_ROUNDS, math.ceil(rounds)),
-                        curvature=curvature)
+                        curvature=curvature, mixing=float(eigenvalues[-2]))
     if algorithm != "agt":
         raise ValueError(f"no step rule for algorithm {algorithm!r}")
     lazy = (np.eye(len(weights)) + weights) / 2
@@ -129,4 +151,4 @@ def step_rule(*, algorithm: str, task: str, features: int, l2: float,
     momentum = _rounded((1 - q) / (1 + q))
     rounds = math.ceil(math.log(1e9) / q + math.log(1e3) / (1 - rho))
     return StepRule(step=step, momentum=momentum, rounds=min(MAX_ROUNDS, rounds),
-                    curvature=curvature)
+                    curvature=curvature, mixing=rho)

@@ -17,7 +17,7 @@ from efpsn.accounting import (
     uncancelled_streams,
 )
 from efpsn.basis import OrthonormalSystem, choose_monomials
-from efpsn.refresh import Refresh
+from efpsn.refresh_value import Refresh
 from efpsn.topology import Graph, build_graph
 
 RING = build_graph("ring", 5)

@@ -58,7 +58,10 @@ def test_every_field_is_declared_with_help_and_a_flag() -> None:
     ({"algorithm": "adam"}, "algorithm must be one of"),
     ({"selection": "bogus"}, "unknown parameter selection 'bogus'"),
     ({"schedule": "cosine"}, "unknown schedule 'cosine'"),
-    ({"refresh": "every:0"}, "refresh must be 'never' or 'every:R' with R >= 1"),
+    ({"refresh": "every:0"}, "refresh must be 'never', 'every:R' with R >= 1, 'fading'"),
+    ({"refresh": "fading:1"}, "'fading:RHO' with 0 < RHO < 1"),
+    ({"refresh": "every:1"}, "agt's trackers add it up: the run would never converge"),
+    ({"refresh": "every:4", "algorithm": "gt"}, "Use --refresh fading"),
     ({"refresh": "every:2", "mask": "none"}, "has none to renew"),
     ({"clip": -1.0}, "clip must be a finite number >= 0"),
     ({"task": "mlp:0"}, "positive hidden widths"),
@@ -66,8 +69,8 @@ def test_every_field_is_declared_with_help_and_a_flag() -> None:
     ({"scale": "div:0"}, "scale must be none, unit, div:C or div:C1,...,Cd with every C > 0"),
     ({"classes": 3}, "for your own data use --data local"),
     ({"task": "lenet", "data": "local", "input_shape": "12"}, "task lenet takes 1x28x28"),
-    ({"m": 3}, "perturbs 10 parameters of this model, but m = 3"),
-    ({"N": 12}, "only 11 monomials of degree <= 1 exist in m = 10 variables"),
+    ({"m": 3, "selection": "last-bias"}, "perturbs 10 parameters of this model, but m = 3"),
+    ({"N": 12, "selection": "last-bias"}, "only 11 monomials of degree <= 1 exist in m = 10 variables"),
     ({"selection": "all", "K": 2, "N": 12}, "N must be 1 + K m = 15701"),
     ({"selection": "random"}, "give m (or use random:M)"),
     ({"selection": "indices:1,7850"}, "must be in [0, 7850)"),
@@ -88,10 +91,12 @@ def test_wrong_types_are_type_errors() -> None:
 
 
 def test_basis_counts_follow_the_model() -> None:
-    assert RunConfig().basis_counts() == (10, 11)  # 10 last-layer biases, every affine function
-    assert RunConfig(K=2).basis_counts() == (10, 21)
-    assert RunConfig(data="local", input_shape="12", classes=2).basis_counts() == (2, 3)
-    assert RunConfig(selection="all").basis_counts() == (7850, 7851)
+    assert RunConfig().basis_counts() == (7850, 7851)  # the default: every parameter, K = 1
+    last = RunConfig(selection="last-bias")
+    assert last.basis_counts() == (10, 11)  # 10 last-layer biases, every affine function
+    assert last.replace(K=2).basis_counts() == (10, 21)
+    assert RunConfig(data="local", input_shape="12", classes=2).basis_counts() == (26, 27)
+    assert last.replace(data="local", input_shape="12", classes=2).basis_counts() == (2, 3)
     assert RunConfig(selection="all", K=2).basis_counts() == (7850, 15701)  # power family
     assert RunConfig(selection="random:7").basis_counts() == (7, 8)
     assert RunConfig(selection="random", m=4).basis_counts() == (4, 5)
@@ -99,8 +104,9 @@ def test_basis_counts_follow_the_model() -> None:
     # a user's model: unknown until built, then from its sizes
     user = RunConfig(task="python:mymodel:make", data="local", input_shape="4", classes=3)
     assert user.basis_counts() == (None, None)
-    assert user.basis_counts(num_params=15, last_bias=3) == (3, 4)
-    assert RunConfig(K=0).basis_counts() == (10, 1)
+    assert user.basis_counts(num_params=15, last_bias=3) == (15, 16)
+    assert user.replace(selection="last-bias").basis_counts(num_params=15, last_bias=3) == (3, 4)
+    assert last.replace(K=0).basis_counts() == (10, 1)
 
 
 def test_presets_apply_under_given_flags() -> None:
@@ -117,7 +123,8 @@ def test_presets_apply_under_given_flags() -> None:
 
 def test_flags_round_trip_through_config_to_args() -> None:
     config = RunConfig(agents=7, topology="grid:1x7", gamma=12.5, packed=False, batch_size=0,
-                       selection="random:5", refresh="every:3", clip=0.5, scale="div:3",
+                       selection="random:5", refresh="every:3", algorithm="dsgd", clip=0.5,
+                       scale="div:3",
                        data="local", input_shape="3x4", classes=4)
     # flags are parsed into the resolved run (the step rule's numbers where none were given)
     assert _parse(*config_to_args(config)) == config.resolved()

@@ -48,7 +48,8 @@ def test_momentum_is_in_0_1_or_auto() -> None:
 def test_the_boundaries_themselves_are_accepted() -> None:
     for changes in ({"precision": 0}, {"precision": 30}, {"test_fraction": 0.01},
                     {"test_fraction": 0.99}, {"agents": 2}, {"gamma": 0.5},
-                    {"gamma": 1e-12}, {"refresh": "every:1"}, {"data": "idx:/srv/mnist"}):
+                    {"gamma": 1e-12}, {"refresh": "every:1", "algorithm": "dsgd"},
+                    {"refresh": "fading:1e-9"}, {"refresh": "fading:0.999999"}, {"data": "idx:/srv/mnist"}):
         config = RunConfig(**changes)
         assert all(getattr(config, k) == v for k, v in changes.items()), changes
     check_data("idx:folder")

@@ -228,11 +228,11 @@ def test_privacy_cli_accounts_refreshed_masks(tmp_path: Path) -> None:
     library gives, and an infinite one with its reason where the run gives no bound."""
     from efpsn.accounting import account_refreshed
     from efpsn.cli import main
-    from efpsn.refresh import Refresh
+    from efpsn.refresh_value import Refresh
     from efpsn.topology import build_graph
 
     out = tmp_path / "eps.json"
-    assert main(["privacy", "--refresh", "every:1", "--iterations", "10000", "--selection", "all",
+    assert main(["privacy", "--algorithm", "dsgd", "--refresh", "every:1", "--iterations", "10000", "--selection", "all",
                  "--clip", "1", "--gamma", "1e6", "--batch-size", "64", "--json", str(out)]) == 0
     written = json.loads(out.read_text())
     expected = account_refreshed(
@@ -241,16 +241,16 @@ def test_privacy_cli_accounts_refreshed_masks(tmp_path: Path) -> None:
         delta=1e-5)
     assert written["epsilon"] == pytest.approx(expected.epsilon, rel=1e-12)
     assert 0 < written["epsilon"] < 1 and written["attacker"] == "neighbour"
-    assert main(["privacy", "--refresh", "every:1", "--iterations", "10000",
-                 "--batch-size", "64", "--json", str(out)]) == 0
+    assert main(["privacy", "--algorithm", "dsgd", "--refresh", "every:1", "--iterations", "10000",
+                 "--batch-size", "64", "--selection", "last-bias", "--json", str(out)]) == 0
     unbounded = json.loads(out.read_text())
     assert unbounded["epsilon"] == "inf" and "get no noise" in unbounded["reason"]
-    assert main(["privacy", "--refresh", "every:2", "--iterations", "100", "--selection", "all",
+    assert main(["privacy", "--algorithm", "dsgd", "--refresh", "every:2", "--iterations", "100", "--selection", "all",
                  "--clip", "1", "--batch-size", "64", "--json", str(out)]) == 0
     assert "cancel" in json.loads(out.read_text())["reason"]
     # full batch (the default): the accountant needs the agent's own sample count
-    assert main(["privacy", "--refresh", "every:1", "--iterations", "100", "--selection", "all",
+    assert main(["privacy", "--algorithm", "dsgd", "--refresh", "every:1", "--iterations", "100", "--selection", "all",
                  "--clip", "1"]) == 2
-    assert main(["privacy", "--refresh", "every:1", "--iterations", "100", "--selection", "all",
+    assert main(["privacy", "--algorithm", "dsgd", "--refresh", "every:1", "--iterations", "100", "--selection", "all",
                  "--clip", "1", "--samples", "800", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["batch_size"] == 0

@@ -11,7 +11,8 @@ import pytest
 import efpsn.refresh as refresh_module
 from efpsn.keystream import MAX_PERIOD, exact_bound, period_noise
 from efpsn.masking import NoiseSpec
-from efpsn.refresh import NoiseBlocks, Refresh, RefreshedMask
+from efpsn.refresh import NoiseBlocks, RefreshedMask
+from efpsn.refresh_value import Refresh
 from efpsn.seeds import EdgeSeeds, exchange_seeds_fast
 from efpsn.topology import Graph
 

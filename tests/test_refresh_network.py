@@ -1,5 +1,6 @@
-"""Refreshed masks over real gRPC agents: phase I shares one encrypted seed per neighbour, every
-period's noise comes from the seeds, and the run equals the simulator bit for bit, also after
+"""The default masks over real gRPC agents (every parameter perturbed, `--refresh fading`): phase I
+shares one encrypted seed per neighbour, every round's fixed and fading noise comes from the
+seeds, and the run equals the simulator bit for bit, also after
 an agent is killed (SIGKILL) mid-run and restarted from its saved seeds; the seeds never reach
 a log or a result, and are deleted from the state folder when the run ends."""
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.timeout(600)
 
 NOISE_SEED = 11
 CONFIG = RunConfig(iterations=90, eval_every=30, key_bits=2048, round_timeout_seconds=60.0,
-                   refresh="every:4", gamma=1e4, selection="all", K=1)
+                   gamma=1e4)  # the defaults: selection all, K = 1, refresh fading
 NAMES = [f"agent{i}" for i in range(1, CONFIG.agents + 1)]
 VICTIM, CRASH_AT, CHECKPOINT_EVERY = "agent3", 47, 20
 
@@ -52,7 +53,8 @@ def test_network_with_refreshed_masks_equals_the_simulator_after_a_crash(refresh
         n: t[-2000:] for n, t in seen["logs"].items()}
     results, xs = load_agent_results(seen["folder"], NAMES)
     sim = run_simulation(CONFIG, noise_seed=NOISE_SEED)
-    assert sim.masks_sum_to_zero() and sim.periods_zero_sum == -(-CONFIG.iterations // 4)
+    assert sim.masks_sum_to_zero() and sim.periods_zero_sum == CONFIG.iterations
+    assert sim.config.refresh.startswith("fading:") and sim.config.selection == "all"
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
     victim = next(r for r in results if r["name"] == VICTIM)
     assert victim["resumed_from_round"] == CRASH_AT // CHECKPOINT_EVERY * CHECKPOINT_EVERY
@@ -77,4 +79,4 @@ def test_seeds_stay_private_and_are_deleted_after_the_run(refreshed_run) -> None
         and p.suffix in (".json", ".log", ""))
     assert len(secrets) == 2 * len(graph.edges) and not any(s in written for s in secrets)
     result = json.loads((folder / NAMES[0] / "result.json").read_text())
-    assert result["settings"]["refresh"] == "every:4"
+    assert result["settings"]["refresh"] == CONFIG.resolved().refresh

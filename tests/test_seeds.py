@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from efpsn import paillier
 from efpsn.keystream import period_noise
 from efpsn.masking import MaskCoefficients, MaskingStateError, NoiseSpec
-from efpsn.refresh import FixedMask, NoiseBlocks, Refresh, RefreshedMask, refreshed_numerators
+from efpsn.refresh import FixedMask, NoiseBlocks, RefreshedMask, refreshed_numerators
+from efpsn.refresh_value import Refresh
 from efpsn.seeds import (
     SEEDS_FORMAT,
     EdgeSeeds,
@@ -203,7 +204,7 @@ def test_refresh_parses_and_maps_rounds_to_periods() -> None:
     every = Refresh.parse(" every:4 ")
     assert [every.period(t) for t in (0, 3, 4, 7, 8)] == [0, 0, 1, 1, 2] and str(every) == "every:4"
     for bad in ("every:0", "every:", "always", "every:-2", "every:1.5"):
-        with pytest.raises(ValueError, match="'never' or 'every:R'"):
+        with pytest.raises(ValueError, match="'never', 'every:R' with R >= 1"):
             Refresh.parse(bad)
     with pytest.raises(ValueError, match="round must be an int >= 0"):
         every.period(-1)

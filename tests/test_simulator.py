@@ -113,7 +113,7 @@ def test_privacy_cli_both_directions() -> None:
     assert inv.returncode == 0, inv.stderr
     assert "gamma needed" in inv.stdout and "1000" in inv.stdout
     # next to epsilon: one sentence of what it protects
-    assert payload["protects"] in fwd.stdout and "'last-bias'" in payload["protects"]
+    assert payload["protects"] in fwd.stdout and "every parameter" in payload["protects"]
     every = efpsn("privacy", "--selection", "all", "--K", "2", "--json", "-")
     assert every.returncode == 0, every.stderr
     data = json.loads(every.stdout[every.stdout.index("{"):])

@@ -85,7 +85,7 @@ from efpsn.experiments.idlg import (  # noqa: F401  (the attack's API, re-export
     sample_gradient,
 )
 from efpsn.experiments.sweep import load_problem
-from efpsn.refresh import Refresh
+from efpsn.refresh_value import Refresh
 from efpsn.tasks import Task
 
 NAME = "attack"

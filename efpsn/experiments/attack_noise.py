@@ -10,7 +10,8 @@ from efpsn.experiments.idlg import agent1_perturbation
 from efpsn.masking import NoiseSpec
 from efpsn.perturbation import FunctionalPerturbation
 from efpsn.problem import Problem
-from efpsn.refresh import Refresh, RefreshedMask
+from efpsn.refresh import RefreshedMask
+from efpsn.refresh_value import Refresh
 from efpsn.seeds import exchange_seeds_fast
 
 __all__ = ["Agent1Noise", "attacker_rounds"]

@@ -15,6 +15,7 @@ from efpsn.config import RunConfig
 from efpsn.experiments.attack_report import gamma_independent
 from efpsn.experiments.common import Column, format_table, new_figure, save_figure
 from efpsn.experiments.sweep import Series
+from efpsn.refresh_value import Refresh
 
 __all__ = [
     "DELTA",
@@ -40,6 +41,12 @@ PSNR_LIMIT = 15.0  # dB: "nothing recognisable"
 ATTACKED = "all-k1"  # the attack experiment's name of the refreshed rows' perturbation
 
 
+def tracking_refreshes(refreshes: tuple[str, ...]) -> tuple[str, ...]:
+    """The refreshes gradient tracking takes: the given ones without `every:R`, and fading."""
+    kept = tuple(r for r in refreshes if not Refresh.parse(r).accumulates)
+    return kept if any(Refresh.parse(r).fading for r in kept) else (*kept, "fading")
+
+
 def refreshed_series(main: Series, *, refreshes: tuple[str, ...], gammas: tuple[float, ...],
                      gt_iterations: int | None = None, gt_lr: float = 0.1,
                      clips: tuple[float, ...] = (), clip_gammas: tuple[float, ...] = ()
@@ -50,7 +57,8 @@ def refreshed_series(main: Series, *, refreshes: tuple[str, ...], gammas: tuple[
     - "<main>-all": main's algorithm, batch and schedule, zero-sum masks with each refresh;
       its noise-free run is main's (without noise the selection does not enter);
     - "gt-full-all" (gt_iterations given): gradient tracking, full batch, constant step gt_lr,
-      with its own noise-free run;
+      with its own noise-free run, for the refreshes tracking takes (never and fading; `every:R`
+      never lets it converge and is refused);
     - "<main>-all-clipC" per clip C: every:1 (or the first refresh) at `clip_gammas` (default
       `gammas`) with per-sample gradients clipped to C, and its own noise-free run with the
       same clipping.
@@ -66,7 +74,7 @@ def refreshed_series(main: Series, *, refreshes: tuple[str, ...], gammas: tuple[
                           "every parameter", algorithm="gt", batch_size=0,
                           schedule=f"constant:{gt_lr:g}",
                           iterations=gt_iterations, eval_every=max(1, gt_iterations // 10),
-                          refreshes=refreshes, **common))
+                          refreshes=tracking_refreshes(refreshes), **common))
     refreshed = [r for r in refreshes if r != "never"]
     for clip in clips:
         out.append(dataclasses.replace(

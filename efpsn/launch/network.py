@@ -273,5 +273,6 @@ def _summarise(config: RunConfig, build: ProblemBuild, folder: Path, names: list
     print("final: " + (format_reports(summary["final"], public_test=test is not None)
                        if config.data == LOCAL_DATA else format_metrics(summary["final"])))
     print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}")
+    print(summary["privacy"]["line"])
     print(summary["convergence"]["line"])  # the last line: converged, or what to change
     return summary

@@ -145,8 +145,11 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     problems = check_results(results, iterations=problem.config.iterations)
     convergence = Certifier.for_run(problem.config, problem.weights)(
         worst([r["final"] for r in results]), x_bar_norm=float(torch.linalg.vector_norm(x_bar)))
+    from efpsn.privacy_modes import privacy_statement
+
     return {
         "convergence": convergence.to_json(),
+        "privacy": privacy_statement(problem.config, problem.graph).to_json(),
         "ok": not problems,
         "problems": problems,
         "settings": problem.config.to_dict(),

@@ -1,0 +1,159 @@
+"""The default mask (`--refresh fading:RHO`): a fixed zero-sum part and a fresh zero-sum part
+every round that fades as RHO^t, both from the seeds phase I shares under Paillier.
+
+Agent i's numerators of round t (eta_bar_i(t) = numerators / 10^P):
+
+    fixed_i + sum_{j in N(i)} sign_ij trunc(fade(RHO, t) * w_k(e_ij, t)),
+
+- fixed_i = sum_j (z(s_ij, 0) - z(s_ji, 0)): period 0 of the per-direction seed streams
+  (efpsn/keystream.py), the same integers `every:R` uses for its first period;
+- e_ij = SHA-256("efpsn fading edge" || s_lo,hi || s_hi,lo), one secret per edge that both ends
+  derive from the two seeds they exchanged (lo < hi the two agents' indices), so each edge's
+  stream is derived once per round instead of once per direction;
+- w_k(e, t) = (c_k sqrt(2) / 4) (b_k - 32), b_k the number of set bits of the k-th little-endian
+  uint64 word of ChaCha20 (key e, nonce counter 0 || "efpf" || t, 8 bytes LE): b_k - 32 is a
+  centred binomial of variance 16, so an edge's term has variance 2 c_k^2 at round 0 and
+  deg(i) edges give 2 deg(i) c_k^2, the fixed part's variance (c_k = 10^P sqrt(gamma / k^p),
+  keystream.fixed_point_scales); one popcount per coefficient instead of a polar-method
+  normal;
+- sign_ij = +1 when i < j, -1 otherwise, and fade(RHO, t) = RHO^t by binary powering, every
+  step one IEEE multiplication (the same bits on every machine).
+
+Both ends of an edge compute the same trunc(...) integer, once with + and once with -, so the
+masks sum to zero exactly in integers every round. Once fade * max |w| < 1 every fresh term is
+zero and the mask is the fixed part: late rounds cost nothing to derive.
+
+Why it keeps both promises: the fixed part is mixed away like the paper's mask; the fresh part's
+increments enter gradient tracking's trackers but die out no faster than the algorithm contracts
+(RHO is the step rule's rate, efpsn.step_rule.fading_rate), so the run ends where the unmasked
+run ends, while every two rounds' difference (which cancels a fixed mask) carries fresh noise
+that is large against the gradient's own change for as long as that change is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import numbers
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+from efpsn.keystream import exact_bound, fixed_point_scales
+from efpsn.masking import MaskCoefficients, NoiseSpec
+from efpsn.refresh import NoiseBlocks
+from efpsn.refresh_value import Refresh
+from efpsn.seeds import EdgeSeeds
+
+__all__ = ["FadingMask", "binomial_noise", "edge_seed", "fade", "fresh_scales"]
+
+_EDGE_DOMAIN = b"efpsn fading edge"
+_NONCE_DOMAIN = b"efpf"
+_BINOMIAL_MAX = 32  # |b - 32| <= 32 for a 64-bit word
+
+
+def fade(rate: float, t: int) -> float:
+    """rate^t by binary powering: one correctly rounded multiplication per step, so every
+    machine gets the same float64 (libm's pow may differ in the last bit)."""
+    if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+        raise ValueError(f"round must be an int >= 0, got {t!r}")
+    result, base, power = 1.0, float(rate), int(t)
+    while power:
+        if power & 1:
+            result *= base
+        base *= base
+        power >>= 1
+    return result
+
+
+def edge_seed(low_sent: bytes, high_sent: bytes) -> bytes:
+    """The edge's fresh-noise key from the seed the lower-indexed agent sent and the one the
+    higher-indexed agent sent (both ends hold both)."""
+    return hashlib.sha256(_EDGE_DOMAIN + low_sent + high_sent).digest()
+
+
+def binomial_noise(seed: bytes, t: int, count: int) -> np.ndarray:
+    """b_k - 32 for k = 1..count: popcounts of ChaCha20's words (key `seed`, round t), int64."""
+    if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < 2**64:
+        raise ValueError(f"round must be an int in [0, 2^64), got {t!r}")
+    nonce = b"\x00\x00\x00\x00" + _NONCE_DOMAIN + int(t).to_bytes(8, "little")
+    stream = Cipher(algorithms.ChaCha20(seed, nonce), mode=None).encryptor()
+    words = np.frombuffer(stream.update(bytes(8 * count)), dtype="<u8")
+    return np.bitwise_count(words).astype(np.int64) - _BINOMIAL_MAX
+
+
+def fresh_scales(spec: NoiseSpec) -> np.ndarray:
+    """c_k sqrt(2) / 4: a fresh term's weight per unit of (b_k - 32) (read-only)."""
+    scales = fixed_point_scales(spec) * (math.sqrt(2.0) / 4.0)
+    scales.setflags(write=False)
+    return scales
+
+
+class FadingMask:
+    """Agent i's mask of round t (a MaskProvider): the fixed part plus the fading fresh part.
+
+    Raises ValueError when the refresh is not a resolved `fading:RHO`, or when the sum could
+    leave int64 (3 deg(i) max|z| < 2^63 is checked)."""
+
+    def __init__(self, *, seeds: EdgeSeeds, spec: NoiseSpec, refresh: Refresh,
+                 blocks: NoiseBlocks | None = None) -> None:
+        if not isinstance(seeds, EdgeSeeds):
+            raise TypeError(f"seeds must be EdgeSeeds, got {type(seeds).__name__}")
+        if not isinstance(spec, NoiseSpec):
+            raise TypeError(f"spec must be a NoiseSpec, got {type(spec).__name__}")
+        if not isinstance(refresh, Refresh) or refresh.fade is None:
+            raise ValueError(f"FadingMask needs a resolved 'fading:RHO' refresh, got {refresh}")
+        if 3 * len(seeds.neighbours) * exact_bound(spec) >= 2**63:
+            raise ValueError(f"agent {seeds.agent}: {len(seeds.neighbours)} neighbours' noise of "
+                             f"up to {exact_bound(spec)} could overflow int64; lower P or gamma")
+        if blocks is not None and blocks.spec != spec:
+            raise ValueError("blocks must derive the mask's own NoiseSpec")
+        self.seeds, self.spec, self.refresh = seeds, spec, refresh
+        self.rate = refresh.fade
+        blocks = NoiseBlocks(spec, periods=1) if blocks is None else blocks
+        rows = blocks.noise([s for _, s in seeds.sent] + [s for _, s in seeds.received], 0)
+        deg = len(seeds.neighbours)
+        self.fixed = rows[:deg].sum(axis=0) - rows[deg:].sum(axis=0)
+        self.fixed.setflags(write=False)
+        sent, received = dict(seeds.sent), dict(seeds.received)
+        self.edges = tuple(
+            (1, edge_seed(sent[j], received[j])) if seeds.agent < j
+            else (-1, edge_seed(received[j], sent[j]))
+            for j in seeds.neighbours)
+        self.scales = fresh_scales(spec)
+        self._top = _BINOMIAL_MAX * float(np.max(self.scales))
+        self._t: int | None = None
+        self._numerators = self.fixed
+
+    def fresh_active(self, t: int) -> bool:
+        """Whether round t's fresh part can be non-zero (fade * max |w| >= 1)."""
+        return fade(self.rate, t) * self._top >= 1.0
+
+    def numerators(self, t: int) -> np.ndarray:
+        """Round t's numerators as int64 (read-only; cached for the last round asked)."""
+        if t == self._t:
+            return self._numerators
+        factor = fade(self.rate, t)
+        if factor * self._top < 1.0 or not self.edges:
+            numerators = self.fixed
+        else:
+            count = self.spec.num_coefficients
+            numerators = self.fixed.copy()
+            for sign, seed in self.edges:
+                weights = self.scales * binomial_noise(seed, t, count)
+                weights *= factor
+                fresh = np.trunc(weights).astype(np.int64)  # |.| < 2^52: exact
+                if sign > 0:
+                    numerators += fresh
+                else:
+                    numerators -= fresh
+            numerators.setflags(write=False)
+        self._t, self._numerators = t, numerators
+        return numerators
+
+    def coefficients(self, t: int) -> MaskCoefficients:
+        return MaskCoefficients(tuple(self.numerators(t).tolist()), self.spec.precision)
+
+    def values(self, t: int) -> np.ndarray:
+        """eta_bar_i(t) = numerators / 10^P as float64 (|numerators| < 2^53: exact floats)."""
+        return self.numerators(t).astype(np.float64) / float(10**self.spec.precision)

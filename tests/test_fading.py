@@ -1,0 +1,160 @@
+"""The default mask (efpsn/fading.py): a fixed zero-sum part and a fresh zero-sum part every round
+that fades at a public rate. Exactly zero-sum in integers every round, the same integers at both
+ends of an edge, fresh noise in every two rounds' difference while it lasts, nothing left of it at
+the end, the same bits on every machine (pinned), and the refresh grammar that names it."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from efpsn.config import RunConfig
+from efpsn.fading import FadingMask, binomial_noise, edge_seed, fade, fresh_scales
+from efpsn.masking import NoiseSpec
+from efpsn.refresh import RefreshedMask
+from efpsn.refresh_value import Refresh
+from efpsn.seeds import exchange_seeds_fast
+from efpsn.step_rule import StepRule, fading_rate
+from efpsn.topology import Graph, build_graph
+
+SPEC = NoiseSpec(gamma=1e6, p=1.0, precision=6, num_coefficients=50)
+FIVE = Graph(n=5, edges=((0, 1), (1, 2), (2, 3), (3, 4), (0, 4), (0, 2)))
+RATE = Refresh.parse("fading:0.9")
+
+
+def masks(graph: Graph, *, noise_seed: int = 3, spec: NoiseSpec = SPEC,
+          refresh: Refresh = RATE) -> list[FadingMask]:
+    return [FadingMask(seeds=s, spec=spec, refresh=refresh)
+            for s in exchange_seeds_fast(graph, noise_seed=noise_seed)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(3, 9), extra=st.integers(0, 6), noise_seed=st.integers(0, 2**16),
+       rounds=st.lists(st.integers(0, 400), min_size=1, max_size=6))
+def test_masks_sum_to_zero_in_integers_every_round(n: int, extra: int, noise_seed: int,
+                                                   rounds: list[int]) -> None:
+    graph = build_graph("ring", n) if extra == 0 else build_graph(
+        f"erdos-renyi:{min(1.0, 0.2 + extra / 10)}", n, seed=noise_seed)
+    agents = masks(graph, noise_seed=noise_seed)
+    for t in rounds:
+        total = sum(m.numerators(t) for m in agents)
+        assert not np.any(total), t
+
+
+def test_both_ends_of_an_edge_derive_the_same_fresh_integers() -> None:
+    seeds = exchange_seeds_fast(Graph(n=2, edges=((0, 1),)), noise_seed=5)
+    low, high = (FadingMask(seeds=s, spec=SPEC, refresh=RATE) for s in seeds)
+    assert low.edges[0][1] == high.edges[0][1] and (low.edges[0][0], high.edges[0][0]) == (1, -1)
+    a, b = dict(seeds[0].sent)[1], dict(seeds[1].sent)[0]
+    assert low.edges[0][1] == edge_seed(a, b) != edge_seed(b, a)  # lower agent's seed first
+    for t in (0, 1, 17):
+        assert np.array_equal(low.numerators(t) - low.fixed, -(high.numerators(t) - high.fixed))
+
+
+def test_the_fixed_part_is_period_zero_of_the_refreshed_streams() -> None:
+    # the same integers `every:R` gives for its first period: one phase I serves both modes
+    seeds = exchange_seeds_fast(FIVE, noise_seed=9)
+    for s in seeds:
+        fading = FadingMask(seeds=s, spec=SPEC, refresh=RATE)
+        every = RefreshedMask(seeds=s, spec=SPEC, refresh=Refresh(4))
+        assert np.array_equal(fading.fixed, every.numerators(0))
+
+
+def test_two_rounds_differ_by_fresh_noise_that_fades_to_nothing() -> None:
+    agent = masks(FIVE)[0]
+    diffs = [np.abs(agent.numerators(t + 1) - agent.numerators(t)).astype(float).mean()
+             for t in (0, 20, 40)]
+    # the difference's size follows the rate (0.9^20 = 0.12 per 20 rounds), never zero early on
+    assert diffs[0] > 0 and 0.03 < diffs[1] / diffs[0] < 0.5 and diffs[2] < diffs[1]
+    # scale: the fresh part at round 0 is as large as the fixed part (both 2 deg c_k^2)
+    fresh = (agent.numerators(0) - agent.fixed).astype(float)
+    ratio = np.std(fresh) / np.std(agent.fixed.astype(float))
+    assert 0.4 < ratio < 2.5, ratio
+    # once fade * max|w| < 1 the fresh part is exactly zero, and costs no derivation
+    late = next(t for t in range(10_000) if not agent.fresh_active(t))
+    assert np.array_equal(agent.numerators(late), agent.fixed)
+    assert np.array_equal(agent.numerators(late + 1000), agent.fixed)
+    assert agent.fresh_active(late - 1)
+
+
+def test_fade_is_binary_powering_close_to_pow() -> None:
+    assert fade(0.9, 0) == 1.0 and fade(0.9, 1) == 0.9 and fade(0.5, 10) == 2.0**-10
+    for t in (3, 100, 1234):
+        assert fade(0.987, t) == pytest.approx(0.987**t, rel=1e-12)
+    with pytest.raises(ValueError, match="round must be an int >= 0"):
+        fade(0.9, -1)
+
+
+def test_pinned_stream_and_scales() -> None:
+    # the same bits on every machine: ChaCha20 (key, nonce "efpf" || t) and popcounts
+    seed = bytes(range(32))
+    assert binomial_noise(seed, 7, 8).tolist() == [-5, 7, 8, -2, 6, 1, 6, -3]
+    assert hashlib.sha256(binomial_noise(seed, 123456, 1000).tobytes()).hexdigest() == (
+        "ec6e3a4d132ab7ebcddb387a9f31c1d8e050b3c6bf364f42acef7661abd7aa9d")
+    noise = binomial_noise(seed, 0, 20_000)
+    assert abs(noise.mean()) < 0.1 and 15 < noise.var() < 17 and np.abs(noise).max() <= 32
+    assert fresh_scales(SPEC)[0] == pytest.approx(1e9 * math.sqrt(2) / 4)
+    with pytest.raises(ValueError, match="round must be an int"):
+        binomial_noise(seed, 2**64, 4)
+
+
+def test_refusals() -> None:
+    seeds = exchange_seeds_fast(FIVE, noise_seed=1)[0]
+    with pytest.raises(ValueError, match="needs a resolved 'fading:RHO'"):
+        FadingMask(seeds=seeds, spec=SPEC, refresh=Refresh.parse("fading"))
+    with pytest.raises(ValueError, match="needs a resolved"):
+        FadingMask(seeds=seeds, spec=SPEC, refresh=Refresh(1))
+    with pytest.raises(TypeError, match="seeds must be EdgeSeeds"):
+        FadingMask(seeds=(), spec=SPEC, refresh=RATE)
+    huge = NoiseSpec(gamma=1e17, p=1.0, precision=6, num_coefficients=2)
+    with pytest.raises(ValueError, match="could overflow int64"):
+        FadingMask(seeds=exchange_seeds_fast(build_graph("complete", 900), noise_seed=1)[0],
+                   spec=huge, refresh=RATE)
+
+
+def test_the_refresh_grammar_names_fading() -> None:
+    assert Refresh.parse("fading").fade_auto and str(Refresh.parse(" fading ")) == "fading"
+    rate = Refresh.parse("fading:0.99")
+    assert rate.fade == 0.99 and rate.every == 1 and rate.fading and not rate.accumulates
+    assert str(rate) == "fading:0.99" and Refresh.parse(str(rate)) == rate
+    assert Refresh.parse("every:3").accumulates and not Refresh.parse("never").refreshed
+    for bad in ("fading:1", "fading:0", "fading:", "fading:x", "fading:-0.5", "fading:nan"):
+        with pytest.raises(ValueError, match="'fading:RHO' with 0 < RHO < 1"):
+            Refresh.parse(bad)
+    with pytest.raises(ValueError, match="changes every round"):
+        Refresh(2, fade=0.5)
+
+
+def test_the_rate_is_the_algorithm_s_own_never_faster() -> None:
+    rule = StepRule(step=0.01, momentum=0.9, rounds=1000, curvature=10.0, mixing=0.95)
+    # agt: 1 - sqrt(step mu) = 0.99 is slower than the mixing 0.95
+    assert fading_rate(rule, algorithm="agt", step=0.01, mu=0.01, rounds=1000) == 0.99
+    # a slow mixing dominates
+    assert fading_rate(rule, algorithm="gt", step=0.5, mu=0.1, rounds=1000) == 0.95
+    # no contraction rate (DSGD): fade to 1e-9 over the rounds, rounded up
+    dsgd = fading_rate(rule, algorithm="dsgd", step=None, mu=0.01, rounds=1000)
+    assert dsgd >= 1e-9 ** (1 / 1000) and dsgd**1000 == pytest.approx(1e-9, rel=1e-3)
+    odd = fading_rate(StepRule(step=0.01, momentum=0.0, rounds=1, curvature=1.0),
+                      algorithm="agt", step=0.01234567, mu=1.0, rounds=1)
+    assert odd >= 1 - math.sqrt(0.01234567) and len(repr(1 - odd)) < 20
+
+
+def test_the_defaults_resolve_to_every_parameter_and_a_fading_rate() -> None:
+    config = RunConfig()
+    assert (config.selection, config.refresh) == ("all", "fading")
+    resolved = config.resolved()
+    rate = Refresh.parse(resolved.refresh).fade
+    step = float(resolved.schedule.partition(":")[2])
+    assert rate is not None and rate >= 1 - math.sqrt(step * 1e-2)
+    assert rate ** resolved.iterations < 1e-8  # the fresh part is gone by the last round
+    # masks that are not zero-sum have nothing to fade; `every:R` is refused with trackers
+    assert RunConfig(mask="none").refresh == "never"
+    assert RunConfig.preset("paper").refresh == "never"
+    with pytest.raises(ValueError, match="never converge"):
+        RunConfig(refresh="every:2")
+    assert RunConfig(refresh="every:2", algorithm="dsgd").refresh == "every:2"
