@@ -127,7 +127,7 @@ def test_the_singular_vector_attackers_recover_a_digit_behind_a_fixed_mask() -> 
         assert got[attacker] >= 30, (attacker, got)
 
 
-@pytest.mark.parametrize("mode", ["every parameter, every:1"])
+@pytest.mark.parametrize("mode", ["every parameter, every:1, dsgd"])
 def test_fresh_masks_every_round_stop_the_singular_vector_attackers(mode: str) -> None:
     # measured (wine, gamma 1e3): 13-17x the sample's norm for the singular vectors, while the
     # regression stays near the mean guess (0.24-0.30 against 0.27; see docs/RESULTS.md)

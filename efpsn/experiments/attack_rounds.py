@@ -80,8 +80,10 @@ class ManyRoundSettings:
     modes: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = (
         ("defaults", ()),
         ("every parameter, fixed mask", (("selection", "all"), ("refresh", "never"))),
-        ("every parameter, every:1", (("selection", "all"), ("refresh", "every:1"))),
-        ("every parameter, every:10", (("selection", "all"), ("refresh", "every:10"))),
+        ("every parameter, every:1, dsgd",
+         (("selection", "all"), ("refresh", "every:1"), ("algorithm", "dsgd"))),
+        ("every parameter, every:10, dsgd",
+         (("selection", "all"), ("refresh", "every:10"), ("algorithm", "dsgd"))),
     )
     tables: tuple[str, ...] = ("wine", "breast_cancer")
     samples: int = 3
@@ -93,6 +95,11 @@ class ManyRoundSettings:
     pairs: int = 300
     steps: int = 50
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.image_modes) - {name for name, _ in self.modes})
+        if unknown:
+            raise ValueError(f"image_modes {unknown} are not among the modes")
 
 
 def attack_view(view: RoundView, model: LinearModel, prior: Prior, truth: np.ndarray,
