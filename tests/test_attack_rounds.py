@@ -29,7 +29,7 @@ MODES = dict(ManyRoundSettings().modes)
 def _rows(mode: str, **changes: object) -> list[dict[str, object]]:
     settings = ManyRoundSettings(**{  # type: ignore[arg-type]
         "modes": ((mode, MODES[mode]),), "tables": ("wine",), "samples": 2, "gammas": (1e3,),
-        "images": 0, "pairs": 60, "steps": 30, **changes})
+        "images": 0, "image_modes": (mode,), "pairs": 60, "steps": 30, **changes})
     return run_many_rounds(settings)[0]
 
 
@@ -114,12 +114,12 @@ def test_every_attacker_recovers_a_wine_sample_behind_a_fixed_mask() -> None:
         got = {r["attacker"]: r["relative_l2"] for r in rows if r["sample"] == sample}
         assert got[GUESS] > 0.1
         for attacker in ATTACKERS:  # the attack works: far below guessing the mean
-            assert got[attacker] < 0.02 * got[GUESS], (attacker, got)
+            assert got[attacker] < 0.05 * got[GUESS], (attacker, got)  # measured <= 0.006
+        assert min(got[a] for a in ATTACKERS) < 1e-4  # and exactly, up to the fit's tolerance
 
 
 def test_the_singular_vector_attackers_recover_a_digit_behind_a_fixed_mask() -> None:
-    rows = _rows("every parameter, fixed mask", tables=(), images=1, image_shard=20,
-                 image_modes=("every parameter, fixed mask",))
+    rows = _rows("every parameter, fixed mask", tables=(), images=1, image_shard=100)
     got = {r["attacker"]: r["psnr"] for r in rows}
     assert got[GUESS] < 15
     for attacker in ("late: top singular vector", "all rounds: top singular vector",
@@ -136,3 +136,17 @@ def test_fresh_masks_every_round_stop_the_singular_vector_attackers(mode: str) -
         got = {r["attacker"]: r["relative_l2"] for r in rows if r["sample"] == sample}
         for attacker in ("late: top singular vector", "all rounds: top singular vector"):
             assert got[attacker] > got[GUESS], (attacker, got)
+
+
+def test_the_defaults_are_measured_and_the_late_rounds_give_the_sample_away() -> None:
+    # The issue's goal is that no attacker beats guessing the mean on the defaults. Measured
+    # instead (wine, gamma 1e3, fading:0.977, 954 rounds): the fresh part truncates to zero in
+    # integers after about round 860, so the last 10% of rounds carry only the fixed part, which
+    # differencing cancels: the late singular vector recovers agent 0's sample to ~1e-4. This
+    # test records that finding; when the defaults are fixed it fails, and should then assert
+    # the goal instead.
+    rows = _rows("defaults")
+    assert {r["refresh"] for r in rows} != {"never"}  # the defaults refresh
+    for sample in {r["sample"] for r in rows}:
+        got = {r["attacker"]: r["relative_l2"] for r in rows if r["sample"] == sample}
+        assert got["late: top singular vector"] < 0.01 * got[GUESS], got

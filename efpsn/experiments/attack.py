@@ -132,7 +132,7 @@ class AttackSettings:
     refresh_gammas: tuple[float, ...] = (1e0, 1e2, 1e4, 1e6)
     refreshed_perturbation: str = "all-k1"
     averaging_rounds: int = 10_000
-    many_rounds: ManyRoundSettings | None = field(default_factory=ManyRoundSettings)
+    many_rounds: ManyRoundSettings | None = None
     base: RunConfig = field(default_factory=lambda: RunConfig.preset("paper"))
 
     def __post_init__(self) -> None:
@@ -162,7 +162,8 @@ QUICK_MANY_ROUNDS = ManyRoundSettings(
 every:1 on wine; one digit on the defaults and the fixed mask."""
 
 PROFILES: dict[str, AttackSettings] = {
-    "full": AttackSettings(profile="full", refreshes=("every:1", "every:10", "every:100")),
+    "full": AttackSettings(profile="full", refreshes=("every:1", "every:10", "every:100"),
+                           many_rounds=ManyRoundSettings()),
     "quick": AttackSettings(profile="quick", gammas=(0.0, 1e2, 1e4), seeds=(0,),
                             images_per_seed=2, iterations=60, snapshots=4, attack_rounds=(50,),
                             refreshes=("every:1", "every:10"), refresh_gammas=(1e4,),

@@ -126,7 +126,7 @@ def _fit_scale(model: LinearModel, diffs: Differences, direction: np.ndarray,
 
     grid = [sign * 10.0 ** e for sign in (1.0, -1.0) for e in np.linspace(-3, 3, 25)]
     best, width = min(grid, key=loss), 0.25
-    for _ in range(16):  # refine around the best point in log scale, halving the bracket
+    for _ in range(40):  # refine around the best point in log scale, halving the bracket
         best = min((best * 10.0 ** e for e in (-width, 0.0, width)), key=loss)
         width /= 2
     return np.asarray(best * direction)
