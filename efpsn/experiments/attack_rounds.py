@@ -90,10 +90,10 @@ class ManyRoundSettings:
     gammas: tuple[float, ...] = (1e3, 1e6)
     agents: int = 4
     images: int = 1
-    image_shard: int = 200
+    image_shard: int = 100
     image_modes: tuple[str, ...] = ("defaults", "every parameter, fixed mask")
-    pairs: int = 300
-    steps: int = 50
+    pairs: int = 100
+    steps: int = 40
     seed: int = 0
 
     def __post_init__(self) -> None:
