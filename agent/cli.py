@@ -11,6 +11,7 @@ import asyncio
 import time
 from pathlib import Path
 
+from efpsn.cli_common import OneLineParser
 from efpsn.cli_services import (
     add_debug_flags,
     add_tls_flags,
@@ -18,6 +19,7 @@ from efpsn.cli_services import (
     tls_from_args,
     until_signalled,
 )
+from efpsn.lifeline import hold_to_launcher
 
 
 def _coordinator_address(args: argparse.Namespace) -> str:
@@ -40,6 +42,7 @@ def _coordinator_address(args: argparse.Namespace) -> str:
 
 
 def _agent(args: argparse.Namespace) -> int:
+    hold_to_launcher()  # started by `efpsn up`: stop when it is gone, even killed -9
     from agent.node import AgentNode, AgentOptions
 
     setup_logging(args.verbose)
@@ -127,7 +130,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m agent",
         description="One EFPSN agent: registers with the coordinator, runs phase I (Paillier "
                     "zero-sum masks) and phase II (the optimisation) with its neighbours.",

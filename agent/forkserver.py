@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from efpsn.lifeline import hold_to_launcher
+
 __all__ = ["main", "preload"]
 
 # What every agent imports before its run starts, none of which imports grpc.
@@ -141,6 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "agents forked from it can be found by it)")
     parser.add_argument("--data", default=None, help="the run's public data set, parsed once")
     args = parser.parse_args(argv)
+    # the launcher's death stops this server (a signal: no thread may run here) and, through
+    # the pipe they inherit, the agents it forked
+    hold_to_launcher(watch=False)
     # the replies get a descriptor of their own; stray output of an import goes to stderr
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)

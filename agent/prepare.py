@@ -57,7 +57,9 @@ def prepare(config: RunConfig, options: AgentOptions) -> Prepared:
     try:
         task = build_task(config)
     except (ValueError, TypeError, ImportError) as exc:
-        raise ValueError(f"{who}: cannot build the model of task {config.task!r}: {exc}") from None
+        reason = str(exc).removeprefix(f"task {config.task!r}: ")  # the task named once
+        raise ValueError(f"{who}: cannot build the model of task {config.task!r}: "
+                         f"{reason}") from None
     if not local_mode:
         return Prepared(config=config, task=task, problem=build_problem(config, task=task))
     assert options.data is not None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from efpsn.cli_common import OneLineParser
 from efpsn.cli_services import (
     add_tls_flags,
     check_key_policy,
@@ -17,9 +18,11 @@ from efpsn.cli_services import (
     tls_from_args,
 )
 from efpsn.flags import add_run_arguments, config_from_args
+from efpsn.lifeline import hold_to_launcher
 
 
 def _coordinator(args: argparse.Namespace) -> int:
+    hold_to_launcher()  # started by `efpsn up`: stop when it is gone, even killed -9
     from coordinator.registry import default_names
     from coordinator.service import serve
 
@@ -71,7 +74,7 @@ def configure(coord: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m coordinator",
         description="EFPSN's bootstrap coordinator: registers the agents, assigns ids, "
                     "neighbours and mixing weights, hands out the public run parameters. It "

@@ -6,7 +6,13 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from efpsn.cli_common import add_data_dir_arguments, format_metrics, run_command, write_json
+from efpsn.cli_common import (
+    OneLineParser,
+    add_data_dir_arguments,
+    format_metrics,
+    run_command,
+    write_json,
+)
 from efpsn.flags import add_run_arguments, config_from_args
 
 Handler = Callable[[argparse.Namespace], int]
@@ -85,7 +91,7 @@ def _data_split(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from efpsn.help_texts import MAIN_EPILOG, version_text
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="efpsn",
         description="Private and accurate decentralized optimization (EFPSN).",
         epilog=MAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -9,7 +9,16 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr, naming the valid values
+    where there are some, and exit code 2; the usage text only with --help. Subcommands'
+    parsers are of the same class (add_subparsers builds them with the parent's type)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def add_data_dir_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,10 +92,21 @@ def format_metrics(metrics: dict[str, float]) -> str:
     return ", ".join(parts)
 
 
+class Stopped(KeyboardInterrupt):
+    """A command stopped by a signal it handles (SIGTERM, SIGHUP, SIGINT): its exit code is
+    128 + the signal's number, its last line `message`."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
 def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None, *,
                 numeric: bool = True) -> int:
     """Parse argv and run the chosen handler: errors become one line on stderr and exit code 2
-    (EFPSN_DEBUG=1 re-raises them with the traceback), Ctrl-C exit code 130.
+    (EFPSN_DEBUG=1 re-raises them with the traceback), Ctrl-C exit code 130 (Stopped: 128 + its
+    signal, with its own line).
 
     numeric: cap torch's and BLAS's threads first (efpsn.runtime); False for commands that
     never compute (the coordinator, `efpsn certs`), which then never import torch. A
@@ -99,6 +119,9 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None, *,
 
             configure_threads()
         return int(handler(args))
+    except Stopped as exc:
+        print(exc, file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print(f"{parser.prog}: interrupted", file=sys.stderr)
         return 130

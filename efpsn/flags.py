@@ -10,11 +10,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from efpsn.config import LOCAL_DATA, PRESETS, Declaration, RunConfig, declarations
+from efpsn.config import LOCAL_DATA, PRESETS, Declaration, RunConfig, declarations, parse_shape
 
-__all__ = ["add_run_arguments", "config_from_args", "config_to_args", "flag_of"]
+if TYPE_CHECKING:
+    from efpsn.datadir import DataDirLayout
+
+__all__ = ["add_run_arguments", "check_flags_against_folder", "config_from_args",
+           "config_to_args", "flag_of"]
 
 _PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
@@ -31,7 +35,7 @@ def _argument_type(name: str, declared: Declaration, kind: str) -> Callable[[str
         try:
             return convert(text)
         except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
+            raise argparse.ArgumentTypeError(str(exc)) from None  # argparse names the flag
 
     parse.__name__ = name  # argparse names the parameter in its messages
     return parse
@@ -86,12 +90,83 @@ def config_from_args(args: argparse.Namespace, *,
     if data_dir:
         from efpsn.datadir import inspect_data_dir
 
-        # the folder implies data "local", the agent count and its schema.json's fields
-        values.update(inspect_data_dir(data_dir).run_values())
+        # the folder implies data "local", the agent count, its schema.json's fields, and
+        # what its files agree on for the schema's fields neither flags nor schema.json give
+        layout = inspect_data_dir(data_dir)
+        label_column = getattr(args, "label_column", None)
+        check_flags_against_folder(given, layout, label_column=label_column)
+        values.update(_folder_values(layout, given, label_column))
     elif ("input_shape" in given or "classes" in given) and "data" not in given:
         values["data"] = LOCAL_DATA  # a schema of one's own and no data set named: local data
     values.update(given)
     return RunConfig(**values).resolved()
+
+
+def check_flags_against_folder(given: dict[str, Any], layout: DataDirLayout, *,
+                               label_column: str | None = None) -> None:
+    """ValueError, one line naming the flag, the folder and the fix, for a flag given with
+    --data-dir that the folder contradicts (a run that would fail, or leave a party out: the
+    agent count, the data, the schema, a graph of another size) or
+    makes meaningless (a flag that would be silently ignored). --scale may differ from
+    schema.json's: a public preprocessing of one's choice (with a step size of one's own)."""
+    root, count = layout.root, layout.agents
+    if "agents" in given and given["agents"] != count:
+        raise ValueError(
+            f"--agents {given['agents']} disagrees with --data-dir {root}: it holds {count} "
+            f"agent folders (agent1..agent{count}), one per party; drop --agents (the folder "
+            f"sets the count), or add or remove agent folders")
+    if "data" in given and given["data"] != LOCAL_DATA:
+        raise ValueError(
+            f"--data {given['data']} disagrees with --data-dir {root}: with --data-dir every "
+            f"agent reads its own folder; drop --data, or drop --data-dir to use "
+            f"{given['data']}")
+    if "topology" in given:
+        from efpsn.topology import build_graph
+
+        try:
+            build_graph(given["topology"], count, seed=given.get("seed", 0))
+        except ValueError as exc:
+            raise ValueError(f"--topology {given['topology']} on the {count} agent folders of "
+                             f"--data-dir {root}: {exc}") from None
+    schema = layout.schema
+    if ("input_shape" in given and schema.input_shape is not None
+            and parse_shape(given["input_shape"]) != parse_shape(schema.input_shape)):
+        raise ValueError(
+            f"--input-shape {given['input_shape']} disagrees with {root}/schema.json "
+            f"(input_shape {schema.input_shape}); drop --input-shape (the folder's schema "
+            f"applies), or correct schema.json")
+    if "classes" in given and schema.classes is not None and given["classes"] != schema.classes:
+        raise ValueError(
+            f"--classes {given['classes']} disagrees with {root}/schema.json (classes "
+            f"{schema.classes}); drop --classes (the folder's schema applies), or correct "
+            f"schema.json")
+    for name, instead in (("partition", "each agent's folder is its part"),
+                          ("test_fraction", ("the public test set is the folder's test "
+                                             "file, and --holdout sets each agent's held-out "
+                                             "part"))):
+        if name in given:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} cuts one data set by index; with --data-dir {root} "
+                             f"{instead}: drop {flag}")
+    if label_column is not None and layout.format != "csv":
+        raise ValueError(f"--label-column {label_column} names a column of .csv files, but "
+                         f"--data-dir {root} holds train.{layout.format} (labels in y): drop "
+                         f"--label-column")
+
+
+def _folder_values(layout: DataDirLayout, given: dict[str, Any],
+                   label_column: str | None) -> dict[str, Any]:
+    from efpsn.folder_schema import folder_run_values
+
+    values: dict[str, Any] = layout.run_values()
+    shape = (("--input-shape", given["input_shape"]) if "input_shape" in given else
+             ("schema.json's input_shape", layout.schema.input_shape)
+             if layout.schema.input_shape else None)
+    values.update(folder_run_values(
+        layout.root, layout.files, layout.test, label_column=layout.label_column(label_column),
+        input_shape=None if shape is None else (shape[1], shape[0]),
+        classes=given.get("classes", layout.schema.classes)))
+    return values
 
 
 def config_to_args(config: RunConfig) -> list[str]:

@@ -9,17 +9,12 @@ import dataclasses
 import json
 from typing import Any
 
-from efpsn.cli_common import json_safe, write_json
+from efpsn.cli_common import add_data_dir_arguments, json_safe, write_json
 from efpsn.config import RunConfig
 from efpsn.flags import add_run_arguments, config_from_args
+from efpsn.privacy_modes import basis_counts, refreshed_arguments
 
-__all__ = ["add_parser", "refreshed_arguments"]
-
-# The run parameters the accountant reads: the graph, the noise, the basis and the model (for
-# the number of coordinates of "all").
-PRIVACY_PARAMETERS = ("agents", "topology", "seed", "algorithm", "gamma", "p", "task", "input_shape",
-                      "classes", "selection", "K", "m", "N", "refresh", "iterations", "clip",
-                      "batch_size")
+__all__ = ["add_parser"]
 
 
 FADING_NOTE = (
@@ -27,46 +22,6 @@ FADING_NOTE = (
     "part, which differencing two rounds does not cancel, fades, so it carries no "
     "per-sample epsilon of its own: what it protects is measured by attacks "
     "(docs/RESULTS.md). For a per-sample epsilon use --preset dp.")
-
-
-def _basis(config: RunConfig) -> tuple[int, int]:
-    """(m, N) as the run would derive them; a user's model is built to count its parameters."""
-    m, n_functions = config.basis_counts()
-    if m is not None and n_functions is not None:
-        return m, n_functions
-    from efpsn.problem import build_task
-
-    task = build_task(config)
-    m, n_functions = config.basis_counts(num_params=task.num_params,
-                                         last_bias=len(task.last_bias_indices()))
-    if m is None or n_functions is None:
-        raise ValueError(f"selection {config.selection!r} needs m (the number of parameters to "
-                         "perturb)")
-    return m, n_functions
-
-
-def refreshed_arguments(config: RunConfig, *, delta: float, attacker: str = "neighbour",
-                        samples: int | None = None) -> dict[str, Any]:
-    """The keyword arguments of efpsn.accounting.account_refreshed (all but gamma) for a run:
-    its graph, noise decay, basis, model size, refresh, rounds, clip and batch."""
-    from efpsn.problem import build_task
-    from efpsn.refresh_value import Refresh
-    from efpsn.selection import selection_measure
-    from efpsn.topology import build_graph
-
-    m, n_functions = _basis(config)
-    if config.batch_size == 0 and samples is None:
-        raise ValueError("the run takes the full local batch (the default): the per-sample "
-                         "accountant needs --samples N (an agent's own sample count; it stays "
-                         "on this machine) or the run's --batch-size B")
-    return {
-        "graph": build_graph(config.topology, config.agents, seed=config.seed), "p": config.p,
-        "K": config.K, "m": m, "N": n_functions,
-        "num_params": _num_params(config, build_task),
-        "measure": selection_measure(config.selection),
-        "refresh": Refresh.parse(config.refresh), "iterations": config.iterations,
-        "clip": config.clip or None, "batch_size": config.batch_size or None,
-        "delta": delta, "attacker": attacker, "samples": samples}
 
 
 def _refreshed(args: argparse.Namespace, config: RunConfig) -> int:
@@ -93,15 +48,6 @@ def _refreshed(args: argparse.Namespace, config: RunConfig) -> int:
     return 0
 
 
-def _num_params(config: RunConfig, build_task: Any) -> int:
-    from efpsn.config import parse_shape
-    from efpsn.model_sizes import parameter_count
-
-    counted = parameter_count(config.task, shape=parse_shape(config.input_shape),
-                              classes=config.classes)
-    return counted if counted is not None else build_task(config).num_params
-
-
 def _write(args: argparse.Namespace, payload: dict[str, Any]) -> None:
     if args.json == "-":
         print(json.dumps(json_safe(payload), indent=2))
@@ -116,9 +62,17 @@ def _privacy(args: argparse.Namespace) -> int:
     from efpsn.topology import build_graph, laplacian_spectrum
 
     config = config_from_args(args)
+    if args.data_dir:
+        print(f"the run on {args.data_dir}: {config.agents} agents ({config.topology}), task "
+              f"{config.task} on inputs of shape {config.input_shape} and {config.classes} "
+              f"classes, {config.algorithm}, {config.iterations} rounds")
+    if args.insecure:
+        print("--insecure: messages travel in plaintext, so an eavesdropper on the network "
+              "sees what a curious neighbour sees, and the guarantee below holds against it "
+              "only as against a neighbour")
     if Refresh.parse(config.refresh).accumulates:
         return _refreshed(args, config)
-    m, n_functions = _basis(config)
+    m, n_functions = basis_counts(config)
     protects = protection_statement(selection=config.selection, m=m, K=config.K, N=n_functions,
                                     sensitivity=args.sensitivity, q=args.q)
     graph = build_graph(config.topology, config.agents, seed=config.seed)
@@ -157,7 +111,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     "rounds, composed by dp-accounting, against one curious neighbour, an "
                     "eavesdropper or all neighbours. --target-epsilon gives the gamma that "
                     "reaches it. The run parameters mean what they mean for a run.")
-    add_run_arguments(priv, only=PRIVACY_PARAMETERS, title="run parameters (as for the run)")
+    add_run_arguments(priv, title="run parameters (as for the run: the same flags, the same "
+                                  "defaults, so that a run's own command line can be given)")
+    add_data_dir_arguments(priv)
+    from efpsn.launch.cli import add_launch_flags
+
+    add_launch_flags(priv, ignored=True)
     g = priv.add_argument_group("the privacy guarantee")
     g.add_argument("--q", type=float, default=2.0,
                    help="smoothness order q of the V_q norm; Theorem 4.1 needs p in "

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from efpsn.config import RunConfig
     from efpsn.topology import Graph
 
-__all__ = ["MEASURED", "Measured", "PrivacyStatement", "mode_of", "privacy_statement"]
+__all__ = ["MEASURED", "Measured", "PrivacyStatement", "basis_counts", "mode_of",
+           "privacy_statement", "refreshed_arguments"]
 
 ANY_GAMMA = 0.0  # a measured worst that holds at every gamma (the attacker removes the mask)
 
@@ -182,8 +183,6 @@ def _epsilon(config: RunConfig) -> tuple[float | None, str]:
         return None, ("full batch: the accountant needs the agent's own sample count "
                       "(efpsn privacy --samples N, on that agent's machine)")
     from efpsn.accounting import account_refreshed
-    from efpsn.privacy_cli import refreshed_arguments
-
     result = account_refreshed(gamma=config.gamma,
                                **refreshed_arguments(config, delta=1e-5))
     return (result.epsilon if math.isfinite(result.epsilon) else None,
@@ -213,3 +212,51 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
         worst=measured.worst(config.gamma), attackers=measured.attackers,
         source=measured.source, epsilon=epsilon, epsilon_note=note,
         warnings=tuple(warnings))
+
+
+def basis_counts(config: RunConfig) -> tuple[int, int]:
+    """(m, N) as the run would derive them; a user's model is built to count its parameters."""
+    m, n_functions = config.basis_counts()
+    if m is not None and n_functions is not None:
+        return m, n_functions
+    from efpsn.problem import build_task
+
+    task = build_task(config)
+    m, n_functions = config.basis_counts(num_params=task.num_params,
+                                         last_bias=len(task.last_bias_indices()))
+    if m is None or n_functions is None:
+        raise ValueError(f"selection {config.selection!r} needs m (the number of parameters to "
+                         "perturb)")
+    return m, n_functions
+
+
+def refreshed_arguments(config: RunConfig, *, delta: float, attacker: str = "neighbour",
+                        samples: int | None = None) -> dict[str, Any]:
+    """The keyword arguments of efpsn.accounting.account_refreshed (all but gamma) for a run:
+    its graph, noise decay, basis, model size, refresh, rounds, clip and batch."""
+    from efpsn.problem import build_task
+    from efpsn.selection import selection_measure
+    from efpsn.topology import build_graph
+
+    m, n_functions = basis_counts(config)
+    if config.batch_size == 0 and samples is None:
+        raise ValueError("the run takes the full local batch (the default): the per-sample "
+                         "accountant needs --samples N (an agent's own sample count; it stays "
+                         "on this machine) or the run's --batch-size B")
+    return {
+        "graph": build_graph(config.topology, config.agents, seed=config.seed), "p": config.p,
+        "K": config.K, "m": m, "N": n_functions,
+        "num_params": _num_params(config, build_task),
+        "measure": selection_measure(config.selection),
+        "refresh": Refresh.parse(config.refresh), "iterations": config.iterations,
+        "clip": config.clip or None, "batch_size": config.batch_size or None,
+        "delta": delta, "attacker": attacker, "samples": samples}
+
+
+def _num_params(config: RunConfig, build_task: Any) -> int:
+    from efpsn.config import parse_shape
+    from efpsn.model_sizes import parameter_count
+
+    counted = parameter_count(config.task, shape=parse_shape(config.input_shape),
+                              classes=config.classes)
+    return counted if counted is not None else build_task(config).num_params

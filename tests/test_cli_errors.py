@@ -134,3 +134,124 @@ def test_bad_thread_count_is_a_one_line_error(threads: str, monkeypatch: pytest.
     assert main(["privacy", "--gamma", "1000"]) == 2
     assert capsys.readouterr().err == (
         f"efpsn: error: EFPSN_TORCH_THREADS must be a positive integer, got {threads!r}\n")
+
+
+# ------------------------------------------------------------------------------ usage errors
+
+
+def efpsn_run(*args: str, module: str = "efpsn") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", module, *args], check=False,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_usage_error_is_one_line_naming_the_valid_values(tmp_path: Path) -> None:
+    # the whole output of `efpsn up --data-dir D --algorithm agtt`: one line, no usage text
+    out = efpsn_run("up", "--data-dir", str(tmp_path), "--algorithm", "agtt")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == ("efpsn up: error: argument --algorithm: invalid choice: 'agtt' "
+                          "(choose from 'agt', 'gt', 'dsgd') (see efpsn up --help)\n")
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["up", "--iterations", "0"], ("efpsn up: error: argument --iterations: iterations must be "
+                                   "a positive integer or 'auto', got '0' (see efpsn up --help)")),
+    (["simulate", "--batch-size", "-3"], ("efpsn simulate: error: argument --batch-size: batch "
+                                          "size must be a positive integer or 'full', got '-3'")),
+    (["privacy", "--momentum", "1"], ("efpsn privacy: error: argument --momentum: momentum "
+                                      "must be a number in [0, 1) or 'auto', got '1'")),
+    (["nope"], "efpsn: error: argument command: invalid choice: 'nope' (choose from"),
+    (["up", "--mask", "zerosum"], "(choose from 'zero-sum', 'independent', 'none')"),
+])
+def test_usage_errors_of_every_command_are_one_line(argv: list[str], line: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from efpsn.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1 and line in err, err
+    assert "usage:" not in err
+
+
+def test_the_services_usage_errors_are_one_line_too() -> None:
+    for module, args, words in (
+            ("agent", ["--name", "agent1"], ("the following arguments are required: "
+                                             "--coordinator")),
+            ("coordinator", ["--algorithm", "x"], "(choose from 'agt', 'gt', 'dsgd')")):
+        out = efpsn_run(*args, module=module)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+        assert out.stderr.startswith(f"python -m {module}: error: ") and words in out.stderr
+
+
+def test_help_describes_only_the_values_the_flags_accept(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from efpsn.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["up", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert exited.value.code == 0 and shown.startswith("usage: efpsn up ")
+    assert "'auto' (0)" not in shown and "(negative)" not in shown
+    assert "phase II rounds (a positive integer), or 'auto'" in shown
+
+
+# ------------------------------------------------------------------------------ a busy port
+
+
+def test_a_busy_port_is_named_in_efpsns_own_line() -> None:
+    import socket
+
+    from efpsn.wire.net import check_port_free
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=rf"^port {port} on 127.0.0.1 is already in use"):
+            check_port_free(f"127.0.0.1:{port}")
+        for module, own in (("coordinator", []),
+                            ("agent", ["--name", "agent1", "--coordinator", "127.0.0.1:1"])):
+            out = efpsn_run("--listen", f"127.0.0.1:{port}", "--insecure", *own, module=module)
+            assert out.returncode == 2
+            # the only line: efpsn's, not gRPC's "Failed to bind" log
+            assert out.stderr == (f"python -m {module}: error: port {port} on 127.0.0.1 is "
+                                  "already in use (another process listens there): stop it, or "
+                                  f"listen on another port (--listen 127.0.0.1:PORT; port 0 "
+                                  "picks a free one)\n"), out.stderr
+    check_port_free(f"127.0.0.1:{port}")  # free again: no error
+    check_port_free("127.0.0.1:0")
+    with pytest.raises(OSError, match="cannot listen on nosuch.invalid:5000: the host"):
+        check_port_free("nosuch.invalid:5000")
+
+
+# ------------------------------------------------------------------------------ efpsn privacy
+
+
+def test_privacy_takes_the_runs_own_flags(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    from efpsn.cli import main
+
+    rng = np.random.default_rng(0)
+    for k, n in enumerate((30, 50, 40, 60), start=1):
+        (tmp_path / "D" / f"agent{k}").mkdir(parents=True)
+        np.savez(tmp_path / "D" / f"agent{k}" / "train.npz", X=rng.uniform(-1, 1, (n, 30)),
+                 y=np.arange(n) % 2)
+    data = str(tmp_path / "D")
+    # the run's command line as it is, efpsn up's own flags accepted and ignored
+    assert main(["privacy", "--data-dir", data, "--algorithm", "gt", "--holdout", "0.1",
+                 "--results", "R", "--quiet", "--no-fork", "--checkpoint-every", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"the run on {data}: 4 agents (ring), task logreg on inputs of shape 30 "
+                        "and 2 classes, gt, 20000 rounds")
+    # the folder's schema (30 features, 2 classes), not the paper's 1x28x28 and 10 classes:
+    # the model has 30 x 2 + 2 parameters to perturb
+    assert "of the m = 62 coordinates of 'all'" in lines[2]
+    assert main(["privacy", "--agents", "4", "--input-shape", "30", "--classes", "2",
+                 "--algorithm", "gt"]) == 0
+    assert capsys.readouterr().out.splitlines() == lines[1:]  # the same statement
+    # the hooks that break privacy are not accepted
+    with pytest.raises(SystemExit):
+        main(["privacy", "--data-dir", data, "--debug-expose-mask"])
+    assert "unrecognized arguments: --debug-expose-mask" in capsys.readouterr().err

@@ -181,7 +181,7 @@ def test_the_coordinator_learns_only_the_category(tmp_path: Path) -> None:
     x[0, 0] = 1e300
     np.savez(tmp_path / "d.npz", X=x, y=y)
     config = RunConfig(data="local", input_shape="6", classes=3, batch_size=4, m=3, N=3,
-                       key_bits=2048)
+                       selection="last-bias", key_bits=2048)
     options = AgentOptions(name="agent2", listen="127.0.0.1:0", coordinator="127.0.0.1:1",
                            data=tmp_path / "d.npz")
     with pytest.raises(DataError) as info:

@@ -82,9 +82,11 @@ def test_up_writes_a_default_results_folder_and_prints_its_metrics(tmp_path: Pat
     assert lines[1] == "final: " + format_metrics(summary["final"])  # printed = written
     assert re.fullmatch(rf"wall time [\d.]+s; summary in {re.escape(str(folder / 'summary.json'))}",
                         lines[2]), lines[2]
-    # the last line: the convergence certificate, after 4 rounds not converged, with advice
-    assert lines[3] == summary["convergence"]["line"] and len(lines) == 4, lines
-    assert lines[3].startswith("NOT converged") and "--iterations" in lines[3], lines[3]
+    # what the run protects, then the last line: the convergence certificate, after 4 rounds
+    # not converged, with advice
+    assert lines[3] == summary["privacy"]["line"] and lines[3].startswith("privacy: "), lines
+    assert lines[4] == summary["convergence"]["line"] and len(lines) == 5, lines
+    assert lines[4].startswith("NOT converged") and "--iterations" in lines[4], lines[4]
     assert sorted(summary["agents"]) == NAMES and summary["settings"]["packed"] is False
     # timings: every figure the benchmarks and the README read from summary.json is there
     timings = summary["timings"]
@@ -199,7 +201,8 @@ def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
         elapsed = time.monotonic() - started
     finally:
         stop(proc)
-    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "efpsn: interrupted", err
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == (
+        "efpsn up: stopped by SIGINT; every process it started is stopped (exit 130)"), err
     assert leftovers(str(tmp_path)) == ""
     assert elapsed < 30  # SIGTERM, 5 s of grace, then SIGKILL at the latest
     for name in NAMES:

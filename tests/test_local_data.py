@@ -22,7 +22,8 @@ from efpsn.tasks import make_task
 from efpsn.tasks.local import DataError, load_local_data
 
 TABULAR = RunConfig(data="local", input_shape="6", classes=3, task="logreg", batch_size=8,
-                    iterations=30, eval_every=10, key_bits=2048, m=3, N=3)
+                    iterations=30, eval_every=10, key_bits=2048, m=3, N=3,
+                    selection="last-bias")
 
 USER_MODEL = """
     import torch
@@ -75,7 +76,9 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[Path, str]]:
     cases["npz without y"] = (npz("noy", X=x), "has no array y; expected arrays X")
     cases["wrong shape"] = (npz("shape", X=x[:, :5], y=y),
                             ("samples have shape 5; expected the run's input shape 6 (6 values "
-                             "per sample): if the data is right, give the run --input-shape 5"))
+                             "per sample), the same at every agent: fix this file, or, only "
+                             "if every agent's samples have shape 5, give the run "
+                             "--input-shape 5"))
     cases["X and y disagree"] = (npz("ragged", X=x, y=y[:-1]), "X and y disagree: expected")
     bad = x.copy()
     bad[3, 2] = np.nan

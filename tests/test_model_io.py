@@ -169,6 +169,28 @@ def test_evaluate_reads_a_flat_model_npy_with_result_json(tmp_path: Path) -> Non
     assert evaluate_model(flat, test_csv) == evaluate_model(path, test_csv)
 
 
+def test_evaluate_reads_a_data_folders_agent_folder_and_the_folder_itself(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # prepare: a data folder D/agent1/train.csv and its public D/test.csv
+    _, _, path = trained_logreg(tmp_path)
+    (tmp_path / "D" / "agent1").mkdir(parents=True)
+    train = write_csv(tmp_path / "D" / "agent1" / "train.csv", *blobs(seed=2))
+    test = write_csv(tmp_path / "D" / "test.csv", *blobs(80, seed=3))
+    # execute / assert: the folder reads as its one data file
+    assert evaluate_model(path, tmp_path / "D" / "agent1") == evaluate_model(path, train)
+    assert evaluate_model(path, tmp_path / "D") == evaluate_model(path, test)
+    assert _cli(["evaluate", "--model", str(path), "--data", str(tmp_path / "D" / "agent1")]) == 0
+    assert " on 200 samples " in capsys.readouterr().out
+    # two data files, or none: one line saying what was expected
+    write_csv(tmp_path / "D" / "agent1" / "test.csv", *blobs(10, seed=4))
+    for folder, words in ((tmp_path / "D" / "agent1", "holds train.csv and test.csv"),
+                          (tmp_path / "empty", "is not a usable data folder")):
+        folder.mkdir(exist_ok=True)
+        assert _cli(["evaluate", "--model", str(path), "--data", str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err and "expected" in err, err
+
+
 def test_evaluate_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _, _, path = trained_logreg(tmp_path)
     x_raw, y = blobs()

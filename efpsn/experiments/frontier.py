@@ -88,7 +88,7 @@ def run_epsilon(settings: dict[str, Any], *, delta: float = DELTA) -> float:
     """The accountant's epsilon (one curious neighbour, every round composed) for a run's
     settings, as `efpsn privacy --refresh ... --json` prints it; inf where it gives no bound."""
     from efpsn.accounting import account_refreshed
-    from efpsn.privacy_cli import refreshed_arguments
+    from efpsn.privacy_modes import refreshed_arguments
 
     config = RunConfig.from_dict(settings)
     if config.mask != "zero-sum" or (config.batch_size == 0 and config.clip == 0):

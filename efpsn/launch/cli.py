@@ -9,8 +9,9 @@ from pathlib import Path
 from efpsn.cli_common import add_data_dir_arguments
 from efpsn.cli_services import add_debug_flags
 from efpsn.flags import add_run_arguments, config_from_args
+from efpsn.launch.signals import StopSignals
 
-__all__ = ["add_parser"]
+__all__ = ["add_launch_flags", "add_parser"]
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -27,8 +28,10 @@ def _up(args: argparse.Namespace) -> int:
         "debug_expose_mask": args.debug_expose_mask,
         "allow_insecure_keys": args.allow_insecure_keys,
     }
-    # a failure raises NetworkFailed, whose message leads with the root cause
-    summary = launch_local_network(config, **options)
+    # a failure raises NetworkFailed, whose message leads with the root cause; SIGTERM, SIGHUP
+    # and SIGINT raise Stopped, once every process it started is stopped
+    with StopSignals("efpsn up"):
+        summary = launch_local_network(config, **options)
     return 0 if summary["ok"] else 1
 
 
@@ -37,9 +40,27 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="the main job: coordinator + n agents as local processes",
                         description="Run a whole EFPSN network on this machine: a coordinator "
                                     "and one process per agent, on free loopback ports, with "
-                                    "mutual TLS. Every agent reads only its own data folder.")
+                                    "mutual TLS. Every agent reads only its own data folder. "
+                                    "Ctrl-C, SIGTERM or SIGHUP stop every process it started "
+                                    "(exit 128 + the signal); killed -9, its processes stop "
+                                    "by themselves.")
     add_run_arguments(up)
     add_data_dir_arguments(up)
+    add_launch_flags(up)
+    # numeric=False: the launcher starts the processes at once and loads torch in the
+    # background, so the network's start-up does not wait for it.
+    up.set_defaults(handler=_up, numeric=False)
+    return up
+
+
+def add_launch_flags(parser: argparse.ArgumentParser, *, ignored: bool = False) -> None:
+    """The launcher's own flags (results, host, TLS, forking, checkpoints, test hooks).
+    ignored=True: for a command that takes a run's flags but does not depend on these (efpsn
+    privacy): accepted, so that the run's own command line can be given as it is."""
+    up: argparse.ArgumentParser | argparse._ArgumentGroup = parser
+    if ignored:
+        up = parser.add_argument_group("efpsn up's own flags (accepted and ignored: the "
+                                       "guarantee does not depend on them)")
     up.add_argument("--results", default=None, help="results folder (default: results/run-TIME)")
     up.add_argument("--host", default="127.0.0.1", help="loopback address to serve on")
     up.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -52,8 +73,5 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                          "memory is shared)")
     up.add_argument("--checkpoint-every", type=int, default=50,
                     help="agents save their phase II state every this many rounds")
-    add_debug_flags(up)
-    # numeric=False: the launcher starts the processes at once and loads torch in the
-    # background, so the network's start-up does not wait for it.
-    up.set_defaults(handler=_up, numeric=False)
-    return up
+    if not ignored:  # test hooks that break privacy: never accepted by efpsn privacy
+        add_debug_flags(parser)

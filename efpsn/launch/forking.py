@@ -85,7 +85,8 @@ class ForkServer:
     """Forks the agents of one `efpsn up` (`with ForkServer(...) as server: server.spawn(...)`).
     Leaving the block ends the server; its agents are then this process's children."""
 
-    def __init__(self, folder: Path, *, data: str | None = None) -> None:
+    def __init__(self, folder: Path, *, data: str | None = None,
+                 env: Mapping[str, str] | None = None, pass_fds: Sequence[int] = ()) -> None:
         self._was_subreaper = _subreaper()
         if self._was_subreaper is None or not _prctl(PR_SET_CHILD_SUBREAPER, 1):
             raise OSError("this system cannot adopt forked agents (Linux only)")
@@ -95,12 +96,15 @@ class ForkServer:
                 [sys.executable, "-m", "agent.forkserver", "--folder", str(folder),
                  *(["--data", data] if data else [])],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
-                start_new_session=True)  # our Ctrl-C is for us: we end it
+                start_new_session=True,  # our Ctrl-C is for us: we end it
+                env=None if env is None else {**os.environ, **env}, pass_fds=tuple(pass_fds))
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None and self.process.poll() is None:
+            self.process.kill()  # stopped (or failed) while starting: no waiting for its imports
         self.close()
 
     def spawn(self, name: str, module_args: Sequence[str], folder: Path, *,

