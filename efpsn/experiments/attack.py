@@ -34,6 +34,9 @@ Perturbations compared: the paper's (last-layer bias, (K, m, N) = (1, 10, 10), L
 and every parameter with K = 1 (N = d + 1) or with the squares added (K = 2, N = 2d + 1), both in
 the uniform-measure basis that `--selection all` uses; the refreshed rows perturb every
 parameter with K = 1.
+
+Attackers that use many or late rounds (efpsn/experiments/attack_rounds.py, `many_rounds`) run
+on real simulated runs of the defaults and other modes where agent 0 holds one sample.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ from efpsn.experiments.attack_report import (
     plot_refreshed_psnr,
     summarise,
 )
-from efpsn.experiments.common import finish, log, output_dir, stopwatch, write_csv
+from efpsn.experiments.attack_rounds import ManyRoundSettings, many_round_table, run_many_rounds
+from efpsn.experiments.common import finish, log, output_dir, stopwatch, write_csv, write_json
 from efpsn.experiments.idlg import (  # noqa: F401  (the attack's API, re-exported)
     MSE_FLOOR,
     MULTI_ROUND_INIT_SCALE,
@@ -128,6 +132,7 @@ class AttackSettings:
     refresh_gammas: tuple[float, ...] = (1e0, 1e2, 1e4, 1e6)
     refreshed_perturbation: str = "all-k1"
     averaging_rounds: int = 10_000
+    many_rounds: ManyRoundSettings | None = None
     base: RunConfig = field(default_factory=lambda: RunConfig.preset("paper"))
 
     def __post_init__(self) -> None:
@@ -150,12 +155,19 @@ class AttackSettings:
             raise ValueError(f"averaging_rounds must be >= 1, got {self.averaging_rounds}")
 
 
+QUICK_MANY_ROUNDS = ManyRoundSettings(
+    modes=ManyRoundSettings().modes[:3], tables=("wine",), samples=2, gammas=(1e3,), images=1,
+    image_shard=100, pairs=60, steps=30)
+"""Issue 26's many-round attackers in the quick profile: the defaults, the fixed mask and
+every:1 on wine; one digit on the defaults and the fixed mask."""
+
 PROFILES: dict[str, AttackSettings] = {
-    "full": AttackSettings(profile="full", refreshes=("every:1", "every:10", "every:100")),
+    "full": AttackSettings(profile="full", refreshes=("every:1", "every:10", "every:100"),
+                           many_rounds=ManyRoundSettings()),
     "quick": AttackSettings(profile="quick", gammas=(0.0, 1e2, 1e4), seeds=(0,),
                             images_per_seed=2, iterations=60, snapshots=4, attack_rounds=(50,),
                             refreshes=("every:1", "every:10"), refresh_gammas=(1e4,),
-                            averaging_rounds=1000),
+                            averaging_rounds=1000, many_rounds=QUICK_MANY_ROUNDS),
 }
 
 
@@ -362,13 +374,23 @@ def run(settings: AttackSettings, *, out: str | Path | None = None,
             figures.append(plot_psnr(summary, folder / "attack_psnr.png"))
         if any(r["refresh"] != "never" for r in summary):
             figures.append(plot_refreshed_psnr(summary, folder / "attack_refresh_psnr.png"))
+        table = attack_table(summary)
+        many: dict[str, Any] = {}
+        if settings.many_rounds is not None:
+            many_rows, many_summary = run_many_rounds(settings.many_rounds)
+            many = {"summary": many_summary, "rows": many_rows}
+            write_json(folder / "many_rounds.json", many)
+            (folder / "many_rounds.md").write_text(many_round_table(many_summary) + "\n")
+            table += ("\n\nAttackers that use many or late rounds (agent 0 holds one sample; "
+                      "many_rounds.json):\n" + many_round_table(many_summary))
         payload = {
             "profile": settings.profile,
+            "many_rounds": many.get("summary", []),
             "settings": {k: v for k, v in dataclasses.asdict(settings).items() if k != "base"},
             "base_config": settings.base.to_dict(),
             "snapshot_iterations": list(points),
             "summary": summary,
         }
         wall = elapsed()
-    return finish(folder, NAME, payload=payload, rows=rows, table=attack_table(summary),
+    return finish(folder, NAME, payload=payload, rows=rows, table=table,
                   figures=figures, wall_seconds=wall, figures_to=figures_to)

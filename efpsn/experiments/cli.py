@@ -78,8 +78,10 @@ def _accuracy_nonconvex(args: argparse.Namespace, out: str | Path | None) -> dic
 def _attack(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
     from efpsn.experiments import attack
 
+    only_many = getattr(args, "only_many_rounds", False)
     settings = attack.settings_for(
-        _profile(args), models=getattr(args, "models", None), gammas=getattr(args, "gammas", None),
+        _profile(args), models=() if only_many else getattr(args, "models", None),
+        gammas=getattr(args, "gammas", None),
         seeds=getattr(args, "seeds", None), images_per_seed=getattr(args, "images", None),
         iterations=getattr(args, "attack_iterations", None),
         attack_rounds=getattr(args, "attack_rounds", None),
@@ -89,6 +91,8 @@ def _attack(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
         refresh_gammas=getattr(args, "refresh_gammas", None),
         averaging_rounds=getattr(args, "averaging_rounds", None),
     )
+    if getattr(args, "no_many_rounds", False):
+        settings = attack.dataclasses.replace(settings, many_rounds=None)
     return attack.run(settings, out=out, figures_to=args.figures)
 
 
@@ -283,6 +287,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--averaging-rounds", type=int, default=None, metavar="A",
                    help="rounds the averaging attacker averages over (default: the run's "
                         "10,000; quick: 1,000)")
+    many = p.add_mutually_exclusive_group()
+    many.add_argument("--only-many-rounds", action="store_true",
+                      help="only the attackers that use many or late rounds (late, all rounds, "
+                           "regression) on real runs where agent 0 holds one sample")
+    many.add_argument("--no-many-rounds", action="store_true",
+                      help="skip the attackers that use many or late rounds")
 
     p = sub.add_parser("perturbation",
                        help="the 2-D perturbing function for (K,m,N) = (3,2,5) (Sec. 5.1)")
