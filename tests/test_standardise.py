@@ -123,3 +123,10 @@ def test_saved_model_carries_the_standardisation(tmp_path):
     from efpsn.evaluate_cli import evaluate_model
 
     assert evaluate_model(path, folder / "test.npz").accuracy == pytest.approx(accuracy)
+
+
+def test_networked_runs_refuse_standard_in_one_line(tmp_path, capsys):
+    folder = _raw_folder(tmp_path, "wine")
+    assert main(["up", "--data-dir", str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runs in efpsn simulate only so far" in err[0]
