@@ -130,3 +130,18 @@ def test_networked_runs_refuse_standard_in_one_line(tmp_path, capsys):
     assert main(["up", "--data-dir", str(folder)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "runs in efpsn simulate only so far" in err[0]
+
+
+def test_metadata_standardisation_is_checked():
+    from efpsn.model_io import ModelMetadata
+
+    base = {"task": "logreg", "input_shape": "2", "classes": 2, "l2": 0.1,
+            "parameters": (("linear.weight", (2, 2)), ("linear.bias", (2,)))}
+    with pytest.raises(ValueError, match="scale standard comes with"):
+        ModelMetadata(scale="standard", **base)
+    with pytest.raises(ValueError, match="positive standard deviations"):
+        ModelMetadata(scale="standard", standardisation=((0.0, 1.0), (1.0, 0.0)), **base)
+    meta = ModelMetadata(scale="standard", standardisation=((1.0, -2.0), (2.0, 4.0)), **base)
+    assert ModelMetadata.from_json(meta.to_json()) == meta
+    assert meta.inputs(np.array([[3.0, 2.0]])).tolist() == [[1.0, 1.0]]
+    assert ModelMetadata(scale="div:2,4", **base).inputs([[3.0, 2.0]]).tolist() == [[1.5, 0.5]]
