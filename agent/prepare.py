@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from agent.options import AgentOptions
 from efpsn.config import LOCAL_DATA, RunConfig, parse_shape
 from efpsn.problem import Problem, build_problem, build_task
+from efpsn.schema import check_networked_scale
 from efpsn.tasks import Task
 from efpsn.tasks.local import DataError, LocalData, load_local_data
 
@@ -54,6 +55,10 @@ def prepare(config: RunConfig, options: AgentOptions) -> Prepared:
         raise ValueError(f"{who}: --data {options.data} given, but the run cuts the public data "
                          f"set {config.data!r} into shards by index; run the coordinator with "
                          "--data local to use the agents' own data")
+    try:
+        check_networked_scale(config.scale)
+    except ValueError as exc:
+        raise ValueError(f"{who}: {exc}") from None
     try:
         task = build_task(config)
     except (ValueError, TypeError, ImportError) as exc:

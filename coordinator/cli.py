@@ -19,6 +19,7 @@ from efpsn.cli_services import (
 )
 from efpsn.flags import add_run_arguments, config_from_args
 from efpsn.lifeline import hold_to_launcher
+from efpsn.schema import check_networked_scale
 
 
 def _coordinator(args: argparse.Namespace) -> int:
@@ -28,6 +29,7 @@ def _coordinator(args: argparse.Namespace) -> int:
 
     setup_logging(args.verbose)
     config = config_from_args(args)  # validated here, once, torch-free (efpsn/config.py)
+    check_networked_scale(config.scale)
     check_key_policy(config, allow_insecure_keys=args.allow_insecure_keys)
     tls = tls_from_args(args, args.tls_name)
     expected = (parse_names(args.expected_names) if args.expected_names

@@ -24,13 +24,17 @@ def _simulate(args: argparse.Namespace) -> int:
     from efpsn.problem import build_problem
     from efpsn.simulator import mask_sums_are_zero, run_simulation
 
-    config = config_from_args(args)
+    config = config_from_args(args, resolve=False)
     local = None
     if args.data_dir:
         from efpsn.datadir import load_data_dir
+        from efpsn.standardise import simulate_standardising, standardises
 
         local = load_data_dir(config, args.data_dir, holdout=args.holdout,
                               label_column=args.label_column)
+        if standardises(config):  # the secure sum of column statistics, after phase I
+            config, local, _ = simulate_standardising(config, local, noise_seed=args.noise_seed)
+    config = config.resolved()
     problem = build_problem(config, local=local)
     x_star = None
     if config.task == "logreg" and not args.no_optimum:
@@ -80,7 +84,8 @@ def _data_split(args: argparse.Namespace) -> int:
     from efpsn.datadir import split_data
 
     written = split_data(source=args.data, agents=args.agents, partition_spec=args.partition,
-                         out=Path(args.out), seed=args.seed, test_fraction=args.test_fraction)
+                         out=Path(args.out), seed=args.seed, test_fraction=args.test_fraction,
+                         raw=args.raw)
     test = Path(args.out) / "test.npz"
     public = f" and the public {test}" if test.exists() else ""
     print(f"wrote {len(written)} private folders {args.out}/agent1..agent{len(written)} "
@@ -127,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("--test-fraction", type=float, default=0.2,
                        help="the fraction kept as the public DIR/test.npz (sklearn sets: 0 "
                             "for none)")
+    split.add_argument("--raw", action="store_true",
+                       help="no public scale: schema.json says scale standard (every agent "
+                            "standardises with the network's column statistics)")
     split.set_defaults(handler=_data_split)
 
     from efpsn.privacy_cli import add_parser as add_privacy

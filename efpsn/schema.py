@@ -7,7 +7,12 @@ import math
 
 import numpy as np
 
-__all__ = ["TASKS", "check_task_spec", "parse_shape", "scale_divisor"]
+__all__ = ["STANDARD", "TASKS", "check_networked_scale", "check_task_spec", "parse_shape",
+           "scale_divisor"]
+
+STANDARD = "standard"
+"""The scale word of features standardised with the network's column statistics (mean and
+standard deviation by secure summation: efpsn/secure_stats.py): read raw, divided by nothing."""
 
 TASKS = ("logreg", "lenet", "mlp:H1,H2,...", "python:MODULE:FACTORY")
 
@@ -38,10 +43,11 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 def scale_divisor(scale: str, *, features: int | None = None) -> float | np.ndarray:
-    """The public constants features are divided by: none -> 1, unit -> 255 (8-bit
+    """The public constants features are divided by: none and standard -> 1 (standard: the
+    network's statistics are applied after phase I, efpsn/standardise.py), unit -> 255 (8-bit
     intensities to [0, 1]), div:C -> C, div:C1,...,Cd -> one per feature (an array; with
     `features`, it must have that many). Never fitted on any agent's data."""
-    if scale == "none":
+    if scale in ("none", STANDARD):
         return 1.0
     if scale == "unit":
         return 255.0
@@ -57,8 +63,19 @@ def scale_divisor(scale: str, *, features: int | None = None) -> float | np.ndar
                 raise ValueError(f"scale {_short(scale)} gives {len(values)} divisors, but a "
                                  f"sample has {features} features: one each")
             return np.asarray(values, dtype=np.float64)
-    raise ValueError(f"scale must be none, unit, div:C or div:C1,...,Cd with every C > 0, got "
+    raise ValueError(f"scale must be none, standard, unit, div:C or div:C1,...,Cd with every "
+                     f"C > 0, got "
                      f"{_short(scale)}")
+
+
+def check_networked_scale(scale: str) -> None:
+    """ValueError, one line, for a scale networked agents cannot apply yet: `standard` (the
+    secure sum of column statistics runs in `efpsn simulate` only, so far)."""
+    if scale == STANDARD:
+        raise ValueError("scale standard (features standardised with the network's column "
+                         "statistics, by secure summation) runs in efpsn simulate only so far; "
+                         "for networked agents give public scales (schema.json's scale: none, "
+                         "unit or div:C1,...,Cd, or --scale)")
 
 
 def _short(text: str, limit: int = 60) -> str:

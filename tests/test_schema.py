@@ -39,6 +39,7 @@ def test_an_unknown_task_is_refused_with_every_accepted_form() -> None:
 def test_scale_divisors() -> None:
     # unit: 8-bit intensities onto [0, 1]; div:C one public constant; div:C1,...,Cd per feature
     assert scale_divisor("none") == 1.0
+    assert scale_divisor("standard") == 1.0  # read raw; standardised after phase I
     assert np.uint8(255) / scale_divisor("unit") == 1.0 and 0 / scale_divisor("unit") == 0.0
     assert scale_divisor("div:0.5") == 0.5 and scale_divisor("div:3") == 3.0
     per_feature = scale_divisor("div:2,4,0.5", features=3)
@@ -49,7 +50,7 @@ def test_scale_divisors() -> None:
                                          "2 features: one each"):
         scale_divisor("div:2,4,8", features=2)
     for bad in ("div:0", "div:-1", "div:", "div:1,,2", "div:inf", "unit8"):
-        with pytest.raises(ValueError, match="scale must be none, unit, div:C"):
+        with pytest.raises(ValueError, match="scale must be none, standard, unit, div:C"):
             scale_divisor(bad)
 
 

@@ -10,6 +10,7 @@ from efpsn.cli_common import add_data_dir_arguments
 from efpsn.cli_services import add_debug_flags
 from efpsn.flags import add_run_arguments, config_from_args
 from efpsn.launch.signals import StopSignals
+from efpsn.schema import check_networked_scale
 
 __all__ = ["add_launch_flags", "add_parser"]
 
@@ -19,6 +20,7 @@ def _up(args: argparse.Namespace) -> int:
     from efpsn.launch.network import launch_local_network
 
     config = config_from_args(args)
+    check_networked_scale(config.scale)
     options = {
         "results": Path(args.results) if args.results else None, "host": args.host,
         "data_dir": Path(args.data_dir) if args.data_dir else None, "holdout": args.holdout,

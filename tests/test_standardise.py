@@ -1,0 +1,147 @@
+"""Features in any units: a `scale standard` run standardises with the network's totals (secure
+sum), takes l2 = 1/N_total, lands within a point of scikit-learn's pooled pipeline, stays exact
+under large masks, and its saved model carries the standardisation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from efpsn.cli import main
+from efpsn.config import RunConfig
+from efpsn.datadir import load_data_dir, split_data
+from efpsn.model_io import read_model, save_model
+from efpsn.problem import build_problem
+from efpsn.simulator import run_simulation
+from efpsn.standardise import check_standardisable, simulate_standardising
+
+
+def _raw_folder(tmp_path: Path, name: str) -> Path:
+    out = tmp_path / name
+    split_data(source=f"sklearn:{name}", agents=4, partition_spec="iid", out=out, raw=True)
+    return out
+
+
+def _pooled(folder: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    parts = [np.load(folder / f"agent{k}" / "train.npz") for k in range(1, 5)]
+    test = np.load(folder / "test.npz")
+    return (np.concatenate([p["X"] for p in parts]), np.concatenate([p["y"] for p in parts]),
+            test["X"], test["y"])
+
+
+def _config(folder: Path, **changes) -> RunConfig:
+    schema = json.loads((folder / "schema.json").read_text())
+    return RunConfig(data="local", agents=4, input_shape=schema["input_shape"],
+                     classes=schema["classes"], scale=schema["scale"], **changes)
+
+
+def test_raw_split_says_standard(tmp_path):
+    folder = _raw_folder(tmp_path, "wine")
+    assert json.loads((folder / "schema.json").read_text())["scale"] == "standard"
+    x, _, _, _ = _pooled(folder)
+    assert x.max() > 100  # raw units (proline), no public divisor
+
+
+def test_every_agent_standardises_with_the_global_statistics(tmp_path):
+    folder = _raw_folder(tmp_path, "wine")
+    config = _config(folder)
+    local = load_data_dir(config, folder, holdout=0)
+    config, standardised, totals = simulate_standardising(config, local)
+    pooled = np.concatenate([standardised[i].train.images.numpy() for i in range(4)])
+    np.testing.assert_allclose(pooled.mean(axis=0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(pooled.std(axis=0), 1.0, rtol=1e-12)
+    assert totals.count == len(pooled)
+    assert config.l2 == 1.0 / len(pooled)  # what scikit-learn's C = 1 means for the mean loss
+    raw_test = local[0].test.images.numpy()
+    np.testing.assert_array_equal(standardised[0].test.images.numpy(),
+                                  (raw_test - totals.mean()) / totals.std())
+
+
+def test_standardised_run_matches_scikit_learn_pipeline(tmp_path, capsys):
+    sklearn = pytest.importorskip("sklearn.linear_model")
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    folder = _raw_folder(tmp_path, "breast_cancer")
+    x, y, xt, yt = _pooled(folder)
+    reference = make_pipeline(StandardScaler(), sklearn.LogisticRegression()).fit(x, y)
+    out = tmp_path / "run.json"
+    assert main(["simulate", "--data-dir", str(folder), "--holdout", "0", "--quiet",
+                 "--json", str(out)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1].startswith("converged")
+    result = json.loads(out.read_text())
+    assert result["settings"]["l2"] == 1.0 / len(x)
+    assert result["final"]["accuracy"] >= reference.score(xt, yt) - 0.01
+
+
+def test_masked_run_ends_where_the_unmasked_one_ends_at_gamma_1e6(tmp_path):
+    folder = _raw_folder(tmp_path, "wine")
+    ends = {}
+    for mask, gamma in (("none", 1e3), ("zero-sum", 1e6)):
+        config = _config(folder, mask=mask, gamma=gamma)
+        config, local, _ = simulate_standardising(config, load_data_dir(config, folder,
+                                                                        holdout=0))
+        config = config.resolved()
+        result = run_simulation(config, problem=build_problem(config, local=local))
+        ends[mask] = sum(result.xs) / 4
+    gap = torch.linalg.vector_norm(ends["zero-sum"] - ends["none"])
+    assert float(gap / torch.linalg.vector_norm(ends["none"])) < 1e-5
+
+
+def test_refused_without_edge_seeds():
+    config = RunConfig(data="local", agents=4, input_shape="3", classes=2, scale="standard",
+                       refresh="never")
+    with pytest.raises(ValueError, match="refresh fading"):
+        check_standardisable(config)
+    check_standardisable(config.replace(mask="none"))  # nothing private: a plain sum
+
+
+def test_saved_model_carries_the_standardisation(tmp_path):
+    folder = _raw_folder(tmp_path, "wine")
+    config = _config(folder, iterations=200)
+    config, local, totals = simulate_standardising(config, load_data_dir(config, folder,
+                                                                         holdout=0))
+    config = config.resolved()
+    problem = build_problem(config, local=local)
+    x = sum(run_simulation(config, problem=problem).xs) / 4
+    path = save_model(tmp_path / "model.safetensors", task=problem.task, x=x, scale="standard",
+                      standardisation=(totals.mean(), totals.std()))
+    saved = read_model(path)
+    assert saved.metadata.scale == "standard"
+    _, _, xt, yt = _pooled(folder)
+    inputs = saved.inputs(xt)  # raw test features in, the run's standardised features out
+    torch.testing.assert_close(inputs, problem.test.images, rtol=0, atol=0)
+    logits = torch.nn.functional.linear(inputs, saved.state["linear.weight"],
+                                        saved.state["linear.bias"])
+    accuracy = float((logits.argmax(dim=1).numpy() == yt).mean())
+    assert accuracy == pytest.approx(problem.task.accuracy(x, problem.test))
+    from efpsn.evaluate_cli import evaluate_model
+
+    assert evaluate_model(path, folder / "test.npz").accuracy == pytest.approx(accuracy)
+
+
+def test_networked_runs_refuse_standard_in_one_line(tmp_path, capsys):
+    folder = _raw_folder(tmp_path, "wine")
+    assert main(["up", "--data-dir", str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runs in efpsn simulate only so far" in err[0]
+
+
+def test_metadata_standardisation_is_checked():
+    from efpsn.model_io import ModelMetadata
+
+    base = {"task": "logreg", "input_shape": "2", "classes": 2, "l2": 0.1,
+            "parameters": (("linear.weight", (2, 2)), ("linear.bias", (2,)))}
+    with pytest.raises(ValueError, match="scale standard comes with"):
+        ModelMetadata(scale="standard", **base)
+    with pytest.raises(ValueError, match="positive standard deviations"):
+        ModelMetadata(scale="standard", standardisation=((0.0, 1.0), (1.0, 0.0)), **base)
+    meta = ModelMetadata(scale="standard", standardisation=((1.0, -2.0), (2.0, 4.0)), **base)
+    assert ModelMetadata.from_json(meta.to_json()) == meta
+    assert meta.inputs(np.array([[3.0, 2.0]])).tolist() == [[1.0, 1.0]]
+    assert ModelMetadata(scale="div:2,4", **base).inputs([[3.0, 2.0]]).tolist() == [[1.5, 0.5]]
