@@ -145,8 +145,8 @@ class AttackSettings:
             raise ValueError(f"multi_round_gap must be >= 1, got {self.multi_round_gap}")
         for text in self.refreshes:
             if not Refresh.parse(text).refreshed:
-                raise ValueError(f"refreshes are 'every:R' (the fixed mask always runs), got "
-                                 f"{text!r}")
+                raise ValueError(f"refreshes are 'every:R' or 'fading[:RHO]' (the fixed mask "
+                                 f"always runs), got {text!r}")
         if self.refreshes and self.refreshed_perturbation != "all-k1":
             raise ValueError("refreshed rows need the K = 1 perturbation 'all-k1' (the averaging "
                              f"attacker's mean is exact for K = 1), got "
@@ -162,11 +162,12 @@ QUICK_MANY_ROUNDS = ManyRoundSettings(
 every:1 on wine; one digit on the defaults and the fixed mask."""
 
 PROFILES: dict[str, AttackSettings] = {
-    "full": AttackSettings(profile="full", refreshes=("every:1", "every:10", "every:100"),
+    "full": AttackSettings(profile="full",
+                           refreshes=("fading", "every:1", "every:10", "every:100"),
                            many_rounds=ManyRoundSettings()),
     "quick": AttackSettings(profile="quick", gammas=(0.0, 1e2, 1e4), seeds=(0,),
                             images_per_seed=2, iterations=60, snapshots=4, attack_rounds=(50,),
-                            refreshes=("every:1", "every:10"), refresh_gammas=(1e4,),
+                            refreshes=("fading", "every:1", "every:10"), refresh_gammas=(1e4,),
                             averaging_rounds=1000, many_rounds=QUICK_MANY_ROUNDS),
 }
 

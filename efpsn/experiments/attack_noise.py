@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from efpsn.experiments.idlg import agent1_perturbation
+from efpsn.fading import FadingMask
 from efpsn.masking import NoiseSpec
 from efpsn.perturbation import FunctionalPerturbation
 from efpsn.problem import Problem
@@ -31,7 +32,7 @@ class Agent1Noise:
                  refresh: Refresh) -> None:
         self.problem, self.gamma, self.refresh = problem, float(gamma), refresh
         self._fixed: FunctionalPerturbation | None = None
-        self._mask: RefreshedMask | None = None
+        self._mask: RefreshedMask | FadingMask | None = None
         self._means: dict[tuple[int, int], FunctionalPerturbation] = {}
         self._template: FunctionalPerturbation | None = None
         if gamma == 0:
@@ -42,7 +43,14 @@ class Agent1Noise:
         c = problem.config
         spec = NoiseSpec(gamma=gamma, p=c.p, precision=c.precision, num_coefficients=problem.N)
         seeds = exchange_seeds_fast(problem.graph, noise_seed=noise_seed)[0]
-        self._mask = RefreshedMask(seeds=seeds, spec=spec, refresh=refresh)
+        if refresh.fading:
+            if refresh.fade is None:  # the rate the run's own algorithm and step would give
+                refresh = Refresh.parse(c.replace(mask="zero-sum", refresh="fading")
+                                        .resolved().refresh)
+                self.refresh = refresh
+            self._mask = FadingMask(seeds=seeds, spec=spec, refresh=refresh)
+        else:
+            self._mask = RefreshedMask(seeds=seeds, spec=spec, refresh=refresh)
 
     def _perturbation(self, eta: np.ndarray) -> FunctionalPerturbation:
         if self._template is None:

@@ -10,6 +10,7 @@ import torch
 
 from efpsn.experiments.common import Column, format_table, new_figure, save_figure
 from efpsn.experiments.idlg import PERTURBATIONS
+from efpsn.refresh_value import Refresh
 
 __all__ = [
     "ADAPTIVE",
@@ -67,7 +68,7 @@ def gamma_independent(perturbation: str, attacker: str, refresh: str = "never") 
     if attacker == ADAPTIVE:
         return True
     if refresh != "never":
-        every = int(refresh.split(":")[1])
+        every = Refresh.parse(refresh).every or 1  # a fading mask changes every round
         return attacker in (TWO_ROUNDS, THREE_ROUNDS) and every >= 3 and perturbation == "all-k1"
     if attacker == THREE_ROUNDS:
         return True
@@ -134,7 +135,8 @@ def plot_refreshed_psnr(summary: list[dict[str, Any]], path: Path) -> Path:
     models = sorted({r["model"] for r in refreshed}, key=lambda m: m != "logreg")
     fig, axes = new_figure(len(models), 1, size=(4.6, 3.6))
     top = max(r["psnr_mean"] for r in summary) * 1.08 + 2.0
-    refreshes = sorted({r["refresh"] for r in refreshed}, key=lambda t: int(t.split(":")[1]))
+    refreshes = sorted({r["refresh"] for r in refreshed},
+                       key=lambda t: (not Refresh.parse(t).fading, Refresh.parse(t).every or 1))
     colours = dict(zip(refreshes, ("tab:green", "tab:orange", "tab:purple", "tab:brown",
                                    "tab:pink"), strict=False))
     for ax, model in zip(axes[0], models, strict=True):
