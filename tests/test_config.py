@@ -66,8 +66,8 @@ def test_every_field_is_declared_with_help_and_a_flag() -> None:
     ({"clip": -1.0}, "clip must be a finite number >= 0"),
     ({"task": "mlp:0"}, "positive hidden widths"),
     ({"input_shape": "12x"}, "input shape must look like"),
-    ({"scale": "div:0"}, "scale must be none, standard, unit, div:C or div:C1,...,Cd with every "
-     "C > 0"),
+    ({"scale": "div:0"}, ("scale must be none, standard, unit, div:C or div:C1,...,Cd with "
+                          "every C > 0")),
     ({"classes": 3}, "for your own data use --data local"),
     ({"task": "lenet", "data": "local", "input_shape": "12"}, "task lenet takes 1x28x28"),
     ({"m": 3, "selection": "last-bias"}, "perturbs 10 parameters of this model, but m = 3"),
