@@ -187,7 +187,8 @@ class RunConfig:
                              "no clipping); the refreshed masks' accountant needs it")
 
     def __post_init__(self) -> None:
-        if self.mask != "zero-sum" and self.refresh.strip().startswith("fading"):
+        if (self.mask != "zero-sum" and isinstance(self.refresh, str)
+                and self.refresh.strip().startswith("fading")):
             object.__setattr__(self, "refresh", "never")  # nothing to fade without zero-sum masks
         self.validate()
 
