@@ -26,6 +26,7 @@ from efpsn.problem import Problem
 from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
 from efpsn.rounds import RoundDriver
 from efpsn.seeds import EdgeSeeds
+from efpsn.topology import Graph
 
 __all__ = ["DepartureReplay", "departures_line"]
 
@@ -145,6 +146,14 @@ class DepartureReplay:
         self.rounds_checked += 1
         self.zero_sum = self.zero_sum and sums_to_zero(
             (self.providers[i] for i in self.active), t)
+
+    def connected(self) -> bool:
+        """Whether the remaining agents' current mixing graph is connected (between a departure
+        that cut it and the re-base, it is not)."""
+        keep = self.active
+        edges = tuple((a, b) for a, i in enumerate(keep) for b, j in enumerate(keep)
+                      if a < b and j in self.weights[i])
+        return Graph(len(keep), edges).is_connected()
 
     def remaining_weights(self) -> Any:
         """The mixing matrix of the remaining agents (rows and columns of the active ones)."""
