@@ -23,6 +23,7 @@ the Metropolis matrix is 1 on the diagonal, and nobody mixes with it).
 
 from __future__ import annotations
 
+import itertools
 import numbers
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,11 +45,6 @@ __all__ = [
     "reconfigure",
     "rejoin_edges",
 ]
-
-DEFAULT_REBASE_LAG = 0
-"""R - T when `--leave agentK@T` gives no R: 0 means the number of agents at the start (n), the
-most rounds any agent can run past T before the neighbours of d, waiting for d's round-T
-message, hold everyone up (a synchronous round needs every neighbour's message)."""
 
 _LEAVE = re.compile(r"^agent(\d+)@(\d+)(?::(\d+))?$")
 
@@ -83,9 +79,12 @@ class Departure:
                 "rebase_round": self.rebase_round}
 
 
-def parse_leave(text: str, *, agents: int, lag: int = DEFAULT_REBASE_LAG) -> Departure:
-    """`agentK@T` or `agentK@T:R` (K 1-based) -> Departure; R defaults to T + lag (lag 0: the
-    number of agents). ValueError naming what is wrong."""
+def parse_leave(text: str, *, agents: int, lag: int | None = None) -> Departure:
+    """`agentK@T` or `agentK@T:R` (K 1-based) -> Departure. R defaults to T + lag, lag to the
+    number of agents at the start: the most rounds any agent can run past T before the
+    neighbours of K, waiting for K's round-T message, hold everyone up (a synchronous round
+    needs every neighbour's message), so nobody has passed R when the departure is agreed.
+    ValueError naming what is wrong."""
     match = _LEAVE.match(text.strip())
     if match is None:
         raise ValueError(f"--leave expects agentK@T or agentK@T:R (K = 1..{agents}, T the first "
@@ -143,7 +142,7 @@ def rejoin_edges(graph: Graph, departed: Iterable[int]) -> tuple[tuple[int, int]
     (ordered by their smallest agent) joined by an edge between their smallest agents."""
     gone = set(departed)
     pieces = active_components(_without(graph, gone), gone)
-    return tuple((a[0], b[0]) for a, b in zip(pieces, pieces[1:], strict=False))
+    return tuple((a[0], b[0]) for a, b in itertools.pairwise(pieces))
 
 
 def _without(graph: Graph, gone: set[int]) -> Graph:
