@@ -112,10 +112,14 @@ class DepartureReplay:
             driver = drivers[i]
             driver.state = rebase(driver.state)
             driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
+        # agents whose one neighbour now holds every term of their mask (privacy, not accuracy)
+        lonely = ([_name(i) for i in recon.remaining if recon.graph.degree(i) == 1]
+                  if len(recon.remaining) > 2 else [])
         for event in self.events:
             if event["rebase_round"] == t:
                 event.update(epoch=self.epoch, new_edges=[[_name(a), _name(b)]
-                                                          for a, b in recon.new_edges])
+                                                          for a, b in recon.new_edges],
+                             one_neighbour=lonely)
 
     def _remask(self, agents: Sequence[int], *, drop: set[int],
                 new_edges: Sequence[tuple[int, int]]) -> None:
@@ -190,4 +194,6 @@ def departures_line(record: dict[str, Any]) -> str:
 
 def _joined(event: dict[str, Any]) -> str:
     edges = event.get("new_edges") or []
-    return "".join(f", new edge {a}-{b}" for a, b in edges)
+    lonely = event.get("one_neighbour") or []
+    return "".join(f", new edge {a}-{b}" for a, b in edges) + "".join(
+        f", {name} has one neighbour left" for name in lonely)

@@ -183,6 +183,9 @@ def test_one_agent_leaves_a_ring_and_the_rest_reach_their_optimum(wine: Path,
                                     + ",".join(str(i) for i in range(1, 6) if str(i) != k)
                                     + "'s objective")
     assert record["departures"][0]["agent"] == f"agent{k}"
+    # a ring without one agent is a path: its two ends have one neighbour left, and say so
+    ends = {"1": ["agent2", "agent5"], "3": ["agent2", "agent4"]}[k]
+    assert record["departures"][0]["one_neighbour"] == ends
 
 
 def test_gradient_tracking_reaches_the_remaining_optimum(wine: Path) -> None:
@@ -235,7 +238,8 @@ def test_simulate_leave_names_who_left_and_what_the_model_is(wine: Path, tmp_pat
                  "--iterations", "300", "--leave", "agent3@40", "--json", str(out)])
     assert code == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert any(line.startswith("agent3 left at round 40 (re-based at round 45)") and
+    assert any(line.startswith("agent3 left at round 40 (re-based at round 45, agent2 has one "
+                                   "neighbour left, agent4 has one neighbour left)") and
                "the optimum of agents 1,2,4,5's objective" in line for line in lines)
     doc = json.loads(out.read_text())
     assert doc["departures"][0]["agent"] == "agent3" and doc["departures"][0]["round"] == 40
