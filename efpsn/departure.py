@@ -52,7 +52,8 @@ _LEAVE = re.compile(r"^agent(\d+)@(\d+)(?::(\d+))?$")
 @dataclass(frozen=True)
 class Departure:
     """Agent `agent` (0-based) sends nothing from round `round` on; the network re-bases at
-    round `rebase_round` (> round)."""
+    round `rebase_round` (> round). Round 0 with re-base round 0: it left in phase I, and the
+    rest start phase II without it (its edges' seeds dropped, new edges seeded first)."""
 
     agent: int
     round: int
@@ -63,10 +64,11 @@ class Departure:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 raise ValueError(f"departure {name} must be an int >= 0, got {value!r}")
-        if self.round < 1:
-            raise ValueError(f"agent{self.agent + 1} can leave from round 1 on (round 0 is the "
-                             f"first exchange of phase II), got round {self.round}")
-        if self.rebase_round <= self.round:
+        if self.round == 0 and self.rebase_round != 0:
+            raise ValueError(f"agent{self.agent + 1} leaves in phase I (round 0): the rest "
+                             f"start phase II without it, re-based at round 0, not "
+                             f"{self.rebase_round}")
+        if self.round > 0 and self.rebase_round <= self.round:
             raise ValueError(f"agent{self.agent + 1} leaves at round {self.round}: the re-base "
                              f"round must come later, got {self.rebase_round}")
 
@@ -80,11 +82,12 @@ class Departure:
 
 
 def parse_leave(text: str, *, agents: int, lag: int | None = None) -> Departure:
-    """`agentK@T` or `agentK@T:R` (K 1-based) -> Departure. R defaults to T + lag, lag to the
-    number of agents at the start: the most rounds any agent can run past T before the
-    neighbours of K, waiting for K's round-T message, hold everyone up (a synchronous round
-    needs every neighbour's message), so nobody has passed R when the departure is agreed.
-    ValueError naming what is wrong."""
+    """`agentK@T` or `agentK@T:R` (K 1-based) -> Departure (`agentK@0`: it left in phase I).
+
+    R defaults to T + lag, lag to the number of agents at the start: the most rounds any agent
+    can run past T before the neighbours of K, waiting for K's round-T message, hold everyone
+    up (a synchronous round needs every neighbour's message), so nobody has passed R when the
+    departure is agreed. ValueError naming what is wrong."""
     match = _LEAVE.match(text.strip())
     if match is None:
         raise ValueError(f"--leave expects agentK@T or agentK@T:R (K = 1..{agents}, T the first "
@@ -92,7 +95,8 @@ def parse_leave(text: str, *, agents: int, lag: int | None = None) -> Departure:
     k, t = int(match.group(1)), int(match.group(2))
     if not 1 <= k <= agents:
         raise ValueError(f"--leave {text}: there is no agent{k} (agents are 1..{agents})")
-    rebase_round = int(match.group(3)) if match.group(3) else t + (lag or agents)
+    default = 0 if t == 0 else t + (lag or agents)
+    rebase_round = int(match.group(3)) if match.group(3) else default
     return Departure(agent=k - 1, round=t, rebase_round=rebase_round)
 
 

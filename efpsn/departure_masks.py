@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from efpsn import paillier
 from efpsn.fading import FadingMask
 from efpsn.masking import MaskCoefficients, NoiseSpec, draw_shares, noise_generator
 from efpsn.masks import checked_neighbours
 from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
-from efpsn.seeds import EdgeSeeds, draw_seeds
+from efpsn.seeds import EdgeSeeds, SeedExchange, draw_seeds
 from efpsn.topology import Graph
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "add_seeds",
     "draw_pair_shares",
     "drop_seeds",
+    "exchange_new_edge_seeds",
     "new_edge_seeds",
     "new_edge_shares",
     "rejoin_generator",
@@ -90,6 +92,33 @@ def new_edge_seeds(edges: Sequence[tuple[int, int]], *, noise_seed: int | None,
     nbrs = _new_neighbours(edges)
     drawn = {i: draw_seeds(js, rejoin_generator(noise_seed, i, epoch)) for i, js in nbrs.items()}
     return {i: {j: (drawn[i][j], drawn[j][i]) for j in js} for i, js in nbrs.items()}
+
+
+def exchange_new_edge_seeds(
+    edges: Sequence[tuple[int, int]],
+    keypairs: Mapping[int, tuple[paillier.PublicKey, paillier.PrivateKey]],
+    *,
+    noise_seed: int | None,
+    epoch: int,
+    allow_insecure: bool = False,
+) -> dict[int, dict[int, tuple[bytes, bytes]]]:
+    """Phase I on the new edges by real Paillier between in-process SeedExchanges (the ends'
+    phase I key pairs, keypairs[i]): what new_edge_seeds computes, encrypted. The networked
+    agents run the same SeedExchange per new edge, with rejoin_generator's draws."""
+    nbrs = _new_neighbours(edges)
+    ends = {i: SeedExchange(agent=i, neighbours=js, keypair=keypairs[i],
+                            rng=None if noise_seed is None else rejoin_generator(noise_seed, i,
+                                                                                 epoch),
+                            allow_insecure=allow_insecure)
+            for i, js in nbrs.items()}
+    keys = {i: end.public_key for i, end in ends.items()}
+    sent = {i: end.outgoing(keys) for i, end in ends.items()}
+    out = {}
+    for i, end in ends.items():
+        seeds = end.finish({j: sent[j][i] for j in nbrs[i]})
+        received = dict(seeds.received)
+        out[i] = {j: (s, received[j]) for j, s in seeds.sent}
+    return out
 
 
 def reseeded(provider: MaskProvider, seeds: EdgeSeeds) -> MaskProvider:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from efpsn import paillier
 from efpsn.algorithms import AgentState
 from efpsn.cli import main
 from efpsn.config import RunConfig
@@ -27,6 +28,7 @@ from efpsn.departure_masks import (
     add_seeds,
     draw_pair_shares,
     drop_seeds,
+    exchange_new_edge_seeds,
     new_edge_seeds,
     new_edge_shares,
     reseeded,
@@ -49,7 +51,8 @@ SPEC = NoiseSpec(gamma=1e3, p=1.5, precision=6, num_coefficients=7)
 def test_leave_flag_parses_one_based_with_a_default_rebase_round() -> None:
     assert parse_leave("agent3@200", agents=5) == Departure(agent=2, round=200, rebase_round=205)
     assert parse_leave("agent1@7:9", agents=5) == Departure(agent=0, round=7, rebase_round=9)
-    for bad in ("agent6@10", "agent0@10", "3@200", "agent3@0", "agent3@10:10"):
+    assert parse_leave("agent2@0", agents=5) == Departure(agent=1, round=0, rebase_round=0)
+    for bad in ("agent6@10", "agent0@10", "3@200", "agent3@0:4", "agent3@10:10"):
         with pytest.raises(ValueError):
             parse_leave(bad, agents=5)
 
@@ -121,6 +124,22 @@ def test_new_edges_get_fresh_seeds_that_keep_the_sum_at_zero() -> None:
                       add_seeds(drop_seeds(seeds[i], {2}), added.get(i, {})))
              for i in (0, 1, 3, 4)]
     assert all(sums_to_zero(masks, t) for t in (0, 3, 100))
+
+
+def test_new_edges_by_paillier_give_the_fast_paths_seeds() -> None:
+    """The networked agents' phase I on a new edge yields the seeds the simulator uses."""
+    keys = {i: paillier.generate_keypair(512, allow_insecure=True) for i in (0, 2, 3)}
+    edges = ((0, 2), (0, 3))
+    real = exchange_new_edge_seeds(edges, keys, noise_seed=5, epoch=2, allow_insecure=True)
+    assert real == new_edge_seeds(edges, noise_seed=5, epoch=2)
+    assert real != new_edge_seeds(edges, noise_seed=5, epoch=1)  # every re-base draws anew
+
+
+def test_a_departure_in_phase_one_starts_phase_two_without_it(wine: Path) -> None:
+    deviation, record = _run(wine, ["agent3@0"], topology="path", iterations=2500)
+    assert deviation < 1e-6
+    assert record["departures"][0]["rebase_round"] == 0
+    assert record["departures"][0]["new_edges"] == [["agent1", "agent4"]]
 
 
 def test_the_papers_fixed_mask_drops_its_shares_exactly() -> None:
