@@ -23,16 +23,20 @@ the Metropolis matrix is 1 on the diagonal, and nobody mixes with it).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import numbers
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from efpsn.algorithms.base import AgentState
 from efpsn.topology import Graph, metropolis_weights
+
+if TYPE_CHECKING:  # the coordinator decides departures and imports no torch
+    from efpsn.algorithms.base import AgentState
 
 __all__ = [
     "Departure",
@@ -46,20 +50,33 @@ __all__ = [
     "rejoin_edges",
 ]
 
-_LEAVE = re.compile(r"^agent(\d+)@(\d+)(?::(\d+))?$")
+_LEAVE = re.compile(r"^agent(\d+)@(\d+)(?::(\d+))?((?:\+agent\d+)*)$")
 
 
 @dataclass(frozen=True)
 class Departure:
     """Agent `agent` (0-based) sends nothing from round `round` on; the network re-bases at
     round `rebase_round` (> round). Round 0 with re-base round 0: it left in phase I, and the
-    rest start phase II without it (its edges' seeds dropped, new edges seeded first)."""
+    rest start phase II without it (its edges' seeds dropped, new edges seeded first).
+
+    `late`: neighbours that did receive its round-`round` message (it died while sending them)
+    and stepped that round with it; they drop it one round later. No neighbour can be further
+    ahead: the agent's next message needs every neighbour's message of this round."""
 
     agent: int
     round: int
     rebase_round: int
+    late: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        late = tuple(sorted({int(j) for j in self.late}))
+        object.__setattr__(self, "late", late)
+        if self.agent in late:
+            raise ValueError(f"agent{self.agent + 1} cannot be late for its own departure")
+        if late and (self.round == 0 or self.rebase_round < self.round + 2):
+            raise ValueError(f"{self.label()}: neighbours that used agent{self.agent + 1}'s "
+                             f"round-{self.round} message drop it at round {self.round + 1}; "
+                             "the re-base must come after that")
         for name in ("agent", "round", "rebase_round"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
@@ -73,16 +90,18 @@ class Departure:
                              f"round must come later, got {self.rebase_round}")
 
     def label(self) -> str:
-        """`agentK@T:R`, 1-based as the command line writes it."""
-        return f"agent{self.agent + 1}@{self.round}:{self.rebase_round}"
+        """`agentK@T:R[+agentJ...]`, 1-based as the command line writes it."""
+        late = "".join(f"+agent{j + 1}" for j in self.late)
+        return f"agent{self.agent + 1}@{self.round}:{self.rebase_round}{late}"
 
     def to_json(self) -> dict[str, object]:
         return {"agent": f"agent{self.agent + 1}", "round": self.round,
-                "rebase_round": self.rebase_round}
+                "rebase_round": self.rebase_round, "late": [f"agent{j + 1}" for j in self.late]}
 
 
 def parse_leave(text: str, *, agents: int, lag: int | None = None) -> Departure:
-    """`agentK@T` or `agentK@T:R` (K 1-based) -> Departure (`agentK@0`: it left in phase I).
+    """`agentK@T`, `agentK@T:R` or `agentK@T:R+agentJ+...` (K 1-based; J the late neighbours,
+    Departure.late) -> Departure (`agentK@0`: it left in phase I).
 
     R defaults to T + lag, lag to the number of agents at the start: the most rounds any agent
     can run past T before the neighbours of K, waiting for K's round-T message, hold everyone
@@ -91,13 +110,18 @@ def parse_leave(text: str, *, agents: int, lag: int | None = None) -> Departure:
     match = _LEAVE.match(text.strip())
     if match is None:
         raise ValueError(f"--leave expects agentK@T or agentK@T:R (K = 1..{agents}, T the first "
-                         f"round without agent K, R the re-base round), got {text!r}")
+                         f"round without agent K, R the re-base round; +agentJ: a neighbour "
+                         f"that used K's round-T message), got {text!r}")
     k, t = int(match.group(1)), int(match.group(2))
     if not 1 <= k <= agents:
         raise ValueError(f"--leave {text}: there is no agent{k} (agents are 1..{agents})")
     default = 0 if t == 0 else t + (lag or agents)
     rebase_round = int(match.group(3)) if match.group(3) else default
-    return Departure(agent=k - 1, round=t, rebase_round=rebase_round)
+    late = [int(j) for j in re.findall(r"\d+", match.group(4))]
+    if any(not 1 <= j <= agents for j in late):
+        raise ValueError(f"--leave {text}: late neighbours must be agents 1..{agents}")
+    return Departure(agent=k - 1, round=t, rebase_round=rebase_round,
+                     late=tuple(j - 1 for j in late))
 
 
 def check_departures(departures: Sequence[Departure], *, agents: int,
@@ -204,7 +228,7 @@ def rebase(state: AgentState) -> AgentState:
     (a state with a tracker y and the last local gradient g) restarts its tracker from the
     current local gradient, y := g; every other state (DSGD) is kept as it is."""
     if "y" in state.tensors and "g" in state.tensors:
-        return AgentState(t=state.t, tensors={**state.tensors, "y": state["g"].clone()})
+        return dataclasses.replace(state, tensors={**state.tensors, "y": state["g"].clone()})
     return state
 
 

@@ -85,6 +85,9 @@ class DepartureReplay:
             if d.round == t:
                 self._leave(d, drivers)
                 changed = True
+            elif d.late and d.round + 1 == t:  # they used its round-T message; drop it now
+                self._drop(d.agent, d.late, drivers)
+                changed = True
         if any(d.rebase_round == t for d in self.departures):
             self._rebase(t, drivers)
             changed = True
@@ -93,11 +96,19 @@ class DepartureReplay:
     def _leave(self, d: Departure, drivers: Sequence[RoundDriver]) -> None:
         self.departed.add(d.agent)
         touched = [j for j in self.neighbours(d.agent) if j not in self.departed]
-        for j in touched:
-            self.weights[j] = _drop_node_weights(self.weights[j], agent=j, gone={d.agent})
-        self._remask(touched, drop={d.agent}, new_edges=())
-        self._refresh(touched, drivers)
+        stray = sorted(set(d.late) - set(touched))
+        if stray:
+            raise ValueError(f"{d.label()}: {[_name(j) for j in stray]} are not neighbours of "
+                             f"{_name(d.agent)} at round {d.round}")
+        self._drop(d.agent, [j for j in touched if j not in d.late], drivers)
         self.events.append({**d.to_json(), "neighbours": [_name(j) for j in touched]})
+
+    def _drop(self, agent: int, neighbours: Sequence[int],
+              drivers: Sequence[RoundDriver]) -> None:
+        for j in neighbours:
+            self.weights[j] = _drop_node_weights(self.weights[j], agent=j, gone={agent})
+        self._remask(neighbours, drop={agent}, new_edges=())
+        self._refresh(neighbours, drivers)
 
     def _rebase(self, t: int, drivers: Sequence[RoundDriver]) -> None:
         recon = reconfigure(self.graph, self.departed)
@@ -144,9 +155,12 @@ class DepartureReplay:
                 oracle=self.problem.objective(i, self.providers[i]))
 
     def check(self, t: int) -> None:
-        """Round t's remaining masks sum to zero exactly (zero-sum masks, once anyone left)."""
+        """Round t's remaining masks sum to zero exactly (zero-sum masks, once anyone left;
+        not in the one round in which a late neighbour still mixes the departed agent in)."""
         if not self.departed or (self.seeds is None and self.shares is None):
             return
+        if any(d.late and d.round == t for d in self.departures):
+            return  # a late neighbour still holds the departed agent's terms this round
         self.rounds_checked += 1
         self.zero_sum = self.zero_sum and sums_to_zero(
             (self.providers[i] for i in self.active), t)

@@ -186,10 +186,10 @@ def run_simulation(
     for t in range(config.iterations):
         if replay is not None and replay.apply(t, drivers):
             active, neighbours = replay.active, replay.neighbours
-            zero_sum.use([replay.providers[i] for i in active])
+            zero_sum.use(())  # from now on the replay checks the remaining masks, every round
             if replay.connected():  # the transition of a cut graph keeps the last one
                 certifier = Certifier.for_run(config, replay.remaining_weights())
-        outboxes = {i: drivers[i].outbox for i in active}  # round t's, before anyone steps
+        outboxes = [d.outbox for d in drivers]  # round t's messages, before anyone steps
         due = [drivers[i].step({j: outboxes[j] for j in neighbours(i)}) for i in active]
         zero_sum.check(t)
         if replay is not None:
