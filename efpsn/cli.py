@@ -36,11 +36,18 @@ def _simulate(args: argparse.Namespace) -> int:
             config, local, _ = simulate_standardising(config, local, noise_seed=args.noise_seed)
     config = config.resolved()
     problem = build_problem(config, local=local)
+    from efpsn.departure import check_departures, parse_leave
+
+    departures = check_departures([parse_leave(text, agents=problem.n) for text in args.leave],
+                                  agents=problem.n, iterations=problem.config.iterations)
+    gone = {d.agent for d in departures}
     x_star = None
     if config.task == "logreg" and not args.no_optimum:
         from efpsn.tasks import centralized_optimum
 
-        x_star = centralized_optimum(problem.task, problem.shards).x
+        # after departures: the optimum of the remaining parties' objective
+        x_star = centralized_optimum(problem.task, [s for i, s in enumerate(problem.shards)
+                                                    if i not in gone]).x
     bar = tqdm(total=config.iterations, disable=args.quiet, unit="round", leave=False)
 
     def on_round(t: int, record: dict[str, float] | None) -> None:
@@ -52,6 +59,7 @@ def _simulate(args: argparse.Namespace) -> int:
         result = run_simulation(
             config, protocol=args.protocol, noise_seed=args.noise_seed, problem=problem,
             x_star=x_star, allow_insecure_keys=args.allow_insecure_keys, on_round=on_round,
+            departures=departures,
         )
     finally:
         bar.close()
@@ -73,6 +81,10 @@ def _simulate(args: argparse.Namespace) -> int:
         write_json(args.json, {**result.to_json(), "privacy": privacy.to_json()})
         print(f"wrote {args.json}")
     print(privacy.line())
+    if result.departures is not None:
+        from efpsn.departure_replay import departures_line
+
+        print(departures_line(result.departures))
     if result.convergence is not None:
         print(result.convergence.line)  # the last line: converged, or what to change
     return 0
@@ -116,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--no-optimum", action="store_true", help="skip computing x* (logreg)")
     sim.add_argument("--json", metavar="OUT.json", help="write settings, history, final metrics")
     sim.add_argument("--quiet", action="store_true", help="no progress bar")
+    sim.add_argument("--leave", action="append", default=[], metavar="agentK@T[:R]",
+                     help="replay agent K leaving for good: it sends nothing from round T on, "
+                          "its neighbours drop it, and the rest re-base at round R (default "
+                          "T + the number of agents) and finish at the optimum of their own "
+                          "data; repeatable")
     add_data_dir_arguments(sim)
     sim.set_defaults(handler=_simulate)
 

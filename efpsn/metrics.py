@@ -11,7 +11,8 @@ from efpsn.problem import Problem, average
 
 
 def evaluate(
-    problem: Problem, xs: Sequence[torch.Tensor], *, x_star: torch.Tensor | None = None
+    problem: Problem, xs: Sequence[torch.Tensor], *, x_star: torch.Tensor | None = None,
+    agents: Sequence[int] | None = None,
 ) -> dict[str, float]:
     """Metrics of the paper's figures, all on the TRUE (unmasked) local functions.
 
@@ -21,12 +22,18 @@ def evaluate(
     accuracy:    test accuracy of x_bar (agent-local data without a public test set: its
                  mean accuracy on the agents' held-out parts)
     deviation:   ||x_bar - x*|| and its relative version   (convex figure; when x* is known)
+
+    `agents` names whose iterates xs are (default 0..n-1): after a departure, the remaining
+    agents', each on its own shard (n is then how many remain).
     """
     n = len(xs)
     x_bar = average(xs)
     losses = []
     grad_sum = torch.zeros_like(x_bar)
-    for i, x in enumerate(xs):
+    owners = range(n) if agents is None else agents
+    if len(owners) != n:
+        raise ValueError(f"{n} iterates for {len(owners)} agents")
+    for i, x in zip(owners, xs, strict=True):
         shard = problem.shard(i)
         loss, grad = problem.task.loss_and_grad(x, shard.images, shard.labels)
         losses.append(float(loss))
@@ -39,7 +46,7 @@ def evaluate(
     }
     if problem.test is not None:
         out["accuracy"] = float(problem.task.accuracy(x_bar, problem.test))
-    held = [h for h in problem.holdouts if h is not None]
+    held = [h for i, h in enumerate(problem.holdouts) if h is not None and i in owners]
     if held:  # agent-local data: mean accuracy of x_bar on the agents' held-out parts
         out["holdout_accuracy"] = sum(problem.task.accuracy(x_bar, h) for h in held) / len(held)
         if problem.test is None:

@@ -14,6 +14,9 @@ import torch
 from efpsn.algorithms import StepContext, make_algorithm
 from efpsn.certificate import Certificate, Certifier
 from efpsn.config import RunConfig
+from efpsn.departure import Departure, check_departures
+from efpsn.departure_masks import integer_parts
+from efpsn.departure_replay import DepartureReplay
 from efpsn.fading import FadingMask
 from efpsn.masking import MaskCoefficients, noise_generator
 from efpsn.masks import independent_masks, no_masks, zero_sum_masks, zero_sum_masks_fast
@@ -108,10 +111,13 @@ class SimulationResult:
     periods_zero_sum: int = 0  # refreshed masks: how many periods were checked, every round
     every_period_zero_sum: bool = True  # ... and whether each summed to zero exactly
     convergence: Certificate | None = None  # efpsn/certificate.py, from the last round
+    departures: dict[str, Any] | None = None  # DepartureReplay.to_json, when anyone left
 
     def masks_sum_to_zero(self) -> bool:
-        """Phase I's masks, and with refreshed masks every period's, sum to zero exactly."""
-        return mask_sums_are_zero(self.masks) and self.every_period_zero_sum
+        """Phase I's masks, and with refreshed masks every period's, sum to zero exactly (after
+        a departure: the remaining agents' masks, every round)."""
+        after = self.departures is None or bool(self.departures["remaining_masks_sum_to_zero"])
+        return mask_sums_are_zero(self.masks) and self.every_period_zero_sum and after
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -120,6 +126,7 @@ class SimulationResult:
             "final": self.final,
             "timings": self.timings,
             "convergence": None if self.convergence is None else self.convergence.to_json(),
+            **({} if self.departures is None else self.departures),
             # A simulation is not private: the masks are reported so users can inspect them.
             "masks": {
                 "precision": self.config.precision,
@@ -140,9 +147,13 @@ def run_simulation(
     x_star: torch.Tensor | None = None,
     allow_insecure_keys: bool = False,
     on_round: Callable[[int, dict[str, float] | None], None] | None = None,
+    departures: Sequence[Departure] = (),
 ) -> SimulationResult:
     """Run phase I then `config.iterations` synchronous phase II rounds for every agent (the
-    step rule's numbers where the config asks for them: RunConfig.resolved)."""
+    step rule's numbers where the config asks for them: RunConfig.resolved).
+
+    `departures` replays agents that leave for good (efpsn/departure_replay.py): the metrics
+    are then the remaining agents' (and x_star should be their optimum)."""
     config = config.resolved()
     problem = problem if problem is not None else build_problem(config)
     if noise_seed is None:
@@ -153,6 +164,9 @@ def run_simulation(
     masks = [p.coefficients(0) for p in providers]
     t_phase1 = time.perf_counter() - t0
     zero_sum = ZeroSumCheck(providers)
+    departures = check_departures(departures, agents=problem.n, iterations=config.iterations)
+    replay = (DepartureReplay(problem=problem, providers=providers, departures=departures,
+                              noise_seed=noise_seed) if departures else None)
 
     algorithm = make_algorithm(config.algorithm, momentum=config.momentum)
     schedule = make_schedule(config.schedule, iterations=config.iterations)
@@ -168,26 +182,34 @@ def run_simulation(
     certifier = Certifier.for_run(config, problem.weights)
     history = [{"round": 0, **evaluate(problem, [d.state["x"] for d in drivers], x_star=x_star)}]
     t1 = time.perf_counter()
+    active, neighbours = list(range(n)), problem.graph.neighbours
     for t in range(config.iterations):
-        outboxes = [d.outbox for d in drivers]  # round t's messages, taken before anyone steps
-        due = [d.step({j: outboxes[j] for j in problem.graph.neighbours(i)})
-               for i, d in enumerate(drivers)]
+        if replay is not None and replay.apply(t, drivers):
+            active, neighbours = replay.active, replay.neighbours
+            zero_sum.use(())  # from now on the replay checks the remaining masks, every round
+            if replay.connected():  # the transition of a cut graph keeps the last one
+                certifier = Certifier.for_run(config, replay.remaining_weights())
+        outboxes = [d.outbox for d in drivers]  # round t's messages, before anyone steps
+        due = [drivers[i].step({j: outboxes[j] for j in neighbours(i)}) for i in active]
         zero_sum.check(t)
+        if replay is not None:
+            replay.check(t)
         record = None
         if any(due):
-            xs = [d.state["x"] for d in drivers]
-            measures = worst([d.measures for d in drivers])
+            xs = [drivers[i].state["x"] for i in active]
+            measures = worst([drivers[i].measures for i in active])
             convergence = certifier(measures, rounds=t + 1,
                                     x_bar_norm=float(torch.linalg.vector_norm(average(xs))))
-            record = {"round": t + 1, **evaluate(problem, xs, x_star=x_star), **measures}
+            record = {"round": t + 1, **evaluate(problem, xs, x_star=x_star, agents=active),
+                      **measures}
             if convergence.bound is not None and math.isfinite(convergence.bound):
                 record["certificate"] = convergence.bound  # absent while there is no bound
             history.append(record)
         if on_round is not None:
             on_round(t + 1, record)
     t_phase2 = time.perf_counter() - t1
-    xs = [d.state["x"] for d in drivers]
-    convergence = certifier(worst([d.measures for d in drivers]),
+    xs = [drivers[i].state["x"] for i in active]
+    convergence = certifier(worst([drivers[i].measures for i in active]),
                             x_bar_norm=float(torch.linalg.vector_norm(average(xs))))
     return SimulationResult(
         config=config,
@@ -199,6 +221,7 @@ def run_simulation(
         periods_zero_sum=zero_sum.periods,
         every_period_zero_sum=zero_sum.ok,
         convergence=convergence,
+        departures=None if replay is None else replay.to_json(),
         timings={
             "phase1_seconds": t_phase1,
             "phase2_seconds": t_phase2,
@@ -217,9 +240,13 @@ class ZeroSumCheck:
     zero exactly (integers), from what the providers already derived for the round."""
 
     def __init__(self, providers: Sequence[MaskProvider]) -> None:
-        self.providers = [p for p in providers if isinstance(p, (RefreshedMask, FadingMask))]
         self.periods = 0
         self.ok = True
+        self.use(providers)
+
+    def use(self, providers: Sequence[MaskProvider]) -> None:
+        """Check these agents' masks from now on (the remaining ones, after a departure)."""
+        self.providers = [p for p in providers if isinstance(p, (RefreshedMask, FadingMask))]
         self._last: int | None = None
 
     def check(self, t: int) -> None:
@@ -229,17 +256,9 @@ class ZeroSumCheck:
         if period == self._last:
             return
         self._last = period
-        for part in range(len(_integer_parts(self.providers[0], t))):
-            total = np.zeros_like(_integer_parts(self.providers[0], t)[part])
+        for part in range(len(integer_parts(self.providers[0], t))):
+            total = np.zeros_like(integer_parts(self.providers[0], t)[part])
             for provider in self.providers:
-                total += _integer_parts(provider, t)[part]
+                total += integer_parts(provider, t)[part]
             self.ok = self.ok and not bool(np.any(total))
         self.periods += 1
-
-
-def _integer_parts(provider: MaskProvider, t: int) -> tuple[np.ndarray, ...]:
-    """The integer vectors of round t's mask that must each sum to zero over the agents."""
-    if isinstance(provider, FadingMask):
-        return provider.integer_parts(t)
-    assert isinstance(provider, RefreshedMask)
-    return (provider.numerators(t),)

@@ -1,0 +1,238 @@
+"""A party that leaves for good, as pure functions: who is left, how they mix, where the
+algorithm restarts. No I/O; the simulator (efpsn/departure_replay.py) and the networked agents
+apply the same functions.
+
+The public rule, round by round, when agent d leaves at round T (it sends nothing for round T
+or later) and the network re-bases at the agreed round R > T:
+
+- rounds T .. R-1 (the transition): each neighbour j of d mixes with the drop-node weights
+  (w_jj += w_jd, d's row and column gone: still symmetric and doubly stochastic, and no other
+  agent's weights change, so j needs nobody's agreement) and drops the mask terms it shares
+  with d (efpsn/departure_masks.py), so the remaining masks sum to zero exactly every round;
+- round R: the remaining graph is joined where it fell apart (consecutive components, ordered
+  by their smallest agent, are joined by an edge between their smallest agents: `rejoin_edges`),
+  the new edges hold fresh phase I seeds, every remaining agent mixes with the Metropolis
+  weights of that graph, and the trackers restart from the current local gradients
+  (y_i := g_i, `rebase`): from then on sum_i y_i = sum_i g_i over the remaining agents, so
+  gradient tracking's fixed point is the optimum of the remaining parties' objective. DSGD keeps
+  no sum and needs nothing.
+
+Agents keep their indices: a departed agent is an isolated vertex of the graph (its own row of
+the Metropolis matrix is 1 on the diagonal, and nobody mixes with it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import numbers
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from efpsn.topology import Graph, metropolis_weights
+
+if TYPE_CHECKING:  # the coordinator decides departures and imports no torch
+    from efpsn.algorithms.base import AgentState
+
+__all__ = [
+    "Departure",
+    "Reconfiguration",
+    "active_components",
+    "drop_node_weights",
+    "optimum_of",
+    "parse_leave",
+    "rebase",
+    "reconfigure",
+    "rejoin_edges",
+]
+
+_LEAVE = re.compile(r"^agent(\d+)@(\d+)(?::(\d+))?((?:\+agent\d+)*)$")
+
+
+@dataclass(frozen=True)
+class Departure:
+    """Agent `agent` (0-based) sends nothing from round `round` on; the network re-bases at
+    round `rebase_round` (> round). Round 0 with re-base round 0: it left in phase I, and the
+    rest start phase II without it (its edges' seeds dropped, new edges seeded first).
+
+    `late`: neighbours that did receive its round-`round` message (it died while sending them)
+    and stepped that round with it; they drop it one round later. No neighbour can be further
+    ahead: the agent's next message needs every neighbour's message of this round."""
+
+    agent: int
+    round: int
+    rebase_round: int
+    late: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        late = tuple(sorted({int(j) for j in self.late}))
+        object.__setattr__(self, "late", late)
+        if self.agent in late:
+            raise ValueError(f"agent{self.agent + 1} cannot be late for its own departure")
+        if late and (self.round == 0 or self.rebase_round < self.round + 2):
+            raise ValueError(f"{self.label()}: neighbours that used agent{self.agent + 1}'s "
+                             f"round-{self.round} message drop it at round {self.round + 1}; "
+                             "the re-base must come after that")
+        for name in ("agent", "round", "rebase_round"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise ValueError(f"departure {name} must be an int >= 0, got {value!r}")
+        if self.round == 0 and self.rebase_round != 0:
+            raise ValueError(f"agent{self.agent + 1} leaves in phase I (round 0): the rest "
+                             f"start phase II without it, re-based at round 0, not "
+                             f"{self.rebase_round}")
+        if self.round > 0 and self.rebase_round <= self.round:
+            raise ValueError(f"agent{self.agent + 1} leaves at round {self.round}: the re-base "
+                             f"round must come later, got {self.rebase_round}")
+
+    def label(self) -> str:
+        """`agentK@T:R[+agentJ...]`, 1-based as the command line writes it."""
+        late = "".join(f"+agent{j + 1}" for j in self.late)
+        return f"agent{self.agent + 1}@{self.round}:{self.rebase_round}{late}"
+
+    def to_json(self) -> dict[str, object]:
+        return {"agent": f"agent{self.agent + 1}", "round": self.round,
+                "rebase_round": self.rebase_round, "late": [f"agent{j + 1}" for j in self.late]}
+
+
+def parse_leave(text: str, *, agents: int, lag: int | None = None) -> Departure:
+    """`agentK@T`, `agentK@T:R` or `agentK@T:R+agentJ+...` (K 1-based; J the late neighbours,
+    Departure.late) -> Departure (`agentK@0`: it left in phase I).
+
+    R defaults to T + lag, lag to the number of agents at the start: the most rounds any agent
+    can run past T before the neighbours of K, waiting for K's round-T message, hold everyone
+    up (a synchronous round needs every neighbour's message), so nobody has passed R when the
+    departure is agreed. ValueError naming what is wrong."""
+    match = _LEAVE.match(text.strip())
+    if match is None:
+        raise ValueError(f"--leave expects agentK@T or agentK@T:R (K = 1..{agents}, T the first "
+                         f"round without agent K, R the re-base round; +agentJ: a neighbour "
+                         f"that used K's round-T message), got {text!r}")
+    k, t = int(match.group(1)), int(match.group(2))
+    if not 1 <= k <= agents:
+        raise ValueError(f"--leave {text}: there is no agent{k} (agents are 1..{agents})")
+    default = 0 if t == 0 else t + (lag or agents)
+    rebase_round = int(match.group(3)) if match.group(3) else default
+    late = [int(j) for j in re.findall(r"\d+", match.group(4))]
+    if any(not 1 <= j <= agents for j in late):
+        raise ValueError(f"--leave {text}: late neighbours must be agents 1..{agents}")
+    return Departure(agent=k - 1, round=t, rebase_round=rebase_round,
+                     late=tuple(j - 1 for j in late))
+
+
+def check_departures(departures: Sequence[Departure], *, agents: int,
+                     iterations: int) -> tuple[Departure, ...]:
+    """The departures sorted by round; ValueError when an agent leaves twice, when everyone
+    leaves, or when a departure or re-base falls outside the run's rounds."""
+    ordered = tuple(sorted(departures, key=lambda d: (d.round, d.agent)))
+    seen = [d.agent for d in ordered]
+    if len(set(seen)) != len(seen):
+        raise ValueError(f"an agent can leave once; got {[d.label() for d in ordered]}")
+    if len(seen) >= agents:
+        raise ValueError(f"{len(seen)} of {agents} agents leave: at least one must stay")
+    for d in ordered:
+        if d.agent >= agents:
+            raise ValueError(f"{d.label()}: there is no agent{d.agent + 1} (1..{agents})")
+        if d.rebase_round >= iterations:
+            raise ValueError(f"{d.label()}: the re-base round {d.rebase_round} must come before "
+                             f"the last round ({iterations} rounds)")
+    return ordered
+
+
+def drop_node_weights(weights: Mapping[int, float], *, agent: int,
+                      gone: Iterable[int]) -> dict[int, float]:
+    """Agent `agent`'s mixing weights without the agents in `gone`: their weights move to the
+    self weight, w_ii = 1 - sum of the remaining w_ij (ascending, as metropolis_weights sums).
+    Symmetric and doubly stochastic when every agent applies it, and local: only the
+    neighbours of a departed agent change anything."""
+    gone = set(gone)
+    if agent in gone:
+        raise ValueError(f"agent{agent + 1} has left: it has no weights")
+    kept = {j: w for j, w in weights.items() if j != agent and j not in gone}
+    out = {j: kept[j] for j in sorted(kept)}
+    out[agent] = 1.0 - sum(out.values())
+    return out
+
+
+def active_components(graph: Graph, departed: Iterable[int]) -> list[list[int]]:
+    """The connected components of the graph without the departed agents, each ascending,
+    ordered by their smallest agent."""
+    gone = set(departed)
+    return [c for c in graph.components() if c[0] not in gone]
+
+
+def rejoin_edges(graph: Graph, departed: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """The public rule that joins the pieces the departures leave: consecutive components
+    (ordered by their smallest agent) joined by an edge between their smallest agents."""
+    gone = set(departed)
+    pieces = active_components(_without(graph, gone), gone)
+    return tuple((a[0], b[0]) for a, b in itertools.pairwise(pieces))
+
+
+def _without(graph: Graph, gone: set[int]) -> Graph:
+    return Graph(graph.n, tuple(e for e in graph.edges if not gone.intersection(e)),
+                 name=graph.name)
+
+
+@dataclass(frozen=True)
+class Reconfiguration:
+    """The network from a re-base round on: the graph on the same indices (departed agents
+    isolated), the edges that went with them, the new edges that need phase I seeds, and the
+    Metropolis weights of the new graph."""
+
+    graph: Graph
+    departed: tuple[int, ...]
+    dropped_edges: tuple[tuple[int, int], ...]
+    new_edges: tuple[tuple[int, int], ...]
+    weights: np.ndarray
+
+    @property
+    def remaining(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.graph.n) if i not in self.departed)
+
+    def agent_weights(self, i: int) -> dict[int, float]:
+        """w_ij for j in N_i and w_ii (as Problem.agent_weights)."""
+        if i in self.departed:
+            raise ValueError(f"agent{i + 1} has left: it has no weights")
+        return {j: float(self.weights[i, j]) for j in (i, *self.graph.neighbours(i))}
+
+    def remaining_weights(self) -> np.ndarray:
+        """The Metropolis matrix restricted to the remaining agents (what a certificate needs)."""
+        keep = list(self.remaining)
+        return self.weights[np.ix_(keep, keep)]
+
+
+def reconfigure(graph: Graph, departed: Iterable[int]) -> Reconfiguration:
+    """The remaining graph after `departed` left `graph` (itself maybe an earlier
+    reconfiguration's), joined where it fell apart, with its Metropolis weights."""
+    gone = set(departed)
+    if any(not 0 <= d < graph.n for d in gone):
+        raise ValueError(f"departed agents {sorted(gone)} outside 0..{graph.n - 1}")
+    if len(gone) >= graph.n:
+        raise ValueError("every agent has left")
+    kept = _without(graph, gone)
+    new = rejoin_edges(graph, gone)
+    joined = Graph(graph.n, kept.edges + new, name=graph.name)
+    return Reconfiguration(
+        graph=joined, departed=tuple(sorted(gone)),
+        dropped_edges=tuple(e for e in graph.edges if gone.intersection(e)),
+        new_edges=new, weights=metropolis_weights(joined))
+
+
+def rebase(state: AgentState) -> AgentState:
+    """The state from which the remaining agents go on at the re-base round: gradient tracking
+    (a state with a tracker y and the last local gradient g) restarts its tracker from the
+    current local gradient, y := g; every other state (DSGD) is kept as it is."""
+    if "y" in state.tensors and "g" in state.tensors:
+        return dataclasses.replace(state, tensors={**state.tensors, "y": state["g"].clone()})
+    return state
+
+
+def optimum_of(agents: Iterable[int]) -> str:
+    """"the optimum of agents 1,2,4,5's objective" (1-based)."""
+    names = ",".join(str(i + 1) for i in sorted(agents))
+    return f"the optimum of agents {names}'s objective"

@@ -1,0 +1,213 @@
+"""Departures replayed in the in-process simulator (`efpsn simulate --leave agentK@T`): at round
+T the departed agent stops, its neighbours drop it from their weights and masks; at the re-base
+round R the network is joined where it fell apart, new edges get fresh seeds, every remaining
+agent takes the new graph's Metropolis weights and the trackers restart (efpsn/departure.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from efpsn.departure import Departure, optimum_of, rebase, reconfigure
+from efpsn.departure import drop_node_weights as _drop_node_weights
+from efpsn.departure_masks import (
+    PairShares,
+    add_seeds,
+    draw_pair_shares,
+    drop_seeds,
+    new_edge_seeds,
+    new_edge_shares,
+    reseeded,
+    sums_to_zero,
+)
+from efpsn.fading import FadingMask
+from efpsn.problem import Problem
+from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
+from efpsn.rounds import RoundDriver
+from efpsn.seeds import EdgeSeeds
+from efpsn.topology import Graph
+
+__all__ = ["DepartureReplay", "departures_line"]
+
+
+def _name(i: int) -> str:
+    return f"agent{i + 1}"
+
+
+class DepartureReplay:
+    """The network's changes over a simulated run: who is still in, with whom each agent mixes
+    and with which weights, and each agent's current mask.
+
+    `apply(t, drivers)` before round t's messages are taken makes the departures of round t and
+    the re-bases of round t; `check(t)` verifies the remaining masks of round t sum to zero
+    exactly (integers) once anyone has left.
+    """
+
+    def __init__(self, *, problem: Problem, providers: Sequence[MaskProvider],
+                 departures: Sequence[Departure], noise_seed: int | None) -> None:
+        self.problem = problem
+        self.departures = tuple(departures)
+        self.noise_seed = noise_seed
+        self.graph = problem.graph
+        self.departed: set[int] = set()
+        self.weights = {i: problem.agent_weights(i) for i in range(problem.n)}
+        self.providers = list(providers)
+        self.epoch = 0
+        self.events: list[dict[str, Any]] = []
+        self.rounds_checked = 0
+        self.zero_sum = True
+        zero_sum = problem.config.mask == "zero-sum"
+        self.seeds: list[EdgeSeeds] | None = None
+        self.shares: list[PairShares] | None = None
+        if zero_sum and all(isinstance(p, (FadingMask, RefreshedMask)) for p in providers):
+            self.seeds = [p.seeds for p in providers]  # type: ignore[union-attr]
+        elif zero_sum and all(isinstance(p, FixedMask) for p in providers):
+            self.shares = draw_pair_shares(problem.graph, problem.noise_spec,
+                                           noise_seed=noise_seed)
+            count = problem.noise_spec.num_coefficients
+            for s, p in zip(self.shares, providers, strict=True):
+                if s.numerators(count) != p.coefficients(0).numerators:
+                    raise ValueError("phase I's fixed masks do not match their redrawn shares")
+
+    @property
+    def active(self) -> list[int]:
+        return [i for i in range(self.problem.n) if i not in self.departed]
+
+    def neighbours(self, i: int) -> tuple[int, ...]:
+        """The agents whose messages agent i mixes in this round."""
+        return tuple(j for j in sorted(self.weights[i]) if j != i)
+
+    def apply(self, t: int, drivers: Sequence[RoundDriver]) -> bool:
+        """Round t's departures and re-bases; True when anything changed."""
+        changed = False
+        for d in self.departures:
+            if d.round == t:
+                self._leave(d, drivers)
+                changed = True
+            elif d.late and d.round + 1 == t:  # they used its round-T message; drop it now
+                self._drop(d.agent, d.late, drivers)
+                changed = True
+        if any(d.rebase_round == t for d in self.departures):
+            self._rebase(t, drivers)
+            changed = True
+        return changed
+
+    def _leave(self, d: Departure, drivers: Sequence[RoundDriver]) -> None:
+        self.departed.add(d.agent)
+        touched = [j for j in self.neighbours(d.agent) if j not in self.departed]
+        stray = sorted(set(d.late) - set(touched))
+        if stray:
+            raise ValueError(f"{d.label()}: {[_name(j) for j in stray]} are not neighbours of "
+                             f"{_name(d.agent)} at round {d.round}")
+        self._drop(d.agent, [j for j in touched if j not in d.late], drivers)
+        self.events.append({**d.to_json(), "neighbours": [_name(j) for j in touched]})
+
+    def _drop(self, agent: int, neighbours: Sequence[int],
+              drivers: Sequence[RoundDriver]) -> None:
+        for j in neighbours:
+            self.weights[j] = _drop_node_weights(self.weights[j], agent=j, gone={agent})
+        self._remask(neighbours, drop={agent}, new_edges=())
+        self._refresh(neighbours, drivers)
+
+    def _rebase(self, t: int, drivers: Sequence[RoundDriver]) -> None:
+        recon = reconfigure(self.graph, self.departed)
+        self.epoch += 1
+        self.graph = recon.graph
+        for i in recon.remaining:
+            self.weights[i] = recon.agent_weights(i)
+        self._remask(sorted({i for e in recon.new_edges for i in e}), drop=set(),
+                     new_edges=recon.new_edges)
+        self._refresh(recon.remaining, drivers)
+        for i in recon.remaining:
+            driver = drivers[i]
+            driver.state = rebase(driver.state)
+            driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
+        # agents whose one neighbour now holds every term of their mask (privacy, not accuracy)
+        lonely = ([_name(i) for i in recon.remaining if recon.graph.degree(i) == 1]
+                  if len(recon.remaining) > 2 else [])
+        for event in self.events:
+            if event["rebase_round"] == t:
+                event.update(epoch=self.epoch, new_edges=[[_name(a), _name(b)]
+                                                          for a, b in recon.new_edges],
+                             one_neighbour=lonely)
+
+    def _remask(self, agents: Sequence[int], *, drop: set[int],
+                new_edges: Sequence[tuple[int, int]]) -> None:
+        if self.seeds is not None:
+            added = new_edge_seeds(new_edges, noise_seed=self.noise_seed, epoch=self.epoch)
+            for i in agents:
+                seeds = add_seeds(drop_seeds(self.seeds[i], drop), added.get(i, {}))
+                self.seeds[i] = seeds
+                self.providers[i] = reseeded(self.providers[i], seeds)
+        elif self.shares is not None:
+            spec = self.problem.noise_spec
+            fresh = new_edge_shares(new_edges, spec, noise_seed=self.noise_seed,
+                                    epoch=self.epoch)
+            for i in agents:
+                self.shares[i] = self.shares[i].without(drop).plus(fresh.get(i, {}))
+                self.providers[i] = self.shares[i].mask(spec.num_coefficients)
+
+    def _refresh(self, agents: Sequence[int], drivers: Sequence[RoundDriver]) -> None:
+        for i in agents:
+            drivers[i].context = dataclasses.replace(
+                drivers[i].context, weights=self.weights[i],
+                oracle=self.problem.objective(i, self.providers[i]))
+
+    def check(self, t: int) -> None:
+        """Round t's remaining masks sum to zero exactly (zero-sum masks, once anyone left;
+        not in the one round in which a late neighbour still mixes the departed agent in)."""
+        if not self.departed or (self.seeds is None and self.shares is None):
+            return
+        if any(d.late and d.round == t for d in self.departures):
+            return  # a late neighbour still holds the departed agent's terms this round
+        self.rounds_checked += 1
+        self.zero_sum = self.zero_sum and sums_to_zero(
+            (self.providers[i] for i in self.active), t)
+
+    def connected(self) -> bool:
+        """Whether the remaining agents' current mixing graph is connected (between a departure
+        that cut it and the re-base, it is not)."""
+        keep = self.active
+        edges = tuple((a, b) for a, i in enumerate(keep) for b, j in enumerate(keep)
+                      if a < b and j in self.weights[i])
+        return Graph(len(keep), edges).is_connected()
+
+    def remaining_weights(self) -> Any:
+        """The mixing matrix of the remaining agents (rows and columns of the active ones)."""
+        import numpy as np
+
+        keep = self.active
+        w = np.zeros((len(keep), len(keep)))
+        for a, i in enumerate(keep):
+            for b, j in enumerate(keep):
+                w[a, b] = self.weights[i].get(j, 0.0)
+        return w
+
+    def to_json(self) -> dict[str, Any]:
+        """What the records say: who left, when, what changed, what the model is the optimum
+        of, and whether the remaining masks summed to zero in every round checked."""
+        return {
+            "departures": self.events,
+            "remaining": [_name(i) for i in self.active],
+            "optimum_of": optimum_of(self.active),
+            "rounds_zero_sum_checked": self.rounds_checked,
+            "remaining_masks_sum_to_zero": self.zero_sum,
+        }
+
+
+def departures_line(record: dict[str, Any]) -> str:
+    """One line of the command's output from DepartureReplay.to_json: who left, when, and what
+    the model is the optimum of."""
+    gone = "; ".join(f"{e['agent']} left at round {e['round']} (re-based at round "
+                     f"{e['rebase_round']}{_joined(e)})" for e in record["departures"])
+    return (f"{gone}; the model is {record['optimum_of']}; remaining masks sum to zero "
+            f"exactly: {record['remaining_masks_sum_to_zero']} "
+            f"({record['rounds_zero_sum_checked']} rounds checked)")
+
+
+def _joined(event: dict[str, Any]) -> str:
+    edges = event.get("new_edges") or []
+    lonely = event.get("one_neighbour") or []
+    return "".join(f", new edge {a}-{b}" for a, b in edges) + "".join(
+        f", {name} has one neighbour left" for name in lonely)
