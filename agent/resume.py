@@ -67,7 +67,7 @@ def reload_phase_one(store: StateStore, *, name: str, session: Session
     phase I's statistics and the digests of what it received."""
     coefficients = session.problem.N
     try:
-        if session.config.refresh != "never":
+        if Refresh.parse(session.config.refresh).refreshed:
             saved_seeds = store.load_seeds(run_id=session.run_id)
             if saved_seeds is None:
                 raise StateError(f"no edge seeds in {store.seeds_path}")

@@ -22,6 +22,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from efpsn.problem import build_problem
+    from efpsn.refresh_value import Refresh
     from efpsn.simulator import mask_sums_are_zero, run_simulation
 
     config = config_from_args(args, resolve=False)
@@ -69,7 +70,7 @@ def _simulate(args: argparse.Namespace) -> int:
         f"in {result.timings['phase1_seconds'] + result.timings['phase2_seconds']:.1f}s"
     )
     print("final: " + format_metrics(result.final))
-    if config.mask == "zero-sum" and config.refresh != "never":
+    if config.mask == "zero-sum" and Refresh.parse(config.refresh).refreshed:
         print(f"masks sum to zero exactly: {result.masks_sum_to_zero()} (refreshed {config.refresh}:"
               f" {result.periods_zero_sum} periods checked, each in integers)")
     elif config.mask == "zero-sum":

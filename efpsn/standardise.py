@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from efpsn.config import RunConfig
+from efpsn.refresh_value import Refresh
 from efpsn.schema import STANDARD
 from efpsn.secure_stats import Totals, decode_totals, masked_vector, sum_masked
 from efpsn.seeds import EdgeSeeds
@@ -48,7 +49,7 @@ def check_standardisable(config: RunConfig) -> None:
     masks refreshed or fading), or no masks at all (then nothing is private anyway)."""
     if not standardises(config) or config.mask == "none":
         return
-    if config.mask != "zero-sum" or config.refresh == "never":
+    if config.mask != "zero-sum" or not Refresh.parse(config.refresh).refreshed:
         raise ValueError(
             f"scale standard sums the column statistics under masks from phase I's edge seeds, "
             f"which mask {config.mask!r} with refresh {config.refresh!r} does not share: use "
