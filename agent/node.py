@@ -50,8 +50,10 @@ from efpsn.config import RunConfig
 from efpsn.ledger import RoundLedger
 from efpsn.masking import Masker, noise_generator
 from efpsn.refresh import MaskProvider
+from efpsn.rounds import STOP_STATE
 from efpsn.runtime import peak_rss_mb, pss_mb
 from efpsn.seeds import EdgeSeeds, SeedExchange
+from efpsn.stopping import TERMS, StopRule
 from efpsn.wire.net import (
     RejectionLog,
     Server,
@@ -173,6 +175,8 @@ class AgentNode:
         self.service.phase_one.restore(received)
         shapes = {k: tuple(session.problem.initial_params().shape)
                   for k in make_algorithm(config.algorithm).state_keys}
+        if StopRule.for_run(config, session.problem.weights).active:
+            shapes[STOP_STATE] = (TERMS + 1,)  # the stop rule's window (efpsn/rounds.py)
         checkpoint = reload_checkpoint(self.store, name=name, run_id=session.run_id,
                                        expected=shapes)
         resumed_from = checkpoint.round if checkpoint else 0
@@ -212,7 +216,8 @@ class AgentNode:
         except BaseException:
             await link.abandon()
             raise
-        rounds = max(1, cfg.iterations - first)
+        rounds = max(1, driver.t - first)  # the stop rule's round, at most the rounds
+        self.timings["rounds"] = driver.t
         self.timings["phase2_seconds"] = time.perf_counter() - start
         self.timings["seconds_per_round"] = self.timings["phase2_seconds"] / rounds
         # this process's CPU (every thread: gRPC's too) per round: what a round costs
@@ -231,7 +236,7 @@ class AgentNode:
         self.store.mark_finished(saved)
         self.status.phase = Phase.DONE
         self.status.finished = True
-        await link.finish(cfg.iterations, done.final_outbox)
+        await link.finish(done.state.t, done.final_outbox)
         return result
 
     def _progress(self, iterations: int) -> Any:

@@ -25,6 +25,7 @@ from efpsn.problem import Problem
 from efpsn.refresh import MaskProvider
 from efpsn.rounds import RoundDriver
 from efpsn.schedules import make_schedule
+from efpsn.stopping import StopRule
 from efpsn.wire.records import Phase
 
 __all__ = ["PhaseTwoResult", "evaluate", "run_phase_two"]
@@ -51,7 +52,8 @@ def make_driver(session: Session, masks: MaskProvider,
     ctx = StepContext(agent=session.index, weights=session.weights(), lr=schedule(0),
                       oracle=problem.objective(session.index, masks))
     common = {"algorithm": algorithm, "context": ctx, "schedule": schedule,
-              "iterations": cfg.iterations, "eval_every": cfg.eval_every}
+              "iterations": cfg.iterations, "eval_every": cfg.eval_every,
+              "stop": StopRule.for_run(cfg, problem.weights, masks)}
     if checkpoint is None:
         return RoundDriver(x0=problem.initial_params(), **common)
     return RoundDriver(resume_from=AgentState(t=checkpoint.round, tensors=checkpoint.tensors),
@@ -86,7 +88,7 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
             # (a process restarted from it resends rounds from t on only): their round-t
             # messages, just collected, prove it (none can compute round t without mine).
             store.save_checkpoint(run_id=session.run_id, round_=t,
-                                  tensors=driver.state.tensors, history=history)
+                                  tensors=driver.checkpoint_tensors(), history=history)
         due = driver.step(inbox)
         status.round = t + 1
         ledger.advance(t + 1)
@@ -96,7 +98,7 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
             history.append({**record, **driver.measures})
             if on_evaluation is not None:
                 on_evaluation(history[-1])
-    status.round = cfg.iterations
+    status.round = driver.t  # the stop rule's round (efpsn/stopping.py), at most the rounds
     return PhaseTwoResult(state=driver.state, final_outbox=driver.outbox, history=history)
 
 

@@ -37,6 +37,7 @@ from efpsn.param_checks import (
     parse_batch,
     parse_momentum,
     parse_rounds,
+    parse_stop_every,
     positive,
 )
 from efpsn.refresh_value import Refresh
@@ -49,6 +50,7 @@ ALGORITHM_NAMES = ("agt", "gt", "dsgd")
 PARTITIONS = ("iid", "by-label")
 PAPER_INPUT_SHAPE = "1x28x28"
 PAPER_CLASSES = 10
+STOP_EVERY = 25  # --stop-every auto: rounds between two checks of the certificate
 
 
 # ----------------------------------------------------------------------------- declarations
@@ -185,6 +187,13 @@ class RunConfig:
     clip: float = param(0.0, check=check_clip,
                         help="clip every sample's gradient to this norm before averaging (0: "
                              "no clipping); the refreshed masks' accountant needs it")
+    stop_every: int = param(-1, parse=parse_stop_every, check=at_least("stop_every", -1),
+                            show=lambda v: {-1: "auto", 0: "never"}.get(v, str(v)),
+                            help="check the convergence certificate every this many rounds "
+                                 "and stop when it is met (efpsn/stopping.py); auto: 25 when "
+                                 "the rounds are the step rule's (--iterations auto) and the "
+                                 "model has a certificate, never otherwise: an explicit "
+                                 "--iterations N runs N rounds")
 
     def __post_init__(self) -> None:
         if (self.mask != "zero-sum" and isinstance(self.refresh, str)
@@ -288,7 +297,7 @@ class RunConfig:
         """Whether nothing is left for the step rule (schedule, rounds, momentum, the fading
         rate)."""
         return (self.schedule != "auto" and self.iterations > 0 and self.momentum >= 0
-                and not Refresh.parse(self.refresh).fade_auto)
+                and self.stop_every >= 0 and not Refresh.parse(self.refresh).fade_auto)
 
     def resolved(self) -> RunConfig:
         """This run with the step rule applied where it was asked for (--schedule auto,
@@ -304,6 +313,9 @@ class RunConfig:
                          weights=metropolis_weights(build_graph(self.topology, self.agents,
                                                                 seed=self.seed)))
         changes: dict[str, Any] = {}
+        if self.stop_every < 0:  # auto: stop at the target when the rounds are the rule's
+            certified = rule.curvature is not None and self.algorithm in ("agt", "gt")
+            changes["stop_every"] = STOP_EVERY if self.iterations == 0 and certified else 0
         if self.schedule == "auto":
             changes["schedule"] = "paper" if rule.step is None else f"auto:{rule.step!r}"
         if self.iterations == 0:

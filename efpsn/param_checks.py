@@ -78,6 +78,20 @@ def parse_rounds(text: str) -> int:
     return _count_or(text, word="auto", name="iterations")
 
 
+def parse_stop_every(text: str) -> int:
+    """`--stop-every`: auto (-1), never (0) or a positive number of rounds."""
+    if text in ("auto", "never"):
+        return -1 if text == "auto" else 0
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"stop every must be a positive integer, 'auto' or 'never', got "
+                         f"{text!r}")
+    return value
+
+
 def parse_momentum(text: str) -> float:
     if text == "auto":
         return -1.0

@@ -18,8 +18,11 @@ import torch
 
 from efpsn.algorithms import AgentState, Algorithm, Message, StepContext
 from efpsn.schedules import StepSize
+from efpsn.stopping import STOP_KEY, TERMS, StopRule, exponents, merge, stop_tensor
 
-__all__ = ["RoundDriver", "progress"]
+__all__ = ["STOP_STATE", "RoundDriver", "progress", "worst"]
+
+STOP_STATE = "stop_state"  # checkpoint tensor: [1, the 4 integers to send] or [0, 0, 0, 0, 0]
 
 
 def progress(before: AgentState, state: AgentState,
@@ -50,11 +53,16 @@ class RoundDriver:
     `outbox` is the message to send for round `t`; `step(inbox)` consumes the neighbours'
     round-t messages and moves to t + 1, returning True when the caller should evaluate (every
     `eval_every` rounds and at the last); `measures` then holds `progress` of that round.
+
+    With a stop rule (efpsn/stopping.py) the outbox of a check window also carries the stop
+    integers (under STOP_KEY), the neighbours' are merged, and `iterations` drops to the stop
+    round when the network's integers certify the target; `stopped_early` then says so.
+    `checkpoint_tensors()` adds what a window needs to resume (STOP_STATE).
     """
 
     def __init__(self, *, algorithm: Algorithm, context: StepContext, schedule: StepSize,
                  iterations: int, eval_every: int, x0: torch.Tensor | None = None,
-                 resume_from: AgentState | None = None) -> None:
+                 resume_from: AgentState | None = None, stop: StopRule | None = None) -> None:
         if (x0 is None) == (resume_from is None):
             raise ValueError("give x0 (a fresh start) or resume_from (a saved state), not both")
         if iterations < 1 or eval_every < 1:
@@ -66,7 +74,15 @@ class RoundDriver:
         self.iterations = iterations
         self.eval_every = eval_every
         self.measures: dict[str, float] = {}
+        self.stop = stop if stop is not None and stop.active else None
+        self.stopped_early = False
+        self.sharing: tuple[int, ...] | None = None  # the stop integers to send with round t
         if resume_from is not None:
+            tensors = dict(resume_from.tensors)
+            saved = tensors.pop(STOP_STATE, None)
+            if saved is not None and self.stop is not None and int(saved[0]) == 1:
+                self.sharing = tuple(int(v) for v in saved[1:])
+            resume_from = AgentState(t=resume_from.t, tensors=tensors)
             self.state = resume_from
             # an outbox is the state's message tensors (true of every algorithm's step)
             self.outbox: Message = {k: resume_from[k] for k in algorithm.message_keys}
@@ -74,6 +90,7 @@ class RoundDriver:
             assert x0 is not None
             ctx = dataclasses.replace(context, lr=schedule(0))
             self.state, self.outbox = algorithm.init(x0, ctx)
+        self._attach_stop()  # a checkpoint inside a check window resumes its integers
 
     @property
     def t(self) -> int:
@@ -84,16 +101,55 @@ class RoundDriver:
     def done(self) -> bool:
         return self.state.t >= self.iterations
 
+    def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
+        """The state's tensors, and with a stop rule the window's integers (float64, exact)."""
+        if self.stop is None:
+            return self.state.tensors
+        saved = [1, *self.sharing] if self.sharing is not None else [0] * (TERMS + 1)
+        return {**self.state.tensors, STOP_STATE: torch.tensor(saved, dtype=torch.float64)}
+
     def step(self, inbox: Mapping[int, Message]) -> bool:
         """Consume the neighbours' round-t messages; True when round t + 1 is to be evaluated."""
         t = self.state.t
         before = self.state
+        network = None
+        if self.sharing is not None:
+            network = merge(self.sharing, [_stop_of(j, m) for j, m in sorted(inbox.items())])
+            inbox = {j: {k: v for k, v in m.items() if k != STOP_KEY} for j, m in inbox.items()}
         ctx = dataclasses.replace(self.context, lr=self.schedule(t))
         self.state, self.outbox = self.algorithm.step(self.state, inbox, ctx)
+        self.sharing = None
+        if self.stop is not None:
+            s = self.stop.window(t)
+            if network is not None and s is not None and t + 1 < s + self.stop.hops:
+                self.sharing = network
+            elif network is not None and s is not None and self.stop.stops(s, network):
+                self.iterations = t + 1
+                self.stopped_early = True
         due = (t + 1) % self.eval_every == 0 or t + 1 == self.iterations
-        if due:
+        check = self.stop is not None and self.stop.is_check(t + 1) and not self.done
+        if due or check:
             self.measures = progress(before, self.state, inbox)
+        if check:
+            assert self.stop is not None
+            self.sharing = exponents(self.measures, momentum=self.stop.momentum,
+                                     x_norm=float(torch.linalg.vector_norm(self.state["x"])))
+        self._attach_stop()
         return due
+
+    def _attach_stop(self) -> None:
+        """Put the integers to send with round t into the outbox (RoundMessage.stop)."""
+        if self.sharing is not None:
+            self.outbox = {**self.outbox, STOP_KEY: stop_tensor(self.sharing)}
+
+
+def _stop_of(sender: int, message: Message) -> tuple[int, ...]:
+    """A neighbour's stop integers of a check window (ValueError when it sent none)."""
+    values = message.get(STOP_KEY)
+    if values is None or values.numel() != TERMS:
+        raise ValueError(f"neighbour {sender}'s message of a check window carries no stop "
+                         "integers: the agents disagree on the run's stop rule")
+    return tuple(int(v) for v in values.tolist())
 
 
 def worst(measures: list[dict[str, float]]) -> dict[str, float]:

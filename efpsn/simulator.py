@@ -28,6 +28,7 @@ from efpsn.refresh_value import Refresh
 from efpsn.rounds import RoundDriver, worst
 from efpsn.schedules import make_schedule
 from efpsn.seeds import exchange_seeds, exchange_seeds_fast
+from efpsn.stopping import StopRule
 
 PROTOCOLS = ("fast", "paillier")
 
@@ -172,9 +173,10 @@ def run_simulation(
     schedule = make_schedule(config.schedule, iterations=config.iterations)
     n = problem.n
     x0 = problem.initial_params()
+    stop = StopRule.for_run(config, problem.weights, providers[0])
     drivers = [
         RoundDriver(algorithm=algorithm, schedule=schedule, iterations=config.iterations,
-                    eval_every=config.eval_every, x0=x0,
+                    eval_every=config.eval_every, x0=x0, stop=stop,
                     context=StepContext(agent=i, weights=problem.agent_weights(i),
                                         lr=schedule(0), oracle=problem.objective(i, providers[i])))
         for i in range(n)
@@ -184,6 +186,8 @@ def run_simulation(
     t1 = time.perf_counter()
     active, neighbours = list(range(n)), problem.graph.neighbours
     for t in range(config.iterations):
+        if drivers[active[0]].done:  # the stop rule's round, the same at every agent
+            break
         if replay is not None and replay.apply(t, drivers):
             active, neighbours = replay.active, replay.neighbours
             zero_sum.use(())  # from now on the replay checks the remaining masks, every round
@@ -208,8 +212,11 @@ def run_simulation(
         if on_round is not None:
             on_round(t + 1, record)
     t_phase2 = time.perf_counter() - t1
+    rounds = drivers[active[0]].t
+    if any(drivers[i].t != rounds for i in active):
+        raise RuntimeError(f"the agents stopped at different rounds {[d.t for d in drivers]}")
     xs = [drivers[i].state["x"] for i in active]
-    convergence = certifier(worst([drivers[i].measures for i in active]),
+    convergence = certifier(worst([drivers[i].measures for i in active]), rounds=rounds,
                             x_bar_norm=float(torch.linalg.vector_norm(average(xs))))
     return SimulationResult(
         config=config,
@@ -225,7 +232,8 @@ def run_simulation(
         timings={
             "phase1_seconds": t_phase1,
             "phase2_seconds": t_phase2,
-            "seconds_per_round": t_phase2 / config.iterations,
+            "seconds_per_round": t_phase2 / max(1, rounds),
+            "rounds": rounds,
         },
     )
 

@@ -46,17 +46,21 @@ def load_agent_results(folder: Path, names: list[str]) -> tuple[list[dict], list
     return results, xs
 
 
-def check_results(results: list[dict], *, iterations: int) -> list[str]:
+def check_results(results: list[dict], *, iterations: int, early: bool = False) -> list[str]:
     """What is wrong with the agents' results as one run (empty: nothing): every agent must
-    report the same run and have finished its last round."""
+    report the same run and have finished its last round: `iterations`, or with the stop rule
+    (`early`, efpsn/stopping.py) the same round at every agent, at most `iterations`."""
     problems = []
     runs = sorted({str(r.get("run_id")) for r in results})
     if len(runs) != 1:
         problems.append(f"the agents report different runs: {', '.join(runs)}")
-    for r in results:
-        done = r.get("final", {}).get("round")
-        if done != iterations:
-            problems.append(f"{r.get('name')} stopped at round {done} of {iterations}")
+    rounds = [r.get("final", {}).get("round") for r in results]
+    last = rounds[0] if early and results else iterations
+    if early and not (isinstance(last, int) and 1 <= last <= iterations):
+        last = iterations
+    for r, done in zip(results, rounds, strict=True):
+        if done != last:
+            problems.append(f"{r.get('name')} stopped at round {done} of {last}")
     return problems
 
 
@@ -142,9 +146,13 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     from efpsn.certificate import Certifier
     from efpsn.rounds import worst
 
-    problems = check_results(results, iterations=problem.config.iterations)
-    convergence = Certifier.for_run(problem.config, problem.weights)(
-        worst([r["final"] for r in results]), x_bar_norm=float(torch.linalg.vector_norm(x_bar)))
+    config = problem.config
+    problems = check_results(results, iterations=config.iterations,
+                             early=config.resolved().stop_every > 0)
+    rounds = results[0]["final"].get("round") if results else None
+    convergence = Certifier.for_run(config, problem.weights)(
+        worst([r["final"] for r in results]), x_bar_norm=float(torch.linalg.vector_norm(x_bar)),
+        rounds=int(rounds) if isinstance(rounds, int | float) else None)
     from efpsn.privacy_modes import privacy_statement
 
     return {

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from efpsn.stopping import CEILING, FLOOR, STOP_KEY, TERMS
 from efpsn.wire import limits
 from efpsn.wire.records import Phase, WireError, make_header, validate_header
 from efpsn.wire.serde import tensor_from_parts, tensor_to_proto, wire_array
@@ -50,15 +51,34 @@ class RoundRecord:
 def message_to_proto(
     message: Mapping[str, torch.Tensor | np.ndarray], *, header: Any
 ) -> agent_pb2.RoundMessage:
-    """Encode an algorithm's outbox {name: tensor} as a RoundMessage, tensors sorted by name."""
-    for name in message:
+    """Encode an algorithm's outbox {name: tensor} as a RoundMessage, tensors sorted by name
+    (the stop rule's integers, under STOP_KEY, go in RoundMessage.stop)."""
+    stop = _stop_values(message)
+    names = sorted(name for name in message if name != STOP_KEY)
+    for name in names:
         if not isinstance(name, str) or not name:
             raise WireError(f"tensor names must be non-empty strings, got {name!r}")
     tensors = [
         agent_pb2.NamedTensor(name=name, tensor=tensor_to_proto(message[name]))
-        for name in sorted(message)
+        for name in names
     ]
-    return agent_pb2.RoundMessage(header=header, tensors=tensors)
+    return agent_pb2.RoundMessage(header=header, tensors=tensors, stop=stop)
+
+
+def _stop_values(message: Mapping[str, Any]) -> list[int]:
+    """The stop integers of an outbox (empty: none), checked as a receiver checks them."""
+    values = message.get(STOP_KEY)
+    if values is None:
+        return []
+    out = [int(v) for v in values.tolist()]
+    _check_stop(out)
+    return out
+
+
+def _check_stop(values: Sequence[int]) -> None:
+    if values and (len(values) != TERMS or not all(FLOOR <= v <= CEILING for v in values)):
+        raise WireError(f"stop must be empty or {TERMS} integers in [{FLOOR}, {CEILING}], got "
+                        f"{_few(list(values))}")
 
 
 def encode_round(message: Mapping[str, torch.Tensor], *, run_id: str, sender: str,
@@ -70,7 +90,8 @@ def encode_round(message: Mapping[str, torch.Tensor], *, run_id: str, sender: st
     header = make_header(run_id=run_id, sender=sender, round=round_, phase=Phase.OPTIMIZE)
     parts: list[bytes | memoryview] = []
     _put(parts, 1, [header.SerializeToString()])
-    for name in sorted(message):
+    stop = _stop_values(message)
+    for name in sorted(name for name in message if name != STOP_KEY):
         if not isinstance(name, str) or not name:
             raise WireError(f"tensor names must be non-empty strings, got {name!r}")
         dtype, array = wire_array(message[name])
@@ -84,6 +105,8 @@ def encode_round(message: Mapping[str, torch.Tensor], *, run_id: str, sender: st
         _put(named, 1, [name.encode()])
         _put(named, 2, tensor)
         _put(parts, 2, named)
+    if stop:  # packed sint32: zigzag varints
+        _put(parts, 3, [b"".join(_varint((v << 1) ^ (v >> 31)) for v in stop)])
     return b"".join(parts)
 
 
@@ -116,6 +139,8 @@ def parse_round(pb: agent_pb2.RoundMessage, *, run_id: str, senders: Collection[
             raise WireError(f"tensor {name!r} must be float64, got {tensor.dtype}")
         if not _all_finite(tensor.numpy()):
             raise WireError(f"tensor {name!r} has non-finite entries")
+    if pb.stop:
+        tensors[STOP_KEY] = torch.tensor(list(pb.stop), dtype=torch.int64)
     return RoundRecord(sender=header.sender, round=header.round, tensors=tensors, digest=digest)
 
 
@@ -159,6 +184,7 @@ def _decode_round(pb: agent_pb2.RoundMessage, *, max_elements: int,
                   digest: Any) -> dict[str, torch.Tensor]:
     if not isinstance(pb, agent_pb2.RoundMessage):
         raise TypeError(f"expected efpsn.v1.RoundMessage, got {type(pb).__name__}")
+    _check_stop(pb.stop)
     if expected_shapes is not None and len(pb.tensors) != len(expected_shapes):
         raise WireError(f"message must carry tensors {sorted(expected_shapes)}, got "
                         f"{len(pb.tensors)} tensors")
@@ -185,6 +211,8 @@ def _decode_round(pb: agent_pb2.RoundMessage, *, max_elements: int,
             raise WireError(f"tensor {named.name!r}: {exc}") from None
         if digest is not None:
             _digest_tensor(digest, named.name, dtype, dims, data)
+    if digest is not None:
+        _digest_stop(digest, pb.stop)
     return out
 
 
@@ -203,7 +231,14 @@ def round_digest(pb: agent_pb2.RoundMessage) -> bytes:
     for named in pb.tensors:
         tensor = named.tensor
         _digest_tensor(h, named.name, tensor.dtype, tensor.shape, tensor.data)
+    _digest_stop(h, pb.stop)
     return h.digest()
+
+
+def _digest_stop(h: Any, stop: Sequence[int]) -> None:
+    """Feed the stop integers (none: nothing, so messages without them digest as before)."""
+    if stop:
+        h.update(b"stop" + b",".join(b"%d" % v for v in stop))
 
 
 def _digest_tensor(h: Any, name: str, dtype: str, dims: Sequence[int], data: bytes) -> None:

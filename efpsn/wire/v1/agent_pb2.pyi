@@ -32,12 +32,14 @@ class NamedTensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., tensor: _Optional[_Union[_common_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class RoundMessage(_message.Message):
-    __slots__ = ("header", "tensors")
+    __slots__ = ("header", "tensors", "stop")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
     header: _common_pb2.Header
     tensors: _containers.RepeatedCompositeFieldContainer[NamedTensor]
-    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[NamedTensor, _Mapping]]] = ...) -> None: ...
+    stop: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[NamedTensor, _Mapping]]] = ..., stop: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RoundAck(_message.Message):
     __slots__ = ("round", "detail")

@@ -1,0 +1,156 @@
+"""Stop at the target: the round at which every agent (and the simulator) ends a run whose
+certificate (efpsn/certificate.py) is met, agreed by max-consensus on the round messages.
+
+Every `every` rounds (a check round s, public) each agent turns its own measures of round s
+(efpsn.rounds.progress: tracker ||y_i||, gap, step) and its own ||x_i|| into four integers,
+rounded so that they only loosen the certificate:
+
+    ceil(log2 ||y_i||), ceil(log2 gap_i), ceil(log2 step_i), -floor(log2 ||x_i||)
+
+(a zero measure gives FLOOR, a missing or infinite one CEILING). These are the only numbers
+the stop rule discloses, to the neighbours only, once per check: powers of two of how far
+the agent still is from agreeing with them and from a stationary point, and of the size of
+its own iterate. They travel in RoundMessage.stop (proto/efpsn/wire/v1/agent.proto) with the
+messages of rounds s .. s + D - 1 (D the graph's diameter, public): each agent sends the
+element-wise maximum of its own and of what its neighbours sent in the previous round, so
+after round s + D - 1 every agent holds the network's maximum (the max over D hops reaches
+everyone). At round s + D all of them evaluate the same function of the same integers:
+
+    B = (2^T + L D 2^G) / mu + beta 2^S,    n = 2^-N - D 2^G - 2 beta 2^S <= ||x_bar||,
+
+(||x_i - x_bar|| <= ||z_i - z_bar|| + beta ||(x_i - x_i^-) - mean|| <= D gap + 2 beta step),
+and stop there when B / (n - B) <= target (an upper bound on the certificate of round s) and
+the fading mask's fresh part (efpsn/fading.py) no longer acts at round s. Otherwise the run
+goes on to the next check, and at the latest to the step rule's rounds (the cap).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from efpsn.config import RunConfig
+
+__all__ = ["CEILING", "FLOOR", "STOP_KEY", "TERMS", "StopRule", "exponents", "merge",
+           "stop_tensor"]
+
+STOP_KEY = "stop:"  # the in-process message key of RoundMessage.stop (never a tensor name)
+TERMS = 4  # tracker, gap, step, -log2 ||x_i||
+FLOOR = -1100  # a zero measure (below every float64's exponent)
+CEILING = 1100  # a missing, infinite or NaN measure (above every float64's exponent)
+
+
+def _ceil_log2(value: float) -> int:
+    """The least e with 2^e >= value (FLOOR for 0, CEILING for non-finite or missing)."""
+    if not math.isfinite(value) or value < 0:
+        return CEILING
+    if value == 0:
+        return FLOOR
+    mantissa, exponent = math.frexp(value)  # value = mantissa 2^exponent, mantissa in [0.5, 1)
+    return max(FLOOR, min(CEILING, exponent - 1 if mantissa == 0.5 else exponent))
+
+
+def _floor_log2(value: float) -> int:
+    """The greatest e with 2^e <= value (FLOOR for 0 or not finite)."""
+    if not math.isfinite(value) or value <= 0:
+        return FLOOR
+    return max(FLOOR, min(CEILING, math.frexp(value)[1] - 1))
+
+
+def exponents(measures: Mapping[str, float], *, x_norm: float, momentum: float
+              ) -> tuple[int, ...]:
+    """This agent's four disclosed integers for a check (see the module docstring)."""
+    step = measures.get("step", math.nan) if momentum else 0.0
+    return (_ceil_log2(measures.get("tracker", math.nan)),
+            _ceil_log2(measures.get("gap", math.nan)), _ceil_log2(step),
+            -_floor_log2(x_norm))
+
+
+def merge(own: Sequence[int], others: Sequence[Sequence[int]]) -> tuple[int, ...]:
+    """The element-wise maximum (one max-consensus step)."""
+    return tuple(max(values) for values in zip(own, *others, strict=True))
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a run may stop: check every `every` rounds (0: never; a check needs `hops` + 1
+    rounds, so checks are at least that far apart), stop `hops` rounds after a check whose
+    network-wide integers certify `target`, never while `fresh(t)` (the fading mask's fresh
+    part acts at round t), never after `cap` rounds."""
+
+    every: int
+    hops: int
+    cap: int
+    curvature: float | None
+    l2: float
+    momentum: float
+    target: float
+    fresh: Callable[[int], bool] | None = None
+
+    @classmethod
+    def for_run(cls, config: RunConfig, weights: np.ndarray, masks: Any = None) -> StopRule:
+        """The run's rule: its resolved `stop_every`, the certificate's public numbers
+        (Certifier.for_run), the cap `iterations`, and the fading mask's fresh part (`masks`,
+        any agent's MaskProvider: a FadingMask's fresh_active is the same public function of
+        t at every agent)."""
+        from efpsn.certificate import TARGET, Certifier
+        from efpsn.fading import FadingMask
+
+        c = config.resolved()
+        certifier = Certifier.for_run(c, weights)
+        return cls(every=c.stop_every, hops=certifier.hops, cap=c.iterations,
+                   curvature=certifier.curvature, l2=certifier.l2, momentum=certifier.momentum,
+                   target=TARGET,
+                   fresh=masks.fresh_active if isinstance(masks, FadingMask) else None)
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.hops < 1 or self.cap < 1:
+            raise ValueError(f"need every >= 0, hops >= 1, cap >= 1; got {self.every}, "
+                             f"{self.hops}, {self.cap}")
+
+    @property
+    def active(self) -> bool:
+        return self.every > 0 and self.curvature is not None and self.l2 > 0
+
+    @property
+    def period(self) -> int:
+        """Rounds between checks: `every`, at least hops + 1 (one check at a time)."""
+        return max(self.every, self.hops + 1)
+
+    def is_check(self, t: int) -> bool:
+        """Whether round t opens a check (its stop round t + hops before the cap)."""
+        return self.active and t > 0 and t % self.period == 0 and t + self.hops < self.cap
+
+    def window(self, t: int) -> int | None:
+        """The check round s whose integers round t's messages carry (s <= t < s + hops)."""
+        if not self.active:
+            return None
+        s = t - t % self.period
+        return s if self.is_check(s) and t < s + self.hops else None
+
+    def bound(self, network: Sequence[int]) -> float:
+        """The certificate's upper bound from the network's integers (inf: none)."""
+        tracker, gap, step, norm = (2.0 ** max(-1074, min(1023, e)) for e in network)
+        if CEILING in network[:3] or self.curvature is None or self.l2 <= 0:
+            return math.inf
+        b = (tracker + self.curvature * self.hops * gap) / self.l2 + self.momentum * step
+        floor = (0.0 if network[3] >= CEILING else 1.0 / norm) - self.hops * gap \
+            - 2 * self.momentum * step
+        return b / (floor - b) if b < floor else math.inf
+
+    def stops(self, s: int, network: Sequence[int]) -> bool:
+        """Whether the check of round s, with the network's integers, ends the run at s + hops."""
+        if self.fresh is not None and self.fresh(s):
+            return False
+        return self.bound(network) <= self.target
+
+
+def stop_tensor(values: Sequence[int]) -> torch.Tensor:
+    """The integers as the in-process message entry (int64)."""
+    return torch.tensor(list(values), dtype=torch.int64)
