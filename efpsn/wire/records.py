@@ -156,6 +156,11 @@ def _check_scalar(name: str, field_type: int, value: Any) -> Any:
             raise WireError(f"run parameter {name} must be an int in [0, {end[field_type]}), "
                             f"got {value!r}")
         return value
+    if field_type == FieldDescriptor.TYPE_SINT32:
+        if isinstance(value, bool) or not isinstance(value, int) or not -2**31 <= value < 2**31:
+            raise WireError(f"run parameter {name} must be an int in [-2^31, 2^31), got "
+                            f"{value!r}")
+        return value
     raise AssertionError(f"run parameter {name} has an unhandled protobuf type {field_type}")
 
 
