@@ -53,7 +53,7 @@ def make_driver(session: Session, masks: MaskProvider,
                       oracle=problem.objective(session.index, masks))
     common = {"algorithm": algorithm, "context": ctx, "schedule": schedule,
               "iterations": cfg.iterations, "eval_every": cfg.eval_every,
-              "stop": StopRule.for_run(cfg, problem.weights, masks)}
+              "stop": StopRule.for_run(cfg, problem.weights)}
     if checkpoint is None:
         return RoundDriver(x0=problem.initial_params(), **common)
     return RoundDriver(resume_from=AgentState(t=checkpoint.round, tensors=checkpoint.tensors),

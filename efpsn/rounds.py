@@ -123,7 +123,7 @@ class RoundDriver:
             s = self.stop.window(t)
             if network is not None and s is not None and t + 1 < s + self.stop.hops:
                 self.sharing = network
-            elif network is not None and s is not None and self.stop.stops(s, network):
+            elif network is not None and s is not None and self.stop.stops(network):
                 self.iterations = t + 1
                 self.stopped_early = True
         due = (t + 1) % self.eval_every == 0 or t + 1 == self.iterations

@@ -19,17 +19,18 @@ everyone). At round s + D all of them evaluate the same function of the same int
     B = (2^T + L D 2^G) / mu + beta 2^S,    n = 2^-N - D 2^G - 2 beta 2^S <= ||x_bar||,
 
 (||x_i - x_bar|| <= ||z_i - z_bar|| + beta ||(x_i - x_i^-) - mean|| <= D gap + 2 beta step),
-and stop there when B / (n - B) <= target (an upper bound on the certificate of round s) and
-the fading mask's fresh part (efpsn/fading.py) no longer acts at round s. Otherwise the run
-goes on to the next check, and at the latest to the step rule's rounds (the cap).
+and stop there when B / (n - B) <= target (an upper bound on the certificate of round s).
+Otherwise the run goes on to the next check, and at the latest to the step rule's rounds (the
+cap). The fading mask's fresh part (efpsn/fading.py) never rounds away: it sits in every
+agent's tracker, so the tracker term holds the stop back until it has faded below the target.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -81,8 +82,7 @@ def merge(own: Sequence[int], others: Sequence[Sequence[int]]) -> tuple[int, ...
 class StopRule:
     """When a run may stop: check every `every` rounds (0: never; a check needs `hops` + 1
     rounds, so checks are at least that far apart), stop `hops` rounds after a check whose
-    network-wide integers certify `target`, never while `fresh(t)` (the fading mask's fresh
-    part acts at round t), never after `cap` rounds."""
+    network-wide integers certify `target`, never after `cap` rounds."""
 
     every: int
     hops: int
@@ -91,23 +91,18 @@ class StopRule:
     l2: float
     momentum: float
     target: float
-    fresh: Callable[[int], bool] | None = None
 
     @classmethod
-    def for_run(cls, config: RunConfig, weights: np.ndarray, masks: Any = None) -> StopRule:
+    def for_run(cls, config: RunConfig, weights: np.ndarray) -> StopRule:
         """The run's rule: its resolved `stop_every`, the certificate's public numbers
-        (Certifier.for_run), the cap `iterations`, and the fading mask's fresh part (`masks`,
-        any agent's MaskProvider: a FadingMask's fresh_active is the same public function of
-        t at every agent)."""
+        (Certifier.for_run) and target, and the cap `iterations`."""
         from efpsn.certificate import TARGET, Certifier
-        from efpsn.fading import FadingMask
 
         c = config.resolved()
         certifier = Certifier.for_run(c, weights)
         return cls(every=c.stop_every, hops=certifier.hops, cap=c.iterations,
                    curvature=certifier.curvature, l2=certifier.l2, momentum=certifier.momentum,
-                   target=TARGET,
-                   fresh=masks.fresh_active if isinstance(masks, FadingMask) else None)
+                   target=TARGET)
 
     def __post_init__(self) -> None:
         if self.every < 0 or self.hops < 1 or self.cap < 1:
@@ -144,10 +139,8 @@ class StopRule:
             - 2 * self.momentum * step
         return b / (floor - b) if b < floor else math.inf
 
-    def stops(self, s: int, network: Sequence[int]) -> bool:
-        """Whether the check of round s, with the network's integers, ends the run at s + hops."""
-        if self.fresh is not None and self.fresh(s):
-            return False
+    def stops(self, network: Sequence[int]) -> bool:
+        """Whether a check with the network's integers ends the run `hops` rounds later."""
         return self.bound(network) <= self.target
 
 

@@ -46,7 +46,7 @@ def test_zero_missing_and_infinite_measures() -> None:
                      momentum=0.0)[2] == FLOOR
     rule = _rule()
     assert rule.bound((CEILING, FLOOR, FLOOR, 0)) == math.inf
-    assert not rule.stops(10, (CEILING, FLOOR, FLOOR, 0))
+    assert not rule.stops((CEILING, FLOOR, FLOOR, 0))
 
 
 def test_the_rule_bounds_the_certificate_from_above() -> None:
@@ -63,7 +63,7 @@ def test_the_rule_bounds_the_certificate_from_above() -> None:
     exact = certify(worst, x_bar_norm=x_bar, curvature=4.0, l2=0.5, hops=2, momentum=0.5,
                     rounds=10)
     assert exact.bound is not None and exact.bound < rule.bound(network) < 16 * exact.bound
-    assert rule.stops(10, network) == (rule.bound(network) <= 1e-6)
+    assert rule.stops(network) == (rule.bound(network) <= 1e-6)
 
 
 def test_checks_and_windows_are_public_functions_of_the_round() -> None:
@@ -75,8 +75,7 @@ def test_checks_and_windows_are_public_functions_of_the_round() -> None:
     # checks never overlap: a long diameter spaces them out
     assert _rule(every=2, hops=5).period == 6
     assert not _rule(every=0).active and _rule(every=0).window(10) is None
-    assert not _rule(fresh=lambda t: t < 100).stops(10, (FLOOR, FLOOR, FLOOR, -3))
-    assert _rule(fresh=lambda t: t < 5).stops(10, (FLOOR, FLOOR, FLOOR, -3))
+    assert _rule().stops((FLOOR, FLOOR, FLOOR, -3))
 
 
 def test_auto_stops_only_when_the_rounds_are_the_rules() -> None:
