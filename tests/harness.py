@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,7 +83,7 @@ async def _serve(service: AgentService, options: AgentOptions,
     def add(server: grpc.aio.Server) -> list[str]:
         return [add_service(server, service, agent_pb2.DESCRIPTOR.services_by_name["Agent"])]
 
-    server = await start_server("127.0.0.1:0", add_servicers=add,
+    server = await start_server(options.listen, add_servicers=add,
                                 credentials=options.tls.server_credentials() if options.tls
                                 else None, rejections=rejections)
     await server.set_serving(True)
@@ -93,21 +93,26 @@ async def _serve(service: AgentService, options: AgentOptions,
 @contextlib.asynccontextmanager
 async def assigned_agents(folder: Path, config: RunConfig, *, run_id: str,
                           names: Sequence[str] = ("agent1",), serve: Sequence[str] = ("agent1",),
-                          tls: bool = True, round_: int = 0,
-                          keep_rounds: int = 128) -> AsyncIterator[dict[str, InProcessAgent]]:
+                          tls: bool = True, round_: int = 0, keep_rounds: int = 128,
+                          ports: Mapping[str, int] | None = None, new_certificates: bool = True,
+                          ) -> AsyncIterator[dict[str, InProcessAgent]]:
     """Agents `names` of a run of `config` (every agent registered: the served ones at their
     real address, the others at unused loopback ports), each in phase II at round `round_`
-    (the run as the coordinator announces it: resolved)."""
+    (the run as the coordinator announces it: resolved). `ports`: fixed loopback ports by name
+    (agents in other processes: theirs), with the certificates already in FOLDER/tls when
+    `new_certificates` is False."""
     config = config.resolved()
     all_names = [f"agent{i}" for i in range(1, config.agents + 1)]
+    ports = ports or {}
     tls_dir = folder / "tls"
-    if tls:
+    if tls and new_certificates:
         generate_certificates(tls_dir, [*all_names, *EXTRA_NAMES], overwrite=True)
     parts: dict[str, tuple[AgentOptions, AgentService, Mailbox, Outbox, Status, Peers]] = {}
     servers: dict[str, Server] = {}
     try:
         for name in names:
-            options = AgentOptions(name=name, listen="127.0.0.1:0", coordinator="127.0.0.1:1",
+            options = AgentOptions(name=name, listen=f"127.0.0.1:{ports.get(name, 0)}",
+                                   coordinator="127.0.0.1:1",
                                    tls=TlsConfig.from_dir(tls_dir, name) if tls else None,
                                    results_dir=folder / "results", keep_rounds=keep_rounds)
             mailbox, outbox, status = Mailbox(), Outbox(keep_rounds), Status()
@@ -122,7 +127,8 @@ async def assigned_agents(folder: Path, config: RunConfig, *, run_id: str,
                 servers[name] = await _serve(service, options, rejections)
         registry = Registry(config, run_id=run_id, expected_names=set(all_names))
         for i, name in enumerate(all_names, start=1):
-            at = f"127.0.0.1:{servers[name].port}" if name in servers else f"127.0.0.1:{40000 + i}"
+            at = (f"127.0.0.1:{servers[name].port}" if name in servers
+                  else f"127.0.0.1:{ports.get(name, 40000 + i)}")
             registry.register(name, at)
         agents = {}
         for name, (options, service, mailbox, outbox, status, peers) in parts.items():

@@ -1,0 +1,191 @@
+"""Our gRPC round path against bare grpc.aio moving the same bytes, two processes, one run.
+
+    python benchmarks/bench_round_path.py [--rounds 1000]
+
+Two processes play two neighbouring agents of the defaults' run (agt, logistic regression on
+the main job's model: each round message carries y and z, 2 x 7,850 float64, 126 KB) and
+exchange one message each way per round, as phase II does, with mutual TLS:
+  * ours: each process is an agent's real transport (tests/harness.py assigned_agents: its
+    gRPC server with the servicer that authenticates, validates, decodes and files messages)
+    driven by agent/exchange.py's RoundLink.exchange, the agent's own round (encode_round, the
+    outbox, the round stream, the mailbox), then the ledger's and mailbox's end-of-round work;
+  * bare: each process runs a grpc.aio server with one client-stream method that queues what
+    arrives, and one client stream to the other; a round writes the same encoded bytes and
+    waits for the other's message. No parsing, no checks.
+Prints per round: CPU ms of both processes together (per agent: half; process CPU, every
+thread, from /proc), wall ms, and ours / bare, with the machine's load at both ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+
+from efpsn.config import RunConfig  # noqa: E402
+from efpsn.runtime import configure_threads, machine_load  # noqa: E402
+from efpsn.wire.net import open_channel  # noqa: E402
+from efpsn.wire.rounds import encode_round  # noqa: E402
+from efpsn.wire.tls import TlsConfig, generate_certificates  # noqa: E402
+
+RUN = "bench-round-path"
+CONFIG = RunConfig(agents=2, topology="path", iterations=1_000_000, key_bits=2048, round_timeout_seconds=30.0)
+WARMUP = 30
+SINK = "/bench.Bare/Sink"
+
+
+def _free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _message(name: str) -> dict[str, torch.Tensor]:
+    seed = 1 if name == "agent1" else 2
+    gen = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(7850, generator=gen, dtype=torch.float64) for k in ("y", "z")}
+
+
+async def _ours(me: str, other: str, folder: Path, ports: dict[str, int], rounds: int,
+                ready: Path) -> dict[str, float]:
+    from agent.exchange import RoundLink
+    from agent.resume import Replay
+    from harness import assigned_agents
+
+    async with assigned_agents(folder, CONFIG, run_id=RUN, names=(me,), serve=(me,),
+                               ports=ports, new_certificates=False) as agents:
+        agent = agents[me]
+        replay = Replay(peers=agent.peers, ledger=agent.ledger, mailbox=agent.mailbox,
+                        neighbours=set(), describe_loss=lambda *a: "", on_loss=lambda n: None)
+        link = RoundLink(peers=agent.peers, outbox=agent.outbox, replay=replay, run_id=RUN,
+                         name=me, neighbours=[other], timeout=60.0)
+        message = _message(me)
+
+        async def one(t: int) -> None:
+            await link.exchange(t, message)
+            agent.ledger.advance(t + 1)
+            agent.mailbox.discard_before("round", t + 1)
+
+        return await _rounds(one, rounds, ready)
+
+
+async def _bare(me: str, other: str, folder: Path, ports: dict[str, int], rounds: int,
+                ready: Path) -> dict[str, float]:
+    queue: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def sink(requests: Any, context: grpc.aio.ServicerContext) -> bytes:
+        async for request in requests:
+            queue.put_nowait(request)
+        return b""
+
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1 << 26)])
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "bench.Bare", {"Sink": grpc.stream_unary_rpc_method_handler(sink)}),))
+    tls = TlsConfig.from_dir(folder / "tls", me)
+    server.add_secure_port(f"127.0.0.1:{ports[me]}", tls.server_credentials())
+    await server.start()
+    channel = open_channel(f"127.0.0.1:{ports[other]}", credentials=tls.channel_credentials(),
+                           server_name=other)
+    await channel.channel_ready()
+    stream = channel.stream_unary(SINK)()
+    message = _message(me)
+
+    async def one(t: int) -> None:
+        data = encode_round(message, run_id=RUN, sender=me, round_=t)  # the same bytes
+        await stream.write(data)
+        await queue.get()
+
+    try:
+        return await _rounds(one, rounds, ready)
+    finally:
+        stream.cancel()
+        await channel.close()
+        await server.stop(0)
+
+
+async def _rounds(one: Any, rounds: int, ready: Path) -> dict[str, float]:
+    for t in range(WARMUP):
+        await one(t)
+    cpu, wall = time.process_time(), time.perf_counter()
+    for t in range(WARMUP, WARMUP + rounds):
+        await one(t)
+    result = {"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall}
+    ready.write_text(json.dumps(result))
+    await asyncio.sleep(1.0)  # the other end may still wait for our last message's bytes
+    return result
+
+
+def _child(args: argparse.Namespace) -> None:
+    configure_threads()
+    ports = json.loads(args.ports)
+    other = "agent2" if args.name == "agent1" else "agent1"
+    run = _ours if args.mode == "ours" else _bare
+    asyncio.run(run(args.name, other, Path(args.folder), ports, args.rounds,
+                    Path(args.folder) / f"{args.mode}-{args.name}.json"))
+
+
+def _pair(mode: str, folder: Path, rounds: int) -> dict[str, float]:
+    """Both ends as separate processes; their CPU seconds added, the slower wall time."""
+    ports = dict(zip(("agent1", "agent2"), _free_ports(2), strict=True))
+    procs = [subprocess.Popen([sys.executable, __file__, "--child", "--mode", mode, "--name",
+                               name, "--folder", str(folder), "--ports", json.dumps(ports),
+                               "--rounds", str(rounds)]) for name in ports]
+    for p in procs:
+        if p.wait(timeout=900) != 0:
+            raise RuntimeError(f"{mode}: a process failed ({p.returncode})")
+    ends = [json.loads((folder / f"{mode}-{name}.json").read_text()) for name in ports]
+    return {"cpu_ms": sum(e["cpu"] for e in ends) * 1e3 / rounds,
+            "wall_ms": max(e["wall"] for e in ends) * 1e3 / rounds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=1000)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=("ours", "bare"), help=argparse.SUPPRESS)
+    parser.add_argument("--name", help=argparse.SUPPRESS)
+    parser.add_argument("--folder", help=argparse.SUPPRESS)
+    parser.add_argument("--ports", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args)
+        return
+    with tempfile.TemporaryDirectory(prefix="efpsn-bench-round-path-") as tmp:
+        folder = Path(tmp)
+        generate_certificates(folder / "tls", ["agent1", "agent2"])
+        size = len(encode_round(_message("agent1"), run_id=RUN, sender="agent1", round_=1))
+        print(f"round message {size:,} bytes, one each way per round; {args.rounds} rounds; "
+              f"mutual TLS; two processes; {machine_load()}")
+        rows = {mode: _pair(mode, folder, args.rounds) for mode in ("bare", "ours")}
+    bare = rows["bare"]
+    print(f"{'path':<34} {'CPU ms/round':>12} {'per agent':>10} {'wall ms/round':>13} "
+          f"{'CPU x bare':>10}")
+    for mode, label in (("bare", "bare grpc.aio, same bytes"),
+                        ("ours", "ours (RoundLink.exchange)")):
+        r = rows[mode]
+        print(f"{label:<34} {r['cpu_ms']:>12.3f} {r['cpu_ms'] / 2:>10.3f} {r['wall_ms']:>13.3f} "
+              f"{r['cpu_ms'] / bare['cpu_ms']:>10.2f}")
+    print(f"machine: {machine_load()}; pid {os.getpid()}")
+
+
+if __name__ == "__main__":
+    main()
