@@ -68,7 +68,6 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
                         ) -> PhaseTwoResult:
     """Every round from the driver's (0, or the checkpoint's) to the last; on_evaluation hears
     each evaluation record (e.g. a progress line for this agent's operator)."""
-    cfg = session.config
     if not history:
         history.append(evaluate(session.problem, session.index, driver.state, status))
     else:

@@ -37,11 +37,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from efpsn.config import RunConfig  # noqa: E402
-from efpsn.runtime import configure_threads, machine_load  # noqa: E402
-from efpsn.wire.net import open_channel  # noqa: E402
-from efpsn.wire.rounds import encode_round  # noqa: E402
-from efpsn.wire.tls import TlsConfig, generate_certificates  # noqa: E402
+from efpsn.config import RunConfig
+from efpsn.runtime import configure_threads, machine_load
+from efpsn.wire.net import open_channel
+from efpsn.wire.rounds import encode_round
+from efpsn.wire.tls import TlsConfig, generate_certificates
 
 RUN = "bench-round-path"
 CONFIG = RunConfig(agents=2, topology="path", iterations=1_000_000, key_bits=2048, round_timeout_seconds=30.0)
@@ -67,9 +67,10 @@ def _message(name: str) -> dict[str, torch.Tensor]:
 
 async def _ours(me: str, other: str, folder: Path, ports: dict[str, int], rounds: int,
                 ready: Path) -> dict[str, float]:
+    from harness import assigned_agents
+
     from agent.exchange import RoundLink
     from agent.resume import Replay
-    from harness import assigned_agents
 
     async with assigned_agents(folder, CONFIG, run_id=RUN, names=(me,), serve=(me,),
                                ports=ports, new_certificates=False) as agents:
