@@ -64,9 +64,11 @@ def stop(proc: subprocess.Popen) -> None:
 
 def test_up_writes_a_default_results_folder_and_prints_its_metrics(tmp_path: Path) -> None:
     # prepare: no --results, so the run goes to ./results/run-TIME of the working directory
-    # execute (unpacked Paillier, --no-packed: one ciphertext per coefficient and neighbour)
+    # execute (the paper's phase I, unpacked Paillier, --no-packed: one ciphertext per
+    # coefficient and neighbour, on the last layer's biases with a fixed mask)
     out = subprocess.run(
-        efpsn("up", "--iterations", "4", "--eval-every", "2", "--no-packed", *FAST),
+        efpsn("up", "--iterations", "4", "--eval-every", "2", "--no-packed", "--refresh", "never",
+              "--selection", "last-bias", *FAST),
         cwd=tmp_path, check=False, capture_output=True, text=True, timeout=280,
     )
     # assert
@@ -178,7 +180,7 @@ def test_child_exiting_before_serving_is_reported_with_its_log(tmp_path: Path) -
     assert out.returncode == 2
     first = out.stderr.splitlines()[0]
     assert first == "efpsn: error: coordinator exited with code 2 before serving:", out.stderr
-    assert "python -m coordinator: error: Failed to bind to address 192.0.2.1:0" in out.stderr
+    assert "python -m coordinator: error: could not listen on 192.0.2.1:0" in out.stderr
     assert leftovers(str(tmp_path)) == ""
     # the agents start with the coordinator, but none gets past waiting for its port
     assert not any((tmp_path / n).exists() for n in NAMES)
