@@ -114,7 +114,9 @@ def record_view(problem: Problem, *, noise_seed: int, pairs: int = 400) -> Round
     watched = _WatchedProblem(**{f.name: getattr(problem, f.name)
                                  for f in dataclasses.fields(Problem)},
                               keep=stride_rounds(horizon, pairs=pairs))
-    run_simulation(config.replace(eval_every=max(1, horizon)), problem=watched,
+    # every round of the step rule's (no early stop at the certificate's target): the attacker
+    # sees the longest run the settings allow, and the view's rounds are the ones planned
+    run_simulation(config.replace(eval_every=max(1, horizon), stop_every=0), problem=watched,
                    noise_seed=noise_seed)
     calls = watched.calls
     return RoundView(rounds=np.array([c[0] for c in calls], dtype=np.int64),
