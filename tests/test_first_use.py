@@ -247,5 +247,7 @@ def test_a_folder_without_any_test_set_runs_masked_and_unmasked_to_the_same_poin
         summary = json.loads((tmp_path / f"R-{mask}" / "summary.json").read_text())
         assert summary["final"]["accuracy"] == "nan"  # strict JSON, as json_safe writes it
         finals[mask] = summary["final"]["mean_agent_loss"]
-    assert finals["zero-sum"] == pytest.approx(finals["none"], rel=1e-9)
+    # both stop at the certificate's target (1e-3 relative to x*; the unmasked run earlier,
+    # measured 1.2e-8 apart in loss): near x* the loss is quadratic in the distance
+    assert finals["zero-sum"] == pytest.approx(finals["none"], rel=1e-6)
     assert leftovers(str(tmp_path)) == ""
