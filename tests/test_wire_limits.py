@@ -211,8 +211,8 @@ def test_a_second_server_cannot_bind_a_port_in_use() -> None:
 
     async def scenario() -> None:
         async with sink_server() as server:
-            with pytest.raises(RuntimeError, match=f"Failed to bind to address 127.0.0.1:"
-                                                   f"{server.port}"):
+            with pytest.raises(OSError, match=f"port {server.port} on 127.0.0.1 is already "
+                                              "in use"):
                 await start_server(f"127.0.0.1:{server.port}", add_servicers=Sink(1).add)
 
     run(scenario)
