@@ -33,6 +33,7 @@ NAMES = [f"agent{i}" for i in range(1, 6)]
 CONFIG = RunConfig(data="local", scale="unit", iterations=40, eval_every=20, key_bits=2048)
 USER = RunConfig(data="local", agents=3, input_shape="6", classes=3, task="python:mymodel:make",
                  batch_size=8, iterations=60, eval_every=20, key_bits=2048, m=3, N=3,
+                 selection="last-bias",
                  gamma=10.0, schedule="constant:0.3", round_timeout_seconds=30.0)
 
 
