@@ -154,7 +154,9 @@ def test_it_resumed_from_its_checkpoint_with_its_saved_mask(fault_run) -> None:
     assert any(k.startswith("outbox/rounds-") for k in seen["state_files"]), seen["state_files"]
     log = seen["logs"][seen["victim"]]
     assert f"resumes run {results_run_id(seen)} at round {resumed}" in log
-    assert "saved mask reloaded" in log and "INTERNAL" not in log
+    # phase I's result: the fixed mask, or the edge seeds (the default's fading masks)
+    saved = "mask" if fault_run["config"].refresh == "never" else "seeds"
+    assert f"saved {saved} reloaded" in log and "INTERNAL" not in log
     # it never registered again (the coordinator was dead) and never ran phase I again
     assert log.count(" is agent index ") == 2  # once registered, once restored from its state
     assert log.count("efpsn.agent WARNING") >= 1 and "efpsn: error" not in log
@@ -187,7 +189,8 @@ def test_coordinator_killed_after_bootstrap_did_not_matter(fault_run) -> None:
 
 def test_state_files_are_private_and_removed_after_the_run(fault_run) -> None:
     files = fault_run["state_files"]
-    assert files["assignment.json"] == 0o600 and files["mask.json"] == 0o600
+    saved = "mask.json" if fault_run["config"].refresh == "never" else "seeds.json"
+    assert files["assignment.json"] == 0o600 and files[saved] == 0o600
     checkpoints = {k: v for k, v in files.items() if k.startswith("checkpoints/")}
     assert checkpoints and all(v == (0o700 if k.count("/") == 1 else 0o600)
                                for k, v in checkpoints.items() if ".part" not in k)
