@@ -44,9 +44,9 @@ import numbers
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
-from efpsn.keystream import exact_bound, fixed_point_scales
+from efpsn.keystream import fixed_point_scales
 from efpsn.masking import MaskCoefficients, NoiseSpec
-from efpsn.refresh import NoiseBlocks
+from efpsn.refresh import NoiseBlocks, check_seeded_mask
 from efpsn.refresh_value import Refresh
 from efpsn.seeds import EdgeSeeds
 
@@ -102,17 +102,10 @@ class FadingMask:
 
     def __init__(self, *, seeds: EdgeSeeds, spec: NoiseSpec, refresh: Refresh,
                  blocks: NoiseBlocks | None = None) -> None:
-        if not isinstance(seeds, EdgeSeeds):
-            raise TypeError(f"seeds must be EdgeSeeds, got {type(seeds).__name__}")
-        if not isinstance(spec, NoiseSpec):
-            raise TypeError(f"spec must be a NoiseSpec, got {type(spec).__name__}")
+        # two fixed streams and one fresh stream per neighbour
+        check_seeded_mask(seeds, spec, blocks, streams_per_neighbour=3)
         if not isinstance(refresh, Refresh) or refresh.fade is None:
             raise ValueError(f"FadingMask needs a resolved 'fading:RHO' refresh, got {refresh}")
-        if 3 * len(seeds.neighbours) * exact_bound(spec) >= 2**63:
-            raise ValueError(f"agent {seeds.agent}: {len(seeds.neighbours)} neighbours' noise of "
-                             f"up to {exact_bound(spec)} could overflow int64; lower P or gamma")
-        if blocks is not None and blocks.spec != spec:
-            raise ValueError("blocks must derive the mask's own NoiseSpec")
         self.seeds, self.spec, self.refresh = seeds, spec, refresh
         self.rate = refresh.fade
         blocks = NoiseBlocks(spec, periods=1) if blocks is None else blocks

@@ -27,8 +27,8 @@ __all__ = [
     "FixedMask",
     "MaskProvider",
     "NoiseBlocks",
-    "Refresh",
     "RefreshedMask",
+    "check_seeded_mask",
     "refreshed_numerators",
 ]
 
@@ -96,6 +96,23 @@ class NoiseBlocks:
         return np.stack([self._rows[s][period - first] for s in seeds])
 
 
+def check_seeded_mask(seeds: EdgeSeeds, spec: NoiseSpec, blocks: NoiseBlocks | None, *,
+                      streams_per_neighbour: int) -> None:
+    """The checks every mask derived from edge seeds makes: the types, that its integers stay
+    exact when summed (streams_per_neighbour deg(i) max|z| < 2^63), and that shared blocks
+    derive its own NoiseSpec."""
+    if not isinstance(seeds, EdgeSeeds):
+        raise TypeError(f"seeds must be EdgeSeeds, got {type(seeds).__name__}")
+    if not isinstance(spec, NoiseSpec):
+        raise TypeError(f"spec must be a NoiseSpec, got {type(spec).__name__}")
+    terms = streams_per_neighbour * len(seeds.neighbours)
+    if terms * exact_bound(spec) >= 2**63:
+        raise ValueError(f"agent {seeds.agent}: {terms} noise streams of up to "
+                         f"{exact_bound(spec)} could overflow int64; lower P or gamma")
+    if blocks is not None and blocks.spec != spec:
+        raise ValueError("blocks must derive the mask's own NoiseSpec")
+
+
 class RefreshedMask:
     """Agent i's mask of round t from its edge seeds, new every `refresh.every` rounds.
 
@@ -106,19 +123,10 @@ class RefreshedMask:
 
     def __init__(self, *, seeds: EdgeSeeds, spec: NoiseSpec, refresh: Refresh,
                  blocks: NoiseBlocks | None = None) -> None:
-        if not isinstance(seeds, EdgeSeeds):
-            raise TypeError(f"seeds must be EdgeSeeds, got {type(seeds).__name__}")
-        if not isinstance(spec, NoiseSpec):
-            raise TypeError(f"spec must be a NoiseSpec, got {type(spec).__name__}")
+        check_seeded_mask(seeds, spec, blocks, streams_per_neighbour=2)
         if not isinstance(refresh, Refresh) or not refresh.refreshed:
             raise ValueError(f"RefreshedMask needs refresh 'every:R', got {refresh} "
                              "(the fixed mask is FixedMask)")
-        terms = 2 * len(seeds.neighbours)
-        if terms * exact_bound(spec) >= 2**63:
-            raise ValueError(f"agent {seeds.agent}: {terms} noise streams of up to "
-                             f"{exact_bound(spec)} could overflow int64; lower P or gamma")
-        if blocks is not None and blocks.spec != spec:
-            raise ValueError("blocks must derive the mask's own NoiseSpec")
         self.seeds, self.spec, self.refresh = seeds, spec, refresh
         self.blocks = NoiseBlocks(spec) if blocks is None else blocks
         self._sent = [seed for _, seed in seeds.sent]
