@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 
 from efpsn.cli_common import OneLineParser
 from efpsn.cli_services import (
@@ -17,7 +19,7 @@ from efpsn.cli_services import (
     setup_logging,
     tls_from_args,
 )
-from efpsn.flags import add_run_arguments, config_from_args
+from efpsn.flags import add_run_arguments, apply_environment, config_from_args
 from efpsn.lifeline import hold_to_launcher
 from efpsn.schema import check_networked_scale
 
@@ -28,6 +30,10 @@ def _coordinator(args: argparse.Namespace) -> int:
     from coordinator.service import serve
 
     setup_logging(args.verbose)
+    if args.from_environment:  # containers: docker-compose.yml, the Swarm stack
+        used = apply_environment(args, os.environ)
+        logging.getLogger("efpsn.coordinator").info(
+            "run parameters from the environment: %s", ", ".join(used) or "none (defaults)")
     config = config_from_args(args)  # validated here, once, torch-free (efpsn/config.py)
     check_networked_scale(config.scale)
     check_key_policy(config, allow_insecure_keys=args.allow_insecure_keys)
@@ -67,6 +73,12 @@ def configure(coord: argparse.ArgumentParser) -> None:
     coord.add_argument("--keep-serving", action="store_true",
                        help="serve until stopped instead (e.g. to keep GetRunStatus answering)")
     coord.add_argument("--verbose", action="store_true")
+    coord.add_argument("--from-environment", action="store_true",
+                       help="take every run parameter no flag gives from its environment "
+                            "variable: EFPSN_ and the flag's name, e.g. EFPSN_GAMMA for "
+                            "--gamma, EFPSN_KEY_BITS for --key-bits, EFPSN_PRESET; unset or "
+                            "empty: the default (how docker-compose.yml and the Swarm stack "
+                            "pass them)")
     coord.add_argument("--allow-insecure-keys", action="store_true", help=argparse.SUPPRESS)
     add_tls_flags(coord, own_name="--tls-name")
     coord.add_argument("--tls-name", default="coordinator",

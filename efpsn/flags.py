@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from efpsn.config import LOCAL_DATA, PRESETS, Declaration, RunConfig, declarations, parse_shape
 
 if TYPE_CHECKING:
     from efpsn.datadir import DataDirLayout
 
-__all__ = ["add_run_arguments", "check_flags_against_folder", "config_from_args",
-           "config_to_args", "flag_of"]
+__all__ = ["add_run_arguments", "apply_environment", "check_flags_against_folder",
+           "config_from_args", "config_to_args", "environment_variable", "flag_of",
+           "run_parameter_variables"]
 
 _PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
@@ -26,6 +27,58 @@ _PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": 
 def flag_of(name: str, declared: Declaration) -> str:
     """The command-line flag of a run parameter: --NAME with dashes, unless declared."""
     return declared.flag or "--" + name.replace("_", "-")
+
+
+def environment_variable(flag: str) -> str:
+    """The environment variable of a run parameter's flag: --key-bits -> EFPSN_KEY_BITS."""
+    return "EFPSN_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def run_parameter_variables() -> tuple[str, ...]:
+    """Every run parameter's environment variable (and EFPSN_PRESET's), in declaration order:
+    what docker-compose.yml and the Swarm stack pass to the coordinator (`--from-environment`)."""
+    return ("EFPSN_PRESET", *(environment_variable(flag_of(f.name, declared))
+                              for f, declared in declarations()))
+
+
+class _Refused(Exception):
+    pass
+
+
+class _EnvironmentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _Refused(message)
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def apply_environment(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
+    """Give every run parameter that no flag gave its value from its environment variable
+    (run_parameter_variables; unset or empty: not given). Flags given win. Returns the variables
+    used; ValueError names a variable whose value its flag would refuse."""
+    parser = _EnvironmentParser(add_help=False)
+    add_run_arguments(parser)
+    flags = {"preset": "--preset", **{f.name: flag_of(f.name, d) for f, d in declarations()}}
+    used = []
+    for dest, flag in flags.items():
+        variable = environment_variable(flag)
+        text = environ.get(variable, "").strip()
+        if not text or dest in vars(args):
+            continue
+        action = next(a for a in parser._actions if a.dest == dest)
+        argv = [flag, text]
+        if isinstance(action, argparse.BooleanOptionalAction):
+            if text.lower() not in _TRUE + _FALSE:
+                raise ValueError(f"{variable}={text!r}: expected true or false")
+            argv = [flag if text.lower() in _TRUE else "--no-" + flag[2:]]
+        try:
+            parsed = parser.parse_args(argv)
+        except _Refused as exc:
+            raise ValueError(f"{variable}={text!r}: {exc}") from None
+        setattr(args, dest, getattr(parsed, dest))
+        used.append(variable)
+    return used
 
 
 def _argument_type(name: str, declared: Declaration, kind: str) -> Callable[[str], Any]:
