@@ -39,7 +39,8 @@ HEADER = """\
 # (coordinator/Dockerfile, no torch; built by the coordinator service) and efpsn-agent:local
 # (agent/Dockerfile; built by agent1, and the other agents start after agent1 so that Compose
 # v1 finds the image built). No service pulls anything. The agents start once the coordinator
-# is healthy (gRPC health service, `python -m efpsn.wire.healthcheck`).
+# is healthy (gRPC health service, `python -m efpsn.wire.healthcheck`); it keeps serving
+# (--keep-serving) until `docker-compose down`: use one `up` per run.
 # Keys: every node gets its own key, its certificate and ca.pem from ./tls as file secrets
 # (/run/secrets/NAME.key, NAME.pem, ca.pem); no container can read another node's key.
 # Data: each agent mounts only its own folder, read-only: ./data/agentK -> /data, holding one
@@ -100,7 +101,7 @@ services:
     secrets: [ca.pem, coordinator.pem, coordinator.key]
     command: [--listen, 0.0.0.0:50050, --tls-cert, /run/secrets/coordinator.pem,
               --tls-key, /run/secrets/coordinator.key, --tls-ca, /run/secrets/ca.pem,
-              --agents, "{n}", --data, local, --from-environment]
+              --agents, "{n}", --data, local, --from-environment, --keep-serving]
     environment:  # every run parameter (efpsn.flags.run_parameter_variables)
 {environment}
     healthcheck:

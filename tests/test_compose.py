@@ -103,6 +103,8 @@ def test_compose_file_is_valid_for_compose_v1_and_v2() -> None:
     # `efpsn compose --agents 5` writes
     assert COMPOSE_FILE.read_text() == render_compose(len(AGENTS))
     assert "--from-environment" in coordinator["command"]
+    # serving until `down` (by default the coordinator exits 10 s after the bootstrap)
+    assert "--keep-serving" in coordinator["command"]
     assert coordinator["environment"] == {
         v: f"${{{v}:-{DEFAULTS.get(v, '')}}}" for v in compose_variables()}
     assert set(compose_variables()) == set(run_parameter_variables()) - {"EFPSN_AGENTS",
@@ -134,7 +136,8 @@ def test_compose_file_is_valid_for_compose_v1_and_v2() -> None:
                          "--tls-key": f"/run/secrets/{name}.key",
                          "--tls-ca": "/run/secrets/ca.pem", "--results": "/results",
                          "--data": "/data"}, name  # train.npz or train.csv
-    paired = [part for part in coordinator["command"] if part != "--from-environment"]
+    paired = [part for part in coordinator["command"]
+              if part not in ("--from-environment", "--keep-serving")]
     data_flags = dict(zip(paired[0::2], paired[1::2], strict=True))
     assert data_flags["--data"] == "local"  # the agents' own data, never shards by index
     assert data_flags["--agents"] == str(len(AGENTS))

@@ -120,7 +120,7 @@ def test_the_stack_file_is_what_the_script_writes_and_isolates_every_agent() -> 
     assert "--from-environment" in compose["command"]
     pairs, compose_pairs = ({k: v for k, v in zip(c[0::2], c[1::2], strict=True)
                              if k not in ("--tls-cert", "--tls-key", "--tls-ca")}
-                            for c in ([p for p in cmd if p != "--from-environment"]
+                            for c in ([p for p in cmd if p not in ("--from-environment", "--keep-serving")]
                                       for cmd in (coordinator["command"], compose["command"])))
     assert pairs == compose_pairs
 
