@@ -17,9 +17,8 @@ from efpsn.cli_services import (
     setup_logging,
     tls_from_args,
 )
-from efpsn.flags import add_run_arguments, config_from_args
+from efpsn.flags import add_run_arguments, network_config
 from efpsn.lifeline import hold_to_launcher
-from efpsn.schema import check_networked_scale
 
 
 def _coordinator(args: argparse.Namespace) -> int:
@@ -28,8 +27,7 @@ def _coordinator(args: argparse.Namespace) -> int:
     from coordinator.service import serve
 
     setup_logging(args.verbose)
-    config = config_from_args(args)  # validated here, once, torch-free (efpsn/config.py)
-    check_networked_scale(config.scale)
+    config = network_config(args)  # validated here, once, torch-free (efpsn/config.py)
     check_key_policy(config, allow_insecure_keys=args.allow_insecure_keys)
     tls = tls_from_args(args, args.tls_name)
     expected = (parse_names(args.expected_names) if args.expected_names

@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from efpsn.config import LOCAL_DATA, PRESETS, Declaration, RunConfig, declarations, parse_shape
+from efpsn.schema import STANDARD
 
 if TYPE_CHECKING:
     from efpsn.datadir import DataDirLayout
 
 __all__ = ["add_run_arguments", "check_flags_against_folder", "config_from_args",
-           "config_to_args", "flag_of"]
+           "config_to_args", "flag_of", "network_config"]
 
 _PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
@@ -102,6 +103,18 @@ def config_from_args(args: argparse.Namespace, *, derived: dict[str, Any] | None
     values.update(given)
     config = RunConfig(**values)
     return config.resolved() if resolve else config
+
+
+def network_config(args: argparse.Namespace) -> RunConfig:
+    """The run as a network starts it (efpsn up, the coordinator): resolved by the step rule,
+    except a scale standard run, whose l2 and hence step rule wait for the network's totals
+    (every agent resolves it after the secure sum: agent/secure_sum.py, as the simulator does);
+    that one is checked by a trial resolution with the task's default l2 and sent as given."""
+    config = config_from_args(args, resolve=False)
+    if config.scale != STANDARD:
+        return config.resolved()
+    config.resolved()  # the step rule's own checks fail here, in one line, not in the agents
+    return config
 
 
 def check_flags_against_folder(given: dict[str, Any], layout: DataDirLayout, *,

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-__all__ = ["STANDARD", "TASKS", "check_networked_scale", "check_task_spec", "parse_shape",
+__all__ = ["STANDARD", "TASKS", "check_task_spec", "parse_shape",
            "scale_divisor"]
 
 STANDARD = "standard"
@@ -66,16 +66,6 @@ def scale_divisor(scale: str, *, features: int | None = None) -> float | np.ndar
     raise ValueError(f"scale must be none, standard, unit, div:C or div:C1,...,Cd with every "
                      f"C > 0, got "
                      f"{_short(scale)}")
-
-
-def check_networked_scale(scale: str) -> None:
-    """ValueError, one line, for a scale networked agents cannot apply yet: `standard` (the
-    secure sum of column statistics runs in `efpsn simulate` only, so far)."""
-    if scale == STANDARD:
-        raise ValueError("scale standard (features standardised with the network's column "
-                         "statistics, by secure summation) runs in efpsn simulate only so far; "
-                         "for networked agents give public scales (schema.json's scale: none, "
-                         "unit or div:C1,...,Cd, or --scale)")
 
 
 def _short(text: str, limit: int = 60) -> str:

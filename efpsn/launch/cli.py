@@ -8,9 +8,8 @@ from pathlib import Path
 
 from efpsn.cli_common import add_data_dir_arguments
 from efpsn.cli_services import add_debug_flags
-from efpsn.flags import add_run_arguments, config_from_args
+from efpsn.flags import add_run_arguments, network_config
 from efpsn.launch.signals import StopSignals
-from efpsn.schema import check_networked_scale
 
 __all__ = ["add_launch_flags", "add_parser"]
 
@@ -19,8 +18,7 @@ def _up(args: argparse.Namespace) -> int:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # no gRPC notices in the user's terminal
     from efpsn.launch.network import launch_local_network
 
-    config = config_from_args(args)
-    check_networked_scale(config.scale)
+    config = network_config(args)
     options = {
         "results": Path(args.results) if args.results else None, "host": args.host,
         "data_dir": Path(args.data_dir) if args.data_dir else None, "holdout": args.holdout,
