@@ -30,9 +30,8 @@ from agent.outbox import Outbox, OutboxLog
 from agent.peers import Peers
 from agent.phase_one import run_phase_one, shares_packed
 from agent.phase_two import make_driver, run_phase_two
-from agent.prepare import prepare
+from agent.prepare import Prepared, prepare
 from agent.results import write_failure, write_results
-from agent.secure_sum import load_totals, run_secure_sum, save_totals, standardised_session
 from agent.resume import (
     Replay,
     check_address,
@@ -41,9 +40,9 @@ from agent.resume import (
     reload_checkpoint,
     reload_phase_one,
 )
+from agent.secure_sum import load_totals, run_secure_sum, save_totals, standardised_session
 from agent.servicer import AgentService, Identity, ShareCheck
 from agent.session import Session, open_session
-from agent.prepare import Prepared
 from agent.state import SavedAssignment, StateError, StateStore
 from agent.status import Status
 from efpsn import paillier

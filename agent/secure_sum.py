@@ -32,8 +32,15 @@ from efpsn.stats_flood import StatsFlood
 from efpsn.wire.records import Phase
 from efpsn.wire.stats import stats_message
 
-__all__ = ["StatsLedger", "TOTALS_FILE", "load_totals", "run_secure_sum", "save_totals",
-           "standardised_session", "stats_length"]
+__all__ = [
+    "TOTALS_FILE",
+    "StatsLedger",
+    "load_totals",
+    "run_secure_sum",
+    "save_totals",
+    "standardised_session",
+    "stats_length",
+]
 
 TOTALS_FILE = "totals.json"
 
@@ -79,11 +86,8 @@ async def run_secure_sum(*, session: Session, peers: Peers, status: Status,
     status.phase = Phase.STATS
     timeout = session.config.round_timeout_seconds
     for r in range(flood.rounds):
-        vectors = flood.outgoing(r)
-        header = peers.header(Phase.STATS, r)
-        await peers.send_all("PutStats", lambda name: stats_message(header=header,
-                                                                     vectors=vectors),
-                             timeout=timeout)
+        message = stats_message(header=peers.header(Phase.STATS, r), vectors=flood.outgoing(r))
+        await peers.send_all("PutStats", lambda name, m=message: m, timeout=timeout)
         got = await peers.collect("stats", r, timeout=timeout)
         for j in sorted(got):
             try:

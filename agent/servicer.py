@@ -19,16 +19,16 @@ from dataclasses import dataclass
 import grpc
 
 from agent.mailbox import Mailbox
-from agent.secure_sum import StatsLedger, stats_length
 from agent.outbox import Outbox
+from agent.secure_sum import StatsLedger, stats_length
 from agent.session import Session
 from agent.status import Status
 from efpsn import paillier
 from efpsn.ledger import Judgement, PhaseOneLedger, RoundLedger, Verdict
+from efpsn.stats_flood import flood_rounds
 from efpsn.wire import limits, serde
 from efpsn.wire.net import Admission, Reject, RejectionLog, guarded, guarded_stream
 from efpsn.wire.records import Phase, WireError
-from efpsn.stats_flood import flood_rounds
 from efpsn.wire.rounds import parse_round, round_reply
 from efpsn.wire.stats import parse_stats
 from efpsn.wire.tls import caller_names

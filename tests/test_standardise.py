@@ -125,11 +125,22 @@ def test_saved_model_carries_the_standardisation(tmp_path):
     assert evaluate_model(path, folder / "test.npz").accuracy == pytest.approx(accuracy)
 
 
-def test_networked_runs_refuse_standard_in_one_line(tmp_path, capsys):
+def test_networked_runs_send_standard_unresolved(tmp_path):
+    """efpsn up and the coordinator hand a standard run out as given: its l2 and step rule
+    wait for the network's totals (agent/secure_sum.py)."""
+    import argparse
+
+    from efpsn.cli_common import add_data_dir_arguments
+    from efpsn.flags import add_run_arguments, network_config
+
     folder = _raw_folder(tmp_path, "wine")
-    assert main(["up", "--data-dir", str(folder)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "runs in efpsn simulate only so far" in err[0]
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    add_data_dir_arguments(parser)
+    config = network_config(parser.parse_args(["--data-dir", str(folder)]))
+    assert config.scale == "standard" and not config.resolved_ok and config.l2 < 0
+    public = network_config(parser.parse_args(["--data-dir", str(folder), "--scale", "none"]))
+    assert public.resolved_ok
 
 
 def test_metadata_standardisation_is_checked():
