@@ -180,7 +180,8 @@ def _folder_values(layout: DataDirLayout, given: dict[str, Any],
     values.update(folder_run_values(
         layout.root, layout.files, layout.test, label_column=layout.label_column(label_column),
         input_shape=None if shape is None else (shape[1], shape[0]),
-        classes=given.get("classes", layout.schema.classes)))
+        classes=given.get("classes", layout.schema.classes),
+        scale=given.get("scale", layout.schema.scale)))
     return values
 
 
