@@ -81,7 +81,8 @@ def measure(name: str, root: Path) -> dict[str, Any]:
     folder = root / name
     xtr, ytr, xte, yte = write_folder(name, folder)
     row: dict[str, Any] = {"set": name, "rows": len(ytr), "sizes": [
-        sum(1 for _ in open(folder / f"agent{k}" / "train.csv")) - 1 for k in range(1, 5)],
+        len((folder / f"agent{k}" / "train.csv").read_text().splitlines()) - 1
+        for k in range(1, 5)],
         "sklearn": reference(xtr, ytr, xte, yte)}
     results = root / f"{name}-up"
     done, wall = efpsn("up", "--data-dir", str(folder), "--quiet", "--results", str(results))
