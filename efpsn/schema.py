@@ -7,12 +7,17 @@ import math
 
 import numpy as np
 
-__all__ = ["STANDARD", "TASKS", "check_task_spec", "parse_shape",
+__all__ = ["STANDARD", "STANDARD_DISCLOSURE", "TASKS", "check_task_spec", "parse_shape",
            "scale_divisor"]
 
 STANDARD = "standard"
 """The scale word of features standardised with the network's column statistics (mean and
 standard deviation by secure summation: efpsn/secure_stats.py): read raw, divided by nothing."""
+
+STANDARD_DISCLOSURE = ("disclosed by design to every agent (scale standard): every column's global "
+                       "mean and variance and the total sample count; opt out with a public "
+                       "scale (schema.json or --scale none|div:...)")
+"""The named disclosure of a scale standard run (README: features in any units)."""
 
 TASKS = ("logreg", "lenet", "mlp:H1,H2,...", "python:MODULE:FACTORY")
 

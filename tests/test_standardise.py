@@ -156,3 +156,20 @@ def test_metadata_standardisation_is_checked():
     assert ModelMetadata.from_json(meta.to_json()) == meta
     assert meta.inputs(np.array([[3.0, 2.0]])).tolist() == [[1.0, 1.0]]
     assert ModelMetadata(scale="div:2,4", **base).inputs([[3.0, 2.0]]).tolist() == [[1.5, 0.5]]
+
+
+def test_the_disclosure_is_named_by_the_run_and_by_efpsn_privacy(tmp_path, capsys):
+    """A standard run's privacy line and `efpsn privacy --data-dir D` name what it discloses."""
+    from efpsn.privacy_modes import privacy_statement
+    from efpsn.schema import STANDARD_DISCLOSURE
+    from efpsn.topology import build_graph
+
+    folder = _raw_folder(tmp_path, "wine")
+    config = _config(folder).resolved()
+    graph = build_graph(config.topology, config.agents)
+    assert STANDARD_DISCLOSURE in privacy_statement(config, graph).line()
+    assert STANDARD_DISCLOSURE not in privacy_statement(config.replace(scale="none"),
+                                                        graph).line()
+    assert main(["privacy", "--data-dir", str(folder)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "global mean and variance and the total sample count" in out[1]
