@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from efpsn.config import LOCAL_DATA, PRESETS, Declaration, RunConfig, declarations, parse_shape
-from efpsn.schema import STANDARD
+from efpsn.schema import STANDARD, check_standard_masks
 
 if TYPE_CHECKING:
     from efpsn.datadir import DataDirLayout
@@ -113,6 +113,7 @@ def network_config(args: argparse.Namespace) -> RunConfig:
     config = config_from_args(args, resolve=False)
     if config.scale != STANDARD:
         return config.resolved()
+    check_standard_masks(config.scale, mask=config.mask, refresh=config.refresh)
     config.resolved()  # the step rule's own checks fail here, in one line, not in the agents
     return config
 

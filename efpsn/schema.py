@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-__all__ = ["STANDARD", "STANDARD_DISCLOSURE", "TASKS", "check_task_spec", "parse_shape",
+__all__ = ["STANDARD", "STANDARD_DISCLOSURE", "TASKS", "check_standard_masks", "check_task_spec", "parse_shape",
            "scale_divisor"]
 
 STANDARD = "standard"
@@ -71,6 +71,22 @@ def scale_divisor(scale: str, *, features: int | None = None) -> float | np.ndar
     raise ValueError(f"scale must be none, standard, unit, div:C or div:C1,...,Cd with every "
                      f"C > 0, got "
                      f"{_short(scale)}")
+
+
+def check_standard_masks(scale: str, *, mask: str, refresh: str) -> None:
+    """ValueError, one line, unless a scale standard run has what its secure sum needs: phase
+    I's edge seeds (zero-sum masks, refreshed or fading), or no masks at all (then nothing is
+    private anyway). Other scales: nothing to check."""
+    from efpsn.refresh_value import Refresh
+
+    if scale != STANDARD or mask == "none":
+        return
+    if mask != "zero-sum" or not Refresh.parse(refresh).refreshed:
+        raise ValueError(
+            f"scale standard sums the column statistics under masks from phase I's edge seeds, "
+            f"which mask {mask!r} with refresh {refresh!r} does not share: use --refresh fading "
+            f"(the default) or every:R, or give public scales (schema.json's scale or --scale: "
+            f"none, unit or div:...)")
 
 
 def _short(text: str, limit: int = 60) -> str:

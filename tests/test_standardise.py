@@ -141,6 +141,8 @@ def test_networked_runs_send_standard_unresolved(tmp_path):
     assert config.scale == "standard" and not config.resolved_ok and config.l2 < 0
     public = network_config(parser.parse_args(["--data-dir", str(folder), "--scale", "none"]))
     assert public.resolved_ok
+    with pytest.raises(ValueError, match="public scales"):  # refused before anything starts
+        network_config(parser.parse_args(["--data-dir", str(folder), "--refresh", "never"]))
 
 
 def test_metadata_standardisation_is_checked():
