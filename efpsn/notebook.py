@@ -1,10 +1,10 @@
-"""efpsn from Python (notebooks): `efpsn.train(data_dir, **flags)` runs the local network `efpsn
+"""efpsn from Python (notebooks): `train(data_dir, **flags)` runs the local network `efpsn
 up --data-dir DATA_DIR` runs, with the command line's defaults, and returns the network's model
 and the run's summary.
 
-    import efpsn
-    model, summary = efpsn.train("D")                  # as `efpsn up --data-dir D`
-    model, summary = efpsn.train("D", mask="none", iterations=500)    # flags by name
+    from efpsn.notebook import train
+    model, summary = train("D")                  # as `efpsn up --data-dir D`
+    model, summary = train("D", mask="none", iterations=500)    # flags by name
     model.predict(raw_features)     # class indices; the run's scaling applied (standard, div:)
     model.module                    # a torch module (float64) holding the trained parameters
 
@@ -108,7 +108,7 @@ def train(data_dir: str | Path, *, results: str | Path | None = None, quiet: boo
         Path("results") / time.strftime("run-%Y%m%d-%H%M%S"))
     argv = ["--data-dir", str(data_dir), "--results", str(folder), *_argv(flags)]
     args = _parse([*argv, "--quiet"] if quiet else argv)
-    stops = (StopSignals("efpsn.train") if threading.current_thread() is threading.main_thread()
+    stops = (StopSignals("efpsn.notebook.train") if threading.current_thread() is threading.main_thread()
              else contextlib.nullcontext())  # signal handlers live in the main thread only
     with stops:
         summary = run_up(args)

@@ -1,4 +1,4 @@
-"""efpsn.train: a local network from Python with the command line's defaults, returning the
+"""efpsn.notebook.train: a local network from Python with the command line's defaults, returning the
 network's model (a torch module that predicts from raw features) and the run's summary."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-import efpsn
 from efpsn.datadir import split_data
+from efpsn.notebook import train
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -20,7 +20,7 @@ def test_train_runs_the_network_and_returns_its_model(tmp_path: Path) -> None:
     data = tmp_path / "D"
     split_data(source="sklearn:wine", agents=3, partition_spec="iid", out=data, raw=True)
     (data / "schema.json").unlink()  # the files give the schema; a table: scale standard
-    model, summary = efpsn.train(data, results=tmp_path / "R", insecure_noise_seed=3,
+    model, summary = train(data, results=tmp_path / "R", insecure_noise_seed=3,
                                  iterations=200)
     assert summary["ok"] and summary["settings"]["scale"] == "standard"
     assert summary["settings"]["iterations"] == 200
@@ -36,5 +36,5 @@ def test_train_runs_the_network_and_returns_its_model(tmp_path: Path) -> None:
 
 def test_a_bad_flag_is_one_value_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="algorithm") as caught:
-        efpsn.train(tmp_path, algorithm="agtt")
+        train(tmp_path, algorithm="agtt")
     assert "\n" not in str(caught.value)

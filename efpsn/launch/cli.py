@@ -25,7 +25,7 @@ def _up(args: argparse.Namespace) -> int:
 
 def run_up(args: argparse.Namespace) -> dict[str, Any]:
     """`efpsn up` with parsed arguments: the run's config (network_config) and the launcher's
-    options, the local network run; returns its summary (also efpsn.train's path)."""
+    options, the local network run; returns its summary (also efpsn.notebook.train's path)."""
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # no gRPC notices in the user's terminal
     from efpsn.launch.network import launch_local_network
 
