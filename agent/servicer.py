@@ -110,6 +110,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                     f"the caller's certificate is for {sorted(names)[:4]}, not a neighbour of "
                     f"{self.identity.name} in its run",  # no run id for outsiders
                 )
+            if method not in s.request_limits:  # PutStats outside a scale standard run
+                raise Reject(StatusCode.FAILED_PRECONDITION,
+                             f"{method} has no part in this agent's run")
             max_bytes = s.request_limits[method]
         key = min(names) if names else context.peer()
         if self._in_flight[key] >= limits.CALLS_IN_FLIGHT_PER_CALLER:
@@ -226,9 +229,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self, request: agent_pb2.StatsMessage, context: grpc.aio.ServicerContext
     ) -> common_pb2.Ack:
         s = self._authenticate(context, request.header.sender)
-        if "PutStats" not in s.request_limits:
-            raise WireError(f"run {s.run_id} has no secure sum of column statistics (its scale "
-                            f"is {s.config.scale!r})")
+        if "PutStats" not in s.request_limits:  # admit refuses it first; handlers called directly
+            raise Reject(StatusCode.FAILED_PRECONDITION, f"run {s.run_id} has no secure sum "
+                         f"of column statistics (its scale is {s.config.scale!r})")
         record = parse_stats(request, run_id=s.run_id, senders=s.neighbour_names,
                              rounds=flood_rounds(s.problem.graph), agents=s.config.agents,
                              length=stats_length(s))
