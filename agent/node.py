@@ -40,7 +40,13 @@ from agent.resume import (
     reload_checkpoint,
     reload_phase_one,
 )
-from agent.secure_sum import load_totals, run_secure_sum, save_totals, standardised_session
+from agent.secure_sum import (
+    TOTALS_FILE,
+    load_totals,
+    run_secure_sum,
+    save_totals,
+    standardised_session,
+)
 from agent.servicer import AgentService, Identity, ShareCheck
 from agent.session import Session, open_session
 from agent.state import SavedAssignment, StateError, StateStore
@@ -242,6 +248,7 @@ class AgentNode:
             expose_mask=masks.coefficients(0) if opts.debug_expose_mask else None)
         self.outbox.stop_logging()  # deleted with the checkpoints; memory serves the rest
         self.store.mark_finished(saved)
+        (Path(self.store.folder) / TOTALS_FILE).unlink(missing_ok=True)  # with the seeds
         self.status.phase = Phase.DONE
         self.status.finished = True
         await link.finish(done.state.t, done.final_outbox)

@@ -84,6 +84,9 @@ def test_network_equals_the_simulator_after_a_crash(standard_run) -> None:
         assert r["settings"] == config.to_dict()
     assert config.l2 == 1.0 / sum(sizes)
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
+    for name in seen["names"]:  # the seeds and the totals are deleted when the run ends
+        assert sorted(p.name for p in (seen["folder"] / name / "state").iterdir()) == [
+            "assignment.json"]
     victim = next(r for r in results if r["name"] == seen["names"][1])
     assert victim["resumed_from_round"] == CRASH_AT // CHECKPOINT_EVERY * CHECKPOINT_EVERY
 
