@@ -19,9 +19,8 @@ from efpsn.cli_services import (
     setup_logging,
     tls_from_args,
 )
-from efpsn.flags import add_run_arguments, apply_environment, config_from_args
+from efpsn.flags import add_run_arguments, apply_environment, network_config
 from efpsn.lifeline import hold_to_launcher
-from efpsn.schema import check_networked_scale
 
 
 def _coordinator(args: argparse.Namespace) -> int:
@@ -34,8 +33,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         used = apply_environment(args, os.environ)
         logging.getLogger("efpsn.coordinator").info(
             "run parameters from the environment: %s", ", ".join(used) or "none (defaults)")
-    config = config_from_args(args)  # validated here, once, torch-free (efpsn/config.py)
-    check_networked_scale(config.scale)
+    config = network_config(args)  # validated here, once, torch-free (efpsn/config.py)
     check_key_policy(config, allow_insecure_keys=args.allow_insecure_keys)
     tls = tls_from_args(args, args.tls_name)
     expected = (parse_names(args.expected_names) if args.expected_names

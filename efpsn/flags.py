@@ -13,13 +13,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from efpsn.config import LOCAL_DATA, PRESETS, Declaration, RunConfig, declarations, parse_shape
+from efpsn.schema import STANDARD, check_standard_masks
 
 if TYPE_CHECKING:
     from efpsn.datadir import DataDirLayout
 
 __all__ = ["add_run_arguments", "apply_environment", "check_flags_against_folder",
            "config_from_args", "config_to_args", "environment_variable", "flag_of",
-           "run_parameter_variables"]
+           "network_config", "run_parameter_variables"]
 
 _PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
@@ -157,6 +158,19 @@ def config_from_args(args: argparse.Namespace, *, derived: dict[str, Any] | None
     return config.resolved() if resolve else config
 
 
+def network_config(args: argparse.Namespace) -> RunConfig:
+    """The run as a network starts it (efpsn up, the coordinator): resolved by the step rule,
+    except a scale standard run, whose l2 and hence step rule wait for the network's totals
+    (every agent resolves it after the secure sum: agent/secure_sum.py, as the simulator does);
+    that one is checked by a trial resolution with the task's default l2 and sent as given."""
+    config = config_from_args(args, resolve=False)
+    if config.scale != STANDARD:
+        return config.resolved()
+    check_standard_masks(config.scale, mask=config.mask, refresh=config.refresh)
+    config.resolved()  # the step rule's own checks fail here, in one line, not in the agents
+    return config
+
+
 def check_flags_against_folder(given: dict[str, Any], layout: DataDirLayout, *,
                                label_column: str | None = None) -> None:
     """ValueError, one line naming the flag, the folder and the fix, for a flag given with
@@ -220,7 +234,8 @@ def _folder_values(layout: DataDirLayout, given: dict[str, Any],
     values.update(folder_run_values(
         layout.root, layout.files, layout.test, label_column=layout.label_column(label_column),
         input_shape=None if shape is None else (shape[1], shape[0]),
-        classes=given.get("classes", layout.schema.classes)))
+        classes=given.get("classes", layout.schema.classes),
+        scale=given.get("scale", layout.schema.scale)))
     return values
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from efpsn.refresh_value import Refresh
+from efpsn.schema import STANDARD, STANDARD_DISCLOSURE
 from efpsn.selection import parse_selection
 
 if TYPE_CHECKING:
@@ -210,6 +211,8 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
                         f"{', '.join(f'agent{i}' for i in lonely)} "
                         f"{'have' if len(lonely) > 1 else 'has'} a single neighbour, which "
                         "holds every seed of its mask and removes it")
+    if config.scale == STANDARD:  # the named disclosure of features in any units
+        warnings.append(STANDARD_DISCLOSURE)
     epsilon, note = _epsilon(config) if with_epsilon else (None, "not computed")
     return PrivacyStatement(
         mode=mode, name=measured.name,

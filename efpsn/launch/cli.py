@@ -5,22 +5,31 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
 from efpsn.cli_common import add_data_dir_arguments
 from efpsn.cli_services import add_debug_flags
-from efpsn.flags import add_run_arguments, config_from_args
+from efpsn.flags import add_run_arguments, network_config
 from efpsn.launch.signals import StopSignals
-from efpsn.schema import check_networked_scale
 
-__all__ = ["add_launch_flags", "add_parser"]
+__all__ = ["add_launch_flags", "add_parser", "run_up"]
 
 
 def _up(args: argparse.Namespace) -> int:
+    # a failure raises NetworkFailed, whose message leads with the root cause; SIGTERM, SIGHUP
+    # and SIGINT raise Stopped, once every process it started is stopped
+    with StopSignals("efpsn up"):
+        summary = run_up(args)
+    return 0 if summary["ok"] else 1
+
+
+def run_up(args: argparse.Namespace) -> dict[str, Any]:
+    """`efpsn up` with parsed arguments: the run's config (network_config) and the launcher's
+    options, the local network run; returns its summary (also efpsn.notebook.train's path)."""
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # no gRPC notices in the user's terminal
     from efpsn.launch.network import launch_local_network
 
-    config = config_from_args(args)
-    check_networked_scale(config.scale)
+    config = network_config(args)
     options = {
         "results": Path(args.results) if args.results else None, "host": args.host,
         "data_dir": Path(args.data_dir) if args.data_dir else None, "holdout": args.holdout,
@@ -30,11 +39,7 @@ def _up(args: argparse.Namespace) -> int:
         "debug_expose_mask": args.debug_expose_mask,
         "allow_insecure_keys": args.allow_insecure_keys,
     }
-    # a failure raises NetworkFailed, whose message leads with the root cause; SIGTERM, SIGHUP
-    # and SIGINT raise Stopped, once every process it started is stopped
-    with StopSignals("efpsn up"):
-        summary = launch_local_network(config, **options)
-    return 0 if summary["ok"] else 1
+    return launch_local_network(config, **options)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

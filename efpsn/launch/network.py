@@ -215,7 +215,8 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
     exits once every agent is assigned)."""
     from tqdm import tqdm
 
-    bar = tqdm(total=config.iterations, disable=quiet, unit="round", desc="network")
+    # a scale standard run's rounds are known once the agents have the totals: no total then
+    bar = tqdm(total=config.iterations or None, disable=quiet, unit="round", desc="network")
     assigned: set[str] = set()
     # read once before the loop too: forked agents may finish a short run before it first polls
     coordinator_mb = peak_rss_mb(coordinator.process.pid) if coordinator.running else None
@@ -232,7 +233,7 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
             running = {a.name: addresses[a.name] for a in agents if a.running}
             statuses = runner.run(poller.poll(running))
             assigned |= {n for n, s in statuses.items() if s.run_id}
-            if assigned == set(addresses) and all(s.phase >= Phase.OPTIMIZE
+            if assigned == set(addresses) and all(s.phase in (Phase.OPTIMIZE, Phase.DONE)
                                                   for s in statuses.values()):
                 build.start()  # every agent is in phase II: start-up is over
             if statuses:
@@ -243,7 +244,7 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
             time.sleep(0.5)
         if any(a.process.returncode != 0 for a in agents):
             raise NetworkFailed(_explain(agents, folder, fallback="an agent failed"))
-        bar.update(config.iterations - bar.n)
+        bar.update(max(0, config.iterations - bar.n))
         return coordinator_mb
     finally:
         bar.close()
