@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from agent.options import AgentFailure
 from agent.prepare import Prepared
@@ -29,6 +29,7 @@ class Session:
     addresses: dict[str, str]  # neighbour name -> host:port
     message_shapes: dict[str, tuple[int, ...]]  # what a round message must carry
     request_limits: dict[str, int]  # method -> largest request it can legitimately carry
+    departed: dict[str, str] = field(default_factory=dict)  # gone neighbour -> why refused
 
     @property
     def run_id(self) -> str:
@@ -41,6 +42,13 @@ class Session:
     @property
     def neighbour_names(self) -> frozenset[str]:
         return frozenset(self.addresses)
+
+    def drop(self, name: str, *, reason: str) -> None:
+        """A neighbour that left for good (agent/departing.py): no more messages to or from it;
+        its messages are refused with `reason`."""
+        self.addresses.pop(name, None)
+        self.names = {i: n for i, n in self.names.items() if n != name}
+        self.departed[name] = reason
 
     def weights(self) -> dict[int, float]:
         out = {self.index: self.assignment.self_weight}

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from efpsn.cli_common import add_data_dir_arguments
-from efpsn.cli_services import add_debug_flags
+from efpsn.cli_services import add_debug_flags, add_departure_flag
 from efpsn.flags import add_run_arguments, config_from_args
 from efpsn.launch.signals import StopSignals
 from efpsn.schema import check_networked_scale
@@ -26,6 +26,7 @@ def _up(args: argparse.Namespace) -> int:
         "data_dir": Path(args.data_dir) if args.data_dir else None, "holdout": args.holdout,
         "label_column": args.label_column, "quiet": args.quiet, "insecure": args.insecure,
         "checkpoint_every": args.checkpoint_every, "fork_agents": not args.no_fork,
+        "departure_deadline": args.departure_deadline,
         "insecure_noise_seed": args.insecure_noise_seed,
         "debug_expose_mask": args.debug_expose_mask,
         "allow_insecure_keys": args.allow_insecure_keys,
@@ -75,5 +76,6 @@ def add_launch_flags(parser: argparse.ArgumentParser, *, ignored: bool = False) 
                          "memory is shared)")
     up.add_argument("--checkpoint-every", type=int, default=50,
                     help="agents save their phase II state every this many rounds")
+    add_departure_flag(up)
     if not ignored:  # test hooks that break privacy: never accepted by efpsn privacy
         add_debug_flags(parser)
