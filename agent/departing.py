@@ -16,59 +16,22 @@ import dataclasses
 import logging
 from typing import Any
 
-import grpc
-
+from agent.bootstrap import report_silence
 from agent.exchange import RoundLink
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, RefusedByNeighbour
 from agent.session import Session
 from agent.state import StateStore
+from efpsn.algorithms import Message
 from efpsn.departure import Departure, drop_node_weights, optimum_of, rebase, reconfigure
 from efpsn.departure_masks import drop_seeds, reseeded
 from efpsn.fading import FadingMask
 from efpsn.refresh import MaskProvider, RefreshedMask
-from efpsn.algorithms import Message
 from efpsn.rounds import RoundDriver
-from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
 
-__all__ = ["LocalDepartures", "Silence", "ask_coordinator"]
+__all__ = ["LocalDepartures", "Silence"]
 
 log = logging.getLogger("efpsn.agent")
-
-
-async def ask_coordinator(stub: coordinator_pb2_grpc.CoordinatorStub, *, session: Session,
-                          name: str, round_: int, silent: list[str], epoch: int,
-                          timeout: float) -> tuple[list[Departure], dict[int, str]]:
-    """Report the silent neighbours and wait for the coordinator's decision: every departure of
-    the run so far, and the departed agents' names by index. AgentFailure (naming the silent
-    ones) when it refuses or cannot decide."""
-    request = coordinator_pb2.SilenceReport(run_id=session.run_id, sender=name, round=round_,
-                                            silent=silent, epoch=epoch)
-    who = ", ".join(silent)
-    try:
-        reply = await stub.ReportSilence(request, timeout=timeout)
-    except grpc.aio.AioRpcError as exc:
-        raise AgentFailure(f"{name}: no round-{round_} message from {who}, and the coordinator "
-                           f"decided no departure: {exc.code().name}: {exc.details()}",
-                           blame=silent[0]) from None
-    if reply.run_id != session.run_id:
-        raise AgentFailure(f"{name}: the coordinator answered for run {reply.run_id[:64]!r}")
-    n = session.config.agents
-    out, names = [], {}
-    try:
-        for d in reply.departed:
-            known = {**session.names, session.index: name}.get(d.index, d.agent)
-            if d.index >= n or any(j >= n for j in d.late_index) or known != d.agent:
-                raise ValueError(f"{d.agent[:64]!r} (index {d.index}) is not an agent of "
-                                 "this run")
-            names[int(d.index)] = d.agent
-            out.append(Departure(agent=int(d.index), round=int(d.round),
-                                 rebase_round=int(d.rebase_round),
-                                 late=tuple(int(j) for j in d.late_index)))
-    except ValueError as exc:
-        raise AgentFailure(f"{name}: the coordinator sent a departure it cannot apply: "
-                           f"{exc}") from None
-    return out, names
 
 
 class LocalDepartures:
@@ -195,7 +158,7 @@ class Silence:
     def __init__(self, *, departures: LocalDepartures, coordinator: Any, mailbox: Mailbox,
                  store: StateStore, timeout: float) -> None:
         self.departures = departures
-        self.stub = coordinator_pb2_grpc.CoordinatorStub(coordinator)
+        self.coordinator = coordinator
         self.mailbox = mailbox
         self.store = store
         self.timeout = timeout  # how long a report waits for the others to report too
@@ -222,8 +185,8 @@ class Silence:
             name = session.assignment.name
             log.warning("%s: %s; asking the coordinator whether %s left", name, failure,
                         ", ".join(silent))
-            found, names = await ask_coordinator(
-                self.stub, session=session, name=name, round_=t, silent=silent,
+            found, names = await report_silence(
+                self.coordinator, session=session, name=name, round_=t, silent=silent,
                 epoch=self.departures.epoch, timeout=self.timeout)
             self.departures.learn(found, names, driver)
             self.store.mark_unresumable(

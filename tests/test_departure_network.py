@@ -1,0 +1,80 @@
+"""A party that leaves for good, through real processes (agent/departing.py and
+coordinator/departures.py): 5 agents on breast-cancer folders of unequal size; agent3 kills
+itself (SIGKILL, hidden hook EFPSN_TEST_CRASH_AT_ROUND) on reaching round 201, after its
+checkpoint of round 200, and never comes back. The other four report it silent, the coordinator
+decides agent3@201:206, and they finish on their own data: exit 0, the records name agent3, and
+their iterates equal `efpsn simulate --leave agent3@201:206` bit for bit."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from efpsn.config import RunConfig
+from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
+from efpsn.departure import parse_leave
+from efpsn.launch.network import launch_local_network
+from efpsn.launch.summary import load_agent_results
+from efpsn.problem import build_problem
+from efpsn.simulator import run_simulation
+
+pytestmark = pytest.mark.timeout(300)
+
+NOISE_SEED, CRASH_AT, DEADLINE = 7, 201, 2.0
+SURVIVORS = ["agent1", "agent2", "agent4", "agent5"]
+
+
+@pytest.fixture(scope="module")
+def departed_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("departure")
+    data = root / "data"
+    # `efpsn data split --data sklearn:breast_cancer --agents 5 --partition dirichlet:1.0`:
+    # folders of unequal size, with the public per-column scale (standardised)
+    split_data(source="sklearn:breast_cancer", agents=5, partition_spec="dirichlet:1.0",
+               out=data, test_fraction=0)
+    config = RunConfig(**{**inspect_data_dir(data).run_values(), "l2": 0.01,  # type: ignore[arg-type]
+                          "iterations": 300, "eval_every": 100, "key_bits": 2048,
+                          "round_timeout_seconds": DEADLINE})
+    started = time.monotonic()
+    summary = launch_local_network(
+        config, results=root / "run", data_dir=data, quiet=True, holdout=0.0,
+        insecure_noise_seed=NOISE_SEED,
+        agent_env={"agent3": {"EFPSN_TEST_CRASH_AT_ROUND": str(CRASH_AT)}})
+    return {"root": root, "data": data, "config": config, "summary": summary,
+            "wall": time.monotonic() - started}
+
+
+def test_the_four_others_finish_and_the_records_name_agent3(departed_run) -> None:
+    summary, run = departed_run["summary"], departed_run["root"] / "run"
+    assert summary["ok"], summary["problems"]
+    assert summary["departures"][0] == {
+        "agent": "agent3", "round": CRASH_AT, "rebase_round": CRASH_AT + 5, "late": [],
+        "neighbours": ["agent2", "agent4"], "epoch": 1, "new_edges": []}
+    assert summary["remaining"] == SURVIVORS
+    assert summary["optimum_of"] == "the optimum of agents 1,2,4,5's objective"
+    assert sorted(summary["agents"]) == SURVIVORS
+    assert not (run / "agent3" / "result.json").exists()
+    coordinator = (run / "logs" / "coordinator.log").read_text()
+    assert "departures decided: agent3@201:206" in coordinator
+    # the slowdown is about one departure deadline (the silent wait), not a restart
+    assert departed_run["wall"] < 60
+
+
+def test_the_network_equals_the_simulated_departure_bitwise(departed_run) -> None:
+    config, data = departed_run["config"], departed_run["data"]
+    problem = build_problem(config, local=load_data_dir(config, data, holdout=0.0))
+    leave = parse_leave(f"agent3@{CRASH_AT}:{CRASH_AT + 5}", agents=5)
+    sim = run_simulation(config, noise_seed=NOISE_SEED, problem=problem, departures=[leave])
+    _, xs = load_agent_results(departed_run["root"] / "run", SURVIVORS)
+    assert len(xs) == len(sim.xs) == 4
+    assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
+    assert sim.departures is not None and sim.departures["remaining_masks_sum_to_zero"]
+
+
+def test_nothing_private_reaches_the_coordinator(departed_run) -> None:
+    # the coordinator hears names and round numbers: its log holds no file and no figure
+    log = (departed_run["root"] / "run" / "logs" / "coordinator.log").read_text()
+    assert str(departed_run["data"]) not in log and "train.npz" not in log
+    assert "loss" not in log
