@@ -157,8 +157,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 raise Reject(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
             log.warning("%s misses %s at round %d", report.sender,
                         ", ".join(sorted(report.silent)) or "nobody", report.round)
-            remaining = context.time_remaining()
-            async with asyncio.timeout(remaining):
+            remaining = context.time_remaining()  # the agent's deadline, at most ours
+            async with asyncio.timeout(self.register_timeout if remaining is None
+                                       else min(remaining, self.register_timeout)):
                 while board.epoch <= report.epoch and board.failure is None:
                     await self._decision.wait()
             if board.epoch <= report.epoch:

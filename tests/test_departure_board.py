@@ -1,12 +1,21 @@
 """The coordinator's departure rule (coordinator/departures.py), without I/O: who left, from
-which round, who used its last message, and the reports it refuses."""
+which round, who used its last message, and the reports it refuses; and its servicer
+(ReportSilence), which holds every report until the decision and answers all with it."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+import grpc
 import pytest
 
 from coordinator.departures import DepartureBoard, Refused, Report
+from coordinator.registry import Registry
+from coordinator.service import CoordinatorService
+from efpsn.config import RunConfig
 from efpsn.departure import Departure
+from efpsn.wire.v1 import coordinator_pb2
 
 NAMES = [f"agent{i}" for i in range(1, 6)]
 
@@ -91,3 +100,66 @@ def test_reports_that_cannot_be_decided_stop_every_waiter(reports: list[Report],
     assert board.failure is not None and board.decided == []
     with pytest.raises(Refused, match=match):  # and every later report hears the same
         board.report(report("agent1", 10, "agent2"))
+
+
+# ------------------------------------------------------------------ the coordinator's servicer
+
+
+class _Context:
+    """Just enough of grpc.aio.ServicerContext for an insecure coordinator."""
+
+    def __init__(self) -> None:
+        self.code: grpc.StatusCode | None = None
+        self.details = ""
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        self.code, self.details = code, details
+        raise grpc.aio.AbortError(details)
+
+    def time_remaining(self) -> float:
+        return 5.0
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+
+def test_the_coordinator_answers_every_held_report_with_one_decision() -> None:
+    # prepare: a 3-ring, assigned; agent2 is silent
+    registry = Registry(RunConfig(agents=3, iterations=100), run_id="r1")
+    for i, name in enumerate(NAMES[:3]):
+        registry.register(name, f"127.0.0.1:{5001 + i}")
+    service = CoordinatorService(registry, register_timeout=5.0)
+
+    def silence(sender: str, round_: int, *silent: str, run_id: str = "r1") -> Any:
+        return service.ReportSilence(coordinator_pb2.SilenceReport(
+            run_id=run_id, sender=sender, round=round_, silent=silent, epoch=0), _Context())
+
+    async def scenario() -> tuple[Any, ...]:
+        held = asyncio.ensure_future(silence("agent1", 10, "agent2"))
+        await asyncio.sleep(0.05)
+        assert not held.done()  # held until every live agent reported
+        second = await silence("agent3", 10, "agent2")
+        first = await held
+        refused = _Context()
+        with pytest.raises(grpc.aio.AbortError):
+            await service.ReportSilence(coordinator_pb2.SilenceReport(
+                run_id="r1", sender="agent2", round=11, silent=["agent1"]), refused)
+        other = _Context()
+        with pytest.raises(grpc.aio.AbortError):
+            await service.ReportSilence(coordinator_pb2.SilenceReport(
+                run_id="r2", sender="agent1", round=11, silent=["agent3"]), other)
+        return first, second, refused, other
+
+    first, second, refused, other = asyncio.run(scenario())
+    # assert: both held calls get the same decision: agent2 left at 10, re-base at 13
+    assert first == second
+    assert [(d.agent, d.index, d.round, d.rebase_round, list(d.late))
+            for d in first.departed] == [("agent2", 1, 10, 13, [])]
+    assert first.epoch == 1 and first.run_id == "r1"
+    # the party declared gone is refused with the reason; another run's report too
+    assert refused.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "agent2 was declared gone at round 10" in refused.details
+    assert other.code == grpc.StatusCode.FAILED_PRECONDITION and "run 'r2'" in other.details
