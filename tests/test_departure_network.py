@@ -3,20 +3,24 @@ coordinator/departures.py): 5 agents on breast-cancer folders of unequal size; a
 itself (SIGKILL, hidden hook EFPSN_TEST_CRASH_AT_ROUND) on reaching round 201, after its
 checkpoint of round 200, and never comes back. The other four report it silent, the coordinator
 decides agent3@201:206, and they finish on their own data: exit 0, the records name agent3, and
-their iterates equal `efpsn simulate --leave agent3@201:206` bit for bit."""
+their iterates equal `efpsn simulate --leave agent3@201:206` bit for bit. A party frozen past
+the deadline (SIGSTOP) is declared gone the same way; woken up (SIGCONT), it is refused with
+the reason and exits 2, while the others finish."""
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Any
 
 import pytest
+from localnet import LocalNet
 
 from efpsn.config import RunConfig
 from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
 from efpsn.departure import parse_leave
 from efpsn.launch.network import launch_local_network
-from efpsn.launch.summary import load_agent_results
+from efpsn.launch.summary import check_results, load_agent_results
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 
@@ -78,3 +82,32 @@ def test_nothing_private_reaches_the_coordinator(departed_run) -> None:
     log = (departed_run["root"] / "run" / "logs" / "coordinator.log").read_text()
     assert str(departed_run["data"]) not in log and "train.npz" not in log
     assert "loss" not in log
+
+
+def test_a_party_declared_gone_that_comes_back_is_refused(tmp_path) -> None:
+    # prepare: a 4-ring; agent2 frozen (SIGSTOP) at round 10 for longer than the deadline
+    config = RunConfig(agents=4, iterations=60, eval_every=30, key_bits=2048,
+                       round_timeout_seconds=DEADLINE)
+    others = ["agent1", "agent3", "agent4"]
+    with LocalNet(tmp_path, config) as net:
+        net.start_all()
+        net.wait_round("agent2", 10, timeout=120)
+        net.signal("agent2", signal.SIGSTOP)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(net.procs[n].poll() is None for n in others):
+            time.sleep(0.2)
+        codes = {n: net.procs[n].poll() for n in others}
+        # execute: it wakes up after the others finished without it
+        net.signal("agent2", signal.SIGCONT)
+        back = net.procs["agent2"].wait(timeout=60)
+        logs = {n: net.log(n) for n in ["coordinator", "agent2", *others]}
+    # assert: the others exit 0 naming agent2; agent2 exits 2 with the reason, in one line
+    assert codes == {n: 0 for n in others}, {n: logs[n][-1500:] for n in others}
+    results, _ = load_agent_results(tmp_path, others)
+    assert check_results(results, iterations=config.iterations) == []
+    assert {r["departures"][0]["agent"] for r in results} == {"agent2"}
+    assert {r["optimum_of"] for r in results} == {"the optimum of agents 1,3,4's objective"}
+    assert back == 2, logs["agent2"][-2000:]
+    error = [line for line in logs["agent2"].splitlines() if ": error: " in line]
+    assert len(error) == 1 and "agent2 was declared gone at round" in error[0], error
+    assert "Traceback" not in logs["agent2"]
