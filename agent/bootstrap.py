@@ -141,15 +141,13 @@ async def report_silence(channel: grpc.aio.Channel, *, session: Session, name: s
     ones) when it refuses or cannot decide."""
     request = coordinator_pb2.SilenceReport(run_id=session.run_id, sender=name, round=round_,
                                             silent=silent, epoch=epoch)
-    who = ", ".join(silent)
     try:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         reply = await stub.ReportSilence(request, timeout=timeout)
     except grpc.aio.AioRpcError as exc:
         gone = (exc.details() or "").startswith(f"{name} was declared gone")  # its own cause
-        raise AgentFailure(f"{name}: no round-{round_} message from {who}, and the coordinator "
-                           f"decided no departure: {exc.code().name}: {exc.details()}",
-                           blame=None if gone else silent[0]) from None
+        raise AgentFailure(f"the coordinator decided no departure: {exc.code().name}: "
+                           f"{exc.details()}", blame=None if gone else silent[0]) from None
     if reply.run_id != session.run_id:
         raise AgentFailure(f"{name}: the coordinator answered for run {reply.run_id[:64]!r}")
     n = session.config.agents

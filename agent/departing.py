@@ -185,9 +185,13 @@ class Silence:
             name = session.assignment.name
             log.warning("%s: %s; asking the coordinator whether %s left", name, failure,
                         ", ".join(silent))
-            found, names = await report_silence(
-                self.coordinator, session=session, name=name, round_=t, silent=silent,
-                epoch=self.departures.epoch, timeout=self.timeout)
+            try:
+                found, names = await report_silence(
+                    self.coordinator, session=session, name=name, round_=t, silent=silent,
+                    epoch=self.departures.epoch, timeout=self.timeout)
+            except AgentFailure as undecided:  # the silence stops this agent, as without
+                raise AgentFailure(f"{failure}; {undecided}",
+                                   blame=undecided.blame and failure.blame) from None
             self.departures.learn(found, names, driver)
             self.store.mark_unresumable(
                 f"{name} applied a departure at round {t}; resuming after one is not "
