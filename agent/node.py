@@ -23,6 +23,7 @@ import grpc
 
 from agent.bootstrap import bootstrap
 from agent.concurrency import to_completion
+from agent.departing import LocalDepartures, Silence
 from agent.exchange import RoundLink
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, AgentOptions
@@ -140,8 +141,7 @@ class AgentNode:
         """Bootstrap through the coordinator, save the assignment, phase I, save the mask."""
         opts = self.options
         address = self._advertised()
-        channel = self.peers.open(opts.coordinator, opts.coordinator_name)
-        self.peers.keep("coordinator", channel)
+        channel = self.peers.coordinator()
         prepared, assignment = await bootstrap(channel, options=opts, address=address,
                                                on_parameters=self._generate_keys)
         session = await open_session(assignment, name=opts.name, prepared=prepared)
@@ -213,9 +213,12 @@ class AgentNode:
         opts, cfg = self.options, session.config
         driver = make_driver(session, masks, checkpoint)
         first = driver.t
+        silence = self._silence(session, masks)
+        deadline = opts.departure_deadline or cfg.round_timeout_seconds
         link = RoundLink(
             peers=self.peers, outbox=self.outbox, run_id=session.run_id, name=opts.name,
-            neighbours=list(session.neighbour_names), timeout=cfg.round_timeout_seconds,
+            neighbours=list(session.neighbour_names),
+            timeout=cfg.round_timeout_seconds if silence is None else deadline,
             replay=Replay(peers=self.peers, ledger=ledger, mailbox=self.mailbox,
                           neighbours=replay, describe_loss=self._describe_loss(session, first),
                           on_loss=self.store.mark_unresumable))
@@ -226,7 +229,8 @@ class AgentNode:
                 session=session, driver=driver, link=link, ledger=ledger, mailbox=self.mailbox,
                 store=self.store, status=self.status, checkpoint_every=opts.checkpoint_every,
                 name=opts.name, history=history,
-                on_evaluation=None if opts.quiet else self._progress(cfg.iterations))
+                on_evaluation=None if opts.quiet else self._progress(cfg.iterations),
+                silence=silence)
         except BaseException:
             await link.abandon()
             raise
@@ -245,6 +249,7 @@ class AgentNode:
             Path(opts.results_dir) / opts.name, session=session, name=opts.name,
             x=done.state["x"], history=done.history, timings=self.timings,
             resumed_from=ledger.resumed_from, rejections=dict(self.rejections.counts),
+            departures=None if silence is None else silence.departures.to_json(),
             expose_mask=masks.coefficients(0) if opts.debug_expose_mask else None)
         self.outbox.stop_logging()  # deleted with the checkpoints; memory serves the rest
         self.store.mark_finished(saved)
@@ -253,6 +258,19 @@ class AgentNode:
         self.status.finished = True
         await link.finish(done.state.t, done.final_outbox)
         return result
+
+    def _silence(self, session: Session, masks: MaskProvider) -> Silence | None:
+        """How a silent neighbour is handled in phase II (agent/departing.py); None when
+        departures are off (--departure-deadline 0)."""
+        opts = self.options
+        if opts.departure_deadline == 0:
+            return None
+        channel = self.peers.coordinator()
+        deadline = opts.departure_deadline or session.config.round_timeout_seconds
+        # the others report up to a few rounds later: wait for their deadline too
+        return Silence(departures=LocalDepartures(session, masks), coordinator=channel,
+                       mailbox=self.mailbox, store=self.store,
+                       timeout=deadline + session.config.round_timeout_seconds)
 
     def _progress(self, iterations: int) -> Any:
         """A progress line per evaluation, for this agent's own operator (its log)."""

@@ -26,7 +26,8 @@ log = logging.getLogger("efpsn.agent")
 def write_results(folder: Path, *, session: Session, name: str, x: torch.Tensor,
                   history: list[dict[str, float]], timings: dict[str, float],
                   resumed_from: int | None, rejections: dict[str, int],
-                  expose_mask: MaskCoefficients | None = None) -> dict[str, Any]:
+                  expose_mask: MaskCoefficients | None = None,
+                  departures: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write FOLDER/model.safetensors and FOLDER/model.npy (the final iterate, float64; the
     latter flat in model.parameters() order) and FOLDER/result.json; return the result. `expose_mask`: the debug hook that also writes this
     agent's mask (never in a real deployment)."""
@@ -52,6 +53,8 @@ def write_results(folder: Path, *, session: Session, name: str, x: torch.Tensor,
         "rejections": rejections,
         "model": MODEL_FILE,  # the named state dict; model.npy: the same, flat
     }
+    if departures is not None:  # who left, when, and what the model is the optimum of
+        result.update(departures)
     if expose_mask is not None:
         log.warning("%s: writing its mask into result.json (debug hook; not private)", name)
         result["debug_mask_numerators"] = [str(v) for v in expose_mask.numerators]

@@ -104,6 +104,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         max_bytes = limits.SMALL_REQUEST_BYTES
         if method != "GetStatus":
             s = self._assigned()
+            gone = sorted(names & s.departed.keys()) if names is not None else []
+            if gone:
+                raise Reject(StatusCode.FAILED_PRECONDITION, s.departed[gone[0]])
             if names is not None and not names & s.neighbour_names:
                 raise Reject(
                     StatusCode.PERMISSION_DENIED,
@@ -146,6 +149,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                              f"the caller's certificate is for {sorted(names)}, but the message "
                              f"claims to come from {_short(claimed)}")
         s = self._assigned()
+        if claimed in s.departed:
+            raise Reject(StatusCode.FAILED_PRECONDITION, s.departed[claimed])
         if claimed not in s.neighbour_names:
             raise Reject(StatusCode.PERMISSION_DENIED,
                          f"sender {_short(claimed)} is not a neighbour of {self.identity.name} in "

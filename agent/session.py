@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agent.options import AgentFailure
@@ -37,6 +37,7 @@ class Session:
     request_limits: dict[str, int]  # method -> largest request it can legitimately carry
     # scale standard, once the secure sum is over: the network's (mean, std) per feature
     standardisation: tuple[np.ndarray, np.ndarray] | None = None
+    departed: dict[str, str] = field(default_factory=dict)  # gone neighbour -> why refused
 
     @property
     def run_id(self) -> str:
@@ -49,6 +50,13 @@ class Session:
     @property
     def neighbour_names(self) -> frozenset[str]:
         return frozenset(self.addresses)
+
+    def drop(self, name: str, *, reason: str) -> None:
+        """A neighbour that left for good (agent/departing.py): no more messages to or from it;
+        its messages are refused with `reason`."""
+        self.addresses.pop(name, None)
+        self.names = {i: n for i, n in self.names.items() if n != name}
+        self.departed[name] = reason
 
     def weights(self) -> dict[int, float]:
         out = {self.index: self.assignment.self_weight}

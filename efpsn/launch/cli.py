@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from efpsn.cli_common import add_data_dir_arguments
-from efpsn.cli_services import add_debug_flags
+from efpsn.cli_services import add_debug_flags, add_departure_flag
 from efpsn.flags import add_run_arguments, network_config
 from efpsn.launch.signals import StopSignals
 
@@ -35,6 +35,7 @@ def run_up(args: argparse.Namespace) -> dict[str, Any]:
         "data_dir": Path(args.data_dir) if args.data_dir else None, "holdout": args.holdout,
         "label_column": args.label_column, "quiet": args.quiet, "insecure": args.insecure,
         "checkpoint_every": args.checkpoint_every, "fork_agents": not args.no_fork,
+        "departure_deadline": args.departure_deadline,
         "insecure_noise_seed": args.insecure_noise_seed,
         "debug_expose_mask": args.debug_expose_mask,
         "allow_insecure_keys": args.allow_insecure_keys,
@@ -80,5 +81,6 @@ def add_launch_flags(parser: argparse.ArgumentParser, *, ignored: bool = False) 
                          "memory is shared)")
     up.add_argument("--checkpoint-every", type=int, default=50,
                     help="agents save their phase II state every this many rounds")
+    add_departure_flag(up)
     if not ignored:  # test hooks that break privacy: never accepted by efpsn privacy
         add_debug_flags(parser)
