@@ -182,3 +182,33 @@ def test_spread_bounds_the_distance_to_the_mean(spec: str, n: int) -> None:
         # assert
         assert np.linalg.norm(z - z.mean(axis=0), axis=1).max() <= s * r * (1 + 1e-9)
     assert s >= 1.0 and diameter(w) >= 1
+
+
+@pytest.mark.parametrize("gamma", ["1", "1e6"])
+def test_aggregated_wine_run_is_as_exact_as_the_unmasked_one(tmp_path, gamma: str) -> None:
+    # prepare: wine in 4 private folders; the defaults (every parameter, fading masks), every
+    # round of the step rule (no early stop), messages in the clear and aggregated
+    import json
+
+    from efpsn.cli import main
+    from efpsn.datadir import split_data
+
+    split_data(source="sklearn:wine", agents=4, partition_spec="iid", out=tmp_path / "wine")
+
+    def run(*extra: str) -> dict:
+        out = tmp_path / f"{len(list(tmp_path.iterdir()))}.json"
+        assert main(["simulate", "--data-dir", str(tmp_path / "wine"), "--agents", "4",
+                     "--holdout", "0", "--quiet", "--stop-every", "never", "--gamma", gamma,
+                     "--json", str(out), *extra]) == 0
+        return json.loads(out.read_text())
+
+    # execute
+    unmasked = run("--mask", "none")
+    aggregated = run("--messages", "aggregate")
+    # assert: the run is masked and refreshed, ends within 1.1x of unmasked + 1e-6, and the
+    # certificate (from the aggregated gap) says converged
+    assert aggregated["settings"]["refresh"].startswith("fading")
+    assert aggregated["final"]["round"] == unmasked["final"]["round"]
+    assert (aggregated["final"]["relative_deviation"]
+            <= 1.1 * unmasked["final"]["relative_deviation"] + 1e-6)
+    assert aggregated["convergence"]["converged"]
