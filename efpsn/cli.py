@@ -78,7 +78,7 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"masks sum to zero exactly: {mask_sums_are_zero(result.masks)}")
     from efpsn.privacy_modes import privacy_statement
 
-    privacy = privacy_statement(result.config, problem.graph)
+    privacy = privacy_statement(result.config, problem.graph, messages=args.messages)
     if args.json:
         write_json(args.json, {**result.to_json(), "privacy": privacy.to_json()})
         print(f"wrote {args.json}")

@@ -212,3 +212,20 @@ def test_aggregated_wine_run_is_as_exact_as_the_unmasked_one(tmp_path, gamma: st
     assert (aggregated["final"]["relative_deviation"]
             <= 1.1 * unmasked["final"]["relative_deviation"] + 1e-6)
     assert aggregated["convergence"]["converged"]
+
+
+def test_the_privacy_line_names_messages_sent_unmasked() -> None:
+    from efpsn.config import RunConfig
+    from efpsn.privacy_modes import privacy_statement
+
+    config = RunConfig(agents=4, topology="path").resolved()
+    line = privacy_statement(config, build_graph("path", 4), with_epsilon=False,
+                             messages="aggregate").line()
+    assert "messages aggregated per receiver" in line
+    assert "sent unmasked to a receiver with one neighbour: agent2 to agent1, agent3 to agent4" \
+        in line
+    ring = privacy_statement(config, build_graph("ring", 4), with_epsilon=False,
+                             messages="aggregate").line()
+    assert "messages aggregated" in ring and "sent unmasked" not in ring
+    assert "aggregated" not in privacy_statement(config, build_graph("ring", 4),
+                                                 with_epsilon=False).line()
