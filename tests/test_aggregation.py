@@ -195,23 +195,29 @@ def test_aggregated_wine_run_is_as_exact_as_the_unmasked_one(tmp_path, gamma: st
 
     split_data(source="sklearn:wine", agents=4, partition_spec="iid", out=tmp_path / "wine")
 
-    def run(*extra: str) -> dict:
+    def run(*extra: str, stop: str = "never") -> dict:
         out = tmp_path / f"{len(list(tmp_path.iterdir()))}.json"
         assert main(["simulate", "--data-dir", str(tmp_path / "wine"), "--agents", "4",
-                     "--holdout", "0", "--quiet", "--stop-every", "never", "--gamma", gamma,
+                     "--holdout", "0", "--quiet", "--stop-every", stop, "--gamma", gamma,
                      "--json", str(out), *extra]) == 0
         return json.loads(out.read_text())
 
     # execute
     unmasked = run("--mask", "none")
     aggregated = run("--messages", "aggregate")
+    stopped = run("--messages", "aggregate", stop="auto")
     # assert: the run is masked and refreshed, ends within 1.1x of unmasked + 1e-6, and the
-    # certificate (from the aggregated gap) says converged
+    # certificate (from the aggregated gap and the spread S) says converged
     assert aggregated["settings"]["refresh"].startswith("fading")
     assert aggregated["final"]["round"] == unmasked["final"]["round"]
     assert (aggregated["final"]["relative_deviation"]
             <= 1.1 * unmasked["final"]["relative_deviation"] + 1e-6)
     assert aggregated["convergence"]["converged"]
+    # the stop rule on the aggregated gap ends the run early, and its certificate is a bound
+    assert stopped["final"]["round"] < aggregated["final"]["round"]
+    assert stopped["convergence"]["converged"]
+    for result in (aggregated, stopped):
+        assert result["convergence"]["certificate"] >= result["final"]["relative_deviation"]
 
 
 def test_the_privacy_line_names_messages_sent_unmasked() -> None:
