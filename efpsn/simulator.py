@@ -209,8 +209,13 @@ def run_simulation(
             zero_sum.use(())  # from now on the replay checks the remaining masks, every round
             if replay.connected():  # the transition of a cut graph keeps the last one
                 certifier = Certifier.for_run(config, replay.remaining_weights())
-        # round t's messages, sealed for each neighbour before anyone steps
-        sent = {i: channels[i].seal(drivers[i].outbox, t, neighbours(i)) for i in active}
+        # round t's messages, sealed for each receiver before anyone steps (a sender is anyone
+        # an active agent takes messages from)
+        receivers: dict[int, list[int]] = {}
+        for i in active:
+            for j in neighbours(i):
+                receivers.setdefault(j, []).append(i)
+        sent = {j: channels[j].seal(drivers[j].outbox, t, to) for j, to in receivers.items()}
         due = [drivers[i].step(channels[i].open({j: sent[j][i] for j in neighbours(i)}, t))
                for i in active]
         zero_sum.check(t)
