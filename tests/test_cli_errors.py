@@ -243,13 +243,18 @@ def test_privacy_takes_the_runs_own_flags(tmp_path: Path,
     assert main(["privacy", "--data-dir", data, "--algorithm", "gt", "--holdout", "0.1",
                  "--results", "R", "--quiet", "--no-fork", "--checkpoint-every", "5"]) == 0
     lines = capsys.readouterr().out.splitlines()
+    # a folder of tables with no public scale runs scale standard: its rounds wait for the
+    # network's sample count, and the statement names what the secure sum discloses
     assert lines[0] == (f"the run on {data}: 4 agents (ring), task logreg on inputs of shape 30 "
-                        "and 2 classes, gt, 20000 rounds")
+                        "and 2 classes, gt, the step rule's rounds once the secure sum gives "
+                        "l2 = 1/N_total")
+    assert lines[1].startswith("Disclosed by design to every agent (scale standard): every "
+                               "column's global mean and variance and the total sample count")
     # the folder's schema (30 features, 2 classes), not the paper's 1x28x28 and 10 classes:
     # the model has 30 x 2 + 2 parameters to perturb
-    assert "of the m = 62 coordinates of 'all'" in lines[2]
+    assert "of the m = 62 coordinates of 'all'" in lines[3]
     assert main(["privacy", "--agents", "4", "--input-shape", "30", "--classes", "2",
-                 "--algorithm", "gt"]) == 0
+                 "--algorithm", "gt", "--scale", "standard"]) == 0
     assert capsys.readouterr().out.splitlines() == lines[1:]  # the same statement
     # the hooks that break privacy are not accepted
     with pytest.raises(SystemExit):

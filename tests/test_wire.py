@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from efpsn.config import RunConfig
+from efpsn.stopping import STOP_KEY
 from efpsn.wire import limits, rounds, serde
 from efpsn.wire.serde import Phase, WireError
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
@@ -63,7 +64,8 @@ def test_tensor_round_trip_is_bit_exact(array: np.ndarray) -> None:
     assert _bits(back) == array.tobytes()
 
 
-@given(st.dictionaries(st.text(min_size=1, max_size=6), raw_arrays(), min_size=1, max_size=3),
+@given(st.dictionaries(st.text(min_size=1, max_size=6).filter(lambda name: name != STOP_KEY),
+                       raw_arrays(), min_size=1, max_size=3),
        st.integers(min_value=0, max_value=2**64 - 1))
 def test_encode_round_writes_the_bytes_of_the_message(message: dict[str, np.ndarray],
                                                       round_: int) -> None:
