@@ -212,7 +212,7 @@ class AgentNode:
                 session=session, driver=driver, link=link, ledger=ledger, mailbox=self.mailbox,
                 store=self.store, status=self.status, checkpoint_every=opts.checkpoint_every,
                 name=opts.name, history=history,
-                on_evaluation=None if opts.quiet else self._progress(cfg.iterations))
+                on_evaluation=None if opts.quiet else self._progress(cfg.iterations.total))
         except BaseException:
             await link.abandon()
             raise
@@ -253,7 +253,7 @@ class AgentNode:
 
     def _attach(self, session: Session, *, resumed_from: int | None) -> RoundLedger:
         """The session is known: neighbours' messages are served from now on."""
-        ledger = RoundLedger(last=session.config.iterations, keep=self.options.keep_rounds,
+        ledger = RoundLedger(last=session.config.iterations.total, keep=self.options.keep_rounds,
                              position=resumed_from or 0, resumed_from=resumed_from)
         self.service.attach(session, ledger)
         self.peers.attach(session, ledger)

@@ -47,12 +47,12 @@ def make_driver(session: Session, masks: MaskProvider,
                 checkpoint: Checkpoint | None) -> RoundDriver:
     """The round driver of this agent's run, fresh or from a checkpoint."""
     cfg, problem = session.config, session.problem
-    algorithm = make_algorithm(cfg.algorithm, momentum=cfg.momentum)
-    schedule = make_schedule(cfg.schedule, iterations=cfg.iterations)
+    algorithm = make_algorithm(cfg.algorithm, momentum=cfg.momentum.value)
+    schedule = make_schedule(cfg.schedule, iterations=cfg.iterations.total)
     ctx = StepContext(agent=session.index, weights=session.weights(), lr=schedule(0),
                       oracle=problem.objective(session.index, masks))
     common = {"algorithm": algorithm, "context": ctx, "schedule": schedule,
-              "iterations": cfg.iterations, "eval_every": cfg.eval_every,
+              "iterations": cfg.iterations.total, "eval_every": cfg.eval_every,
               "stop": StopRule.for_run(cfg, problem.weights)}
     if checkpoint is None:
         return RoundDriver(x0=problem.initial_params(), **common)

@@ -254,8 +254,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         s = self._authenticate(context, request.header.sender)
         header = serde.validate_header(request.header, run_id=s.run_id, phase=Phase.OPTIMIZE)
         t = header.round
-        if t > s.config.iterations:
-            raise WireError(f"round {t} is beyond the run's last round {s.config.iterations}")
+        if t > s.config.iterations.total:
+            raise WireError(f"round {t} is beyond the run's last round {s.config.iterations.total}")
         message = self.outbox.get(t)
         if message is not None:
             return round_reply(message, latest_round=self.outbox.produced)
@@ -276,7 +276,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         st = self.status
         reply = agent_pb2.AgentStatus(
             name=self.identity.name, phase=int(st.phase), round=st.round,
-            total_rounds=s.config.iterations if s else 0, loss=math.nan, accuracy=math.nan,
+            total_rounds=s.config.iterations.total if s else 0, loss=math.nan, accuracy=math.nan,
             error=st.error, finished=st.finished,
         )
         names = caller_names(context) if self.identity.tls else None

@@ -12,7 +12,15 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from efpsn.config import LOCAL_DATA, PRESETS, Declaration, RunConfig, declarations, parse_shape
+from efpsn.config import (
+    LOCAL_DATA,
+    PRESETS,
+    Declaration,
+    RunConfig,
+    declarations,
+    parse_shape,
+    value_types,
+)
 
 if TYPE_CHECKING:
     from efpsn.datadir import DataDirLayout
@@ -28,8 +36,9 @@ def flag_of(name: str, declared: Declaration) -> str:
     return declared.flag or "--" + name.replace("_", "-")
 
 
-def _argument_type(name: str, declared: Declaration, kind: str) -> Callable[[str], Any]:
-    convert = declared.parse or _PARSERS[kind]
+def _argument_type(name: str, declared: Declaration, kind: Any) -> Callable[[str], Any]:
+    # a value without a declared parse stays text here: RunConfig parses it, once
+    convert = declared.parse or (_PARSERS[kind] if isinstance(kind, str) else str)
 
     def parse(text: str) -> Any:
         try:
@@ -60,7 +69,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *,
     for f, declared in declarations():
         if wanted is not None and f.name not in wanted:
             continue
-        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        kind = value_types().get(f.name) or (f.type if isinstance(f.type, str)
+                                             else f.type.__name__)
         shown = declared.show(f.default) if declared.show else f.default
         options: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": f.name,
                                    "help": f"{declared.help} (default {shown})"

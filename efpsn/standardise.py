@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from efpsn.config import RunConfig
-from efpsn.refresh_value import Refresh
 from efpsn.schema import STANDARD
 from efpsn.secure_stats import Totals, decode_totals, masked_vector, sum_masked
 from efpsn.seeds import EdgeSeeds
@@ -49,10 +48,10 @@ def check_standardisable(config: RunConfig) -> None:
     masks refreshed or fading), or no masks at all (then nothing is private anyway)."""
     if not standardises(config) or config.mask == "none":
         return
-    if config.mask != "zero-sum" or not Refresh.parse(config.refresh).refreshed:
+    if config.mask != "zero-sum" or not config.refresh.refreshed:
         raise ValueError(
             f"scale standard sums the column statistics under masks from phase I's edge seeds, "
-            f"which mask {config.mask!r} with refresh {config.refresh!r} does not share: use "
+            f"which mask {config.mask!r} with refresh {str(config.refresh)!r} does not share: use "
             f"--refresh fading (the default) or every:R, or give public scales in schema.json "
             f"(scale none, unit or div:...)")
 
@@ -69,7 +68,7 @@ def with_count_l2(config: RunConfig, totals: Totals) -> RunConfig:
     """The run with logistic regression's l2 from the total count when it was left to its
     default (a negative l2); otherwise unchanged. Not resolved (RunConfig.resolved applies the
     step rule with this l2)."""
-    if config.task != "logreg" or config.l2 >= 0:
+    if config.task != "logreg" or not config.l2.default:
         return config
     return config.replace(l2=count_l2(totals.count))
 

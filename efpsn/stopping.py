@@ -100,7 +100,7 @@ class StopRule:
 
         c = config.resolved()
         certifier = Certifier.for_run(c, weights)
-        return cls(every=c.stop_every, hops=certifier.hops, cap=c.iterations,
+        return cls(every=c.stop_every, hops=certifier.hops, cap=c.iterations.total,
                    curvature=certifier.curvature, l2=certifier.l2, momentum=certifier.momentum,
                    target=TARGET)
 

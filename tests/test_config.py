@@ -113,8 +113,8 @@ def test_basis_counts_follow_the_model() -> None:
 def test_presets_apply_under_given_flags() -> None:
     assert PRESETS["paper"]["N"] == 10
     paper = _parse("--preset", "paper", "--iterations", "200")
-    assert (paper.algorithm, paper.schedule, paper.batch_size, paper.N, paper.iterations) == (
-        "dsgd", "paper", 64, 10, 200)
+    assert (paper.algorithm, str(paper.schedule), paper.batch_size.size, paper.N,
+            paper.iterations.count) == ("dsgd", "paper", 64, 10, 200)
     with pytest.raises(ValueError, match="unknown preset"):
         RunConfig.preset("fast")
 

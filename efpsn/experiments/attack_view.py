@@ -110,7 +110,7 @@ def one_sample_problem(config: RunConfig, *, sample: Dataset, others: list[Datas
 def record_view(problem: Problem, *, noise_seed: int, pairs: int = 400) -> RoundView:
     """Run the simulation of the problem's settings and return agent 0's kept oracle calls."""
     config = problem.config
-    horizon = config.iterations
+    horizon = config.iterations.total
     watched = _WatchedProblem(**{f.name: getattr(problem, f.name)
                                  for f in dataclasses.fields(Problem)},
                               keep=stride_rounds(horizon, pairs=pairs))

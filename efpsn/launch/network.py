@@ -215,7 +215,7 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
     exits once every agent is assigned)."""
     from tqdm import tqdm
 
-    bar = tqdm(total=config.iterations, disable=quiet, unit="round", desc="network")
+    bar = tqdm(total=config.iterations.total, disable=quiet, unit="round", desc="network")
     assigned: set[str] = set()
     # read once before the loop too: forked agents may finish a short run before it first polls
     coordinator_mb = peak_rss_mb(coordinator.process.pid) if coordinator.running else None
@@ -243,7 +243,7 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
             time.sleep(0.5)
         if any(a.process.returncode != 0 for a in agents):
             raise NetworkFailed(_explain(agents, folder, fallback="an agent failed"))
-        bar.update(config.iterations - bar.n)
+        bar.update(config.iterations.total - bar.n)
         return coordinator_mb
     finally:
         bar.close()
