@@ -137,9 +137,10 @@ class AgentNode:
         prepared, assignment = await bootstrap(channel, options=opts, address=address,
                                                on_parameters=self._generate_keys)
         session = await open_session(assignment, name=opts.name, prepared=prepared)
-        saved = SavedAssignment(assignment=assignment, advertise=address,
+        saved = SavedAssignment(assignment=assignment, config=prepared.config, advertise=address,
                                 port=self._port(), finished=False)
-        self.store.save_assignment(assignment, advertise=address, port=saved.port)
+        self.store.save_assignment(assignment, config=prepared.config, advertise=address,
+                                   port=saved.port)
         ledger = self._attach(session, resumed_from=None)
         self.timings["phase1_started_at"] = time.time()  # wall clock, for start-up
         start = time.perf_counter()
@@ -167,7 +168,7 @@ class AgentNode:
         opts = self.options
         name = opts.name
         check_address(saved, name=name, advertised=self._advertised())
-        config = RunConfig.from_dict(saved.assignment.params)
+        config = saved.config
         prepared = await asyncio.to_thread(prepare, config, opts)
         session = await open_session(saved.assignment, name=name, prepared=prepared)
         phase_one, stats, received = reload_phase_one(self.store, name=name, session=session)

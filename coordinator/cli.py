@@ -17,7 +17,8 @@ from efpsn.cli_services import (
     setup_logging,
     tls_from_args,
 )
-from efpsn.flags import add_run_arguments, config_from_args
+from efpsn.config import RunConfig, declarations
+from efpsn.flags import add_run_arguments, config_from_args, flag_of
 from efpsn.lifeline import hold_to_launcher
 from efpsn.schema import check_networked_scale
 
@@ -28,7 +29,7 @@ def _coordinator(args: argparse.Namespace) -> int:
     from coordinator.service import serve
 
     setup_logging(args.verbose)
-    config = config_from_args(args)  # validated here, once, torch-free (efpsn/config.py)
+    config = coordinator_config(args)  # validated here, once, torch-free (efpsn/config.py)
     check_networked_scale(config.scale)
     check_key_policy(config, allow_insecure_keys=args.allow_insecure_keys)
     tls = tls_from_args(args, args.tls_name)
@@ -42,6 +43,21 @@ def _coordinator(args: argparse.Namespace) -> int:
         linger=None if args.keep_serving else args.linger,
     ))
     return 0
+
+
+def coordinator_config(args: argparse.Namespace) -> RunConfig:
+    """The run: --run-parameters FILE (one RunParameters message, as `efpsn up` writes it), or
+    the run flags, never both (a flag beside the file would be silently one or the other)."""
+    if args.run_parameters is None:
+        return config_from_args(args)
+    flags = sorted(flag_of(f.name, d) for f, d in declarations() if f.name in vars(args))
+    if flags or "preset" in vars(args):
+        raise ValueError(f"--run-parameters {args.run_parameters} holds the whole run: drop "
+                         f"{', '.join(flags) or '--preset'}")
+    from efpsn.wire.records import decode_run_parameters
+
+    with open(args.run_parameters, "rb") as fh:
+        return RunConfig.from_dict(decode_run_parameters(fh.read())).resolved()
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -67,6 +83,9 @@ def configure(coord: argparse.ArgumentParser) -> None:
     coord.add_argument("--keep-serving", action="store_true",
                        help="serve until stopped instead (e.g. to keep GetRunStatus answering)")
     coord.add_argument("--verbose", action="store_true")
+    coord.add_argument("--run-parameters", default=None, metavar="FILE",
+                       help="the run's parameters as one serialised efpsn.v1.RunParameters "
+                            "message (what `efpsn up` writes), instead of the run flags")
     coord.add_argument("--allow-insecure-keys", action="store_true", help=argparse.SUPPRESS)
     add_tls_flags(coord, own_name="--tls-name")
     coord.add_argument("--tls-name", default="coordinator",

@@ -1,8 +1,8 @@
 """The run parameters as command-line flags, built from their declarations in efpsn/config.py.
 
 Every command that takes run parameters (simulate, up, coordinator, privacy, the experiments)
-gets its flags here, with the same names, types, defaults and help; `config_to_args` is the
-inverse, for starting a service with a config.
+gets its flags here, with the same names, types, defaults and help. A config goes to another
+process as one RunParameters message (run_parameters_args), never as flags rebuilt from it.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from efpsn.config import (
@@ -25,8 +26,8 @@ from efpsn.config import (
 if TYPE_CHECKING:
     from efpsn.datadir import DataDirLayout
 
-__all__ = ["add_run_arguments", "check_flags_against_folder", "config_from_args",
-           "config_to_args", "flag_of"]
+__all__ = ["add_run_arguments", "check_flags_against_folder", "config_from_args", "flag_of",
+           "run_parameters_args"]
 
 _PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
@@ -181,16 +182,13 @@ def _folder_values(layout: DataDirLayout, given: dict[str, Any],
     return values
 
 
-def config_to_args(config: RunConfig) -> list[str]:
-    """The flags that reproduce `config` on another command line (inverse of config_from_args)."""
-    out: list[str] = []
-    for f, declared in declarations():
-        value = getattr(config, f.name)
-        flag = flag_of(f.name, declared)
-        if isinstance(value, bool):
-            out.append(flag if value else "--no-" + flag[2:])
-        elif declared.show is not None:
-            out += [flag, declared.show(value)]
-        else:
-            out += [flag, repr(value) if isinstance(value, float) else str(value)]
-    return out
+def run_parameters_args(config: RunConfig, folder: Path) -> list[str]:
+    """The coordinator's flags for `config`: `--run-parameters FILE` with the run written to
+    folder/run-parameters.pb as one efpsn.v1.RunParameters message, the form the coordinator
+    hands on to the agents (the config crosses each process boundary once, not as flags)."""
+    from efpsn.wire.records import encode_run_parameters
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    path = Path(folder) / "run-parameters.pb"
+    path.write_bytes(encode_run_parameters(config.to_dict()))
+    return ["--run-parameters", str(path)]

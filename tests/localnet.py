@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Self
 
 from efpsn.config import RunConfig
-from efpsn.flags import config_to_args
+from efpsn.flags import run_parameters_args
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
 from efpsn.wire.status import AgentStatus, fetch_status
 from efpsn.wire.tls import TlsConfig, generate_certificates
@@ -94,7 +94,7 @@ class LocalNet:
         self.argv["coordinator"] = [
             "efpsn", "coordinator", "--listen", "127.0.0.1:0", "--keep-serving",
             "--expected-names", ",".join(self.names), *self.tls_args,
-            *config_to_args(self.config),
+            *run_parameters_args(self.config, self.folder),
         ]
         self._spawn("coordinator")
         return self.wait_port("coordinator")

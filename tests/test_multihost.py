@@ -26,7 +26,7 @@ import torch
 from netns import NetnsNetwork, can_use_netns, stop_processes
 
 from efpsn.config import RunConfig
-from efpsn.flags import config_to_args
+from efpsn.flags import run_parameters_args
 from efpsn.launch.summary import load_agent_results
 from efpsn.simulator import run_simulation
 from efpsn.wire.tls import generate_certificates
@@ -169,7 +169,7 @@ def multihost(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             coord_proc = coord.popen(
                 [*efpsn, "coordinator", "--listen", f"0.0.0.0:{port}",
                  "--port-file", str(folder / "coordinator.port"), "--register-timeout", "400",
-                 "--tls-dir", str(tls_dir), *config_to_args(CONFIG)],
+                 "--tls-dir", str(tls_dir), *run_parameters_args(CONFIG, folder)],
                 stdout=log, stderr=subprocess.STDOUT,
             )
         _wait_file(folder / "coordinator.port", coord_proc, logs / "coordinator.log",
