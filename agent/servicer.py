@@ -128,9 +128,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         """The session, once the claimed sender is a name in the caller's certificate (mutual
         TLS) and a neighbour in this run."""
         if self.identity.tls:
-            names = self._callers.get(context)
-            if names is None:  # not admitted through add_service (tests call handlers directly)
-                names = caller_names(context)
+            names = self._callers.get(context)  # every call is admitted first (guard.guarded)
             if not names:
                 raise Reject(StatusCode.UNAUTHENTICATED, "this agent requires mutual TLS: the "
                              "call carries no client certificate")
