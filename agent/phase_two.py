@@ -8,8 +8,6 @@ why a networked run equals the simulator bit for bit.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -74,12 +72,9 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
         evaluate(session.problem, session.index, driver.state, status)
     status.round = driver.t
     status.phase = Phase.OPTIMIZE
-    crash_at = _test_crash_round(name)
     first = driver.t
     while not driver.done:
         t = driver.t
-        if t == crash_at:  # hidden test hook: die here like a power cut (no cleanup)
-            os.kill(os.getpid(), signal.SIGKILL)
         status.round = t
         inbox = await link.exchange(t, driver.outbox)
         if t % checkpoint_every == 0 and t != first:
@@ -99,14 +94,6 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
                 on_evaluation(history[-1])
     status.round = driver.t  # the stop rule's round (efpsn/stopping.py), at most the rounds
     return PhaseTwoResult(state=driver.state, final_outbox=driver.outbox, history=history)
-
-
-def _test_crash_round(name: str) -> int | None:
-    """Hidden test hook: EFPSN_TEST_CRASH_AT_ROUND=T (or NAME:T, for agent NAME only) makes the
-    agent SIGKILL itself when it reaches round T, before sending anything for it (tests kill at
-    a known round instead of racing the checkpoint writes). Unset: None."""
-    who, _, at = os.environ.get("EFPSN_TEST_CRASH_AT_ROUND", "").rpartition(":")
-    return int(at) if at and who in ("", name) else None
 
 
 def evaluate(problem: Problem, index: int, state: AgentState, status: Status

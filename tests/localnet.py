@@ -27,6 +27,15 @@ from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_child
 from efpsn.wire.status import AgentStatus, fetch_status
 from efpsn.wire.tls import TlsConfig, generate_certificates
 
+CRASH_HOOK = Path(__file__).parent / "crash_hook"
+
+
+def crash_at(round_: int, *, name: str = "") -> dict[str, str]:
+    """The environment that makes an agent (`name` only, when given) SIGKILL itself on reaching
+    round `round_`, before it sends anything for it (tests/crash_hook/sitecustomize.py)."""
+    path = os.pathsep.join([str(CRASH_HOOK), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {"PYTHONPATH": path, "CRASH_AT_ROUND": f"{name}:{round_}" if name else str(round_)}
+
 
 class LocalNet:
     def __init__(

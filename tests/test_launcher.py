@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from localnet import crash_at
 
 from efpsn.cli_common import format_metrics
 from efpsn.launch.processes import Child, stop_children, wait_port
@@ -124,8 +125,8 @@ def test_check_results_names_what_is_wrong() -> None:
 
 
 def test_agent_dying_mid_run_stops_the_network_with_its_log(tmp_path: Path) -> None:
-    # prepare: agent3 kills itself (SIGKILL) at round 2 of 400 (hidden test hook)
-    env = {**os.environ, "EFPSN_TEST_CRASH_AT_ROUND": "agent3:2"}
+    # prepare: agent3 kills itself (SIGKILL) at round 2 of 400 (tests/crash_hook)
+    env = {**os.environ, **crash_at(2, name="agent3")}
     started = time.monotonic()
     # execute
     out = subprocess.run(

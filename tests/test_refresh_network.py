@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localnet import LocalNet
+from localnet import LocalNet, crash_at
 
 from efpsn.config import RunConfig
 from efpsn.launch.summary import load_agent_results
@@ -32,7 +32,7 @@ VICTIM, CRASH_AT, CHECKPOINT_EVERY = "agent3", 47, 20
 def refreshed_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("refresh")
     seen: dict[str, Any] = {"folder": folder}
-    crash = {VICTIM: {"EFPSN_TEST_CRASH_AT_ROUND": str(CRASH_AT)}}
+    crash = {VICTIM: crash_at(CRASH_AT)}
     with LocalNet(folder, CONFIG, noise_seed=NOISE_SEED, agent_env=crash,
                   agent_args=("--checkpoint-every", str(CHECKPOINT_EVERY))) as net:
         net.start_all()

@@ -1,7 +1,7 @@
 """Fault injection on loopback ports: agents and the coordinator killed with SIGKILL.
 
 * Phase II: the coordinator is killed right after bootstrap, then a random agent kills itself
-  (SIGKILL, hidden hook EFPSN_TEST_CRASH_AT_ROUND) on reaching a random round, so its newest
+  (SIGKILL, tests/crash_hook: localnet.crash_at) on reaching a random round, so its newest
   checkpoint is known exactly; the agent is restarted with the very same command line. It reloads its assignment and
   mask, rebinds its port, pulls the rounds it lost from its neighbours (Agent.GetRound), replays
   them from its checkpoint, and the run ends bit for bit like an uninterrupted simulation.
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localnet import LocalNet
+from localnet import LocalNet, crash_at
 
 from efpsn.config import PRESETS, RunConfig
 from efpsn.launch.summary import load_agent_results
@@ -73,7 +73,7 @@ def fault_run(tmp_path_factory: pytest.TempPathFactory,
     config = BASE.replace(**ALGORITHMS[algorithm])
     victim = rng.choice(NAMES)
     # a random round inside a checkpoint interval, so that the restart has rounds to replay;
-    # the victim kills itself (SIGKILL) on reaching it (EFPSN_TEST_CRASH_AT_ROUND), so its
+    # the victim kills itself (SIGKILL) on reaching it (localnet.crash_at), so its
     # newest checkpoint is known exactly: no race between the kill and a checkpoint write
     target = (CHECKPOINT_EVERY * rng.randint(1, config.iterations.total // CHECKPOINT_EVERY - 3)
               + rng.randint(3, CHECKPOINT_EVERY - 6))
@@ -81,7 +81,7 @@ def fault_run(tmp_path_factory: pytest.TempPathFactory,
     seen: dict[str, Any] = {"seed": seed, "victim": victim, "target": target, "folder": folder,
                             "config": config}
     started = time.monotonic()
-    crash = {victim: {"EFPSN_TEST_CRASH_AT_ROUND": str(target)}}
+    crash = {victim: crash_at(target)}
     with LocalNet(folder, config, noise_seed=NOISE_SEED, agent_env=crash,
                   agent_args=("--checkpoint-every", str(CHECKPOINT_EVERY))) as net:
         net.start_all()
