@@ -175,3 +175,19 @@ def test_agent_options_need_history_beyond_the_checkpoint_interval() -> None:
                      keep_rounds=52)
     ok = AgentOptions(name="agent1", listen="h:0", coordinator="h:1", results_dir=Path("R"))
     assert ok.state_folder == Path("R") / "agent1" / "state"
+
+
+def test_an_assignment_for_another_agent_count_than_the_announced_run_is_refused() -> None:
+    # the agent takes the run's parameters once (GetRunParameters); the assignment that comes
+    # later carries none, only its num_agents, which must be the announced run's
+    import dataclasses
+    import types
+
+    from agent.options import AgentFailure
+    from agent.session import open_session
+
+    prepared = types.SimpleNamespace(config=CONFIG)  # refused before anything else is used
+    other = dataclasses.replace(_assignment(), num_agents=4)
+    with pytest.raises(AgentFailure, match="is for 4 agents, but the run it announced before "
+                                           "registration has 3"):
+        asyncio.run(open_session(other, name="agent2", prepared=prepared))  # type: ignore[arg-type]
