@@ -12,12 +12,15 @@ import grpc
 
 from agent.options import AgentFailure, AgentOptions, Cancelled
 from agent.prepare import Prepared, failure_category, prepare
+from agent.session import Session
 from efpsn.config import RunConfig
+from efpsn.departure import Departure
+from efpsn.schema import STANDARD
 from efpsn.wire import records
 from efpsn.wire.net import Patience, call_with_retry
 from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
 
-__all__ = ["bootstrap", "registration"]
+__all__ = ["bootstrap", "registration", "report_silence"]
 
 log = logging.getLogger("efpsn.agent")
 
@@ -62,7 +65,7 @@ async def fetch_parameters(stub: coordinator_pb2_grpc.CoordinatorStub, *,
         seconds=options.connect_timeout, flag="--connect-timeout",
         waiting=f"the coordinator at {options.coordinator}")
     config = RunConfig.from_dict(records.run_parameters_from_proto(reply))  # type: ignore[arg-type]
-    if not config.resolved_ok:
+    if not config.resolved_ok and config.scale != STANDARD:  # standard: resolved after the sum
         raise AgentFailure(f"{options.name}: the coordinator at {options.coordinator} sent "
                            f"schedule {str(config.schedule)!r}, {config.iterations} rounds, "
                            f"momentum {config.momentum}: not the step rule's concrete numbers (is it an "
@@ -129,3 +132,38 @@ async def bootstrap(channel: grpc.aio.Channel, *, options: AgentOptions, address
         await report_failure(stub, options=options, address=address, exc=exc)
         raise
     return prepared, await register(stub, prepared, options=options, address=address)
+
+
+async def report_silence(channel: grpc.aio.Channel, *, session: Session, name: str,
+                         round_: int, silent: list[str], epoch: int, timeout: float
+                         ) -> tuple[list[Departure], dict[int, str]]:
+    """Report the silent neighbours and wait for the coordinator's decision: every departure of
+    the run so far, and the departed agents' names by index. AgentFailure (naming the silent
+    ones) when it refuses or cannot decide."""
+    request = coordinator_pb2.SilenceReport(run_id=session.run_id, sender=name, round=round_,
+                                            silent=silent, epoch=epoch)
+    try:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        reply = await stub.ReportSilence(request, timeout=timeout)
+    except grpc.aio.AioRpcError as exc:
+        gone = (exc.details() or "").startswith(f"{name} was declared gone")  # its own cause
+        raise AgentFailure(f"the coordinator decided no departure: {exc.code().name}: "
+                           f"{exc.details()}", blame=None if gone else silent[0]) from None
+    if reply.run_id != session.run_id:
+        raise AgentFailure(f"{name}: the coordinator answered for run {reply.run_id[:64]!r}")
+    n = session.config.agents
+    out, names = [], {}
+    try:
+        for d in reply.departed:
+            known = {**session.names, session.index: name}.get(d.index, d.agent)
+            if d.index >= n or any(j >= n for j in d.late_index) or known != d.agent:
+                raise ValueError(f"{d.agent[:64]!r} (index {d.index}) is not an agent of "
+                                 "this run")
+            names[int(d.index)] = d.agent
+            out.append(Departure(agent=int(d.index), round=int(d.round),
+                                 rebase_round=int(d.rebase_round),
+                                 late=tuple(int(j) for j in d.late_index)))
+    except ValueError as exc:
+        raise AgentFailure(f"{name}: the coordinator sent a departure it cannot apply: "
+                           f"{exc}") from None
+    return out, names

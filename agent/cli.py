@@ -14,6 +14,7 @@ from pathlib import Path
 from efpsn.cli_common import OneLineParser
 from efpsn.cli_services import (
     add_debug_flags,
+    add_departure_flag,
     add_tls_flags,
     setup_logging,
     tls_from_args,
@@ -61,6 +62,7 @@ def _agent(args: argparse.Namespace) -> int:
         data=Path(args.data) if args.data else None, holdout=args.holdout,
         test_data=Path(args.test_data) if args.test_data else None,
         label_column=args.label_column, quiet=args.quiet,
+        departure_deadline=args.departure_deadline,
     )
     result = asyncio.run(until_signalled(AgentNode(options).run(), what=args.name))
     final = result["final"]
@@ -118,6 +120,7 @@ def configure(agent: argparse.ArgumentParser) -> None:
     crash.add_argument("--keep-rounds", type=int, default=128,
                        help="recent outboxes kept for restarting neighbours (default 128; must "
                             "exceed every agent's --checkpoint-every + 2)")
+    add_departure_flag(crash)
     add_debug_flags(agent)
     agent.set_defaults(handler=_agent)
 

@@ -71,6 +71,37 @@ class RoundLink:
             await self.abandon()
             raise
 
+    async def drop(self, name: str) -> None:
+        """A neighbour that left for good (agent/departing.py): nothing more to or from it."""
+        if name in self.neighbours:
+            self.neighbours.remove(name)
+        self.replay.pending.discard(name)
+        await self.peers.forget(name)
+
+    async def recollect(self, t: int, message: Message) -> dict[int, Message]:
+        """After a departure was decided during round t: deliver my rounds t - 1 and t again to
+        the remaining neighbours, acknowledged (a delivery cut short by the silent neighbour's
+        failure may have missed one; a copy already received is acknowledged as a duplicate),
+        then collect their round-t messages."""
+        await self.abandon()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        data = self.outbox.get(t)
+        if data is None:
+            data = encode_round(message, run_id=self.run_id, sender=self.name, round_=t)
+            self.outbox.remember(t, data)
+        sends = [self.outbox.get(t - 1), data] if t > 0 else [data]
+        for each in sends:
+            if each is not None:
+                await all_or_first_error(self.peers.put_round(n, each, timeout=self.timeout)
+                                         for n in self.neighbours)
+        while True:
+            try:
+                return await self.peers.collect(
+                    "round", t, timeout=max(0.0, deadline - loop.time()))
+            except Interrupted:
+                await self.peers.repair(self.outbox, deadline=deadline)
+
     async def delivered(self) -> None:
         """Wait until my last round message is written to every neighbour's stream (or, by
         PutRound, acknowledged); AgentFailure if a neighbour refused it or stayed unreachable

@@ -23,6 +23,7 @@ import grpc
 
 from agent.bootstrap import bootstrap
 from agent.concurrency import to_completion
+from agent.departing import LocalDepartures, Silence
 from agent.exchange import RoundLink
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, AgentOptions
@@ -30,7 +31,7 @@ from agent.outbox import Outbox, OutboxLog
 from agent.peers import Peers
 from agent.phase_one import run_phase_one, shares_packed
 from agent.phase_two import make_driver, run_phase_two
-from agent.prepare import prepare
+from agent.prepare import Prepared, prepare
 from agent.results import write_failure, write_results
 from agent.resume import (
     Replay,
@@ -40,6 +41,13 @@ from agent.resume import (
     reload_checkpoint,
     reload_phase_one,
 )
+from agent.secure_sum import (
+    TOTALS_FILE,
+    load_totals,
+    run_secure_sum,
+    save_totals,
+    standardised_session,
+)
 from agent.servicer import AgentService, Identity, ShareCheck
 from agent.session import Session, open_session
 from agent.state import SavedAssignment, StateError, StateStore
@@ -48,10 +56,11 @@ from efpsn import paillier
 from efpsn.algorithms import make_algorithm
 from efpsn.config import RunConfig
 from efpsn.ledger import RoundLedger
-from efpsn.masking import Masker, noise_generator
+from efpsn.masking import MaskCoefficients, Masker, noise_generator
 from efpsn.refresh import MaskProvider
 from efpsn.rounds import STOP_STATE
 from efpsn.runtime import peak_rss_mb, pss_mb
+from efpsn.schema import STANDARD
 from efpsn.seeds import EdgeSeeds, SeedExchange
 from efpsn.stopping import TERMS, StopRule
 from efpsn.wire.net import (
@@ -132,8 +141,7 @@ class AgentNode:
         """Bootstrap through the coordinator, save the assignment, phase I, save the mask."""
         opts = self.options
         address = self._advertised()
-        channel = self.peers.open(opts.coordinator, opts.coordinator_name)
-        self.peers.keep("coordinator", channel)
+        channel = self.peers.coordinator()
         prepared, assignment = await bootstrap(channel, options=opts, address=address,
                                                on_parameters=self._generate_keys)
         session = await open_session(assignment, name=opts.name, prepared=prepared)
@@ -141,7 +149,8 @@ class AgentNode:
                                 port=self._port(), finished=False)
         self.store.save_assignment(assignment, config=prepared.config, advertise=address,
                                    port=saved.port)
-        ledger = self._attach(session, resumed_from=None)
+        standard = session.config.scale == STANDARD  # phase II's numbers wait for the totals
+        ledger = self._attach(session, resumed_from=None, rounds=not standard)
         self.timings["phase1_started_at"] = time.time()  # wall clock, for start-up
         start = time.perf_counter()
         seed = opts.insecure_noise_seed
@@ -160,6 +169,8 @@ class AgentNode:
         else:
             self.store.save_mask(result, run_id=assignment.run_id, stats=dict(self.timings),
                                  received=received)
+        if standard:
+            session, ledger = await self._secure_sum(session, prepared, result)
         return await self._phase_two(session, saved, ledger, mask_provider(session, result),
                                      history=[], replay=set())
 
@@ -174,6 +185,9 @@ class AgentNode:
         phase_one, stats, received = reload_phase_one(self.store, name=name, session=session)
         self.timings.update(stats)
         self.service.phase_one.restore(received)
+        if config.scale == STANDARD:  # the totals saved before phase II, never summed again
+            session = await self._reload_totals(session, prepared)
+            config = session.config
         shapes = {k: tuple(session.problem.initial_params().shape)
                   for k in make_algorithm(config.algorithm).state_keys}
         if StopRule.for_run(config, session.problem.weights).active:
@@ -200,9 +214,12 @@ class AgentNode:
         opts, cfg = self.options, session.config
         driver = make_driver(session, masks, checkpoint)
         first = driver.t
+        silence = self._silence(session, masks)
+        deadline = opts.departure_deadline or cfg.round_timeout_seconds
         link = RoundLink(
             peers=self.peers, outbox=self.outbox, run_id=session.run_id, name=opts.name,
-            neighbours=list(session.neighbour_names), timeout=cfg.round_timeout_seconds,
+            neighbours=list(session.neighbour_names),
+            timeout=cfg.round_timeout_seconds if silence is None else deadline,
             replay=Replay(peers=self.peers, ledger=ledger, mailbox=self.mailbox,
                           neighbours=replay, describe_loss=self._describe_loss(session, first),
                           on_loss=self.store.mark_unresumable))
@@ -213,7 +230,8 @@ class AgentNode:
                 session=session, driver=driver, link=link, ledger=ledger, mailbox=self.mailbox,
                 store=self.store, status=self.status, checkpoint_every=opts.checkpoint_every,
                 name=opts.name, history=history,
-                on_evaluation=None if opts.quiet else self._progress(cfg.iterations.total))
+                on_evaluation=None if opts.quiet else self._progress(cfg.iterations.total),
+                silence=silence)
         except BaseException:
             await link.abandon()
             raise
@@ -232,13 +250,28 @@ class AgentNode:
             Path(opts.results_dir) / opts.name, session=session, name=opts.name,
             x=done.state["x"], history=done.history, timings=self.timings,
             resumed_from=ledger.resumed_from, rejections=dict(self.rejections.counts),
+            departures=None if silence is None else silence.departures.to_json(),
             expose_mask=masks.coefficients(0) if opts.debug_expose_mask else None)
         self.outbox.stop_logging()  # deleted with the checkpoints; memory serves the rest
         self.store.mark_finished(saved)
+        (Path(self.store.folder) / TOTALS_FILE).unlink(missing_ok=True)  # with the seeds
         self.status.phase = Phase.DONE
         self.status.finished = True
         await link.finish(done.state.t, done.final_outbox)
         return result
+
+    def _silence(self, session: Session, masks: MaskProvider) -> Silence | None:
+        """How a silent neighbour is handled in phase II (agent/departing.py); None when
+        departures are off (--departure-deadline 0)."""
+        opts = self.options
+        if opts.departure_deadline == 0:
+            return None
+        channel = self.peers.coordinator()
+        deadline = opts.departure_deadline or session.config.round_timeout_seconds
+        # the others report up to a few rounds later: wait for their deadline too
+        return Silence(departures=LocalDepartures(session, masks), coordinator=channel,
+                       mailbox=self.mailbox, store=self.store,
+                       timeout=deadline + session.config.round_timeout_seconds)
 
     def _progress(self, iterations: int) -> Any:
         """A progress line per evaluation, for this agent's own operator (its log)."""
@@ -252,13 +285,47 @@ class AgentNode:
                      iterations, figures)
         return say
 
-    def _attach(self, session: Session, *, resumed_from: int | None) -> RoundLedger:
-        """The session is known: neighbours' messages are served from now on."""
-        ledger = RoundLedger(last=session.config.iterations.total, keep=self.options.keep_rounds,
-                             position=resumed_from or 0, resumed_from=resumed_from)
-        self.service.attach(session, ledger)
+    def _attach(self, session: Session, *, resumed_from: int | None,
+                rounds: bool = True) -> RoundLedger:
+        """The session is known: neighbours' messages are served from now on (round messages
+        only with `rounds`: a scale standard run's rounds wait for its totals)."""
+        ledger = RoundLedger(last=session.config.iterations.count or 1,
+                             keep=self.options.keep_rounds, position=resumed_from or 0,
+                             resumed_from=resumed_from)
+        self.service.attach(session, ledger if rounds else None)
         self.peers.attach(session, ledger)
         return ledger
+
+    async def _secure_sum(self, session: Session, prepared: Prepared,
+                          phase_one: MaskCoefficients | EdgeSeeds,
+                          ) -> tuple[Session, RoundLedger]:
+        """scale standard: the totals by secure summation (agent/secure_sum.py), saved, and
+        the session phase II runs (resolved with them, data standardised)."""
+        start = time.perf_counter()
+        totals = await run_secure_sum(
+            session=session, peers=self.peers, status=self.status, prepared=prepared,
+            seeds=phase_one if isinstance(phase_one, EdgeSeeds) else None)
+        self.service.stats.close()
+        save_totals(self.store.folder, totals, run_id=session.run_id)
+        self.timings["stats_seconds"] = time.perf_counter() - start
+        session = await asyncio.to_thread(standardised_session, session, prepared, totals,
+                                          who=self.options.name)
+        return session, self._attach(session, resumed_from=None)
+
+    async def _reload_totals(self, session: Session, prepared: Prepared) -> Session:
+        name = self.options.name
+        try:
+            totals = load_totals(self.store.folder, run_id=session.run_id)
+        except StateError as exc:
+            raise AgentFailure(f"{name} cannot resume: {exc}") from None
+        if totals is None:
+            raise AgentFailure(
+                f"{name} was stopped during the secure sum of column statistics of run "
+                f"{session.run_id} (no totals in {self.store.folder}); the sum is not "
+                "replayed: start a new run")
+        self.service.stats.close()
+        return await asyncio.to_thread(standardised_session, session, prepared, totals,
+                                       who=name)
 
     def _describe_loss(self, session: Session, resumed_from: int) -> Any:
         def describe(neighbour: str, t: int, detail: str) -> str:

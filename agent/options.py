@@ -69,6 +69,10 @@ class AgentOptions:
     test_data: Path | None = None
     label_column: str = "label"
     quiet: bool = False  # no progress line per evaluation
+    # Phase II: seconds a neighbour may stay silent before this agent asks the coordinator
+    # whether it left for good (agent/departing.py). None: the run's round timeout; 0: never
+    # (a silent neighbour stops this agent, exit 2 naming it).
+    departure_deadline: float | None = None
     # Test and debugging hooks. Both break privacy; never use them in a real deployment.
     insecure_noise_seed: int | None = None  # reproducible noise (to compare with the simulator)
     debug_expose_mask: bool = False  # write this agent's mask numerators into result.json
@@ -85,6 +89,9 @@ class AgentOptions:
             )
         if not 0.0 <= self.holdout < 1.0:
             raise ValueError(f"holdout must lie in [0, 1), got {self.holdout}")
+        if self.departure_deadline is not None and self.departure_deadline < 0:
+            raise ValueError(f"departure_deadline must be >= 0 (0: off), got "
+                             f"{self.departure_deadline}")
         if self.tls is not None:
             self.tls.require_name(self.name)
 

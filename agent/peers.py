@@ -57,6 +57,15 @@ class Peers:
         """The agent is assigned (or resumed): from now on it talks to its neighbours."""
         self.session, self.ledger = session, ledger
 
+    def coordinator(self) -> grpc.aio.Channel:
+        """The channel to the coordinator (opened once, closed with the others)."""
+        channel = self._channels.get("coordinator")
+        if channel is None:
+            opts = self.options
+            channel = self._channels["coordinator"] = self.open(opts.coordinator,
+                                                                opts.coordinator_name)
+        return channel
+
     def keep(self, key: str, channel: grpc.aio.Channel) -> None:
         """Close `channel` with the others at the end."""
         self._channels[key] = channel
@@ -67,6 +76,16 @@ class Peers:
             await stream.close()
         for channel in self._channels.values():
             await channel.close()
+
+    async def forget(self, name: str) -> None:
+        """A neighbour that left for good: close my round stream and channel to it."""
+        stream = self._streams.pop(name, None)
+        if stream is not None:
+            await stream.close()
+        channel = self._channels.pop(name, None)
+        if channel is not None:
+            await channel.close()
+        self.unacknowledged.pop(name, None)
 
     def _session(self) -> Session:
         assert self.session is not None, "no session yet"

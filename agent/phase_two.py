@@ -11,8 +11,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from agent.departing import Silence
 from agent.exchange import RoundLink
 from agent.mailbox import Mailbox
+from agent.options import AgentFailure
 from agent.session import Session
 from agent.state import Checkpoint, StateStore
 from agent.status import Status
@@ -63,9 +65,11 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
                         status: Status, checkpoint_every: int, name: str,
                         history: list[dict[str, float]],
                         on_evaluation: Callable[[dict[str, float]], None] | None = None,
-                        ) -> PhaseTwoResult:
+                        silence: Silence | None = None) -> PhaseTwoResult:
     """Every round from the driver's (0, or the checkpoint's) to the last; on_evaluation hears
-    each evaluation record (e.g. a progress line for this agent's operator)."""
+    each evaluation record (e.g. a progress line for this agent's operator). `silence`: a
+    neighbour silent past the deadline is reported to the coordinator, and the departure it
+    decides is applied (agent/departing.py); None: the silence stops this agent."""
     if not history:
         history.append(evaluate(session.problem, session.index, driver.state, status))
     else:
@@ -76,7 +80,15 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
     while not driver.done:
         t = driver.t
         status.round = t
-        inbox = await link.exchange(t, driver.outbox)
+        if silence is not None:  # what the departures decided change at round t
+            for gone in silence.departures.before_round(t, driver):
+                await link.drop(gone)
+        try:
+            inbox = await link.exchange(t, driver.outbox)
+        except AgentFailure as exc:
+            if silence is None:
+                raise
+            inbox = await silence.recover(t, exc, driver, link)
         if t % checkpoint_every == 0 and t != first:
             # A checkpoint at round t promises that every neighbour holds my round t-1 message
             # (a process restarted from it resends rounds from t on only): their round-t

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from agent.options import AgentOptions
 from efpsn.config import LOCAL_DATA, RunConfig, parse_shape
 from efpsn.problem import Problem, build_problem, build_task
-from efpsn.schema import check_networked_scale
+from efpsn.schema import STANDARD
 from efpsn.tasks import Task
 from efpsn.tasks.local import DataError, LocalData, load_local_data
 
@@ -55,10 +55,17 @@ def prepare(config: RunConfig, options: AgentOptions) -> Prepared:
         raise ValueError(f"{who}: --data {options.data} given, but the run cuts the public data "
                          f"set {config.data!r} into shards by index; run the coordinator with "
                          "--data local to use the agents' own data")
-    try:
-        check_networked_scale(config.scale)
-    except ValueError as exc:
-        raise ValueError(f"{who}: {exc}") from None
+    standard = config.scale == STANDARD
+    if standard and not local_mode:
+        raise ValueError(f"{who}: scale standard needs agent-local data (run the coordinator "
+                         "with --data local)")
+    if standard:
+        from efpsn.standardise import check_standardisable
+
+        try:
+            check_standardisable(config)
+        except ValueError as exc:
+            raise ValueError(f"{who}: {exc}") from None
     try:
         task = build_task(config)
     except (ValueError, TypeError, ImportError) as exc:
@@ -72,7 +79,8 @@ def prepare(config: RunConfig, options: AgentOptions) -> Prepared:
         options.data, who=who, shape=parse_shape(config.input_shape), classes=config.classes,
         divisor=config.divisor, seed=config.seed, holdout=options.holdout,
         batch_size=config.batch_size.wire(), test_path=options.test_data,
-        label_column=options.label_column, moment_bound=config.moment_bound,
+        label_column=options.label_column,
+        moment_bound=None if standard else config.moment_bound,  # standard: checked after
     )
     problem = build_problem(config, local={}, task=task)  # the public part, checked once
     return Prepared(config=config, task=task, problem=problem, local=local)

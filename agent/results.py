@@ -26,7 +26,8 @@ log = logging.getLogger("efpsn.agent")
 def write_results(folder: Path, *, session: Session, name: str, x: torch.Tensor,
                   history: list[dict[str, float]], timings: dict[str, float],
                   resumed_from: int | None, rejections: dict[str, int],
-                  expose_mask: MaskCoefficients | None = None) -> dict[str, Any]:
+                  expose_mask: MaskCoefficients | None = None,
+                  departures: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write FOLDER/model.safetensors and FOLDER/model.npy (the final iterate, float64; the
     latter flat in model.parameters() order) and FOLDER/result.json; return the result. `expose_mask`: the debug hook that also writes this
     agent's mask (never in a real deployment)."""
@@ -36,7 +37,8 @@ def write_results(folder: Path, *, session: Session, name: str, x: torch.Tensor,
     with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
         np.save(fh, x.detach().cpu().numpy().astype("<f8"), allow_pickle=False)
     tmp.replace(folder / "model.npy")
-    save_model(folder / MODEL_FILE, task=session.problem.task, x=x, scale=session.config.scale)
+    save_model(folder / MODEL_FILE, task=session.problem.task, x=x, scale=session.config.scale,
+               standardisation=session.standardisation)
     result: dict[str, Any] = {
         "settings": session.config.to_dict(),
         "privacy": privacy_statement(session.config, session.problem.graph).to_json(),
@@ -51,6 +53,8 @@ def write_results(folder: Path, *, session: Session, name: str, x: torch.Tensor,
         "rejections": rejections,
         "model": MODEL_FILE,  # the named state dict; model.npy: the same, flat
     }
+    if departures is not None:  # who left, when, and what the model is the optimum of
+        result.update(departures)
     if expose_mask is not None:
         log.warning("%s: writing its mask into result.json (debug hook; not private)", name)
         result["debug_mask_numerators"] = [str(v) for v in expose_mask.numerators]

@@ -20,14 +20,17 @@ import grpc
 
 from agent.mailbox import Mailbox
 from agent.outbox import Outbox
+from agent.secure_sum import StatsLedger, stats_length
 from agent.session import Session
 from agent.status import Status
 from efpsn import paillier
 from efpsn.ledger import Judgement, PhaseOneLedger, RoundLedger, Verdict
+from efpsn.stats_flood import flood_rounds
 from efpsn.wire import limits, serde
 from efpsn.wire.net import Admission, Reject, RejectionLog, guarded, guarded_stream
 from efpsn.wire.records import Phase, WireError
 from efpsn.wire.rounds import parse_round, round_reply
+from efpsn.wire.stats import parse_stats
 from efpsn.wire.tls import caller_names
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
@@ -72,6 +75,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.rejections = rejections
         self._waiting = waiting
         self.phase_one = PhaseOneLedger()
+        self.stats = StatsLedger()  # scale standard: the secure sum's flood
         self.rounds: RoundLedger | None = None
         self.shares: ShareCheck | None = None
         self._session: Session | None = None
@@ -82,7 +86,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def session(self) -> Session | None:
         return self._session
 
-    def attach(self, session: Session, rounds: RoundLedger) -> None:
+    def attach(self, session: Session, rounds: RoundLedger | None) -> None:
         """The agent is assigned (or resumed): from now on neighbours' messages are served."""
         self._session, self.rounds = session, rounds
 
@@ -100,12 +104,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         max_bytes = limits.SMALL_REQUEST_BYTES
         if method != "GetStatus":
             s = self._assigned()
+            gone = sorted(names & s.departed.keys()) if names is not None else []
+            if gone:
+                raise Reject(StatusCode.FAILED_PRECONDITION, s.departed[gone[0]])
             if names is not None and not names & s.neighbour_names:
                 raise Reject(
                     StatusCode.PERMISSION_DENIED,
                     f"the caller's certificate is for {sorted(names)[:4]}, not a neighbour of "
                     f"{self.identity.name} in its run",  # no run id for outsiders
                 )
+            if method not in s.request_limits:  # PutStats outside a scale standard run
+                raise Reject(StatusCode.FAILED_PRECONDITION,
+                             f"{method} has no part in this agent's run")
             max_bytes = s.request_limits[method]
         key = min(names) if names else context.peer()
         if self._in_flight[key] >= limits.CALLS_IN_FLIGHT_PER_CALLER:
@@ -137,6 +147,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                              f"the caller's certificate is for {sorted(names)}, but the message "
                              f"claims to come from {_short(claimed)}")
         s = self._assigned()
+        if claimed in s.departed:
+            raise Reject(StatusCode.FAILED_PRECONDITION, s.departed[claimed])
         if claimed not in s.neighbour_names:
             raise Reject(StatusCode.PERMISSION_DENIED,
                          f"sender {_short(claimed)} is not a neighbour of {self.identity.name} in "
@@ -213,6 +225,24 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             self.mailbox.put("shares", 0, sender, list(batch.ciphertexts))
         return common_pb2.Ack(accepted=True, detail=self._obey(judgement))
 
+    # ---------------------------------------------------------- the secure sum
+
+    @guarded
+    async def PutStats(
+        self, request: agent_pb2.StatsMessage, context: grpc.aio.ServicerContext
+    ) -> common_pb2.Ack:
+        s = self._authenticate(context, request.header.sender)
+        if "PutStats" not in s.request_limits:  # admit refuses it first; handlers called directly
+            raise Reject(StatusCode.FAILED_PRECONDITION, f"run {s.run_id} has no secure sum "
+                         f"of column statistics (its scale is {s.config.scale!r})")
+        record = parse_stats(request, run_id=s.run_id, senders=s.neighbour_names,
+                             rounds=flood_rounds(s.problem.graph), agents=s.config.agents,
+                             length=stats_length(s))
+        judgement = self.stats.judge(record.sender, record.round, record.digest)
+        if judgement.verdict == Verdict.ACCEPT:
+            self.mailbox.put("stats", record.round, record.sender, record.vectors)
+        return common_pb2.Ack(accepted=True, detail=self._obey(judgement))
+
     # ---------------------------------------------------------------- phase II
 
     @guarded
@@ -237,9 +267,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if not isinstance(request.header, common_pb2.Header):
             raise TypeError(f"expected efpsn.v1.Header, got {type(request.header).__name__}")
         s = self._authenticate(context, request.header.sender)
+        if self.rounds is None:  # scale standard: phase II starts after the secure sum
+            raise Reject(StatusCode.UNAVAILABLE, "phase II has not started here yet",
+                         early=True)
         record = parse_round(request, run_id=s.run_id, senders=s.neighbour_names,
                              shapes=s.message_shapes)
-        assert self.rounds is not None
         judgement = self.rounds.judge(record.sender, record.round, record.digest)
         if judgement.verdict == Verdict.ACCEPT:
             self.mailbox.put("round", record.round, record.sender, record.tensors)

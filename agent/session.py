@@ -5,15 +5,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from agent.options import AgentFailure
 from agent.prepare import Prepared
 from efpsn.algorithms import make_algorithm
 from efpsn.config import RunConfig
 from efpsn.problem import Problem
+from efpsn.schema import STANDARD
+from efpsn.stats_flood import ENTRY_BYTES
 from efpsn.wire import limits
 from efpsn.wire.records import Assignment
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger("efpsn.agent")
 
@@ -29,6 +35,9 @@ class Session:
     addresses: dict[str, str]  # neighbour name -> host:port
     message_shapes: dict[str, tuple[int, ...]]  # what a round message must carry
     request_limits: dict[str, int]  # method -> largest request it can legitimately carry
+    # scale standard, once the secure sum is over: the network's (mean, std) per feature
+    standardisation: tuple[np.ndarray, np.ndarray] | None = None
+    departed: dict[str, str] = field(default_factory=dict)  # gone neighbour -> why refused
 
     @property
     def run_id(self) -> str:
@@ -41,6 +50,13 @@ class Session:
     @property
     def neighbour_names(self) -> frozenset[str]:
         return frozenset(self.addresses)
+
+    def drop(self, name: str, *, reason: str) -> None:
+        """A neighbour that left for good (agent/departing.py): no more messages to or from it;
+        its messages are refused with `reason`."""
+        self.addresses.pop(name, None)
+        self.names = {i: n for i, n in self.names.items() if n != name}
+        self.departed[name] = reason
 
     def weights(self) -> dict[int, float]:
         out = {self.index: self.assignment.self_weight}
@@ -69,7 +85,15 @@ async def open_session(assignment: Assignment, *, name: str, prepared: Prepared)
     keys = make_algorithm(config.algorithm).message_keys
     shapes = {k: shape for k in keys}
     request_limits = legitimate_request_bytes(config, shapes, coefficients=problem.N)
+    if config.scale == STANDARD:  # the secure sum's flood messages (agent/secure_sum.py)
+        request_limits["PutStats"] = stats_request_bytes(
+            agents=config.agents, features=math.prod(problem.task.shape))
     largest = max(request_limits, key=request_limits.__getitem__)
+    if request_limits[largest] > limits.AGENT_RECEIVE_BYTES and largest == "PutStats":
+        raise AgentFailure(
+            f"this run's secure sum of column statistics moves {request_limits[largest]} bytes "
+            f"in a message, more than the {limits.AGENT_RECEIVE_BYTES} an agent receives: give "
+            "public scales in schema.json (scale none, unit or div:...)")
     if request_limits[largest] > limits.AGENT_RECEIVE_BYTES:
         raise AgentFailure(
             f"this run's {largest} messages can be {request_limits[largest]} bytes, more than "
@@ -85,6 +109,12 @@ async def open_session(assignment: Assignment, *, name: str, prepared: Prepared)
         addresses={p.name: p.address for p in assignment.neighbours},
         message_shapes=shapes, request_limits=request_limits,
     )
+
+
+def stats_request_bytes(*, agents: int, features: int) -> int:
+    """The largest flood message of the secure sum: every agent's masked vector of 1 + 2d
+    entries, with framing."""
+    return HEADER_BYTES + agents * ((1 + 2 * features) * ENTRY_BYTES + 16)
 
 
 # A Header (run id and sender of at most a few dozen characters, round, phase) with framing.

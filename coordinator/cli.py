@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 
 from efpsn.cli_common import OneLineParser
 from efpsn.cli_services import (
@@ -18,9 +20,14 @@ from efpsn.cli_services import (
     tls_from_args,
 )
 from efpsn.config import RunConfig, declarations
-from efpsn.flags import add_run_arguments, config_from_args, flag_of
+from efpsn.flags import (
+    add_run_arguments,
+    apply_environment,
+    flag_of,
+    network_config,
+    network_resolved,
+)
 from efpsn.lifeline import hold_to_launcher
-from efpsn.schema import check_networked_scale
 
 
 def _coordinator(args: argparse.Namespace) -> int:
@@ -29,8 +36,11 @@ def _coordinator(args: argparse.Namespace) -> int:
     from coordinator.service import serve
 
     setup_logging(args.verbose)
+    if args.from_environment:  # containers: docker-compose.yml, the Swarm stack
+        used = apply_environment(args, os.environ)
+        logging.getLogger("efpsn.coordinator").info(
+            "run parameters from the environment: %s", ", ".join(used) or "none (defaults)")
     config = coordinator_config(args)  # validated here, once, torch-free (efpsn/config.py)
-    check_networked_scale(config.scale)
     check_key_policy(config, allow_insecure_keys=args.allow_insecure_keys)
     tls = tls_from_args(args, args.tls_name)
     expected = (parse_names(args.expected_names) if args.expected_names
@@ -49,7 +59,7 @@ def coordinator_config(args: argparse.Namespace) -> RunConfig:
     """The run: --run-parameters FILE (one RunParameters message, as `efpsn up` writes it), or
     the run flags, never both (a flag beside the file would be silently one or the other)."""
     if args.run_parameters is None:
-        return config_from_args(args)
+        return network_config(args)
     flags = sorted(flag_of(f.name, d) for f, d in declarations() if f.name in vars(args))
     if flags or "preset" in vars(args):
         raise ValueError(f"--run-parameters {args.run_parameters} holds the whole run: drop "
@@ -57,7 +67,7 @@ def coordinator_config(args: argparse.Namespace) -> RunConfig:
     from efpsn.wire.records import decode_run_parameters
 
     with open(args.run_parameters, "rb") as fh:
-        return RunConfig.from_dict(decode_run_parameters(fh.read())).resolved()
+        return network_resolved(RunConfig.from_dict(decode_run_parameters(fh.read())))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -86,6 +96,12 @@ def configure(coord: argparse.ArgumentParser) -> None:
     coord.add_argument("--run-parameters", default=None, metavar="FILE",
                        help="the run's parameters as one serialised efpsn.v1.RunParameters "
                             "message (what `efpsn up` writes), instead of the run flags")
+    coord.add_argument("--from-environment", action="store_true",
+                       help="take every run parameter no flag gives from its environment "
+                            "variable: EFPSN_ and the flag's name, e.g. EFPSN_GAMMA for "
+                            "--gamma, EFPSN_KEY_BITS for --key-bits, EFPSN_PRESET; unset or "
+                            "empty: the default (how docker-compose.yml and the Swarm stack "
+                            "pass them)")
     coord.add_argument("--allow-insecure-keys", action="store_true", help=argparse.SUPPRESS)
     add_tls_flags(coord, own_name="--tls-name")
     coord.add_argument("--tls-name", default="coordinator",

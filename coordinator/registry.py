@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from efpsn.config import RunConfig
+from efpsn.schema import STANDARD
 from efpsn.topology import build_graph, metropolis_weights
 from efpsn.wire.records import Assignment, Peer
 
@@ -67,7 +68,9 @@ class Registry:
     """Collects registrations, then assigns ids by sorted name (deterministic across restarts)."""
 
     def __init__(self, config: RunConfig, *, run_id: str, expected_names: set[str] | None = None):
-        self.config = config.resolved()  # agents receive concrete numbers, never "auto"
+        # agents receive concrete numbers, never "auto"; except a scale standard run's, which
+        # every agent resolves after the secure sum of column statistics (agent/secure_sum.py)
+        self.config = config if config.scale == STANDARD else config.resolved()
         self.run_id = run_id
         # Validate the topology now: a disconnected graph must fail before anyone registers.
         self.graph = build_graph(config.topology, config.agents, seed=config.seed)

@@ -8,6 +8,7 @@ import uuid
 
 import grpc
 
+from coordinator.departures import DepartureBoard, Refused, Report
 from coordinator.registry import Declaration, NotExpected, Registry, RunCancelled, default_names
 from efpsn.config import RunConfig
 from efpsn.wire import limits, records
@@ -49,6 +50,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self.answered: set[str] = set()  # agents that received their assignment
         self.done = asyncio.Event()  # every agent has its assignment, or the run is cancelled
         self.rejections = RejectionLog(log, "coordinator")
+        self.board: DepartureBoard | None = None  # phase II's departures, once assigned
+        self._decision = asyncio.Event()  # set (and replaced) at every decision
 
     def _authenticate(self, context: grpc.aio.ServicerContext, name: str) -> None:
         if not self.tls_required:
@@ -127,6 +130,63 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self.done.set()
         return Reject(grpc.StatusCode.FAILED_PRECONDITION, self.registry.cancelled or "",
                       metadata=((records.CANCELLED_BY, self.registry.cancelled_by),))
+
+    @guarded
+    async def ReportSilence(
+        self, request: coordinator_pb2.SilenceReport, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.Departures:
+        """Held until the departure is decided (coordinator/departures.py) or the deadline."""
+        self._authenticate(context, request.sender)
+        if not self.registry.complete or request.run_id != self.registry.run_id:
+            raise Reject(grpc.StatusCode.FAILED_PRECONDITION,
+                         f"no report for run {request.run_id[:64]!r}: this coordinator "
+                         f"bootstraps run {self.registry.run_id}")
+        if self.board is None:
+            self.board = DepartureBoard(sorted(self.registry.addresses),
+                                        iterations=self.registry.config.iterations.count or 0)
+        board = self.board
+        report = Report(request.sender, int(request.round), frozenset(request.silent),
+                        int(request.epoch))
+        decided = False
+        try:
+            try:
+                if board.report(report):
+                    self._announce()
+            except Refused as exc:
+                self._announce()  # a contradiction stops every waiting agent too
+                raise Reject(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
+            log.warning("%s misses %s at round %d", report.sender,
+                        ", ".join(sorted(report.silent)) or "nobody", report.round)
+            remaining = context.time_remaining()  # the agent's deadline, at most ours
+            async with asyncio.timeout(self.register_timeout if remaining is None
+                                       else min(remaining, self.register_timeout)):
+                while board.epoch <= report.epoch and board.failure is None:
+                    await self._decision.wait()
+            if board.epoch <= report.epoch:
+                raise Reject(grpc.StatusCode.FAILED_PRECONDITION, board.failure or "")
+            decided = True
+        except TimeoutError:
+            raise Reject(grpc.StatusCode.DEADLINE_EXCEEDED,
+                         "no departure decided before the deadline: not every agent still in "
+                         "the run reported a silent neighbour") from None
+        finally:
+            if not decided:
+                board.withdraw(request.sender)
+        return coordinator_pb2.Departures(
+            run_id=self.registry.run_id, epoch=board.epoch,
+            departed=[coordinator_pb2.Departed(
+                agent=board.names[d.agent], round=d.round, rebase_round=d.rebase_round,
+                late=[board.names[j] for j in d.late], index=d.agent, late_index=d.late)
+                for d in board.since(report.epoch)])
+
+    def _announce(self) -> None:
+        """Wake every held ReportSilence call (a decision, or a contradiction)."""
+        assert self.board is not None
+        if self.board.decided and self.board.failure is None:
+            log.warning("run %s: departures decided: %s", self.registry.run_id,
+                        "; ".join(d.label() for d in self.board.decided))
+        event, self._decision = self._decision, asyncio.Event()
+        event.set()
 
     @guarded
     async def GetRunParameters(

@@ -162,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     import agent.cli
     import coordinator.cli
     from efpsn.certs_cli import register as register_certs
+    from efpsn.compose_file import add_parser as add_compose
     from efpsn.evaluate_cli import register as register_evaluate
     from efpsn.experiments.cli import register as register_experiments
     from efpsn.launch.cli import add_parser as add_up
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent.cli.add_parser(sub)
     add_up(sub)
     register_certs(sub)
+    add_compose(sub)
     register_experiments(sub)
     register_evaluate(sub)
     return parser

@@ -117,6 +117,15 @@ async def until_signalled(work: Coroutine[Any, Any, T], *, what: str,
     return task.result()
 
 
+def add_departure_flag(parser: Any) -> None:
+    """--departure-deadline (the agent's and `efpsn up`'s)."""
+    parser.add_argument("--departure-deadline", type=float, default=None, metavar="SECONDS",
+                        help="in phase II, a neighbour silent this long is reported to the "
+                             "coordinator, which decides whether it left for good; the others "
+                             "then finish without it (default: the run's --round-timeout; 0: "
+                             "never, a silent neighbour stops this agent with exit 2)")
+
+
 def add_debug_flags(p: argparse.ArgumentParser) -> None:
     # Hidden test hooks: they break privacy and exist so tests can compare with the simulator.
     p.add_argument("--insecure-noise-seed", type=int, default=None, help=argparse.SUPPRESS)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from efpsn.config import (
     LOCAL_DATA,
@@ -22,12 +22,14 @@ from efpsn.config import (
     parse_shape,
     value_types,
 )
+from efpsn.schema import STANDARD, check_standard_masks
 
 if TYPE_CHECKING:
     from efpsn.datadir import DataDirLayout
 
-__all__ = ["add_run_arguments", "check_flags_against_folder", "config_from_args", "flag_of",
-           "run_parameters_args"]
+__all__ = ["add_run_arguments", "apply_environment", "check_flags_against_folder",
+           "config_from_args", "environment_variable", "flag_of", "network_config",
+           "network_resolved", "run_parameter_variables", "run_parameters_args"]
 
 _PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
@@ -35,6 +37,58 @@ _PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": 
 def flag_of(name: str, declared: Declaration) -> str:
     """The command-line flag of a run parameter: --NAME with dashes, unless declared."""
     return declared.flag or "--" + name.replace("_", "-")
+
+
+def environment_variable(flag: str) -> str:
+    """The environment variable of a run parameter's flag: --key-bits -> EFPSN_KEY_BITS."""
+    return "EFPSN_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def run_parameter_variables() -> tuple[str, ...]:
+    """Every run parameter's environment variable (and EFPSN_PRESET's), in declaration order:
+    what docker-compose.yml and the Swarm stack pass to the coordinator (`--from-environment`)."""
+    return ("EFPSN_PRESET", *(environment_variable(flag_of(f.name, declared))
+                              for f, declared in declarations()))
+
+
+class _Refused(Exception):
+    pass
+
+
+class _EnvironmentParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _Refused(message)
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def apply_environment(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
+    """Give every run parameter that no flag gave its value from its environment variable
+    (run_parameter_variables; unset or empty: not given). Flags given win. Returns the variables
+    used; ValueError names a variable whose value its flag would refuse."""
+    parser = _EnvironmentParser(add_help=False)
+    add_run_arguments(parser)
+    flags = {"preset": "--preset", **{f.name: flag_of(f.name, d) for f, d in declarations()}}
+    used = []
+    for dest, flag in flags.items():
+        variable = environment_variable(flag)
+        text = environ.get(variable, "").strip()
+        if not text or dest in vars(args):
+            continue
+        action = next(a for a in parser._actions if a.dest == dest)
+        argv = [flag, text]
+        if isinstance(action, argparse.BooleanOptionalAction):
+            if text.lower() not in _TRUE + _FALSE:
+                raise ValueError(f"{variable}={text!r}: expected true or false")
+            argv = [flag if text.lower() in _TRUE else "--no-" + flag[2:]]
+        try:
+            parsed = parser.parse_args(argv)
+        except _Refused as exc:
+            raise ValueError(f"{variable}={text!r}: {exc}") from None
+        setattr(args, dest, getattr(parsed, dest))
+        used.append(variable)
+    return used
 
 
 def _argument_type(name: str, declared: Declaration, kind: Any) -> Callable[[str], Any]:
@@ -115,6 +169,23 @@ def config_from_args(args: argparse.Namespace, *, derived: dict[str, Any] | None
     return config.resolved() if resolve else config
 
 
+def network_config(args: argparse.Namespace) -> RunConfig:
+    """The run as a network starts it (efpsn up, the coordinator): resolved by the step rule,
+    except a scale standard run, whose l2 and hence step rule wait for the network's totals
+    (every agent resolves it after the secure sum: agent/secure_sum.py, as the simulator does);
+    that one is checked by a trial resolution with the task's default l2 and sent as given."""
+    return network_resolved(config_from_args(args, resolve=False))
+
+
+def network_resolved(config: RunConfig) -> RunConfig:
+    """network_config's rule on a config already built (the coordinator's --run-parameters)."""
+    if config.scale != STANDARD:
+        return config.resolved()
+    check_standard_masks(config.scale, mask=config.mask, refresh=config.refresh)
+    config.resolved()  # the step rule's own checks fail here, in one line, not in the agents
+    return config
+
+
 def check_flags_against_folder(given: dict[str, Any], layout: DataDirLayout, *,
                                label_column: str | None = None) -> None:
     """ValueError, one line naming the flag, the folder and the fix, for a flag given with
@@ -178,7 +249,8 @@ def _folder_values(layout: DataDirLayout, given: dict[str, Any],
     values.update(folder_run_values(
         layout.root, layout.files, layout.test, label_column=layout.label_column(label_column),
         input_shape=None if shape is None else (shape[1], shape[0]),
-        classes=given.get("classes", layout.schema.classes)))
+        classes=given.get("classes", layout.schema.classes),
+        scale=given.get("scale", layout.schema.scale)))
     return values
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from efpsn.schema import parse_shape
+from efpsn.schema import STANDARD, parse_shape
 
 __all__ = ["FileShape", "file_classes", "file_shape", "folder_run_values"]
 
@@ -124,11 +124,16 @@ def _check_agreement(root: Path, shapes: list[FileShape]) -> FileShape:
 
 def folder_run_values(root: Path, files: Mapping[str, Path], test: Path | None, *,
                       label_column: str, input_shape: tuple[str, str] | None = None,
-                      classes: int | None = None) -> dict[str, object]:
-    """The input_shape and classes a folder's files imply (agent name -> train file, and the
-    public test file), for what the run does not give. `input_shape`: (shape, where it came
-    from) when the run gives one; the files must then have as many features per sample.
-    Classes: 1 + the largest label of any file (at least 2), read only when not given."""
+                      classes: int | None = None, scale: str | None = None,
+                      ) -> dict[str, object]:
+    """The input_shape, classes and scale a folder's files imply (agent name -> train file,
+    and the public test file), for what the run does not give. `input_shape`: (shape, where it
+    came from) when the run gives one; the files must then have as many features per sample.
+    Classes: 1 + the largest label of any file (at least 2), read only when not given. Scale,
+    when neither schema.json nor a flag gives one (`scale` None): "standard" for tables (one
+    feature vector per row: .csv files, .npz with a 2-D X), whose columns come in any units
+    (efpsn/standardise.py); images (IDX, .npz with X of shape (n, C, H, W)) keep RunConfig's
+    default."""
     shapes = [file_shape(path, who=f"{name}'s {path.name}", label_column=label_column)
               for name, path in files.items()]
     if test is not None:
@@ -144,6 +149,8 @@ def folder_run_values(root: Path, files: Mapping[str, Path], test: Path | None, 
                          f"({math.prod(parse_shape(shape))} values), from {source}; expected "
                          f"them to agree: fix {source}, or leave the input shape out and the "
                          "files give it")
+    if scale is None and len(common.shape) == 1:
+        out["scale"] = STANDARD
     if classes is None:
         found = [c for c in (file_classes(p, label_column=label_column)
                              for p in [*files.values(), *([test] if test else [])])

@@ -57,13 +57,19 @@ def _write(args: argparse.Namespace, payload: dict[str, Any]) -> None:
 
 def _privacy(args: argparse.Namespace) -> int:
     from efpsn.privacy import epsilon_delta, gamma_for_epsilon, protection_statement
+    from efpsn.schema import STANDARD, STANDARD_DISCLOSURE
     from efpsn.topology import build_graph, laplacian_spectrum
 
     config = config_from_args(args)
+    standard = config.scale == STANDARD
     if args.data_dir:
+        rounds = ("the step rule's rounds once the secure sum gives l2 = 1/N_total" if standard
+                  else f"{config.iterations} rounds")
         print(f"the run on {args.data_dir}: {config.agents} agents ({config.topology}), task "
               f"{config.task} on inputs of shape {config.input_shape} and {config.classes} "
-              f"classes, {config.algorithm}, {config.iterations} rounds")
+              f"classes, {config.algorithm}, {rounds}")
+    if standard:
+        print(STANDARD_DISCLOSURE[:1].upper() + STANDARD_DISCLOSURE[1:])
     if args.insecure:
         print("--insecure: messages travel in plaintext, so an eavesdropper on the network "
               "sees what a curious neighbour sees, and the guarantee below holds against it "

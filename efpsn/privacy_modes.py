@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from efpsn.schema import STANDARD, STANDARD_DISCLOSURE
+
 if TYPE_CHECKING:
     from efpsn.config import RunConfig
     from efpsn.topology import Graph
@@ -207,6 +209,8 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
                         f"{', '.join(f'agent{i}' for i in lonely)} "
                         f"{'have' if len(lonely) > 1 else 'has'} a single neighbour, which "
                         "holds every seed of its mask and removes it")
+    if config.scale == STANDARD:  # the named disclosure of features in any units
+        warnings.append(STANDARD_DISCLOSURE)
     epsilon, note = _epsilon(config) if with_epsilon else (None, "not computed")
     return PrivacyStatement(
         mode=mode, name=measured.name,

@@ -4,15 +4,24 @@ features are divided by. Torch-free (the coordinator validates with it)."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-__all__ = ["STANDARD", "TASKS", "check_networked_scale", "check_task_spec", "parse_shape",
+if TYPE_CHECKING:
+    from efpsn.refresh_value import Refresh
+
+__all__ = ["STANDARD", "STANDARD_DISCLOSURE", "TASKS", "check_standard_masks", "check_task_spec", "parse_shape",
            "scale_divisor"]
 
 STANDARD = "standard"
 """The scale word of features standardised with the network's column statistics (mean and
 standard deviation by secure summation: efpsn/secure_stats.py): read raw, divided by nothing."""
+
+STANDARD_DISCLOSURE = ("disclosed by design to every agent (scale standard): every column's global "
+                       "mean and variance and the total sample count; opt out with a public "
+                       "scale (schema.json or --scale none|div:...)")
+"""The named disclosure of a scale standard run (README: features in any units)."""
 
 TASKS = ("logreg", "lenet", "mlp:H1,H2,...", "python:MODULE:FACTORY")
 
@@ -68,14 +77,20 @@ def scale_divisor(scale: str, *, features: int | None = None) -> float | np.ndar
                      f"{_short(scale)}")
 
 
-def check_networked_scale(scale: str) -> None:
-    """ValueError, one line, for a scale networked agents cannot apply yet: `standard` (the
-    secure sum of column statistics runs in `efpsn simulate` only, so far)."""
-    if scale == STANDARD:
-        raise ValueError("scale standard (features standardised with the network's column "
-                         "statistics, by secure summation) runs in efpsn simulate only so far; "
-                         "for networked agents give public scales (schema.json's scale: none, "
-                         "unit or div:C1,...,Cd, or --scale)")
+def check_standard_masks(scale: str, *, mask: str, refresh: Refresh | str) -> None:
+    """ValueError, one line, unless a scale standard run has what its secure sum needs: phase
+    I's edge seeds (zero-sum masks, refreshed or fading), or no masks at all (then nothing is
+    private anyway). Other scales: nothing to check."""
+    from efpsn.refresh_value import Refresh
+
+    if scale != STANDARD or mask == "none":
+        return
+    if mask != "zero-sum" or not Refresh.of(refresh).refreshed:
+        raise ValueError(
+            f"scale standard sums the column statistics under masks from phase I's edge seeds, "
+            f"which mask {mask!r} with refresh {str(refresh)!r} does not share: use --refresh fading "
+            f"(the default) or every:R, or give public scales (schema.json's scale or --scale: "
+            f"none, unit or div:...)")
 
 
 def _short(text: str, limit: int = 60) -> str:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from efpsn.config import RunConfig
-from efpsn.schema import STANDARD
+from efpsn.schema import STANDARD, check_standard_masks
 from efpsn.secure_stats import Totals, decode_totals, masked_vector, sum_masked
 from efpsn.seeds import EdgeSeeds
 from efpsn.tasks.data import Dataset
@@ -45,15 +45,8 @@ def standardises(config: RunConfig) -> bool:
 
 def check_standardisable(config: RunConfig) -> None:
     """ValueError unless the run has what the secure sum needs: phase I's edge seeds (zero-sum
-    masks refreshed or fading), or no masks at all (then nothing is private anyway)."""
-    if not standardises(config) or config.mask == "none":
-        return
-    if config.mask != "zero-sum" or not config.refresh.refreshed:
-        raise ValueError(
-            f"scale standard sums the column statistics under masks from phase I's edge seeds, "
-            f"which mask {config.mask!r} with refresh {str(config.refresh)!r} does not share: use "
-            f"--refresh fading (the default) or every:R, or give public scales in schema.json "
-            f"(scale none, unit or div:...)")
+    masks refreshed or fading), or no masks at all (efpsn.schema.check_standard_masks)."""
+    check_standard_masks(config.scale, mask=config.mask, refresh=config.refresh)
 
 
 def count_l2(count: int) -> float:

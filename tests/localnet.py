@@ -48,6 +48,7 @@ class LocalNet:
         agent_args: tuple[str, ...] = (),
         names: list[str] | None = None,
         agent_env: dict[str, dict[str, str]] | None = None,
+        own_args: dict[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.folder = folder
         self.config = config
@@ -67,6 +68,7 @@ class LocalNet:
             self.tls_args = ["--insecure"]
             self.monitor = None
         self.agent_args = list(agent_args)
+        self.own_args = dict(own_args or {})  # per agent, e.g. its own --data
         self.env = dict(agent_env or {})  # extra environment per process (test hooks)
         debug = ["--debug-expose-mask"]
         if noise_seed is not None:
@@ -112,7 +114,8 @@ class LocalNet:
         self.argv[name] = [
             "efpsn", "agent", "--name", name, "--listen", "127.0.0.1:0",
             "--coordinator", f"127.0.0.1:{self.ports['coordinator']}",
-            "--results", str(self.folder), *self.tls_args, *self.agent_args, *self.debug,
+            "--results", str(self.folder), *self.tls_args, *self.agent_args,
+            *self.own_args.get(name, ()), *self.debug,
         ]
         self._spawn(name)
         if wait:

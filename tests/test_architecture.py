@@ -82,7 +82,7 @@ def test_only_wire_records_serde_and_services_import_the_stubs() -> None:
                    if any(n.startswith("efpsn.wire.v1") for n in _imports(f)))
     core = [u for u in users if u.startswith("efpsn/")]
     assert core == ["efpsn/wire/records.py", "efpsn/wire/rounds.py", "efpsn/wire/serde.py",
-                    "efpsn/wire/status.py"]
+                    "efpsn/wire/stats.py", "efpsn/wire/status.py"]
     assert all(u.startswith(("agent/", "coordinator/")) for u in users if u not in core)
 
 

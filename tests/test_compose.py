@@ -24,6 +24,9 @@ import docker_support as ds
 import pytest
 from docker_fixtures import AGENTS, COORDINATOR_IMAGE, IMAGE_BUILDERS
 
+from efpsn.compose_file import DEFAULTS, compose_variables, render_compose
+from efpsn.flags import run_parameter_variables
+
 REPO = ds.REPO
 COMPOSE_FILE = REPO / "docker-compose.yml"
 NODES = ["coordinator", *AGENTS]
@@ -95,7 +98,17 @@ def test_compose_file_is_valid_for_compose_v1_and_v2() -> None:
     assert coordinator["command"][:8] == [
         "--listen", "0.0.0.0:50050", "--tls-cert", "/run/secrets/coordinator.pem",
         "--tls-key", "/run/secrets/coordinator.key", "--tls-ca", "/run/secrets/ca.pem"]
-    assert "${EFPSN_ITERATIONS:-auto}" in coordinator["command"]
+    # every run parameter is a variable of its own, named from its flag, with the flag's default
+    # (the scale of `efpsn data split`'s image folders apart): the file is what
+    # `efpsn compose --agents 5` writes
+    assert COMPOSE_FILE.read_text() == render_compose(len(AGENTS))
+    assert "--from-environment" in coordinator["command"]
+    # serving until `down` (by default the coordinator exits 10 s after the bootstrap)
+    assert "--keep-serving" in coordinator["command"]
+    assert coordinator["environment"] == {
+        v: f"${{{v}:-{DEFAULTS.get(v, '')}}}" for v in compose_variables()}
+    assert set(compose_variables()) == set(run_parameter_variables()) - {"EFPSN_AGENTS",
+                                                                         "EFPSN_DATA"}
     for name in NODES:
         service = services[name]
         assert service["networks"] == ["efpsn"], name
@@ -122,11 +135,12 @@ def test_compose_file_is_valid_for_compose_v1_and_v2() -> None:
                          "--tls-cert": f"/run/secrets/{name}.pem",
                          "--tls-key": f"/run/secrets/{name}.key",
                          "--tls-ca": "/run/secrets/ca.pem", "--results": "/results",
-                         "--data": "/data/train.npz"}, name
-    data_flags = dict(zip(coordinator["command"][0::2], coordinator["command"][1::2],
-                          strict=True))
+                         "--data": "/data"}, name  # train.npz or train.csv
+    paired = [part for part in coordinator["command"]
+              if part not in ("--from-environment", "--keep-serving")]
+    data_flags = dict(zip(paired[0::2], paired[1::2], strict=True))
     assert data_flags["--data"] == "local"  # the agents' own data, never shards by index
-    assert data_flags["--input-shape"] == "${EFPSN_INPUT_SHAPE:-1x28x28}"
+    assert data_flags["--agents"] == str(len(AGENTS))
 
     for service in ("agent", "coordinator"):
         dockerfile = (REPO / service / "Dockerfile").read_text()

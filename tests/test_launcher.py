@@ -125,12 +125,15 @@ def test_check_results_names_what_is_wrong() -> None:
 
 
 def test_agent_dying_mid_run_stops_the_network_with_its_log(tmp_path: Path) -> None:
-    # prepare: agent3 kills itself (SIGKILL) at round 2 of 400 (tests/crash_hook)
+    # prepare: agent3 kills itself (SIGKILL) at round 2 of 400 (tests/crash_hook), with
+    # departures off (--departure-deadline 0; on, the others finish without it:
+    # tests/test_departure_network.py)
     env = {**os.environ, **crash_at(2, name="agent3")}
     started = time.monotonic()
     # execute
     out = subprocess.run(
-        efpsn("up", "--iterations", "400", "--results", str(tmp_path), *FAST),
+        efpsn("up", "--iterations", "400", "--results", str(tmp_path), "--departure-deadline",
+              "0", *FAST),
         env=env, check=False, capture_output=True, text=True, timeout=280,
     )
     # assert: one error naming agent3 and its exit, the others stopped by the launcher

@@ -122,8 +122,9 @@ def test_a_frozen_agent_is_named_by_everyone_that_fails_because_of_it(tmp_path: 
     """agent4 is frozen (SIGSTOP) in phase II: every other agent fails within a few round
     timeouts with one line that names agent4 (its neighbours directly, agent1 and agent2
     through the neighbour they wait for), says "timed out" rather than "refused ...
-    DEADLINE_EXCEEDED", and logs no unobserved task."""
-    with LocalNet(tmp_path, FROZEN) as net:
+    DEADLINE_EXCEEDED", and logs no unobserved task. Departures off (--departure-deadline 0):
+    on, the others would finish without it (tests/test_departure_network.py)."""
+    with LocalNet(tmp_path, FROZEN, agent_args=("--departure-deadline", "0")) as net:
         net.start_all()
         net.wait_round("agent4", 10, timeout=120)
         net.signal("agent4", signal.SIGSTOP)

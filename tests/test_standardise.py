@@ -125,11 +125,24 @@ def test_saved_model_carries_the_standardisation(tmp_path):
     assert evaluate_model(path, folder / "test.npz").accuracy == pytest.approx(accuracy)
 
 
-def test_networked_runs_refuse_standard_in_one_line(tmp_path, capsys):
+def test_networked_runs_send_standard_unresolved(tmp_path):
+    """efpsn up and the coordinator hand a standard run out as given: its l2 and step rule
+    wait for the network's totals (agent/secure_sum.py)."""
+    import argparse
+
+    from efpsn.cli_common import add_data_dir_arguments
+    from efpsn.flags import add_run_arguments, network_config
+
     folder = _raw_folder(tmp_path, "wine")
-    assert main(["up", "--data-dir", str(folder)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "runs in efpsn simulate only so far" in err[0]
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    add_data_dir_arguments(parser)
+    config = network_config(parser.parse_args(["--data-dir", str(folder)]))
+    assert config.scale == "standard" and not config.resolved_ok and config.l2.default
+    public = network_config(parser.parse_args(["--data-dir", str(folder), "--scale", "none"]))
+    assert public.resolved_ok
+    with pytest.raises(ValueError, match="public scales"):  # refused before anything starts
+        network_config(parser.parse_args(["--data-dir", str(folder), "--refresh", "never"]))
 
 
 def test_metadata_standardisation_is_checked():
@@ -145,3 +158,20 @@ def test_metadata_standardisation_is_checked():
     assert ModelMetadata.from_json(meta.to_json()) == meta
     assert meta.inputs(np.array([[3.0, 2.0]])).tolist() == [[1.0, 1.0]]
     assert ModelMetadata(scale="div:2,4", **base).inputs([[3.0, 2.0]]).tolist() == [[1.5, 0.5]]
+
+
+def test_the_disclosure_is_named_by_the_run_and_by_efpsn_privacy(tmp_path, capsys):
+    """A standard run's privacy line and `efpsn privacy --data-dir D` name what it discloses."""
+    from efpsn.privacy_modes import privacy_statement
+    from efpsn.schema import STANDARD_DISCLOSURE
+    from efpsn.topology import build_graph
+
+    folder = _raw_folder(tmp_path, "wine")
+    config = _config(folder).resolved()
+    graph = build_graph(config.topology, config.agents)
+    assert STANDARD_DISCLOSURE in privacy_statement(config, graph).line()
+    assert STANDARD_DISCLOSURE not in privacy_statement(config.replace(scale="none"),
+                                                        graph).line()
+    assert main(["privacy", "--data-dir", str(folder)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "global mean and variance and the total sample count" in out[1]

@@ -96,7 +96,7 @@ def test_the_stack_file_is_what_the_script_writes_and_isolates_every_agent() -> 
         assert deploy["endpoint_mode"] == "dnsrr", name  # no IPVS needed
         assert deploy["placement"]["constraints"] == [f"node.labels.efpsn.party.{name} == true"]
         assert deploy["restart_policy"]["condition"] == "on-failure", name
-        command = service["command"]
+        command = [part for part in service["command"] if part != "--from-environment"]
         flags = dict(zip(command[0::2], command[1::2], strict=True))
         assert (flags["--tls-cert"], flags["--tls-key"], flags["--tls-ca"]) == (
             f"/run/secrets/{name}.pem", f"/run/secrets/{name}.key", "/run/secrets/ca.pem")
@@ -104,21 +104,24 @@ def test_the_stack_file_is_what_the_script_writes_and_isolates_every_agent() -> 
         agent = services[name]
         assert agent["image"] == "${EFPSN_AGENT_IMAGE:-efpsn-agent:local}"
         assert agent["volumes"] == [  # only its own data folder, read-only
-            {"type": "bind", "source": f"${{EFPSN_DATA:-/srv/efpsn/data}}/{name}",
+            {"type": "bind", "source": f"${{EFPSN_DATA_ROOT:-/srv/efpsn/data}}/{name}",
              "target": "/data", "read_only": True},
             {"type": "volume", "source": f"results-{name}", "target": "/results"}]
         flags = dict(zip(agent["command"][0::2], agent["command"][1::2], strict=True))
         assert flags["--advertise"] == f"{name}:50051"
-        assert flags["--data"] == "/data/train.npz" and flags["--results"] == "/results"
+        assert flags["--data"] == "/data" and flags["--results"] == "/results"
     coordinator = services["coordinator"]
     assert coordinator["image"] == "${EFPSN_COORDINATOR_IMAGE:-efpsn-coordinator:local}"
     assert "volumes" not in coordinator  # no data, no results
     # the run parameters come from the same variables, with the same defaults, as in compose
     compose = _load_yaml((REPO / "docker-compose.yml").read_text())["services"]["coordinator"]
-    pairs = dict(zip(coordinator["command"][0::2], coordinator["command"][1::2], strict=True))
-    compose_pairs = dict(zip(compose["command"][0::2], compose["command"][1::2], strict=True))
-    for flag in ("--tls-cert", "--tls-key", "--tls-ca"):
-        compose_pairs.pop(flag), pairs.pop(flag)
+    assert coordinator["environment"] == compose["environment"]
+    assert "--from-environment" in coordinator["command"]
+    assert "--from-environment" in compose["command"]
+    pairs, compose_pairs = ({k: v for k, v in zip(c[0::2], c[1::2], strict=True)
+                             if k not in ("--tls-cert", "--tls-key", "--tls-ca")}
+                            for c in ([p for p in cmd if p not in ("--from-environment", "--keep-serving")]
+                                      for cmd in (coordinator["command"], compose["command"])))
     assert pairs == compose_pairs
 
 
@@ -284,7 +287,7 @@ def test_stack_deploy_runs_five_parties_and_resumes_a_killed_agent(
     work = engine.root / "swarm"
     parties = _certificates(work)
     data = efpsn_images / "data"
-    env = {**swarm.env, **RUN_ENV, "EFPSN_DATA": str(data)}
+    env = {**swarm.env, **RUN_ENV, "EFPSN_DATA_ROOT": str(data)}
     timings = engine.timings
     try:
         # secrets (each party from its own folder) and labels, checked before the deploy

@@ -10,8 +10,9 @@
 `secrets` reads the files straight from the party's own folder (as written by `efpsn certs
 request` and `sign`) into Swarm secrets named efpsn-NAME.key, efpsn-NAME.pem (and efpsn-ca.pem);
 it writes no file. It first checks them with efpsn (key mode 0600, certificate of NAME from the
-CA, matching the key), so run it with the Python that has efpsn installed; the other commands
-need only the standard library. Run it with the Docker CLI pointed at a manager (DOCKER_HOST=ssh://...,
+CA, matching the key), and `stack` takes the run parameters' variables from efpsn
+(efpsn/compose_file.py, as docker-compose.yml), so run those two with the Python that has efpsn
+installed; `label` and `check` need only the standard library. Run it with the Docker CLI pointed at a manager (DOCKER_HOST=ssh://...,
 or `docker context use`). `label` adds the node label efpsn.party.NAME=true that the stack's
 placement constraint asks for; a node may carry several. Everything else is plain `docker`.
 """
@@ -29,17 +30,6 @@ PREFIX = "efpsn-"
 LABEL = "efpsn.party."
 UID = "10001"  # the images' user
 PORTS = {"coordinator": 50050, "agent": 50051}
-RUN_PARAMETERS = (  # flag, environment variable, default: the same as docker-compose.yml
-    ("--topology", "EFPSN_TOPOLOGY", "ring"), ("--task", "EFPSN_TASK", "logreg"),
-    ("--algorithm", "EFPSN_ALGORITHM", "agt"), ("--mask", "EFPSN_MASK", "zero-sum"),
-    ("--gamma", "EFPSN_GAMMA", "1000"), ("--key-bits", "EFPSN_KEY_BITS", "3072"),
-    ("--iterations", "EFPSN_ITERATIONS", "auto"), ("--batch-size", "EFPSN_BATCH_SIZE", "full"),
-    ("--schedule", "EFPSN_SCHEDULE", "auto"), ("--momentum", "EFPSN_MOMENTUM", "auto"),
-    ("--input-shape", "EFPSN_INPUT_SHAPE", "1x28x28"),
-    ("--classes", "EFPSN_CLASSES", "10"), ("--scale", "EFPSN_SCALE", "unit"),
-    ("--seed", "EFPSN_SEED", "0"), ("--eval-every", "EFPSN_EVAL_EVERY", "100"),
-    ("--round-timeout", "EFPSN_ROUND_TIMEOUT", "60"),
-)
 
 HEADER = """\
 # EFPSN on Docker Swarm: a coordinator and {n} agents, each agent on its own party's node.
@@ -51,7 +41,7 @@ HEADER = """\
 # or set EFPSN_COORDINATOR_IMAGE / EFPSN_AGENT_IMAGE to images in your registry), the Swarm
 # secrets efpsn-ca.pem, efpsn-NAME.pem and efpsn-NAME.key of every node (each party makes its
 # own with `swarm.py secrets`), the node label efpsn.party.NAME=true on the node of each
-# (`swarm.py label`), and on agentK's node its data in $EFPSN_DATA/agentK/train.npz
+# (`swarm.py label`), and on agentK's node its data in $EFPSN_DATA_ROOT/agentK/ (train.npz or train.csv)
 # (default /srv/efpsn/data). `swarm.py check --agents {n}` tells what is missing.
 # Each agent service lists only its own key, its certificate and the CA certificate (at
 # /run/secrets/, owned by the images' user, the key mode 0400), mounts only its own data
@@ -108,7 +98,9 @@ COORDINATOR = """\
       - "{n}"
       - --data
       - local
-{parameters}
+      - --from-environment
+    environment:  # every run parameter (efpsn.flags.run_parameter_variables)
+{environment}
     healthcheck:
       test: [CMD, python, -m, efpsn.wire.healthcheck, --tls-dir, /run/secrets, --tls-name,
              coordinator, "127.0.0.1:{port}"]
@@ -131,13 +123,13 @@ AGENT = """\
       - {{<<: *secret, source: {name}.pem}}
       - {{<<: *key, source: {name}.key}}
     volumes:  # only its own data, read-only; its own results volume
-      - {{type: bind, source: "${{EFPSN_DATA:-/srv/efpsn/data}}/{name}", target: /data,
+      - {{type: bind, source: "${{EFPSN_DATA_ROOT:-/srv/efpsn/data}}/{name}", target: /data,
          read_only: true}}
       - {{type: volume, source: results-{name}, target: /results}}
     command: [--name, {name}, --listen, "0.0.0.0:{port}", --advertise, "{name}:{port}",
               --coordinator, "coordinator:{coordinator_port}",
               --tls-cert, /run/secrets/{name}.pem, --tls-key, /run/secrets/{name}.key,
-              --tls-ca, /run/secrets/ca.pem, --results, /results, --data, /data/train.npz]
+              --tls-ca, /run/secrets/ca.pem, --results, /results, --data, /data]
     deploy:
       endpoint_mode: dnsrr
       placement:
@@ -154,11 +146,13 @@ def agent_names(count: int) -> list[str]:
 
 def render_stack(count: int) -> str:
     """The stack file (compose format 3.8) for a coordinator and agent1..agentCOUNT."""
+    from efpsn.compose_file import DEFAULTS, compose_variables
+
     names = agent_names(count)
-    parameters = "\n".join(f"      - {flag}\n      - ${{{env}:-{default}}}"
-                           for flag, env, default in RUN_PARAMETERS)
+    environment = "\n".join(f"      {v}: ${{{v}:-{DEFAULTS.get(v, '')}}}"
+                            for v in compose_variables())
     out = [HEADER.format(n=count, uid=UID),
-           COORDINATOR.format(n=count, port=PORTS["coordinator"], parameters=parameters,
+           COORDINATOR.format(n=count, port=PORTS["coordinator"], environment=environment,
                               label=LABEL)]
     out += [AGENT.format(name=name, port=PORTS["agent"], coordinator_port=PORTS["coordinator"],
                          label=LABEL) for name in names]

@@ -5,36 +5,42 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
 from efpsn.cli_common import add_data_dir_arguments
-from efpsn.cli_services import add_debug_flags
-from efpsn.flags import add_run_arguments, config_from_args
+from efpsn.cli_services import add_debug_flags, add_departure_flag
+from efpsn.flags import add_run_arguments, network_config
 from efpsn.launch.signals import StopSignals
-from efpsn.schema import check_networked_scale
 
-__all__ = ["add_launch_flags", "add_parser"]
+__all__ = ["add_launch_flags", "add_parser", "run_up"]
 
 
 def _up(args: argparse.Namespace) -> int:
+    # a failure raises NetworkFailed, whose message leads with the root cause; SIGTERM, SIGHUP
+    # and SIGINT raise Stopped, once every process it started is stopped
+    with StopSignals("efpsn up"):
+        summary = run_up(args)
+    return 0 if summary["ok"] else 1
+
+
+def run_up(args: argparse.Namespace) -> dict[str, Any]:
+    """`efpsn up` with parsed arguments: the run's config (network_config) and the launcher's
+    options, the local network run; returns its summary (also efpsn.notebook.train's path)."""
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # no gRPC notices in the user's terminal
     from efpsn.launch.network import launch_local_network
 
-    config = config_from_args(args)
-    check_networked_scale(config.scale)
+    config = network_config(args)
     options = {
         "results": Path(args.results) if args.results else None, "host": args.host,
         "data_dir": Path(args.data_dir) if args.data_dir else None, "holdout": args.holdout,
         "label_column": args.label_column, "quiet": args.quiet, "insecure": args.insecure,
         "checkpoint_every": args.checkpoint_every, "fork_agents": not args.no_fork,
+        "departure_deadline": args.departure_deadline,
         "insecure_noise_seed": args.insecure_noise_seed,
         "debug_expose_mask": args.debug_expose_mask,
         "allow_insecure_keys": args.allow_insecure_keys,
     }
-    # a failure raises NetworkFailed, whose message leads with the root cause; SIGTERM, SIGHUP
-    # and SIGINT raise Stopped, once every process it started is stopped
-    with StopSignals("efpsn up"):
-        summary = launch_local_network(config, **options)
-    return 0 if summary["ok"] else 1
+    return launch_local_network(config, **options)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -75,5 +81,6 @@ def add_launch_flags(parser: argparse.ArgumentParser, *, ignored: bool = False) 
                          "memory is shared)")
     up.add_argument("--checkpoint-every", type=int, default=50,
                     help="agents save their phase II state every this many rounds")
+    add_departure_flag(up)
     if not ignored:  # test hooks that break privacy: never accepted by efpsn privacy
         add_debug_flags(parser)

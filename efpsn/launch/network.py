@@ -56,6 +56,7 @@ class LaunchOptions:
     start_timeout: float = 120.0
     fork_agents: bool = True  # fork the agents from one fork server (shared imports)
     # test hooks: they break privacy (agents/launcher.py of a real deployment never sets them)
+    departure_deadline: float | None = None  # agents' --departure-deadline (None: default)
     insecure_noise_seed: int | None = None
     debug_expose_mask: bool = False
     allow_insecure_keys: bool = False
@@ -69,6 +70,8 @@ def _agent_args(config: RunConfig, opts: LaunchOptions, names: list[str],
     if opts.checkpoint_every is not None:
         common += ["--checkpoint-every", str(opts.checkpoint_every),
                    "--keep-rounds", str(max(128, 2 * opts.checkpoint_every + 3))]
+    if opts.departure_deadline is not None:
+        common += ["--departure-deadline", repr(opts.departure_deadline)]
     if opts.insecure_noise_seed is not None:
         common += ["--insecure-noise-seed", str(opts.insecure_noise_seed)]
     if opts.debug_expose_mask:
@@ -133,8 +136,9 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
     poller = StatusPoller(monitor)
     lifeline = Lifeline()
     try:
+        # it serves for the whole run: a departure is decided by it (coordinator/departures.py)
         coordinator = spawn("coordinator", ["coordinator", "--listen", f"{host}:0", *tls_args,
-                                            *run_args], folder, env=lifeline.env(),
+                                            "--keep-serving", *run_args], folder, env=lifeline.env(),
                             pass_fds=lifeline.pass_fds)
         children.append(coordinator)
         # The agents start with the coordinator, not after it: each reads the coordinator's
@@ -156,9 +160,12 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
               f"({config.topology}); {'PLAINTEXT' if opts.insecure else 'mutual TLS'}; "
               f"results in {folder}", flush=True)
         coordinator_mb = _watch(runner, poller, agents, addresses, config, build,
-                                quiet=opts.quiet, folder=folder, coordinator=coordinator)
+                                quiet=opts.quiet, folder=folder, coordinator=coordinator,
+                                departures=opts.departure_deadline != 0)
         test, column = _public_test(opts)
-        return _summarise(config, build, folder, names, started=started, started_at=started_at,
+        gone = _departed(agents, folder)
+        return _summarise(config, build, folder, [n for n in names if n not in gone],
+                          started=started, started_at=started_at,
                           coordinator_mb=coordinator_mb, test=test, label_column=column)
     finally:
         with signals_held():  # a stop signal now must not cut this stop short
@@ -208,14 +215,17 @@ def _explain(agents: list[Child], folder: Path, *, fallback: str) -> str:
 
 def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
            addresses: dict[str, str], config: RunConfig, build: ProblemBuild, *, quiet: bool,
-           folder: Path, coordinator: Child) -> float | None:
+           folder: Path, coordinator: Child, departures: bool) -> float | None:
     """Poll the agents until every one has exited; a progress bar for the person watching. A
     failed agent stops the watch with the network's diagnosis (after the others had a moment
-    to record theirs). Returns the coordinator's peak memory (MB) as last seen while it ran (it
-    exits once every agent is assigned)."""
+    to record theirs), except, with `departures`, one that died without recording why (killed):
+    the others may finish without it (agent/departing.py); at the end every agent must have
+    exited 0 or have been declared gone by the others. Returns the coordinator's peak memory
+    (MB) as last seen while it ran."""
     from tqdm import tqdm
 
-    bar = tqdm(total=config.iterations.total, disable=quiet, unit="round", desc="network")
+    # a scale standard run's rounds are known once the agents have the totals: no total then
+    bar = tqdm(total=config.iterations.count, disable=quiet, unit="round", desc="network")
     assigned: set[str] = set()
     # read once before the loop too: forked agents may finish a short run before it first polls
     coordinator_mb = peak_rss_mb(coordinator.process.pid) if coordinator.running else None
@@ -223,7 +233,8 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
         while any(a.running for a in agents):
             if coordinator.running:
                 coordinator_mb = peak_rss_mb(coordinator.process.pid) or coordinator_mb
-            if any(a.process.poll() not in (None, 0) for a in agents):
+            if any(a.process.poll() not in (None, 0)
+                   and not (departures and _silent_death(a, folder)) for a in agents):
                 _settle(agents)
                 raise NetworkFailed(_explain(agents, folder, fallback="an agent failed"))
             if coordinator.process.poll() not in (None, 0):
@@ -232,7 +243,7 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
             running = {a.name: addresses[a.name] for a in agents if a.running}
             statuses = runner.run(poller.poll(running))
             assigned |= {n for n, s in statuses.items() if s.run_id}
-            if assigned == set(addresses) and all(s.phase >= Phase.OPTIMIZE
+            if assigned == set(addresses) and all(s.phase in (Phase.OPTIMIZE, Phase.DONE)
                                                   for s in statuses.values()):
                 build.start()  # every agent is in phase II: start-up is over
             if statuses:
@@ -241,12 +252,31 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
                 if shown:
                     bar.set_postfix(**shown)
             time.sleep(0.5)
-        if any(a.process.returncode != 0 for a in agents):
+        gone = _departed(agents, folder)
+        if any(a.process.returncode != 0 and a.name not in gone for a in agents):
             raise NetworkFailed(_explain(agents, folder, fallback="an agent failed"))
-        bar.update(config.iterations.total - bar.n)
+        bar.update(max(0, (config.iterations.count or 0) - bar.n))
         return coordinator_mb
     finally:
         bar.close()
+
+
+def _silent_death(agent: Child, folder: Path) -> bool:
+    """The agent's process ended with an error and recorded no reason (killed): the others may
+    go on without it."""
+    return not failure_file(folder, agent.name).exists()
+
+
+def _departed(agents: list[Child], folder: Path) -> set[str]:
+    """The agents that the finished ones (exit 0) name as gone in their result.json."""
+    from efpsn.cli_common import read_json
+
+    gone: set[str] = set()
+    for a in agents:
+        path = folder / a.name / "result.json"
+        if a.process.poll() == 0 and path.exists():
+            gone |= {d["agent"] for d in read_json(path).get("departures", [])}
+    return gone
 
 
 def _progress_figures(statuses: Any) -> dict[str, str]:
@@ -281,6 +311,11 @@ def _summarise(config: RunConfig, build: ProblemBuild, folder: Path, names: list
     summary["timings"] = network_timings(summary["agents"], started_at=started_at)
     if coordinator_mb is not None:
         summary["timings"]["coordinator_peak_rss_mb"] = coordinator_mb
+    last = summary["convergence"]["line"]
+    departures = _departures_record(folder, names)
+    if departures is not None:  # who left, when, and what the model is the optimum of
+        summary.update(departures)
+        last = f"{last}; {_departures_line(departures)}"
     write_json(folder / "summary.json", summary)
     for line in summary["problems"]:
         print(f"efpsn up: {line}", file=sys.stderr)
@@ -288,5 +323,21 @@ def _summarise(config: RunConfig, build: ProblemBuild, folder: Path, names: list
                        if config.data == LOCAL_DATA else format_metrics(summary["final"])))
     print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}")
     print(summary["privacy"]["line"])
-    print(summary["convergence"]["line"])  # the last line: converged, or what to change
+    print(last)  # the last line: converged, or what to change (and who left)
     return summary
+
+
+def _departures_record(folder: Path, names: list[str]) -> dict[str, Any] | None:
+    """The departures as the remaining agents recorded them (the same at every one)."""
+    from efpsn.cli_common import read_json
+
+    records = [read_json(folder / n / "result.json") for n in names]
+    seen = [{k: r[k] for k in ("departures", "remaining", "optimum_of")}
+            for r in records if "departures" in r]
+    return seen[0] if seen else None
+
+
+def _departures_line(record: dict[str, Any]) -> str:
+    gone = "; ".join(f"{e['agent']} left at round {e['round']} (re-based at round "
+                     f"{e['rebase_round']})" for e in record["departures"])
+    return f"{gone}; the model is {record['optimum_of']}"

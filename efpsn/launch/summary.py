@@ -11,6 +11,7 @@ from typing import Any
 
 from efpsn.cli_common import read_json
 from efpsn.config import RunConfig, parse_shape
+from efpsn.schema import STANDARD
 
 
 def network_timings(agents: dict[str, Any], *, started_at: float) -> dict[str, float]:
@@ -92,7 +93,8 @@ def summarize_reports(problem: Any, folder: Path, names: list[str], *,
     results, xs = load_agent_results(folder, names)
     finals = [r["final"] for r in results]
     x_bar = average(xs)
-    save_average(problem, folder, x_bar)
+    problem, standardisation = _standardised_problem(problem, folder, names, results)
+    save_average(problem, folder, x_bar, standardisation=standardisation)
     final: dict[str, float] = {
         "consensus": float(sum(torch.sum((x - x_bar) ** 2) for x in xs) / len(xs)),
         "mean_agent_loss": float(np.mean([f["loss"] for f in finals])),
@@ -108,19 +110,43 @@ def summarize_reports(problem: Any, folder: Path, names: list[str], *,
         test = check_arrays(raw.features, raw.labels, path=test_path, who="efpsn up",
                             shape=parse_shape(c.input_shape), classes=c.classes,
                             divisor=c.divisor, cells=raw.cells)
+        if standardisation is not None:  # as every agent standardised its copy
+            from efpsn.standardise import standardise_dataset
+
+            test = standardise_dataset(test, *standardisation)
         final["accuracy"] = float(problem.task.accuracy(x_bar, test))
     else:
         final["accuracy"] = final.get("mean_holdout_accuracy", math.nan)
     return _summary(problem, results, final, x_bar)
 
 
-def save_average(problem: Any, folder: Path, x_bar: Any) -> Path:
+def save_average(problem: Any, folder: Path, x_bar: Any, *,
+                 standardisation: tuple[Any, Any] | None = None) -> Path:
     """The network's model, the average of the agents' final iterates, as
-    FOLDER/model.safetensors (efpsn/model_io.py): usually better than any one agent's."""
+    FOLDER/model.safetensors (efpsn/model_io.py): usually better than any one agent's; with
+    scale standard it carries the run's (mean, std) per feature."""
     from efpsn.model_io import MODEL_FILE, save_model
 
     return save_model(folder / MODEL_FILE, task=problem.task, x=x_bar,
-                      scale=problem.config.scale)
+                      scale=problem.config.scale, standardisation=standardisation)
+
+
+def _standardised_problem(problem: Any, folder: Path, names: list[str], results: list[dict]
+                          ) -> tuple[Any, tuple[Any, Any] | None]:
+    """A scale standard run: the public problem of the run the agents resolved after the
+    secure sum (their settings: l2 from the total count, the step rule's numbers) and the
+    standardisation their models carry; otherwise `problem` as it is and None."""
+    if problem.config.scale != STANDARD or not results:
+        return problem, None
+    import numpy as np
+
+    from efpsn.model_io import MODEL_FILE, read_model
+    from efpsn.problem import build_problem
+
+    mean, std = read_model(folder / names[0] / MODEL_FILE).metadata.standardisation or ((), ())
+    config = RunConfig.from_dict(results[0]["settings"])
+    return (build_problem(config, local={}),
+            (np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)))
 
 
 def format_reports(final: dict[str, float], *, public_test: bool) -> str:

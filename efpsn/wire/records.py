@@ -38,6 +38,7 @@ class Phase(enum.IntEnum):
     SHARES = 2
     OPTIMIZE = 3
     DONE = 4
+    STATS = 5
 
 
 

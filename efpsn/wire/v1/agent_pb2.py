@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from efpsn.wire.v1 import common_pb2 as efpsn_dot_wire_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x65\x66psn/wire/v1/agent.proto\x12\x08\x65\x66psn.v1\x1a\x1a\x65\x66psn/wire/v1/common.proto\"^\n\x10PublicKeyMessage\x12 \n\x06header\x18\x01 \x01(\x0b\x32\x10.efpsn.v1.Header\x12(\n\x03key\x18\x02 \x01(\x0b\x32\x1b.efpsn.v1.PaillierPublicKey\"[\n\rSharesMessage\x12 \n\x06header\x18\x01 \x01(\x0b\x32\x10.efpsn.v1.Header\x12(\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x19.efpsn.v1.CiphertextBatch\"=\n\x0bNamedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x06tensor\x18\x02 \x01(\x0b\x32\x10.efpsn.v1.Tensor\"f\n\x0cRoundMessage\x12 \n\x06header\x18\x01 \x01(\x0b\x32\x10.efpsn.v1.Header\x12&\n\x07tensors\x18\x02 \x03(\x0b\x32\x15.efpsn.v1.NamedTensor\x12\x0c\n\x04stop\x18\x03 \x03(\x11\")\n\x08RoundAck\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"0\n\x0cRoundRequest\x12 \n\x06header\x18\x01 \x01(\x0b\x32\x10.efpsn.v1.Header\"^\n\nRoundReply\x12\x11\n\tavailable\x18\x01 \x01(\x08\x12\'\n\x07message\x18\x02 \x01(\x0b\x32\x16.efpsn.v1.RoundMessage\x12\x14\n\x0clatest_round\x18\x03 \x01(\x04\"\x1f\n\rStatusRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\xec\x02\n\x0b\x41gentStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x1e\n\x05phase\x18\x03 \x01(\x0e\x32\x0f.efpsn.v1.Phase\x12\r\n\x05round\x18\x04 \x01(\x04\x12\x14\n\x0ctotal_rounds\x18\x05 \x01(\x04\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x10\n\x08\x61\x63\x63uracy\x18\x07 \x01(\x01\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x10\n\x08\x66inished\x18\t \x01(\x08\x12\x39\n\nrejections\x18\n \x03(\x0b\x32%.efpsn.v1.AgentStatus.RejectionsEntry\x12\x1f\n\x12resumed_from_round\x18\x0b \x01(\x04H\x00\x88\x01\x01\x12\x13\n\x0bwaiting_for\x18\x0c \x03(\t\x1a\x31\n\x0fRejectionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x42\x15\n\x13_resumed_from_round2\xdf\x02\n\x05\x41gent\x12\x39\n\x0cPutPublicKey\x12\x1a.efpsn.v1.PublicKeyMessage\x1a\r.efpsn.v1.Ack\x12\x33\n\tPutShares\x12\x17.efpsn.v1.SharesMessage\x1a\r.efpsn.v1.Ack\x12\x31\n\x08PutRound\x12\x16.efpsn.v1.RoundMessage\x1a\r.efpsn.v1.Ack\x12<\n\x0cStreamRounds\x12\x16.efpsn.v1.RoundMessage\x1a\x12.efpsn.v1.RoundAck(\x01\x12\x38\n\x08GetRound\x12\x16.efpsn.v1.RoundRequest\x1a\x14.efpsn.v1.RoundReply\x12;\n\tGetStatus\x12\x17.efpsn.v1.StatusRequest\x1a\x15.efpsn.v1.AgentStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x65\x66psn/wire/v1/agent.proto\x12\x08\x65\x66psn.v1\x1a\x1a\x65\x66psn/wire/v1/common.proto\"^\n\x10PublicKeyMessage\x12 \n\x06header\x18\x01 \x01(\x0b\x32\x10.efpsn.v1.Header\x12(\n\x03key\x18\x02 \x01(\x0b\x32\x1b.efpsn.v1.PaillierPublicKey\"[\n\rSharesMessage\x12 \n\x06header\x18\x01 \x01(\x0b\x32\x10.efpsn.v1.Header\x12(\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x19.efpsn.v1.CiphertextBatch\",\n\x0bMaskedStats\x12\r\n\x05\x61gent\x18\x01 \x01(\r\x12\x0e\n\x06values\x18\x02 \x01(\x0c\"X\n\x0cStatsMessage\x12 \n\x06header\x18\x01 \x01(\x0b\x32\x10.efpsn.v1.Header\x12&\n\x07vectors\x18\x02 \x03(\x0b\x32\x15.efpsn.v1.MaskedStats\"=\n\x0bNamedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x06tensor\x18\x02 \x01(\x0b\x32\x10.efpsn.v1.Tensor\"f\n\x0cRoundMessage\x12 \n\x06header\x18\x01 \x01(\x0b\x32\x10.efpsn.v1.Header\x12&\n\x07tensors\x18\x02 \x03(\x0b\x32\x15.efpsn.v1.NamedTensor\x12\x0c\n\x04stop\x18\x03 \x03(\x11\")\n\x08RoundAck\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\"0\n\x0cRoundRequest\x12 \n\x06header\x18\x01 \x01(\x0b\x32\x10.efpsn.v1.Header\"^\n\nRoundReply\x12\x11\n\tavailable\x18\x01 \x01(\x08\x12\'\n\x07message\x18\x02 \x01(\x0b\x32\x16.efpsn.v1.RoundMessage\x12\x14\n\x0clatest_round\x18\x03 \x01(\x04\"\x1f\n\rStatusRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\xec\x02\n\x0b\x41gentStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x1e\n\x05phase\x18\x03 \x01(\x0e\x32\x0f.efpsn.v1.Phase\x12\r\n\x05round\x18\x04 \x01(\x04\x12\x14\n\x0ctotal_rounds\x18\x05 \x01(\x04\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x10\n\x08\x61\x63\x63uracy\x18\x07 \x01(\x01\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x10\n\x08\x66inished\x18\t \x01(\x08\x12\x39\n\nrejections\x18\n \x03(\x0b\x32%.efpsn.v1.AgentStatus.RejectionsEntry\x12\x1f\n\x12resumed_from_round\x18\x0b \x01(\x04H\x00\x88\x01\x01\x12\x13\n\x0bwaiting_for\x18\x0c \x03(\t\x1a\x31\n\x0fRejectionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x42\x15\n\x13_resumed_from_round2\x92\x03\n\x05\x41gent\x12\x39\n\x0cPutPublicKey\x12\x1a.efpsn.v1.PublicKeyMessage\x1a\r.efpsn.v1.Ack\x12\x33\n\tPutShares\x12\x17.efpsn.v1.SharesMessage\x1a\r.efpsn.v1.Ack\x12\x31\n\x08PutStats\x12\x16.efpsn.v1.StatsMessage\x1a\r.efpsn.v1.Ack\x12\x31\n\x08PutRound\x12\x16.efpsn.v1.RoundMessage\x1a\r.efpsn.v1.Ack\x12<\n\x0cStreamRounds\x12\x16.efpsn.v1.RoundMessage\x1a\x12.efpsn.v1.RoundAck(\x01\x12\x38\n\x08GetRound\x12\x16.efpsn.v1.RoundRequest\x1a\x14.efpsn.v1.RoundReply\x12;\n\tGetStatus\x12\x17.efpsn.v1.StatusRequest\x1a\x15.efpsn.v1.AgentStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,22 +38,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUBLICKEYMESSAGE']._serialized_end=161
   _globals['_SHARESMESSAGE']._serialized_start=163
   _globals['_SHARESMESSAGE']._serialized_end=254
-  _globals['_NAMEDTENSOR']._serialized_start=256
-  _globals['_NAMEDTENSOR']._serialized_end=317
-  _globals['_ROUNDMESSAGE']._serialized_start=319
-  _globals['_ROUNDMESSAGE']._serialized_end=421
-  _globals['_ROUNDACK']._serialized_start=423
-  _globals['_ROUNDACK']._serialized_end=464
-  _globals['_ROUNDREQUEST']._serialized_start=466
-  _globals['_ROUNDREQUEST']._serialized_end=514
-  _globals['_ROUNDREPLY']._serialized_start=516
-  _globals['_ROUNDREPLY']._serialized_end=610
-  _globals['_STATUSREQUEST']._serialized_start=612
-  _globals['_STATUSREQUEST']._serialized_end=643
-  _globals['_AGENTSTATUS']._serialized_start=646
-  _globals['_AGENTSTATUS']._serialized_end=1010
-  _globals['_AGENTSTATUS_REJECTIONSENTRY']._serialized_start=938
-  _globals['_AGENTSTATUS_REJECTIONSENTRY']._serialized_end=987
-  _globals['_AGENT']._serialized_start=1013
-  _globals['_AGENT']._serialized_end=1364
+  _globals['_MASKEDSTATS']._serialized_start=256
+  _globals['_MASKEDSTATS']._serialized_end=300
+  _globals['_STATSMESSAGE']._serialized_start=302
+  _globals['_STATSMESSAGE']._serialized_end=390
+  _globals['_NAMEDTENSOR']._serialized_start=392
+  _globals['_NAMEDTENSOR']._serialized_end=453
+  _globals['_ROUNDMESSAGE']._serialized_start=455
+  _globals['_ROUNDMESSAGE']._serialized_end=557
+  _globals['_ROUNDACK']._serialized_start=559
+  _globals['_ROUNDACK']._serialized_end=600
+  _globals['_ROUNDREQUEST']._serialized_start=602
+  _globals['_ROUNDREQUEST']._serialized_end=650
+  _globals['_ROUNDREPLY']._serialized_start=652
+  _globals['_ROUNDREPLY']._serialized_end=746
+  _globals['_STATUSREQUEST']._serialized_start=748
+  _globals['_STATUSREQUEST']._serialized_end=779
+  _globals['_AGENTSTATUS']._serialized_start=782
+  _globals['_AGENTSTATUS']._serialized_end=1146
+  _globals['_AGENTSTATUS_REJECTIONSENTRY']._serialized_start=1074
+  _globals['_AGENTSTATUS_REJECTIONSENTRY']._serialized_end=1123
+  _globals['_AGENT']._serialized_start=1149
+  _globals['_AGENT']._serialized_end=1551
 # @@protoc_insertion_point(module_scope)

@@ -23,6 +23,22 @@ class SharesMessage(_message.Message):
     batch: _common_pb2.CiphertextBatch
     def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., batch: _Optional[_Union[_common_pb2.CiphertextBatch, _Mapping]] = ...) -> None: ...
 
+class MaskedStats(_message.Message):
+    __slots__ = ("agent", "values")
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    agent: int
+    values: bytes
+    def __init__(self, agent: _Optional[int] = ..., values: _Optional[bytes] = ...) -> None: ...
+
+class StatsMessage(_message.Message):
+    __slots__ = ("header", "vectors")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    VECTORS_FIELD_NUMBER: _ClassVar[int]
+    header: _common_pb2.Header
+    vectors: _containers.RepeatedCompositeFieldContainer[MaskedStats]
+    def __init__(self, header: _Optional[_Union[_common_pb2.Header, _Mapping]] = ..., vectors: _Optional[_Iterable[_Union[MaskedStats, _Mapping]]] = ...) -> None: ...
+
 class NamedTensor(_message.Message):
     __slots__ = ("name", "tensor")
     NAME_FIELD_NUMBER: _ClassVar[int]

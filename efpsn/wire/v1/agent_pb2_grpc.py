@@ -46,6 +46,11 @@ class AgentStub:
                 request_serializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.SharesMessage.SerializeToString,
                 response_deserializer=efpsn_dot_wire_dot_v1_dot_common__pb2.Ack.FromString,
                 _registered_method=True)
+        self.PutStats = channel.unary_unary(
+                '/efpsn.v1.Agent/PutStats',
+                request_serializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.StatsMessage.SerializeToString,
+                response_deserializer=efpsn_dot_wire_dot_v1_dot_common__pb2.Ack.FromString,
+                _registered_method=True)
         self.PutRound = channel.unary_unary(
                 '/efpsn.v1.Agent/PutRound',
                 request_serializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.RoundMessage.SerializeToString,
@@ -81,6 +86,15 @@ class AgentServicer:
 
     def PutShares(self, request, context):
         """Phase I, step 4: noise shares z_ijk encrypted under the receiver's public key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutStats(self, request, context):
+        """Between phase I and phase II, in runs with scale standard only: round r of the secure sum
+        of column statistics (efpsn/stats_flood.py), the masked statistics vectors of every agent
+        within r hops of the sender. An identical retry is acknowledged.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -134,6 +148,11 @@ def add_AgentServicer_to_server(servicer, server):
             'PutShares': grpc.unary_unary_rpc_method_handler(
                     servicer.PutShares,
                     request_deserializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.SharesMessage.FromString,
+                    response_serializer=efpsn_dot_wire_dot_v1_dot_common__pb2.Ack.SerializeToString,
+            ),
+            'PutStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutStats,
+                    request_deserializer=efpsn_dot_wire_dot_v1_dot_agent__pb2.StatsMessage.FromString,
                     response_serializer=efpsn_dot_wire_dot_v1_dot_common__pb2.Ack.SerializeToString,
             ),
             'PutRound': grpc.unary_unary_rpc_method_handler(
@@ -211,6 +230,33 @@ class Agent:
             target,
             '/efpsn.v1.Agent/PutShares',
             efpsn_dot_wire_dot_v1_dot_agent__pb2.SharesMessage.SerializeToString,
+            efpsn_dot_wire_dot_v1_dot_common__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/efpsn.v1.Agent/PutStats',
+            efpsn_dot_wire_dot_v1_dot_agent__pb2.StatsMessage.SerializeToString,
             efpsn_dot_wire_dot_v1_dot_common__pb2.Ack.FromString,
             options,
             channel_credentials,

@@ -14,11 +14,13 @@ class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SHARES: _ClassVar[Phase]
     OPTIMIZE: _ClassVar[Phase]
     DONE: _ClassVar[Phase]
+    STATS: _ClassVar[Phase]
 PHASE_UNSPECIFIED: Phase
 KEYS: Phase
 SHARES: Phase
 OPTIMIZE: Phase
 DONE: Phase
+STATS: Phase
 
 class Tensor(_message.Message):
     __slots__ = ("dtype", "shape", "data")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65\x66psn/wire/v1/coordinator.proto\x12\x08\x65\x66psn.v1\"\x82\x01\n\x0fRegisterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0binput_shape\x18\x03 \x01(\t\x12\x0f\n\x07\x63lasses\x18\x04 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\x0c\x12\x0f\n\x07\x66\x61ilure\x18\x06 \x01(\t\"\x16\n\x14RunParametersRequest\"D\n\x04Peer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0e\n\x06weight\x18\x04 \x01(\x01\"\xb0\x04\n\rRunParameters\x12\x0e\n\x06\x61gents\x18\x01 \x01(\r\x12\x10\n\x08topology\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x11\n\talgorithm\x18\x04 \x01(\t\x12\x0c\n\x04mask\x18\x05 \x01(\t\x12\r\n\x05gamma\x18\x06 \x01(\x01\x12\t\n\x01p\x18\x07 \x01(\x01\x12\x11\n\tprecision\x18\x08 \x01(\r\x12\t\n\x01K\x18\t \x01(\r\x12\t\n\x01m\x18\n \x01(\r\x12\t\n\x01N\x18\x0b \x01(\r\x12\x11\n\tselection\x18\x0c \x01(\t\x12\x12\n\nbasis_seed\x18\r \x01(\x04\x12\x12\n\niterations\x18\x0e \x01(\x04\x12\x12\n\nbatch_size\x18\x0f \x01(\r\x12\x10\n\x08schedule\x18\x10 \x01(\t\x12\x0c\n\x04seed\x18\x11 \x01(\x04\x12\x10\n\x08key_bits\x18\x12 \x01(\r\x12\x0e\n\x06packed\x18\x13 \x01(\x08\x12\x11\n\tpartition\x18\x14 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x15 \x01(\t\x12\x15\n\rtest_fraction\x18\x16 \x01(\x01\x12\n\n\x02l2\x18\x17 \x01(\x01\x12\x12\n\neval_every\x18\x18 \x01(\r\x12\x1d\n\x15round_timeout_seconds\x18\x19 \x01(\x01\x12\x13\n\x0binput_shape\x18\x1a \x01(\t\x12\x0f\n\x07\x63lasses\x18\x1b \x01(\r\x12\r\n\x05scale\x18\x1c \x01(\t\x12\x0f\n\x07refresh\x18\x1d \x01(\t\x12\x0c\n\x04\x63lip\x18\x1e \x01(\x01\x12\x10\n\x08momentum\x18\x1f \x01(\x01\x12\x12\n\nstop_every\x18  \x01(\x11\"\x94\x01\n\nAssignment\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\"\n\nneighbours\x18\x04 \x03(\x0b\x32\x0e.efpsn.v1.Peer\x12\x13\n\x0bself_weight\x18\x05 \x01(\x01\x12\x12\n\nnum_agents\x18\x07 \x01(\rJ\x04\x08\x06\x10\x07R\x06params\"\x12\n\x10RunStatusRequest\"\xce\x01\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nregistered\x18\x02 \x01(\r\x12\x10\n\x08\x65xpected\x18\x03 \x01(\r\x12\r\n\x05names\x18\x04 \x03(\t\x12\x10\n\x08\x61ssigned\x18\x05 \x01(\x08\x12\x37\n\nrejections\x18\x06 \x03(\x0b\x32#.efpsn.v1.RunStatus.RejectionsEntry\x1a\x31\n\x0fRejectionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\xd8\x01\n\x0b\x43oordinator\x12;\n\x08Register\x12\x19.efpsn.v1.RegisterRequest\x1a\x14.efpsn.v1.Assignment\x12K\n\x10GetRunParameters\x12\x1e.efpsn.v1.RunParametersRequest\x1a\x17.efpsn.v1.RunParameters\x12?\n\x0cGetRunStatus\x12\x1a.efpsn.v1.RunStatusRequest\x1a\x13.efpsn.v1.RunStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x65\x66psn/wire/v1/coordinator.proto\x12\x08\x65\x66psn.v1\"]\n\rSilenceReport\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0e\n\x06sender\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x04\x12\x0e\n\x06silent\x18\x04 \x03(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\r\"o\n\x08\x44\x65parted\x12\r\n\x05\x61gent\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x14\n\x0crebase_round\x18\x03 \x01(\x04\x12\x0c\n\x04late\x18\x04 \x03(\t\x12\r\n\x05index\x18\x05 \x01(\r\x12\x12\n\nlate_index\x18\x06 \x03(\r\"Q\n\nDepartures\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\r\x12$\n\x08\x64\x65parted\x18\x03 \x03(\x0b\x32\x12.efpsn.v1.Departed\"\x82\x01\n\x0fRegisterRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0binput_shape\x18\x03 \x01(\t\x12\x0f\n\x07\x63lasses\x18\x04 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\x0c\x12\x0f\n\x07\x66\x61ilure\x18\x06 \x01(\t\"\x16\n\x14RunParametersRequest\"D\n\x04Peer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x0e\n\x06weight\x18\x04 \x01(\x01\"\xb0\x04\n\rRunParameters\x12\x0e\n\x06\x61gents\x18\x01 \x01(\r\x12\x10\n\x08topology\x18\x02 \x01(\t\x12\x0c\n\x04task\x18\x03 \x01(\t\x12\x11\n\talgorithm\x18\x04 \x01(\t\x12\x0c\n\x04mask\x18\x05 \x01(\t\x12\r\n\x05gamma\x18\x06 \x01(\x01\x12\t\n\x01p\x18\x07 \x01(\x01\x12\x11\n\tprecision\x18\x08 \x01(\r\x12\t\n\x01K\x18\t \x01(\r\x12\t\n\x01m\x18\n \x01(\r\x12\t\n\x01N\x18\x0b \x01(\r\x12\x11\n\tselection\x18\x0c \x01(\t\x12\x12\n\nbasis_seed\x18\r \x01(\x04\x12\x12\n\niterations\x18\x0e \x01(\x04\x12\x12\n\nbatch_size\x18\x0f \x01(\r\x12\x10\n\x08schedule\x18\x10 \x01(\t\x12\x0c\n\x04seed\x18\x11 \x01(\x04\x12\x10\n\x08key_bits\x18\x12 \x01(\r\x12\x0e\n\x06packed\x18\x13 \x01(\x08\x12\x11\n\tpartition\x18\x14 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x15 \x01(\t\x12\x15\n\rtest_fraction\x18\x16 \x01(\x01\x12\n\n\x02l2\x18\x17 \x01(\x01\x12\x12\n\neval_every\x18\x18 \x01(\r\x12\x1d\n\x15round_timeout_seconds\x18\x19 \x01(\x01\x12\x13\n\x0binput_shape\x18\x1a \x01(\t\x12\x0f\n\x07\x63lasses\x18\x1b \x01(\r\x12\r\n\x05scale\x18\x1c \x01(\t\x12\x0f\n\x07refresh\x18\x1d \x01(\t\x12\x0c\n\x04\x63lip\x18\x1e \x01(\x01\x12\x10\n\x08momentum\x18\x1f \x01(\x01\x12\x12\n\nstop_every\x18  \x01(\x11\"\x94\x01\n\nAssignment\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\"\n\nneighbours\x18\x04 \x03(\x0b\x32\x0e.efpsn.v1.Peer\x12\x13\n\x0bself_weight\x18\x05 \x01(\x01\x12\x12\n\nnum_agents\x18\x07 \x01(\rJ\x04\x08\x06\x10\x07R\x06params\"\x12\n\x10RunStatusRequest\"\xce\x01\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nregistered\x18\x02 \x01(\r\x12\x10\n\x08\x65xpected\x18\x03 \x01(\r\x12\r\n\x05names\x18\x04 \x03(\t\x12\x10\n\x08\x61ssigned\x18\x05 \x01(\x08\x12\x37\n\nrejections\x18\x06 \x03(\x0b\x32#.efpsn.v1.RunStatus.RejectionsEntry\x1a\x31\n\x0fRejectionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x32\x98\x02\n\x0b\x43oordinator\x12;\n\x08Register\x12\x19.efpsn.v1.RegisterRequest\x1a\x14.efpsn.v1.Assignment\x12K\n\x10GetRunParameters\x12\x1e.efpsn.v1.RunParametersRequest\x1a\x17.efpsn.v1.RunParameters\x12?\n\x0cGetRunStatus\x12\x1a.efpsn.v1.RunStatusRequest\x1a\x13.efpsn.v1.RunStatus\x12>\n\rReportSilence\x12\x17.efpsn.v1.SilenceReport\x1a\x14.efpsn.v1.Departuresb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,22 +33,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RUNSTATUS_REJECTIONSENTRY']._loaded_options = None
   _globals['_RUNSTATUS_REJECTIONSENTRY']._serialized_options = b'8\001'
-  _globals['_REGISTERREQUEST']._serialized_start=46
-  _globals['_REGISTERREQUEST']._serialized_end=176
-  _globals['_RUNPARAMETERSREQUEST']._serialized_start=178
-  _globals['_RUNPARAMETERSREQUEST']._serialized_end=200
-  _globals['_PEER']._serialized_start=202
-  _globals['_PEER']._serialized_end=270
-  _globals['_RUNPARAMETERS']._serialized_start=273
-  _globals['_RUNPARAMETERS']._serialized_end=833
-  _globals['_ASSIGNMENT']._serialized_start=836
-  _globals['_ASSIGNMENT']._serialized_end=984
-  _globals['_RUNSTATUSREQUEST']._serialized_start=986
-  _globals['_RUNSTATUSREQUEST']._serialized_end=1004
-  _globals['_RUNSTATUS']._serialized_start=1007
-  _globals['_RUNSTATUS']._serialized_end=1213
-  _globals['_RUNSTATUS_REJECTIONSENTRY']._serialized_start=1164
-  _globals['_RUNSTATUS_REJECTIONSENTRY']._serialized_end=1213
-  _globals['_COORDINATOR']._serialized_start=1216
-  _globals['_COORDINATOR']._serialized_end=1432
+  _globals['_SILENCEREPORT']._serialized_start=45
+  _globals['_SILENCEREPORT']._serialized_end=138
+  _globals['_DEPARTED']._serialized_start=140
+  _globals['_DEPARTED']._serialized_end=251
+  _globals['_DEPARTURES']._serialized_start=253
+  _globals['_DEPARTURES']._serialized_end=334
+  _globals['_REGISTERREQUEST']._serialized_start=337
+  _globals['_REGISTERREQUEST']._serialized_end=467
+  _globals['_RUNPARAMETERSREQUEST']._serialized_start=469
+  _globals['_RUNPARAMETERSREQUEST']._serialized_end=491
+  _globals['_PEER']._serialized_start=493
+  _globals['_PEER']._serialized_end=561
+  _globals['_RUNPARAMETERS']._serialized_start=564
+  _globals['_RUNPARAMETERS']._serialized_end=1124
+  _globals['_ASSIGNMENT']._serialized_start=1127
+  _globals['_ASSIGNMENT']._serialized_end=1275
+  _globals['_RUNSTATUSREQUEST']._serialized_start=1277
+  _globals['_RUNSTATUSREQUEST']._serialized_end=1295
+  _globals['_RUNSTATUS']._serialized_start=1298
+  _globals['_RUNSTATUS']._serialized_end=1504
+  _globals['_RUNSTATUS_REJECTIONSENTRY']._serialized_start=1455
+  _globals['_RUNSTATUS_REJECTIONSENTRY']._serialized_end=1504
+  _globals['_COORDINATOR']._serialized_start=1507
+  _globals['_COORDINATOR']._serialized_end=1787
 # @@protoc_insertion_point(module_scope)

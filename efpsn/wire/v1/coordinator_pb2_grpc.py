@@ -50,6 +50,11 @@ class CoordinatorStub:
                 request_serializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RunStatusRequest.SerializeToString,
                 response_deserializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RunStatus.FromString,
                 _registered_method=True)
+        self.ReportSilence = channel.unary_unary(
+                '/efpsn.v1.Coordinator/ReportSilence',
+                request_serializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.SilenceReport.SerializeToString,
+                response_deserializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.Departures.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -87,6 +92,21 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportSilence(self, request, context):
+        """Phase II: the sender cannot finish round `round` because the neighbours in `silent` sent
+        nothing past its departure deadline. The call is held until the coordinator decides: once
+        every agent still in the run has reported, except the ones the others name silent, those
+        are gone (coordinator/departures.py), and every held call gets the same decision. Nothing
+        here carries data or parameters: names and round numbers only. A sender that was declared
+        gone, a report of another run, or reports that contradict each other are refused with
+        FAILED_PRECONDITION and the reason; no decision before the call's deadline:
+        DEADLINE_EXCEEDED (the agent then stops, as without departures: no agent goes on with a
+        departure the coordinator has not decided).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -104,6 +124,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetRunStatus,
                     request_deserializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RunStatusRequest.FromString,
                     response_serializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RunStatus.SerializeToString,
+            ),
+            'ReportSilence': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportSilence,
+                    request_deserializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.SilenceReport.FromString,
+                    response_serializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.Departures.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -188,6 +213,33 @@ class Coordinator:
             '/efpsn.v1.Coordinator/GetRunStatus',
             efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RunStatusRequest.SerializeToString,
             efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RunStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportSilence(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/efpsn.v1.Coordinator/ReportSilence',
+            efpsn_dot_wire_dot_v1_dot_coordinator__pb2.SilenceReport.SerializeToString,
+            efpsn_dot_wire_dot_v1_dot_coordinator__pb2.Departures.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,204 @@
+"""A neighbour that left for good, at one agent: ask the coordinator who left (it decides, the
+same for everyone: coordinator/departures.py), then apply the decision with the pure core's
+functions (efpsn/departure.py, efpsn/departure_masks.py), round by round as the simulator's
+replay does (efpsn/departure_replay.py), so that the network equals `efpsn simulate --leave`.
+
+At round T each neighbour of the departed agent d (at T + 1 a neighbour that used d's round-T
+message, Departure.late) mixes with the drop-node weights and drops the mask terms it shares
+with d; at the re-base round R every remaining agent takes the Metropolis weights of the graph
+without d and restarts its tracker from its local gradient. Only names and round numbers go to
+the coordinator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from agent.bootstrap import report_silence
+from agent.exchange import RoundLink
+from agent.mailbox import Mailbox
+from agent.options import AgentFailure, RefusedByNeighbour
+from agent.session import Session
+from agent.state import StateStore
+from efpsn.algorithms import Message
+from efpsn.departure import Departure, drop_node_weights, optimum_of, rebase, reconfigure
+from efpsn.departure_masks import drop_seeds, reseeded
+from efpsn.fading import FadingMask
+from efpsn.refresh import MaskProvider, RefreshedMask
+from efpsn.rounds import RoundDriver
+
+__all__ = ["LocalDepartures", "Silence"]
+
+log = logging.getLogger("efpsn.agent")
+
+
+class LocalDepartures:
+    """The departures this agent knows and what they change for it, round by round."""
+
+    def __init__(self, session: Session, masks: MaskProvider) -> None:
+        self.session = session
+        self.masks = masks
+        self.decided: list[Departure] = []
+        self.epoch = 0
+        self.graph = session.problem.graph
+        self.weights = session.weights()
+        self.events: list[dict[str, Any]] = []
+        self.names = {**session.names, session.index: session.assignment.name}
+        self._rebased: set[int] = set()
+
+    @property
+    def me(self) -> int:
+        return self.session.index
+
+    @property
+    def gone(self) -> set[int]:
+        return {d.agent for d in self.decided}
+
+    def learn(self, departures: list[Departure], names: dict[int, str],
+              driver: RoundDriver) -> None:
+        """The coordinator's decision (all departures so far): check this agent can apply it."""
+        self.names = {**names, **self.names}
+        new = [d for d in departures if d.agent not in self.gone]
+        if not new:
+            raise AgentFailure(f"{self.session.assignment.name}: the coordinator's answer "
+                               "holds no new departure")
+        if driver.stop is not None:
+            raise AgentFailure("a departure with the stop rule (--stop-every) is not "
+                               "supported yet: run with --stop-every 0")
+        zero_sum = self.session.config.mask == "zero-sum"
+        if zero_sum and not isinstance(self.masks, (FadingMask, RefreshedMask)):
+            raise AgentFailure("a departure with the paper's fixed mask (--refresh never) "
+                               "needs phase I's shares, which agents do not keep: not "
+                               "supported yet")
+        after = reconfigure(self.graph, self.gone | {d.agent for d in new})
+        if after.new_edges:
+            raise AgentFailure(f"the departure of {self._names(d.agent for d in new)} cuts the "
+                               "graph in two: joining the pieces (phase I on new edges) is "
+                               "not supported yet")
+        self.decided.extend(new)
+        self.epoch += 1
+        for d in new:
+            self.events.append({**d.to_json(), "neighbours": [
+                self._name(j) for j in self.graph.neighbours(d.agent)
+                if j not in self.gone]})
+        log.warning("%s: the coordinator decided: %s", self.session.assignment.name,
+                    "; ".join(d.label() for d in new))
+
+    def before_round(self, t: int, driver: RoundDriver) -> list[str]:
+        """Apply what round t changes (before its messages are taken); the neighbours this
+        agent stops exchanging with from round t on."""
+        dropped: list[int] = []
+        for d in self.decided:
+            first = d.round + 1 if self.me in d.late else d.round
+            if t == first and d.agent in self.weights:
+                dropped.append(d.agent)
+        if dropped:
+            self.weights = drop_node_weights(self.weights, agent=self.me, gone=dropped)
+            self._remask(dropped)
+            self._refresh(driver)
+        if any(d.rebase_round == t for d in self.decided) and t not in self._rebased:
+            self._rebased.add(t)
+            self._rebase(t, driver)
+        names = [self._name(j) for j in dropped]
+        for name in names:
+            self.session.drop(name, reason=self._reason(name))
+        return names
+
+    def _rebase(self, t: int, driver: RoundDriver) -> None:
+        recon = reconfigure(self.graph, self.gone)
+        self.graph = recon.graph
+        self.weights = recon.agent_weights(self.me)
+        self._refresh(driver)
+        driver.state = rebase(driver.state)
+        driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
+        for event in self.events:
+            if event["rebase_round"] == t:
+                event.update(epoch=self.epoch, new_edges=[])
+        log.warning("%s re-based at round %d: the model is now %s",
+                    self.session.assignment.name, t, optimum_of(recon.remaining))
+
+    def _remask(self, gone: list[int]) -> None:
+        if isinstance(self.masks, (FadingMask, RefreshedMask)):
+            self.masks = reseeded(self.masks, drop_seeds(self.masks.seeds, gone))
+
+    def _refresh(self, driver: RoundDriver) -> None:
+        driver.context = dataclasses.replace(
+            driver.context, weights=dict(self.weights),
+            oracle=self.session.problem.objective(self.me, self.masks))
+
+    def _reason(self, name: str) -> str:
+        d = next(d for d in self.decided if self.names.get(d.agent) == name)
+        return (f"{name} was declared gone at round {d.round} by the coordinator (silent past "
+                "the departure deadline); it cannot come back to this run")
+
+    def _name(self, j: int) -> str:
+        return self.names.get(j, f"agent{j + 1}")
+
+    def _names(self, agents: Any) -> str:
+        return ", ".join(self._name(j) for j in agents)
+
+    def to_json(self) -> dict[str, Any] | None:
+        """What the records say (None when nobody left)."""
+        if not self.decided:
+            return None
+        remaining = [i for i in range(self.session.config.agents) if i not in self.gone]
+        return {"departures": self.events,
+                "remaining": [self._name(i) for i in remaining],
+                "optimum_of": optimum_of(remaining)}
+
+
+class Silence:
+    """What an agent does when a neighbour stays silent past the departure deadline in phase
+    II: report it, wait for the coordinator's decision, apply it and collect the round again
+    without the departed agent. It never goes on without a decision: a refusal, no decision or
+    no coordinator raise the failure as before (exit 2 naming the silent neighbour)."""
+
+    def __init__(self, *, departures: LocalDepartures, coordinator: Any, mailbox: Mailbox,
+                 store: StateStore, timeout: float) -> None:
+        self.departures = departures
+        self.coordinator = coordinator
+        self.mailbox = mailbox
+        self.store = store
+        self.timeout = timeout  # how long a report waits for the others to report too
+
+    def silent(self, t: int, failure: AgentFailure) -> list[str]:
+        """The neighbours whose round-t message is missing, and the one the failure blames."""
+        session = self.departures.session
+        if isinstance(failure, RefusedByNeighbour):
+            return []  # a neighbour that answers is not gone: its refusal is the error
+        missing = {n for n in session.neighbour_names if not self.mailbox.has("round", t, n)}
+        if failure.blame in session.neighbour_names:
+            missing.add(failure.blame)
+        return sorted(missing)
+
+    async def recover(self, t: int, failure: AgentFailure, driver: RoundDriver,
+                      link: RoundLink) -> dict[int, Message]:
+        """Round t's inbox after the departures the coordinator decides; `failure` (or a later
+        one) when there is none to decide."""
+        session = self.departures.session
+        while True:
+            silent = self.silent(t, failure)
+            if not silent:
+                raise failure
+            name = session.assignment.name
+            log.warning("%s: %s; asking the coordinator whether %s left", name, failure,
+                        ", ".join(silent))
+            try:
+                found, names = await report_silence(
+                    self.coordinator, session=session, name=name, round_=t, silent=silent,
+                    epoch=self.departures.epoch, timeout=self.timeout)
+            except AgentFailure as undecided:  # the silence stops this agent, as without
+                raise AgentFailure(f"{failure}; {undecided}",
+                                   blame=undecided.blame and failure.blame) from None
+            self.departures.learn(found, names, driver)
+            self.store.mark_unresumable(
+                f"{name} applied a departure at round {t}; resuming after one is not "
+                "supported yet")
+            for gone in self.departures.before_round(t, driver):
+                await link.drop(gone)
+            try:
+                return await link.recollect(t, driver.outbox)
+            except AgentFailure as again:
+                failure = again

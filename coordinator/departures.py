@@ -1,0 +1,144 @@
+"""The coordinator's decision of who left, without I/O: reports of silent neighbours in, one
+decision out, the same for every agent.
+
+An agent whose neighbour sent nothing past its departure deadline reports the neighbours it
+misses and the round it is collecting. Rounds are synchronous, so when an agent is gone for
+good every other agent ends up waiting (for it, or for someone who waits for it) and reports.
+The rule, public and deterministic:
+
+- decide only when every agent still in the run has reported, except the agents the reports
+  name silent and that did not report themselves: those are gone. Whoever reports is alive and
+  is not declared gone, so two neighbours that disagree (each says the other is silent) cannot
+  both go on: both wait, and nothing is decided until the deadline;
+- agent d left at round T = the smallest round a report names it silent at; the reporters that
+  name it one round later used its round-T message (Departure.late); the re-base round is
+  R = T + the number of agents at the start (efpsn.departure.parse_leave's rule), which no
+  agent can have reached: every one is waiting at T + 2 at most;
+- reports are counted per decision (`epoch`); a report of an older epoch is answered with the
+  decisions it missed.
+
+Nothing here sees data: names and round numbers only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from efpsn.departure import Departure
+
+__all__ = ["DepartureBoard", "Refused", "Report"]
+
+
+class Refused(ValueError):
+    """A report the coordinator cannot take (its reason is the message)."""
+
+
+@dataclass(frozen=True)
+class Report:
+    """`sender` collects round `round` and misses the round messages of `silent`."""
+
+    sender: str
+    round: int
+    silent: frozenset[str]
+    epoch: int
+
+
+class DepartureBoard:
+    """Every departure of one run, decided from the agents' reports (see the module doc)."""
+
+    def __init__(self, names: Sequence[str], *, iterations: int) -> None:
+        self.names = list(names)  # index order: names[i] is agent index i
+        self.iterations = iterations
+        self.decided: list[Departure] = []
+        self.epoch = 0
+        self.failure: str | None = None  # reports that cannot be decided: every waiter stops
+        self._reports: dict[str, Report] = {}
+
+    @property
+    def gone(self) -> set[str]:
+        return {self.names[d.agent] for d in self.decided}
+
+    def refusal(self, sender: str) -> str | None:
+        """Why `sender` may not take part any more (it was declared gone), or None."""
+        for d in self.decided:
+            if self.names[d.agent] == sender:
+                return (f"{sender} was declared gone at round {d.round} (it sent nothing past "
+                        "the departure deadline); the others finished without it: it cannot "
+                        "come back to this run")
+        return None
+
+    def report(self, report: Report) -> bool:
+        """File a report; True when it made a decision (self.decided grew). Refused when the
+        sender is gone or unknown, or when the reports contradict each other."""
+        if report.sender not in self.names:
+            raise Refused(f"{report.sender!r} is not an agent of this run")
+        if self.failure is not None:
+            raise Refused(self.failure)
+        reason = self.refusal(report.sender)
+        if reason is not None:
+            raise Refused(reason)
+        if report.epoch > self.epoch:
+            raise Refused(f"{report.sender} reports epoch {report.epoch}; only {self.epoch} "
+                          "departure decisions were made")
+        if report.epoch < self.epoch:
+            return False  # it missed a decision: it gets it at once
+        unknown = sorted(report.silent - set(self.names))
+        if unknown:
+            raise Refused(f"{report.sender} reports unknown agents {unknown} silent")
+        self._reports[report.sender] = Report(report.sender, report.round,
+                                              report.silent - self.gone, report.epoch)
+        return self._decide()
+
+    def withdraw(self, sender: str) -> None:
+        """The sender stopped waiting (its call ended): its report no longer counts."""
+        self._reports.pop(sender, None)
+
+    def since(self, epoch: int) -> list[Departure]:
+        """Every departure decided (all of them: an agent applies the ones it lacks)."""
+        return list(self.decided) if epoch < self.epoch else []
+
+    def _decide(self) -> bool:
+        live = set(self.names) - self.gone
+        reporters = set(self._reports)
+        silent = set().union(*(r.silent for r in self._reports.values())) - reporters
+        if not silent or reporters | silent != live or not reporters:
+            return False
+        try:
+            departures = self._check([self._departure(name)
+                                      for name in sorted(silent, key=self.names.index)])
+        except Refused as exc:
+            self.failure = str(exc)
+            raise
+        self.decided.extend(departures)
+        self.epoch += 1
+        self._reports.clear()
+        return True
+
+    def _check(self, departures: list[Departure]) -> list[Departure]:
+        latest = max(r.round for r in self._reports.values())
+        for d in departures:
+            if d.rebase_round <= latest:
+                raise Refused(f"{d.label()}: an agent is already at round {latest}, past the "
+                              "re-base round")
+            if d.rebase_round >= self.iterations:
+                raise Refused(f"{self.names[d.agent]} left at round {d.round}: too late to "
+                              f"re-base before the last round {self.iterations} (needs "
+                              f"{d.rebase_round - d.round} more rounds)")
+        return departures
+
+    def _departure(self, name: str) -> Departure:
+        rounds = {s: r.round for s, r in self._reports.items() if name in r.silent}
+        first = min(rounds.values())
+        if first == 0:
+            raise Refused(f"{name} sent nothing in phase II: a departure before round 1 is not "
+                          "supported (the rest would have to redo round 0)")
+        late = sorted(s for s, t in rounds.items() if t == first + 1)
+        ahead = sorted(s for s, t in rounds.items() if t > first + 1)
+        if ahead:
+            raise Refused(f"the reports contradict each other: {', '.join(ahead)} miss {name} "
+                          f"at a round after {first + 1}, but its neighbours cannot be two "
+                          "rounds apart")
+        return Departure(agent=self.names.index(name), round=first,
+                         rebase_round=first + len(self.names),
+                         late=tuple(self.names.index(s) for s in late))

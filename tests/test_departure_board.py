@@ -1,0 +1,165 @@
+"""The coordinator's departure rule (coordinator/departures.py), without I/O: who left, from
+which round, who used its last message, and the reports it refuses; and its servicer
+(ReportSilence), which holds every report until the decision and answers all with it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+
+from coordinator.departures import DepartureBoard, Refused, Report
+from coordinator.registry import Registry
+from coordinator.service import CoordinatorService
+from efpsn.config import RunConfig
+from efpsn.departure import Departure
+from efpsn.wire.v1 import coordinator_pb2
+
+NAMES = [f"agent{i}" for i in range(1, 6)]
+
+
+def report(sender: str, round_: int, *silent: str, epoch: int = 0) -> Report:
+    return Report(sender, round_, frozenset(silent), epoch)
+
+
+def test_agent3_gone_from_a_ring_is_decided_once_every_live_agent_reported() -> None:
+    # prepare: a 5-ring; agent3 died before sending round 201; its neighbours wait at 201,
+    # theirs at 202 for them
+    board = DepartureBoard(NAMES, iterations=4000)
+    # execute / assert: nothing is decided while a live agent has not reported
+    assert not board.report(report("agent2", 201, "agent3"))
+    assert not board.report(report("agent4", 201, "agent3"))
+    assert not board.report(report("agent1", 202, "agent2"))
+    assert board.decided == []
+    assert board.report(report("agent5", 202, "agent4"))
+    assert board.decided == [Departure(agent=2, round=201, rebase_round=206)]
+    assert board.epoch == 1 and board.gone == {"agent3"}
+
+
+def test_a_neighbour_that_used_the_last_message_is_late() -> None:
+    # agent3 died while sending round 201: agent2 received it and waits at 202
+    board = DepartureBoard(NAMES, iterations=4000)
+    for r in (report("agent2", 202, "agent3"), report("agent4", 201, "agent3"),
+              report("agent1", 203, "agent2"), report("agent5", 202, "agent4")):
+        board.report(r)
+    assert board.decided == [Departure(agent=2, round=201, rebase_round=206, late=(1,))]
+
+
+def test_two_neighbours_that_blame_each_other_never_both_go_on() -> None:
+    # no split brain: whoever reports is alive, so neither is declared gone while both report
+    board = DepartureBoard(NAMES[:3], iterations=100)
+    assert not board.report(report("agent1", 10, "agent2"))
+    assert not board.report(report("agent2", 10, "agent1"))
+    assert not board.report(report("agent3", 11, "agent1"))
+    assert board.decided == [] and board.epoch == 0
+    # two agents: the first report decides, the other one is refused, never both go on
+    pair = DepartureBoard(NAMES[:2], iterations=100)
+    assert pair.report(report("agent1", 10, "agent2"))
+    with pytest.raises(Refused, match="agent2 was declared gone"):
+        pair.report(report("agent2", 10, "agent1"))
+
+
+def test_a_withdrawn_report_does_not_count() -> None:
+    board = DepartureBoard(NAMES[:3], iterations=100)
+    board.report(report("agent1", 10, "agent2"))
+    board.withdraw("agent1")
+    assert not board.report(report("agent3", 10, "agent2"))  # agent1's report is gone
+    assert board.report(report("agent1", 10, "agent2"))
+    assert board.decided == [Departure(agent=1, round=10, rebase_round=13)]
+
+
+def test_a_party_declared_gone_is_refused_with_the_reason() -> None:
+    board = DepartureBoard(NAMES[:3], iterations=100)
+    board.report(report("agent1", 10, "agent2"))
+    board.report(report("agent3", 10, "agent2"))
+    with pytest.raises(Refused, match="agent2 was declared gone at round 10.*cannot come back"):
+        board.report(report("agent2", 11, "agent1"))
+
+
+def test_a_late_report_of_an_older_epoch_gets_the_decision_at_once() -> None:
+    board = DepartureBoard(NAMES[:3], iterations=100)
+    board.report(report("agent1", 10, "agent2"))
+    board.report(report("agent3", 10, "agent2"))
+    assert not board.report(report("agent1", 11, "agent3", epoch=0))
+    assert board.since(0) == board.decided and board.since(1) == []
+
+
+@pytest.mark.parametrize(("reports", "match"), [
+    ([report("agent1", 10, "agent2"), report("agent3", 12, "agent2")], "contradict"),
+    ([report("agent1", 98, "agent2"), report("agent3", 98, "agent2")], "too late to re-base"),
+    ([report("agent1", 0, "agent2"), report("agent3", 0, "agent2")], "before round 1"),
+])
+def test_reports_that_cannot_be_decided_stop_every_waiter(reports: list[Report],
+                                                          match: str) -> None:
+    board = DepartureBoard(NAMES[:3], iterations=100)
+    board.report(reports[0])
+    with pytest.raises(Refused, match=match):
+        board.report(reports[1])
+    assert board.failure is not None and board.decided == []
+    with pytest.raises(Refused, match=match):  # and every later report hears the same
+        board.report(report("agent1", 10, "agent2"))
+
+
+# ------------------------------------------------------------------ the coordinator's servicer
+
+
+class _Context:
+    """Just enough of grpc.aio.ServicerContext for an insecure coordinator."""
+
+    def __init__(self) -> None:
+        self.code: grpc.StatusCode | None = None
+        self.details = ""
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        self.code, self.details = code, details
+        raise grpc.aio.AbortError(details)
+
+    def time_remaining(self) -> float:
+        return 5.0
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+
+def test_the_coordinator_answers_every_held_report_with_one_decision() -> None:
+    # prepare: a 3-ring, assigned; agent2 is silent
+    registry = Registry(RunConfig(agents=3, iterations=100), run_id="r1")
+    for i, name in enumerate(NAMES[:3]):
+        registry.register(name, f"127.0.0.1:{5001 + i}")
+    service = CoordinatorService(registry, register_timeout=5.0)
+
+    def silence(sender: str, round_: int, *silent: str, run_id: str = "r1") -> Any:
+        return service.ReportSilence(coordinator_pb2.SilenceReport(
+            run_id=run_id, sender=sender, round=round_, silent=silent, epoch=0), _Context())
+
+    async def scenario() -> tuple[Any, ...]:
+        held = asyncio.ensure_future(silence("agent1", 10, "agent2"))
+        await asyncio.sleep(0.05)
+        assert not held.done()  # held until every live agent reported
+        second = await silence("agent3", 10, "agent2")
+        first = await held
+        refused = _Context()
+        with pytest.raises(grpc.aio.AbortError):
+            await service.ReportSilence(coordinator_pb2.SilenceReport(
+                run_id="r1", sender="agent2", round=11, silent=["agent1"]), refused)
+        other = _Context()
+        with pytest.raises(grpc.aio.AbortError):
+            await service.ReportSilence(coordinator_pb2.SilenceReport(
+                run_id="r2", sender="agent1", round=11, silent=["agent3"]), other)
+        return first, second, refused, other
+
+    first, second, refused, other = asyncio.run(scenario())
+    # assert: both held calls get the same decision: agent2 left at 10, re-base at 13
+    assert first == second
+    assert [(d.agent, d.index, d.round, d.rebase_round, list(d.late))
+            for d in first.departed] == [("agent2", 1, 10, 13, [])]
+    assert first.epoch == 1 and first.run_id == "r1"
+    # the party declared gone is refused with the reason; another run's report too
+    assert refused.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "agent2 was declared gone at round 10" in refused.details
+    assert other.code == grpc.StatusCode.FAILED_PRECONDITION and "run 'r2'" in other.details

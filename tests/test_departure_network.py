@@ -1,0 +1,131 @@
+"""A party that leaves for good, through real processes (agent/departing.py and
+coordinator/departures.py): 5 agents on breast-cancer folders of unequal size; agent3 kills
+itself (SIGKILL, tests/crash_hook: localnet.crash_at) on reaching round 201, after its
+checkpoint of round 200, and never comes back. The other four report it silent, the coordinator
+decides agent3@201:206 (or @200:205 when its last messages died with it), and they finish on
+their own data: exit 0, the records name agent3, and their iterates equal
+`efpsn simulate --leave agent3@T:R` with the agreed T and R bit for bit. A party frozen past
+the deadline (SIGSTOP) is declared gone the same way; woken up (SIGCONT), it is refused with
+the reason and exits 2, while the others finish."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import pytest
+from localnet import LocalNet, crash_at
+
+from efpsn.config import RunConfig
+from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
+from efpsn.departure import parse_leave
+from efpsn.launch.network import launch_local_network
+from efpsn.launch.summary import check_results, load_agent_results
+from efpsn.problem import build_problem
+from efpsn.simulator import run_simulation
+
+pytestmark = pytest.mark.timeout(300)
+
+# phase II's departure deadline is short (the departure costs about that much); the round
+# timeout, which also bounds phase I's waits, is not, so that a loaded machine's start-up skew
+# cannot stop the run
+NOISE_SEED, CRASH_AT, DEADLINE, ROUND_TIMEOUT = 7, 201, 3.0, 30.0
+SURVIVORS = ["agent1", "agent2", "agent4", "agent5"]
+
+
+@pytest.fixture(scope="module")
+def departed_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("departure")
+    data = root / "data"
+    # `efpsn data split --data sklearn:breast_cancer --agents 5 --partition dirichlet:1.0`:
+    # folders of unequal size, with the public per-column scale (standardised)
+    split_data(source="sklearn:breast_cancer", agents=5, partition_spec="dirichlet:1.0",
+               out=data, test_fraction=0)
+    config = RunConfig(**{**inspect_data_dir(data).run_values(), "l2": 0.01,  # type: ignore[arg-type]
+                          "iterations": 300, "eval_every": 100, "key_bits": 2048,
+                          "round_timeout_seconds": ROUND_TIMEOUT})
+    started = time.monotonic()
+    # the launcher's environment, so the fork server loads the hook before it forks the agents
+    # (it names agent3: the others run on)
+    with pytest.MonkeyPatch.context() as env:
+        for variable, value in crash_at(CRASH_AT, name="agent3").items():
+            env.setenv(variable, value)
+        summary = launch_local_network(
+            config, results=root / "run", data_dir=data, quiet=True, holdout=0.0,
+            insecure_noise_seed=NOISE_SEED, departure_deadline=DEADLINE)
+    return {"root": root, "data": data, "config": config, "summary": summary,
+            "wall": time.monotonic() - started}
+
+
+def test_the_four_others_finish_and_the_records_name_agent3(departed_run) -> None:
+    summary, run = departed_run["summary"], departed_run["root"] / "run"
+    assert summary["ok"], summary["problems"]
+    record = summary["departures"][0]
+    # T is 201, or 200 when agent3's round-200 messages were still in its buffers when it died
+    # (then a neighbour that did receive it is late); R = T + 5 agents
+    assert record["agent"] == "agent3" and record["round"] in (CRASH_AT - 1, CRASH_AT)
+    assert record["rebase_round"] == record["round"] + 5
+    assert set(record["late"]) <= {"agent2", "agent4"}
+    assert record["neighbours"] == ["agent2", "agent4"] and record["new_edges"] == []
+    assert summary["remaining"] == SURVIVORS
+    assert summary["optimum_of"] == "the optimum of agents 1,2,4,5's objective"
+    assert sorted(summary["agents"]) == SURVIVORS
+    assert not (run / "agent3" / "result.json").exists()
+    coordinator = (run / "logs" / "coordinator.log").read_text()
+    assert f"departures decided: {_leave(record)}" in coordinator
+    # the slowdown is about one departure deadline (the silent wait), not a restart
+    assert departed_run["wall"] < 60
+
+
+def test_the_network_equals_the_simulated_departure_bitwise(departed_run) -> None:
+    config, data = departed_run["config"], departed_run["data"]
+    problem = build_problem(config, local=load_data_dir(config, data, holdout=0.0))
+    # `efpsn simulate --leave agent3@T:R[+agentJ]` with the T, R (and late J) the network agreed
+    leave = parse_leave(_leave(departed_run["summary"]["departures"][0]), agents=5)
+    sim = run_simulation(config, noise_seed=NOISE_SEED, problem=problem, departures=[leave])
+    _, xs = load_agent_results(departed_run["root"] / "run", SURVIVORS)
+    assert len(xs) == len(sim.xs) == 4
+    assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
+    assert sim.departures is not None and sim.departures["remaining_masks_sum_to_zero"]
+
+
+def _leave(record: dict[str, Any]) -> str:
+    late = "".join(f"+{name}" for name in record["late"])
+    return f"{record['agent']}@{record['round']}:{record['rebase_round']}{late}"
+
+
+def test_nothing_private_reaches_the_coordinator(departed_run) -> None:
+    # the coordinator hears names and round numbers: its log holds no file and no figure
+    log = (departed_run["root"] / "run" / "logs" / "coordinator.log").read_text()
+    assert str(departed_run["data"]) not in log and "train.npz" not in log
+    assert "loss" not in log
+
+
+def test_a_party_declared_gone_that_comes_back_is_refused(tmp_path) -> None:
+    # prepare: a 4-ring; agent2 frozen (SIGSTOP) at round 10 for longer than the deadline
+    config = RunConfig(agents=4, iterations=60, eval_every=30, key_bits=2048,
+                       round_timeout_seconds=ROUND_TIMEOUT)
+    others = ["agent1", "agent3", "agent4"]
+    with LocalNet(tmp_path, config, agent_args=("--departure-deadline", str(DEADLINE))) as net:
+        net.start_all()
+        net.wait_round("agent2", 10, timeout=120)
+        net.signal("agent2", signal.SIGSTOP)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(net.procs[n].poll() is None for n in others):
+            time.sleep(0.2)
+        codes = {n: net.procs[n].poll() for n in others}
+        # execute: it wakes up after the others finished without it
+        net.signal("agent2", signal.SIGCONT)
+        back = net.procs["agent2"].wait(timeout=60)
+        logs = {n: net.log(n) for n in ["coordinator", "agent2", *others]}
+    # assert: the others exit 0 naming agent2; agent2 exits 2 with the reason, in one line
+    assert codes == {n: 0 for n in others}, {n: logs[n][-1500:] for n in others}
+    results, _ = load_agent_results(tmp_path, others)
+    assert check_results(results, iterations=config.iterations.total) == []
+    assert {r["departures"][0]["agent"] for r in results} == {"agent2"}
+    assert {r["optimum_of"] for r in results} == {"the optimum of agents 1,3,4's objective"}
+    assert back == 2, logs["agent2"][-2000:]
+    error = [line for line in logs["agent2"].splitlines() if ": error: " in line]
+    assert len(error) == 1 and "agent2 was declared gone at round" in error[0], error
+    assert "Traceback" not in logs["agent2"]

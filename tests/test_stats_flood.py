@@ -1,0 +1,122 @@
+"""The secure sum's flood (efpsn/stats_flood.py) and its wire form (efpsn/wire/stats.py): after
+diameter rounds every agent holds every masked vector and the same totals as the simulator's
+sum; wrong agents, sizes or contradicting copies are refused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from efpsn.secure_stats import MODULUS, masked_vector
+from efpsn.seeds import exchange_seeds_fast
+from efpsn.standardise import network_totals
+from efpsn.stats_flood import (
+    ENTRY_BYTES,
+    StatsFlood,
+    ball,
+    decode_vector,
+    encode_vector,
+    flood_rounds,
+)
+from efpsn.topology import build_graph
+from efpsn.wire.records import Phase, WireError, make_header
+from efpsn.wire.stats import parse_stats, stats_message
+
+
+@pytest.mark.parametrize(("spec", "n", "rounds"), [("ring", 4, 2), ("ring", 7, 3), ("path", 5, 4),
+                                                   ("star", 6, 2), ("complete", 5, 1)])
+def test_flood_takes_the_diameter(spec, n, rounds):
+    graph = build_graph(spec, n)
+    assert flood_rounds(graph) == rounds
+    assert ball(graph, 0, 0) == {0} and ball(graph, 0, rounds) == set(range(n))
+
+
+def _flood(spec: str, n: int) -> tuple[list[StatsFlood], list[np.ndarray], list]:
+    graph = build_graph(spec, n)
+    seeds = exchange_seeds_fast(graph, noise_seed=3)
+    rng = np.random.default_rng(0)
+    features = [rng.normal(50.0, 20.0, size=(10 + 3 * i, 4)) for i in range(n)]
+    floods = [StatsFlood(graph=graph, agent=i, own=masked_vector(features[i], seeds[i]))
+              for i in range(n)]
+    for r in range(floods[0].rounds):
+        sent = [f.outgoing(r) for f in floods]
+        for i, f in enumerate(floods):
+            for j in graph.neighbours(i):
+                f.merge(j, r, sent[j])
+    return floods, features, seeds
+
+
+@pytest.mark.parametrize(("spec", "n"), [("ring", 5), ("path", 4), ("star", 5)])
+def test_every_agent_gets_the_simulators_totals(spec, n):
+    floods, features, seeds = _flood(spec, n)
+    expected = network_totals(features, seeds)
+    assert all(f.totals() == expected for f in floods)
+    assert expected.count == sum(len(x) for x in features)
+    pooled = np.concatenate(features)
+    np.testing.assert_allclose(expected.mean(), pooled.mean(axis=0), rtol=1e-12)
+
+
+def test_wrong_agents_and_contradicting_copies_are_refused():
+    floods, _, _ = _flood("ring", 4)
+    one = floods[0]
+    own = one.known[1]
+    with pytest.raises(ValueError, match="must carry agents"):
+        one.merge(1, 0, {1: own, 2: own})
+    with pytest.raises(ValueError, match="differ"):
+        one.merge(1, 0, {1: ((own[0] + 1) % MODULUS, *own[1:])})
+    with pytest.raises(ValueError, match="not a neighbour"):
+        one.merge(2, 0, {2: own})
+    with pytest.raises(ValueError, match="rounds 0..1"):
+        one.outgoing(2)
+
+
+def test_wire_form_round_trips_and_checks_sizes_before_decoding():
+    floods, _, _ = _flood("ring", 4)
+    vectors = floods[1].outgoing(1)
+    header = make_header(run_id="r", sender="agent2", round=1, phase=Phase.STATS)
+    pb = stats_message(header=header, vectors=vectors)
+    record = parse_stats(pb, run_id="r", senders={"agent2"}, rounds=2, agents=4, length=9)
+    assert record.vectors == {j: list(v) for j, v in vectors.items()} and record.round == 1
+    pb.vectors[0].values = pb.vectors[0].values[:-1]
+    with pytest.raises(WireError, match="bytes, expected"):
+        parse_stats(pb, run_id="r", senders={"agent2"}, rounds=2, agents=4, length=9)
+    late = make_header(run_id="r", sender="agent2", round=2, phase=Phase.STATS)
+    with pytest.raises(WireError, match="rounds 0..1"):
+        parse_stats(stats_message(header=late, vectors=vectors), run_id="r",
+                    senders={"agent2"}, rounds=2, agents=4, length=9)
+    other = make_header(run_id="r", sender="agent2", round=0, phase=Phase.SHARES)
+    with pytest.raises(WireError, match="phase"):
+        parse_stats(stats_message(header=other, vectors=vectors), run_id="r",
+                    senders={"agent2"}, rounds=2, agents=4, length=9)
+    assert decode_vector(encode_vector([1, MODULUS - 1]), length=2) == [1, MODULUS - 1]
+    assert len(encode_vector([0])) == ENTRY_BYTES
+
+
+def test_totals_are_saved_for_a_restart_and_checked(tmp_path):
+    from agent.secure_sum import TOTALS_FILE, load_totals, save_totals
+    from agent.state import StateError
+
+    floods, _, _ = _flood("ring", 4)
+    totals = floods[0].totals()
+    assert load_totals(tmp_path, run_id="run-1") is None  # stopped before: nothing to reload
+    save_totals(tmp_path, totals, run_id="run-1")
+    assert (tmp_path / TOTALS_FILE).stat().st_mode & 0o777 == 0o600
+    assert load_totals(tmp_path, run_id="run-1") == totals  # the very integers, never resummed
+    with pytest.raises(StateError, match="belongs to run"):
+        load_totals(tmp_path, run_id="run-2")
+    (tmp_path / TOTALS_FILE).write_text('{"run_id": "run-1", "count": 3}')
+    with pytest.raises(StateError, match="damaged"):
+        load_totals(tmp_path, run_id="run-1")
+
+
+def test_the_flood_ledger_takes_copies_and_refuses_changes():
+    from agent.secure_sum import StatsLedger
+    from efpsn.ledger import Verdict
+
+    ledger = StatsLedger()
+    assert ledger.judge("agent2", 0, b"a").verdict == Verdict.ACCEPT
+    assert ledger.judge("agent2", 0, b"a").verdict == Verdict.DUPLICATE
+    assert ledger.judge("agent2", 0, b"b").code == "INVALID_ARGUMENT"
+    ledger.close()
+    assert ledger.judge("agent2", 0, b"a").verdict == Verdict.DUPLICATE
+    assert ledger.judge("agent2", 1, b"c").code == "FAILED_PRECONDITION"
