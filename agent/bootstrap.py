@@ -67,8 +67,8 @@ async def fetch_parameters(stub: coordinator_pb2_grpc.CoordinatorStub, *,
     config = RunConfig.from_dict(records.run_parameters_from_proto(reply))  # type: ignore[arg-type]
     if not config.resolved_ok and config.scale != STANDARD:  # standard: resolved after the sum
         raise AgentFailure(f"{options.name}: the coordinator at {options.coordinator} sent "
-                           f"schedule {config.schedule!r}, {config.iterations} rounds, momentum "
-                           f"{config.momentum:g}: not the step rule's concrete numbers (is it an "
+                           f"schedule {str(config.schedule)!r}, {config.iterations} rounds, "
+                           f"momentum {config.momentum}: not the step rule's concrete numbers (is it an "
                            "older efpsn?)")
     return config
 

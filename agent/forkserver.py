@@ -32,14 +32,6 @@ from efpsn.lifeline import hold_to_launcher
 
 __all__ = ["main", "preload"]
 
-# What every agent imports before its run starts, none of which imports grpc.
-PRELOAD = (
-    "numpy", "torch", "phe", "gmpy2", "cryptography.x509", "threadpoolctl",
-    "efpsn.problem", "efpsn.paillier", "efpsn.masking", "efpsn.seeds", "efpsn.refresh",
-    "efpsn.rounds", "efpsn.algorithms", "efpsn.schedules", "efpsn.metrics", "efpsn.model_io",
-    "efpsn.tasks.local", "efpsn.tasks.fingerprint", "efpsn.wire.serde", "efpsn.wire.rounds",
-    "agent.cli",
-)
 
 
 def preload(data: str | None) -> None:
@@ -50,7 +42,9 @@ def preload(data: str | None) -> None:
     threads = os.environ.get("EFPSN_TORCH_THREADS", "1")
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(name, threads)  # no idle math threads here (nor copied by fork)
-    for module in PRELOAD:
+    from agent.preload import preload_modules
+
+    for module in preload_modules():  # what every agent imports, none of which imports grpc
         importlib.import_module(module)
     from efpsn.runtime import configure_threads
 

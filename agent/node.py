@@ -145,9 +145,10 @@ class AgentNode:
         prepared, assignment = await bootstrap(channel, options=opts, address=address,
                                                on_parameters=self._generate_keys)
         session = await open_session(assignment, name=opts.name, prepared=prepared)
-        saved = SavedAssignment(assignment=assignment, advertise=address,
+        saved = SavedAssignment(assignment=assignment, config=prepared.config, advertise=address,
                                 port=self._port(), finished=False)
-        self.store.save_assignment(assignment, advertise=address, port=saved.port)
+        self.store.save_assignment(assignment, config=prepared.config, advertise=address,
+                                   port=saved.port)
         standard = session.config.scale == STANDARD  # phase II's numbers wait for the totals
         ledger = self._attach(session, resumed_from=None, rounds=not standard)
         self.timings["phase1_started_at"] = time.time()  # wall clock, for start-up
@@ -178,7 +179,7 @@ class AgentNode:
         opts = self.options
         name = opts.name
         check_address(saved, name=name, advertised=self._advertised())
-        config = RunConfig.from_dict(saved.assignment.params)
+        config = saved.config
         prepared = await asyncio.to_thread(prepare, config, opts)
         session = await open_session(saved.assignment, name=name, prepared=prepared)
         phase_one, stats, received = reload_phase_one(self.store, name=name, session=session)
@@ -229,7 +230,7 @@ class AgentNode:
                 session=session, driver=driver, link=link, ledger=ledger, mailbox=self.mailbox,
                 store=self.store, status=self.status, checkpoint_every=opts.checkpoint_every,
                 name=opts.name, history=history,
-                on_evaluation=None if opts.quiet else self._progress(cfg.iterations),
+                on_evaluation=None if opts.quiet else self._progress(cfg.iterations.total),
                 silence=silence)
         except BaseException:
             await link.abandon()
@@ -288,7 +289,7 @@ class AgentNode:
                 rounds: bool = True) -> RoundLedger:
         """The session is known: neighbours' messages are served from now on (round messages
         only with `rounds`: a scale standard run's rounds wait for its totals)."""
-        ledger = RoundLedger(last=max(1, session.config.iterations),
+        ledger = RoundLedger(last=session.config.iterations.count or 1,
                              keep=self.options.keep_rounds, position=resumed_from or 0,
                              resumed_from=resumed_from)
         self.service.attach(session, ledger if rounds else None)

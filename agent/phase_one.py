@@ -19,7 +19,6 @@ from agent.status import Status
 from efpsn import paillier
 from efpsn.config import RunConfig
 from efpsn.masking import MaskCoefficients, Masker, independent_mask
-from efpsn.refresh_value import Refresh
 from efpsn.seeds import EdgeSeeds, SeedExchange
 from efpsn.wire.records import Phase
 
@@ -29,7 +28,7 @@ __all__ = ["run_phase_one", "shares_packed"]
 def shares_packed(config: RunConfig) -> bool:
     """The `packed` flag of this run's shares: a seed (refreshed masks) is one plaintext
     carrying many values, so it travels as a packed batch of one ciphertext."""
-    return config.packed or Refresh.parse(config.refresh).refreshed
+    return config.packed or config.refresh.refreshed
 
 
 async def run_phase_one(*, session: Session, peers: Peers, status: Status,
@@ -57,7 +56,7 @@ async def run_phase_one(*, session: Session, peers: Peers, status: Status,
         pair, timings["keygen_seconds"] = await keypair
     # Masker and SeedExchange check a given key pair (size, policy, matching halves).
     masker: Masker | SeedExchange
-    if Refresh.parse(cfg.refresh).refreshed:
+    if cfg.refresh.refreshed:
         if pair is None:
             pair = await asyncio.to_thread(paillier.generate_keypair, cfg.key_bits,
                                            allow_insecure=allow_insecure_keys)

@@ -22,7 +22,6 @@ from efpsn.fading import FadingMask
 from efpsn.ledger import RoundLedger, Verdict
 from efpsn.masking import MaskCoefficients
 from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
-from efpsn.refresh_value import Refresh
 from efpsn.seeds import EdgeSeeds
 
 __all__ = ["Replay", "check_address", "check_resumable", "mask_provider", "reload_checkpoint",
@@ -67,7 +66,7 @@ def reload_phase_one(store: StateStore, *, name: str, session: Session
     phase I's statistics and the digests of what it received."""
     coefficients = session.problem.N
     try:
-        if Refresh.parse(session.config.refresh).refreshed:
+        if session.config.refresh.refreshed:
             saved_seeds = store.load_seeds(run_id=session.run_id)
             if saved_seeds is None:
                 raise StateError(f"no edge seeds in {store.seeds_path}")
@@ -88,7 +87,7 @@ def mask_provider(session: Session, phase_one: MaskCoefficients | EdgeSeeds) -> 
     """This agent's mask of every round: phase I's fixed mask, or the masks its edge seeds give
     (fading, or refreshed with period floor(t / R))."""
     if isinstance(phase_one, EdgeSeeds):
-        refresh = Refresh.parse(session.config.refresh)
+        refresh = session.config.refresh
         if refresh.fading:
             return FadingMask(seeds=phase_one, spec=session.problem.noise_spec, refresh=refresh)
         return RefreshedMask(seeds=phase_one, spec=session.problem.noise_spec, refresh=refresh)

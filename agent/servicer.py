@@ -138,9 +138,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         """The session, once the claimed sender is a name in the caller's certificate (mutual
         TLS) and a neighbour in this run."""
         if self.identity.tls:
-            names = self._callers.get(context)
-            if names is None:  # not admitted through add_service (tests call handlers directly)
-                names = caller_names(context)
+            names = self._callers.get(context)  # every call is admitted first (guard.guarded)
             if not names:
                 raise Reject(StatusCode.UNAUTHENTICATED, "this agent requires mutual TLS: the "
                              "call carries no client certificate")
@@ -286,8 +284,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         s = self._authenticate(context, request.header.sender)
         header = serde.validate_header(request.header, run_id=s.run_id, phase=Phase.OPTIMIZE)
         t = header.round
-        if t > s.config.iterations:
-            raise WireError(f"round {t} is beyond the run's last round {s.config.iterations}")
+        if t > s.config.iterations.total:
+            raise WireError(f"round {t} is beyond the run's last round {s.config.iterations.total}")
         message = self.outbox.get(t)
         if message is not None:
             return round_reply(message, latest_round=self.outbox.produced)
@@ -308,7 +306,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         st = self.status
         reply = agent_pb2.AgentStatus(
             name=self.identity.name, phase=int(st.phase), round=st.round,
-            total_rounds=s.config.iterations if s else 0, loss=math.nan, accuracy=math.nan,
+            total_rounds=s.config.iterations.total if s else 0, loss=math.nan, accuracy=math.nan,
             error=st.error, finished=st.finished,
         )
         names = caller_names(context) if self.identity.tls else None

@@ -66,11 +66,12 @@ class Session:
 
 async def open_session(assignment: Assignment, *, name: str, prepared: Prepared) -> Session:
     """The assigned run: the problem as this agent sees it (its own shard, built once when it
-    prepared), checked against the assignment (the same run parameters as announced, the
-    neighbours its topology gives)."""
-    if assignment.params != prepared.config.to_dict():
-        raise AgentFailure(f"the coordinator's assignment for {name} carries other run "
-                           "parameters than it announced before registration")
+    prepared), checked against the assignment (as many agents as the run parameters it took
+    from GetRunParameters say, the neighbours its topology gives)."""
+    if assignment.num_agents != prepared.config.agents:
+        raise AgentFailure(f"the coordinator's assignment for {name} is for "
+                           f"{assignment.num_agents} agents, but the run it announced before "
+                           f"registration has {prepared.config.agents}")
     config = prepared.config
     problem = await asyncio.to_thread(prepared.problem_for, assignment.index)
     expected = set(problem.graph.neighbours(assignment.index))

@@ -42,8 +42,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from efpsn.config import RunConfig
 from efpsn.masking import MaskCoefficients
-from efpsn.wire import serde
+from efpsn.wire import records, serde
 
 log = logging.getLogger("agent.state")
 
@@ -59,6 +60,7 @@ class StateError(RuntimeError):
 @dataclass(frozen=True)
 class SavedAssignment:
     assignment: serde.Assignment
+    config: RunConfig  # the run's parameters, as GetRunParameters gave them
     advertise: str
     port: int
     finished: bool
@@ -186,18 +188,12 @@ class StateStore:
 
     # ------------------------------------------------------------------ assignment
 
-    def save_assignment(self, assignment: serde.Assignment, *, advertise: str, port: int,
-                        finished: bool = False) -> None:
+    def save_assignment(self, assignment: serde.Assignment, *, config: RunConfig,
+                        advertise: str, port: int, finished: bool = False) -> None:
         self._ensure()
-        payload = {
-            "format": FORMAT,
-            "run_id": assignment.run_id,
-            "name": assignment.name,
-            "advertise": advertise,
-            "port": port,
-            "finished": finished,
-            "assignment": dataclasses.asdict(assignment),
-        }
+        payload = {"format": FORMAT, "run_id": assignment.run_id, "name": assignment.name,
+                   "advertise": advertise, "port": port, "finished": finished,
+                   "assignment": dataclasses.asdict(assignment), "parameters": config.to_dict()}
         write_private(self.assignment_path, _json_bytes(payload))
 
     def load_assignment(self) -> SavedAssignment | None:
@@ -208,11 +204,13 @@ class StateStore:
         try:
             raw = dict(payload["assignment"])
             raw["neighbours"] = tuple(serde.Peer(**p) for p in raw["neighbours"])
+            params = raw.pop("params", None)  # where a state folder of an older efpsn kept them
             assignment = serde.Assignment(**raw)
             # the same invariants as on the wire: a hand-edited file fails here, not later
-            assignment = serde.assignment_from_proto(serde.assignment_to_proto(assignment))
+            records.check_assignment(assignment)
+            config = RunConfig.from_dict(payload.get("parameters", params))
             return SavedAssignment(
-                assignment=assignment, advertise=str(payload["advertise"]),
+                assignment=assignment, config=config, advertise=str(payload["advertise"]),
                 port=int(payload["port"]), finished=bool(payload["finished"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -220,8 +218,8 @@ class StateStore:
 
     def mark_finished(self, saved: SavedAssignment) -> None:
         """The run is over: delete the mask and checkpoints, keep a finished marker."""
-        self.save_assignment(saved.assignment, advertise=saved.advertise, port=saved.port,
-                             finished=True)
+        self.save_assignment(saved.assignment, config=saved.config, advertise=saved.advertise,
+                             port=saved.port, finished=True)
         self.mask_path.unlink(missing_ok=True)
         self.seeds_path.unlink(missing_ok=True)
         shutil.rmtree(self.checkpoint_folder, ignore_errors=True)

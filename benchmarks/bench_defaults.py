@@ -108,7 +108,7 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
                f"{'converged' if cert.converged else 'NOT converged'} ({cert.bound:.1e})")
     return {**{k: job[k] for k in ("data", "split", "agents", "run", "gamma")},
             "distance": result.final["relative_deviation"], "loss": result.final["loss"],
-            "wall_seconds": wall, "cpu_seconds": cpu, "rounds": result.config.iterations,
+            "wall_seconds": wall, "cpu_seconds": cpu, "rounds": result.config.iterations.total,
             "rounds_to_close": close, "verdict": verdict,
             "certificate": None if cert is None else cert.to_json()}
 

@@ -74,7 +74,7 @@ def simulator_round(config: RunConfig) -> float:
         stamps[t] = time.process_time()
 
     run_simulation(config, problem=problem, on_round=on_round)
-    last = config.iterations - 1  # round `iterations` evaluates
+    last = config.iterations.total - 1  # round `iterations` evaluates
     return (stamps[last] - stamps[1]) / (last - 1) / problem.n
 
 

@@ -150,7 +150,7 @@ def reference_lines(config: RunConfig, calls: int = 2000) -> dict[str, float]:
     process, with the paper's objective and a real zero-sum mask."""
     problem = build_problem(config)
     providers = make_mask_providers(problem, noise_seed=0)
-    schedule = make_schedule(config.schedule, iterations=config.iterations)
+    schedule = make_schedule(config.schedule, iterations=config.iterations.total)
     oracle = problem.objective(0, providers[0])
     ctx = StepContext(agent=0, weights=problem.agent_weights(0), lr=schedule(0), oracle=oracle)
     x = torch.linspace(-0.01, 0.01, problem.task.num_params, dtype=torch.float64)

@@ -168,7 +168,7 @@ def main() -> None:
         print(f"\npaper's convex run over the network (10,000 rounds): rounds (phase II) "
               f"{paper['phase2_seconds']:.1f}s, {paper['seconds_per_round']:.5f} s/round "
               f"({paper['seconds_per_round'] / sim_paper:.2f}x the simulator's "
-              f"{sim_paper:.5f}, {sim_paper * paper_config.iterations:.1f}s of rounds, this run); "
+              f"{sim_paper:.5f}, {sim_paper * paper_config.iterations.total:.1f}s of rounds, this run); "
               f"start-up {paper['startup_seconds']:.1f}s; wall {paper['wall_seconds']:.1f}s; "
               f"agents' CPU {paper['agents_cpu_seconds_per_round'] * 1e3:.2f} ms per round; "
               f"accuracy {paper['accuracy']:.4f}")

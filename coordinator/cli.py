@@ -19,7 +19,14 @@ from efpsn.cli_services import (
     setup_logging,
     tls_from_args,
 )
-from efpsn.flags import add_run_arguments, apply_environment, network_config
+from efpsn.config import RunConfig, declarations
+from efpsn.flags import (
+    add_run_arguments,
+    apply_environment,
+    flag_of,
+    network_config,
+    network_resolved,
+)
 from efpsn.lifeline import hold_to_launcher
 
 
@@ -33,7 +40,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         used = apply_environment(args, os.environ)
         logging.getLogger("efpsn.coordinator").info(
             "run parameters from the environment: %s", ", ".join(used) or "none (defaults)")
-    config = network_config(args)  # validated here, once, torch-free (efpsn/config.py)
+    config = coordinator_config(args)  # validated here, once, torch-free (efpsn/config.py)
     check_key_policy(config, allow_insecure_keys=args.allow_insecure_keys)
     tls = tls_from_args(args, args.tls_name)
     expected = (parse_names(args.expected_names) if args.expected_names
@@ -46,6 +53,21 @@ def _coordinator(args: argparse.Namespace) -> int:
         linger=None if args.keep_serving else args.linger,
     ))
     return 0
+
+
+def coordinator_config(args: argparse.Namespace) -> RunConfig:
+    """The run: --run-parameters FILE (one RunParameters message, as `efpsn up` writes it), or
+    the run flags, never both (a flag beside the file would be silently one or the other)."""
+    if args.run_parameters is None:
+        return network_config(args)
+    flags = sorted(flag_of(f.name, d) for f, d in declarations() if f.name in vars(args))
+    if flags or "preset" in vars(args):
+        raise ValueError(f"--run-parameters {args.run_parameters} holds the whole run: drop "
+                         f"{', '.join(flags) or '--preset'}")
+    from efpsn.wire.records import decode_run_parameters
+
+    with open(args.run_parameters, "rb") as fh:
+        return network_resolved(RunConfig.from_dict(decode_run_parameters(fh.read())))
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -71,6 +93,9 @@ def configure(coord: argparse.ArgumentParser) -> None:
     coord.add_argument("--keep-serving", action="store_true",
                        help="serve until stopped instead (e.g. to keep GetRunStatus answering)")
     coord.add_argument("--verbose", action="store_true")
+    coord.add_argument("--run-parameters", default=None, metavar="FILE",
+                       help="the run's parameters as one serialised efpsn.v1.RunParameters "
+                            "message (what `efpsn up` writes), instead of the run flags")
     coord.add_argument("--from-environment", action="store_true",
                        help="take every run parameter no flag gives from its environment "
                             "variable: EFPSN_ and the flag's name, e.g. EFPSN_GAMMA for "

@@ -188,7 +188,6 @@ class Registry:
         if self._assignments is None:
             names = sorted(self.addresses)
             out: dict[str, Assignment] = {}
-            params = self.config.to_dict()
             for i, name in enumerate(names):
                 peers = tuple(
                     Peer(
@@ -199,7 +198,7 @@ class Registry:
                 )
                 out[name] = Assignment(
                     run_id=self.run_id, index=i, name=name, neighbours=peers,
-                    self_weight=float(self.weights[i, i]), params=params,
+                    self_weight=float(self.weights[i, i]),
                     num_agents=self.config.agents,
                 )
             self._assignments = out

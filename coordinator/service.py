@@ -143,7 +143,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                          f"bootstraps run {self.registry.run_id}")
         if self.board is None:
             self.board = DepartureBoard(sorted(self.registry.addresses),
-                                        iterations=self.registry.config.iterations)
+                                        iterations=self.registry.config.iterations.count or 0)
         board = self.board
         report = Report(request.sender, int(request.round), frozenset(request.silent),
                         int(request.epoch))

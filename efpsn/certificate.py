@@ -148,27 +148,25 @@ class Certifier:
         graph's diameter (`aggregate`: the spread S of the neighbour-mean gap), the momentum, the rounds and, for a constant step, the contraction
         per round (agt: 1 - sqrt(alpha l2); gt: 1 - alpha l2)."""
         from efpsn.model_sizes import l2_weight
-        from efpsn.refresh_value import Refresh
         from efpsn.schema import parse_shape
         from efpsn.step_rule import public_curvature, step_rule
 
         c = config.resolved()
         features = math.prod(parse_shape(c.input_shape))
         mu = l2_weight(c.task, c.l2)
-        name, _, arg = c.schedule.partition(":")
         rate = None
-        if name in ("auto", "constant") and arg and mu > 0:
-            step = float(arg)
+        step = c.schedule.constant_step
+        if step is not None and mu > 0:
             rate = 1 - math.sqrt(step * mu) if c.algorithm == "agt" else 1 - step * mu
-        fade = Refresh.parse(c.refresh).fade
+        fade = c.refresh.fade
         if rate is not None and fade is not None:
             rate = max(rate, fade)  # the fresh part of a fading mask dies out no faster
         rule = step_rule(algorithm=c.algorithm, task=c.task, features=features, l2=c.l2,
                          weights=weights)
         return cls(curvature=public_curvature(c.task, features=features, l2=c.l2), l2=mu,
                    hops=spread(weights) if aggregate else diameter(weights),
-                   momentum=c.momentum if c.algorithm == "agt" else 0.0,
-                   rounds=c.iterations, rate=rate, fallback_rounds=rule.rounds)
+                   momentum=c.momentum.value if c.algorithm == "agt" else 0.0,
+                   rounds=c.iterations.total, rate=rate, fallback_rounds=rule.rounds)
 
     def __call__(self, measures: Mapping[str, float], *, x_bar_norm: float,
                  rounds: int | None = None) -> Certificate:

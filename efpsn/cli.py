@@ -22,7 +22,6 @@ def _simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from efpsn.problem import build_problem
-    from efpsn.refresh_value import Refresh
     from efpsn.simulator import mask_sums_are_zero, run_simulation
 
     config = config_from_args(args, resolve=False)
@@ -40,7 +39,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from efpsn.departure import check_departures, parse_leave
 
     departures = check_departures([parse_leave(text, agents=problem.n) for text in args.leave],
-                                  agents=problem.n, iterations=problem.config.iterations)
+                                  agents=problem.n, iterations=problem.config.iterations.total)
     gone = {d.agent for d in departures}
     x_star = None
     if config.task == "logreg" and not args.no_optimum:
@@ -49,7 +48,7 @@ def _simulate(args: argparse.Namespace) -> int:
         # after departures: the optimum of the remaining parties' objective
         x_star = centralized_optimum(problem.task, [s for i, s in enumerate(problem.shards)
                                                     if i not in gone]).x
-    bar = tqdm(total=config.iterations, disable=args.quiet, unit="round", leave=False)
+    bar = tqdm(total=config.iterations.total, disable=args.quiet, unit="round", leave=False)
 
     def on_round(t: int, record: dict[str, float] | None) -> None:
         bar.update(1)
@@ -66,12 +65,12 @@ def _simulate(args: argparse.Namespace) -> int:
         bar.close()
     print(
         f"simulated {config.agents} agents ({config.topology}), {config.task}, {config.algorithm}, "
-        f"mask {config.mask}, gamma {config.gamma:g}, {config.iterations} rounds, "
+        f"mask {config.mask}, gamma {config.gamma:g}, {config.iterations.total} rounds, "
         f"messages {args.messages} "
         f"in {result.timings['phase1_seconds'] + result.timings['phase2_seconds']:.1f}s"
     )
     print("final: " + format_metrics(result.final))
-    if config.mask == "zero-sum" and Refresh.parse(config.refresh).refreshed:
+    if config.mask == "zero-sum" and config.refresh.refreshed:
         print(f"masks sum to zero exactly: {result.masks_sum_to_zero()} (refreshed {config.refresh}:"
               f" {result.periods_zero_sum} periods checked, each in integers)")
     elif config.mask == "zero-sum":

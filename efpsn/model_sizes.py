@@ -9,6 +9,8 @@ from __future__ import annotations
 import itertools
 import math
 
+from efpsn.run_values import L2
+
 __all__ = ["DEFAULT_L2", "l2_weight", "last_bias_count", "parameter_count"]
 
 # The tasks' default L2 weights, f(x) = mean loss + (l2 / 2) ||x||^2 (why these values: see
@@ -45,6 +47,8 @@ def last_bias_count(task: str, *, classes: int) -> int | None:
     return None
 
 
-def l2_weight(task: str, l2: float) -> float:
-    """The run's L2 weight: `l2`, or the task family's default when it is negative."""
-    return DEFAULT_L2[task.split(":", 1)[0]] if l2 < 0 else l2
+def l2_weight(task: str, l2: L2 | float) -> float:
+    """The run's L2 weight: `l2`, or the task family's default (L2 default; a bare number:
+    negative)."""
+    weight = l2.weight if isinstance(l2, L2) else (None if l2 < 0 else float(l2))
+    return DEFAULT_L2[task.split(":", 1)[0]] if weight is None else weight

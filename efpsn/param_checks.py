@@ -1,15 +1,14 @@
 """The checks and parsers of the run parameters' declarations (efpsn/config.py): each raises
 ValueError naming the parameter and the value it was given; parsers turn a flag's text into the
-field's value where the type alone does not ("full", "auto")."""
+field's value where the type alone does not (stop_every's "auto"). The parameters with a
+grammar of their own are values that parse themselves: efpsn/run_values.py, efpsn.selection.Selection,
+efpsn.refresh_value.Refresh."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 from typing import Any
-
-from efpsn.refresh_value import Refresh
-from efpsn.selection import parse_selection
 
 # Where the agents' data comes from: shards by index of one public set (the paper's
 # reproduction), or "local": every agent reads its own private file (`efpsn agent --data`).
@@ -57,27 +56,6 @@ def check_test_fraction(value: float) -> None:
         raise ValueError(f"test_fraction must be in (0, 1), got {value}")
 
 
-def _count_or(text: str, *, word: str, name: str) -> int:
-    """A positive integer, or `word` (returned as 0)."""
-    if text == word:
-        return 0
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{name} must be a positive integer or {word!r}, got {text!r}")
-    return value
-
-
-def parse_batch(text: str) -> int:
-    return _count_or(text, word="full", name="batch size")
-
-
-def parse_rounds(text: str) -> int:
-    return _count_or(text, word="auto", name="iterations")
-
-
 def parse_stop_every(text: str) -> int:
     """`--stop-every`: auto (-1), never (0) or a positive number of rounds."""
     if text in ("auto", "never"):
@@ -90,26 +68,6 @@ def parse_stop_every(text: str) -> int:
         raise ValueError(f"stop every must be a positive integer, 'auto' or 'never', got "
                          f"{text!r}")
     return value
-
-
-def parse_momentum(text: str) -> float:
-    if text == "auto":
-        return -1.0
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"momentum must be a number in [0, 1) or 'auto', got {text!r}")
-    return value
-
-
-def check_selection(spec: str) -> None:
-    parse_selection(spec)
-
-
-def check_refresh(text: str) -> None:
-    Refresh.parse(text)
 
 
 def check_clip(value: float) -> None:

@@ -26,11 +26,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.special import zeta
 
 from efpsn.topology import Graph, laplacian_spectrum
+
+if TYPE_CHECKING:
+    from efpsn.selection import Selection
 
 __all__ = [
     "PrivacyResult",
@@ -79,13 +83,13 @@ def convert_sensitivity(sensitivity: float, *, m: int, from_measure: str, to_mea
 
 
 def protection_statement(
-    *, selection: str, m: int, K: int, N: int, sensitivity: float, q: float
+    *, selection: str | Selection, m: int, K: int, N: int, sensitivity: float, q: float
 ) -> str:
     """One sentence: which coordinates and which changes of f_i Theorem 4.1's epsilon covers."""
     from efpsn.selection import parse_selection
 
     parsed = parse_selection(selection)
-    body = selection.split("@")[0].strip()
+    body = str(parsed).split("@")[0]
     return (
         f"It protects only changes of one agent's cost f_i that lie in the span of the "
         f"N = {N:,} basis functions (polynomials of degree <= {K}) of the m = {m:,} coordinates "

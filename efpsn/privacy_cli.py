@@ -43,8 +43,8 @@ def _refreshed(args: argparse.Namespace, config: RunConfig) -> int:
           f"{args.attacker})")
     print(result.statement)
     _write(args, {"topology": config.topology, "agents": config.agents, "gamma": gamma,
-                  "selection": config.selection, "m": m, "K": config.K, "N": n_functions,
-                  "clip": config.clip, "batch_size": config.batch_size, **result.to_dict()})
+                  "selection": str(config.selection), "m": m, "K": config.K, "N": n_functions,
+                  "clip": config.clip, "batch_size": config.batch_size.wire(), **result.to_dict()})
     return 0
 
 
@@ -57,9 +57,7 @@ def _write(args: argparse.Namespace, payload: dict[str, Any]) -> None:
 
 def _privacy(args: argparse.Namespace) -> int:
     from efpsn.privacy import epsilon_delta, gamma_for_epsilon, protection_statement
-    from efpsn.refresh_value import Refresh
     from efpsn.schema import STANDARD, STANDARD_DISCLOSURE
-    from efpsn.selection import parse_selection
     from efpsn.topology import build_graph, laplacian_spectrum
 
     config = config_from_args(args)
@@ -76,7 +74,7 @@ def _privacy(args: argparse.Namespace) -> int:
         print("--insecure: messages travel in plaintext, so an eavesdropper on the network "
               "sees what a curious neighbour sees, and the guarantee below holds against it "
               "only as against a neighbour")
-    if Refresh.parse(config.refresh).accumulates:
+    if config.refresh.accumulates:
         return _refreshed(args, config)
     m, n_functions = basis_counts(config)
     protects = protection_statement(selection=config.selection, m=m, K=config.K, N=n_functions,
@@ -95,15 +93,15 @@ def _privacy(args: argparse.Namespace) -> int:
         print(f"epsilon = {result.epsilon:.6g}, delta = {result.delta:.3g} "
               f"(gamma {config.gamma:g}, mu_2 {mu2:.4g}, mu_max {mu_max:.4g})")
     print(protects)
-    fading = Refresh.parse(config.refresh).fading
+    fading = config.refresh.fading
     if fading:
         print(FADING_NOTE)
     _write(args, {"topology": config.topology, "agents": config.agents, "mu2": mu2,
                   "mu_max": mu_max, **dataclasses.asdict(result),
-                  "selection": config.selection,
-                  "measure": parse_selection(config.selection).measure, "m": m, "K": config.K,
+                  "selection": str(config.selection),
+                  "measure": config.selection.measure, "m": m, "K": config.K,
                   "N": n_functions, "protects": protects,
-                  "refresh": config.refresh, **({"refresh_note": FADING_NOTE} if fading else {})})
+                  "refresh": str(config.refresh), **({"refresh_note": FADING_NOTE} if fading else {})})
     return 0
 
 

@@ -25,9 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from efpsn.refresh_value import Refresh
 from efpsn.schema import STANDARD, STANDARD_DISCLOSURE
-from efpsn.selection import parse_selection
 
 if TYPE_CHECKING:
     from efpsn.config import RunConfig
@@ -119,8 +117,8 @@ def mode_of(config: RunConfig) -> str:
     """The MEASURED key of a run's masks."""
     if config.mask == "none":
         return "none"
-    refresh = Refresh.parse(config.refresh)
-    partial = parse_selection(config.selection).kind != "all"
+    refresh = config.refresh
+    partial = config.selection.kind != "all"
     if not refresh.refreshed:
         return "fixed" if config.K <= 1 or partial else "fixed-k2"
     if refresh.accumulates and refresh.every != 1:
@@ -175,7 +173,7 @@ class PrivacyStatement:
 def _epsilon(config: RunConfig) -> tuple[float | None, str]:
     """The per-sample accountant's epsilon where the run has one (DSGD with masks fresh every
     round, every parameter, clipped, a batch size), else None and why not."""
-    refresh = Refresh.parse(config.refresh)
+    refresh = config.refresh
     if config.mask != "zero-sum":
         return None, "the masks are not zero-sum"
     if refresh.fading:
@@ -184,7 +182,7 @@ def _epsilon(config: RunConfig) -> tuple[float | None, str]:
         return None, "the mask repeats across rounds"
     if config.clip <= 0:
         return None, "per-sample gradients are not clipped"
-    if config.batch_size == 0:
+    if config.batch_size.full:
         return None, ("full batch: the accountant needs the agent's own sample count "
                       "(efpsn privacy --samples N, on that agent's machine)")
     from efpsn.accounting import account_refreshed
@@ -249,7 +247,7 @@ def basis_counts(config: RunConfig) -> tuple[int, int]:
     m, n_functions = config.basis_counts(num_params=task.num_params,
                                          last_bias=len(task.last_bias_indices()))
     if m is None or n_functions is None:
-        raise ValueError(f"selection {config.selection!r} needs m (the number of parameters to "
+        raise ValueError(f"selection {str(config.selection)!r} needs m (the number of parameters to "
                          "perturb)")
     return m, n_functions
 
@@ -259,11 +257,10 @@ def refreshed_arguments(config: RunConfig, *, delta: float, attacker: str = "nei
     """The keyword arguments of efpsn.accounting.account_refreshed (all but gamma) for a run:
     its graph, noise decay, basis, model size, refresh, rounds, clip and batch."""
     from efpsn.problem import build_task
-    from efpsn.selection import selection_measure
     from efpsn.topology import build_graph
 
     m, n_functions = basis_counts(config)
-    if config.batch_size == 0 and samples is None:
+    if config.batch_size.full and samples is None:
         raise ValueError("the run takes the full local batch (the default): the per-sample "
                          "accountant needs --samples N (an agent's own sample count; it stays "
                          "on this machine) or the run's --batch-size B")
@@ -271,9 +268,9 @@ def refreshed_arguments(config: RunConfig, *, delta: float, attacker: str = "nei
         "graph": build_graph(config.topology, config.agents, seed=config.seed), "p": config.p,
         "K": config.K, "m": m, "N": n_functions,
         "num_params": _num_params(config, build_task),
-        "measure": selection_measure(config.selection),
-        "refresh": Refresh.parse(config.refresh), "iterations": config.iterations,
-        "clip": config.clip or None, "batch_size": config.batch_size or None,
+        "measure": config.selection.measure,
+        "refresh": config.refresh, "iterations": config.iterations.total,
+        "clip": config.clip or None, "batch_size": config.batch_size.size,
         "delta": delta, "attacker": attacker, "samples": samples}
 
 

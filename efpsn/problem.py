@@ -20,7 +20,7 @@ from efpsn.basis import (
 from efpsn.config import LOCAL_DATA, RunConfig, parse_shape
 from efpsn.encoding import SlotLayout
 from efpsn.masking import MaskCoefficients, NoiseSpec
-from efpsn.perturbation import FunctionalPerturbation, select_indices, selection_measure
+from efpsn.perturbation import FunctionalPerturbation, select_indices
 from efpsn.refresh import FixedMask, MaskProvider
 from efpsn.tasks import BatchSampler, Dataset, Task, load_data, make_task, partition
 from efpsn.tasks.local import LocalData
@@ -170,7 +170,7 @@ class Problem:
         (a fixed MaskCoefficients, or a MaskProvider such as a RefreshedMask)."""
         c = self.config
         shard = self.shard(i)
-        sampler = BatchSampler(len(shard.labels), batch_size=c.batch_size or None, seed=c.seed,
+        sampler = BatchSampler(len(shard.labels), batch_size=c.batch_size.size, seed=c.seed,
                                agent=i)
         provider = FixedMask(masks) if isinstance(masks, MaskCoefficients) else masks
         return LocalObjective(
@@ -192,7 +192,7 @@ def basis_monomials(*, m: int, K: int, N: int, seed: int) -> Monomials:
 def build_task(config: RunConfig) -> Task:
     """The run's model and loss for its data schema (initial parameters from the public seed)."""
     c = config
-    return make_task(c.task, l2=None if c.l2 < 0 else c.l2, shape=parse_shape(c.input_shape),
+    return make_task(c.task, l2=c.l2.or_none(), shape=parse_shape(c.input_shape),
                      classes=c.classes)
 
 
@@ -215,7 +215,7 @@ def build_problem(
     last_bias = task.last_bias_indices()
     m, n_functions = c.basis_counts(num_params=task.num_params, last_bias=len(last_bias))
     if m is None or n_functions is None:
-        raise ValueError(f"selection {c.selection!r} does not fix how many parameters to "
+        raise ValueError(f"selection {str(c.selection)!r} does not fix how many parameters to "
                          "perturb: give m")
     indices = select_indices(c.selection, num_params=task.num_params, m=m, last_bias=last_bias,
                              seed=c.basis_seed)
@@ -223,7 +223,7 @@ def build_problem(
     # derives the same basis without a further run parameter.
     system = OrthonormalSystem.from_monomials(
         basis_monomials(m=m, K=c.K, N=n_functions, seed=c.basis_seed),
-        measure=selection_measure(c.selection),
+        measure=c.selection.measure,
     )
     holdouts: list[Dataset | None] = []
     if c.data == LOCAL_DATA:

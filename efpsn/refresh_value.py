@@ -74,6 +74,14 @@ class Refresh:
         raise ValueError(f"refresh must be 'never', 'every:R' with R >= 1, 'fading' or "
                          f"'fading:RHO' with 0 < RHO < 1, got {text!r}")
 
+    @classmethod
+    def of(cls, value: Refresh | str) -> Refresh:
+        """A Refresh as it is, or its text parsed."""
+        return value if isinstance(value, Refresh) else cls.parse(value)
+
+    def wire(self) -> str:
+        return str(self)
+
     def __str__(self) -> str:
         if self.fade_auto:
             return "fading"

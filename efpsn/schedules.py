@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from efpsn.run_values import Schedule
+
 
 class StepSize(Protocol):
     """A step size as a function of the 0-based round index t."""
@@ -58,28 +60,23 @@ class PaperSchedule:
         return self.lr0 * (self.final / self.lr0) ** frac
 
 
-def make_schedule(spec: str, *, iterations: int) -> StepSize:
-    """Parse a schedule spec: "paper", "paper:LR0", "constant:LR", or "auto:LR" (the constant
-    step the public step rule gave, efpsn/step_rule.py).
+def make_schedule(spec: Schedule | str, *, iterations: int) -> StepSize:
+    """The step size of a schedule (efpsn.run_values.Schedule, or its text): "paper",
+    "paper:LR0", "constant:LR", or "auto:LR" (the constant step the public step rule gave,
+    efpsn/step_rule.py).
 
     "paper" keeps the paper's proportions (hold for the first 20% of rounds, reach 4e-5 at the last)
     so that a shortened run (e.g. a quick profile) decays over its own length.
     """
-    name, _, arg = spec.partition(":")
-    if name == "auto":
-        if not arg:
-            raise ValueError("schedule auto is the step rule's: resolve the run first "
-                             "(RunConfig.resolved), which gives auto:LR")
-        return Constant(float(arg))
-    if name == "constant":
-        if not arg:
-            raise ValueError("constant schedule needs a learning rate, e.g. 'constant:0.05'")
-        return Constant(float(arg))
-    if name == "paper":
-        lr0 = float(arg) if arg else 0.2
-        if iterations < 3:
-            return Constant(lr0)
-        hold = min(iterations - 2, max(0, round(iterations * 0.2)))
-        return PaperSchedule(lr0=lr0, hold=hold, final=4e-5, total=iterations)
-    raise ValueError(f"unknown schedule {spec!r}: expected 'auto', 'paper', 'paper:LR0' or "
-                     "'constant:LR'")
+    schedule = Schedule.of(spec)
+    if schedule.unresolved:
+        raise ValueError("schedule auto is the step rule's: resolve the run first "
+                         "(RunConfig.resolved), which gives auto:LR")
+    if schedule.kind in ("auto", "constant"):
+        assert schedule.lr is not None
+        return Constant(schedule.lr)
+    lr0 = 0.2 if schedule.lr is None else schedule.lr
+    if iterations < 3:
+        return Constant(lr0)
+    hold = min(iterations - 2, max(0, round(iterations * 0.2)))
+    return PaperSchedule(lr0=lr0, hold=hold, final=4e-5, total=iterations)

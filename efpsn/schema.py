@@ -4,8 +4,12 @@ features are divided by. Torch-free (the coordinator validates with it)."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from efpsn.refresh_value import Refresh
 
 __all__ = ["STANDARD", "STANDARD_DISCLOSURE", "TASKS", "check_standard_masks", "check_task_spec", "parse_shape",
            "scale_divisor"]
@@ -73,7 +77,7 @@ def scale_divisor(scale: str, *, features: int | None = None) -> float | np.ndar
                      f"{_short(scale)}")
 
 
-def check_standard_masks(scale: str, *, mask: str, refresh: str) -> None:
+def check_standard_masks(scale: str, *, mask: str, refresh: Refresh | str) -> None:
     """ValueError, one line, unless a scale standard run has what its secure sum needs: phase
     I's edge seeds (zero-sum masks, refreshed or fading), or no masks at all (then nothing is
     private anyway). Other scales: nothing to check."""
@@ -81,10 +85,10 @@ def check_standard_masks(scale: str, *, mask: str, refresh: str) -> None:
 
     if scale != STANDARD or mask == "none":
         return
-    if mask != "zero-sum" or not Refresh.parse(refresh).refreshed:
+    if mask != "zero-sum" or not Refresh.of(refresh).refreshed:
         raise ValueError(
             f"scale standard sums the column statistics under masks from phase I's edge seeds, "
-            f"which mask {mask!r} with refresh {refresh!r} does not share: use --refresh fading "
+            f"which mask {mask!r} with refresh {str(refresh)!r} does not share: use --refresh fading "
             f"(the default) or every:R, or give public scales (schema.json's scale or --scale: "
             f"none, unit or div:...)")
 

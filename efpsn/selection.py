@@ -51,14 +51,39 @@ class Selection:
     count: int | None = None  # M of "random:M"
     indices: tuple[int, ...] | None = None  # of "indices:..."
 
+    @classmethod
+    def parse(cls, spec: str) -> Selection:
+        """The one grammar of the selection flag (parse_selection)."""
+        return parse_selection(spec)
 
-def parse_selection(spec: str) -> Selection:
+    @classmethod
+    def of(cls, value: Selection | str) -> Selection:
+        """A Selection as it is, or its text parsed."""
+        return value if isinstance(value, Selection) else parse_selection(value)
+
+    def wire(self) -> str:
+        return str(self)
+
+    def __str__(self) -> str:
+        """The spec parse reads back: KIND[:ARG], with @MEASURE when not the kind's default."""
+        if self.kind == "random:M":
+            body = f"random:{self.count}"
+        elif self.kind == "indices":
+            body = "indices:" + ",".join(str(i) for i in self.indices or ())
+        else:
+            body = self.kind
+        return body if self.measure == DEFAULT_MEASURES[self.kind] else f"{body}@{self.measure}"
+
+
+def parse_selection(spec: str | Selection) -> Selection:
     """Parse "KIND[@MEASURE]", e.g. "last-bias", "all", "random:200", "last-bias@uniform".
 
     The measure (lebesgue or uniform on [-1, 1]^m) is part of the spec so that every agent
     derives the same basis from the public selection string; without a suffix it is the kind's
     default (DEFAULT_MEASURES).
     """
+    if isinstance(spec, Selection):
+        return spec
     if not isinstance(spec, str):
         raise TypeError(f"selection must be a str, got {type(spec).__name__}")
     body, sep, measure_text = spec.strip().partition("@")
@@ -97,7 +122,7 @@ def parse_selection(spec: str) -> Selection:
     return Selection(kind=kind, measure=measure, count=count, indices=indices)
 
 
-def selection_measure(spec: str) -> Measure:
+def selection_measure(spec: str | Selection) -> Measure:
     """The measure on [-1, 1]^m the basis of this selection is orthonormal for."""
     return parse_selection(spec).measure
 

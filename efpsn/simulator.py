@@ -25,7 +25,6 @@ from efpsn.metrics import evaluate
 from efpsn.paillier import generate_keypair
 from efpsn.problem import Problem, average, build_problem
 from efpsn.refresh import FixedMask, MaskProvider, NoiseBlocks, RefreshedMask
-from efpsn.refresh_value import Refresh
 from efpsn.rounds import RoundDriver, worst
 from efpsn.schedules import make_schedule
 from efpsn.seeds import exchange_seeds, exchange_seeds_fast
@@ -76,7 +75,7 @@ def make_mask_providers(
     agents, or the fast path that yields the same seeds). The refreshed masks share one
     NoiseBlocks: each edge's stream is derived once per period, not at both ends."""
     c = problem.config
-    refresh = Refresh.parse(c.refresh if c.resolved_ok else c.resolved().refresh)
+    refresh = c.refresh if c.resolved_ok else c.resolved().refresh
     if not refresh.refreshed:
         return [FixedMask(m) for m in make_masks(problem, protocol=protocol,
                                                  noise_seed=noise_seed,
@@ -152,7 +151,7 @@ def run_simulation(
     departures: Sequence[Departure] = (),
     messages: str = "clear",
 ) -> SimulationResult:
-    """Run phase I then `config.iterations` synchronous phase II rounds for every agent (the
+    """Run phase I then `config.iterations.total` synchronous phase II rounds for every agent (the
     step rule's numbers where the config asks for them: RunConfig.resolved).
 
     `departures` replays agents that leave for good (efpsn/departure_replay.py): the metrics
@@ -175,12 +174,12 @@ def run_simulation(
     masks = [p.coefficients(0) for p in providers]
     t_phase1 = time.perf_counter() - t0
     zero_sum = ZeroSumCheck(providers)
-    departures = check_departures(departures, agents=problem.n, iterations=config.iterations)
+    departures = check_departures(departures, agents=problem.n, iterations=config.iterations.total)
     replay = (DepartureReplay(problem=problem, providers=providers, departures=departures,
                               noise_seed=noise_seed) if departures else None)
 
-    algorithm = make_algorithm(config.algorithm, momentum=config.momentum)
-    schedule = make_schedule(config.schedule, iterations=config.iterations)
+    algorithm = make_algorithm(config.algorithm, momentum=config.momentum.value)
+    schedule = make_schedule(config.schedule, iterations=config.iterations.total)
     n = problem.n
     x0 = problem.initial_params()
     # the stop rule agrees over the run's graph: a replayed departure changes it, so runs
@@ -189,7 +188,7 @@ def run_simulation(
     stop = None if departures else StopRule.for_run(config, problem.weights,
                                                     aggregate=aggregate)
     drivers = [
-        RoundDriver(algorithm=algorithm, schedule=schedule, iterations=config.iterations,
+        RoundDriver(algorithm=algorithm, schedule=schedule, iterations=config.iterations.total,
                     eval_every=config.eval_every, x0=x0, stop=stop,
                     context=StepContext(agent=i, weights=problem.agent_weights(i),
                                         lr=schedule(0), oracle=problem.objective(i, providers[i])))
@@ -201,7 +200,7 @@ def run_simulation(
     history = [{"round": 0, **evaluate(problem, [d.state["x"] for d in drivers], x_star=x_star)}]
     t1 = time.perf_counter()
     active, neighbours = list(range(n)), problem.graph.neighbours
-    for t in range(config.iterations):
+    for t in range(config.iterations.total):
         if drivers[active[0]].done:  # the stop rule's round, the same at every agent
             break
         if replay is not None and replay.apply(t, drivers):

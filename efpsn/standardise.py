@@ -61,7 +61,7 @@ def with_count_l2(config: RunConfig, totals: Totals) -> RunConfig:
     """The run with logistic regression's l2 from the total count when it was left to its
     default (a negative l2); otherwise unchanged. Not resolved (RunConfig.resolved applies the
     step rule with this l2)."""
-    if config.task != "logreg" or config.l2 >= 0:
+    if config.task != "logreg" or not config.l2.default:
         return config
     return config.replace(l2=count_l2(totals.count))
 

@@ -104,7 +104,7 @@ class StopRule:
         from efpsn.certificate import diameter
 
         certifier = Certifier.for_run(c, weights, aggregate=aggregate)
-        return cls(every=c.stop_every, hops=diameter(weights), cap=c.iterations,
+        return cls(every=c.stop_every, hops=diameter(weights), cap=c.iterations.total,
                    curvature=certifier.curvature, l2=certifier.l2, momentum=certifier.momentum,
                    target=TARGET, factor=certifier.hops if aggregate else None)
 

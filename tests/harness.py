@@ -134,7 +134,7 @@ async def assigned_agents(folder: Path, config: RunConfig, *, run_id: str,
         for name, (options, service, mailbox, outbox, status, peers) in parts.items():
             session = await open_session(registry.assignments()[name], name=name,
                                          prepared=prepare(config, options))
-            ledger = RoundLedger(last=config.iterations, keep=keep_rounds, position=round_)
+            ledger = RoundLedger(last=config.iterations.total, keep=keep_rounds, position=round_)
             service.attach(session, ledger)
             peers.attach(session, ledger)
             status.phase, status.round = Phase.OPTIMIZE, round_

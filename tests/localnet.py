@@ -22,10 +22,19 @@ from pathlib import Path
 from typing import Self
 
 from efpsn.config import RunConfig
-from efpsn.flags import config_to_args
+from efpsn.flags import run_parameters_args
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
 from efpsn.wire.status import AgentStatus, fetch_status
 from efpsn.wire.tls import TlsConfig, generate_certificates
+
+CRASH_HOOK = Path(__file__).parent / "crash_hook"
+
+
+def crash_at(round_: int, *, name: str = "") -> dict[str, str]:
+    """The environment that makes an agent (`name` only, when given) SIGKILL itself on reaching
+    round `round_`, before it sends anything for it (tests/crash_hook/sitecustomize.py)."""
+    path = os.pathsep.join([str(CRASH_HOOK), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {"PYTHONPATH": path, "CRASH_AT_ROUND": f"{name}:{round_}" if name else str(round_)}
 
 
 class LocalNet:
@@ -96,7 +105,7 @@ class LocalNet:
         self.argv["coordinator"] = [
             "efpsn", "coordinator", "--listen", "127.0.0.1:0", "--keep-serving",
             "--expected-names", ",".join(self.names), *self.tls_args,
-            *config_to_args(self.config),
+            *run_parameters_args(self.config, self.folder),
         ]
         self._spawn("coordinator")
         return self.wait_port("coordinator")

@@ -44,8 +44,9 @@ def write_state(results: Path, *, name: str = "agent2", finished: bool = False,
     for n, port in ports.items():
         registry.register(n, f"127.0.0.1:{port}")
     store = StateStore(results / name / "state")
-    store.save_assignment(registry.assignments()[name], advertise=f"127.0.0.1:{ports[name]}",
-                          port=ports[name], finished=finished)
+    store.save_assignment(registry.assignments()[name], config=CONFIG,
+                          advertise=f"127.0.0.1:{ports[name]}", port=ports[name],
+                          finished=finished)
     if mask:
         numerators = tuple(range(-5, CONFIG.basis_counts()[1] - 5))
         store.save_mask(MaskCoefficients(numerators, CONFIG.precision), run_id=RUN, stats={})

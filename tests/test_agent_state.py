@@ -42,12 +42,13 @@ def test_assignment_and_mask_round_trip_privately(tmp_path: Path) -> None:
     store = StateStore(tmp_path / "state")
     assert store.load_assignment() is None
     assignment = _assignment()
-    store.save_assignment(assignment, advertise="10.0.0.2:50052", port=50052)
+    store.save_assignment(assignment, config=CONFIG, advertise="10.0.0.2:50052",
+                           port=50052)
     mask = MaskCoefficients((3, -(10**40), 0, 7, 1, -1, 2, 2, 5, -5), 6)
     store.save_mask(mask, run_id="run-7", stats={"keygen_seconds": 0.5},
                     received={"shares": {"agent1": b"\x01" * 32}})
     saved = store.load_assignment()
-    assert saved is not None and saved.assignment == assignment
+    assert saved is not None and saved.assignment == assignment and saved.config == CONFIG
     assert (saved.advertise, saved.port, saved.finished) == ("10.0.0.2:50052", 50052, False)
     loaded = store.load_mask(run_id="run-7")
     assert loaded is not None and loaded.mask == mask and loaded.stats == {"keygen_seconds": 0.5}
@@ -61,7 +62,7 @@ def test_assignment_and_mask_round_trip_privately(tmp_path: Path) -> None:
 
 def test_damaged_assignment_is_a_clear_error(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
-    store.save_assignment(_assignment(), advertise="h:1", port=1)
+    store.save_assignment(_assignment(), config=CONFIG, advertise="h:1", port=1)
     payload = json.loads(store.assignment_path.read_text())
     payload["assignment"]["self_weight"] = 0.9  # weights no longer sum to 1
     store.assignment_path.write_text(json.dumps(payload))
@@ -107,7 +108,7 @@ def test_checkpoints_are_bit_exact_pruned_and_fall_back_when_damaged(
 
 def test_finishing_deletes_mask_and_checkpoints(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
-    store.save_assignment(_assignment(), advertise="h:1", port=1)
+    store.save_assignment(_assignment(), config=CONFIG, advertise="h:1", port=1)
     store.save_mask(MaskCoefficients((1,) * 10, 6), run_id="run-7", stats={})
     store.save_checkpoint(run_id="run-7", round_=5, tensors={"x": torch.zeros(3,
                           dtype=torch.float64)}, history=[])
@@ -174,3 +175,19 @@ def test_agent_options_need_history_beyond_the_checkpoint_interval() -> None:
                      keep_rounds=52)
     ok = AgentOptions(name="agent1", listen="h:0", coordinator="h:1", results_dir=Path("R"))
     assert ok.state_folder == Path("R") / "agent1" / "state"
+
+
+def test_an_assignment_for_another_agent_count_than_the_announced_run_is_refused() -> None:
+    # the agent takes the run's parameters once (GetRunParameters); the assignment that comes
+    # later carries none, only its num_agents, which must be the announced run's
+    import dataclasses
+    import types
+
+    from agent.options import AgentFailure
+    from agent.session import open_session
+
+    prepared = types.SimpleNamespace(config=CONFIG)  # refused before anything else is used
+    other = dataclasses.replace(_assignment(), num_agents=4)
+    with pytest.raises(AgentFailure, match="is for 4 agents, but the run it announced before "
+                                           "registration has 3"):
+        asyncio.run(open_session(other, name="agent2", prepared=prepared))  # type: ignore[arg-type]

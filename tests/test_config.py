@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 
 from efpsn.config import PRESETS, RunConfig, declarations, structural_fields
-from efpsn.flags import add_run_arguments, config_from_args, config_to_args, flag_of
+from efpsn.flags import add_run_arguments, config_from_args, flag_of, run_parameters_args
 from efpsn.model_sizes import last_bias_count, parameter_count
 from efpsn.selection import (
     check_indices_fit,
@@ -113,8 +114,8 @@ def test_basis_counts_follow_the_model() -> None:
 def test_presets_apply_under_given_flags() -> None:
     assert PRESETS["paper"]["N"] == 10
     paper = _parse("--preset", "paper", "--iterations", "200")
-    assert (paper.algorithm, paper.schedule, paper.batch_size, paper.N, paper.iterations) == (
-        "dsgd", "paper", 64, 10, 200)
+    assert (paper.algorithm, str(paper.schedule), paper.batch_size.size, paper.N,
+            paper.iterations.count) == ("dsgd", "paper", 64, 10, 200)
     with pytest.raises(ValueError, match="unknown preset"):
         RunConfig.preset("fast")
 
@@ -122,17 +123,27 @@ def test_presets_apply_under_given_flags() -> None:
 # ------------------------------------------------------------------------- flags
 
 
-def test_flags_round_trip_through_config_to_args() -> None:
+def test_a_config_reaches_the_coordinator_as_one_message_not_flags(tmp_path: Path) -> None:
+    from coordinator.cli import build_parser, coordinator_config
+
     config = RunConfig(agents=7, topology="grid:1x7", gamma=12.5, packed=False, batch_size=0,
                        selection="random:5", refresh="every:3", algorithm="dsgd", clip=0.5,
                        scale="div:3",
                        data="local", input_shape="3x4", classes=4)
-    # flags are parsed into the resolved run (the step rule's numbers where none were given)
-    assert _parse(*config_to_args(config)) == config.resolved()
+    args = run_parameters_args(config, tmp_path)
+    assert args == ["--run-parameters", str(tmp_path / "run-parameters.pb")]
+    # the coordinator reads the resolved run (the step rule's numbers where none were given)
+    assert coordinator_config(build_parser().parse_args(args)) == config.resolved()
     resolved = config.resolved()
-    assert _parse(*config_to_args(resolved)) == resolved
-    assert "--no-packed" in config_to_args(config)
-    assert config_to_args(config)[config_to_args(config).index("--batch-size") + 1] == "full"
+    assert coordinator_config(build_parser().parse_args(
+        run_parameters_args(resolved, tmp_path))) == resolved
+    # a run flag beside the file would be one or the other silently: refused, named
+    with pytest.raises(ValueError, match="holds the whole run: drop --batch-size, --gamma"):
+        coordinator_config(build_parser().parse_args([*args, "--gamma", "3", "--batch-size",
+                                                      "8"]))
+    (tmp_path / "run-parameters.pb").write_bytes(b"\xff\xff")
+    with pytest.raises(ValueError, match="not an efpsn.v1.RunParameters message"):
+        coordinator_config(build_parser().parse_args(args))
 
 
 def test_a_flag_not_given_is_the_default_and_bad_text_is_a_usage_error() -> None:

@@ -192,7 +192,7 @@ def _run(root: Path, leaves: list[str], *, preset: str | None = None, **changes:
     assert result.departures["remaining_masks_sum_to_zero"] is True
     first = min(d.round for d in departures)
     skipped = sum(1 for d in departures if d.late)  # the round a late neighbour mixes d in
-    assert result.departures["rounds_zero_sum_checked"] == (problem.config.iterations - first
+    assert result.departures["rounds_zero_sum_checked"] == (problem.config.iterations.total - first
                                                             - skipped)
     return result.final["relative_deviation"], result.departures
 

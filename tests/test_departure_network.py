@@ -1,6 +1,6 @@
 """A party that leaves for good, through real processes (agent/departing.py and
 coordinator/departures.py): 5 agents on breast-cancer folders of unequal size; agent3 kills
-itself (SIGKILL, hidden hook EFPSN_TEST_CRASH_AT_ROUND) on reaching round 201, after its
+itself (SIGKILL, tests/crash_hook: localnet.crash_at) on reaching round 201, after its
 checkpoint of round 200, and never comes back. The other four report it silent, the coordinator
 decides agent3@201:206 (or @200:205 when its last messages died with it), and they finish on
 their own data: exit 0, the records name agent3, and their iterates equal
@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import pytest
-from localnet import LocalNet
+from localnet import LocalNet, crash_at
 
 from efpsn.config import RunConfig
 from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
@@ -46,10 +46,14 @@ def departed_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                           "iterations": 300, "eval_every": 100, "key_bits": 2048,
                           "round_timeout_seconds": ROUND_TIMEOUT})
     started = time.monotonic()
-    summary = launch_local_network(
-        config, results=root / "run", data_dir=data, quiet=True, holdout=0.0,
-        insecure_noise_seed=NOISE_SEED, departure_deadline=DEADLINE,
-        agent_env={"agent3": {"EFPSN_TEST_CRASH_AT_ROUND": str(CRASH_AT)}})
+    # the launcher's environment, so the fork server loads the hook before it forks the agents
+    # (it names agent3: the others run on)
+    with pytest.MonkeyPatch.context() as env:
+        for variable, value in crash_at(CRASH_AT, name="agent3").items():
+            env.setenv(variable, value)
+        summary = launch_local_network(
+            config, results=root / "run", data_dir=data, quiet=True, holdout=0.0,
+            insecure_noise_seed=NOISE_SEED, departure_deadline=DEADLINE)
     return {"root": root, "data": data, "config": config, "summary": summary,
             "wall": time.monotonic() - started}
 
@@ -118,7 +122,7 @@ def test_a_party_declared_gone_that_comes_back_is_refused(tmp_path) -> None:
     # assert: the others exit 0 naming agent2; agent2 exits 2 with the reason, in one line
     assert codes == {n: 0 for n in others}, {n: logs[n][-1500:] for n in others}
     results, _ = load_agent_results(tmp_path, others)
-    assert check_results(results, iterations=config.iterations) == []
+    assert check_results(results, iterations=config.iterations.total) == []
     assert {r["departures"][0]["agent"] for r in results} == {"agent2"}
     assert {r["optimum_of"] for r in results} == {"the optimum of agents 1,3,4's objective"}
     assert back == 2, logs["agent2"][-2000:]

@@ -70,7 +70,7 @@ def test_cli_offers_every_experiment_with_quick_and_out() -> None:
         assert args.quick and args.out == "somewhere" and callable(args.handler)
     args = p.parse_args(["experiment", "accuracy-convex", "--gammas", "1e-2,1,1e3",
                          "--iterations", "50", "--no-extras"])
-    assert args.gammas == (0.01, 1.0, 1000.0) and args.iterations == 50 and args.no_extras
+    assert args.gammas == (0.01, 1.0, 1000.0) and args.iterations.count == 50 and args.no_extras
     with pytest.raises(SystemExit):
         p.parse_args(["experiment", "no-such-experiment"])
 
@@ -271,7 +271,7 @@ def test_network_check_reproduces_the_simulator_bitwise(tmp_path: Path) -> None:
     from efpsn.simulator import run_simulation
 
     config = RunConfig.from_dict(summary["config"])
-    assert config.iterations == 30 and config.mask == "zero-sum"
+    assert config.iterations.count == 30 and config.mask == "zero-sum"
     names = [f"agent{i + 1}" for i in range(config.agents)]
     results, xs = load_agent_results(tmp_path / "network", names)
     assert [r["final"]["round"] for r in results] == [30] * config.agents
@@ -337,7 +337,7 @@ def test_multi_round_attacker_defeats_k1_and_three_rounds_defeat_k2(tmp_path: Pa
 
 def test_accuracy_convex_can_perturb_every_parameter() -> None:
     settings = accuracy_convex.settings_for("quick", selection="all")
-    assert (settings.base.selection, settings.base.m, settings.base.N) == ("all", 7850, 7851)
+    assert (str(settings.base.selection), settings.base.m, settings.base.N) == ("all", 7850, 7851)
     assert settings.profile == "quick (modified)"
     args = parser().parse_args(["experiment", "accuracy-convex", "--selection", "all"])
     assert args.selection == "all"
@@ -508,10 +508,11 @@ def test_profiles_keep_the_paper_rows_and_add_refreshed_ones() -> None:
         for name, settings in module.PROFILES.items():
             configs = [c for s in settings.series() for c in s.configs(settings.base)]
             paper = settings.main.configs(settings.base)
-            assert all((c.refresh, c.clip, c.selection, c.N) == ("never", 0.0, "last-bias", 10)
+            assert all((str(c.refresh), c.clip, str(c.selection), c.N)
+                       == ("never", 0.0, "last-bias", 10)
                        for c in paper), name
-            refreshed = [c for c in configs if c.refresh != "never"]
-            assert refreshed and all(c.selection == "all" and c.K == 1 for c in refreshed)
+            refreshed = [c for c in configs if c.refresh.refreshed]
+            assert refreshed and all(str(c.selection) == "all" and c.K == 1 for c in refreshed)
     full = accuracy_convex.PROFILES["full"]
     assert full.main.iterations == 10_000 and full.main.gammas == (
         1e-2, 1e-1, 1e0, 1e1, 1e2, 1e3, 1e4)
@@ -528,5 +529,5 @@ def test_profiles_keep_the_paper_rows_and_add_refreshed_ones() -> None:
                                 "--refresh-gammas", "1e6"])
     lenet = accuracy_nonconvex.settings_for("quick", refreshes=args.refreshes,
                                             refresh_gammas=args.refresh_gammas)
-    assert [(c.refresh, c.gamma, c.N) for c in lenet.series()[1].configs(lenet.base)] == [
+    assert [(str(c.refresh), c.gamma, c.N) for c in lenet.series()[1].configs(lenet.base)] == [
         ("every:1", 1e6, 13_427)]

@@ -154,15 +154,15 @@ def test_the_rate_is_the_algorithm_s_own_never_faster() -> None:
 
 def test_the_defaults_resolve_to_every_parameter_and_a_fading_rate() -> None:
     config = RunConfig()
-    assert (config.selection, config.refresh) == ("all", "fading")
+    assert (str(config.selection), str(config.refresh)) == ("all", "fading")
     resolved = config.resolved()
-    rate = Refresh.parse(resolved.refresh).fade
-    step = float(resolved.schedule.partition(":")[2])
+    rate = resolved.refresh.fade
+    step = resolved.schedule.lr
     assert rate is not None and rate >= 1 - math.sqrt(step * 1e-2)
-    assert rate ** resolved.iterations < 1e-8  # the fresh part is gone by the last round
+    assert rate ** resolved.iterations.total < 1e-8  # the fresh part is gone by the last round
     # masks that are not zero-sum have nothing to fade; `every:R` is refused with trackers
-    assert RunConfig(mask="none").refresh == "never"
-    assert RunConfig.preset("paper").refresh == "never"
+    assert not RunConfig(mask="none").refresh.refreshed
+    assert not RunConfig.preset("paper").refresh.refreshed
     with pytest.raises(ValueError, match="never converge"):
         RunConfig(refresh="every:2")
-    assert RunConfig(refresh="every:2", algorithm="dsgd").refresh == "every:2"
+    assert RunConfig(refresh="every:2", algorithm="dsgd").refresh == Refresh.parse("every:2")

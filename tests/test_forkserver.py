@@ -72,3 +72,27 @@ def test_the_server_ending_early_is_reported_with_its_log(tmp_path: Path) -> Non
             server.spawn("agent1", ["agent", "--help"], tmp_path)
     finally:
         server.close()
+
+
+def test_the_preload_list_is_the_agents_imports_without_grpc() -> None:
+    import subprocess
+
+    from agent.preload import preload_modules
+
+    modules = preload_modules()
+    # the agent's core, as its source imports it (nothing hand-kept)
+    for core in ("numpy", "torch", "phe", "efpsn.problem", "efpsn.paillier", "efpsn.masking",
+                 "efpsn.rounds", "efpsn.wire.serde", "efpsn.wire.rounds", "agent.cli",
+                 "agent.state", "efpsn.run_values"):
+        assert core in modules, core
+    # never a module that starts gRPC (the server, the peers, the node), nor grpc itself
+    for edge in ("grpc", "agent.node", "agent.servicer", "agent.peers", "efpsn.wire.net",
+                 "efpsn.wire.tls", "agent.forkserver"):
+        assert edge not in modules, edge
+    # and importing all of it, in a fresh interpreter, loads no grpc
+    code = ("import importlib, sys\n"
+            f"for m in {list(modules)!r}: importlib.import_module(m)\n"
+            "print('grpc' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=170)
+    assert out.stdout.strip() == "False"

@@ -160,7 +160,7 @@ def test_hostile_load_neither_stalls_nor_bloats_an_agent(tmp_path: Path) -> None
         assert len(samples) >= 10, samples
         (t_first, r_first, _), (t_last, r_last, after) = samples[0], samples[-1]
         # The whole attack fell inside agent1's phase II (else the run is too short for the test).
-        assert attack_ended - t_last < 1.5, (attack_ended - t_last, r_last, CONFIG.iterations)
+        assert attack_ended - t_last < 1.5, (attack_ended - t_last, r_last, CONFIG.iterations.total)
         figures.update(json.loads(stdout))
         figures["attack_seconds"] = figures.pop("seconds")
         attacked = (r_last - r_first) / (t_last - t_first)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from localnet import crash_at
 
 from efpsn.cli_common import format_metrics
 from efpsn.launch.processes import Child, stop_children, wait_port
@@ -124,10 +125,10 @@ def test_check_results_names_what_is_wrong() -> None:
 
 
 def test_agent_dying_mid_run_stops_the_network_with_its_log(tmp_path: Path) -> None:
-    # prepare: agent3 kills itself (SIGKILL) at round 2 of 400 (hidden test hook), with
+    # prepare: agent3 kills itself (SIGKILL) at round 2 of 400 (tests/crash_hook), with
     # departures off (--departure-deadline 0; on, the others finish without it:
     # tests/test_departure_network.py)
-    env = {**os.environ, "EFPSN_TEST_CRASH_AT_ROUND": "agent3:2"}
+    env = {**os.environ, **crash_at(2, name="agent3")}
     started = time.monotonic()
     # execute
     out = subprocess.run(

@@ -19,7 +19,7 @@ from test_local_data import tabular, write_model
 
 from efpsn.config import RunConfig
 from efpsn.datadir import load_data_dir, split_data
-from efpsn.flags import config_to_args
+from efpsn.flags import run_parameters_args
 from efpsn.launch.network import launch_local_network
 from efpsn.launch.processes import Child, spawn, stop_children, wait_port
 from efpsn.launch.summary import load_agent_results
@@ -68,7 +68,8 @@ def run_network(folder: Path, config: RunConfig, agent_args: dict[str, list[str]
     children: list[Child] = []
     try:
         coordinator = spawn("coordinator", ["coordinator", "--listen", "127.0.0.1:0",
-                                            "--insecure", *config_to_args(config)], folder)
+                                            "--insecure", *run_parameters_args(config, folder)],
+                            folder)
         children.append(coordinator)
         port = wait_port(coordinator, 60)
         agents = {}

@@ -26,7 +26,7 @@ import torch
 from netns import NetnsNetwork, can_use_netns, stop_processes
 
 from efpsn.config import RunConfig
-from efpsn.flags import config_to_args
+from efpsn.flags import run_parameters_args
 from efpsn.launch.summary import load_agent_results
 from efpsn.simulator import run_simulation
 from efpsn.wire.tls import generate_certificates
@@ -169,7 +169,7 @@ def multihost(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             coord_proc = coord.popen(
                 [*efpsn, "coordinator", "--listen", f"0.0.0.0:{port}",
                  "--port-file", str(folder / "coordinator.port"), "--register-timeout", "400",
-                 "--tls-dir", str(tls_dir), *config_to_args(CONFIG)],
+                 "--tls-dir", str(tls_dir), *run_parameters_args(CONFIG, folder)],
                 stdout=log, stderr=subprocess.STDOUT,
             )
         _wait_file(folder / "coordinator.port", coord_proc, logs / "coordinator.log",
@@ -252,7 +252,7 @@ def test_five_agents_in_five_namespaces_finish(multihost) -> None:
     assert seen["agent_rc"] == {n: 0 for n in NAMES}, _tails(seen)
     assert seen["coordinator_rc"] == 0, _tails(seen)  # exited by itself or on SIGTERM: cleanly
     results, _ = load_agent_results(seen["folder"], NAMES)
-    assert [r["final"]["round"] for r in results] == [CONFIG.iterations] * len(NAMES)
+    assert [r["final"]["round"] for r in results] == [CONFIG.iterations.total] * len(NAMES)
     assert len({r["run_id"] for r in results}) == 1
     assert [r["name"] for r in results] == NAMES
 
@@ -303,7 +303,7 @@ def test_traffic_really_crossed_the_namespaces(multihost) -> None:
     # vector is the raw payload (measured: payload + ~1%); half of it is a bound that holds even
     # if gRPC compression were switched on.
     _, xs = load_agent_results(seen["folder"], NAMES)
-    payload = CONFIG.iterations * 2 * xs[0].numel() * 8 // 2
+    payload = CONFIG.iterations.total * 2 * xs[0].numel() * 8 // 2
     for name in NAMES:
         sent, received = seen["traffic"][name]
         assert sent >= payload and received >= payload, (name, sent, received, payload)

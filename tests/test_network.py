@@ -54,7 +54,7 @@ def test_network_completes_both_phases_with_exactly_zero_sum_masks(dsgd_run) -> 
         + [f"{n}.{ext}" for n in NAMES for ext in ("pem", "key")])
     assert "mutual TLS" in (folder / "logs" / "coordinator.log").read_text()
     results, _ = load_agent_results(folder, NAMES)
-    assert [r["final"]["round"] for r in results] == [config.iterations] * 5
+    assert [r["final"]["round"] for r in results] == [config.iterations.total] * 5
     assert {r["run_id"] for r in results} == {summary["run_id"]}
     numerators = [[int(v) for v in r["debug_mask_numerators"]] for r in results]
     assert len(numerators[0]) == config.basis_counts()[1]

@@ -32,7 +32,7 @@ def run_and_compare(config: RunConfig, folder: Path) -> tuple[dict, list[dict]]:
     sim = run_simulation(config, noise_seed=NOISE_SEED, allow_insecure_keys=True)
     assert [x.numpy().tobytes() for x in xs] == [x.numpy().tobytes() for x in sim.xs]
     assert summary["ok"] and summary["final"]["accuracy"] == sim.final["accuracy"]
-    assert [r["final"]["round"] for r in results] == [config.iterations] * len(NAMES)
+    assert [r["final"]["round"] for r in results] == [config.iterations.total] * len(NAMES)
     return summary, results
 
 

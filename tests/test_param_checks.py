@@ -1,5 +1,6 @@
-"""The run parameters' checks and parsers (efpsn/param_checks.py) at their boundaries: the
-smallest and largest value each accepts, the first it refuses, and what the refusal says."""
+"""The run parameters' checks and parsers (efpsn/param_checks.py, the values of
+efpsn/run_values.py) at their boundaries: the smallest and largest value each accepts, the first
+it refuses, and what the refusal says."""
 
 from __future__ import annotations
 
@@ -8,41 +9,33 @@ import math
 import pytest
 
 from efpsn.config import RunConfig
-from efpsn.param_checks import (
-    at_least,
-    check_data,
-    check_refresh,
-    one_of,
-    parse_batch,
-    parse_momentum,
-    parse_rounds,
-    positive,
-)
+from efpsn.param_checks import at_least, check_data, one_of, positive
+from efpsn.refresh_value import Refresh
+from efpsn.run_values import BatchSize, Momentum, Rounds
 
 
 def test_batch_sizes_are_positive_integers_or_full() -> None:
-    assert (parse_batch("full"), parse_batch("1"), parse_batch("64")) == (0, 1, 64)
+    assert tuple(BatchSize.parse(t).size for t in ("full", "1", "64")) == (None, 1, 64)
     for bad in ("0", "-3", "2.5", "lots", ""):
         with pytest.raises(ValueError, match=f"batch size must be a positive integer or "
                                              f"'full', got '{bad}'"):
-            parse_batch(bad)
+            BatchSize.parse(bad)
 
 
 def test_rounds_are_positive_integers_or_auto() -> None:
-    assert (parse_rounds("auto"), parse_rounds("1"), parse_rounds("300")) == (0, 1, 300)
+    assert tuple(Rounds.parse(t).count for t in ("auto", "1", "300")) == (None, 1, 300)
     for bad in ("0", "-1", "many", "1e3"):
         with pytest.raises(ValueError, match=f"iterations must be a positive integer or "
                                              f"'auto', got '{bad}'"):
-            parse_rounds(bad)
+            Rounds.parse(bad)
 
 
 def test_momentum_is_in_0_1_or_auto() -> None:
-    assert (parse_momentum("auto"), parse_momentum("0"), parse_momentum("0.99")) \
-        == (-1.0, 0.0, 0.99)
+    assert tuple(Momentum.parse(t).beta for t in ("auto", "0", "0.99")) == (None, 0.0, 0.99)
     for bad in ("1", "1.0", "-0.1", "nan", "fast"):
         with pytest.raises(ValueError, match=rf"momentum must be a number in \[0, 1\) or "
                                              rf"'auto', got '{bad}'"):
-            parse_momentum(bad)
+            Momentum.parse(bad)
 
 
 def test_the_boundaries_themselves_are_accepted() -> None:
@@ -51,9 +44,10 @@ def test_the_boundaries_themselves_are_accepted() -> None:
                     {"gamma": 1e-12}, {"refresh": "every:1", "algorithm": "dsgd"},
                     {"refresh": "fading:1e-9"}, {"refresh": "fading:0.999999"}, {"data": "idx:/srv/mnist"}):
         config = RunConfig(**changes)
-        assert all(getattr(config, k) == v for k, v in changes.items()), changes
+        wanted = {k: Refresh.parse(v) if k == "refresh" else v for k, v in changes.items()}
+        assert all(getattr(config, k) == v for k, v in wanted.items()), changes
     check_data("idx:folder")
-    check_refresh("every:1")
+    assert Refresh.parse("every:1").every == 1
 
 
 def test_the_check_factories_refuse_exactly_outside_their_range() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localnet import LocalNet
+from localnet import LocalNet, crash_at
 
 from efpsn.config import RunConfig
 from efpsn.launch.summary import load_agent_results
@@ -32,7 +32,7 @@ VICTIM, CRASH_AT, CHECKPOINT_EVERY = "agent3", 47, 20
 def refreshed_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("refresh")
     seen: dict[str, Any] = {"folder": folder}
-    crash = {VICTIM: {"EFPSN_TEST_CRASH_AT_ROUND": str(CRASH_AT)}}
+    crash = {VICTIM: crash_at(CRASH_AT)}
     with LocalNet(folder, CONFIG, noise_seed=NOISE_SEED, agent_env=crash,
                   agent_args=("--checkpoint-every", str(CHECKPOINT_EVERY))) as net:
         net.start_all()
@@ -53,8 +53,8 @@ def test_network_with_refreshed_masks_equals_the_simulator_after_a_crash(refresh
         n: t[-2000:] for n, t in seen["logs"].items()}
     results, xs = load_agent_results(seen["folder"], NAMES)
     sim = run_simulation(CONFIG, noise_seed=NOISE_SEED)
-    assert sim.masks_sum_to_zero() and sim.periods_zero_sum == CONFIG.iterations
-    assert sim.config.refresh.startswith("fading:") and sim.config.selection == "all"
+    assert sim.masks_sum_to_zero() and sim.periods_zero_sum == CONFIG.iterations.total
+    assert sim.config.refresh.fade is not None and str(sim.config.selection) == "all"
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
     victim = next(r for r in results if r["name"] == VICTIM)
     assert victim["resumed_from_round"] == CRASH_AT // CHECKPOINT_EVERY * CHECKPOINT_EVERY
@@ -79,4 +79,4 @@ def test_seeds_stay_private_and_are_deleted_after_the_run(refreshed_run) -> None
         and p.suffix in (".json", ".log", ""))
     assert len(secrets) == 2 * len(graph.edges) and not any(s in written for s in secrets)
     result = json.loads((folder / NAMES[0] / "result.json").read_text())
-    assert result["settings"]["refresh"] == CONFIG.resolved().refresh
+    assert result["settings"]["refresh"] == str(CONFIG.resolved().refresh)

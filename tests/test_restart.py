@@ -1,7 +1,7 @@
 """Fault injection on loopback ports: agents and the coordinator killed with SIGKILL.
 
 * Phase II: the coordinator is killed right after bootstrap, then a random agent kills itself
-  (SIGKILL, hidden hook EFPSN_TEST_CRASH_AT_ROUND) on reaching a random round, so its newest
+  (SIGKILL, tests/crash_hook: localnet.crash_at) on reaching a random round, so its newest
   checkpoint is known exactly; the agent is restarted with the very same command line. It reloads its assignment and
   mask, rebinds its port, pulls the rounds it lost from its neighbours (Agent.GetRound), replays
   them from its checkpoint, and the run ends bit for bit like an uninterrupted simulation.
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localnet import LocalNet
+from localnet import LocalNet, crash_at
 
 from efpsn.config import PRESETS, RunConfig
 from efpsn.launch.summary import load_agent_results
@@ -73,15 +73,15 @@ def fault_run(tmp_path_factory: pytest.TempPathFactory,
     config = BASE.replace(**ALGORITHMS[algorithm])
     victim = rng.choice(NAMES)
     # a random round inside a checkpoint interval, so that the restart has rounds to replay;
-    # the victim kills itself (SIGKILL) on reaching it (EFPSN_TEST_CRASH_AT_ROUND), so its
+    # the victim kills itself (SIGKILL) on reaching it (localnet.crash_at), so its
     # newest checkpoint is known exactly: no race between the kill and a checkpoint write
-    target = (CHECKPOINT_EVERY * rng.randint(1, config.iterations // CHECKPOINT_EVERY - 3)
+    target = (CHECKPOINT_EVERY * rng.randint(1, config.iterations.total // CHECKPOINT_EVERY - 3)
               + rng.randint(3, CHECKPOINT_EVERY - 6))
     folder = tmp_path_factory.mktemp("fault")
     seen: dict[str, Any] = {"seed": seed, "victim": victim, "target": target, "folder": folder,
                             "config": config}
     started = time.monotonic()
-    crash = {victim: {"EFPSN_TEST_CRASH_AT_ROUND": str(target)}}
+    crash = {victim: crash_at(target)}
     with LocalNet(folder, config, noise_seed=NOISE_SEED, agent_env=crash,
                   agent_args=("--checkpoint-every", str(CHECKPOINT_EVERY))) as net:
         net.start_all()
@@ -128,14 +128,14 @@ def test_restarted_agent_finishes_the_run_like_the_simulator_bitwise(fault_run) 
     assert seen["agent_rc"] == {n: 0 for n in NAMES}, _tails(seen)
     config = seen["config"]
     results, xs = load_agent_results(seen["folder"], NAMES)
-    assert [r["final"]["round"] for r in results] == [config.iterations] * len(NAMES)
+    assert [r["final"]["round"] for r in results] == [config.iterations.total] * len(NAMES)
     sim = run_simulation(config, noise_seed=NOISE_SEED)
     diffs = [float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)]
     print(f"\nmax |x_network - x_simulator| per agent: {diffs}")
     assert max(diffs) == 0.0, diffs  # bitwise, not merely within 1e-6
     # evaluations before the checkpoint came from it, the ones after from the replay
     victim = next(r for r in results if r["name"] == seen["victim"])
-    assert [h["round"] for h in victim["history"]] == list(range(0, config.iterations + 1,
+    assert [h["round"] for h in victim["history"]] == list(range(0, config.iterations.total + 1,
                                                                  config.eval_every))
 
 
@@ -155,7 +155,7 @@ def test_it_resumed_from_its_checkpoint_with_its_saved_mask(fault_run) -> None:
     log = seen["logs"][seen["victim"]]
     assert f"resumes run {results_run_id(seen)} at round {resumed}" in log
     # phase I's result: the fixed mask, or the edge seeds (the default's fading masks)
-    saved = "mask" if fault_run["config"].refresh == "never" else "seeds"
+    saved = "mask" if not fault_run["config"].refresh.refreshed else "seeds"
     assert f"saved {saved} reloaded" in log and "INTERNAL" not in log
     # it never registered again (the coordinator was dead) and never ran phase I again
     assert log.count(" is agent index ") == 2  # once registered, once restored from its state
@@ -189,7 +189,7 @@ def test_coordinator_killed_after_bootstrap_did_not_matter(fault_run) -> None:
 
 def test_state_files_are_private_and_removed_after_the_run(fault_run) -> None:
     files = fault_run["state_files"]
-    saved = "mask.json" if fault_run["config"].refresh == "never" else "seeds.json"
+    saved = "mask.json" if not fault_run["config"].refresh.refreshed else "seeds.json"
     assert files["assignment.json"] == 0o600 and files[saved] == 0o600
     checkpoints = {k: v for k, v in files.items() if k.startswith("checkpoints/")}
     assert checkpoints and all(v == (0o700 if k.count("/") == 1 else 0o600)

@@ -52,7 +52,7 @@ def test_variables_give_what_the_flags_give_and_flags_win() -> None:
     assert _config(["--gamma", "5"], environ).gamma == 5.0
     # the preset by variable, a flag's variable over the preset
     paper = _config([], {"EFPSN_PRESET": "paper", "EFPSN_ITERATIONS": "300"})
-    assert (paper.algorithm, paper.iterations) == ("dsgd", 300)
+    assert (paper.algorithm, paper.iterations.count) == ("dsgd", 300)
 
 
 @pytest.mark.parametrize(("variable", "value", "said"), [

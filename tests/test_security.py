@@ -401,7 +401,7 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
     service = h.agent
     service.phase_one.restore(service.phase_one.received())
     service.shares = None
-    restarted = RoundLedger(last=CONFIG.iterations, keep=128, position=CURRENT_ROUND,
+    restarted = RoundLedger(last=CONFIG.iterations.total, keep=128, position=CURRENT_ROUND,
                             resumed_from=CURRENT_ROUND)
     service.attach(h.parts.session, restarted)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from localnet import LocalNet
+from localnet import LocalNet, crash_at
 
 from efpsn.config import RunConfig
 from efpsn.datadir import load_data_dir, split_data
@@ -49,7 +49,7 @@ def standard_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     seen: dict[str, Any] = {"folder": folder, "data": data, "config": config, "names": names}
     own = {n: ("--data", str(data / n / "train.npz"), "--holdout", "0",
                "--test-data", str(data / "test.npz")) for n in names}
-    crash = {VICTIM: {"EFPSN_TEST_CRASH_AT_ROUND": str(CRASH_AT)}}
+    crash = {VICTIM: crash_at(CRASH_AT)}
     with LocalNet(folder, config, noise_seed=NOISE_SEED, agent_env=crash, own_args=own,
                   agent_args=("--checkpoint-every", str(CHECKPOINT_EVERY))) as net:
         net.start_all()
@@ -82,7 +82,7 @@ def test_network_equals_the_simulator_after_a_crash(standard_run) -> None:
     assert len(set(sizes)) > 1 and totals.count == sum(sizes)  # unequal folders, all counted
     for r in results:  # every agent resolved the run the simulator resolved
         assert r["settings"] == config.to_dict()
-    assert config.l2 == 1.0 / sum(sizes)
+    assert config.l2.weight == 1.0 / sum(sizes)
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
     for name in seen["names"]:  # the seeds and the totals are deleted when the run ends
         assert sorted(p.name for p in (seen["folder"] / name / "state").iterdir()) == [

@@ -55,7 +55,7 @@ def test_every_agent_standardises_with_the_global_statistics(tmp_path):
     np.testing.assert_allclose(pooled.mean(axis=0), 0.0, atol=1e-12)
     np.testing.assert_allclose(pooled.std(axis=0), 1.0, rtol=1e-12)
     assert totals.count == len(pooled)
-    assert config.l2 == 1.0 / len(pooled)  # what scikit-learn's C = 1 means for the mean loss
+    assert config.l2.weight == 1.0 / len(pooled)  # what scikit-learn's C = 1 means for the mean loss
     raw_test = local[0].test.images.numpy()
     np.testing.assert_array_equal(standardised[0].test.images.numpy(),
                                   (raw_test - totals.mean()) / totals.std())
@@ -138,7 +138,7 @@ def test_networked_runs_send_standard_unresolved(tmp_path):
     add_run_arguments(parser)
     add_data_dir_arguments(parser)
     config = network_config(parser.parse_args(["--data-dir", str(folder)]))
-    assert config.scale == "standard" and not config.resolved_ok and config.l2 < 0
+    assert config.scale == "standard" and not config.resolved_ok and config.l2.default
     public = network_config(parser.parse_args(["--data-dir", str(folder), "--scale", "none"]))
     assert public.resolved_ok
     with pytest.raises(ValueError, match="public scales"):  # refused before anything starts

@@ -95,16 +95,16 @@ def test_the_rounds_are_capped_on_large_sparse_graphs() -> None:
 
 def test_a_config_resolves_auto_into_concrete_public_numbers() -> None:
     config = RunConfig()
-    assert (config.schedule, config.iterations, config.momentum) == ("auto", 0, -1.0)
+    assert (config.schedule.unresolved, config.iterations.auto, config.momentum.auto) == (True,) * 3
     resolved = config.resolved()
-    assert resolved.schedule == "auto:0.00104197" and resolved.iterations == 6502
-    assert resolved.momentum == 0.993565 and resolved.resolved_ok
+    assert str(resolved.schedule) == "auto:0.00104197" and resolved.iterations.count == 6502
+    assert resolved.momentum.beta == 0.993565 and resolved.resolved_ok
     assert resolved.resolved() is resolved
     # what the user gave stays: only the missing numbers come from the rule
     mine = RunConfig(iterations=300, momentum=0.9).resolved()
-    assert (mine.iterations, mine.momentum) == (300, 0.9)
-    assert RunConfig.preset("paper").resolved().schedule == "paper"
-    with pytest.raises(ValueError, match="iterations 0 means the step rule's rounds"):
+    assert (mine.iterations.count, mine.momentum.beta) == (300, 0.9)
+    assert str(RunConfig.preset("paper").resolved().schedule) == "paper"
+    with pytest.raises(ValueError, match="iterations auto are the step rule's rounds"):
         RunConfig(schedule="constant:0.1")
 
 
@@ -204,7 +204,7 @@ def test_a_certifier_for_a_run_uses_its_public_numbers() -> None:
     assert certifier.rate == pytest.approx(1 - math.sqrt(0.00104197 * 0.01))
     gt_config = RunConfig(algorithm="gt", iterations=100).resolved()
     gt = Certifier.for_run(gt_config, ring(5))
-    step = float(gt_config.schedule.split(":")[1])
+    step = gt_config.schedule.lr
     assert gt.momentum == 0.0 and gt.rate == pytest.approx(1 - step * 0.01) and gt.rounds == 100
     out = certifier({"tracker": 0.0, "gap": 0.0, "step": 0.0}, x_bar_norm=1.0)
     assert out.converged and out.bound == 0.0 and out.bound <= TARGET
@@ -222,9 +222,9 @@ def test_without_strong_convexity_or_a_curvature_bound_the_step_is_constant() ->
             assert (rule.step, rule.momentum, rule.rounds) == (0.05, 0.0, 2000), (task, l2)
     # a LeNet run resolves to that constant step, not to the paper's decaying schedule
     resolved = RunConfig(task="lenet").resolved()
-    schedule = make_schedule(resolved.schedule, iterations=resolved.iterations)
-    assert resolved.schedule != "paper" and schedule(0) == schedule(1999) == 0.05
-    assert (resolved.iterations, resolved.momentum) == (2000, 0.0)
+    schedule = make_schedule(resolved.schedule, iterations=resolved.iterations.total)
+    assert resolved.schedule.kind != "paper" and schedule(0) == schedule(1999) == 0.05
+    assert (resolved.iterations.count, resolved.momentum.beta) == (2000, 0.0)
 
 
 def test_gradient_tracking_s_rounds_add_the_disagreement_term_below_the_cap() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from localnet import LocalNet
+from localnet import LocalNet, crash_at
 
 from efpsn.certificate import TARGET
 from efpsn.config import STOP_EVERY, RunConfig
@@ -30,7 +30,7 @@ VICTIM, CRASH_AT, CHECKPOINT_EVERY = "agent2", 51, 25
 def stopped_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("stop")
     seen: dict[str, Any] = {"folder": folder}
-    crash = {VICTIM: {"EFPSN_TEST_CRASH_AT_ROUND": str(CRASH_AT)}}
+    crash = {VICTIM: crash_at(CRASH_AT)}
     with LocalNet(folder, CONFIG, noise_seed=NOISE_SEED, agent_env=crash,
                   agent_args=("--checkpoint-every", str(CHECKPOINT_EVERY))) as net:
         net.start_all()
@@ -49,7 +49,7 @@ def test_every_agent_and_the_simulator_stop_at_the_same_round(stopped_run) -> No
     results, xs = load_agent_results(seen["folder"], NAMES)
     sim = run_simulation(CONFIG, noise_seed=NOISE_SEED)
     rounds = sim.timings["rounds"]
-    assert sim.config.stop_every == STOP_EVERY and rounds < sim.config.iterations
+    assert sim.config.stop_every == STOP_EVERY and rounds < sim.config.iterations.total
     assert {r["final"]["round"] for r in results} == {rounds}
     assert {r["timings"]["rounds"] for r in results} == {rounds}
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0

@@ -112,7 +112,7 @@ def fast_problem():  # type: ignore[no-untyped-def]
 
 def test_the_simulator_stops_at_the_target_before_the_cap(fast_problem) -> None:
     run = run_simulation(FAST, problem=fast_problem)
-    cap, rounds = run.config.iterations, run.timings["rounds"]
+    cap, rounds = run.config.iterations.total, run.timings["rounds"]
     assert run.config.stop_every == STOP_EVERY and rounds < cap
     # a check round plus the diameter (2 on the 5-ring)
     assert rounds % STOP_EVERY == 2 and run.final["round"] == rounds

@@ -479,7 +479,7 @@ def _assignment(**changes: object) -> serde.Assignment:
         "run_id": "run-1", "index": 1, "name": "agent2",
         "neighbours": (serde.Peer("agent1", 0, "127.0.0.1:5001", 1 / 3),
                        serde.Peer("agent3", 2, "127.0.0.1:5003", 1 / 3)),
-        "self_weight": 1 / 3, "params": dict(_PARAMS), "num_agents": 5,
+        "self_weight": 1 / 3, "num_agents": 5,
     }
     fields.update(changes)
     return serde.Assignment(**fields)  # type: ignore[arg-type]
@@ -494,7 +494,7 @@ def test_assignment_round_trip() -> None:
     ("changes", "match"),
     [
         ({"self_weight": 0.5}, "sum to 1"),
-        ({"num_agents": 4}, "num_agents 4"),
+        ({"num_agents": 2}, r"neighbour indices \[0, 2\] out of range for 2 agents"),
         ({"index": 0, "name": "agent1"}, "itself"),
         ({"neighbours": (serde.Peer("agent3", 2, "h:1", 1 / 3), serde.Peer("agent1", 0, "h:2",
                                                                              1 / 3))},

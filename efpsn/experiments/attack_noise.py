@@ -45,8 +45,7 @@ class Agent1Noise:
         seeds = exchange_seeds_fast(problem.graph, noise_seed=noise_seed)[0]
         if refresh.fading:
             if refresh.fade is None:  # the rate the run's own algorithm and step would give
-                refresh = Refresh.parse(c.replace(mask="zero-sum", refresh="fading")
-                                        .resolved().refresh)
+                refresh = c.replace(mask="zero-sum", refresh="fading").resolved().refresh
                 self.refresh = refresh
             self._mask = FadingMask(seeds=seeds, spec=spec, refresh=refresh)
         else:

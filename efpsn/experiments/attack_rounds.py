@@ -150,9 +150,10 @@ def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset]
     records = attack_view(view, model, prior, truth, spread=None if pixels else public.std(0),
                           pixels=pixels, steps=settings.steps)
     c = problem.config
-    return [{"selection": c.selection, "refresh": c.refresh, "algorithm": c.algorithm,
+    return [{"selection": str(c.selection), "refresh": str(c.refresh), "algorithm": c.algorithm,
              "messages": settings.messages if settings.messages == "clear"
-             else f"{settings.messages} ({settings.others})", "gamma": c.gamma, "rounds": c.iterations, "sample": int(index),
+             else f"{settings.messages} ({settings.others})", "gamma": c.gamma,
+             "rounds": c.iterations.total, "sample": int(index),
              "label": int(data.labels[index]), "run_seconds": run_seconds, **r}
             for r in records]
 

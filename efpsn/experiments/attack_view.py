@@ -130,7 +130,7 @@ def record_view(problem: Problem, *, noise_seed: int, pairs: int = 400,
     and return what a curious neighbour of agent 0 gets: agent 0's kept oracle calls, or under
     aggregation the neighbour's `aggregate_view`."""
     config = problem.config
-    horizon = config.iterations
+    horizon = config.iterations.total
     attacker = min(problem.graph.neighbours(0))
     watch = (0, *problem.graph.neighbours(attacker)) if messages == "aggregate" else (0,)
     watched = _WatchedProblem(**{f.name: getattr(problem, f.name)
@@ -159,7 +159,7 @@ def aggregate_view(problem: Problem, attacker: int,
     c = problem.config
     ctx = StepContext(agent=attacker, weights=problem.agent_weights(attacker), lr=0.0,
                       oracle=lambda x, t: x)
-    w = make_algorithm(c.algorithm, momentum=c.momentum).mixing(ctx).weights
+    w = make_algorithm(c.algorithm, momentum=c.resolved().momentum.value).mixing(ctx).weights
     nbrs = sorted(problem.graph.neighbours(attacker))
     rounds = np.array([call[0] for call in calls[0]], dtype=np.int64)
     if any([call[0] for call in calls[i]] != rounds.tolist() for i in nbrs):

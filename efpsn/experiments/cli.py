@@ -51,7 +51,7 @@ def _accuracy_convex(args: argparse.Namespace, out: str | Path | None) -> dict[s
         return accuracy_convex.redraw_frontier(out, attack_results=args.attack_results,
                                                figures_to=args.figures)
     settings = accuracy_convex.settings_for(
-        _profile(args), iterations=getattr(args, "iterations", None),
+        _profile(args), iterations=_rounds(args),
         gammas=getattr(args, "gammas", None), extras=not getattr(args, "no_extras", False),
         noise_seed=getattr(args, "noise_seed", None), selection=getattr(args, "selection", None),
         refreshes=getattr(args, "refreshes", None),
@@ -66,7 +66,7 @@ def _accuracy_nonconvex(args: argparse.Namespace, out: str | Path | None) -> dic
     from efpsn.experiments import accuracy_nonconvex
 
     settings = accuracy_nonconvex.settings_for(
-        _profile(args), iterations=getattr(args, "iterations", None),
+        _profile(args), iterations=_rounds(args),
         gammas=getattr(args, "gammas", None), noise_seed=getattr(args, "noise_seed", None),
         refreshes=getattr(args, "refreshes", None),
         refresh_gammas=getattr(args, "refresh_gammas", None),
@@ -124,11 +124,17 @@ def _privacy(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]
     return privacy.run(settings, out=out, figures_to=args.figures)
 
 
+def _rounds(args: argparse.Namespace) -> int | None:
+    """--iterations N (a Rounds value, efpsn/run_values.py), or None: the profile's."""
+    rounds = getattr(args, "iterations", None)
+    return None if rounds is None else rounds.count
+
+
 def _network_check(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
     from efpsn.experiments import network_check
 
     settings = network_check.settings_for(
-        _profile(args), iterations=getattr(args, "iterations", None),
+        _profile(args), iterations=_rounds(args),
         key_bits=getattr(args, "key_bits", None), gamma=getattr(args, "gamma", None),
         noise_seed=getattr(args, "noise_seed", None),
     )

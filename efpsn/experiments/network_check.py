@@ -63,7 +63,7 @@ def run(settings: NetworkCheckSettings, *, out: str | Path | None = None,
     with stopwatch() as elapsed:
         log(f"{NAME} ({settings.profile}): {config.agents} gRPC agents on a {config.topology}, "
             f"{config.task}, {config.algorithm}, batch {config.batch_size}, mask {config.mask}, "
-            f"gamma {config.gamma:g}, {config.iterations} rounds, {config.key_bits}-bit Paillier")
+            f"gamma {config.gamma:g}, {config.iterations.total} rounds, {config.key_bits}-bit Paillier")
         with stopwatch() as t_net:
             summary = launch_local_network(config, results=folder / "network", quiet=True,
                                            insecure_noise_seed=noise_seed)

@@ -163,13 +163,13 @@ def run_series(
         row: dict[str, Any] = {
             "series": s.name,
             "algorithm": config.algorithm,
-            "batch_size": config.batch_size or "full",
-            "schedule": config.schedule,
-            "iterations": config.iterations,
-            "selection": config.selection,
+            "batch_size": config.batch_size.size or "full",
+            "schedule": str(config.schedule),
+            "iterations": config.iterations.total,
+            "selection": str(config.selection),
             "N": derived.N,
             "mode": config.mask,
-            "refresh": config.refresh,
+            "refresh": str(config.refresh),
             "clip": config.clip,
             "gamma": gamma,
             **{k: v for k, v in result.final.items() if k != "round"},
@@ -182,11 +182,11 @@ def run_series(
         rows.append(row)
         runs.append({"row": row, "settings": config.to_dict(), "history": result.history})
         done, seconds = spent.get(s.name, (0, 0.0))
-        spent[s.name] = (done + config.iterations, seconds + row["seconds"])
-        left = sum(c.iterations for t, c in plan[index:] if t.name == s.name)
+        spent[s.name] = (done + config.iterations.total, seconds + row["seconds"])
+        left = sum(c.iterations.total for t, c in plan[index:] if t.name == s.name)
         eta = spent[s.name][1] / spent[s.name][0] * left
         extra = f", dev {row['deviation']:.3g}" if "deviation" in row else ""
-        refresh = "" if config.refresh == "never" else f" {config.refresh}"
+        refresh = "" if not config.refresh.refreshed else f" {config.refresh}"
         log(f"[{index}/{len(plan)}] {s.name} {config.mask}{refresh} gamma {_gamma_text(gamma)}: "
             f"acc {row['accuracy']:.4f}, ||avg grad||^2 {row['grad_norm2']:.3g}{extra} "
             f"({row['seconds']:.0f}s; about {eta / 60:.1f} min left in {s.name})")

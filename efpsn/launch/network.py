@@ -16,7 +16,7 @@ from efpsn.cli_common import format_metrics, write_json
 from efpsn.cli_services import check_key_policy
 from efpsn.config import LOCAL_DATA, RunConfig
 from efpsn.datadir import inspect_data_dir
-from efpsn.flags import check_flags_against_folder, config_to_args
+from efpsn.flags import check_flags_against_folder, run_parameters_args
 from efpsn.launch.failures import diagnose, failure_file
 from efpsn.launch.forking import ForkServer, can_fork_agents
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
@@ -118,8 +118,8 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
     folder = opts.results or Path("results") / time.strftime("run-%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
     names = [f"agent{i + 1}" for i in range(config.agents)]
-    run_args = config_to_args(config) + (["--allow-insecure-keys"]
-                                         if opts.allow_insecure_keys else [])
+    run_args = run_parameters_args(config, folder) + (["--allow-insecure-keys"]
+                                                      if opts.allow_insecure_keys else [])
     tls_args, monitor = ["--insecure"], None
     if not opts.insecure:
         tls_dir = folder / "tls"
@@ -225,7 +225,7 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
     from tqdm import tqdm
 
     # a scale standard run's rounds are known once the agents have the totals: no total then
-    bar = tqdm(total=config.iterations or None, disable=quiet, unit="round", desc="network")
+    bar = tqdm(total=config.iterations.count, disable=quiet, unit="round", desc="network")
     assigned: set[str] = set()
     # read once before the loop too: forked agents may finish a short run before it first polls
     coordinator_mb = peak_rss_mb(coordinator.process.pid) if coordinator.running else None
@@ -255,7 +255,7 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
         gone = _departed(agents, folder)
         if any(a.process.returncode != 0 and a.name not in gone for a in agents):
             raise NetworkFailed(_explain(agents, folder, fallback="an agent failed"))
-        bar.update(max(0, config.iterations - bar.n))
+        bar.update(max(0, (config.iterations.count or 0) - bar.n))
         return coordinator_mb
     finally:
         bar.close()

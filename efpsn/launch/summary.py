@@ -173,7 +173,7 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     from efpsn.rounds import worst
 
     config = problem.config
-    problems = check_results(results, iterations=config.iterations,
+    problems = check_results(results, iterations=config.iterations.total,
                              early=config.resolved().stop_every > 0)
     rounds = results[0]["final"].get("round") if results else None
     convergence = Certifier.for_run(config, problem.weights)(

@@ -249,7 +249,7 @@ def guarded(
     """Wrap an async servicer method so that no exception escapes as UNKNOWN.
 
     An Unread request (from add_service) is admitted, read and parsed first (_admit_and_read);
-    an already parsed message (tests) goes straight to the method.
+    an already parsed message (a direct call) is admitted the same way, then handed on.
     Reject -> its code; ValueError/TypeError (bad input) -> INVALID_ARGUMENT; anything else is a
     bug -> INTERNAL, logged with its traceback. Every refusal goes to `self.rejections`
     (a RejectionLog) before the call is aborted with a message saying what was wrong.
@@ -262,6 +262,8 @@ def guarded(
             if isinstance(request, Unread):
                 request, admission = await _admit_and_read(self, method.__name__, request,
                                                            context)
+            else:
+                admission = _admit(self, method.__name__, context)
             return await method(self, _parsed(request), context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError
 
 from efpsn.wire.v1 import common_pb2, coordinator_pb2
 
@@ -138,6 +139,22 @@ def run_parameters_from_proto(pb: coordinator_pb2.RunParameters) -> dict[str, An
     return {name: getattr(pb, name) for name in RUN_PARAMETER_FIELDS}
 
 
+def encode_run_parameters(values: Mapping[str, Any]) -> bytes:
+    """The run's parameters as one serialised efpsn.v1.RunParameters message: the form they
+    cross a process boundary in (`efpsn up` hands the coordinator this file, the coordinator
+    hands the agents the same message), never re-rendered as command-line flags."""
+    return run_parameters_to_proto(values).SerializeToString()
+
+
+def decode_run_parameters(data: bytes) -> dict[str, Any]:
+    """Read back encode_run_parameters; WireError for bytes that are not such a message."""
+    try:
+        pb = coordinator_pb2.RunParameters.FromString(data)
+    except DecodeError as exc:
+        raise WireError(f"not an efpsn.v1.RunParameters message: {exc}") from None
+    return run_parameters_from_proto(pb)
+
+
 def _check_scalar(name: str, field_type: int, value: Any) -> Any:
     if field_type == FieldDescriptor.TYPE_STRING:
         if not isinstance(value, str):
@@ -177,20 +194,20 @@ class Peer:
 
 @dataclass(frozen=True)
 class Assignment:
-    """Plain form of efpsn.v1.Assignment; params as in run_parameters_from_proto."""
+    """Plain form of efpsn.v1.Assignment (the run's parameters come once, from
+    GetRunParameters: proto/efpsn/wire/v1/coordinator.proto)."""
 
     run_id: str
     index: int
     name: str
     neighbours: tuple[Peer, ...]
     self_weight: float
-    params: dict[str, Any]
     num_agents: int
 
 
 def assignment_to_proto(assignment: Assignment) -> coordinator_pb2.Assignment:
-    """Encode an Assignment after checking its invariants (see _check_assignment)."""
-    _check_assignment(assignment)
+    """Encode an Assignment after checking its invariants (see check_assignment)."""
+    check_assignment(assignment)
     return coordinator_pb2.Assignment(
         run_id=assignment.run_id,
         index=assignment.index,
@@ -200,13 +217,12 @@ def assignment_to_proto(assignment: Assignment) -> coordinator_pb2.Assignment:
             for p in assignment.neighbours
         ],
         self_weight=assignment.self_weight,
-        params=run_parameters_to_proto(assignment.params),
         num_agents=assignment.num_agents,
     )
 
 
 def assignment_from_proto(pb: coordinator_pb2.Assignment) -> Assignment:
-    """Decode an Assignment and check its invariants (see _check_assignment)."""
+    """Decode an Assignment and check its invariants (see check_assignment)."""
     if not isinstance(pb, coordinator_pb2.Assignment):
         raise TypeError(f"expected efpsn.v1.Assignment, got {type(pb).__name__}")
     assignment = Assignment(
@@ -215,20 +231,18 @@ def assignment_from_proto(pb: coordinator_pb2.Assignment) -> Assignment:
         name=pb.name,
         neighbours=tuple(Peer(p.name, p.index, p.address, p.weight) for p in pb.neighbours),
         self_weight=pb.self_weight,
-        params=run_parameters_from_proto(pb.params),
         num_agents=pb.num_agents,
     )
-    _check_assignment(assignment)
+    check_assignment(assignment)
     return assignment
 
 
-def _check_assignment(a: Assignment) -> None:
-    """Non-empty ids; neighbours ascending, distinct, not self, in range, with addresses;
-    weights in (0, 1] summing (with self_weight) to 1; num_agents == params["agents"]."""
+def check_assignment(a: Assignment) -> None:
+    """WireError unless: non-empty ids; neighbours ascending, distinct, not self, in range, with
+    addresses; weights in (0, 1] summing (with self_weight) to 1. (num_agents against the run's
+    agent count: the agent, which holds the run's parameters.)"""
     if not a.run_id or not a.name:
         raise WireError(f"assignment needs a run_id and a name, got {a.run_id!r}, {a.name!r}")
-    if a.num_agents != a.params.get("agents"):
-        raise WireError(f"num_agents {a.num_agents} != params agents {a.params.get('agents')}")
     if not 0 <= a.index < a.num_agents:
         raise WireError(f"index {a.index} is out of range for {a.num_agents} agents")
     indices = [p.index for p in a.neighbours]

@@ -147,22 +147,20 @@ class RunParameters(_message.Message):
     def __init__(self, agents: _Optional[int] = ..., topology: _Optional[str] = ..., task: _Optional[str] = ..., algorithm: _Optional[str] = ..., mask: _Optional[str] = ..., gamma: _Optional[float] = ..., p: _Optional[float] = ..., precision: _Optional[int] = ..., K: _Optional[int] = ..., m: _Optional[int] = ..., N: _Optional[int] = ..., selection: _Optional[str] = ..., basis_seed: _Optional[int] = ..., iterations: _Optional[int] = ..., batch_size: _Optional[int] = ..., schedule: _Optional[str] = ..., seed: _Optional[int] = ..., key_bits: _Optional[int] = ..., packed: _Optional[bool] = ..., partition: _Optional[str] = ..., data: _Optional[str] = ..., test_fraction: _Optional[float] = ..., l2: _Optional[float] = ..., eval_every: _Optional[int] = ..., round_timeout_seconds: _Optional[float] = ..., input_shape: _Optional[str] = ..., classes: _Optional[int] = ..., scale: _Optional[str] = ..., refresh: _Optional[str] = ..., clip: _Optional[float] = ..., momentum: _Optional[float] = ..., stop_every: _Optional[int] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("run_id", "index", "name", "neighbours", "self_weight", "params", "num_agents")
+    __slots__ = ("run_id", "index", "name", "neighbours", "self_weight", "num_agents")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
     SELF_WEIGHT_FIELD_NUMBER: _ClassVar[int]
-    PARAMS_FIELD_NUMBER: _ClassVar[int]
     NUM_AGENTS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     index: int
     name: str
     neighbours: _containers.RepeatedCompositeFieldContainer[Peer]
     self_weight: float
-    params: RunParameters
     num_agents: int
-    def __init__(self, run_id: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., neighbours: _Optional[_Iterable[_Union[Peer, _Mapping]]] = ..., self_weight: _Optional[float] = ..., params: _Optional[_Union[RunParameters, _Mapping]] = ..., num_agents: _Optional[int] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., neighbours: _Optional[_Iterable[_Union[Peer, _Mapping]]] = ..., self_weight: _Optional[float] = ..., num_agents: _Optional[int] = ...) -> None: ...
 
 class RunStatusRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,66 @@
+"""Tests only: make an agent SIGKILL itself on reaching a round, like a power cut.
+
+A process started with this folder on PYTHONPATH and CRASH_AT_ROUND=T (or NAME:T, for agent
+NAME only) dies when it is about to exchange its round-T message, before it sends anything for
+that round, so a test knows its newest checkpoint exactly (no race between a kill from outside
+and a checkpoint write). The agent's code knows nothing of it: this module wraps
+agent.exchange.RoundLink.exchange as that module is imported (the fork server's children
+inherit the wrapped class). tests/localnet.py's crash_at() gives the environment.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import signal
+import sys
+from typing import Any
+
+_SPEC = os.environ.get("CRASH_AT_ROUND", "")
+_MODULE = "agent.exchange"
+
+
+def _wrap(module: Any, who: str, at: int) -> None:
+    exchange = module.RoundLink.exchange
+
+    async def crashing(self: Any, t: int, message: Any, *, final: bool = False) -> Any:
+        if not final and t == at and who in ("", self.name):
+            os.kill(os.getpid(), signal.SIGKILL)  # no handler runs, nothing is flushed
+        return await exchange(self, t, message, final=final)
+
+    module.RoundLink.exchange = crashing
+
+
+class _Wrapper(importlib.abc.MetaPathFinder):
+    """Finds agent.exchange as usual, then wraps it right after it is executed."""
+
+    def __init__(self, who: str, at: int) -> None:
+        self.who, self.at = who, at
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != _MODULE:
+            return None
+        sys.meta_path.remove(self)  # the ordinary finders, once
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            _wrap(module, self.who, self.at)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+if _SPEC:
+    _who, _, _at = _SPEC.rpartition(":")
+    if _MODULE in sys.modules:
+        _wrap(sys.modules[_MODULE], _who, int(_at))
+    else:
+        sys.meta_path.insert(0, _Wrapper(_who, int(_at)))
