@@ -28,6 +28,7 @@ from efpsn.departure_masks import drop_seeds, reseeded
 from efpsn.fading import FadingMask
 from efpsn.refresh import MaskProvider, RefreshedMask
 from efpsn.rounds import RoundDriver
+from efpsn.stopping import StopRule
 
 __all__ = ["LocalDepartures", "Silence"]
 
@@ -64,9 +65,6 @@ class LocalDepartures:
         if not new:
             raise AgentFailure(f"{self.session.assignment.name}: the coordinator's answer "
                                "holds no new departure")
-        if driver.stop is not None:
-            raise AgentFailure("a departure with the stop rule (--stop-every) is not "
-                               "supported yet: run with --stop-every 0")
         zero_sum = self.session.config.mask == "zero-sum"
         if zero_sum and not isinstance(self.masks, (FadingMask, RefreshedMask)):
             raise AgentFailure("a departure with the paper's fixed mask (--refresh never) "
@@ -79,6 +77,8 @@ class LocalDepartures:
                                "not supported yet")
         self.decided.extend(new)
         self.epoch += 1
+        if driver.stop is not None:  # no stop from a window decided at the round T or later
+            driver.revise_stop(driver.stop.voided_from(min(d.round for d in new)))
         for d in new:
             self.events.append({**d.to_json(), "neighbours": [
                 self._name(j) for j in self.graph.neighbours(d.agent)
@@ -113,6 +113,10 @@ class LocalDepartures:
         self._refresh(driver)
         driver.state = rebase(driver.state)
         driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
+        # the stop rule of the remaining graph, its checks counted from R (efpsn/stopping.py)
+        pending = min((d.round for d in self.decided if d.rebase_round > t), default=None)
+        driver.revise_stop(StopRule.for_run(self.session.config, recon.remaining_weights(),
+                                            origin=t, until=pending))
         for event in self.events:
             if event["rebase_round"] == t:
                 event.update(epoch=self.epoch, new_edges=[])

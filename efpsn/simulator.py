@@ -173,9 +173,9 @@ def run_simulation(
     schedule = make_schedule(config.schedule, iterations=config.iterations)
     n = problem.n
     x0 = problem.initial_params()
-    # the stop rule agrees over the run's graph: a replayed departure changes it, so runs
-    # with departures keep their rounds
-    stop = None if departures else StopRule.for_run(config, problem.weights)
+    # the stop rule agrees over the run's graph; a replayed departure voids the windows it
+    # cuts and re-bases the rule on the remaining graph (efpsn/stopping.py)
+    stop = StopRule.for_run(config, problem.weights)
     drivers = [
         RoundDriver(algorithm=algorithm, schedule=schedule, iterations=config.iterations,
                     eval_every=config.eval_every, x0=x0, stop=stop,
