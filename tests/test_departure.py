@@ -15,6 +15,7 @@ import torch
 
 from efpsn import paillier
 from efpsn.algorithms import AgentState
+from efpsn.certificate import TARGET
 from efpsn.cli import main
 from efpsn.config import RunConfig
 from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
@@ -41,7 +42,6 @@ from efpsn.masking import NoiseSpec
 from efpsn.problem import build_problem
 from efpsn.refresh_value import Refresh
 from efpsn.seeds import exchange_seeds_fast
-from efpsn.certificate import TARGET
 from efpsn.simulator import SimulationResult, run_simulation
 from efpsn.tasks import centralized_optimum
 from efpsn.topology import Graph, metropolis_weights, path, ring

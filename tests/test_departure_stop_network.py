@@ -48,7 +48,8 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                "--insecure-noise-seed", str(NOISE_SEED)]
     env = {**os.environ, "EFPSN_TEST_CRASH_AT_ROUND": f"agent3:{CRASH_AT}"}
     started = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=540)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=540,
+                          check=False)
     return {"root": root, "data": data, "results": results, "done": done,
             "wall": time.monotonic() - started}
 
