@@ -20,11 +20,12 @@ from agent.bootstrap import report_silence
 from agent.exchange import RoundLink
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, RefusedByNeighbour
+from agent.rejoin import Rejoin
 from agent.session import Session
 from agent.state import StateStore
 from efpsn.algorithms import Message
 from efpsn.departure import Departure, drop_node_weights, optimum_of, rebase, reconfigure
-from efpsn.departure_masks import drop_seeds, reseeded
+from efpsn.departure_masks import add_seeds, drop_seeds, reseeded
 from efpsn.fading import FadingMask
 from efpsn.refresh import MaskProvider, RefreshedMask
 from efpsn.rounds import RoundDriver
@@ -48,6 +49,7 @@ class LocalDepartures:
         self.events: list[dict[str, Any]] = []
         self.names = {**session.names, session.index: session.assignment.name}
         self._rebased: set[int] = set()
+        self.new_seeds: dict[int, tuple[bytes, bytes]] = {}  # new neighbour -> (s_ij, s_ji)
 
     @property
     def me(self) -> int:
@@ -57,9 +59,11 @@ class LocalDepartures:
     def gone(self) -> set[int]:
         return {d.agent for d in self.decided}
 
-    def learn(self, departures: list[Departure], names: dict[int, str],
-              driver: RoundDriver) -> None:
-        """The coordinator's decision (all departures so far): check this agent can apply it."""
+    def learn(self, departures: list[Departure], names: dict[int, str], driver: RoundDriver,
+              joining: dict[str, tuple[int, str]] | None = None) -> dict[str, int]:
+        """The coordinator's decision (all departures so far): check this agent can apply it;
+        the new neighbours it shares a new edge with from the re-base round on (name ->
+        index: their seeds are exchanged before it, agent/rejoin.py)."""
         self.names = {**names, **self.names}
         new = [d for d in departures if d.agent not in self.gone]
         if not new:
@@ -71,10 +75,17 @@ class LocalDepartures:
                                "needs phase I's shares, which agents do not keep: not "
                                "supported yet")
         after = reconfigure(self.graph, self.gone | {d.agent for d in new})
-        if after.new_edges:
-            raise AgentFailure(f"the departure of {self._names(d.agent for d in new)} cuts the "
-                               "graph in two: joining the pieces (phase I on new edges) is "
-                               "not supported yet")
+        mine = sorted({b if a == self.me else a for a, b in after.new_edges if self.me in (a, b)})
+        given = {index: (name, address) for name, (index, address) in (joining or {}).items()}
+        if sorted(given) != mine:
+            raise AgentFailure(f"the departure of {self._names(d.agent for d in new)} gives "
+                               f"{self.session.assignment.name} the new neighbours "
+                               f"{[f'agent{j + 1}' for j in mine]}, the coordinator named "
+                               f"{sorted(n for n, _ in given.values())}")
+        rebase_round = min(d.rebase_round for d in new)
+        for j, (name, address) in given.items():
+            self.session.joining[name] = (j, address, rebase_round)
+            self.names[j] = name
         self.decided.extend(new)
         self.epoch += 1
         if driver.stop is not None:  # no stop from a window decided at the round T or later
@@ -85,10 +96,11 @@ class LocalDepartures:
                 if j not in self.gone]})
         log.warning("%s: the coordinator decided: %s", self.session.assignment.name,
                     "; ".join(d.label() for d in new))
+        return {name: j for j, (name, _) in given.items()}
 
-    def before_round(self, t: int, driver: RoundDriver) -> list[str]:
+    def before_round(self, t: int, driver: RoundDriver) -> tuple[list[str], list[str]]:
         """Apply what round t changes (before its messages are taken); the neighbours this
-        agent stops exchanging with from round t on."""
+        agent stops exchanging with from round t on, and the new ones it starts with."""
         dropped: list[int] = []
         for d in self.decided:
             first = d.round + 1 if self.me in d.late else d.round
@@ -98,18 +110,26 @@ class LocalDepartures:
             self.weights = drop_node_weights(self.weights, agent=self.me, gone=dropped)
             self._remask(dropped)
             self._refresh(driver)
-        if any(d.rebase_round == t for d in self.decided) and t not in self._rebased:
-            self._rebased.add(t)
-            self._rebase(t, driver)
         names = [self._name(j) for j in dropped]
         for name in names:
             self.session.drop(name, reason=self._reason(name))
-        return names
+        joined: list[str] = []
+        if any(d.rebase_round == t for d in self.decided) and t not in self._rebased:
+            self._rebased.add(t)
+            joined = self._rebase(t, driver)
+        return names, joined
 
-    def _rebase(self, t: int, driver: RoundDriver) -> None:
+    def _rebase(self, t: int, driver: RoundDriver) -> list[str]:
         recon = reconfigure(self.graph, self.gone)
         self.graph = recon.graph
         self.weights = recon.agent_weights(self.me)
+        new = sorted({b if a == self.me else a for a, b in recon.new_edges if self.me in (a, b)})
+        joined = [self._name(j) for j in new]
+        for name in joined:
+            self.session.join(name)
+        if new and isinstance(self.masks, (FadingMask, RefreshedMask)):  # phase I's terms
+            self.masks = reseeded(self.masks, add_seeds(
+                self.masks.seeds, {j: self.new_seeds.pop(j) for j in new}))
         self._refresh(driver)
         driver.state = rebase(driver.state)
         driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
@@ -119,9 +139,12 @@ class LocalDepartures:
                                             origin=t, until=pending))
         for event in self.events:
             if event["rebase_round"] == t:
-                event.update(epoch=self.epoch, new_edges=[])
-        log.warning("%s re-based at round %d: the model is now %s",
-                    self.session.assignment.name, t, optimum_of(recon.remaining))
+                event.update(epoch=self.epoch, new_edges=[[self._name(a), self._name(b)]
+                                                          for a, b in recon.new_edges])
+        log.warning("%s re-based at round %d: the model is now %s%s",
+                    self.session.assignment.name, t, optimum_of(recon.remaining),
+                    "".join(f"; new neighbour {n}" for n in joined))
+        return joined
 
     def _remask(self, gone: list[int]) -> None:
         if isinstance(self.masks, (FadingMask, RefreshedMask)):
@@ -160,7 +183,8 @@ class Silence:
     no coordinator raise the failure as before (exit 2 naming the silent neighbour)."""
 
     def __init__(self, *, departures: LocalDepartures, coordinator: Any, mailbox: Mailbox,
-                 store: StateStore, timeout: float) -> None:
+                 store: StateStore, timeout: float, rejoin: Rejoin) -> None:
+        self.rejoin = rejoin  # a new edge's seed exchange (agent/rejoin.py)
         self.departures = departures
         self.coordinator = coordinator
         self.mailbox = mailbox
@@ -189,19 +213,27 @@ class Silence:
             name = session.assignment.name
             log.warning("%s: %s; asking the coordinator whether %s left", name, failure,
                         ", ".join(silent))
+            self.rejoin.deciding(True)  # a new neighbour may call before I hear the decision
             try:
-                found, names = await report_silence(
+                found, names, joining = await report_silence(
                     self.coordinator, session=session, name=name, round_=t, silent=silent,
                     epoch=self.departures.epoch, timeout=self.timeout)
+                joiners = self.departures.learn(found, names, driver, joining)
             except AgentFailure as undecided:  # the silence stops this agent, as without
                 raise AgentFailure(f"{failure}; {undecided}",
                                    blame=undecided.blame and failure.blame) from None
-            self.departures.learn(found, names, driver)
+            finally:
+                self.rejoin.deciding(False)
             self.store.mark_unresumable(
                 f"{name} applied a departure at round {t}; resuming after one is not "
                 "supported yet")
-            for gone in self.departures.before_round(t, driver):
-                await link.drop(gone)
+            gone, _ = self.departures.before_round(t, driver)  # t < R: nobody joins yet
+            for neighbour in gone:
+                await link.drop(neighbour)
+            if joiners and isinstance(self.departures.masks, (FadingMask, RefreshedMask)):
+                rebase_round = min(session.joining[n][2] for n in joiners)
+                self.departures.new_seeds.update(await self.rejoin.exchange(
+                    joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
             try:
                 return await link.recollect(t, driver.outbox)
             except AgentFailure as again:
