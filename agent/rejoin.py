@@ -13,6 +13,8 @@ for any neighbour. Nothing of either end's data is involved.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +32,8 @@ from efpsn.wire import serde
 from efpsn.wire.records import Phase
 
 __all__ = ["Rejoin", "exchange_new_seeds"]
+
+log = logging.getLogger("efpsn.agent")
 
 
 async def exchange_new_seeds(*, session: Session, peers: Peers, mailbox: Mailbox,
@@ -106,8 +110,13 @@ class Rejoin:
 
     async def exchange(self, joiners: Mapping[str, int], *, rebase_round: int,
                        epoch: int) -> dict[int, tuple[bytes, bytes]]:
-        return await exchange_new_seeds(
+        start = time.perf_counter()
+        seeds = await exchange_new_seeds(
             session=self.session, peers=self.peers, mailbox=self.mailbox, service=self.service,
             joiners=joiners, rebase_round=rebase_round, epoch=epoch, noise_seed=self.noise_seed,
             allow_insecure_keys=self.allow_insecure_keys,
             timeout=self.session.config.round_timeout_seconds)
+        log.warning("%s: phase I on the new edge(s) with %s done in %.2f s (seeds under "
+                    "Paillier); they mix from round %d", self.session.assignment.name,
+                    ", ".join(sorted(joiners)), time.perf_counter() - start, rebase_round)
+        return seeds

@@ -80,15 +80,19 @@ def _equal_to_the_simulator(run: dict[str, Any]) -> None:
     assert run["distance"] < 1e-6
 
 
-def test_a_path_cut_in_two_is_rejoined(data: Path, tmp_path: Path) -> None:
+def test_a_path_cut_in_two_is_rejoined(data: Path, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
     run = _run(data, tmp_path / "run", topology="path", victims=["agent3"])
+    printed = capsys.readouterr().out.strip().splitlines()
     record = run["summary"]["departures"][0]
     assert record["agent"] == "agent3"
     assert record["new_edges"] == [["agent1", "agent4"]]
     assert run["survivors"] == ["agent1", "agent2", "agent4", "agent5"]
     _equal_to_the_simulator(run)
     log = (run["out"] / "logs" / "agent1.log").read_text()
-    assert "new neighbour agent4" in log
+    assert "new neighbour agent4" in log and "phase I on the new edge(s) with agent4" in log
+    last = next(line for line in reversed(printed) if "left at round" in line)
+    assert "agent3 left at round" in last and ", new edge agent1-agent4)" in last
 
 
 def test_two_non_adjacent_agents_of_a_ring_gone(data: Path, tmp_path: Path) -> None:
