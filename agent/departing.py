@@ -6,8 +6,10 @@ replay does (efpsn/departure_replay.py), so that the network equals `efpsn simul
 At round T each neighbour of the departed agent d (at T + 1 a neighbour that used d's round-T
 message, Departure.late) mixes with the drop-node weights and drops the mask terms it shares
 with d; at the re-base round R every remaining agent takes the Metropolis weights of the graph
-without d and restarts its tracker from its local gradient. Only names and round numbers go to
-the coordinator.
+without d (joined where it fell apart: the ends of a new edge exchange seeds right after the
+decision, agent/rejoin.py, and add them at R), restarts its tracker from its local gradient
+and, with the stop rule, the remaining graph's rule (efpsn/stopping.py; no window decided at T
+or later counts). Only names and round numbers go to the coordinator.
 """
 
 from __future__ import annotations
