@@ -150,7 +150,8 @@ async def report_silence(channel: grpc.aio.Channel, *, session: Session, name: s
     except grpc.aio.AioRpcError as exc:
         gone = (exc.details() or "").startswith(f"{name} was declared gone")  # its own cause
         raise AgentFailure(f"the coordinator decided no departure: {exc.code().name}: "
-                           f"{exc.details()}", blame=None if gone else silent[0]) from None
+                           f"{exc.details()}",
+                           blame=None if gone else (silent[0] if silent else name)) from None
     if reply.run_id != session.run_id:
         raise AgentFailure(f"{name}: the coordinator answered for run {reply.run_id[:64]!r}")
     n = session.config.agents

@@ -193,7 +193,7 @@ class Silence:
         self.store = store
         self.timeout = timeout  # how long a report waits for the others to report too
 
-    def silent(self, t: int, failure: AgentFailure) -> list[str]:
+    def missing(self, t: int, failure: AgentFailure) -> list[str]:
         """The neighbours whose round-t message is missing, and the one the failure blames."""
         session = self.departures.session
         if isinstance(failure, RefusedByNeighbour):
@@ -209,12 +209,18 @@ class Silence:
         one) when there is none to decide."""
         session = self.departures.session
         while True:
-            silent = self.silent(t, failure)
-            if not silent:
+            missing = self.missing(t, failure)
+            if not missing:
                 raise failure
+            # only a neighbour that does not answer (GetStatus) is reported silent: one that
+            # answers is alive and waits itself (it reports too), and must not be declared gone
+            # because its own report comes a moment after mine
+            silent = await link.peers.unresponsive(missing)
             name = session.assignment.name
-            log.warning("%s: %s; asking the coordinator whether %s left", name, failure,
-                        ", ".join(silent))
+            log.warning("%s: %s; %s", name, failure,
+                        f"asking the coordinator whether {', '.join(silent)} left" if silent
+                        else f"{', '.join(missing)} answer (waiting themselves): waiting for "
+                        "the coordinator's decision")
             self.rejoin.deciding(True)  # a new neighbour may call before I hear the decision
             try:
                 found, names, joining = await report_silence(

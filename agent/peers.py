@@ -298,3 +298,17 @@ class Peers:
 
         answers = await asyncio.gather(*(ask(n) for n in missing))  # ask() never raises
         return "; " + "; ".join(answers)
+
+    async def unresponsive(self, names: list[str], *, timeout: float = 2.0) -> list[str]:
+        """Those of `names` that do not answer GetStatus within `timeout`: stopped, frozen or
+        unreachable. A neighbour that answers is alive (it waits itself, typically)."""
+
+        async def silent(name: str) -> bool:
+            try:
+                await self._stub(name).GetStatus(agent_pb2.StatusRequest(), timeout=timeout)
+            except grpc.aio.AioRpcError:
+                return True
+            return False
+
+        answers = await asyncio.gather(*(silent(n) for n in names))  # silent() never raises
+        return [n for n, quiet in zip(names, answers, strict=True) if quiet]

@@ -2,7 +2,10 @@
 decision out, the same for every agent.
 
 An agent whose neighbour sent nothing past its departure deadline reports the neighbours it
-misses and the round it is collecting. Rounds are synchronous, so when an agent is gone for
+misses that do not answer (GetStatus) and the round it is collecting; a missing neighbour that
+answers is alive and waits itself, so it is not named (else it could be declared gone because
+its own report comes a moment later), and a report naming nobody still counts as a live
+agent's. Rounds are synchronous, so when an agent is gone for
 good every other agent ends up waiting (for it, or for someone who waits for it) and reports.
 The rule, public and deterministic:
 
