@@ -10,7 +10,14 @@ unperturbed one: the masks sum to zero):
     ||z_i - z_bar|| <= D max_(i,j) edge ||z_i - z_j||     (D the graph's diameter),
     ||x_bar - x*|| <= ||z_bar - x*|| + beta max_i ||x_i - x_i^-||,
 
-and with that bound B, ||x*|| >= ||x_bar|| - B gives the certificate B / (||x_bar|| - B), an
+Under secure aggregation (efpsn/aggregation.py) an agent never sees one neighbour's point, only
+their weighted mean z_hat_i = sum_j w_ij z_j / sum_j w_ij, and its gap is ||z_i - z_hat_i||.
+Those residuals are r = (I - P) z, P_ij = w_ij / sum_(k != i) w_ik off the diagonal; on the
+mean-free part (I - P) is invertible, so z_i - z_bar = sum_k G_ik r_k with G = Q ((I - P) Q)^+
+(Q an orthonormal basis of the vectors summing to 0), and ||z_i - z_bar|| <= S max_k ||r_k||
+with S = max_i sum_k |G_ik| (`spread`, public: from the weights alone) in place of D.
+
+With that bound B, ||x*|| >= ||x_bar|| - B gives the certificate B / (||x_bar|| - B), an
 upper bound on the relative distance (infinite while B >= ||x_bar||). Every input is an
 agent's own measure of its last round (efpsn.rounds.progress: tracker, gap, step), the public
 L, mu, beta and graph, and ||x_bar||: nobody needs x*, and nothing private is shared.
@@ -32,7 +39,7 @@ import numpy as np
 if TYPE_CHECKING:
     from efpsn.config import RunConfig
 
-__all__ = ["TARGET", "Certificate", "Certifier", "certify", "diameter"]
+__all__ = ["TARGET", "Certificate", "Certifier", "certify", "diameter", "spread"]
 
 # The relative distance to x* a run must be certified within to count as converged, and where
 # the stop rule (efpsn/stopping.py) ends a run (masked and unmasked runs alike).
@@ -52,6 +59,20 @@ def diameter(weights: np.ndarray) -> int:
     return int(longest)
 
 
+def spread(weights: np.ndarray) -> float:
+    """S = ||G||_inf: ||z_i - z_bar|| <= S max_k ||z_k - z_hat_k|| (the module docstring)."""
+    w = np.array(weights, dtype=np.float64)
+    np.fill_diagonal(w, 0.0)
+    sums = w.sum(axis=1)
+    if np.any(sums <= 0):
+        raise ValueError("an agent without neighbours has no neighbour mean")
+    a = np.eye(len(w)) - w / sums[:, None]
+    q, _ = np.linalg.qr(np.eye(len(w)) - 1.0 / len(w))
+    q = q[:, :len(w) - 1]  # an orthonormal basis of the mean-free vectors
+    g = q @ np.linalg.pinv(a @ q)
+    return float(np.abs(g).sum(axis=1).max())
+
+
 @dataclass(frozen=True)
 class Certificate:
     """The bound (None: no certificate for this model or algorithm) and a line for the user."""
@@ -69,10 +90,11 @@ class Certificate:
 
 
 def certify(measures: Mapping[str, float], *, x_bar_norm: float, curvature: float | None,
-            l2: float, hops: int, momentum: float, rounds: int, rate: float | None = None,
+            l2: float, hops: float, momentum: float, rounds: int, rate: float | None = None,
             fallback_rounds: int | None = None, target: float = TARGET) -> Certificate:
     """The certificate from the network's worst measures (efpsn.rounds.worst: tracker, gap,
-    step), ||x_bar||, the public curvature bound (None: none), mu = l2, the graph's diameter,
+    step), ||x_bar||, the public curvature bound (None: none), mu = l2, the graph's diameter
+    (or, for an aggregated gap, the spread S),
     the momentum beta and the rounds run. `rate` (the step rule's contraction per round,
     1 - q) turns an uncertified bound into a rounds estimate; while there is no finite bound
     yet, the advice is `fallback_rounds` (the step rule's) or twice the rounds run."""
@@ -113,16 +135,17 @@ class Certifier:
 
     curvature: float | None
     l2: float
-    hops: int
+    hops: float  # the factor of the gap: the diameter D, or the spread S when aggregated
     momentum: float
     rounds: int
     rate: float | None
     fallback_rounds: int | None
 
     @classmethod
-    def for_run(cls, config: RunConfig, weights: np.ndarray) -> Certifier:
+    def for_run(cls, config: RunConfig, weights: np.ndarray, *,
+                aggregate: bool = False) -> Certifier:
         """The step rule's curvature bound (logistic regression only), the L2 weight, the
-        graph's diameter, the momentum, the rounds and, for a constant step, the contraction
+        graph's diameter (`aggregate`: the spread S of the neighbour-mean gap), the momentum, the rounds and, for a constant step, the contraction
         per round (agt: 1 - sqrt(alpha l2); gt: 1 - alpha l2)."""
         from efpsn.model_sizes import l2_weight
         from efpsn.refresh_value import Refresh
@@ -143,7 +166,7 @@ class Certifier:
         rule = step_rule(algorithm=c.algorithm, task=c.task, features=features, l2=c.l2,
                          weights=weights)
         return cls(curvature=public_curvature(c.task, features=features, l2=c.l2), l2=mu,
-                   hops=diameter(weights),
+                   hops=spread(weights) if aggregate else diameter(weights),
                    momentum=c.momentum if c.algorithm == "agt" else 0.0,
                    rounds=c.iterations, rate=rate, fallback_rounds=rule.rounds)
 

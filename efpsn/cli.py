@@ -60,13 +60,14 @@ def _simulate(args: argparse.Namespace) -> int:
         result = run_simulation(
             config, protocol=args.protocol, noise_seed=args.noise_seed, problem=problem,
             x_star=x_star, allow_insecure_keys=args.allow_insecure_keys, on_round=on_round,
-            departures=departures,
+            departures=departures, messages=args.messages,
         )
     finally:
         bar.close()
     print(
         f"simulated {config.agents} agents ({config.topology}), {config.task}, {config.algorithm}, "
-        f"mask {config.mask}, gamma {config.gamma:g}, {config.iterations} rounds "
+        f"mask {config.mask}, gamma {config.gamma:g}, {config.iterations} rounds, "
+        f"messages {args.messages} "
         f"in {result.timings['phase1_seconds'] + result.timings['phase2_seconds']:.1f}s"
     )
     print("final: " + format_metrics(result.final))
@@ -77,7 +78,7 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"masks sum to zero exactly: {mask_sums_are_zero(result.masks)}")
     from efpsn.privacy_modes import privacy_statement
 
-    privacy = privacy_statement(result.config, problem.graph)
+    privacy = privacy_statement(result.config, problem.graph, messages=args.messages)
     if args.json:
         write_json(args.json, {**result.to_json(), "privacy": privacy.to_json()})
         print(f"wrote {args.json}")
@@ -134,6 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "its neighbours drop it, and the rest re-base at round R (default "
                           "T + the number of agents) and finish at the optimum of their own "
                           "data; repeatable")
+    sim.add_argument("--messages", choices=("clear", "aggregate"), default="clear",
+                     help="clear: each neighbour gets an agent's message; aggregate: secure "
+                          "neighbourhood aggregation, each agent learns only the weighted sum of "
+                          "its neighbours' messages (simulator only for now)")
     add_data_dir_arguments(sim)
     sim.set_defaults(handler=_simulate)
 

@@ -195,9 +195,10 @@ def _epsilon(config: RunConfig) -> tuple[float | None, str]:
             else result.reason)
 
 
-def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = True
-                      ) -> PrivacyStatement:
-    """The statement of a (resolved) run on its graph."""
+def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = True,
+                      messages: str = "clear") -> PrivacyStatement:
+    """The statement of a (resolved) run on its graph (`messages`: "aggregate" for secure
+    neighbourhood aggregation, efpsn/aggregation.py)."""
     mode = mode_of(config)
     warnings: list[str] = []
     measured = MEASURED[mode]
@@ -213,6 +214,8 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
                         "holds every seed of its mask and removes it")
     if config.scale == STANDARD:  # the named disclosure of features in any units
         warnings.append(STANDARD_DISCLOSURE)
+    if messages == "aggregate":
+        warnings.append(_aggregate_warning(graph))
     epsilon, note = _epsilon(config) if with_epsilon else (None, "not computed")
     return PrivacyStatement(
         mode=mode, name=measured.name,
@@ -221,6 +224,18 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
         worst=measured.worst(config.gamma), attackers=measured.attackers,
         source=measured.source, epsilon=epsilon, epsilon_note=note,
         warnings=tuple(warnings))
+
+
+def _aggregate_warning(graph: Graph) -> str:
+    """What secure aggregation adds: who still sees whose message (receivers of degree 1)."""
+    from efpsn.aggregation import unprotected
+
+    bare = unprotected({i: graph.neighbours(i) for i in range(graph.n)})
+    named = ", ".join(f"agent{i + 1} to agent{j + 1}" for i, j in bare)
+    return ("messages aggregated per receiver (each neighbour learns only its neighbourhood's "
+            "weighted sum; a receiver with its other neighbours recovers one neighbour's message); "
+            + (f"sent unmasked to a receiver with one neighbour: {named}; " if bare else "")
+            + "the tabular regression still beats guessing (wine: 0.20 against 0.265)")
 
 
 def basis_counts(config: RunConfig) -> tuple[int, int]:

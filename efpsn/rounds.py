@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import torch
 
-from efpsn.algorithms import AgentState, Algorithm, Message, StepContext
+from efpsn.algorithms import AgentState, Aggregate, Algorithm, Message, StepContext
 from efpsn.schedules import StepSize
 from efpsn.stopping import STOP_KEY, TERMS, StopRule, exponents, merge, stop_tensor
 
@@ -25,20 +25,30 @@ __all__ = ["STOP_STATE", "RoundDriver", "progress", "worst"]
 STOP_STATE = "stop_state"  # checkpoint tensor: [1, the 4 integers to send] or [0, 0, 0, 0, 0]
 
 
-def progress(before: AgentState, state: AgentState,
-             inbox: Mapping[int, Message]) -> dict[str, float]:
+def progress(before: AgentState, state: AgentState, inbox: Mapping[int, Message],
+             ctx: StepContext | None = None) -> dict[str, float]:
     """Convergence measures of one agent after a round, from what it holds:
 
     step: ||x^{t+1} - x^t|| (how much its iterate still moves); gap: max over neighbours j of
     the distance between j's round-t iterate as sent (x, or accelerated tracking's z) and this
     agent's own; tracker: ||y^{t+1}|| for gradient tracking (y tracks the network's average
     gradient, which is 0 at x*). Each is also given relative to max(1, ||x^{t+1}||), the scale
-    a user can read."""
+    a user can read.
+
+    With an Aggregate inbox (secure aggregation) no single neighbour's iterate is known: gap is
+    then the distance to the neighbours' weighted mean, ||z_bar_N(i) - z_i|| with
+    z_bar_N(i) = sum_j w_ij z_j / sum_j w_ij (ctx: the weights of the step's mixing), and the
+    certificate uses the graph's factor for it (efpsn.certificate.spread)."""
     x = state["x"]
     scale = max(1.0, float(torch.linalg.vector_norm(x)))
     out = {"step": float(torch.linalg.vector_norm(x - before["x"]))}
     key = "x" if "z" not in before.tensors else "z"
-    gaps = [float(torch.linalg.vector_norm(m[key] - before[key])) for m in inbox.values()]
+    if isinstance(inbox, Aggregate):
+        if ctx is None:
+            raise ValueError("an aggregated inbox's gap needs the mixing weights")
+        gaps = [float(torch.linalg.vector_norm(inbox.mean(key, ctx) - before[key]))]
+    else:
+        gaps = [float(torch.linalg.vector_norm(m[key] - before[key])) for m in inbox.values()]
     out["gap"] = max(gaps) if gaps else 0.0
     if "y" in state.tensors:
         out["tracker"] = float(torch.linalg.vector_norm(state["y"]))
@@ -113,9 +123,14 @@ class RoundDriver:
         t = self.state.t
         before = self.state
         network = None
-        if self.sharing is not None:
+        if self.sharing is not None and isinstance(inbox, Aggregate):
+            network = merge(self.sharing, [_stop_of(j, {STOP_KEY: inbox.stops[j]}
+                                                    if j in inbox.stops else {})
+                                           for j in sorted(inbox)])
+        elif self.sharing is not None:
             network = merge(self.sharing, [_stop_of(j, m) for j, m in sorted(inbox.items())])
-        if any(STOP_KEY in m for m in inbox.values()):  # (a window a departure voided: unread)
+        if not isinstance(inbox, Aggregate) and any(STOP_KEY in m for m in inbox.values()):
+            # the stop integers are no algorithm's input (of a window a departure voided too)
             inbox = {j: {k: v for k, v in m.items() if k != STOP_KEY} for j, m in inbox.items()}
         ctx = dataclasses.replace(self.context, lr=self.schedule(t))
         self.state, self.outbox = self.algorithm.step(self.state, inbox, ctx)
@@ -130,7 +145,8 @@ class RoundDriver:
         due = (t + 1) % self.eval_every == 0 or t + 1 == self.iterations
         check = self.stop is not None and self.stop.is_check(t + 1) and not self.done
         if due or check:
-            self.measures = progress(before, self.state, inbox)
+            self.measures = progress(before, self.state, inbox,
+                                     self.algorithm.mixing(ctx))
         if check:
             assert self.stop is not None
             self.sharing = exponents(self.measures, momentum=self.stop.momentum,

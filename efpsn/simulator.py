@@ -13,6 +13,7 @@ import torch
 
 from efpsn.algorithms import StepContext, make_algorithm
 from efpsn.certificate import Certificate, Certifier
+from efpsn.channels import MESSAGE_MODES, simulated_channels
 from efpsn.config import RunConfig
 from efpsn.departure import Departure, check_departures
 from efpsn.departure_masks import integer_parts
@@ -149,12 +150,21 @@ def run_simulation(
     allow_insecure_keys: bool = False,
     on_round: Callable[[int, dict[str, float] | None], None] | None = None,
     departures: Sequence[Departure] = (),
+    messages: str = "clear",
 ) -> SimulationResult:
     """Run phase I then `config.iterations` synchronous phase II rounds for every agent (the
     step rule's numbers where the config asks for them: RunConfig.resolved).
 
     `departures` replays agents that leave for good (efpsn/departure_replay.py): the metrics
-    are then the remaining agents' (and x_star should be their optimum)."""
+    are then the remaining agents' (and x_star should be their optimum).
+
+    `messages`: "clear" (every neighbour gets the message) or "aggregate" (secure neighbourhood
+    aggregation, efpsn/channels.py: each agent learns only the weighted sum of its neighbours'
+    messages; simulator only, no departures)."""
+    if messages not in MESSAGE_MODES:
+        raise ValueError(f"messages must be one of {MESSAGE_MODES}, got {messages!r}")
+    if messages == "aggregate" and departures:
+        raise ValueError("departures are not supported with aggregated messages")
     config = config.resolved()
     problem = problem if problem is not None else build_problem(config)
     if noise_seed is None:
@@ -175,7 +185,8 @@ def run_simulation(
     x0 = problem.initial_params()
     # the stop rule agrees over the run's graph; a replayed departure voids the windows it
     # cuts and re-bases the rule on the remaining graph (efpsn/stopping.py)
-    stop = StopRule.for_run(config, problem.weights)
+    aggregate = messages == "aggregate"
+    stop = StopRule.for_run(config, problem.weights, aggregate=aggregate)
     drivers = [
         RoundDriver(algorithm=algorithm, schedule=schedule, iterations=config.iterations,
                     eval_every=config.eval_every, x0=x0, stop=stop,
@@ -183,7 +194,9 @@ def run_simulation(
                                         lr=schedule(0), oracle=problem.objective(i, providers[i])))
         for i in range(n)
     ]
-    certifier = Certifier.for_run(config, problem.weights)
+    channels = simulated_channels(messages, algorithm=algorithm,
+                                  contexts=[d.context for d in drivers], weights=problem.weights)
+    certifier = Certifier.for_run(config, problem.weights, aggregate=aggregate)
     history = [{"round": 0, **evaluate(problem, [d.state["x"] for d in drivers], x_star=x_star)}]
     t1 = time.perf_counter()
     active, neighbours = list(range(n)), problem.graph.neighbours
@@ -195,8 +208,15 @@ def run_simulation(
             zero_sum.use(())  # from now on the replay checks the remaining masks, every round
             if replay.connected():  # the transition of a cut graph keeps the last one
                 certifier = Certifier.for_run(config, replay.remaining_weights())
-        outboxes = [d.outbox for d in drivers]  # round t's messages, before anyone steps
-        due = [drivers[i].step({j: outboxes[j] for j in neighbours(i)}) for i in active]
+        # round t's messages, sealed for each receiver before anyone steps (a sender is anyone
+        # an active agent takes messages from)
+        receivers: dict[int, list[int]] = {}
+        for i in active:
+            for j in neighbours(i):
+                receivers.setdefault(j, []).append(i)
+        sent = {j: channels[j].seal(drivers[j].outbox, t, to) for j, to in receivers.items()}
+        due = [drivers[i].step(channels[i].open({j: sent[j][i] for j in neighbours(i)}, t))
+               for i in active]
         zero_sum.check(t)
         if replay is not None:
             replay.check(t)

@@ -100,22 +100,26 @@ class StopRule:
     l2: float
     momentum: float
     target: float
+    factor: float | None = None  # the gap's factor in the bound (None: hops; aggregated: S)
     origin: int = 0  # checks at origin + k period, k >= 1 (a departure's re-base round)
     until: int | None = None  # a departure's round T: no window decided at T or later
 
     @classmethod
-    def for_run(cls, config: RunConfig, weights: np.ndarray, *, origin: int = 0,
-                until: int | None = None) -> StopRule:
+    def for_run(cls, config: RunConfig, weights: np.ndarray, *, aggregate: bool = False,
+                origin: int = 0, until: int | None = None) -> StopRule:
         """The run's rule: its resolved `stop_every`, the certificate's public numbers
         (Certifier.for_run) and target, and the cap `iterations`; `weights` and `origin` those
         of a re-base after a departure (`until`: another departure still to be re-based)."""
         from efpsn.certificate import TARGET, Certifier
 
         c = config.resolved()
-        certifier = Certifier.for_run(c, weights)
-        return cls(every=c.stop_every, hops=certifier.hops, cap=c.iterations,
+        from efpsn.certificate import diameter
+
+        certifier = Certifier.for_run(c, weights, aggregate=aggregate)
+        return cls(every=c.stop_every, hops=diameter(weights), cap=c.iterations,
                    curvature=certifier.curvature, l2=certifier.l2, momentum=certifier.momentum,
-                   target=TARGET, origin=origin, until=until)
+                   target=TARGET, factor=certifier.hops if aggregate else None,
+                   origin=origin, until=until)
 
     def voided_from(self, round_: int) -> StopRule:
         """This rule once an agent left at `round_`: no window decided at that round or later
@@ -156,8 +160,9 @@ class StopRule:
         tracker, gap, step, norm = (2.0 ** max(-1074, min(1023, e)) for e in network)
         if CEILING in network[:3] or self.curvature is None or self.l2 <= 0:
             return math.inf
-        b = (tracker + self.curvature * self.hops * gap) / self.l2 + self.momentum * step
-        floor = (0.0 if network[3] >= CEILING else 1.0 / norm) - self.hops * gap \
+        factor = self.hops if self.factor is None else self.factor
+        b = (tracker + self.curvature * factor * gap) / self.l2 + self.momentum * step
+        floor = (0.0 if network[3] >= CEILING else 1.0 / norm) - factor * gap \
             - 2 * self.momentum * step
         return b / (floor - b) if b < floor else math.inf
 

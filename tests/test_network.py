@@ -113,9 +113,12 @@ def test_stopped_neighbour_is_named_within_the_deadline(processes: Processes) ->
         "--eval-every", "100000", "--key-bits", "2048", "--round-timeout", str(timeout),
         "--insecure"])
     port = processes.port("coordinator")
+    # departures off: a neighbour silent past the deadline ends the run (with departures on,
+    # the rest would go on without it: tests/test_departure_network.py)
     agents = {name: processes.start(name, [
         "efpsn", "agent", "--name", name, "--listen", "127.0.0.1:0", "--insecure",
-        "--coordinator", f"127.0.0.1:{port}", "--results", str(processes.folder)])
+        "--coordinator", f"127.0.0.1:{port}", "--results", str(processes.folder),
+        "--departure-deadline", "0"])
         for name in NAMES}
     ports = {n: processes.port(n) for n in NAMES}
     # wait until phase II is under way everywhere (GetStatus: OPTIMIZE, round >= 2)

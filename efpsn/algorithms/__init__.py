@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from efpsn.algorithms.agt import AcceleratedTracking
-from efpsn.algorithms.base import AgentState, Algorithm, GradientOracle, Message, StepContext, mix
+from efpsn.algorithms.base import (
+    AgentState,
+    Aggregate,
+    Algorithm,
+    GradientOracle,
+    Message,
+    StepContext,
+    mix,
+)
 from efpsn.algorithms.dsgd import DSGD
 from efpsn.algorithms.gt import GradientTracking
 
@@ -28,6 +36,7 @@ __all__ = [
     "DSGD",
     "AcceleratedTracking",
     "AgentState",
+    "Aggregate",
     "Algorithm",
     "GradientOracle",
     "GradientTracking",

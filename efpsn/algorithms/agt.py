@@ -43,6 +43,10 @@ class AcceleratedTracking:
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         self.momentum = momentum
 
+    def mixing(self, ctx: StepContext) -> StepContext:
+        """The weights the step mixes with."""
+        return lazy(ctx)
+
     def init(self, x0: torch.Tensor, ctx: StepContext) -> tuple[AgentState, Message]:
         x = x0.clone()
         g = ctx.oracle(x, 0)
@@ -53,7 +57,7 @@ class AcceleratedTracking:
         self, state: AgentState, inbox: Mapping[int, Message], ctx: StepContext
     ) -> tuple[AgentState, Message]:
         check_inbox(inbox, ctx, self.message_keys)
-        w = lazy(ctx)
+        w = self.mixing(ctx)
         own = {"z": state["z"], "y": state["y"]}
         x_next = mix("z", own, inbox, w) - ctx.lr * state["y"]
         z_next = x_next + self.momentum * (x_next - state["x"])

@@ -6,7 +6,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
+
+from efpsn.aggregation import FRACTION_BITS, dequantise, quantise
 
 Message = dict[str, torch.Tensor]
 """What one agent sends its neighbours in one round: named flat tensors (e.g. "x", "y")."""
@@ -50,6 +53,11 @@ class Algorithm(Protocol):
     state_keys: tuple[str, ...]  # the tensors of its state (what a checkpoint holds)
     message_keys: tuple[str, ...]  # the tensors of its round message (a subset of the state's)
 
+    def mixing(self, ctx: StepContext) -> StepContext:
+        """The context whose weights the step mixes messages with (what a sender weights its
+        message to each neighbour by under secure aggregation)."""
+        ...
+
     def init(self, x0: torch.Tensor, ctx: StepContext) -> tuple[AgentState, Message]:
         """State at t = 0 and the message to send in round 0."""
         ...
@@ -61,8 +69,49 @@ class Algorithm(Protocol):
         ...
 
 
+@dataclass(frozen=True, eq=False)
+class Aggregate(Mapping[int, Message]):
+    """A receiver's inbox under secure aggregation (efpsn/aggregation.py): for each message
+    tensor only sum_j w_ij m_j over its neighbours (decoded from their masked vectors), never
+    one neighbour's message; `stops`: the neighbours' stop integers (they travel in the clear).
+
+    As a Mapping it lists the neighbours it aggregates but holds none of their messages
+    (indexing raises KeyError), so code that reads one neighbour's message fails loudly.
+    """
+
+    neighbours: tuple[int, ...]
+    sums: dict[str, torch.Tensor]
+    bits: int = FRACTION_BITS
+    stops: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def __getitem__(self, j: int) -> Message:
+        raise KeyError(f"an aggregate holds no single neighbour's message (asked for {j})")
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.neighbours)
+
+    def __len__(self) -> int:
+        return len(self.neighbours)
+
+    def mixed(self, key: str, own: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """kept + sum_j w_ij m_j: of its own message the agent keeps exactly what it did not
+        send (m_i - sum_j rint(w_ji m_i 2^F) 2^-F, the neighbours in ascending order), so every
+        message mixes to its total over the network (the aggregation module's docstring)."""
+        values = own.detach().numpy()
+        sent = np.zeros_like(values)
+        for j in sorted(self.neighbours):
+            sent = sent + dequantise(quantise(values, ctx.weights[j], bits=self.bits),
+                                     bits=self.bits)
+        return torch.from_numpy(values - sent) + self.sums[key]
+
+    def mean(self, key: str, ctx: StepContext) -> torch.Tensor:
+        """The weighted mean of the neighbours' `key`: sum_j w_ij m_j / sum_j w_ij."""
+        return self.sums[key] / sum(ctx.weights[j] for j in self.neighbours)
+
+
 def check_inbox(inbox: Mapping[int, Message], ctx: StepContext, keys: tuple[str, ...]) -> None:
-    """Raise ValueError unless the inbox holds exactly one well-formed message per neighbour."""
+    """Raise ValueError unless the inbox holds exactly one well-formed message per neighbour
+    (or, aggregated, the sum of every neighbour's)."""
     expected = set(ctx.neighbours)
     got = set(inbox)
     if got != expected:
@@ -72,6 +121,11 @@ def check_inbox(inbox: Mapping[int, Message], ctx: StepContext, keys: tuple[str,
             f"agent {ctx.agent}: inbox must hold messages from neighbours {sorted(expected)}; "
             f"missing {missing}, unexpected {extra}"
         )
+    if isinstance(inbox, Aggregate):
+        absent = [k for k in keys if k not in inbox.sums]
+        if absent:
+            raise ValueError(f"agent {ctx.agent}: the aggregate lacks tensors {absent}")
+        return
     for j, msg in inbox.items():
         absent = [k for k in keys if k not in msg]
         if absent:
@@ -84,8 +138,11 @@ def mix(
     """sum_j w_ij v_j over j in N_i and i itself, always in ascending agent order.
 
     The fixed order makes the floating-point result identical wherever the step runs
-    (in-process simulator or networked agent), so both give bitwise-equal iterates.
+    (in-process simulator or networked agent), so both give bitwise-equal iterates. An
+    Aggregate inbox (secure aggregation) gives Aggregate.mixed.
     """
+    if isinstance(inbox, Aggregate):
+        return inbox.mixed(key, own[key], ctx)
     messages = dict(inbox)
     messages[ctx.agent] = own
     total: torch.Tensor | None = None

@@ -20,6 +20,10 @@ class DSGD:
     state_keys = ("x",)
     message_keys = ("x",)
 
+    def mixing(self, ctx: StepContext) -> StepContext:
+        """The weights the step mixes with."""
+        return ctx
+
     def init(self, x0: torch.Tensor, ctx: StepContext) -> tuple[AgentState, Message]:
         x = x0.clone()
         return AgentState(t=0, tensors={"x": x}), {"x": x}

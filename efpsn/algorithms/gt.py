@@ -24,6 +24,10 @@ class GradientTracking:
     state_keys = ("x", "y", "g")
     message_keys = ("x", "y")
 
+    def mixing(self, ctx: StepContext) -> StepContext:
+        """The weights the step mixes with."""
+        return ctx
+
     def init(self, x0: torch.Tensor, ctx: StepContext) -> tuple[AgentState, Message]:
         x = x0.clone()
         g = ctx.oracle(x, 0)

@@ -95,6 +95,8 @@ class ManyRoundSettings:
     pairs: int = 100
     steps: int = 40
     seed: int = 0
+    messages: str = "clear"  # or "aggregate": the neighbour sees its neighbourhood's sum
+    others: str = "data"  # aggregate: the neighbour knows its other neighbours' data, or "pooled"
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.image_modes) - {name for name, _ in self.modes})
@@ -137,7 +139,8 @@ def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset]
     """Simulate with agent 0 holding data[index] and attack what agent 0 released."""
     started = time.perf_counter()
     problem = one_sample_problem(config, sample=data.subset([index]), others=others)
-    view = record_view(problem, noise_seed=noise_seed, pairs=settings.pairs)
+    view = record_view(problem, noise_seed=noise_seed, pairs=settings.pairs,
+                       messages=settings.messages, others=settings.others)
     run_seconds = time.perf_counter() - started
     task = problem.task
     model = LinearModel(classes=task.classes, features=task.features, l2=task.l2)
@@ -148,7 +151,8 @@ def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset]
                           pixels=pixels, steps=settings.steps)
     c = problem.config
     return [{"selection": c.selection, "refresh": c.refresh, "algorithm": c.algorithm,
-             "gamma": c.gamma, "rounds": c.iterations, "sample": int(index),
+             "messages": settings.messages if settings.messages == "clear"
+             else f"{settings.messages} ({settings.others})", "gamma": c.gamma, "rounds": c.iterations, "sample": int(index),
              "label": int(data.labels[index]), "run_seconds": run_seconds, **r}
             for r in records]
 

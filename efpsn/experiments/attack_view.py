@@ -9,6 +9,18 @@ clear knows them; the gradients are granted to the attacker outright (the strong
 the paper's threat model, every round). Nothing here knows how a refresh mode draws its masks:
 the simulator's own mask providers do (efpsn.simulator.make_mask_providers), so a new refresh
 mode is attacked without a change here.
+
+Under secure aggregation (`messages="aggregate"`, efpsn/channels.py) no neighbour sees agent
+0's message: a curious neighbour a (the lowest-numbered neighbour of agent 0) sees only, each
+round, the weighted sum of its neighbours' messages. Its view (`aggregate_view`) is then, still
+generously: the aggregate's point p_t = sum_i w_ai z_i / sum_i w_ai (what it really sees), the
+weighted sum of its neighbours' masked gradients sum_i w_ai g_i(z_i, t) (granted outright, as
+above: it only sees their trackers' aggregate), minus w_ak grad f_k(p_t) for every other
+neighbour k (it is granted their data, the public data its prior comes from, but not their
+points), divided by w_a0: agent 0's masked gradient as far as the neighbour can isolate it,
+paired with the only point it has. With `others="pooled"` the neighbour knows only the pooled
+public data (everyone's but agent 0's, not who holds what) and subtracts w_ak times the pooled
+data's mean gradient instead.
 """
 
 from __future__ import annotations
@@ -26,7 +38,8 @@ from efpsn.simulator import run_simulation
 from efpsn.tasks import Dataset
 from efpsn.tasks.local import LocalData
 
-__all__ = ["RoundView", "one_sample_problem", "record_view", "stride_rounds"]
+__all__ = ["RoundView", "aggregate_view", "one_sample_problem", "record_view",
+           "stride_rounds"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,7 +66,7 @@ class RoundView:
 
 
 class _RecordingObjective(LocalObjective):
-    """Agent 0's objective, keeping (t, x, masked gradient) of the rounds `keep` accepts."""
+    """An agent's objective, keeping (t, x, masked gradient) of the rounds `keep` accepts."""
 
     keep: Callable[[int], bool]
     calls: list[tuple[int, np.ndarray, np.ndarray]]
@@ -67,19 +80,23 @@ class _RecordingObjective(LocalObjective):
 
 @dataclass(eq=False)
 class _WatchedProblem(Problem):
-    """The problem, with agent 0's oracle recorded."""
+    """The problem, with the oracles of the agents `watch` recorded (`calls`: agent 0's)."""
 
     keep: Callable[[int], bool] = lambda t: True
     calls: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
+    watch: tuple[int, ...] = (0,)
+    watched: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = field(default_factory=dict)
 
     def objective(self, i: int, masks: object) -> LocalObjective:
         base = super().objective(i, masks)  # type: ignore[arg-type]
-        if i != 0:
+        if i not in self.watch:
             return base
         recorder = _RecordingObjective(task=base.task, shard=base.shard,
                                        perturbation=base.perturbation, sampler=base.sampler,
                                        clip=base.clip)
-        recorder.keep, recorder.calls = self.keep, self.calls
+        recorder.keep = self.keep
+        recorder.calls = self.calls if i == 0 else self.watched.setdefault(i, [])
+        self.watched[i] = recorder.calls
         return recorder
 
 
@@ -107,18 +124,61 @@ def one_sample_problem(config: RunConfig, *, sample: Dataset, others: list[Datas
     return build_problem(config.replace(data="local"), local=local)
 
 
-def record_view(problem: Problem, *, noise_seed: int, pairs: int = 400) -> RoundView:
-    """Run the simulation of the problem's settings and return agent 0's kept oracle calls."""
+def record_view(problem: Problem, *, noise_seed: int, pairs: int = 400,
+                messages: str = "clear", others: str = "data") -> RoundView:
+    """Run the simulation of the problem's settings (its messages in the clear or aggregated)
+    and return what a curious neighbour of agent 0 gets: agent 0's kept oracle calls, or under
+    aggregation the neighbour's `aggregate_view`."""
     config = problem.config
     horizon = config.iterations
+    attacker = min(problem.graph.neighbours(0))
+    watch = (0, *problem.graph.neighbours(attacker)) if messages == "aggregate" else (0,)
     watched = _WatchedProblem(**{f.name: getattr(problem, f.name)
                                  for f in dataclasses.fields(Problem)},
-                              keep=stride_rounds(horizon, pairs=pairs))
+                              keep=stride_rounds(horizon, pairs=pairs), watch=tuple(set(watch)))
     # every round of the step rule's (no early stop at the certificate's target): the attacker
     # sees the longest run the settings allow, and the view's rounds are the ones planned
     run_simulation(config.replace(eval_every=max(1, horizon), stop_every=0), problem=watched,
-                   noise_seed=noise_seed)
+                   noise_seed=noise_seed, messages=messages)
+    if messages == "aggregate":
+        return aggregate_view(problem, attacker, watched.watched, horizon=horizon,
+                              others=others)
     calls = watched.calls
     return RoundView(rounds=np.array([c[0] for c in calls], dtype=np.int64),
                      points=np.stack([c[1] for c in calls]),
                      grads=np.stack([c[2] for c in calls]), horizon=horizon)
+
+
+def aggregate_view(problem: Problem, attacker: int,
+                   calls: Mapping[int, list[tuple[int, np.ndarray, np.ndarray]]], *,
+                   horizon: int, others: str = "data") -> RoundView:
+    """The curious neighbour's view of agent 0 under aggregation (module docstring), from the
+    recorded oracle calls of the attacker's neighbours (the same rounds at each)."""
+    from efpsn.algorithms import StepContext, make_algorithm
+
+    c = problem.config
+    ctx = StepContext(agent=attacker, weights=problem.agent_weights(attacker), lr=0.0,
+                      oracle=lambda x, t: x)
+    w = make_algorithm(c.algorithm, momentum=c.momentum).mixing(ctx).weights
+    nbrs = sorted(problem.graph.neighbours(attacker))
+    rounds = np.array([call[0] for call in calls[0]], dtype=np.int64)
+    if any([call[0] for call in calls[i]] != rounds.tolist() for i in nbrs):
+        raise RuntimeError("the watched agents' oracle calls are not of the same rounds")
+    total = sum(w[i] for i in nbrs)
+    points = sum(w[i] * np.stack([call[1] for call in calls[i]]) for i in nbrs) / total
+    grads = sum(w[i] * np.stack([call[2] for call in calls[i]]) for i in nbrs)
+    if others not in ("data", "pooled"):
+        raise ValueError(f"others must be 'data' or 'pooled', got {others!r}")
+    pooled = [s for i, s in enumerate(problem.shards) if i != 0 and s is not None]
+    public = (torch.cat([s.images for s in pooled]), torch.cat([s.labels for s in pooled]))
+    for k in nbrs:
+        if k == 0:
+            continue
+        shard = problem.shards[k]
+        assert shard is not None
+        images, labels = (shard.images, shard.labels) if others == "data" else public
+        for r, p in enumerate(points):
+            _, g = problem.task.loss_and_grad(torch.from_numpy(p), images, labels)
+            grads[r] -= w[k] * g.numpy()
+    return RoundView(rounds=rounds, points=np.asarray(points), grads=np.asarray(grads) / w[0],
+                     horizon=horizon)

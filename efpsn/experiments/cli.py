@@ -93,6 +93,10 @@ def _attack(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
     )
     if getattr(args, "no_many_rounds", False):
         settings = attack.dataclasses.replace(settings, many_rounds=None)
+    messages = getattr(args, "messages", "clear")
+    if messages != "clear" and settings.many_rounds is not None:
+        settings = attack.dataclasses.replace(settings, many_rounds=attack.dataclasses.replace(
+            settings.many_rounds, messages=messages))
     return attack.run(settings, out=out, figures_to=args.figures)
 
 
@@ -293,6 +297,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "regression) on real runs where agent 0 holds one sample")
     many.add_argument("--no-many-rounds", action="store_true",
                       help="skip the attackers that use many or late rounds")
+    p.add_argument("--messages", choices=("clear", "aggregate"), default="clear",
+                   help="the many-round attackers' runs: messages in the clear, or aggregated "
+                        "per receiver (the neighbour sees only its neighbourhood's sum)")
 
     p = sub.add_parser("perturbation",
                        help="the 2-D perturbing function for (K,m,N) = (3,2,5) (Sec. 5.1)")
