@@ -136,9 +136,11 @@ async def bootstrap(channel: grpc.aio.Channel, *, options: AgentOptions, address
 
 async def report_silence(channel: grpc.aio.Channel, *, session: Session, name: str,
                          round_: int, silent: list[str], epoch: int, timeout: float
-                         ) -> tuple[list[Departure], dict[int, str]]:
+                         ) -> tuple[list[Departure], dict[int, str],
+                                    dict[str, tuple[int, str]]]:
     """Report the silent neighbours and wait for the coordinator's decision: every departure of
-    the run so far, and the departed agents' names by index. AgentFailure (naming the silent
+    the run so far, the departed agents' names by index, and this agent's new neighbours when
+    the decision cut the graph (name -> (index, address)). AgentFailure (naming the silent
     ones) when it refuses or cannot decide."""
     request = coordinator_pb2.SilenceReport(run_id=session.run_id, sender=name, round=round_,
                                             silent=silent, epoch=epoch)
@@ -148,12 +150,18 @@ async def report_silence(channel: grpc.aio.Channel, *, session: Session, name: s
     except grpc.aio.AioRpcError as exc:
         gone = (exc.details() or "").startswith(f"{name} was declared gone")  # its own cause
         raise AgentFailure(f"the coordinator decided no departure: {exc.code().name}: "
-                           f"{exc.details()}", blame=None if gone else silent[0]) from None
+                           f"{exc.details()}",
+                           blame=None if gone else (silent[0] if silent else name)) from None
     if reply.run_id != session.run_id:
         raise AgentFailure(f"{name}: the coordinator answered for run {reply.run_id[:64]!r}")
     n = session.config.agents
-    out, names = [], {}
+    out, names, joining = [], {}, {}
     try:
+        for p in reply.joining:
+            if (p.index >= n or p.index == session.index or p.name in session.neighbour_names
+                    or not p.name or not p.address or len(p.address) > 512):
+                raise ValueError(f"{p.name[:64]!r} (index {p.index}) cannot be a new neighbour")
+            joining[p.name] = (int(p.index), p.address)
         for d in reply.departed:
             known = {**session.names, session.index: name}.get(d.index, d.agent)
             if d.index >= n or any(j >= n for j in d.late_index) or known != d.agent:
@@ -166,4 +174,4 @@ async def report_silence(channel: grpc.aio.Channel, *, session: Session, name: s
     except ValueError as exc:
         raise AgentFailure(f"{name}: the coordinator sent a departure it cannot apply: "
                            f"{exc}") from None
-    return out, names
+    return out, names, joining

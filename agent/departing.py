@@ -6,8 +6,10 @@ replay does (efpsn/departure_replay.py), so that the network equals `efpsn simul
 At round T each neighbour of the departed agent d (at T + 1 a neighbour that used d's round-T
 message, Departure.late) mixes with the drop-node weights and drops the mask terms it shares
 with d; at the re-base round R every remaining agent takes the Metropolis weights of the graph
-without d and restarts its tracker from its local gradient. Only names and round numbers go to
-the coordinator.
+without d (joined where it fell apart: the ends of a new edge exchange seeds right after the
+decision, agent/rejoin.py, and add them at R), restarts its tracker from its local gradient
+and, with the stop rule, the remaining graph's rule (efpsn/stopping.py; no window decided at T
+or later counts). Only names and round numbers go to the coordinator.
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from agent.bootstrap import report_silence
 from agent.exchange import RoundLink
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, RefusedByNeighbour
+from agent.rejoin import Rejoin
 from agent.session import Session
 from agent.state import StateStore
 from efpsn.algorithms import Message
 from efpsn.departure import Departure, drop_node_weights, optimum_of, rebase, reconfigure
-from efpsn.departure_masks import drop_seeds, reseeded
+from efpsn.departure_masks import add_seeds, drop_seeds, reseeded
 from efpsn.fading import FadingMask
 from efpsn.refresh import MaskProvider, RefreshedMask
 from efpsn.rounds import RoundDriver
+from efpsn.stopping import StopRule
 
 __all__ = ["LocalDepartures", "Silence"]
 
@@ -47,6 +51,7 @@ class LocalDepartures:
         self.events: list[dict[str, Any]] = []
         self.names = {**session.names, session.index: session.assignment.name}
         self._rebased: set[int] = set()
+        self.new_seeds: dict[int, tuple[bytes, bytes]] = {}  # new neighbour -> (s_ij, s_ji)
 
     @property
     def me(self) -> int:
@@ -56,39 +61,48 @@ class LocalDepartures:
     def gone(self) -> set[int]:
         return {d.agent for d in self.decided}
 
-    def learn(self, departures: list[Departure], names: dict[int, str],
-              driver: RoundDriver) -> None:
-        """The coordinator's decision (all departures so far): check this agent can apply it."""
+    def learn(self, departures: list[Departure], names: dict[int, str], driver: RoundDriver,
+              joining: dict[str, tuple[int, str]] | None = None) -> dict[str, int]:
+        """The coordinator's decision (all departures so far): check this agent can apply it;
+        the new neighbours it shares a new edge with from the re-base round on (name ->
+        index: their seeds are exchanged before it, agent/rejoin.py)."""
         self.names = {**names, **self.names}
         new = [d for d in departures if d.agent not in self.gone]
         if not new:
             raise AgentFailure(f"{self.session.assignment.name}: the coordinator's answer "
                                "holds no new departure")
-        if driver.stop is not None:
-            raise AgentFailure("a departure with the stop rule (--stop-every) is not "
-                               "supported yet: run with --stop-every 0")
         zero_sum = self.session.config.mask == "zero-sum"
         if zero_sum and not isinstance(self.masks, (FadingMask, RefreshedMask)):
             raise AgentFailure("a departure with the paper's fixed mask (--refresh never) "
                                "needs phase I's shares, which agents do not keep: not "
                                "supported yet")
         after = reconfigure(self.graph, self.gone | {d.agent for d in new})
-        if after.new_edges:
-            raise AgentFailure(f"the departure of {self._names(d.agent for d in new)} cuts the "
-                               "graph in two: joining the pieces (phase I on new edges) is "
-                               "not supported yet")
+        mine = sorted({b if a == self.me else a for a, b in after.new_edges if self.me in (a, b)})
+        given = {index: (name, address) for name, (index, address) in (joining or {}).items()}
+        if sorted(given) != mine:
+            raise AgentFailure(f"the departure of {self._names(d.agent for d in new)} gives "
+                               f"{self.session.assignment.name} the new neighbours "
+                               f"{[f'agent{j + 1}' for j in mine]}, the coordinator named "
+                               f"{sorted(n for n, _ in given.values())}")
+        rebase_round = min(d.rebase_round for d in new)
+        for j, (name, address) in given.items():
+            self.session.joining[name] = (j, address, rebase_round)
+            self.names[j] = name
         self.decided.extend(new)
         self.epoch += 1
+        if driver.stop is not None:  # no stop from a window decided at the round T or later
+            driver.revise_stop(driver.stop.voided_from(min(d.round for d in new)))
         for d in new:
             self.events.append({**d.to_json(), "neighbours": [
                 self._name(j) for j in self.graph.neighbours(d.agent)
                 if j not in self.gone]})
         log.warning("%s: the coordinator decided: %s", self.session.assignment.name,
                     "; ".join(d.label() for d in new))
+        return {name: j for j, (name, _) in given.items()}
 
-    def before_round(self, t: int, driver: RoundDriver) -> list[str]:
+    def before_round(self, t: int, driver: RoundDriver) -> tuple[list[str], list[str]]:
         """Apply what round t changes (before its messages are taken); the neighbours this
-        agent stops exchanging with from round t on."""
+        agent stops exchanging with from round t on, and the new ones it starts with."""
         dropped: list[int] = []
         for d in self.decided:
             first = d.round + 1 if self.me in d.late else d.round
@@ -98,26 +112,41 @@ class LocalDepartures:
             self.weights = drop_node_weights(self.weights, agent=self.me, gone=dropped)
             self._remask(dropped)
             self._refresh(driver)
-        if any(d.rebase_round == t for d in self.decided) and t not in self._rebased:
-            self._rebased.add(t)
-            self._rebase(t, driver)
         names = [self._name(j) for j in dropped]
         for name in names:
             self.session.drop(name, reason=self._reason(name))
-        return names
+        joined: list[str] = []
+        if any(d.rebase_round == t for d in self.decided) and t not in self._rebased:
+            self._rebased.add(t)
+            joined = self._rebase(t, driver)
+        return names, joined
 
-    def _rebase(self, t: int, driver: RoundDriver) -> None:
+    def _rebase(self, t: int, driver: RoundDriver) -> list[str]:
         recon = reconfigure(self.graph, self.gone)
         self.graph = recon.graph
         self.weights = recon.agent_weights(self.me)
+        new = sorted({b if a == self.me else a for a, b in recon.new_edges if self.me in (a, b)})
+        joined = [self._name(j) for j in new]
+        for name in joined:
+            self.session.join(name)
+        if new and isinstance(self.masks, (FadingMask, RefreshedMask)):  # phase I's terms
+            self.masks = reseeded(self.masks, add_seeds(
+                self.masks.seeds, {j: self.new_seeds.pop(j) for j in new}))
         self._refresh(driver)
         driver.state = rebase(driver.state)
         driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
+        # the stop rule of the remaining graph, its checks counted from R (efpsn/stopping.py)
+        pending = min((d.round for d in self.decided if d.rebase_round > t), default=None)
+        driver.revise_stop(StopRule.for_run(self.session.config, recon.remaining_weights(),
+                                            origin=t, until=pending))
         for event in self.events:
             if event["rebase_round"] == t:
-                event.update(epoch=self.epoch, new_edges=[])
-        log.warning("%s re-based at round %d: the model is now %s",
-                    self.session.assignment.name, t, optimum_of(recon.remaining))
+                event.update(epoch=self.epoch, new_edges=[[self._name(a), self._name(b)]
+                                                          for a, b in recon.new_edges])
+        log.warning("%s re-based at round %d: the model is now %s%s",
+                    self.session.assignment.name, t, optimum_of(recon.remaining),
+                    "".join(f"; new neighbour {n}" for n in joined))
+        return joined
 
     def _remask(self, gone: list[int]) -> None:
         if isinstance(self.masks, (FadingMask, RefreshedMask)):
@@ -156,14 +185,15 @@ class Silence:
     no coordinator raise the failure as before (exit 2 naming the silent neighbour)."""
 
     def __init__(self, *, departures: LocalDepartures, coordinator: Any, mailbox: Mailbox,
-                 store: StateStore, timeout: float) -> None:
+                 store: StateStore, timeout: float, rejoin: Rejoin) -> None:
+        self.rejoin = rejoin  # a new edge's seed exchange (agent/rejoin.py)
         self.departures = departures
         self.coordinator = coordinator
         self.mailbox = mailbox
         self.store = store
         self.timeout = timeout  # how long a report waits for the others to report too
 
-    def silent(self, t: int, failure: AgentFailure) -> list[str]:
+    def missing(self, t: int, failure: AgentFailure) -> list[str]:
         """The neighbours whose round-t message is missing, and the one the failure blames."""
         session = self.departures.session
         if isinstance(failure, RefusedByNeighbour):
@@ -179,25 +209,39 @@ class Silence:
         one) when there is none to decide."""
         session = self.departures.session
         while True:
-            silent = self.silent(t, failure)
-            if not silent:
+            missing = self.missing(t, failure)
+            if not missing:
                 raise failure
+            # only a neighbour that does not answer (GetStatus) is reported silent: one that
+            # answers is alive and waits itself (it reports too), and must not be declared gone
+            # because its own report comes a moment after mine
+            silent = await link.peers.unresponsive(missing)
             name = session.assignment.name
-            log.warning("%s: %s; asking the coordinator whether %s left", name, failure,
-                        ", ".join(silent))
+            log.warning("%s: %s; %s", name, failure,
+                        f"asking the coordinator whether {', '.join(silent)} left" if silent
+                        else f"{', '.join(missing)} answer (waiting themselves): waiting for "
+                        "the coordinator's decision")
+            self.rejoin.deciding(True)  # a new neighbour may call before I hear the decision
             try:
-                found, names = await report_silence(
+                found, names, joining = await report_silence(
                     self.coordinator, session=session, name=name, round_=t, silent=silent,
                     epoch=self.departures.epoch, timeout=self.timeout)
+                joiners = self.departures.learn(found, names, driver, joining)
             except AgentFailure as undecided:  # the silence stops this agent, as without
                 raise AgentFailure(f"{failure}; {undecided}",
                                    blame=undecided.blame and failure.blame) from None
-            self.departures.learn(found, names, driver)
+            finally:
+                self.rejoin.deciding(False)
             self.store.mark_unresumable(
                 f"{name} applied a departure at round {t}; resuming after one is not "
                 "supported yet")
-            for gone in self.departures.before_round(t, driver):
-                await link.drop(gone)
+            gone, _ = self.departures.before_round(t, driver)  # t < R: nobody joins yet
+            for neighbour in gone:
+                await link.drop(neighbour)
+            if joiners and isinstance(self.departures.masks, (FadingMask, RefreshedMask)):
+                rebase_round = min(session.joining[n][2] for n in joiners)
+                self.departures.new_seeds.update(await self.rejoin.exchange(
+                    joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
             try:
                 return await link.recollect(t, driver.outbox)
             except AgentFailure as again:

@@ -78,6 +78,10 @@ class RoundLink:
         self.replay.pending.discard(name)
         await self.peers.forget(name)
 
+    def join(self, name: str) -> None:
+        """A new neighbour (a departure cut the graph): my round messages go to it too."""
+        self.neighbours = sorted({*self.neighbours, name})
+
     async def recollect(self, t: int, message: Message) -> dict[int, Message]:
         """After a departure was decided during round t: deliver my rounds t - 1 and t again to
         the remaining neighbours, acknowledged (a delivery cut short by the silent neighbour's

@@ -32,6 +32,7 @@ from agent.peers import Peers
 from agent.phase_one import run_phase_one, shares_packed
 from agent.phase_two import make_driver, run_phase_two
 from agent.prepare import Prepared, prepare
+from agent.rejoin import Rejoin
 from agent.results import write_failure, write_results
 from agent.resume import (
     Replay,
@@ -271,7 +272,10 @@ class AgentNode:
         # the others report up to a few rounds later: wait for their deadline too
         return Silence(departures=LocalDepartures(session, masks), coordinator=channel,
                        mailbox=self.mailbox, store=self.store,
-                       timeout=deadline + session.config.round_timeout_seconds)
+                       timeout=deadline + session.config.round_timeout_seconds,
+                       rejoin=Rejoin(session=session, peers=self.peers, mailbox=self.mailbox,
+                                     service=self.service, noise_seed=opts.insecure_noise_seed,
+                                     allow_insecure_keys=opts.allow_insecure_keys))
 
     def _progress(self, iterations: int) -> Any:
         """A progress line per evaluation, for this agent's own operator (its log)."""

@@ -100,7 +100,7 @@ class Peers:
             # a neighbour's largest legitimate reply is a round message (GetRound): a bigger
             # one is refused by gRPC before it is buffered or parsed
             s = self._session()
-            channel = self.open(s.addresses[name], name,
+            channel = self.open(s.address_of(name), name,
                                 max_receive_bytes=s.request_limits["PutRound"] + 64)
             self._channels[name] = channel
         return channel
@@ -116,7 +116,7 @@ class Peers:
         neighbour, its address and what was being done."""
         loop = asyncio.get_running_loop()
         rpc: Callable[..., Awaitable[Any]] = getattr(self._stub(name), method)
-        address = self._session().addresses[name]
+        address = self._session().address_of(name)
         try:
             return await call_with_retry(
                 lambda: rpc(request, timeout=max(0.1, deadline - loop.time())),
@@ -148,7 +148,7 @@ class Peers:
         finally:
             self._done_sending(name)
         if not ack.accepted:
-            raise AgentFailure(f"neighbour {name} ({self._session().addresses[name]}) refused "
+            raise AgentFailure(f"neighbour {name} ({self._session().address_of(name)}) refused "
                                f"{what}: {ack.detail}", blame=name)
 
     async def send_round(self, name: str, t: int, data: bytes, *, timeout: float) -> None:
@@ -171,7 +171,7 @@ class Peers:
                 await stream.close()  # a write may have been cut short: start afresh
                 raise AgentFailure(
                     f"timed out sending OPTIMIZE round {t} to neighbour {name} "
-                    f"({self._session().addresses[name]}): it accepted no more data before the "
+                    f"({self._session().address_of(name)}): it accepted no more data before the "
                     "round deadline (neighbour stopped, frozen or overloaded?)",
                     blame=name) from None
             except StreamBroken:
@@ -298,3 +298,17 @@ class Peers:
 
         answers = await asyncio.gather(*(ask(n) for n in missing))  # ask() never raises
         return "; " + "; ".join(answers)
+
+    async def unresponsive(self, names: list[str], *, timeout: float = 2.0) -> list[str]:
+        """Those of `names` that do not answer GetStatus within `timeout`: stopped, frozen or
+        unreachable. A neighbour that answers is alive (it waits itself, typically)."""
+
+        async def silent(name: str) -> bool:
+            try:
+                await self._stub(name).GetStatus(agent_pb2.StatusRequest(), timeout=timeout)
+            except grpc.aio.AioRpcError:
+                return True
+            return False
+
+        answers = await asyncio.gather(*(silent(n) for n in names))  # silent() never raises
+        return [n for n, quiet in zip(names, answers, strict=True) if quiet]

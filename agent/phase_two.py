@@ -81,8 +81,11 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
         t = driver.t
         status.round = t
         if silence is not None:  # what the departures decided change at round t
-            for gone in silence.departures.before_round(t, driver):
-                await link.drop(gone)
+            gone, joined = silence.departures.before_round(t, driver)
+            for neighbour in gone:
+                await link.drop(neighbour)
+            for neighbour in joined:
+                link.join(neighbour)
         try:
             inbox = await link.exchange(t, driver.outbox)
         except AgentFailure as exc:

@@ -78,6 +78,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.stats = StatsLedger()  # scale standard: the secure sum's flood
         self.rounds: RoundLedger | None = None
         self.shares: ShareCheck | None = None
+        # a new edge's seed exchange after a departure cut the graph (agent/rejoin.py)
+        self.rejoin = PhaseOneLedger()
+        self.rejoin_shares: ShareCheck | None = None
+        self.deciding = False  # a departure decision is awaited: unknown callers may be new
         self._session: Session | None = None
         self._in_flight: Counter[str] = Counter()
         self._callers: dict[grpc.aio.ServicerContext, frozenset[str]] = {}  # admitted calls
@@ -107,7 +111,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             gone = sorted(names & s.departed.keys()) if names is not None else []
             if gone:
                 raise Reject(StatusCode.FAILED_PRECONDITION, s.departed[gone[0]])
-            if names is not None and not names & s.neighbour_names:
+            if names is not None and not names & s.admitted_names and self.deciding:
+                # a new neighbour told of the decision a moment before this agent
+                raise Reject(StatusCode.UNAVAILABLE, "awaiting the coordinator's decision",
+                             early=True)
+            if names is not None and not names & s.admitted_names:
                 raise Reject(
                     StatusCode.PERMISSION_DENIED,
                     f"the caller's certificate is for {sorted(names)[:4]}, not a neighbour of "
@@ -149,7 +157,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         s = self._assigned()
         if claimed in s.departed:
             raise Reject(StatusCode.FAILED_PRECONDITION, s.departed[claimed])
-        if claimed not in s.neighbour_names:
+        if claimed not in s.admitted_names:
             raise Reject(StatusCode.PERMISSION_DENIED,
                          f"sender {_short(claimed)} is not a neighbour of {self.identity.name} in "
                          f"run {s.run_id} (neighbours: {', '.join(sorted(s.neighbour_names))})")
@@ -177,6 +185,17 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         parsed = serde.validate_header(header, run_id=s.run_id, phase=phase, round=0)
         return s, parsed.sender
 
+    def _rejoin_header(self, header: common_pb2.Header, context: grpc.aio.ServicerContext,
+                       phase: Phase) -> tuple[Session, str]:
+        """A new edge's phase I message: from a new neighbour, at its re-base round."""
+        s = self._authenticate(context, header.sender)
+        joining = s.joining.get(header.sender)
+        if joining is None:
+            raise Reject(StatusCode.FAILED_PRECONDITION, f"{_short(header.sender)} shares no "
+                         f"new edge with {self.identity.name}")
+        parsed = serde.validate_header(header, run_id=s.run_id, phase=phase, round=joining[2])
+        return s, parsed.sender
+
     def _late_phase_one(self, kind: str, sender: str, digest: bytes) -> common_pb2.Ack:
         """A retry after phase I ended here (its acknowledgement may have been lost in a
         crash): acknowledged when identical to what was received, refused otherwise."""
@@ -187,6 +206,14 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def PutPublicKey(
         self, request: agent_pb2.PublicKeyMessage, context: grpc.aio.ServicerContext
     ) -> common_pb2.Ack:
+        if request.header.round > 0:  # a new edge's (agent/rejoin.py)
+            _, sender = self._rejoin_header(request.header, context, Phase.KEYS)
+            key = paillier.public_key_from_n(serde.public_key_from_proto(request.key))
+            paillier.check_key_size(key, allow_insecure=self.identity.allow_insecure_keys)
+            judgement = self.rejoin.judge("key", sender, serde.key_fingerprint(key.n))
+            if judgement.verdict == Verdict.ACCEPT:
+                self.mailbox.put("key", request.header.round, sender, key)
+            return common_pb2.Ack(accepted=True, detail=self._obey(judgement))
         _, sender = self._phase_one_header(request.header, context, Phase.KEYS)
         n = serde.public_key_from_proto(request.key)
         digest = serde.key_fingerprint(n)
@@ -203,11 +230,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def PutShares(
         self, request: agent_pb2.SharesMessage, context: grpc.aio.ServicerContext
     ) -> common_pb2.Ack:
-        s, sender = self._phase_one_header(request.header, context, Phase.SHARES)
+        rejoin = request.header.round > 0  # a new edge's (agent/rejoin.py)
+        if rejoin:
+            s, sender = self._rejoin_header(request.header, context, Phase.SHARES)
+        else:
+            s, sender = self._phase_one_header(request.header, context, Phase.SHARES)
         digest = serde.shares_digest(request.batch)
-        if self.phase_one.closed:
+        if self.phase_one.closed and not rejoin:
             return self._late_phase_one("shares", sender, digest)
-        expected = self.shares
+        expected = self.rejoin_shares if rejoin else self.shares
         if expected is None:
             raise Reject(StatusCode.UNAVAILABLE, "phase I key not ready yet", early=True)
         batch = serde.ciphertexts_from_proto(
@@ -220,9 +251,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 paillier.validate_ciphertext(expected.public_key, c)
             except ValueError as exc:
                 raise WireError(f"ciphertext {i}: {exc}") from None
-        judgement = self.phase_one.judge("shares", sender, digest)
+        judgement = (self.rejoin if rejoin else self.phase_one).judge("shares", sender, digest)
         if judgement.verdict == Verdict.ACCEPT:
-            self.mailbox.put("shares", 0, sender, list(batch.ciphertexts))
+            self.mailbox.put("shares", request.header.round, sender, list(batch.ciphertexts))
         return common_pb2.Ack(accepted=True, detail=self._obey(judgement))
 
     # ---------------------------------------------------------- the secure sum
@@ -270,7 +301,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if self.rounds is None:  # scale standard: phase II starts after the secure sum
             raise Reject(StatusCode.UNAVAILABLE, "phase II has not started here yet",
                          early=True)
-        record = parse_round(request, run_id=s.run_id, senders=s.neighbour_names,
+        record = parse_round(request, run_id=s.run_id,
+                             senders=s.round_senders(request.header.round),
                              shapes=s.message_shapes)
         judgement = self.rounds.judge(record.sender, record.round, record.digest)
         if judgement.verdict == Verdict.ACCEPT:

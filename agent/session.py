@@ -38,6 +38,9 @@ class Session:
     # scale standard, once the secure sum is over: the network's (mean, std) per feature
     standardisation: tuple[np.ndarray, np.ndarray] | None = None
     departed: dict[str, str] = field(default_factory=dict)  # gone neighbour -> why refused
+    # new neighbours after a departure cut the graph: name -> (index, address, the re-base round
+    # from which they exchange round messages); until then only the new edge's seed exchange
+    joining: dict[str, tuple[int, str, int]] = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:
@@ -50,6 +53,29 @@ class Session:
     @property
     def neighbour_names(self) -> frozenset[str]:
         return frozenset(self.addresses)
+
+    @property
+    def admitted_names(self) -> frozenset[str]:
+        """Who may call this agent: its neighbours and its new neighbours to come."""
+        return frozenset(self.addresses) | frozenset(self.joining)
+
+    def address_of(self, name: str) -> str:
+        if name in self.addresses:
+            return self.addresses[name]
+        return self.joining[name][1]
+
+    def round_senders(self, t: int) -> frozenset[str]:
+        """Whose round-t messages are taken: the neighbours, and a new neighbour from its
+        re-base round on (it can be a round ahead of this agent)."""
+        return self.neighbour_names | frozenset(n for n, (_, _, r) in self.joining.items()
+                                                if t >= r)
+
+    def join(self, name: str) -> None:
+        """A new neighbour (agent/rejoin.py) from its re-base round on: a neighbour like the
+        others."""
+        index, address, _ = self.joining.pop(name)
+        self.addresses[name] = address
+        self.names = dict(sorted({**self.names, index: name}.items()))
 
     def drop(self, name: str, *, reason: str) -> None:
         """A neighbour that left for good (agent/departing.py): no more messages to or from it;

@@ -2,7 +2,10 @@
 decision out, the same for every agent.
 
 An agent whose neighbour sent nothing past its departure deadline reports the neighbours it
-misses and the round it is collecting. Rounds are synchronous, so when an agent is gone for
+misses that do not answer (GetStatus) and the round it is collecting; a missing neighbour that
+answers is alive and waits itself, so it is not named (else it could be declared gone because
+its own report comes a moment later), and a report naming nobody still counts as a live
+agent's. Rounds are synchronous, so when an agent is gone for
 good every other agent ends up waiting (for it, or for someone who waits for it) and reports.
 The rule, public and deterministic:
 
@@ -15,7 +18,9 @@ The rule, public and deterministic:
   R = T + the number of agents at the start (efpsn.departure.parse_leave's rule), which no
   agent can have reached: every one is waiting at T + 2 at most;
 - reports are counted per decision (`epoch`); a report of an older epoch is answered with the
-  decisions it missed.
+  decisions it missed;
+- a decision that cuts the graph joins the pieces (efpsn.departure.reconfigure, the rule the
+  agents apply at the re-base round): the ends of each new edge are told each other's address.
 
 Nothing here sees data: names and round numbers only.
 """
@@ -25,7 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from efpsn.departure import Departure
+from efpsn.departure import Departure, reconfigure
+from efpsn.topology import Graph
 
 __all__ = ["DepartureBoard", "Refused", "Report"]
 
@@ -47,9 +53,12 @@ class Report:
 class DepartureBoard:
     """Every departure of one run, decided from the agents' reports (see the module doc)."""
 
-    def __init__(self, names: Sequence[str], *, iterations: int) -> None:
+    def __init__(self, names: Sequence[str], *, iterations: int,
+                 graph: Graph | None = None) -> None:
         self.names = list(names)  # index order: names[i] is agent index i
         self.iterations = iterations
+        self.graph = graph  # the run's graph, joined after each decision that cut it
+        self.new_edges: list[tuple[int, int, int]] = []  # (epoch, a, b): edges a decision added
         self.decided: list[Departure] = []
         self.epoch = 0
         self.failure: str | None = None  # reports that cannot be decided: every waiter stops
@@ -98,6 +107,12 @@ class DepartureBoard:
         """Every departure decided (all of them: an agent applies the ones it lacks)."""
         return list(self.decided) if epoch < self.epoch else []
 
+    def joining(self, sender: str, epoch: int) -> list[int]:
+        """The agents `sender` shares a new edge with, added by the decisions after `epoch`."""
+        me = self.names.index(sender)
+        return sorted({b if a == me else a for e, a, b in self.new_edges
+                       if e > epoch and me in (a, b)})
+
     def _decide(self) -> bool:
         live = set(self.names) - self.gone
         reporters = set(self._reports)
@@ -113,6 +128,10 @@ class DepartureBoard:
         self.decided.extend(departures)
         self.epoch += 1
         self._reports.clear()
+        if self.graph is not None:
+            recon = reconfigure(self.graph, {d.agent for d in self.decided})
+            self.graph = recon.graph
+            self.new_edges.extend((self.epoch, a, b) for a, b in recon.new_edges)
         return True
 
     def _check(self, departures: list[Departure]) -> list[Departure]:

@@ -143,7 +143,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                          f"bootstraps run {self.registry.run_id}")
         if self.board is None:
             self.board = DepartureBoard(sorted(self.registry.addresses),
-                                        iterations=self.registry.config.iterations.count or 0)
+                                        iterations=self.registry.config.iterations.count or 0,
+                                        graph=self.registry.graph)
         board = self.board
         report = Report(request.sender, int(request.round), frozenset(request.silent),
                         int(request.epoch))
@@ -177,7 +178,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             departed=[coordinator_pb2.Departed(
                 agent=board.names[d.agent], round=d.round, rebase_round=d.rebase_round,
                 late=[board.names[j] for j in d.late], index=d.agent, late_index=d.late)
-                for d in board.since(report.epoch)])
+                for d in board.since(report.epoch)],
+            joining=[coordinator_pb2.Peer(name=board.names[j], index=j,
+                                          address=self.registry.addresses[board.names[j]])
+                     for j in board.joining(request.sender, report.epoch)])
 
     def _announce(self) -> None:
         """Wake every held ReportSilence call (a decision, or a contradiction)."""

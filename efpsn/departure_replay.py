@@ -26,6 +26,7 @@ from efpsn.problem import Problem
 from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
 from efpsn.rounds import RoundDriver
 from efpsn.seeds import EdgeSeeds
+from efpsn.stopping import StopRule
 from efpsn.topology import Graph
 
 __all__ = ["DepartureReplay", "departures_line"]
@@ -101,6 +102,9 @@ class DepartureReplay:
             raise ValueError(f"{d.label()}: {[_name(j) for j in stray]} are not neighbours of "
                              f"{_name(d.agent)} at round {d.round}")
         self._drop(d.agent, [j for j in touched if j not in d.late], drivers)
+        for i in self.active:  # no stop from a window that would be decided at round T or later
+            stop = drivers[i].stop
+            drivers[i].revise_stop(None if stop is None else stop.voided_from(d.round))
         self.events.append({**d.to_json(), "neighbours": [_name(j) for j in touched]})
 
     def _drop(self, agent: int, neighbours: Sequence[int],
@@ -119,10 +123,16 @@ class DepartureReplay:
         self._remask(sorted({i for e in recon.new_edges for i in e}), drop=set(),
                      new_edges=recon.new_edges)
         self._refresh(recon.remaining, drivers)
+        # the stop rule of the remaining graph, its checks counted from R (efpsn/stopping.py)
+        pending = min((d.round for d in self.departures
+                       if d.round <= t < d.rebase_round), default=None)
+        stop = StopRule.for_run(self.problem.config, recon.remaining_weights(), origin=t,
+                                until=pending)
         for i in recon.remaining:
             driver = drivers[i]
             driver.state = rebase(driver.state)
             driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
+            driver.revise_stop(stop)
         # agents whose one neighbour now holds every term of their mask (privacy, not accuracy)
         lonely = ([_name(i) for i in recon.remaining if recon.graph.degree(i) == 1]
                   if len(recon.remaining) > 2 else [])

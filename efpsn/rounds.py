@@ -129,6 +129,8 @@ class RoundDriver:
                                            for j in sorted(inbox)])
         elif self.sharing is not None:
             network = merge(self.sharing, [_stop_of(j, m) for j, m in sorted(inbox.items())])
+        if not isinstance(inbox, Aggregate) and any(STOP_KEY in m for m in inbox.values()):
+            # the stop integers are no algorithm's input (of a window a departure voided too)
             inbox = {j: {k: v for k, v in m.items() if k != STOP_KEY} for j, m in inbox.items()}
         ctx = dataclasses.replace(self.context, lr=self.schedule(t))
         self.state, self.outbox = self.algorithm.step(self.state, inbox, ctx)
@@ -151,6 +153,14 @@ class RoundDriver:
                                      x_norm=float(torch.linalg.vector_norm(self.state["x"])))
         self._attach_stop()
         return due
+
+    def revise_stop(self, stop: StopRule | None) -> None:
+        """Go on under another stop rule (a departure's: StopRule.voided_from, or the re-based
+        graph's); integers of a window it voids are no longer sent."""
+        self.stop = stop if stop is not None and stop.active else None
+        if self.sharing is not None and (self.stop is None or self.stop.window(self.t) is None):
+            self.sharing = None
+            self.outbox = {k: v for k, v in self.outbox.items() if k != STOP_KEY}
 
     def _attach_stop(self) -> None:
         """Put the integers to send with round t into the outbox (RoundMessage.stop)."""

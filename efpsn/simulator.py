@@ -182,11 +182,10 @@ def run_simulation(
     schedule = make_schedule(config.schedule, iterations=config.iterations.total)
     n = problem.n
     x0 = problem.initial_params()
-    # the stop rule agrees over the run's graph: a replayed departure changes it, so runs
-    # with departures keep their rounds
+    # the stop rule agrees over the run's graph; a replayed departure voids the windows it
+    # cuts and re-bases the rule on the remaining graph (efpsn/stopping.py)
     aggregate = messages == "aggregate"
-    stop = None if departures else StopRule.for_run(config, problem.weights,
-                                                    aggregate=aggregate)
+    stop = StopRule.for_run(config, problem.weights, aggregate=aggregate)
     drivers = [
         RoundDriver(algorithm=algorithm, schedule=schedule, iterations=config.iterations.total,
                     eval_every=config.eval_every, x0=x0, stop=stop,

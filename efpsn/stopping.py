@@ -21,12 +21,21 @@ everyone). At round s + D all of them evaluate the same function of the same int
 (||x_i - x_bar|| <= ||z_i - z_bar|| + beta ||(x_i - x_i^-) - mean|| <= D gap + 2 beta step),
 and stop there when B / (n - B) <= target (an upper bound on the certificate of round s).
 Otherwise the run goes on to the next check, and at the latest to the step rule's rounds (the
-cap). The fading mask's fresh part (efpsn/fading.py) never rounds away: it sits in every
+cap).
+
+A departure (efpsn/departure.py) at round T voids every window whose stop would be decided at
+round T or later (s + D > T: the departed agent's integers, and its relaying, are missing from
+some agent's maximum, and the remaining graph's diameter may be longer), opens no window until
+the re-base round R, and from R on the rule is the remaining graph's (its diameter D' and the
+certificate's numbers for its weights), with checks at R + k period, k >= 1 (`origin`). An agent
+learns of the departure before it can decide a window that opens after T - D: it is then
+waiting for the departed agent's neighbours (StopRule.voided_from, StopRule.rebased). The fading mask's fresh part (efpsn/fading.py) never rounds away: it sits in every
 agent's tracker, so the tracker term holds the stop back until it has faded below the target.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -92,12 +101,15 @@ class StopRule:
     momentum: float
     target: float
     factor: float | None = None  # the gap's factor in the bound (None: hops; aggregated: S)
+    origin: int = 0  # checks at origin + k period, k >= 1 (a departure's re-base round)
+    until: int | None = None  # a departure's round T: no window decided at T or later
 
     @classmethod
-    def for_run(cls, config: RunConfig, weights: np.ndarray, *,
-                aggregate: bool = False) -> StopRule:
+    def for_run(cls, config: RunConfig, weights: np.ndarray, *, aggregate: bool = False,
+                origin: int = 0, until: int | None = None) -> StopRule:
         """The run's rule: its resolved `stop_every`, the certificate's public numbers
-        (Certifier.for_run) and target, and the cap `iterations`."""
+        (Certifier.for_run) and target, and the cap `iterations`; `weights` and `origin` those
+        of a re-base after a departure (`until`: another departure still to be re-based)."""
         from efpsn.certificate import TARGET, Certifier
 
         c = config.resolved()
@@ -106,12 +118,19 @@ class StopRule:
         certifier = Certifier.for_run(c, weights, aggregate=aggregate)
         return cls(every=c.stop_every, hops=diameter(weights), cap=c.iterations.total,
                    curvature=certifier.curvature, l2=certifier.l2, momentum=certifier.momentum,
-                   target=TARGET, factor=certifier.hops if aggregate else None)
+                   target=TARGET, factor=certifier.hops if aggregate else None,
+                   origin=origin, until=until)
+
+    def voided_from(self, round_: int) -> StopRule:
+        """This rule once an agent left at `round_`: no window decided at that round or later
+        (until the re-base gives the remaining graph's rule: `for_run(..., origin=R)`)."""
+        until = round_ if self.until is None else min(self.until, round_)
+        return dataclasses.replace(self, until=until)
 
     def __post_init__(self) -> None:
-        if self.every < 0 or self.hops < 1 or self.cap < 1:
-            raise ValueError(f"need every >= 0, hops >= 1, cap >= 1; got {self.every}, "
-                             f"{self.hops}, {self.cap}")
+        if self.every < 0 or self.hops < 1 or self.cap < 1 or self.origin < 0:
+            raise ValueError(f"need every >= 0, hops >= 1, cap >= 1, origin >= 0; got "
+                             f"{self.every}, {self.hops}, {self.cap}, {self.origin}")
 
     @property
     def active(self) -> bool:
@@ -123,14 +142,17 @@ class StopRule:
         return max(self.every, self.hops + 1)
 
     def is_check(self, t: int) -> bool:
-        """Whether round t opens a check (its stop round t + hops before the cap)."""
-        return self.active and t > 0 and t % self.period == 0 and t + self.hops < self.cap
+        """Whether round t opens a check (its stop round t + hops before the cap, and before
+        a departure's round `until`)."""
+        return (self.active and t > self.origin and (t - self.origin) % self.period == 0
+                and t + self.hops < self.cap
+                and (self.until is None or t + self.hops <= self.until))
 
     def window(self, t: int) -> int | None:
         """The check round s whose integers round t's messages carry (s <= t < s + hops)."""
-        if not self.active:
+        if not self.active or t < self.origin:
             return None
-        s = t - t % self.period
+        s = t - (t - self.origin) % self.period
         return s if self.is_check(s) and t < s + self.hops else None
 
     def bound(self, network: Sequence[int]) -> float:

@@ -15,6 +15,7 @@ import torch
 
 from efpsn import paillier
 from efpsn.algorithms import AgentState
+from efpsn.certificate import TARGET
 from efpsn.cli import main
 from efpsn.config import RunConfig
 from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
@@ -41,7 +42,7 @@ from efpsn.masking import NoiseSpec
 from efpsn.problem import build_problem
 from efpsn.refresh_value import Refresh
 from efpsn.seeds import exchange_seeds_fast
-from efpsn.simulator import run_simulation
+from efpsn.simulator import SimulationResult, run_simulation
 from efpsn.tasks import centralized_optimum
 from efpsn.topology import Graph, metropolis_weights, path, ring
 
@@ -178,6 +179,13 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _run(root: Path, leaves: list[str], *, preset: str | None = None, **changes: object
          ) -> tuple[float, dict]:
+    result = _simulate(root, leaves, preset=preset, **changes)
+    assert result.departures is not None
+    return result.final["relative_deviation"], result.departures
+
+
+def _simulate(root: Path, leaves: list[str], *, preset: str | None = None, **changes: object
+              ) -> SimulationResult:
     values = {**inspect_data_dir(root).run_values(), **changes}
     config = RunConfig.preset(preset, **values) if preset else RunConfig(**values)
     local = load_data_dir(config, root, holdout=0.0)
@@ -192,9 +200,10 @@ def _run(root: Path, leaves: list[str], *, preset: str | None = None, **changes:
     assert result.departures["remaining_masks_sum_to_zero"] is True
     first = min(d.round for d in departures)
     skipped = sum(1 for d in departures if d.late)  # the round a late neighbour mixes d in
-    assert result.departures["rounds_zero_sum_checked"] == (problem.config.iterations.total - first
+    # every round from the first departure to the last (the stop rule's round, or the cap)
+    assert result.departures["rounds_zero_sum_checked"] == (result.timings["rounds"] - first
                                                             - skipped)
-    return result.final["relative_deviation"], result.departures
+    return result
 
 
 @pytest.mark.parametrize("leave", ["agent3@1", "agent3@200", "agent1@700"])
@@ -213,16 +222,34 @@ def test_one_agent_leaves_a_ring_and_the_rest_reach_their_optimum(wine: Path,
     assert record["departures"][0]["one_neighbour"] == ends
 
 
-def test_gradient_tracking_reaches_the_remaining_optimum(wine: Path) -> None:
-    deviation, _ = _run(wine, ["agent4@300"], algorithm="gt", l2=0.1)
-    assert deviation < 1e-6
+@pytest.mark.parametrize("stop_every", [-1, 0])
+def test_gradient_tracking_reaches_the_remaining_optimum(wine: Path, stop_every: int) -> None:
+    """The step rule's rounds (l2 0.1): the stop rule (the default, -1) ends the run at its
+    certified target, re-based on the remaining graph; without it (0) the cap's rounds."""
+    result = _simulate(wine, ["agent4@300"], algorithm="gt", l2=0.1, stop_every=stop_every)
+    _reaches_the_remaining_optimum(result, stop_every=stop_every)
 
 
-def test_the_papers_preset_with_tracking_reaches_the_remaining_optimum(digits: Path) -> None:
+@pytest.mark.parametrize("stop_every", [-1, 0])
+def test_the_papers_preset_with_tracking_reaches_the_remaining_optimum(digits: Path,
+                                                                       stop_every: int) -> None:
     """The paper's fixed mask on the last layer's ten biases, (K, N) = (1, 10), full batch."""
-    deviation, _ = _run(digits, ["agent3@200"], preset="paper", algorithm="agt",
-                        schedule="auto", batch_size=0, iterations=0, momentum=-1.0)
-    assert deviation < 1e-6
+    result = _simulate(digits, ["agent3@200"], preset="paper", algorithm="agt",
+                       schedule="auto", batch_size=0, iterations=0, momentum=-1.0,
+                       stop_every=stop_every)
+    _reaches_the_remaining_optimum(result, stop_every=stop_every)
+
+
+def _reaches_the_remaining_optimum(result: SimulationResult, *, stop_every: int) -> None:
+    deviation, rounds = result.final["relative_deviation"], result.timings["rounds"]
+    if stop_every == 0:  # the step rule's rounds: exact
+        assert rounds == result.config.iterations and deviation < 1e-6
+        return
+    # the stop rule stopped before the cap, at a round its certificate (of the remaining
+    # graph, after the re-base) vouches for; the true distance is within it
+    assert result.convergence is not None and result.convergence.converged
+    assert rounds < result.config.iterations
+    assert deviation <= result.convergence.bound <= TARGET
 
 
 def test_two_non_adjacent_agents_leave_and_the_pieces_are_joined(wine: Path) -> None:

@@ -15,6 +15,7 @@ from coordinator.registry import Registry
 from coordinator.service import CoordinatorService
 from efpsn.config import RunConfig
 from efpsn.departure import Departure
+from efpsn.topology import path, ring
 from efpsn.wire.v1 import coordinator_pb2
 
 NAMES = [f"agent{i}" for i in range(1, 6)]
@@ -36,6 +37,24 @@ def test_agent3_gone_from_a_ring_is_decided_once_every_live_agent_reported() -> 
     assert board.report(report("agent5", 202, "agent4"))
     assert board.decided == [Departure(agent=2, round=201, rebase_round=206)]
     assert board.epoch == 1 and board.gone == {"agent3"}
+
+
+def test_a_decision_that_cuts_the_graph_names_the_new_edges_ends_to_each_other() -> None:
+    # a path 1-2-3-4-5 without agent3: the pieces {1,2} and {4,5} are joined by 1-4
+    board = DepartureBoard(NAMES, iterations=4000, graph=path(5))
+    for r in (report("agent2", 201, "agent3"), report("agent4", 201, "agent3"),
+              report("agent1", 202, "agent2"), report("agent5", 202, "agent4")):
+        board.report(r)
+    assert board.decided == [Departure(agent=2, round=201, rebase_round=206)]
+    assert board.joining("agent1", 0) == [3] and board.joining("agent4", 0) == [0]
+    assert board.joining("agent2", 0) == [] and board.joining("agent5", 0) == []
+    assert board.joining("agent1", 1) == []  # an agent that applied the decision already
+    # a ring stays connected without one agent: no new edge
+    ring_board = DepartureBoard(NAMES, iterations=4000, graph=ring(5))
+    for r in (report("agent2", 201, "agent3"), report("agent4", 201, "agent3"),
+              report("agent1", 202, "agent2"), report("agent5", 202, "agent4")):
+        ring_board.report(r)
+    assert all(ring_board.joining(n, 0) == [] for n in NAMES if n != "agent3")
 
 
 def test_a_neighbour_that_used_the_last_message_is_late() -> None:

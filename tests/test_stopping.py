@@ -124,3 +124,59 @@ def test_an_explicit_iterations_wins(fast_problem) -> None:
     config = FAST.replace(iterations=120)
     run = run_simulation(config, problem=build_problem(config.resolved()))
     assert run.config.stop_every == 0 and run.timings["rounds"] == 120
+
+
+def test_a_departure_voids_the_windows_it_cuts_and_the_rule_restarts_at_the_rebase() -> None:
+    rule = _rule(every=10, hops=3, cap=100)
+    # agent left at round 32: window 30 would be decided at round 32 (its last merge), void;
+    # window 20 was decided at round 22, before
+    cut = rule.voided_from(32)
+    assert [t for t in range(100) if cut.is_check(t)] == [10, 20]
+    assert cut.window(30) is None and cut.window(31) is None and cut.window(21) == 20
+    assert cut.voided_from(40).until == 32 and rule.voided_from(33).window(30) == 30
+    # the re-based rule (the remaining graph's diameter 2) counts its checks from R = 37
+    later = _rule(every=10, hops=2, cap=100, origin=37)
+    assert [t for t in range(100) if later.is_check(t)] == [47, 57, 67, 77, 87, 97]
+    assert later.window(48) == 47 and later.window(49) is None and later.window(37) is None
+    assert later.window(5) is None and not later.is_check(30)
+
+
+def test_a_driver_under_a_voided_window_sends_no_integers(fast_problem) -> None:
+    from efpsn.algorithms import StepContext, make_algorithm
+    from efpsn.rounds import RoundDriver
+    from efpsn.schedules import make_schedule
+    from efpsn.simulator import make_mask_providers
+    from efpsn.stopping import STOP_KEY
+
+    rule = StopRule.for_run(FAST, fast_problem.weights)
+    config = FAST.resolved()
+    schedule = make_schedule(config.schedule, iterations=config.iterations)
+    driver = RoundDriver(
+        algorithm=make_algorithm(config.algorithm, momentum=config.momentum),
+        context=StepContext(agent=0, weights={0: 0.5, 1: 0.5}, lr=schedule(0),
+                            oracle=fast_problem.objective(0, make_mask_providers(fast_problem)[0])),
+        schedule=schedule, iterations=config.iterations, eval_every=50,
+        x0=fast_problem.initial_params(), stop=rule)
+    while driver.t < rule.period:  # with a mirror image of itself, up to the first check
+        driver.step({1: dict(driver.outbox)})
+    assert driver.sharing is not None and STOP_KEY in driver.outbox
+    driver.revise_stop(rule.voided_from(driver.t))
+    assert driver.sharing is None and STOP_KEY not in driver.outbox
+    # a neighbour's integers of the void window are not read
+    driver.step({1: {**driver.outbox, STOP_KEY: torch.tensor([0, 0, 0, 0])}})
+    assert driver.sharing is None and not driver.stopped_early
+
+
+def test_a_departure_in_the_last_window_moves_the_stop_to_the_remaining_graphs_rule(
+        fast_problem) -> None:
+    from efpsn.departure import parse_leave
+
+    whole = run_simulation(FAST, problem=fast_problem)
+    stop = whole.timings["rounds"]  # a check round + 2 (the 5-ring's diameter)
+    leave = parse_leave(f"agent3@{stop - 1}", agents=5)  # inside that check's window
+    run = run_simulation(FAST, problem=fast_problem, departures=[leave])
+    rounds = run.timings["rounds"]
+    # the 4-path's diameter is 3; its checks are counted from the re-base round R = T + 5
+    assert rounds > leave.rebase_round and (rounds - 3 - leave.rebase_round) % STOP_EVERY == 0
+    assert rounds < run.config.iterations
+    assert run.convergence is not None and run.convergence.converged

@@ -339,5 +339,7 @@ def _departures_record(folder: Path, names: list[str]) -> dict[str, Any] | None:
 
 def _departures_line(record: dict[str, Any]) -> str:
     gone = "; ".join(f"{e['agent']} left at round {e['round']} (re-based at round "
-                     f"{e['rebase_round']})" for e in record["departures"])
+                     f"{e['rebase_round']}"
+                     + "".join(f", new edge {a}-{b}" for a, b in e.get("new_edges") or [])
+                     + ")" for e in record["departures"])
     return f"{gone}; the model is {record['optimum_of']}"

@@ -176,7 +176,13 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     problems = check_results(results, iterations=config.iterations.total,
                              early=config.resolved().stop_every > 0)
     rounds = results[0]["final"].get("round") if results else None
-    convergence = Certifier.for_run(config, problem.weights)(
+    weights = problem.weights
+    if any("departures" in r for r in results):  # the remaining agents' graph, re-based
+        from efpsn.departure import reconfigure
+
+        kept = {int(r["index"]) for r in results}
+        weights = reconfigure(problem.graph, set(range(problem.n)) - kept).remaining_weights()
+    convergence = Certifier.for_run(config, weights)(
         worst([r["final"] for r in results]), x_bar_norm=float(torch.linalg.vector_norm(x_bar)),
         rounds=int(rounds) if isinstance(rounds, int | float) else None)
     from efpsn.privacy_modes import privacy_statement

@@ -37,14 +37,16 @@ class Departed(_message.Message):
     def __init__(self, agent: _Optional[str] = ..., round: _Optional[int] = ..., rebase_round: _Optional[int] = ..., late: _Optional[_Iterable[str]] = ..., index: _Optional[int] = ..., late_index: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Departures(_message.Message):
-    __slots__ = ("run_id", "epoch", "departed")
+    __slots__ = ("run_id", "epoch", "departed", "joining")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     DEPARTED_FIELD_NUMBER: _ClassVar[int]
+    JOINING_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     epoch: int
     departed: _containers.RepeatedCompositeFieldContainer[Departed]
-    def __init__(self, run_id: _Optional[str] = ..., epoch: _Optional[int] = ..., departed: _Optional[_Iterable[_Union[Departed, _Mapping]]] = ...) -> None: ...
+    joining: _containers.RepeatedCompositeFieldContainer[Peer]
+    def __init__(self, run_id: _Optional[str] = ..., epoch: _Optional[int] = ..., departed: _Optional[_Iterable[_Union[Departed, _Mapping]]] = ..., joining: _Optional[_Iterable[_Union[Peer, _Mapping]]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("name", "address", "input_shape", "classes", "model_fingerprint", "failure")
