@@ -31,8 +31,9 @@ CRASH_HOOK = Path(__file__).parent / "crash_hook"
 
 
 def crash_at(round_: int, *, name: str = "") -> dict[str, str]:
-    """The environment that makes an agent (`name` only, when given) SIGKILL itself on reaching
-    round `round_`, before it sends anything for it (tests/crash_hook/sitecustomize.py)."""
+    """The environment that makes an agent (`name` only, when given; several: "agent2,agent4")
+    SIGKILL itself on reaching round `round_`, before it sends anything for it
+    (tests/crash_hook/sitecustomize.py)."""
     path = os.pathsep.join([str(CRASH_HOOK), *filter(None, [os.environ.get("PYTHONPATH")])])
     return {"PYTHONPATH": path, "CRASH_AT_ROUND": f"{name}:{round_}" if name else str(round_)}
 

@@ -243,12 +243,12 @@ def test_the_papers_preset_with_tracking_reaches_the_remaining_optimum(digits: P
 def _reaches_the_remaining_optimum(result: SimulationResult, *, stop_every: int) -> None:
     deviation, rounds = result.final["relative_deviation"], result.timings["rounds"]
     if stop_every == 0:  # the step rule's rounds: exact
-        assert rounds == result.config.iterations and deviation < 1e-6
+        assert rounds == result.config.iterations.total and deviation < 1e-6
         return
     # the stop rule stopped before the cap, at a round its certificate (of the remaining
     # graph, after the re-base) vouches for; the true distance is within it
     assert result.convergence is not None and result.convergence.converged
-    assert rounds < result.config.iterations
+    assert rounds < result.config.iterations.total
     assert deviation <= result.convergence.bound <= TARGET
 
 

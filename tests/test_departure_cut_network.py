@@ -1,6 +1,6 @@
 """Departures that cut the graph, through real processes (agent/rejoin.py, coordinator/
 departures.py): a path of 5 losing its middle agent, and a 5-ring losing two non-adjacent
-agents at once (killed -9 by the hidden hook EFPSN_TEST_CRASH_AT_ROUND on reaching round 201,
+agents at once (killed -9 by tests/crash_hook (localnet.crash_at) on reaching round 201,
 never back). The coordinator's decision names the new edge's ends to each other (the rule of
 efpsn.departure.rejoin_edges), they open a channel (mutual TLS names checked), run phase I's
 seed exchange for that edge under fresh Paillier keys before the re-base round, and mix from
@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from localnet import crash_at
 
 from efpsn.config import RunConfig
 from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
@@ -44,10 +45,14 @@ def _run(data: Path, out: Path, *, topology: str, victims: list[str]) -> dict[st
                           "iterations": 2000, "eval_every": 500, "key_bits": 2048,
                           "topology": topology, "round_timeout_seconds": ROUND_TIMEOUT})
     started = time.monotonic()
-    summary = launch_local_network(
-        config, results=out, data_dir=data, quiet=True, holdout=0.0,
-        insecure_noise_seed=NOISE_SEED, departure_deadline=DEADLINE,
-        agent_env={v: {"EFPSN_TEST_CRASH_AT_ROUND": str(CRASH_AT)} for v in victims})
+    # the fork server's children inherit the crash hook from its environment (forked, not
+    # started: a per-agent environment would not load it)
+    with pytest.MonkeyPatch.context() as env:
+        for variable, value in crash_at(CRASH_AT, name=",".join(victims)).items():
+            env.setenv(variable, value)
+        summary = launch_local_network(
+            config, results=out, data_dir=data, quiet=True, holdout=0.0,
+            insecure_noise_seed=NOISE_SEED, departure_deadline=DEADLINE)
     wall = time.monotonic() - started
     assert summary["ok"], summary["problems"]
     survivors = summary["remaining"]

@@ -1,7 +1,7 @@
 """A departure in a default run (no --iterations: the stop rule, efpsn/stopping.py), through
 real processes: `efpsn up` on 5 breast-cancer folders of unequal size with the defaults (the
 step rule's rounds as the cap, the stop rule, fading masks, 3072-bit keys); agent3 kills itself
-(SIGKILL, hidden hook EFPSN_TEST_CRASH_AT_ROUND) on reaching round 201 and never comes back.
+(SIGKILL, tests/crash_hook: localnet.crash_at) on reaching round 201 and never comes back.
 The other four exit 0 and stop at the round `efpsn simulate --leave agent3@T:R` stops at (the
 windows the departure cut are void, the rule restarts at R on the remaining graph), with the
 same iterates bit for bit, within the certificate of the four folders' optimum."""
@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from localnet import crash_at
 
 from efpsn.certificate import TARGET
 from efpsn.config import RunConfig
@@ -46,7 +47,7 @@ def default_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     command = [sys.executable, "-m", "efpsn", "up", "--data-dir", str(data), "--holdout", "0",
                "--results", str(results), "--quiet", "--departure-deadline", str(DEADLINE),
                "--insecure-noise-seed", str(NOISE_SEED)]
-    env = {**os.environ, "EFPSN_TEST_CRASH_AT_ROUND": f"agent3:{CRASH_AT}"}
+    env = {**os.environ, **crash_at(CRASH_AT, name="agent3")}
     started = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=540,
                           check=False)
@@ -71,7 +72,7 @@ def test_the_four_others_stop_where_the_simulator_stops_bit_for_bit(default_run)
     sim = run_simulation(config, noise_seed=NOISE_SEED, problem=problem, departures=[leave])
     rounds = sim.timings["rounds"]
     # the stop rule ended the run before the cap, at a round counted from the re-base
-    assert sim.config.stop_every > 0 and record["rebase_round"] < rounds < sim.config.iterations
+    assert sim.config.stop_every > 0 and record["rebase_round"] < rounds < sim.config.iterations.total
     agent_results, xs = load_agent_results(results, SURVIVORS)
     assert {r["final"]["round"] for r in agent_results} == {rounds}
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0

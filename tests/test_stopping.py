@@ -150,12 +150,12 @@ def test_a_driver_under_a_voided_window_sends_no_integers(fast_problem) -> None:
 
     rule = StopRule.for_run(FAST, fast_problem.weights)
     config = FAST.resolved()
-    schedule = make_schedule(config.schedule, iterations=config.iterations)
+    schedule = make_schedule(config.schedule, iterations=config.iterations.total)
     driver = RoundDriver(
-        algorithm=make_algorithm(config.algorithm, momentum=config.momentum),
+        algorithm=make_algorithm(config.algorithm, momentum=config.momentum.value),
         context=StepContext(agent=0, weights={0: 0.5, 1: 0.5}, lr=schedule(0),
                             oracle=fast_problem.objective(0, make_mask_providers(fast_problem)[0])),
-        schedule=schedule, iterations=config.iterations, eval_every=50,
+        schedule=schedule, iterations=config.iterations.total, eval_every=50,
         x0=fast_problem.initial_params(), stop=rule)
     while driver.t < rule.period:  # with a mirror image of itself, up to the first check
         driver.step({1: dict(driver.outbox)})

@@ -1,7 +1,7 @@
 """Tests only: make an agent SIGKILL itself on reaching a round, like a power cut.
 
 A process started with this folder on PYTHONPATH and CRASH_AT_ROUND=T (or NAME:T, for agent
-NAME only) dies when it is about to exchange its round-T message, before it sends anything for
+NAME only; NAME1,NAME2:T for each of them) dies when it is about to exchange its round-T message, before it sends anything for
 that round, so a test knows its newest checkpoint exactly (no race between a kill from outside
 and a checkpoint write). The agent's code knows nothing of it: this module wraps
 agent.exchange.RoundLink.exchange as that module is imported (the fork server's children
@@ -25,7 +25,7 @@ def _wrap(module: Any, who: str, at: int) -> None:
     exchange = module.RoundLink.exchange
 
     async def crashing(self: Any, t: int, message: Any, *, final: bool = False) -> Any:
-        if not final and t == at and who in ("", self.name):
+        if not final and t == at and (not who or self.name in who.split(",")):
             os.kill(os.getpid(), signal.SIGKILL)  # no handler runs, nothing is flushed
         return await exchange(self, t, message, final=final)
 
