@@ -178,5 +178,5 @@ def test_a_departure_in_the_last_window_moves_the_stop_to_the_remaining_graphs_r
     rounds = run.timings["rounds"]
     # the 4-path's diameter is 3; its checks are counted from the re-base round R = T + 5
     assert rounds > leave.rebase_round and (rounds - 3 - leave.rebase_round) % STOP_EVERY == 0
-    assert rounds < run.config.iterations
+    assert rounds < run.config.iterations.total
     assert run.convergence is not None and run.convergence.converged
