@@ -61,12 +61,7 @@ class RoundLink:
         self._sending = asyncio.ensure_future(all_or_first_error(sends))
         try:
             await self.replay.fill(t, deadline=deadline)
-            while True:
-                try:
-                    return await self.peers.collect(
-                        "round", t, timeout=max(0.0, deadline - loop.time()))
-                except Interrupted:
-                    await self.peers.repair(self.outbox, deadline=deadline)
+            return await self._collect(t, deadline)
         except BaseException:
             await self.abandon()
             raise
@@ -99,6 +94,12 @@ class RoundLink:
             if each is not None:
                 await all_or_first_error(self.peers.put_round(n, each, timeout=self.timeout)
                                          for n in self.neighbours)
+        return await self._collect(t, deadline)
+
+    async def _collect(self, t: int, deadline: float) -> dict[int, Message]:
+        """The neighbours' round-t messages by `deadline` (the loop's clock), mending a stream
+        that breaks while we wait."""
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 return await self.peers.collect(
