@@ -20,6 +20,7 @@ from typing import Any
 
 from agent.bootstrap import report_silence
 from agent.exchange import RoundLink
+from agent.fixed_terms import EdgeTerms
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, RefusedByNeighbour
 from agent.rejoin import Rejoin
@@ -29,7 +30,8 @@ from efpsn.algorithms import Message
 from efpsn.departure import Departure, drop_node_weights, optimum_of, rebase, reconfigure
 from efpsn.departure_masks import add_seeds, drop_seeds, reseeded
 from efpsn.fading import FadingMask
-from efpsn.refresh import MaskProvider, RefreshedMask
+from efpsn.masking import Masker
+from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
 from efpsn.rounds import RoundDriver
 from efpsn.stopping import StopRule
 
@@ -41,9 +43,13 @@ log = logging.getLogger("efpsn.agent")
 class LocalDepartures:
     """The departures this agent knows and what they change for it, round by round."""
 
-    def __init__(self, session: Session, masks: MaskProvider) -> None:
+    def __init__(self, session: Session, masks: MaskProvider,
+                 masker: Masker | None = None) -> None:
         self.session = session
         self.masks = masks
+        # the paper's fixed mask: phase I's Masker (this run's process only: it holds the
+        # per-edge shares a departure subtracts; agent/fixed_terms.py)
+        self.terms = EdgeTerms(masker) if isinstance(masks, FixedMask) else None
         self.decided: list[Departure] = []
         self.epoch = 0
         self.graph = session.problem.graph
@@ -72,10 +78,10 @@ class LocalDepartures:
             raise AgentFailure(f"{self.session.assignment.name}: the coordinator's answer "
                                "holds no new departure")
         zero_sum = self.session.config.mask == "zero-sum"
-        if zero_sum and not isinstance(self.masks, (FadingMask, RefreshedMask)):
+        if zero_sum and self.terms is not None and not self.terms.available:
             raise AgentFailure("a departure with the paper's fixed mask (--refresh never) "
-                               "needs phase I's shares, which agents do not keep: not "
-                               "supported yet")
+                               "needs phase I's per-edge shares, which a restarted agent "
+                               "no longer holds (they are kept in memory only)")
         after = reconfigure(self.graph, self.gone | {d.agent for d in new})
         mine = sorted({b if a == self.me else a for a, b in after.new_edges if self.me in (a, b)})
         given = {index: (name, address) for name, (index, address) in (joining or {}).items()}
@@ -132,6 +138,8 @@ class LocalDepartures:
         if new and isinstance(self.masks, (FadingMask, RefreshedMask)):  # phase I's terms
             self.masks = reseeded(self.masks, add_seeds(
                 self.masks.seeds, {j: self.new_seeds.pop(j) for j in new}))
+        elif new and self.terms is not None and isinstance(self.masks, FixedMask):
+            self.masks = self.terms.joined(self.masks, new)
         self._refresh(driver)
         driver.state = rebase(driver.state)
         driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
@@ -151,6 +159,8 @@ class LocalDepartures:
     def _remask(self, gone: list[int]) -> None:
         if isinstance(self.masks, (FadingMask, RefreshedMask)):
             self.masks = reseeded(self.masks, drop_seeds(self.masks.seeds, gone))
+        elif self.terms is not None and isinstance(self.masks, FixedMask):
+            self.masks = self.terms.dropped(self.masks, gone)
 
     def _refresh(self, driver: RoundDriver) -> None:
         driver.context = dataclasses.replace(
@@ -238,9 +248,14 @@ class Silence:
             gone, _ = self.departures.before_round(t, driver)  # t < R: nobody joins yet
             for neighbour in gone:
                 await link.drop(neighbour)
+            terms = self.departures.terms
             if joiners and isinstance(self.departures.masks, (FadingMask, RefreshedMask)):
                 rebase_round = min(session.joining[n][2] for n in joiners)
                 self.departures.new_seeds.update(await self.rejoin.exchange(
+                    joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
+            elif joiners and terms is not None:  # the paper's protocol on the new edges
+                rebase_round = min(session.joining[n][2] for n in joiners)
+                terms.add(await self.rejoin.exchange_shares(
                     joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
             try:
                 return await link.recollect(t, driver.outbox)

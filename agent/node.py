@@ -103,6 +103,7 @@ class AgentNode:
             waiting=lambda: set(self.mailbox.waiting_for) | set(self.peers.unacknowledged))
         self.server: Server | None = None
         self._keypair: asyncio.Future[Any] | None = None
+        self._masker: Masker | None = None  # the fixed mask's per-edge terms (departures)
 
     async def run(self) -> dict[str, Any]:
         """Serve, register (or resume), mask, optimise, write results. Returns the result."""
@@ -270,7 +271,8 @@ class AgentNode:
         channel = self.peers.coordinator()
         deadline = opts.departure_deadline or session.config.round_timeout_seconds
         # the others report up to a few rounds later: wait for their deadline too
-        return Silence(departures=LocalDepartures(session, masks), coordinator=channel,
+        return Silence(departures=LocalDepartures(session, masks, self._masker),
+                       coordinator=channel,
                        mailbox=self.mailbox, store=self.store,
                        timeout=deadline + session.config.round_timeout_seconds,
                        rejoin=Rejoin(session=session, peers=self.peers, mailbox=self.mailbox,
@@ -340,6 +342,7 @@ class AgentNode:
 
     def _expect_shares(self, masker: Masker | SeedExchange) -> None:
         assert self.service.session is not None
+        self._masker = masker if isinstance(masker, Masker) else None
         self.service.shares = ShareCheck(public_key=masker.public_key,
                                          count=masker.ciphertexts_per_neighbour,
                                          packed=shares_packed(self.service.session.config))
