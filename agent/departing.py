@@ -145,12 +145,16 @@ class LocalDepartures:
         driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
         # the stop rule of the remaining graph, its checks counted from R (efpsn/stopping.py)
         pending = min((d.round for d in self.decided if d.rebase_round > t), default=None)
-        driver.revise_stop(StopRule.for_run(self.session.config, recon.remaining_weights(),
-                                            origin=t, until=pending))
+        stop = StopRule.rebased(self.session.config, recon.remaining_weights(), origin=t,
+                                until=pending, cap=driver.iterations)
+        if stop.active:  # the cap extended by the remaining graph's step rule
+            driver.iterations = stop.cap
+        driver.revise_stop(stop)
         for event in self.events:
             if event["rebase_round"] == t:
                 event.update(epoch=self.epoch, new_edges=[[self._name(a), self._name(b)]
-                                                          for a, b in recon.new_edges])
+                                                          for a, b in recon.new_edges],
+                             cap=driver.iterations)
         log.warning("%s re-based at round %d: the model is now %s%s",
                     self.session.assignment.name, t, optimum_of(recon.remaining),
                     "".join(f"; new neighbour {n}" for n in joined))

@@ -82,6 +82,7 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
         status.round = t
         if silence is not None:  # what the departures decided change at round t
             gone, joined = silence.departures.before_round(t, driver)
+            ledger.last = max(ledger.last, driver.iterations)  # a re-base may extend the cap
             for neighbour in gone:
                 await link.drop(neighbour)
             for neighbour in joined:
