@@ -23,6 +23,7 @@ import grpc
 
 from agent.bootstrap import bootstrap
 from agent.concurrency import to_completion
+from agent import departure_state
 from agent.departing import LocalDepartures, Silence
 from agent.exchange import RoundLink
 from agent.mailbox import Mailbox
@@ -217,6 +218,9 @@ class AgentNode:
         driver = make_driver(session, masks, checkpoint)
         first = driver.t
         silence = self._silence(session, masks)
+        if silence is not None:  # a restart after a departure re-applies it (departing.py)
+            silence.resume(driver)
+            replay = set(session.neighbour_names) if replay else replay
         deadline = opts.departure_deadline or cfg.round_timeout_seconds
         link = RoundLink(
             peers=self.peers, outbox=self.outbox, run_id=session.run_id, name=opts.name,
@@ -257,6 +261,7 @@ class AgentNode:
         self.outbox.stop_logging()  # deleted with the checkpoints; memory serves the rest
         self.store.mark_finished(saved)
         (Path(self.store.folder) / TOTALS_FILE).unlink(missing_ok=True)  # with the seeds
+        departure_state.discard(self.store.folder)  # the new edges' seeds, likewise
         self.status.phase = Phase.DONE
         self.status.finished = True
         await link.finish(done.state.t, done.final_outbox)

@@ -93,7 +93,8 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
             if silence is None:
                 raise
             inbox = await silence.recover(t, exc, driver, link)
-        if t % checkpoint_every == 0 and t != first:
+        applied = silence is not None and silence.applied == t  # a departure: resume here
+        if (t % checkpoint_every == 0 or applied) and t != first:
             # A checkpoint at round t promises that every neighbour holds my round t-1 message
             # (a process restarted from it resends rounds from t on only): their round-t
             # messages, just collected, prove it (none can compute round t without mine).
