@@ -269,7 +269,7 @@ class Silence:
                                           run_id=self.departures.session.run_id)
         except ValueError as exc:
             raise AgentFailure(str(exc)) from None
-        if record is not None and driver.t > 0:
+        if record is not None:
             self.departures.restore(record, driver)
 
     def missing(self, t: int, failure: AgentFailure) -> list[str]:
@@ -315,9 +315,6 @@ class Silence:
                 self.store.mark_unresumable(
                     f"{name} applied a departure at round {t} with the paper's fixed mask; "
                     "its phase I shares are kept in memory only: it cannot resume")
-            gone, _ = self.departures.before_round(t, driver)  # t < R: nobody joins yet
-            for neighbour in gone:
-                await link.drop(neighbour)
             terms = self.departures.terms
             if joiners and isinstance(self.departures.masks, (FadingMask, RefreshedMask)):
                 rebase_round = min(session.joining[n][2] for n in joiners)
@@ -327,6 +324,12 @@ class Silence:
                 rebase_round = min(session.joining[n][2] for n in joiners)
                 terms.add(await self.rejoin.exchange_shares(
                     joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
+            # t < R, or R = t = 0 (it left before any round message): then the new edges join
+            gone, joined = self.departures.before_round(t, driver)
+            for neighbour in gone:
+                await link.drop(neighbour)
+            for neighbour in joined:
+                link.join(neighbour)
             self.departures.save(self.store.folder)  # a restart re-applies it (and resumes)
             self.applied = t  # phase II checkpoints this round (agent/phase_two.py)
             try:
