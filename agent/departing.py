@@ -324,7 +324,7 @@ class Silence:
                 rebase_round = min(session.joining[n][2] for n in joiners)
                 terms.add(await self.rejoin.exchange_shares(
                     joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
-            # t < R, or R = t = 0 (it left before any round message): then the new edges join
+            # t < R (R = T + n): the new edges join at R, in the loop
             gone, joined = self.departures.before_round(t, driver)
             for neighbour in gone:
                 await link.drop(neighbour)

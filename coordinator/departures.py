@@ -16,8 +16,8 @@ The rule, public and deterministic:
 - agent d left at round T = the smallest round a report names it silent at; the reporters that
   name it one round later used its round-T message (Departure.late); the re-base round is
   R = T + the number of agents at the start (efpsn.departure.parse_leave's rule), which no
-  agent can have reached: every one is waiting at T + 2 at most; T = 0 (d finished phase I
-  and sent no round message) gives R = 0: nobody has stepped round 0 yet;
+  agent can have reached: every one is waiting at T + 2 at most (T = 0 too: d finished phase I
+  and sent no round message);
 - reports are counted per decision (`epoch`); a report of an older epoch is answered with the
   decisions it missed;
 - a decision that cuts the graph joins the pieces (efpsn.departure.reconfigure, the rule the
@@ -138,7 +138,7 @@ class DepartureBoard:
     def _check(self, departures: list[Departure]) -> list[Departure]:
         latest = max(r.round for r in self._reports.values())
         for d in departures:
-            if d.rebase_round <= latest and not d.rebase_round == latest == 0:
+            if d.rebase_round <= latest:
                 raise Refused(f"{d.label()}: an agent is already at round {latest}, past the "
                               "re-base round")
             if d.rebase_round >= self.iterations:
@@ -159,9 +159,8 @@ class DepartureBoard:
             raise Refused(f"the reports contradict each other: {', '.join(ahead)} miss {name} "
                           f"at a round after {first + 1}, but its neighbours cannot be two "
                           "rounds apart")
-        # round 0 (it finished phase I, sent no round message): the rest start phase II without
-        # it, re-based at round 0, as `efpsn simulate --leave agentK@0` (every round-0 message
-        # already sent stays valid: the trackers start at y = g, what the re-base sets)
+        # round 0 (it finished phase I and sent no round message) too: agents far from it may
+        # have stepped round 0 already, so the re-base comes n rounds later as for any round
         return Departure(agent=self.names.index(name), round=first,
-                         rebase_round=first + len(self.names) if first else 0,
+                         rebase_round=first + len(self.names),
                          late=tuple(self.names.index(s) for s in late))

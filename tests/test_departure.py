@@ -57,7 +57,8 @@ def test_leave_flag_parses_one_based_with_a_default_rebase_round() -> None:
     assert parse_leave("agent1@7:9", agents=5) == Departure(agent=0, round=7, rebase_round=9)
     assert parse_leave("agent2@0", agents=5) == Departure(agent=1, round=0, rebase_round=0)
     assert parse_leave("agent3@9+agent2+agent4", agents=5).late == (1, 3)
-    for bad in ("agent6@10", "agent0@10", "3@200", "agent3@0:4", "agent3@10:10",
+    assert parse_leave("agent2@0:5", agents=5).rebase_round == 5  # no round-0 message sent
+    for bad in ("agent6@10", "agent0@10", "3@200", "agent3@10:10",
                 "agent3@10:11+agent2", "agent3@10+agent3", "agent3@10+agent9"):
         with pytest.raises(ValueError):
             parse_leave(bad, agents=5)

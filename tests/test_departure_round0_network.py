@@ -1,10 +1,10 @@
 """A party that leaves right after phase I, through real processes: a 5-path on breast-cancer
 folders of unequal size; agent3 finishes phase I and kills itself (SIGKILL, tests/crash_hook)
-before sending anything for round 0. The others report it silent at round 0 and the coordinator
-decides agent3@0:0: the rest start phase II without it (the round-0 messages already sent stay
-valid: the trackers start at y = g, which is what the re-base sets), its neighbours drop its
-seeds, and the new edge agent1-agent4 runs phase I's seed exchange before round 0. The four
-exit 0 and equal `efpsn simulate --leave agent3@0` bit for bit."""
+before sending anything for round 0. The others report it silent at round 0 (agent1, not next
+to it, may already be at round 1) and the coordinator decides agent3@0:5: its neighbours drop
+its weights and seeds from round 0 on, the new edge agent1-agent4 runs phase I's seed exchange
+and mixes from the re-base round 5. The four exit 0 and equal `efpsn simulate --leave
+agent3@0:5` bit for bit."""
 
 from __future__ import annotations
 
@@ -41,12 +41,12 @@ def test_an_agent_gone_before_round_0_is_left_out_from_the_start(tmp_path) -> No
             allow_insecure_keys=True)
     assert summary["ok"], summary["problems"]
     record = summary["departures"][0]
-    assert (record["agent"], record["round"], record["rebase_round"]) == ("agent3", 0, 0)
+    assert (record["agent"], record["round"], record["rebase_round"]) == ("agent3", 0, 5)
     assert record["new_edges"] == [["agent1", "agent4"]]
     assert summary["remaining"] == SURVIVORS
     problem = build_problem(config, local=load_data_dir(config, data, holdout=0.0))
     sim = run_simulation(config, noise_seed=NOISE_SEED, problem=problem,
-                         departures=[parse_leave("agent3@0", agents=5)])
+                         departures=[parse_leave("agent3@0:5", agents=5)])
     _, xs = load_agent_results(tmp_path / "run", SURVIVORS)
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
     assert sim.departures is not None and sim.departures["remaining_masks_sum_to_zero"]
