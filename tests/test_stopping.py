@@ -180,4 +180,3 @@ def test_a_departure_in_the_last_window_moves_the_stop_to_the_remaining_graphs_r
     assert rounds > leave.rebase_round and (rounds - 3 - leave.rebase_round) % STOP_EVERY == 0
     assert rounds < run.config.iterations.total
     assert run.convergence is not None and run.convergence.converged
-
