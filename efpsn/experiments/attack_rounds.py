@@ -39,13 +39,15 @@ from efpsn.experiments.attack_fit import (
     map_estimate,
     svd_estimate,
 )
+from efpsn.experiments.attack_output import OUTPUT_ATTACKERS, output_estimates
 from efpsn.experiments.attack_view import RoundView, one_sample_problem, record_view
 from efpsn.experiments.common import Column, format_table, log
 from efpsn.experiments.idlg import image_errors
 from efpsn.tasks import Dataset, load_data
+from efpsn.tasks.optimum import centralized_optimum
 
-__all__ = ["ATTACKERS", "GUESS", "ManyRoundSettings", "attack_view", "many_round_table",
-           "run_many_rounds", "summarise_many"]
+__all__ = ["ATTACKERS", "GUESS", "OUTPUT_ATTACKERS", "ManyRoundSettings", "attack_view",
+           "many_round_table", "run_many_rounds", "summarise_many"]
 
 GUESS = "guess: the others' mean"
 
@@ -105,13 +107,16 @@ class ManyRoundSettings:
 
 
 def attack_view(view: RoundView, model: LinearModel, prior: Prior, truth: np.ndarray,
-                *, spread: np.ndarray | None = None, pixels: bool = False, steps: int = 50
-                ) -> list[dict[str, Any]]:
-    """Every attacker (and the mean guess) on one view: one record each with its errors."""
+                *, spread: np.ndarray | None = None, pixels: bool = False, steps: int = 50,
+                output: dict[str, np.ndarray] | None = None) -> list[dict[str, Any]]:
+    """Every attacker (and the mean guess) on one view: one record each with its errors;
+    `output`: the output-only attackers' estimates (efpsn/experiments/attack_output.py), scored
+    alike."""
     out = []
     started = time.perf_counter()
     estimates = _estimates(view, model, prior, steps=steps)
-    for name, estimate in [(GUESS, lambda: prior.mean), *estimates]:
+    extra = [(name, lambda x=x: x) for name, x in (output or {}).items()]
+    for name, estimate in [(GUESS, lambda: prior.mean), *estimates, *extra]:
         guess = np.asarray(estimate())
         record: dict[str, Any] = {"attacker": name,
                                   "seconds": time.perf_counter() - started}
@@ -147,8 +152,13 @@ def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset]
     public = torch.cat([o.images for o in others]).numpy().reshape(-1, model.features)
     prior = Prior.from_data(public)
     truth = data.images[index].numpy().reshape(-1)
+    x_star = centralized_optimum(task, [s for s in problem.shards if s is not None]).x
+    attacker = min(problem.graph.neighbours(0)) - 1
+    output = output_estimates(
+        model, x_star.numpy(), prior=prior, attacker=attacker, steps=settings.steps,
+        others=[(o.images.numpy().reshape(len(o), -1), o.labels.numpy()) for o in others])
     records = attack_view(view, model, prior, truth, spread=None if pixels else public.std(0),
-                          pixels=pixels, steps=settings.steps)
+                          pixels=pixels, steps=settings.steps, output=output)
     c = problem.config
     return [{"selection": str(c.selection), "refresh": str(c.refresh), "algorithm": c.algorithm,
              "messages": settings.messages if settings.messages == "clear"
@@ -190,7 +200,7 @@ def _progress(rows: list[dict[str, Any]], data: str, mode: str, gamma: float) ->
     key = "psnr" if "psnr" in mine[0] else "relative_l2"
     log(f"many rounds, {data}, {mode}, gamma {gamma:g}, {key}: " + "; ".join(
         f"{a}: {np.mean([r[key] for r in mine if r['attacker'] == a]):.3g}"
-        for a in (GUESS, *ATTACKERS)))
+        for a in (GUESS, *ATTACKERS, *OUTPUT_ATTACKERS)))
 
 
 def _image_rows(settings: ManyRoundSettings, base: RunConfig) -> list[dict[str, Any]]:
