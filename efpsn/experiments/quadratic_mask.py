@@ -25,6 +25,7 @@ import dataclasses
 import math
 
 import numpy as np
+
 from efpsn.config import RunConfig
 from efpsn.experiments.attack_view import _WatchedProblem
 from efpsn.model_sizes import l2_weight
