@@ -89,3 +89,27 @@ def test_profiling_the_linear_part_recovers_a_sample_behind_a_degree_2_mask() ->
     got = profiled_svd_estimate(model, Levels(points=points, grads=masked))
     # assert: exact (the mask is linear in the point, the softmax is not)
     assert np.allclose(got, x, rtol=0, atol=1e-8)
+
+
+def test_simulate_mask_degree_2_ends_at_x_star(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # prepare: iris in 4 private folders, the defaults at gamma 1e6
+    import json
+
+    from efpsn.cli import main
+    folders = tmp_path / "iris"
+    assert main(["data", "split", "--data", "sklearn:iris", "--agents", "4",
+                 "--out", str(folders)]) == 0
+    out = tmp_path / "run.json"
+    # execute
+    code = main(["simulate", "--data-dir", str(folders), "--agents", "4", "--holdout", "0",
+                 "--quiet", "--gamma", "1e6", "--mask-degree", "2", "--json", str(out)])
+    # assert: the degree-2 mask was on, the rounds are the masked rule's, and the run is exact
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "degree-2 mask: sum_i A_i = 0" in printed
+    result = json.loads(out.read_text())
+    assert result["final"]["relative_deviation"] < 1e-6
+    assert result["settings"]["iterations"] > 585  # the default rule's rounds on iris
+    # and refused where it is not built
+    assert main(["simulate", "--data-dir", str(folders), "--agents", "4", "--holdout", "0",
+                 "--quiet", "--algorithm", "gt", "--mask-degree", "2"]) != 0

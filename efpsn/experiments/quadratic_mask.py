@@ -48,7 +48,8 @@ from efpsn.step_rule import (
 from efpsn.tasks.optimum import centralized_optimum
 from efpsn.topology import Graph
 
-__all__ = ["ROUNDS_MARGIN", "edge_matrix", "masked_config", "masked_problem", "quadratic_masks", "relative_gap"]
+__all__ = ["ROUNDS_MARGIN", "SCALE", "edge_matrix", "masked_config", "masked_problem", "quadratic_masks", "relative_gap",
+           "with_degree_two"]
 
 
 def edge_matrix(rng: np.random.Generator, dim: int, norm: float) -> np.ndarray:
@@ -100,14 +101,20 @@ ROUNDS_MARGIN = 1.3  # measured: the rule's rounds leave 1.3e-6 to 3.4e-5 at gam
 def masked_config(config: RunConfig, *, scale: float, margin: float | None = None
                   ) -> RunConfig:
     """The run's settings with agt's step, momentum, rounds and fading rate from the masked
-    curvature (1 + scale) L, the rounds times `margin` (ROUNDS_MARGIN when scale > 0: the
-    rule's analysis assumes convex local objectives, which the masked ones are not); scale 0
-    is the step rule's own."""
+    curvature (1 + scale) L where the config leaves them to the rule, the rounds times `margin`
+    (ROUNDS_MARGIN when scale > 0: the rule's analysis assumes convex local objectives, which
+    the masked ones are not), every round run (no early stop: the certificate knows nothing
+    of the degree-2 mask); scale 0 is the step rule's own."""
     rule = masked_rule(config, scale=scale)
     margin = (ROUNDS_MARGIN if scale > 0 else 1.0) if margin is None else margin
     rounds = min(MAX_ROUNDS, math.ceil(margin * rule.rounds))
-    changes = {"schedule": Schedule("auto", rule.step), "iterations": Rounds(rounds),
-               "momentum": Momentum(rule.momentum), "stop_every": 0}
+    changes: dict[str, object] = {"stop_every": 0}
+    if config.schedule.unresolved:
+        changes["schedule"] = Schedule("auto", rule.step)
+    if config.iterations.auto:
+        changes["iterations"] = Rounds(rounds)
+    if config.momentum.auto:
+        changes["momentum"] = Momentum(rule.momentum)
     if config.refresh.fade_auto:
         assert rule.step is not None
         changes["refresh"] = Refresh(1, fade=fading_rate(
@@ -131,3 +138,21 @@ def relative_gap(config: RunConfig, problem: Problem, *, noise_seed: int,
     result = run_simulation(config.replace(stop_every=0, eval_every=config.iterations.total),
                             problem=run, noise_seed=noise_seed, x_star=x_star)
     return float(result.history[-1]["relative_deviation"])
+
+
+SCALE = 0.25  # ||A_i|| <= SCALE L: 1.45x the rounds; 0.5 does not converge at the rule's step
+
+
+def with_degree_two(problem: Problem, *, noise_seed: int, scale: float = SCALE
+                    ) -> tuple[Problem, tuple[np.ndarray, ...]]:
+    """`efpsn simulate --mask-degree 2`: the problem with every agent's A_i (||A_i|| <= scale
+    L), and the matrices. The config must come from masked_config (the step it needs)."""
+    c = problem.config
+    if c.algorithm != "agt" or c.task != "logreg" or c.mask != "zero-sum":
+        raise ValueError("--mask-degree 2 is built for agt on logreg with the zero-sum mask, "
+                         f"got {c.algorithm} on {c.task} with mask {c.mask}")
+    curvature = masked_rule(c, scale=0.0).curvature
+    assert curvature is not None
+    matrices = quadratic_masks(problem.graph, len(problem.initial_params()),
+                               bound=scale * curvature, seed=noise_seed)
+    return masked_problem(problem, matrices), matrices
