@@ -74,16 +74,21 @@ class LocalObjective:
         self.perturbation = perturbation
         self.sampler = sampler
         self.clip = clip
-        # full batch: every round reads the whole shard in order, so it is not gathered again
-        self._full = (shard.images.contiguous(), shard.labels) if sampler.full_batch else None
+        # full batch: every round reads the whole shard in order, so the task prepares it
+        # once (the logistic task keeps the features in the layouts its products want)
+        self._full = (task.fixed_batch(shard.images.contiguous(), shard.labels, clip=clip)
+                      if sampler.full_batch else None)
 
     def __call__(self, x: torch.Tensor, t: int) -> torch.Tensor:
         """The masked mini-batch gradient for round t (the oracle the algorithms call)."""
-        images, labels = self._full or self.shard.batch(self.sampler.indices(t))
-        if self.clip > 0:
-            _, grad = self.task.clipped_loss_and_grad(x, images, labels, clip=self.clip)
+        if self._full is not None:
+            _, grad = self._full(x)
         else:
-            _, grad = self.task.loss_and_grad(x, images, labels)
+            images, labels = self.shard.batch(self.sampler.indices(t))
+            if self.clip > 0:
+                _, grad = self.task.clipped_loss_and_grad(x, images, labels, clip=self.clip)
+            else:
+                _, grad = self.task.loss_and_grad(x, images, labels)
         perturbation = self.perturbation.at(t)
         if perturbation is not None:
             grad = perturbation.add_gradient(grad, x)

@@ -4,11 +4,13 @@ sample) and Hessian-vector products without autograd (the convex experiments' ho
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from efpsn.tasks.data import IMAGE_SHAPE, NUM_CLASSES
+from efpsn.tasks.features import Features
 from efpsn.tasks.models import LogisticRegression
 from efpsn.tasks.objective import DEFAULT_L2, Task, check_clip
 
@@ -46,30 +48,29 @@ class LogisticRegressionTask(Task):
         k = self._split
         return torch.addmm(x[k:], features, x[:k].view(self.classes, self.features).t())
 
-    def _arrays(
-        self, x: torch.Tensor, images: torch.Tensor
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Zero-copy numpy views: W (C, d), b (C,), X (B, d)."""
+    def _params(self, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """Zero-copy numpy views: W (C, d), b (C,)."""
         self._check_x(x)
         x_np = x.detach().numpy()
-        features = images.detach().reshape(images.shape[0], self.features).numpy()
         k = self._split
-        return x_np[:k].reshape(self.classes, self.features), x_np[k:], features
+        return x_np[:k].reshape(self.classes, self.features), x_np[k:]
 
-    def _shifted_scores(
-        self, x: torch.Tensor, images: torch.Tensor
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _features(self, images: torch.Tensor) -> Features:
+        """A batch's features X (B, d) as they are (a zero-copy view, prepared for nothing)."""
+        return Features(images.detach().reshape(images.shape[0], self.features).numpy())
+
+    def _shifted_scores(self, x: torch.Tensor, features: Features) -> np.ndarray:
         # Z^T = W X^T + b, (10, B), minus its column max (stable softmax). numpy: at B = 64 its
         # per-call overhead is ~2.5x lower than torch's, and this is the experiments' hot path.
-        weight, bias, features = self._arrays(x, images)
-        zt = weight @ features.T
+        weight, bias = self._params(x)
+        zt = features.scores(weight)
         zt += bias[:, None]
         zt -= zt.max(axis=0)
-        return zt, features
+        return zt
 
     def loss(self, x: torch.Tensor, images: torch.Tensor, labels: torch.Tensor) -> float:
         self._check_batch(images, labels)
-        zt, _ = self._shifted_scores(x, images)
+        zt = self._shifted_scores(x, self._features(images))
         cols = np.arange(zt.shape[1])
         picked = zt[labels.numpy(), cols].sum()
         ce = (np.log(np.exp(zt).sum(axis=0)).sum() - picked) / zt.shape[1]
@@ -79,17 +80,7 @@ class LogisticRegressionTask(Task):
         self, x: torch.Tensor, images: torch.Tensor, labels: torch.Tensor
     ) -> tuple[float, torch.Tensor]:
         self._check_batch(images, labels)
-        zt, features = self._shifted_scores(x, images)
-        batch = zt.shape[1]
-        rows, cols = labels.numpy(), np.arange(batch)
-        picked = zt[rows, cols].sum()  # sum_r (z_r[y_r] - max_r)
-        np.exp(zt, out=zt)
-        norm = zt.sum(axis=0)
-        ce = (np.log(norm).sum() - picked) / batch  # lse_r - z_r[y_r] = log(norm_r) - picked_r
-        # residual R^T = (softmax(Z) - Y)^T / B, in place
-        zt /= norm * batch
-        zt[rows, cols] -= 1.0 / batch
-        return self._assemble(x, zt, features, ce)
+        return self._loss_and_grad(x, self._features(images), labels.numpy(), clip=0.0)
 
     def clipped_loss_and_grad(
         self, x: torch.Tensor, images: torch.Tensor, labels: torch.Tensor, *, clip: float
@@ -99,26 +90,47 @@ class LogisticRegressionTask(Task):
         min(1, clip / norm) before the mean."""
         self._check_batch(images, labels)
         check_clip(clip)
-        zt, features = self._shifted_scores(x, images)
+        return self._loss_and_grad(x, self._features(images), labels.numpy(), clip=clip)
+
+    def fixed_batch(
+        self, images: torch.Tensor, labels: torch.Tensor, *, clip: float = 0.0
+    ) -> Callable[[torch.Tensor], tuple[float, torch.Tensor]]:
+        """Task.fixed_batch with the features prepared once (efpsn/tasks/features.py: sparse
+        rows and columns, or a contiguous X^T): the same values as loss_and_grad up to the
+        rounding of the two products, and the same bits at every call and in every process."""
+        self._check_batch(images, labels)
+        if clip > 0:
+            check_clip(clip)
+        flat = images.detach().reshape(images.shape[0], self.features).contiguous().numpy()
+        features, rows = Features(flat, prepared=True), labels.numpy().copy()
+        return lambda x: self._loss_and_grad(x, features, rows, clip=clip)
+
+    def _loss_and_grad(self, x: torch.Tensor, features: Features, rows: np.ndarray, *,
+                       clip: float) -> tuple[float, torch.Tensor]:
+        zt = self._shifted_scores(x, features)
         batch = zt.shape[1]
-        rows, cols = labels.numpy(), np.arange(batch)
-        picked = zt[rows, cols].sum()
+        cols = np.arange(batch)
+        picked = zt[rows, cols].sum()  # sum_r (z_r[y_r] - max_r)
         np.exp(zt, out=zt)
         norm = zt.sum(axis=0)
-        ce = (np.log(norm).sum() - picked) / batch
-        zt /= norm  # softmax, then the residual P - Y
-        zt[rows, cols] -= 1.0
-        sizes = np.sqrt((zt * zt).sum(axis=0)) * np.sqrt((features * features).sum(axis=1) + 1.0)
-        zt *= np.minimum(1.0, clip / np.maximum(sizes, 1e-300)) / batch
+        ce = (np.log(norm).sum() - picked) / batch  # lse_r - z_r[y_r] = log(norm_r) - picked_r
+        if clip > 0:
+            zt /= norm  # softmax, then the residual P - Y
+            zt[rows, cols] -= 1.0
+            sizes = np.sqrt((zt * zt).sum(axis=0)) * features.norms_with_bias()
+            zt *= np.minimum(1.0, clip / np.maximum(sizes, 1e-300)) / batch
+        else:  # residual R^T = (softmax(Z) - Y)^T / B, in place
+            zt /= norm * batch
+            zt[rows, cols] -= 1.0 / batch
         return self._assemble(x, zt, features, ce)
 
-    def _assemble(self, x: torch.Tensor, residual: np.ndarray, features: np.ndarray,
+    def _assemble(self, x: torch.Tensor, residual: np.ndarray, features: Features,
                   ce: float) -> tuple[float, torch.Tensor]:
         """The loss and gradient from the (scaled) residual R^T: weights R^T X, biases R^T 1,
         plus the l2 term."""
         grad = np.empty(self.num_params, dtype=np.float64)
         k = self._split
-        np.matmul(residual, features, out=grad[:k].reshape(self.classes, self.features))
+        features.weigh(residual, out=grad[:k].reshape(self.classes, self.features))
         residual.sum(axis=1, out=grad[k:])
         value = float(ce)
         if self.l2:
@@ -134,18 +146,19 @@ class LogisticRegressionTask(Task):
         J = P * D - P * rowsum(P * D) and H v = (J^T X / B, 1^T J / B) + l2 v."""
         self._check_batch(images, labels)  # the Hessian does not depend on the labels
         self._check_x(v)
-        zt, features = self._shifted_scores(x, images)
+        features = self._features(images)
+        zt = self._shifted_scores(x, features)
         batch = zt.shape[1]
         np.exp(zt, out=zt)
         zt /= zt.sum(axis=0)  # P^T
         v_np = v.detach().numpy()
         k = self._split
-        direction = v_np[:k].reshape(self.classes, self.features) @ features.T
+        direction = features.scores(v_np[:k].reshape(self.classes, self.features))
         direction += v_np[k:, None]
         direction *= zt  # (P * D)^T
         jac = direction - zt * direction.sum(axis=0)
         out = np.empty(self.num_params, dtype=np.float64)
-        np.matmul(jac, features, out=out[:k].reshape(self.classes, self.features))
+        features.weigh(jac, out=out[:k].reshape(self.classes, self.features))
         jac.sum(axis=1, out=out[k:])
         out /= batch
         if self.l2:

@@ -195,6 +195,19 @@ class Task:
         """(f(x), grad f(x)) on the batch; the gradient is a new flat float64 tensor."""
         return self.loss_and_grad_autograd(x, images, labels)
 
+    def fixed_batch(
+        self, images: torch.Tensor, labels: torch.Tensor, *, clip: float = 0.0
+    ) -> Callable[[torch.Tensor], tuple[float, torch.Tensor]]:
+        """x -> (f(x), its gradient) on one batch used at every call (a full batch): what
+        loss_and_grad gives (clipped_loss_and_grad with `clip` > 0). A task may prepare the
+        batch once for it (LogisticRegressionTask keeps its features in the layouts its matrix
+        products want); the default does not."""
+        self._check_batch(images, labels)
+        if clip > 0:
+            check_clip(clip)
+            return lambda x: self.clipped_loss_and_grad(x, images, labels, clip=clip)
+        return lambda x: self.loss_and_grad(x, images, labels)
+
     def clipped_loss_and_grad(
         self, x: torch.Tensor, images: torch.Tensor, labels: torch.Tensor, *, clip: float
     ) -> tuple[float, torch.Tensor]:
