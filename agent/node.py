@@ -119,7 +119,8 @@ class AgentNode:
                 listen = f"{host}:{saved.port}"
         credentials = opts.tls.server_credentials() if opts.tls else None
         self.server = await start_server(listen, add_servicers=self._add_servicers,
-                                         credentials=credentials, rejections=self.rejections)
+                                         credentials=credentials, rejections=self.rejections,
+                                         interceptors=[self.service.gatekeeper()])
         await self.server.set_serving(True)
         write_port_file(opts.port_file, self.server.port)
         try:

@@ -27,7 +27,15 @@ from efpsn import paillier
 from efpsn.ledger import Judgement, PhaseOneLedger, RoundLedger, Verdict
 from efpsn.stats_flood import flood_rounds
 from efpsn.wire import limits, serde
-from efpsn.wire.net import Admission, Reject, RejectionLog, guarded, guarded_stream
+from efpsn.wire.net import (
+    Admission,
+    Gatekeeper,
+    Reject,
+    RejectionLog,
+    admitted,
+    guarded,
+    guarded_stream,
+)
 from efpsn.wire.records import Phase, WireError
 from efpsn.wire.rounds import parse_round, round_reply
 from efpsn.wire.stats import parse_stats
@@ -35,6 +43,7 @@ from efpsn.wire.tls import caller_names
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 StatusCode = grpc.StatusCode
+SERVICE = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
 
 
 def _short(text: str, limit: int = 64) -> str:
@@ -84,7 +93,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.deciding = False  # a departure decision is awaited: unknown callers may be new
         self._session: Session | None = None
         self._in_flight: Counter[str] = Counter()
-        self._callers: dict[grpc.aio.ServicerContext, frozenset[str]] = {}  # admitted calls
+
+    def gatekeeper(self) -> Gatekeeper:
+        """This service's admission, for its server's interceptors (efpsn.wire.guard)."""
+        return Gatekeeper(SERVICE, self.admit, rejections=self.rejections)
 
     @property
     def session(self) -> Session | None:
@@ -97,10 +109,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     # ---------------------------------------------------------------- checks
 
     def admit(self, method: str, context: grpc.aio.ServicerContext) -> Admission:
-        """Before a byte of the body is read (efpsn.wire.guard.add_service): the caller's
-        certificate must name a neighbour in this run (GetStatus: any certificate the CA
-        signed), the body may be at most what `method` can legitimately carry in this run
-        (Session.request_limits), and one caller has at most a few calls in flight."""
+        """The Agent service's gate (efpsn.wire.guard.Gatekeeper), before a byte of the body is
+        read: the caller's certificate must name a neighbour in this run (GetStatus: any
+        certificate the CA signed), the body may be at most what `method` can legitimately
+        carry in this run (Session.request_limits), and one caller has at most a few calls in
+        flight. The certificate's names are read once, here, for the handler."""
         names = caller_names(context) if self.identity.tls else None
         if names is not None and not names:
             raise Reject(StatusCode.UNAUTHENTICATED,
@@ -108,19 +121,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         max_bytes = limits.SMALL_REQUEST_BYTES
         if method != "GetStatus":
             s = self._assigned()
-            gone = sorted(names & s.departed.keys()) if names is not None else []
-            if gone:
-                raise Reject(StatusCode.FAILED_PRECONDITION, s.departed[gone[0]])
-            if names is not None and not names & s.admitted_names and self.deciding:
-                # a new neighbour told of the decision a moment before this agent
-                raise Reject(StatusCode.UNAVAILABLE, "awaiting the coordinator's decision",
-                             early=True)
-            if names is not None and not names & s.admitted_names:
-                raise Reject(
-                    StatusCode.PERMISSION_DENIED,
-                    f"the caller's certificate is for {sorted(names)[:4]}, not a neighbour of "
-                    f"{self.identity.name} in its run",  # no run id for outsiders
-                )
+            if names is not None:
+                self._may_send(s, names, certificate=True)
             if method not in s.request_limits:  # PutStats outside a scale standard run
                 raise Reject(StatusCode.FAILED_PRECONDITION,
                              f"{method} has no part in this agent's run")
@@ -131,22 +133,42 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                          f"{limits.CALLS_IN_FLIGHT_PER_CALLER} calls from {_short(key)} are "
                          "already in flight: retry later")
         self._in_flight[key] += 1
-        if names is not None:  # a call's certificate is its connection's: read it once
-            self._callers[context] = names
 
         def release() -> None:
-            self._callers.pop(context, None)
             self._in_flight[key] -= 1
             if self._in_flight[key] <= 0:
                 del self._in_flight[key]
 
-        return Admission(max_bytes, release)
+        return Admission(max_bytes, release, caller=names)
+
+    def _may_send(self, s: Session, names: frozenset[str], *, certificate: bool) -> None:
+        """Who may send to this agent, the one rule: a neighbour of this run that has not
+        departed. Asked of the certificate's names when the caller is admitted, and of the
+        claimed sender when its message is authenticated."""
+        gone = sorted(names & s.departed.keys())
+        if gone:
+            raise Reject(StatusCode.FAILED_PRECONDITION, s.departed[gone[0]])
+        if names & s.admitted_names:
+            return
+        if not certificate:
+            raise Reject(StatusCode.PERMISSION_DENIED,
+                         f"sender {_short(min(names))} is not a neighbour of {self.identity.name} "
+                         f"in run {s.run_id} (neighbours: {', '.join(sorted(s.neighbour_names))})")
+        if self.deciding:  # a new neighbour told of the decision a moment before this agent
+            raise Reject(StatusCode.UNAVAILABLE, "awaiting the coordinator's decision",
+                         early=True)
+        raise Reject(
+            StatusCode.PERMISSION_DENIED,
+            f"the caller's certificate is for {sorted(names)[:4]}, not a neighbour of "
+            f"{self.identity.name} in its run",  # no run id for outsiders
+        )
 
     def _authenticate(self, context: grpc.aio.ServicerContext, claimed: str) -> Session:
         """The session, once the claimed sender is a name in the caller's certificate (mutual
-        TLS) and a neighbour in this run."""
+        TLS; the names its admission read) and may send (_may_send)."""
         if self.identity.tls:
-            names = self._callers.get(context)  # every call is admitted first (guard.guarded)
+            admission = admitted()  # None: a handler called directly with a parsed message
+            names = admission.caller if admission is not None else caller_names(context)
             if not names:
                 raise Reject(StatusCode.UNAUTHENTICATED, "this agent requires mutual TLS: the "
                              "call carries no client certificate")
@@ -155,12 +177,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                              f"the caller's certificate is for {sorted(names)}, but the message "
                              f"claims to come from {_short(claimed)}")
         s = self._assigned()
-        if claimed in s.departed:
-            raise Reject(StatusCode.FAILED_PRECONDITION, s.departed[claimed])
-        if claimed not in s.admitted_names:
-            raise Reject(StatusCode.PERMISSION_DENIED,
-                         f"sender {_short(claimed)} is not a neighbour of {self.identity.name} in "
-                         f"run {s.run_id} (neighbours: {', '.join(sorted(s.neighbour_names))})")
+        self._may_send(s, frozenset({claimed}), certificate=False)
         return s
 
     def _assigned(self) -> Session:

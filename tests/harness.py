@@ -85,7 +85,8 @@ async def _serve(service: AgentService, options: AgentOptions,
 
     server = await start_server(options.listen, add_servicers=add,
                                 credentials=options.tls.server_credentials() if options.tls
-                                else None, rejections=rejections)
+                                else None, rejections=rejections,
+                                interceptors=[service.gatekeeper()])
     await server.set_serving(True)
     return server
 

@@ -168,8 +168,14 @@ class Harness:
     def call(self, service: str, method: Any, request: Any, identity: str) -> Any:
         context = FakeContext(_auth(identity, self.pems))
         COUNTS[service] += 1
+        gate = method.__self__.gatekeeper()  # the servicer's admission
+
+        async def admitted_call() -> Any:  # as the server's interceptor (Gatekeeper) admits
+            async with gate.admitted(method.__name__, context):
+                return await method(request, context)
+
         try:
-            reply = self.loop.run_until_complete(method(request, context))
+            reply = self.loop.run_until_complete(admitted_call())
         except grpc.aio.AbortError:
             assert context.code in ALLOWED, (method.__name__, context.code, context.details)
             assert context.details, "a refusal must say what was wrong"
