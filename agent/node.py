@@ -19,16 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
-
+from agent.assembly import assemble, serve
 from agent.bootstrap import bootstrap
 from agent.concurrency import to_completion
 from agent.departing import LocalDepartures, Silence
 from agent.exchange import RoundLink
-from agent.mailbox import Mailbox
 from agent.options import AgentFailure, AgentOptions
-from agent.outbox import Outbox, OutboxLog
-from agent.peers import Peers
 from agent.phase_one import run_phase_one, shares_packed
 from agent.phase_two import make_driver, run_phase_two
 from agent.prepare import Prepared, prepare
@@ -49,10 +45,9 @@ from agent.secure_sum import (
     save_totals,
     standardised_session,
 )
-from agent.servicer import AgentService, Identity, ShareCheck
+from agent.servicer import ShareCheck
 from agent.session import Session, open_session
-from agent.state import SavedAssignment, StateError, StateStore
-from agent.status import Status
+from agent.state import SavedAssignment, StateError
 from efpsn import paillier
 from efpsn.algorithms import make_algorithm
 from efpsn.config import RunConfig
@@ -65,15 +60,11 @@ from efpsn.schema import STANDARD
 from efpsn.seeds import EdgeSeeds, SeedExchange
 from efpsn.stopping import TERMS, StopRule
 from efpsn.wire.net import (
-    RejectionLog,
     Server,
-    add_service,
     split_address,
-    start_server,
     write_port_file,
 )
 from efpsn.wire.records import Phase
-from efpsn.wire.v1 import agent_pb2
 
 __all__ = ["AgentFailure", "AgentNode", "AgentOptions"]
 
@@ -85,22 +76,12 @@ class AgentNode:
 
     def __init__(self, options: AgentOptions) -> None:
         self.options = options
-        self.status = Status()
         self.timings: dict[str, float] = {}
-        self.store = StateStore(options.state_folder)
-        self.mailbox = Mailbox()
-        self.outbox = Outbox(options.keep_rounds, OutboxLog(
-            self.store.outbox_folder, keep=options.keep_rounds,
-            segment=options.checkpoint_every))
-        self.peers = Peers(options, self.mailbox)
-        self.rejections = RejectionLog(log, options.name)
-        self.service = AgentService(
-            identity=Identity(name=options.name, tls=options.tls is not None,
-                              operator=options.operator,
-                              allow_insecure_keys=options.allow_insecure_keys),
-            mailbox=self.mailbox, outbox=self.outbox, status=self.status,
-            rejections=self.rejections,
-            waiting=lambda: set(self.mailbox.waiting_for) | set(self.peers.unacknowledged))
+        parts = assemble(options)  # agent/assembly.py: the one wiring of an agent's rooms
+        self.parts = parts
+        self.status, self.store, self.mailbox = parts.status, parts.store, parts.mailbox
+        self.outbox, self.peers, self.rejections = parts.outbox, parts.peers, parts.rejections
+        self.service = parts.service
         self.server: Server | None = None
         self._keypair: asyncio.Future[Any] | None = None
 
@@ -117,11 +98,7 @@ class AgentNode:
             host, port = split_address(listen)
             if port == 0:  # rebind the port neighbours know
                 listen = f"{host}:{saved.port}"
-        credentials = opts.tls.server_credentials() if opts.tls else None
-        self.server = await start_server(listen, add_servicers=self._add_servicers,
-                                         credentials=credentials, rejections=self.rejections,
-                                         interceptors=[self.service.gatekeeper()])
-        await self.server.set_serving(True)
+        self.server = await serve(self.parts, listen)
         write_port_file(opts.port_file, self.server.port)
         try:
             if saved is None:
@@ -368,9 +345,6 @@ class AgentNode:
             return keypair, time.perf_counter() - start
 
         self._keypair = asyncio.ensure_future(asyncio.to_thread(generate))
-
-    def _add_servicers(self, server: grpc.aio.Server) -> list[str]:
-        return [add_service(server, self.service, agent_pb2.DESCRIPTOR.services_by_name["Agent"])]
 
     def _port(self) -> int:
         assert self.server is not None

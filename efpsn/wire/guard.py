@@ -19,8 +19,6 @@ import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message_factory import GetMessageClass
 
-from efpsn.wire import limits
-
 log = logging.getLogger("efpsn.wire.net")
 T = TypeVar("T")
 
