@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 
+from agent.intake import Intake
 from agent.mailbox import Mailbox
 from agent.options import AgentOptions
 from agent.outbox import Outbox, OutboxLog
@@ -30,7 +31,7 @@ from agent.status import Status
 from efpsn.config import RunConfig
 from efpsn.ledger import RoundLedger
 from efpsn.wire.net import RejectionLog, Server, add_service, start_server
-from efpsn.wire.records import Assignment, Phase
+from efpsn.wire.records import Assignment
 from efpsn.wire.tls import TlsConfig, generate_certificates
 from efpsn.wire.v1 import agent_pb2
 
@@ -50,6 +51,7 @@ class AgentParts:
     store: StateStore
     status: Status
     mailbox: Mailbox
+    intake: Intake
     outbox: Outbox
     peers: Peers
     rejections: RejectionLog
@@ -75,16 +77,18 @@ def assemble(options: AgentOptions) -> AgentParts:
     status, mailbox = Status(), Mailbox()
     outbox = Outbox(options.keep_rounds, OutboxLog(
         store.outbox_folder, keep=options.keep_rounds, segment=options.checkpoint_every))
-    peers = Peers(options, mailbox)
+    peers = Peers(options, mailbox, status.life)
     rejections = RejectionLog(log, options.name)
+    intake = Intake(life=status.life, mailbox=mailbox)
     service = AgentService(
         identity=Identity(name=options.name, tls=options.tls is not None,
                           operator=options.operator,
                           allow_insecure_keys=options.allow_insecure_keys),
-        mailbox=mailbox, outbox=outbox, status=status, rejections=rejections,
+        mailbox=mailbox, intake=intake, outbox=outbox, status=status, rejections=rejections,
         waiting=lambda: set(mailbox.waiting_for) | set(peers.unacknowledged))
     return AgentParts(options=options, store=store, status=status, mailbox=mailbox,
-                      outbox=outbox, peers=peers, rejections=rejections, service=service)
+                      intake=intake, outbox=outbox, peers=peers, rejections=rejections,
+                      service=service)
 
 
 async def serve(parts: AgentParts, listen: str) -> Server:
@@ -143,9 +147,8 @@ async def local_agents(folder: Path, config: RunConfig, *, run_id: str, assign: 
             session = await open_session(assignments[name], name=name,
                                          prepared=prepare(config, parts.options))
             ledger = RoundLedger(last=config.iterations.total, keep=keep_rounds, position=round_)
-            parts.service.attach(session, ledger)
-            parts.peers.attach(session, ledger)
-            parts.status.phase, parts.status.round = Phase.OPTIMIZE, round_
+            parts.status.life.assign(session, ledger)  # as a restart at round_
+            parts.status.life.optimizing(round_)
             parts.session, parts.ledger = session, ledger
         yield agents
     finally:

@@ -64,7 +64,6 @@ from efpsn.wire.net import (
     split_address,
     write_port_file,
 )
-from efpsn.wire.records import Phase
 
 __all__ = ["AgentFailure", "AgentNode", "AgentOptions"]
 
@@ -82,6 +81,7 @@ class AgentNode:
         self.status, self.store, self.mailbox = parts.status, parts.store, parts.mailbox
         self.outbox, self.peers, self.rejections = parts.outbox, parts.peers, parts.rejections
         self.service = parts.service
+        self.life = parts.status.life  # agent/life.py: this node advances it
         self.server: Server | None = None
         self._keypair: asyncio.Future[Any] | None = None
 
@@ -107,7 +107,7 @@ class AgentNode:
                 result = await self._resumed(saved)
             return result
         except Exception as exc:
-            self.status.error = str(exc) or type(exc).__name__
+            self.life.fail(str(exc) or type(exc).__name__)
             if opts.failure_file is not None:
                 write_failure(opts.failure_file, name=opts.name, error=exc)
             raise
@@ -129,12 +129,13 @@ class AgentNode:
         self.store.save_assignment(assignment, config=prepared.config, advertise=address,
                                    port=saved.port)
         standard = session.config.scale == STANDARD  # phase II's numbers wait for the totals
-        ledger = self._attach(session, resumed_from=None, rounds=not standard)
+        ledger = self._ledger(session, resumed_from=None)
+        self.life.assign(session, None if standard else ledger)
         self.timings["phase1_started_at"] = time.time()  # wall clock, for start-up
         start = time.perf_counter()
         seed = opts.insecure_noise_seed
         result = await run_phase_one(
-            session=session, peers=self.peers, status=self.status, timings=self.timings,
+            session=session, peers=self.peers, life=self.life, timings=self.timings,
             rng=noise_generator(seed, session.index),
             seed_rng=None if seed is None else noise_generator(seed, session.index),
             keypair=self._keypair, on_masker=self._expect_shares,
@@ -181,7 +182,8 @@ class AgentNode:
                     session.run_id, resumed_from,
                     "seeds" if isinstance(phase_one, EdgeSeeds) else "mask",
                     "from its checkpoint" if checkpoint else "no checkpoint yet")
-        ledger = self._attach(session, resumed_from=resumed_from)
+        ledger = self._ledger(session, resumed_from=resumed_from)
+        self.life.assign(session, ledger)
         history = list(checkpoint.history) if checkpoint else []
         return await self._phase_two(session, saved, ledger,
                                      mask_provider(session, phase_one), history=history,
@@ -199,7 +201,7 @@ class AgentNode:
             peers=self.peers, outbox=self.outbox, run_id=session.run_id, name=opts.name,
             neighbours=list(session.neighbour_names),
             timeout=cfg.round_timeout_seconds if silence is None else deadline,
-            replay=Replay(peers=self.peers, ledger=ledger, mailbox=self.mailbox,
+            replay=Replay(peers=self.peers, intake=self.parts.intake, mailbox=self.mailbox,
                           neighbours=replay, describe_loss=self._describe_loss(session, first),
                           on_loss=self.store.mark_unresumable))
         self.timings["phase2_started_at"] = time.time()
@@ -234,8 +236,7 @@ class AgentNode:
         self.outbox.stop_logging()  # deleted with the checkpoints; memory serves the rest
         self.store.mark_finished(saved)
         (Path(self.store.folder) / TOTALS_FILE).unlink(missing_ok=True)  # with the seeds
-        self.status.phase = Phase.DONE
-        self.status.finished = True
+        self.life.done()
         await link.finish(done.state.t, done.final_outbox)
         return result
 
@@ -267,16 +268,12 @@ class AgentNode:
                      iterations, figures)
         return say
 
-    def _attach(self, session: Session, *, resumed_from: int | None,
-                rounds: bool = True) -> RoundLedger:
-        """The session is known: neighbours' messages are served from now on (round messages
-        only with `rounds`: a scale standard run's rounds wait for its totals)."""
-        ledger = RoundLedger(last=session.config.iterations.count or 1,
-                             keep=self.options.keep_rounds, position=resumed_from or 0,
-                             resumed_from=resumed_from)
-        self.service.attach(session, ledger if rounds else None)
-        self.peers.attach(session, ledger)
-        return ledger
+    def _ledger(self, session: Session, *, resumed_from: int | None) -> RoundLedger:
+        """Phase II's receive rules for `session` (the life holds them once round messages
+        may be taken: a scale standard run's wait for its totals)."""
+        return RoundLedger(last=session.config.iterations.count or 1,
+                           keep=self.options.keep_rounds, position=resumed_from or 0,
+                           resumed_from=resumed_from)
 
     async def _secure_sum(self, session: Session, prepared: Prepared,
                           phase_one: MaskCoefficients | EdgeSeeds,
@@ -285,14 +282,16 @@ class AgentNode:
         the session phase II runs (resolved with them, data standardised)."""
         start = time.perf_counter()
         totals = await run_secure_sum(
-            session=session, peers=self.peers, status=self.status, prepared=prepared,
+            session=session, peers=self.peers, life=self.life, prepared=prepared,
             seeds=phase_one if isinstance(phase_one, EdgeSeeds) else None)
         self.service.stats.close()
         save_totals(self.store.folder, totals, run_id=session.run_id)
         self.timings["stats_seconds"] = time.perf_counter() - start
         session = await asyncio.to_thread(standardised_session, session, prepared, totals,
                                           who=self.options.name)
-        return session, self._attach(session, resumed_from=None)
+        ledger = self._ledger(session, resumed_from=None)
+        self.life.standardised(session, ledger)
+        return session, ledger
 
     async def _reload_totals(self, session: Session, prepared: Prepared) -> Session:
         name = self.options.name
@@ -317,10 +316,11 @@ class AgentNode:
         return describe
 
     def _expect_shares(self, masker: Masker | SeedExchange) -> None:
-        assert self.service.session is not None
+        session = self.life.session
+        assert session is not None
         self.service.shares = ShareCheck(public_key=masker.public_key,
                                          count=masker.ciphertexts_per_neighbour,
-                                         packed=shares_packed(self.service.session.config))
+                                         packed=shares_packed(session.config))
 
     async def _close(self) -> None:
         """Close my streams and channels, stop the server (its grace period lets in-flight

@@ -18,13 +18,15 @@ from dataclasses import dataclass
 
 import grpc
 
+from agent.intake import Intake
+from agent.life import Life
 from agent.mailbox import Mailbox
 from agent.outbox import Outbox
 from agent.secure_sum import StatsLedger, stats_length
 from agent.session import Session
 from agent.status import Status
 from efpsn import paillier
-from efpsn.ledger import Judgement, PhaseOneLedger, RoundLedger, Verdict
+from efpsn.ledger import Judgement, PhaseOneLedger, Verdict
 from efpsn.stats_flood import flood_rounds
 from efpsn.wire import limits, serde
 from efpsn.wire.net import (
@@ -37,7 +39,7 @@ from efpsn.wire.net import (
     guarded_stream,
 )
 from efpsn.wire.records import Phase, WireError
-from efpsn.wire.rounds import parse_round, round_reply
+from efpsn.wire.rounds import round_reply
 from efpsn.wire.stats import parse_stats
 from efpsn.wire.tls import caller_names
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
@@ -75,23 +77,23 @@ class ShareCheck:
 class AgentService(agent_pb2_grpc.AgentServicer):
     """Serves one agent: phase I keys and shares, phase II rounds, replays and status."""
 
-    def __init__(self, *, identity: Identity, mailbox: Mailbox, outbox: Outbox, status: Status,
-                 rejections: RejectionLog, waiting: Callable[[], set[str]]) -> None:
+    def __init__(self, *, identity: Identity, mailbox: Mailbox, intake: Intake, outbox: Outbox,
+                 status: Status, rejections: RejectionLog,
+                 waiting: Callable[[], set[str]]) -> None:
         self.identity = identity
         self.mailbox = mailbox
+        self.intake = intake  # round messages: parse, ledger, mailbox (agent/intake.py)
         self.outbox = outbox
         self.status = status
         self.rejections = rejections
         self._waiting = waiting
         self.phase_one = PhaseOneLedger()
         self.stats = StatsLedger()  # scale standard: the secure sum's flood
-        self.rounds: RoundLedger | None = None
         self.shares: ShareCheck | None = None
         # a new edge's seed exchange after a departure cut the graph (agent/rejoin.py)
         self.rejoin = PhaseOneLedger()
         self.rejoin_shares: ShareCheck | None = None
         self.deciding = False  # a departure decision is awaited: unknown callers may be new
-        self._session: Session | None = None
         self._in_flight: Counter[str] = Counter()
 
     def gatekeeper(self) -> Gatekeeper:
@@ -99,12 +101,14 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return Gatekeeper(SERVICE, self.admit, rejections=self.rejections)
 
     @property
-    def session(self) -> Session | None:
-        return self._session
+    def life(self) -> Life:
+        """This agent's life (agent/life.py): its session and round ledger."""
+        return self.status.life
 
-    def attach(self, session: Session, rounds: RoundLedger | None) -> None:
-        """The agent is assigned (or resumed): from now on neighbours' messages are served."""
-        self._session, self.rounds = session, rounds
+    @property
+    def session(self) -> Session | None:
+        """The assigned run (None while registering): the life's."""
+        return self.life.session
 
     # ---------------------------------------------------------------- checks
 
@@ -181,10 +185,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return s
 
     def _assigned(self) -> Session:
-        if self._session is None:
+        session = self.life.session
+        if session is None:
             # Not assigned (or not restored) yet: the sender retries UNAVAILABLE with backoff.
             raise Reject(StatusCode.UNAVAILABLE, "agent not assigned to a run yet", early=True)
-        return self._session
+        return session
 
     @staticmethod
     def _obey(judgement: Judgement) -> str:
@@ -310,21 +315,16 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     def _file_round(self, request: agent_pb2.RoundMessage,
                     context: grpc.aio.ServicerContext) -> str:
-        """Authenticate, validate (once), ask the ledger, file an accepted message; the
-        acknowledgement's detail (empty for a fresh message)."""
+        """Authenticate, then the one intake (validate once, ask the ledger, file an accepted
+        message); the acknowledgement's detail (empty for a fresh message)."""
         if not isinstance(request.header, common_pb2.Header):
             raise TypeError(f"expected efpsn.v1.Header, got {type(request.header).__name__}")
         s = self._authenticate(context, request.header.sender)
-        if self.rounds is None:  # scale standard: phase II starts after the secure sum
+        if self.life.rounds is None:  # scale standard: phase II starts after the secure sum
             raise Reject(StatusCode.UNAVAILABLE, "phase II has not started here yet",
                          early=True)
-        record = parse_round(request, run_id=s.run_id,
-                             senders=s.round_senders(request.header.round),
-                             shapes=s.message_shapes)
-        judgement = self.rounds.judge(record.sender, record.round, record.digest)
-        if judgement.verdict == Verdict.ACCEPT:
-            self.mailbox.put("round", record.round, record.sender, record.tensors)
-        return self._obey(judgement)
+        return self._obey(self.intake.take_round(
+            request, senders=s.round_senders(request.header.round)))
 
     @guarded
     async def GetRound(
@@ -347,7 +347,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def GetStatus(
         self, request: agent_pb2.StatusRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.AgentStatus:
-        s = self._session
+        s = self.life.session
         if request.run_id and s is not None and request.run_id != s.run_id:
             shown = s.run_id if self._is_operator(context) else "another run"
             raise Reject(StatusCode.NOT_FOUND,
@@ -367,8 +367,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         reply.run_id = s.run_id if s else ""
         reply.loss, reply.accuracy = st.loss, st.accuracy
         reply.rejections.update(self.rejections.counts)
-        if self.rounds is not None and self.rounds.resumed_from is not None:
-            reply.resumed_from_round = self.rounds.resumed_from
+        rounds = self.life.rounds
+        if rounds is not None and rounds.resumed_from is not None:
+            reply.resumed_from_round = rounds.resumed_from
         return reply
 
     def _is_operator(self, context: grpc.aio.ServicerContext) -> bool:

@@ -73,7 +73,7 @@ async def _ours(me: str, other: str, folder: Path, ports: dict[str, int], rounds
                             assign=functools.partial(local_assignments, run_id=RUN),
                             ports=ports, new_certificates=False) as agents:
         agent = agents[me]
-        replay = Replay(peers=agent.peers, ledger=agent.ledger, mailbox=agent.mailbox,
+        replay = Replay(peers=agent.peers, intake=agent.intake, mailbox=agent.mailbox,
                         neighbours=set(), describe_loss=lambda *a: "", on_loss=lambda n: None)
         link = RoundLink(peers=agent.peers, outbox=agent.outbox, replay=replay, run_id=RUN,
                          name=me, neighbours=[other], timeout=60.0)

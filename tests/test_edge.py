@@ -367,8 +367,8 @@ def test_a_neighbours_reply_is_capped_at_a_round_message(tmp_path: Path) -> None
         # agent2's client side pulls from agent1, as a restarted agent does
         peers = served.agents["agent2"].peers
         loop = asyncio.get_running_loop()
-        record = await peers.pull("agent1", 1, deadline=loop.time() + 10)
-        assert record is not None and record.round == 1
+        message = await peers.pull("agent1", 1, deadline=loop.time() + 10)
+        assert message is not None and message.header.round == 1
         assert len(agent1.outbox.get(1) or b"") < limit
         with pytest.raises(RefusedByNeighbour) as info:
             await peers.pull("agent1", 2, deadline=loop.time() + 10)

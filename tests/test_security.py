@@ -36,6 +36,7 @@ from hypothesis import Phase as HPhase
 from hypothesis import strategies as st
 from localnet import LocalNet
 
+from agent.life import Life
 from agent.servicer import ShareCheck
 from coordinator.registry import Registry, default_names
 from coordinator.service import CoordinatorService
@@ -142,7 +143,7 @@ class Harness:
             if t < CURRENT_ROUND:
                 self.parts.ledger.advance(t + 1)
         self.valid_rounds.sort(key=lambda pb: (pb.header.sender, pb.header.round))
-        self.parts.status.round = CURRENT_ROUND
+        self.parts.status.life.advance(CURRENT_ROUND)
         # phase I material: the agent's own key, a neighbour-sized valid key, crafted ciphertexts
         own = self.masker.public_key
         self.own_fp = paillier.fingerprint(own)
@@ -409,7 +410,9 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
     service.shares = None
     restarted = RoundLedger(last=CONFIG.iterations.total, keep=128, position=CURRENT_ROUND,
                             resumed_from=CURRENT_ROUND)
-    service.attach(h.parts.session, restarted)
+    h.parts.status.life = Life()  # a restarted process's life: assigned, resumed at round 5
+    h.parts.status.life.assign(h.parts.session, restarted)
+    h.parts.status.life.optimizing(CURRENT_ROUND)
 
     def outcome(method: Any, request: Any) -> tuple[str, str]:
         context = FakeContext(_auth("agent2", h.pems))
