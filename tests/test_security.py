@@ -410,9 +410,10 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
     service.shares = None
     restarted = RoundLedger(last=CONFIG.iterations.total, keep=128, position=CURRENT_ROUND,
                             resumed_from=CURRENT_ROUND)
-    h.parts.status.life = Life()  # a restarted process's life: assigned, resumed at round 5
-    h.parts.status.life.assign(h.parts.session, restarted)
-    h.parts.status.life.optimizing(CURRENT_ROUND)
+    life = Life()  # a restarted process's life: assigned, resumed at round 5
+    life.assign(h.parts.session, restarted)
+    life.optimizing(CURRENT_ROUND)
+    h.parts.status.life = h.parts.intake.life = h.parts.peers.life = life  # one per process
 
     def outcome(method: Any, request: Any) -> tuple[str, str]:
         context = FakeContext(_auth("agent2", h.pems))
