@@ -335,7 +335,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         s = self._authenticate(context, request.header.sender)
         header = serde.validate_header(request.header, run_id=s.run_id, phase=Phase.OPTIMIZE)
         t = header.round
-        last = self.rounds.last if self.rounds is not None else s.config.iterations.total
+        rounds = self.life.rounds
+        last = rounds.last if rounds is not None else s.config.iterations.total
         if t > last:  # the ledger's: a departure's re-base may extend the cap
             raise WireError(f"round {t} is beyond the run's last round {last}")
         message = self.outbox.get(t)
