@@ -11,8 +11,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from efpsn.cli_common import OneLineParser
-from efpsn.cli_services import (
+from efpsn.cli.common import OneLineParser
+from efpsn.cli.services import (
     add_debug_flags,
     add_departure_flag,
     add_tls_flags,

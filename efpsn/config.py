@@ -2,7 +2,7 @@
 
 `RunConfig` is the one record of a run's public parameters, identical at every agent. Each field
 is declared with `param(default, help=..., check=...)`; from these declarations come the
-command-line flags of every command (efpsn/flags.py), the wire record (RunParameters in
+command-line flags of every command (efpsn/cli/flags.py), the wire record (RunParameters in
 proto/efpsn/wire/v1/coordinator.proto mirrors the fields; efpsn/wire/records.py converts by
 name) and the sweep's structural fields. Adding a run parameter is: a field here, a field in
 the proto, and its use.

@@ -18,7 +18,7 @@ import pytest
 
 from agent.state import StateStore
 from coordinator.registry import Registry, default_names
-from efpsn.cli import main
+from efpsn.cli.main import main
 from efpsn.config import RunConfig
 from efpsn.masking import MaskCoefficients
 

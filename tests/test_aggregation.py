@@ -190,7 +190,7 @@ def test_aggregated_wine_run_is_as_exact_as_the_unmasked_one(tmp_path, gamma: st
     # round of the step rule (no early stop), messages in the clear and aggregated
     import json
 
-    from efpsn.cli import main
+    from efpsn.cli.main import main
     from efpsn.datadir import split_data
 
     split_data(source="sklearn:wine", agents=4, partition_spec="iid", out=tmp_path / "wine")

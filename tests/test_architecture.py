@@ -3,7 +3,7 @@
 - efpsn/ is the pure core plus its command line. Only efpsn.wire (the contract's Python side:
   generated stubs, serde, channels, servers, TLS) imports grpc; only efpsn/paillier.py imports phe.
 - agent/ and coordinator/ are the services. They may import the core; the core never imports them
-  (the CLI front ends efpsn/cli.py and efpsn/experiments/network_check.py start them). Neither
+  (the CLI front ends efpsn/cli/main.py and efpsn/experiments/network_check.py start them). Neither
   service imports the other: `efpsn up` starts the coordinator as a process.
 - The coordinator is lightweight: its import closure has no torch.
 """
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("efpsn", "agent", "coordinator")
 MAX_LINES = 400  # a module a reader can hold in mind
 # Front ends of the core that start the services (never imported by the core itself).
-SERVICE_FRONT_ENDS = {"efpsn/cli.py"}
+SERVICE_FRONT_ENDS = {"efpsn/cli/main.py"}
 
 
 def _sources() -> list[Path]:
@@ -98,6 +98,31 @@ def test_the_core_never_imports_the_services() -> None:
         and _top(_imports(f)) & {"agent", "coordinator"}
     ]
     assert offenders == []
+
+
+# The command line's rooms (argparse lives there) and the process entry points that parse their
+# own few flags: argparse nowhere else.
+COMMAND_LINE_ROOMS = ("efpsn/cli/", "agent/cli.py", "coordinator/cli.py")
+ENTRY_POINTS = {"agent/forkserver.py", "efpsn/wire/healthcheck.py"}
+# Who may import the command line from outside it: the entry points that run a command, the
+# services' commands, and the notebook (which runs `efpsn up` from Python).
+COMMAND_LINE_USERS = {"efpsn/__main__.py", "agent/__main__.py", "coordinator/__main__.py",
+                      "agent/cli.py", "coordinator/cli.py", "agent/forkserver.py",
+                      "efpsn/notebook.py"}
+
+
+def test_argparse_only_in_the_command_line_rooms_and_process_entry_points() -> None:
+    users = {_rel(f) for f in _sources() if "argparse" in _top(_imports(f))}
+    offenders = {u for u in users if not u.startswith(COMMAND_LINE_ROOMS)} - ENTRY_POINTS
+    assert offenders == set()
+    assert users >= {"efpsn/cli/main.py", "efpsn/cli/flags.py", "agent/cli.py"}  # the check sees
+
+
+def test_nothing_below_the_command_line_imports_it() -> None:
+    users = {_rel(f) for f in _sources() if not _rel(f).startswith("efpsn/cli/")
+             and any(n == "efpsn.cli" or n.startswith("efpsn.cli.") for n in _imports(f))}
+    assert users <= COMMAND_LINE_USERS, users - COMMAND_LINE_USERS
+    assert "agent/results.py" not in users  # its JSON helpers are the core's (efpsn/jsonfile.py)
 
 
 def test_the_services_do_not_import_each_other() -> None:

@@ -16,7 +16,7 @@ import torch
 from efpsn import paillier
 from efpsn.algorithms import AgentState
 from efpsn.certificate import TARGET
-from efpsn.cli import main
+from efpsn.cli.main import main
 from efpsn.config import RunConfig
 from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
 from efpsn.departure import (

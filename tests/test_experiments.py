@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from efpsn.cli.experiment import default_out, register, run_experiment
 from efpsn.experiments import (
     EXPERIMENTS,
     accuracy_convex,
@@ -27,7 +28,6 @@ from efpsn.experiments import (
     perturbation,
     privacy,
 )
-from efpsn.experiments.cli import default_out, register, run_experiment
 from efpsn.experiments.common import Column, format_table, parse_floats
 from efpsn.experiments.sweep import Series, load_problem, with_config
 
@@ -444,7 +444,7 @@ def _attack_results(path: Path) -> Path:
 def test_accuracy_convex_refreshed_rows_and_their_frontier(tmp_path: Path) -> None:
     # prepare: 40 DSGD rounds, the mask fixed, refreshed every round and every 10 rounds, every
     # parameter perturbed at gamma 1e4; 20 rounds of full-batch GT; every:1 clipped to 1
-    from efpsn.cli import main as efpsn_main
+    from efpsn.cli.main import main as efpsn_main
 
     settings = accuracy_convex.ConvexSettings(
         profile="test",

@@ -183,7 +183,7 @@ def test_gt_with_every_parameter_perturbed_reaches_x_star_at_gamma_1e6(
     # parameters perturbed (uniform-measure basis, N = 7,851), gamma 1e6, full batch. l2 = 1
     # (instead of the task's 1e-2) makes the problem well conditioned, so 400 rounds of step 0.05
     # reach x* to 1e-10 relative; the claim checked is that the masks do not move the fixed point.
-    from efpsn.cli import main
+    from efpsn.cli.main import main
 
     out = tmp_path / "gt.json"
     argv = ["simulate", "--selection", "all", "--m", "7850", "--N", "7851", "--algorithm", "gt",

@@ -9,8 +9,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from efpsn.cli_common import read_json
 from efpsn.config import RunConfig, parse_shape
+from efpsn.jsonfile import read_json
 from efpsn.schema import STANDARD
 
 
@@ -245,3 +245,16 @@ class ProblemBuild:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    """One line of a metrics record for a person: accuracy, loss, optimality, consensus."""
+    accuracy = metrics["accuracy"]
+    parts = [f"accuracy {accuracy:.4f}" if not math.isnan(accuracy)
+             else "accuracy n/a (no test set, no held-out part)", f"loss {metrics['loss']:.4g}"]
+    if "deviation" in metrics:
+        parts.append(f"||x_bar - x*|| {metrics['deviation']:.3g}"
+                     f" (relative {metrics['relative_deviation']:.3g})")
+    parts.append(f"consensus {metrics['consensus']:.3g}")
+    parts.append(f"||avg grad||^2 {metrics['grad_norm2']:.3g}")
+    return ", ".join(parts)

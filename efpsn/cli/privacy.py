@@ -9,9 +9,10 @@ import dataclasses
 import json
 from typing import Any
 
-from efpsn.cli_common import add_data_dir_arguments, json_safe, write_json
+from efpsn.cli.common import add_data_dir_arguments
+from efpsn.cli.flags import add_run_arguments, config_from_args
 from efpsn.config import RunConfig
-from efpsn.flags import add_run_arguments, config_from_args
+from efpsn.jsonfile import json_safe, write_json
 from efpsn.privacy_modes import basis_counts, refreshed_arguments
 
 __all__ = ["add_parser"]
@@ -118,7 +119,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_run_arguments(priv, title="run parameters (as for the run: the same flags, the same "
                                   "defaults, so that a run's own command line can be given)")
     add_data_dir_arguments(priv)
-    from efpsn.launch.cli import add_launch_flags
+    from efpsn.cli.up import add_launch_flags
 
     add_launch_flags(priv, ignored=True)
     g = priv.add_argument_group("the privacy guarantee")
