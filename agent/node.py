@@ -64,14 +64,8 @@ from efpsn.runtime import peak_rss_mb, pss_mb
 from efpsn.schema import STANDARD
 from efpsn.seeds import EdgeSeeds, SeedExchange
 from efpsn.stopping import TERMS, StopRule
-from efpsn.wire.net import (
-    RejectionLog,
-    Server,
-    add_service,
-    split_address,
-    start_server,
-    write_port_file,
-)
+from efpsn.wire.guard import RejectionLog, add_service
+from efpsn.wire.net import Server, split_address, start_server, write_port_file
 from efpsn.wire.records import Phase
 from efpsn.wire.v1 import agent_pb2
 

@@ -26,8 +26,8 @@ from agent.status import Status
 from efpsn import paillier
 from efpsn.ledger import Judgement, PhaseOneLedger, RoundLedger, Verdict
 from efpsn.stats_flood import flood_rounds
-from efpsn.wire import limits, serde
-from efpsn.wire.net import Admission, Reject, RejectionLog, guarded, guarded_stream
+from efpsn.wire import limits, records, serde
+from efpsn.wire.guard import Admission, Reject, RejectionLog, guarded, guarded_stream
 from efpsn.wire.records import Phase, WireError
 from efpsn.wire.rounds import parse_round, round_reply
 from efpsn.wire.stats import parse_stats
@@ -182,7 +182,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def _phase_one_header(self, header: common_pb2.Header, context: grpc.aio.ServicerContext,
                           phase: Phase) -> tuple[Session, str]:
         s = self._authenticate(context, header.sender)
-        parsed = serde.validate_header(header, run_id=s.run_id, phase=phase, round=0)
+        parsed = records.validate_header(header, run_id=s.run_id, phase=phase, round=0)
         return s, parsed.sender
 
     def _rejoin_header(self, header: common_pb2.Header, context: grpc.aio.ServicerContext,
@@ -193,7 +193,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if joining is None:
             raise Reject(StatusCode.FAILED_PRECONDITION, f"{_short(header.sender)} shares no "
                          f"new edge with {self.identity.name}")
-        parsed = serde.validate_header(header, run_id=s.run_id, phase=phase, round=joining[2])
+        parsed = records.validate_header(header, run_id=s.run_id, phase=phase, round=joining[2])
         return s, parsed.sender
 
     def _late_phase_one(self, kind: str, sender: str, digest: bytes) -> common_pb2.Ack:
@@ -314,7 +314,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self, request: agent_pb2.RoundRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.RoundReply:
         s = self._authenticate(context, request.header.sender)
-        header = serde.validate_header(request.header, run_id=s.run_id, phase=Phase.OPTIMIZE)
+        header = records.validate_header(request.header, run_id=s.run_id, phase=Phase.OPTIMIZE)
         t = header.round
         if t > s.config.iterations.total:
             raise WireError(f"round {t} is beyond the run's last round {s.config.iterations.total}")

@@ -39,10 +39,10 @@ import torch
 
 from efpsn.config import RunConfig
 from efpsn.runtime import configure_threads, machine_load
-from efpsn.wire import rounds, serde
+from efpsn.wire import records, rounds
 from efpsn.wire.net import open_channel
+from efpsn.wire.records import Phase
 from efpsn.wire.rounds import encode_round
-from efpsn.wire.serde import Phase
 from efpsn.wire.tls import TlsConfig, generate_certificates
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -260,7 +260,7 @@ async def measure_all(*, messages: int, insecure: bool) -> dict[str, tuple[float
             tls_dir = Path(tmp) / "tls"
             generate_certificates(tls_dir, ["agent1", "agent2", "agent3"])
         x = torch.linspace(-1, 1, 7850, dtype=torch.float64)
-        header = serde.make_header(run_id=RUN, sender="agent2", round=1, phase=Phase.OPTIMIZE)
+        header = records.make_header(run_id=RUN, sender="agent2", round=1, phase=Phase.OPTIMIZE)
         payload = rounds.message_to_proto({"x": x}, header=header).SerializeToString()
         security = "plaintext" if insecure else "mutual TLS"
         print(f"round message: {len(payload):,} bytes; {messages} messages each; "

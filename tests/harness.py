@@ -29,7 +29,8 @@ from agent.status import Status
 from coordinator.registry import Registry
 from efpsn.config import RunConfig
 from efpsn.ledger import RoundLedger
-from efpsn.wire.net import RejectionLog, Server, add_service, start_server
+from efpsn.wire.guard import RejectionLog, add_service
+from efpsn.wire.net import Server, start_server
 from efpsn.wire.records import Phase, make_header
 from efpsn.wire.rounds import message_to_proto
 from efpsn.wire.tls import TlsConfig, generate_certificates
