@@ -19,8 +19,8 @@ from agent.session import Session
 from agent.state import Checkpoint, StateStore
 from agent.status import Status
 from efpsn.algorithms import AgentState, Message, StepContext, make_algorithm
-from efpsn.config import LOCAL_DATA
 from efpsn.ledger import RoundLedger
+from efpsn.param_checks import LOCAL_DATA
 from efpsn.problem import Problem
 from efpsn.refresh import MaskProvider
 from efpsn.rounds import RoundDriver

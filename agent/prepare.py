@@ -7,9 +7,10 @@ import dataclasses
 from dataclasses import dataclass
 
 from agent.options import AgentOptions
-from efpsn.config import LOCAL_DATA, RunConfig, parse_shape
+from efpsn.config import RunConfig
+from efpsn.param_checks import LOCAL_DATA
 from efpsn.problem import Problem, build_problem, build_task
-from efpsn.schema import STANDARD
+from efpsn.schema import STANDARD, parse_shape
 from efpsn.tasks import Task
 from efpsn.tasks.local import DataError, LocalData, load_local_data
 

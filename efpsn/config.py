@@ -40,7 +40,7 @@ from efpsn.param_checks import (
 from efpsn.refresh_value import Refresh
 from efpsn.run_values import L2, BatchSize, Momentum, Rounds, Schedule
 from efpsn.schedules import make_schedule
-from efpsn.schema import TASKS, check_task_spec, parse_shape, scale_divisor  # noqa: F401
+from efpsn.schema import check_task_spec, parse_shape, scale_divisor
 from efpsn.selection import Selection, check_indices_fit, default_basis_size, implied_count
 
 MASK_MODES = ("zero-sum", "independent", "none")

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from efpsn.config import LOCAL_DATA, RunConfig, parse_shape, scale_divisor
-from efpsn.schema import STANDARD
+from efpsn.config import RunConfig
+from efpsn.param_checks import LOCAL_DATA
+from efpsn.schema import STANDARD, parse_shape, scale_divisor
 from efpsn.tasks.data import Dataset, load_data, partition, train_test_split
 from efpsn.tasks.local import LocalData, load_local_data
 

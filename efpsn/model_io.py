@@ -26,8 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from efpsn.config import check_task_spec, parse_shape, scale_divisor
-from efpsn.schema import STANDARD
+from efpsn.schema import STANDARD, check_task_spec, parse_shape, scale_divisor
 from efpsn.tasks import Task, make_task
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "MODEL_FILE", "ModelMetadata", "SavedModel",

@@ -275,8 +275,8 @@ def refreshed_arguments(config: RunConfig, *, delta: float, attacker: str = "nei
 
 
 def _num_params(config: RunConfig, build_task: Any) -> int:
-    from efpsn.config import parse_shape
     from efpsn.model_sizes import parameter_count
+    from efpsn.schema import parse_shape
 
     counted = parameter_count(config.task, shape=parse_shape(config.input_shape),
                               classes=config.classes)

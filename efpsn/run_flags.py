@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from efpsn.config import LOCAL_DATA, Declaration, RunConfig, declarations
+from efpsn.config import Declaration, RunConfig, declarations
+from efpsn.param_checks import LOCAL_DATA
 from efpsn.schema import STANDARD, check_standard_masks, parse_shape
 
 if TYPE_CHECKING:

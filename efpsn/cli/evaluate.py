@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from efpsn.config import parse_shape, scale_divisor
+from efpsn.schema import parse_shape, scale_divisor
 
 if TYPE_CHECKING:
     import torch

@@ -13,7 +13,8 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NoReturn
 
-from efpsn.config import LOCAL_DATA, PRESETS, Declaration, RunConfig, declarations, value_types
+from efpsn.config import PRESETS, Declaration, RunConfig, declarations, value_types
+from efpsn.param_checks import LOCAL_DATA
 from efpsn.run_flags import (
     check_flags_against_folder,
     environment_variable,

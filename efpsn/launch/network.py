@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from efpsn.config import LOCAL_DATA, RunConfig
+from efpsn.config import RunConfig
 from efpsn.datadir import inspect_data_dir
 from efpsn.jsonfile import write_json
 from efpsn.launch.failures import diagnose, failure_file
@@ -28,6 +28,7 @@ from efpsn.launch.summary import (
     summarize_reports,
 )
 from efpsn.lifeline import Lifeline
+from efpsn.param_checks import LOCAL_DATA
 from efpsn.run_flags import check_flags_against_folder, check_key_policy, run_parameters_args
 from efpsn.runtime import peak_rss_mb
 from efpsn.wire.records import Phase

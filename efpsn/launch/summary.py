@@ -9,9 +9,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from efpsn.config import RunConfig, parse_shape
+from efpsn.config import RunConfig
 from efpsn.jsonfile import read_json
-from efpsn.schema import STANDARD
+from efpsn.schema import STANDARD, parse_shape
 
 
 def network_timings(agents: dict[str, Any], *, started_at: float) -> dict[str, float]:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from efpsn.config import check_task_spec
+from efpsn.schema import check_task_spec
 from efpsn.tasks.data import IMAGE_SHAPE, NUM_CLASSES
 from efpsn.tasks.logreg import LogisticRegressionTask
 from efpsn.tasks.models import MLP
