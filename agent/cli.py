@@ -44,7 +44,8 @@ def _coordinator_address(args: argparse.Namespace) -> str:
 
 def _agent(args: argparse.Namespace) -> int:
     hold_to_launcher()  # started by `efpsn up`: stop when it is gone, even killed -9
-    from agent.node import AgentNode, AgentOptions
+    from agent.node import AgentNode
+    from agent.options import AgentOptions
 
     setup_logging(args.verbose)
     options = AgentOptions(

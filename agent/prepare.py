@@ -11,8 +11,8 @@ from efpsn.config import RunConfig
 from efpsn.param_checks import LOCAL_DATA
 from efpsn.problem import Problem, build_problem, build_task
 from efpsn.schema import STANDARD, parse_shape
-from efpsn.tasks import Task
 from efpsn.tasks.local import DataError, LocalData, load_local_data
+from efpsn.tasks.objective import Task
 
 __all__ = ["Prepared", "failure_category", "prepare"]
 

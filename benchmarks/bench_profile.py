@@ -54,7 +54,8 @@ import torch
 
 from agent.options import AgentOptions
 from agent.state import StateStore
-from efpsn.algorithms import StepContext, make_algorithm
+from efpsn.algorithms import make_algorithm
+from efpsn.algorithms.base import StepContext
 from efpsn.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.rounds import RoundDriver

@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from efpsn.schema import STANDARD, check_task_spec, parse_shape, scale_divisor
-from efpsn.tasks import Task, make_task
+from efpsn.tasks.catalog import make_task
+from efpsn.tasks.objective import Task
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "MODEL_FILE", "ModelMetadata", "SavedModel",
            "load_into", "read_model", "save_model", "state_dict_of", "task_for", "vector_of"]

@@ -24,8 +24,11 @@ from efpsn.param_checks import LOCAL_DATA
 from efpsn.perturbation import FunctionalPerturbation, select_indices
 from efpsn.refresh import FixedMask, MaskProvider
 from efpsn.schema import parse_shape
-from efpsn.tasks import BatchSampler, Dataset, Task, load_data, make_task, partition
+from efpsn.tasks.batches import BatchSampler
+from efpsn.tasks.catalog import make_task
+from efpsn.tasks.data import Dataset, load_data, partition
 from efpsn.tasks.local import LocalData
+from efpsn.tasks.objective import Task
 from efpsn.topology import Graph, build_graph, metropolis_weights
 
 

@@ -19,7 +19,8 @@ from efpsn.aggregation import (
     sum_words,
     unprotected,
 )
-from efpsn.algorithms import Aggregate, StepContext, make_algorithm, mix
+from efpsn.algorithms import make_algorithm
+from efpsn.algorithms.base import Aggregate, StepContext, mix
 from efpsn.certificate import diameter, spread
 from efpsn.channels import AggregateChannel, ClearChannel, simulated_channels
 from efpsn.topology import build_graph, metropolis_weights

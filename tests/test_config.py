@@ -182,7 +182,7 @@ def test_selection_counts_without_torch() -> None:
 
 
 def test_model_sizes_by_arithmetic_match_the_models() -> None:
-    from efpsn.tasks import make_task
+    from efpsn.tasks.catalog import make_task
 
     for task, shape, classes in (("logreg", (1, 28, 28), 10), ("logreg", (12,), 2),
                                  ("lenet", (1, 28, 28), 10), ("lenet", (1, 28, 28), 3),

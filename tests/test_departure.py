@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from efpsn import paillier
-from efpsn.algorithms import AgentState
+from efpsn.algorithms.base import AgentState
 from efpsn.certificate import TARGET
 from efpsn.cli.main import main
 from efpsn.config import RunConfig
@@ -43,7 +43,7 @@ from efpsn.problem import build_problem
 from efpsn.refresh_value import Refresh
 from efpsn.seeds import exchange_seeds_fast
 from efpsn.simulator import SimulationResult, run_simulation
-from efpsn.tasks import centralized_optimum
+from efpsn.tasks.optimum import centralized_optimum
 from efpsn.topology import Graph, metropolis_weights, path, ring
 
 SPEC = NoiseSpec(gamma=1e3, p=1.5, precision=6, num_coefficients=7)

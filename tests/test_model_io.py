@@ -28,8 +28,9 @@ from efpsn.model_io import (
     state_dict_of,
     vector_of,
 )
-from efpsn.tasks import LogisticRegression, make_task
+from efpsn.tasks.catalog import make_task
 from efpsn.tasks.local import load_local_data
+from efpsn.tasks.models import LogisticRegression
 
 ROOT = Path(__file__).resolve().parents[1]
 

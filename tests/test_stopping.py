@@ -142,7 +142,8 @@ def test_a_departure_voids_the_windows_it_cuts_and_the_rule_restarts_at_the_reba
 
 
 def test_a_driver_under_a_voided_window_sends_no_integers(fast_problem) -> None:
-    from efpsn.algorithms import StepContext, make_algorithm
+    from efpsn.algorithms import make_algorithm
+    from efpsn.algorithms.base import StepContext
     from efpsn.rounds import RoundDriver
     from efpsn.schedules import make_schedule
     from efpsn.simulator import make_mask_providers

@@ -18,7 +18,7 @@ from efpsn.schema import parse_shape, scale_divisor
 if TYPE_CHECKING:
     import torch
 
-    from efpsn.tasks import Task
+    from efpsn.tasks.objective import Task
 
 __all__ = ["Evaluation", "evaluate_model", "register"]
 
@@ -67,7 +67,7 @@ def _flat_model(path: Path, *, task: str | None, scale: str | None, input_shape:
     import numpy as np
     import torch
 
-    from efpsn.tasks import make_task
+    from efpsn.tasks.catalog import make_task
 
     built = make_task(chosen["task"], l2=None if l2 < 0 else l2,
                       shape=parse_shape(chosen["input_shape"]), classes=int(chosen["classes"]))

@@ -39,7 +39,7 @@ def _simulate(args: argparse.Namespace) -> int:
     gone = {d.agent for d in departures}
     x_star = None
     if config.task == "logreg" and not args.no_optimum:
-        from efpsn.tasks import centralized_optimum
+        from efpsn.tasks.optimum import centralized_optimum
 
         # after departures: the optimum of the remaining parties' objective
         x_star = centralized_optimum(problem.task, [s for i, s in enumerate(problem.shards)

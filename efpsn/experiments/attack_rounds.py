@@ -42,7 +42,7 @@ from efpsn.experiments.attack_fit import (
 from efpsn.experiments.attack_view import RoundView, one_sample_problem, record_view
 from efpsn.experiments.common import Column, format_table, log
 from efpsn.experiments.idlg import image_errors
-from efpsn.tasks import Dataset, load_data
+from efpsn.tasks.data import Dataset, load_data
 
 __all__ = ["ATTACKERS", "GUESS", "ManyRoundSettings", "attack_view", "many_round_table",
            "run_many_rounds", "summarise_many"]

@@ -35,7 +35,7 @@ import torch
 from efpsn.config import RunConfig
 from efpsn.problem import LocalObjective, Problem, build_problem
 from efpsn.simulator import run_simulation
-from efpsn.tasks import Dataset
+from efpsn.tasks.data import Dataset
 from efpsn.tasks.local import LocalData
 
 __all__ = ["RoundView", "aggregate_view", "one_sample_problem", "record_view",
@@ -154,7 +154,8 @@ def aggregate_view(problem: Problem, attacker: int,
                    horizon: int, others: str = "data") -> RoundView:
     """The curious neighbour's view of agent 0 under aggregation (module docstring), from the
     recorded oracle calls of the attacker's neighbours (the same rounds at each)."""
-    from efpsn.algorithms import StepContext, make_algorithm
+    from efpsn.algorithms import make_algorithm
+    from efpsn.algorithms.base import StepContext
 
     c = problem.config
     ctx = StepContext(agent=attacker, weights=problem.agent_weights(attacker), lr=0.0,

@@ -19,7 +19,7 @@ from efpsn.monomials import choose_monomials, power_monomials
 from efpsn.perturbation import FunctionalPerturbation
 from efpsn.problem import Problem
 from efpsn.simulator import make_masks, run_simulation
-from efpsn.tasks import Task
+from efpsn.tasks.objective import Task
 
 PERTURBATIONS: dict[str, str] = {
     "last-bias": "last-layer bias, K=1 (paper)",

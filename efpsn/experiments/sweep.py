@@ -16,7 +16,7 @@ from efpsn.model_sizes import parameter_count
 from efpsn.problem import Problem, build_problem
 from efpsn.schema import parse_shape
 from efpsn.simulator import run_simulation
-from efpsn.tasks import Dataset, load_data
+from efpsn.tasks.data import Dataset, load_data
 
 __all__ = [
     "STRUCTURAL_FIELDS",

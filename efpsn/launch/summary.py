@@ -209,7 +209,7 @@ def _public_problem(config: RunConfig, *, local: bool) -> tuple[Any, Any]:
     problem = build_problem(config, local={} if local else None)
     if local or problem.config.task != "logreg":
         return problem, None
-    from efpsn.tasks import centralized_optimum
+    from efpsn.tasks.optimum import centralized_optimum
 
     return problem, centralized_optimum(problem.task, problem.shards).x
 

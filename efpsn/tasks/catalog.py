@@ -10,11 +10,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from efpsn.model_sizes import DEFAULT_L2
 from efpsn.schema import check_task_spec
 from efpsn.tasks.data import IMAGE_SHAPE, NUM_CLASSES
 from efpsn.tasks.logreg import LogisticRegressionTask
 from efpsn.tasks.models import MLP
-from efpsn.tasks.objective import DEFAULT_L2, LeNetTask, LossFn, Task
+from efpsn.tasks.objective import LeNetTask, LossFn, Task
 
 __all__ = ["DataSchema", "MLPTask", "PythonTask", "make_task"]
 
