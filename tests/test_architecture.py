@@ -132,6 +132,53 @@ def test_the_services_do_not_import_each_other() -> None:
             if _rel(f).startswith("coordinator/") and "agent" in _top(_imports(f))] == []
 
 
+def _top_level_names(path: Path) -> tuple[set[str], set[str]]:
+    """(names a module defines, names it imports from a module of ours) at its top level."""
+    defined: set[str] = set()
+    imported: set[str] = set()
+
+    def scan(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                defined.add(node.name)
+            elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                defined.update(n.id for t in targets for n in ast.walk(t)
+                               if isinstance(n, ast.Name))
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                ours = node.module.split(".")[0] in PACKAGES
+                (imported if ours else defined).update(a.asname or a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.If | ast.Try):
+                scan(node.body + node.orelse)
+                for handler in getattr(node, "handlers", []):
+                    scan(handler.body)
+
+    scan(ast.parse(path.read_text()).body)
+    return defined, imported - defined
+
+
+def test_every_name_is_imported_from_the_module_that_defines_it() -> None:
+    """One import path per name: no module re-exports another's names (a facade, a shim), so
+    `from efpsn.X import n` always names n's own module."""
+    modules = {_module_name(f): f for f in _sources()}
+    tables = {name: _top_level_names(path) for name, path in modules.items()}
+    users = _sources() + sorted((ROOT / "tests").rglob("*.py")) + sorted(
+        (ROOT / "benchmarks").rglob("*.py"))
+    detours = []
+    for path in users:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0
+                    and node.module in tables):
+                continue
+            defined, passed_on = tables[node.module]
+            detours += [f"{_rel(path)}: {a.name} from {node.module}" for a in node.names
+                        if a.name in passed_on and a.name not in defined
+                        and f"{node.module}.{a.name}" not in modules]
+    assert detours == []
+
+
 def test_no_hand_written_module_is_oversized() -> None:
     sizes = {_rel(f): len(f.read_text().splitlines()) for f in _sources()}
     assert {k: v for k, v in sizes.items() if v > MAX_LINES} == {}
