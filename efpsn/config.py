@@ -34,11 +34,10 @@ from efpsn.param_checks import (
     check_precision,
     check_test_fraction,
     one_of,
-    parse_stop_every,
     positive,
 )
 from efpsn.refresh_value import Refresh
-from efpsn.run_values import L2, BatchSize, Momentum, Rounds, Schedule
+from efpsn.run_values import L2, BatchSize, Momentum, Rounds, Schedule, StopEvery
 from efpsn.schedules import make_schedule
 from efpsn.schema import check_task_spec, parse_shape, scale_divisor
 from efpsn.selection import Selection, check_indices_fit, default_basis_size, implied_count
@@ -59,7 +58,7 @@ class Declaration:
     """How one run parameter is checked and shown (the field's type and default are its own).
 
     check(value) raises ValueError naming the parameter; `parse`/`show` convert between the
-    command line's text and the value when the type alone does not (stop_every's "auto"). A
+    command line's text and the value when the type alone does not. A
     field whose type is a value (efpsn/run_values.py, Selection, Refresh) is shown by `str`
     and read by the constructor (`of`: text or the wire's scalar, parsed once there); its
     `parse` here makes a bad flag argparse's error (else RunConfig's one-line error);
@@ -187,13 +186,13 @@ class RunConfig:
     clip: float = param(0.0, check=check_clip,
                         help="clip every sample's gradient to this norm before averaging (0: "
                              "no clipping); the refreshed masks' accountant needs it")
-    stop_every: int = param(-1, parse=parse_stop_every, check=at_least("stop_every", -1),
-                            show=lambda v: {-1: "auto", 0: "never"}.get(v, str(v)),
-                            help="check the convergence certificate every this many rounds "
-                                 "and stop when it is met (efpsn/stopping.py); auto: 25 when "
-                                 "the rounds are the step rule's (--iterations auto) and the "
-                                 "model has a certificate, never otherwise: an explicit "
-                                 "--iterations N runs N rounds")
+    stop_every: StopEvery = param(StopEvery(None, auto=True), parse=StopEvery.parse,
+                                        help="check the convergence certificate every this many "
+                                       "rounds and stop when it is met (efpsn/stopping.py); "
+                                       "auto: 25 when the rounds are the step rule's "
+                                       "(--iterations auto) and the model has a certificate, "
+                                       "never otherwise: an explicit --iterations N runs N "
+                                       "rounds")
 
     def __post_init__(self) -> None:
         for name, kind in value_types().items():  # text or the wire's scalar: parsed here, once
@@ -295,7 +294,8 @@ class RunConfig:
         """Whether nothing is left for the step rule (schedule, rounds, momentum, the fading
         rate)."""
         return (not self.schedule.unresolved and not self.iterations.auto
-                and not self.momentum.auto and self.stop_every >= 0 and not self.refresh.fade_auto)
+                and not self.momentum.auto and not self.stop_every.auto
+                and not self.refresh.fade_auto)
 
     def resolved(self) -> RunConfig:
         """This run with the step rule applied where it was asked for (--schedule auto,
@@ -311,9 +311,10 @@ class RunConfig:
                          weights=metropolis_weights(build_graph(self.topology, self.agents,
                                                                 seed=self.seed)))
         changes: dict[str, Any] = {}
-        if self.stop_every < 0:  # auto: stop at the target when the rounds are the rule's
+        if self.stop_every.auto:  # stop at the target when the rounds are the rule's
             certified = rule.curvature is not None and self.algorithm in ("agt", "gt")
-            changes["stop_every"] = STOP_EVERY if self.iterations.auto and certified else 0
+            changes["stop_every"] = StopEvery(STOP_EVERY if self.iterations.auto and certified
+                                              else None)
         if self.schedule.unresolved:
             changes["schedule"] = (Schedule("paper") if rule.step is None
                                    else Schedule("auto", rule.step))

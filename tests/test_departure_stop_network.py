@@ -72,7 +72,7 @@ def test_the_four_others_stop_where_the_simulator_stops_bit_for_bit(default_run)
     sim = run_simulation(config, noise_seed=NOISE_SEED, problem=problem, departures=[leave])
     rounds = sim.timings["rounds"]
     # the stop rule ended the run before the cap, at a round counted from the re-base
-    assert sim.config.stop_every > 0 and record["rebase_round"] < rounds < sim.config.iterations.total
+    assert sim.config.stop_every.rounds and record["rebase_round"] < rounds < sim.config.iterations.total
     agent_results, xs = load_agent_results(results, SURVIVORS)
     assert {r["final"]["round"] for r in agent_results} == {rounds}
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0

@@ -34,6 +34,7 @@ import torch
 
 from efpsn.config import RunConfig
 from efpsn.problem import LocalObjective, Problem, build_problem
+from efpsn.run_values import StopEvery
 from efpsn.simulator import run_simulation
 from efpsn.tasks.data import Dataset
 from efpsn.tasks.local import LocalData
@@ -138,7 +139,7 @@ def record_view(problem: Problem, *, noise_seed: int, pairs: int = 400,
                               keep=stride_rounds(horizon, pairs=pairs), watch=tuple(set(watch)))
     # every round of the step rule's (no early stop at the certificate's target): the attacker
     # sees the longest run the settings allow, and the view's rounds are the ones planned
-    run_simulation(config.replace(eval_every=max(1, horizon), stop_every=0), problem=watched,
+    run_simulation(config.replace(eval_every=max(1, horizon), stop_every=StopEvery(None)), problem=watched,
                    noise_seed=noise_seed, messages=messages)
     if messages == "aggregate":
         return aggregate_view(problem, attacker, watched.watched, horizon=horizon,

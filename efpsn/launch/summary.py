@@ -174,7 +174,7 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
 
     config = problem.config
     problems = check_results(results, iterations=config.iterations.total,
-                             early=config.resolved().stop_every > 0)
+                             early=not config.resolved().stop_every.never)
     rounds = results[0]["final"].get("round") if results else None
     weights = problem.weights
     if any("departures" in r for r in results):  # the remaining agents' graph, re-based
