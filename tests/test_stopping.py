@@ -10,8 +10,8 @@ import torch
 
 from efpsn.certificate import TARGET, certify
 from efpsn.config import STOP_EVERY, RunConfig
-from efpsn.run_values import StopEvery
 from efpsn.problem import build_problem
+from efpsn.run_values import StopEvery
 from efpsn.simulator import run_simulation
 from efpsn.stopping import CEILING, FLOOR, StopRule, exponents, merge
 from efpsn.wire.records import WireError
