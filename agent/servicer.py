@@ -265,7 +265,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         s = self._authenticate(context, request.header.sender)
         if "PutStats" not in s.request_limits:  # admit refuses it first; handlers called directly
             raise Reject(StatusCode.FAILED_PRECONDITION, f"run {s.run_id} has no secure sum "
-                         f"of column statistics (its scale is {s.config.scale!r})")
+                         f"of column statistics (its scale is {str(s.config.scale)!r})")
         record = parse_stats(request, run_id=s.run_id, senders=s.neighbour_names,
                              rounds=flood_rounds(s.problem.graph), agents=s.config.agents,
                              length=stats_length(s))

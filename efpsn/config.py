@@ -39,7 +39,7 @@ from efpsn.param_checks import (
 from efpsn.refresh_value import Refresh
 from efpsn.run_values import L2, BatchSize, Momentum, Rounds, Schedule, StopEvery
 from efpsn.schedules import make_schedule
-from efpsn.schema import check_task_spec, parse_shape, scale_divisor
+from efpsn.schema import Scale, TaskSpec, parse_shape
 from efpsn.selection import Selection, check_indices_fit, default_basis_size, implied_count
 
 MASK_MODES = ("zero-sum", "independent", "none")
@@ -99,7 +99,7 @@ class RunConfig:
     topology: str = param("ring", structural=True,
                           help="communication graph: ring, path, star, complete, grid[:RxC], "
                                "erdos-renyi[:P] or edges:FILE")
-    task: str = param("logreg", check=check_task_spec, structural=True,
+    task: TaskSpec = param(TaskSpec("logreg"), structural=True,
                       help="the model: logreg, lenet (1x28x28), mlp:H1,H2,... or "
                            "python:MODULE:FACTORY (FACTORY(schema) -> torch.nn.Module, on "
                            "PYTHONPATH at every agent)")
@@ -158,7 +158,7 @@ class RunConfig:
                              help="data schema: per-sample input shape, e.g. 784 or 1x28x28")
     classes: int = param(PAPER_CLASSES, check=at_least("classes", 2), structural=True,
                          help="data schema: number of classes (labels 0..classes-1)")
-    scale: str = param("none", check=scale_divisor, structural=True,
+    scale: Scale = param(Scale("none"), structural=True,
                        help="features divided by public constants: none, unit (/255), div:C "
                             "or div:C1,...,Cd (one per feature)")
     partition: str = param("iid", choices=PARTITIONS, check=one_of("partition", PARTITIONS),
@@ -215,8 +215,8 @@ class RunConfig:
                 f"data {self.data!r} holds 1x28x28 images of 10 classes, but the run says input "
                 f"shape {self.input_shape} and {self.classes} classes: for your own data use "
                 f"--data local (each agent brings its file) or --data-dir DIR")
-        scale_divisor(self.scale, features=math.prod(parse_shape(self.input_shape)))
-        if self.task == "lenet" and self.input_shape != PAPER_INPUT_SHAPE:
+        self.scale.divisor(features=math.prod(parse_shape(self.input_shape)))
+        if self.task.kind == "lenet" and self.input_shape != PAPER_INPUT_SHAPE:
             raise ValueError(f"task lenet takes 1x28x28 images, but the run's input shape is "
                              f"{self.input_shape}: use logreg, mlp:... or python:...")
         if not self.schedule.unresolved:
@@ -275,9 +275,9 @@ class RunConfig:
 
     @property
     def divisor(self) -> float | np.ndarray:
-        """What every feature is divided by (efpsn.schema.scale_divisor): one public constant
+        """What every feature is divided by (efpsn.schema.Scale.divisor): one public constant
         or one per feature."""
-        return scale_divisor(self.scale, features=math.prod(parse_shape(self.input_shape)))
+        return self.scale.divisor(features=math.prod(parse_shape(self.input_shape)))
 
     @property
     def moment_bound(self) -> float | None:
@@ -285,7 +285,7 @@ class RunConfig:
         constant 1) every agent checks on its own training data when the step rule's step size
         rests on it (logistic regression, --schedule auto): d + 1, met by any data in [-1, 1]
         or standardised (efpsn/step_rule.py). None otherwise."""
-        if self.task != "logreg" or not self.schedule.auto:
+        if not self.task.logreg or not self.schedule.auto:
             return None
         return float(math.prod(parse_shape(self.input_shape)) + 1)
 

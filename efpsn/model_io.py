@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from efpsn.schema import STANDARD, check_task_spec, parse_shape, scale_divisor
+from efpsn.schema import STANDARD, Scale, TaskSpec, parse_shape
 from efpsn.tasks.catalog import make_task
 from efpsn.tasks.objective import Task
 
@@ -57,10 +57,10 @@ class ModelMetadata:
     standardisation: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     def __post_init__(self) -> None:
-        check_task_spec(self.task)
+        TaskSpec.parse(self.task)
         parse_shape(self.input_shape)
         features = math.prod(parse_shape(self.input_shape))
-        scale_divisor(self.scale, features=features)
+        Scale.parse(self.scale).divisor(features=features)
         if (self.scale == STANDARD) != (self.standardisation is not None):
             raise ValueError("scale standard comes with the run's standardisation (mean and "
                              "std per feature), and only it")
@@ -103,7 +103,7 @@ class ModelMetadata:
             mean, std = (torch.tensor(v, dtype=torch.float64) for v in self.standardisation)
             x = (x - mean) / std
         else:
-            div = torch.as_tensor(np.asarray(scale_divisor(self.scale, features=x.shape[1]),
+            div = torch.as_tensor(np.asarray(Scale.parse(self.scale).divisor(features=x.shape[1]),
                                              dtype=np.float64))
             x = x / div
         return x.reshape(-1, *shape)

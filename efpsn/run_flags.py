@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from efpsn.config import Declaration, RunConfig, declarations
 from efpsn.param_checks import LOCAL_DATA
-from efpsn.schema import STANDARD, check_standard_masks, parse_shape
+from efpsn.schema import check_standard_masks, parse_shape
 
 if TYPE_CHECKING:
     from efpsn.datadir import DataDirLayout
@@ -43,7 +43,7 @@ def run_parameter_variables() -> tuple[str, ...]:
 
 def network_resolved(config: RunConfig) -> RunConfig:
     """network_config's rule on a config already built (the coordinator's --run-parameters)."""
-    if config.scale != STANDARD:
+    if not config.scale.standard:
         return config.resolved()
     check_standard_masks(config.scale, mask=config.mask, refresh=config.refresh)
     config.resolved()  # the step rule's own checks fail here, in one line, not in the agents

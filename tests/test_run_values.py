@@ -12,6 +12,7 @@ import pytest
 from efpsn.config import RunConfig, value_types
 from efpsn.refresh_value import Refresh
 from efpsn.run_values import L2, BatchSize, Momentum, Rounds, Schedule, StopEvery
+from efpsn.schema import Scale, TaskSpec
 from efpsn.selection import Selection
 
 TEXTS = {
@@ -24,6 +25,8 @@ TEXTS = {
                 "all@lebesgue", "last-bias@uniform"],
     Refresh: ["never", "every:1", "every:10", "fading", "fading:0.5"],
     StopEvery: ["auto", "never", "25"],
+    TaskSpec: ["logreg", "lenet", "mlp:32,16", "python:mymodel:make"],
+    Scale: ["none", "unit", "standard", "div:255", "div:2,4,0.5"],
 }
 
 
@@ -88,9 +91,10 @@ def test_the_schedule_says_what_the_step_rule_left_and_its_constant_step() -> No
 def test_run_config_holds_values_never_text_or_sentinels() -> None:
     hints = typing.get_type_hints(RunConfig)
     for name in ("selection", "refresh", "schedule", "momentum", "iterations", "batch_size",
-                 "l2"):
+                 "l2", "scale", "task", "stop_every"):
         assert hints[name] not in (str, int, float), name
-        assert name in value_types()
+        assert name in value_types() and hasattr(hints[name], "parse"), name
+    assert {hints[n] for n in ("scale", "task", "stop_every")} == {Scale, TaskSpec, StopEvery}
     config = RunConfig(selection="last-bias", refresh="never", schedule="paper",
                        iterations=200, batch_size=64, momentum=0.0, l2=0.001, algorithm="dsgd")
     assert config == RunConfig(selection=Selection.parse("last-bias"), refresh=Refresh(None),

@@ -38,7 +38,7 @@ def _simulate(args: argparse.Namespace) -> int:
                                   agents=problem.n, iterations=problem.config.iterations.total)
     gone = {d.agent for d in departures}
     x_star = None
-    if config.task == "logreg" and not args.no_optimum:
+    if config.task.logreg and not args.no_optimum:
         from efpsn.tasks.optimum import centralized_optimum
 
         # after departures: the optimum of the remaining parties' objective

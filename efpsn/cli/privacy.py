@@ -58,11 +58,11 @@ def _write(args: argparse.Namespace, payload: dict[str, Any]) -> None:
 
 def _privacy(args: argparse.Namespace) -> int:
     from efpsn.privacy import epsilon_delta, gamma_for_epsilon, protection_statement
-    from efpsn.schema import STANDARD, STANDARD_DISCLOSURE
+    from efpsn.schema import STANDARD_DISCLOSURE
     from efpsn.topology import build_graph, laplacian_spectrum
 
     config = config_from_args(args)
-    standard = config.scale == STANDARD
+    standard = config.scale.standard
     if args.data_dir:
         rounds = ("the step rule's rounds once the secure sum gives l2 = 1/N_total" if standard
                   else f"{config.iterations} rounds")

@@ -11,7 +11,7 @@ from typing import Any
 
 from efpsn.config import RunConfig
 from efpsn.jsonfile import read_json
-from efpsn.schema import STANDARD, parse_shape
+from efpsn.schema import parse_shape
 
 
 def network_timings(agents: dict[str, Any], *, started_at: float) -> dict[str, float]:
@@ -128,7 +128,7 @@ def save_average(problem: Any, folder: Path, x_bar: Any, *,
     from efpsn.model_io import MODEL_FILE, save_model
 
     return save_model(folder / MODEL_FILE, task=problem.task, x=x_bar,
-                      scale=problem.config.scale, standardisation=standardisation)
+                      scale=str(problem.config.scale), standardisation=standardisation)
 
 
 def _standardised_problem(problem: Any, folder: Path, names: list[str], results: list[dict]
@@ -136,7 +136,7 @@ def _standardised_problem(problem: Any, folder: Path, names: list[str], results:
     """A scale standard run: the public problem of the run the agents resolved after the
     secure sum (their settings: l2 from the total count, the step rule's numbers) and the
     standardisation their models carry; otherwise `problem` as it is and None."""
-    if problem.config.scale != STANDARD or not results:
+    if not problem.config.scale.standard or not results:
         return problem, None
     import numpy as np
 
@@ -207,7 +207,7 @@ def _public_problem(config: RunConfig, *, local: bool) -> tuple[Any, Any]:
 
     configure_threads()
     problem = build_problem(config, local={} if local else None)
-    if local or problem.config.task != "logreg":
+    if local or not problem.config.task.logreg:
         return problem, None
     from efpsn.tasks.optimum import centralized_optimum
 
