@@ -187,12 +187,11 @@ class RunConfig:
                         help="clip every sample's gradient to this norm before averaging (0: "
                              "no clipping); the refreshed masks' accountant needs it")
     stop_every: StopEvery = param(StopEvery(None, auto=True), parse=StopEvery.parse,
-                                        help="check the convergence certificate every this many "
-                                       "rounds and stop when it is met (efpsn/stopping.py); "
-                                       "auto: 25 when the rounds are the step rule's "
-                                       "(--iterations auto) and the model has a certificate, "
-                                       "never otherwise: an explicit --iterations N runs N "
-                                       "rounds")
+                                  help="check the convergence certificate every this many rounds "
+                                       "and stop when it is met (efpsn/stopping.py); auto: 25 "
+                                       "when the rounds are the step rule's (--iterations auto) "
+                                       "and the model has a certificate, never otherwise: an "
+                                       "explicit --iterations N runs N rounds")
 
     def __post_init__(self) -> None:
         for name, kind in value_types().items():  # text or the wire's scalar: parsed here, once

@@ -197,7 +197,7 @@ def test_tables_default_to_standard_and_images_do_not(tmp_path: Path) -> None:
     add_data_dir_arguments(parser)
 
     def scale(*argv: str) -> str:
-        return config_from_args(parser.parse_args(list(argv)), resolve=False).scale
+        return str(config_from_args(parser.parse_args(list(argv)), resolve=False).scale)
 
     root = csv_folder(tmp_path / "D", d=4, test=False)
     assert scale("--data-dir", str(root)) == "standard"

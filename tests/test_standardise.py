@@ -138,7 +138,7 @@ def test_networked_runs_send_standard_unresolved(tmp_path):
     add_run_arguments(parser)
     add_data_dir_arguments(parser)
     config = network_config(parser.parse_args(["--data-dir", str(folder)]))
-    assert config.scale == "standard" and not config.resolved_ok and config.l2.default
+    assert config.scale.standard and not config.resolved_ok and config.l2.default
     public = network_config(parser.parse_args(["--data-dir", str(folder), "--scale", "none"]))
     assert public.resolved_ok
     with pytest.raises(ValueError, match="public scales"):  # refused before anything starts
