@@ -37,7 +37,7 @@ def write_results(folder: Path, *, session: Session, name: str, x: torch.Tensor,
     with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
         np.save(fh, x.detach().cpu().numpy().astype("<f8"), allow_pickle=False)
     tmp.replace(folder / "model.npy")
-    save_model(folder / MODEL_FILE, task=session.problem.task, x=x, scale=str(session.config.scale),
+    save_model(folder / MODEL_FILE, task=session.problem.task, x=x, scale=session.config.scale,
                standardisation=session.standardisation)
     result: dict[str, Any] = {
         "settings": session.config.to_dict(),

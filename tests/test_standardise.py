@@ -112,7 +112,7 @@ def test_saved_model_carries_the_standardisation(tmp_path):
     path = save_model(tmp_path / "model.safetensors", task=problem.task, x=x, scale="standard",
                       standardisation=(totals.mean(), totals.std()))
     saved = read_model(path)
-    assert saved.metadata.scale == "standard"
+    assert saved.metadata.scale.standard
     _, _, xt, yt = _pooled(folder)
     inputs = saved.inputs(xt)  # raw test features in, the run's standardised features out
     torch.testing.assert_close(inputs, problem.test.images, rtol=0, atol=0)

@@ -114,7 +114,7 @@ def evaluate_model(model: str | Path, data: str | Path, *, task: str | None = No
     data = Path(data)
     raw = read_data(data, who=WHO, label_column=label_column, classes=built.classes)
     dataset = check_arrays(raw.features, raw.labels, path=data, who=WHO, shape=built.shape,
-                           classes=built.classes, divisor=Scale.parse(scale).divisor(features=math.prod(built.shape)),
+                           classes=built.classes, divisor=Scale.of(scale).divisor(features=math.prod(built.shape)),
                            cells=raw.cells)
     return Evaluation(accuracy=built.accuracy(x, dataset),
                       loss=built.loss(x, dataset.images, dataset.labels),

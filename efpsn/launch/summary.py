@@ -128,7 +128,7 @@ def save_average(problem: Any, folder: Path, x_bar: Any, *,
     from efpsn.model_io import MODEL_FILE, save_model
 
     return save_model(folder / MODEL_FILE, task=problem.task, x=x_bar,
-                      scale=str(problem.config.scale), standardisation=standardisation)
+                      scale=problem.config.scale, standardisation=standardisation)
 
 
 def _standardised_problem(problem: Any, folder: Path, names: list[str], results: list[dict]

@@ -146,10 +146,14 @@ def make_task(name: TaskSpec | str, *, l2: float | None = None,
     except ValueError as exc:
         raise ValueError(f"unknown task: {exc}") from None
     weight = DEFAULT_L2[spec.kind] if l2 is None else l2
+    built: Task
     if spec.kind == "logreg":
-        return LogisticRegressionTask(l2=weight, shape=shape, classes=classes)
-    if spec.kind == "lenet":
-        return LeNetTask(l2=weight, shape=shape, classes=classes)
-    if spec.kind == "mlp":
-        return MLPTask(hidden=spec.hidden, l2=weight, shape=shape, classes=classes)
-    return PythonTask(str(spec), l2=weight, shape=shape, classes=classes)
+        built = LogisticRegressionTask(l2=weight, shape=shape, classes=classes)
+    elif spec.kind == "lenet":
+        built = LeNetTask(l2=weight, shape=shape, classes=classes)
+    elif spec.kind == "mlp":
+        built = MLPTask(hidden=spec.hidden, l2=weight, shape=shape, classes=classes)
+    else:
+        built = PythonTask(str(spec), l2=weight, shape=shape, classes=classes)
+    built.spec = spec
+    return built
