@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 from typing import Any
 
+from agent import departure_state
 from agent.bootstrap import report_silence
 from agent.exchange import RoundLink
+from agent.fixed_terms import EdgeTerms
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, RefusedByNeighbour
 from agent.rejoin import Rejoin
@@ -29,7 +32,8 @@ from efpsn.algorithms.base import Message
 from efpsn.departure import Departure, drop_node_weights, optimum_of, rebase, reconfigure
 from efpsn.departure_masks import add_seeds, drop_seeds, reseeded
 from efpsn.fading import FadingMask
-from efpsn.refresh import MaskProvider, RefreshedMask
+from efpsn.masking import Masker
+from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
 from efpsn.rounds import RoundDriver
 from efpsn.stopping import StopRule
 
@@ -41,9 +45,13 @@ log = logging.getLogger("efpsn.agent")
 class LocalDepartures:
     """The departures this agent knows and what they change for it, round by round."""
 
-    def __init__(self, session: Session, masks: MaskProvider) -> None:
+    def __init__(self, session: Session, masks: MaskProvider,
+                 masker: Masker | None = None) -> None:
         self.session = session
         self.masks = masks
+        # the paper's fixed mask: phase I's Masker (this run's process only: it holds the
+        # per-edge shares a departure subtracts; agent/fixed_terms.py)
+        self.terms = EdgeTerms(masker) if isinstance(masks, FixedMask) else None
         self.decided: list[Departure] = []
         self.epoch = 0
         self.graph = session.problem.graph
@@ -52,6 +60,9 @@ class LocalDepartures:
         self.names = {**session.names, session.index: session.assignment.name}
         self._rebased: set[int] = set()
         self.new_seeds: dict[int, tuple[bytes, bytes]] = {}  # new neighbour -> (s_ij, s_ji)
+        # what a restart needs again (agent/departure_state.py): every new neighbour and seed
+        self.joined_info: dict[str, tuple[int, str, int]] = {}
+        self.seed_record: dict[int, tuple[bytes, bytes]] = {}
 
     @property
     def me(self) -> int:
@@ -72,10 +83,10 @@ class LocalDepartures:
             raise AgentFailure(f"{self.session.assignment.name}: the coordinator's answer "
                                "holds no new departure")
         zero_sum = self.session.config.mask == "zero-sum"
-        if zero_sum and not isinstance(self.masks, (FadingMask, RefreshedMask)):
+        if zero_sum and self.terms is not None and not self.terms.available:
             raise AgentFailure("a departure with the paper's fixed mask (--refresh never) "
-                               "needs phase I's shares, which agents do not keep: not "
-                               "supported yet")
+                               "needs phase I's per-edge shares, which a restarted agent "
+                               "no longer holds (they are kept in memory only)")
         after = reconfigure(self.graph, self.gone | {d.agent for d in new})
         mine = sorted({b if a == self.me else a for a, b in after.new_edges if self.me in (a, b)})
         given = {index: (name, address) for name, (index, address) in (joining or {}).items()}
@@ -87,6 +98,7 @@ class LocalDepartures:
         rebase_round = min(d.rebase_round for d in new)
         for j, (name, address) in given.items():
             self.session.joining[name] = (j, address, rebase_round)
+            self.joined_info[name] = (j, address, rebase_round)
             self.names[j] = name
         self.decided.extend(new)
         self.epoch += 1
@@ -100,9 +112,48 @@ class LocalDepartures:
                     "; ".join(d.label() for d in new))
         return {name: j for j, (name, _) in given.items()}
 
-    def before_round(self, t: int, driver: RoundDriver) -> tuple[list[str], list[str]]:
-        """Apply what round t changes (before its messages are taken); the neighbours this
-        agent stops exchanging with from round t on, and the new ones it starts with."""
+    def add_seeds(self, seeds: dict[int, tuple[bytes, bytes]]) -> None:
+        """The new edges' seeds, from their phase I (agent/rejoin.py), until the re-base."""
+        self.new_seeds.update(seeds)
+        self.seed_record.update(seeds)
+
+    def save(self, folder: str | Path) -> None:
+        """What a restart needs to re-apply the departures (agent/departure_state.py)."""
+        departure_state.save(folder, run_id=self.session.run_id, decided=self.decided,
+                             epoch=self.epoch, events=self.events, names=self.names,
+                             joining=self.joined_info, seeds=self.seed_record)
+
+    def restore(self, record: dict[str, Any], driver: RoundDriver) -> None:
+        """A restart after departures were applied: re-apply what they changed up to the
+        checkpoint's round c (the drops of rounds <= c, the re-bases before c without touching
+        the checkpoint's trackers); round c's re-base is the loop's, as before the restart."""
+        c = driver.t
+        self.decided = list(record["decided"])
+        self.epoch, self.events = record["epoch"], record["events"]
+        self.names = {**record["names"], **self.names}
+        self.joined_info = dict(record["joining"])
+        self.seed_record = dict(record["seeds"])
+        self.new_seeds = dict(record["seeds"])
+        for name, entry in self.joined_info.items():
+            self.session.joining[name] = entry
+        sharing, outbox = driver.sharing, driver.outbox  # the checkpoint's stop window
+        if driver.stop is not None:
+            driver.revise_stop(driver.stop.voided_from(min(d.round for d in self.decided)))
+        rounds = sorted({r for d in self.decided for r in (d.round, d.round + 1)
+                         if r <= c} | {d.rebase_round for d in self.decided
+                                       if d.rebase_round < c})
+        for r in rounds:
+            self._drop_at(r)
+            if any(d.rebase_round == r for d in self.decided):
+                self._rebased.add(r)
+                self._rebase(r, driver, replaying=True)
+        self._refresh(driver)
+        if sharing is not None and driver.stop is not None and driver.stop.window(c) is not None:
+            driver.sharing, driver.outbox = sharing, outbox
+        log.warning("%s resumed with the departures %s applied up to round %d",
+                    self.session.assignment.name, ", ".join(d.label() for d in self.decided), c)
+
+    def _drop_at(self, t: int) -> list[int]:
         dropped: list[int] = []
         for d in self.decided:
             first = d.round + 1 if self.me in d.late else d.round
@@ -111,17 +162,25 @@ class LocalDepartures:
         if dropped:
             self.weights = drop_node_weights(self.weights, agent=self.me, gone=dropped)
             self._remask(dropped)
+        for j in dropped:
+            name = self._name(j)
+            self.session.drop(name, reason=self._reason(name))
+        return dropped
+
+    def before_round(self, t: int, driver: RoundDriver) -> tuple[list[str], list[str]]:
+        """Apply what round t changes (before its messages are taken); the neighbours this
+        agent stops exchanging with from round t on, and the new ones it starts with."""
+        dropped = self._drop_at(t)
+        if dropped:
             self._refresh(driver)
         names = [self._name(j) for j in dropped]
-        for name in names:
-            self.session.drop(name, reason=self._reason(name))
         joined: list[str] = []
         if any(d.rebase_round == t for d in self.decided) and t not in self._rebased:
             self._rebased.add(t)
             joined = self._rebase(t, driver)
         return names, joined
 
-    def _rebase(self, t: int, driver: RoundDriver) -> list[str]:
+    def _rebase(self, t: int, driver: RoundDriver, *, replaying: bool = False) -> list[str]:
         recon = reconfigure(self.graph, self.gone)
         self.graph = recon.graph
         self.weights = recon.agent_weights(self.me)
@@ -132,17 +191,24 @@ class LocalDepartures:
         if new and isinstance(self.masks, (FadingMask, RefreshedMask)):  # phase I's terms
             self.masks = reseeded(self.masks, add_seeds(
                 self.masks.seeds, {j: self.new_seeds.pop(j) for j in new}))
+        elif new and self.terms is not None and isinstance(self.masks, FixedMask):
+            self.masks = self.terms.joined(self.masks, new)
         self._refresh(driver)
-        driver.state = rebase(driver.state)
-        driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
+        if not replaying:  # a restart's checkpoint after R holds the re-based trackers
+            driver.state = rebase(driver.state)
+            driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
         # the stop rule of the remaining graph, its checks counted from R (efpsn/stopping.py)
         pending = min((d.round for d in self.decided if d.rebase_round > t), default=None)
-        driver.revise_stop(StopRule.for_run(self.session.config, recon.remaining_weights(),
-                                            origin=t, until=pending))
-        for event in self.events:
+        stop = StopRule.rebased(self.session.config, recon.remaining_weights(), origin=t,
+                                until=pending, cap=driver.iterations)
+        if stop.active:  # the cap extended by the remaining graph's step rule
+            driver.iterations = stop.cap
+        driver.revise_stop(stop)
+        for event in [] if replaying else self.events:  # a restart reloads the records
             if event["rebase_round"] == t:
                 event.update(epoch=self.epoch, new_edges=[[self._name(a), self._name(b)]
-                                                          for a, b in recon.new_edges])
+                                                          for a, b in recon.new_edges],
+                             cap=driver.iterations)
         log.warning("%s re-based at round %d: the model is now %s%s",
                     self.session.assignment.name, t, optimum_of(recon.remaining),
                     "".join(f"; new neighbour {n}" for n in joined))
@@ -151,6 +217,8 @@ class LocalDepartures:
     def _remask(self, gone: list[int]) -> None:
         if isinstance(self.masks, (FadingMask, RefreshedMask)):
             self.masks = reseeded(self.masks, drop_seeds(self.masks.seeds, gone))
+        elif self.terms is not None and isinstance(self.masks, FixedMask):
+            self.masks = self.terms.dropped(self.masks, gone)
 
     def _refresh(self, driver: RoundDriver) -> None:
         driver.context = dataclasses.replace(
@@ -192,6 +260,17 @@ class Silence:
         self.mailbox = mailbox
         self.store = store
         self.timeout = timeout  # how long a report waits for the others to report too
+        self.applied: int | None = None  # the round at which a departure was last applied
+
+    def resume(self, driver: RoundDriver) -> None:
+        """A restarted agent: re-apply the departures it had applied (none saved: nothing)."""
+        try:
+            record = departure_state.load(self.store.folder,
+                                          run_id=self.departures.session.run_id)
+        except ValueError as exc:
+            raise AgentFailure(str(exc)) from None
+        if record is not None:
+            self.departures.restore(record, driver)
 
     def missing(self, t: int, failure: AgentFailure) -> list[str]:
         """The neighbours whose round-t message is missing, and the one the failure blames."""
@@ -232,16 +311,27 @@ class Silence:
                                    blame=undecided.blame and failure.blame) from None
             finally:
                 self.rejoin.deciding(False)
-            self.store.mark_unresumable(
-                f"{name} applied a departure at round {t}; resuming after one is not "
-                "supported yet")
-            gone, _ = self.departures.before_round(t, driver)  # t < R: nobody joins yet
-            for neighbour in gone:
-                await link.drop(neighbour)
+            if self.departures.terms is not None:  # its Masker is kept in memory only
+                self.store.mark_unresumable(
+                    f"{name} applied a departure at round {t} with the paper's fixed mask; "
+                    "its phase I shares are kept in memory only: it cannot resume")
+            terms = self.departures.terms
             if joiners and isinstance(self.departures.masks, (FadingMask, RefreshedMask)):
                 rebase_round = min(session.joining[n][2] for n in joiners)
-                self.departures.new_seeds.update(await self.rejoin.exchange(
+                self.departures.add_seeds(await self.rejoin.exchange(
                     joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
+            elif joiners and terms is not None:  # the paper's protocol on the new edges
+                rebase_round = min(session.joining[n][2] for n in joiners)
+                terms.add(await self.rejoin.exchange_shares(
+                    joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
+            # t < R (R = T + n): the new edges join at R, in the loop
+            gone, joined = self.departures.before_round(t, driver)
+            for neighbour in gone:
+                await link.drop(neighbour)
+            for neighbour in joined:
+                link.join(neighbour)
+            self.departures.save(self.store.folder)  # a restart re-applies it (and resumes)
+            self.applied = t  # phase II checkpoints this round (agent/phase_two.py)
             try:
                 return await link.recollect(t, driver.outbox)
             except AgentFailure as again:

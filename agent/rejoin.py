@@ -1,5 +1,6 @@
 """A new edge after a departure cut the graph: phase I's seed exchange for it, between its two
-ends, before the re-base round (efpsn/seeds.py's SeedExchange, as agent/phase_one.py runs it).
+ends, before the re-base round (efpsn/seeds.py's SeedExchange, as agent/phase_one.py runs it;
+with the paper's fixed mask, efpsn/masking.py's Masker on the new edges, agent/fixed_terms.py).
 
 Each end makes a fresh Paillier key pair, sends its public key and then its seed for the edge,
 encrypted under the other end's key, and decrypts the other end's: the pair (s_ij, s_ji) that
@@ -27,7 +28,8 @@ from agent.servicer import AgentService, ShareCheck
 from agent.session import Session
 from efpsn import paillier
 from efpsn.departure_masks import rejoin_generator
-from efpsn.seeds import SeedExchange
+from efpsn.masking import Masker
+from efpsn.seeds import EdgeSeeds, SeedExchange
 from efpsn.wire import serde
 from efpsn.wire.records import Phase
 
@@ -39,15 +41,26 @@ log = logging.getLogger("efpsn.agent")
 async def exchange_new_seeds(*, session: Session, peers: Peers, mailbox: Mailbox,
                              service: AgentService, joiners: Mapping[str, int], rebase_round: int,
                              epoch: int, noise_seed: int | None, allow_insecure_keys: bool,
-                             timeout: float) -> dict[int, tuple[bytes, bytes]]:
+                             timeout: float, fixed: bool = False,
+                             ) -> dict[int, tuple[bytes, bytes]] | Masker:
     """This agent's seeds with each new neighbour (name -> index in `joiners`): index ->
-    (s_ij, s_ji). `service` is told the key the new neighbours' shares must be under."""
+    (s_ij, s_ji); with the paper's fixed mask (`fixed`), the finished Masker of the new edges
+    (its shares drawn as efpsn/departure_masks.py's new_edge_shares draws them). `service` is
+    told the key the new neighbours' shares must be under."""
     cfg = session.config
     pair = await asyncio.to_thread(paillier.generate_keypair, cfg.key_bits,
                                    allow_insecure=allow_insecure_keys)
     rng = None if noise_seed is None else rejoin_generator(noise_seed, session.index, epoch)
-    exchange = SeedExchange(agent=session.index, neighbours=sorted(joiners.values()),
-                            keypair=pair, rng=rng, allow_insecure=allow_insecure_keys)
+    exchange: SeedExchange | Masker
+    if fixed:
+        exchange = Masker(agent=session.index, neighbours=sorted(joiners.values()),
+                          spec=session.problem.noise_spec,
+                          rng=rejoin_generator(noise_seed, session.index, epoch),
+                          layout=session.problem.layout, keypair=pair,
+                          allow_insecure=allow_insecure_keys)
+    else:
+        exchange = SeedExchange(agent=session.index, neighbours=sorted(joiners.values()),
+                                keypair=pair, rng=rng, allow_insecure=allow_insecure_keys)
     packed = shares_packed(cfg)
     service.rejoin_shares = ShareCheck(public_key=exchange.public_key,
                                        count=exchange.ciphertexts_per_neighbour, packed=packed)
@@ -67,10 +80,13 @@ async def exchange_new_seeds(*, session: Session, peers: Peers, mailbox: Mailbox
             packed=packed), timeout=timeout)
         for n in names)
     incoming = await _collect(mailbox, "shares", rebase_round, names, timeout=timeout)
-    seeds = await asyncio.to_thread(exchange.finish,
-                                    {joiners[n]: c for n, c in incoming.items()})
-    received = dict(seeds.received)
-    return {j: (s, received[j]) for j, s in seeds.sent}
+    finished = await asyncio.to_thread(exchange.finish,
+                                       {joiners[n]: c for n, c in incoming.items()})
+    if isinstance(exchange, Masker):
+        return exchange
+    assert isinstance(finished, EdgeSeeds)
+    received = dict(finished.received)
+    return {j: (s, received[j]) for j, s in finished.sent}
 
 
 async def _collect(mailbox: Mailbox, kind: str, round_: int, names: list[str], *,
@@ -110,12 +126,27 @@ class Rejoin:
 
     async def exchange(self, joiners: Mapping[str, int], *, rebase_round: int,
                        epoch: int) -> dict[int, tuple[bytes, bytes]]:
+        seeds = await self._exchange(joiners, rebase_round=rebase_round, epoch=epoch,
+                                     fixed=False)
+        assert isinstance(seeds, dict)
+        return seeds
+
+    async def exchange_shares(self, joiners: Mapping[str, int], *, rebase_round: int,
+                              epoch: int) -> Masker:
+        """The paper's phase I on the new edges: the finished Masker holding their terms."""
+        masker = await self._exchange(joiners, rebase_round=rebase_round, epoch=epoch,
+                                      fixed=True)
+        assert isinstance(masker, Masker)
+        return masker
+
+    async def _exchange(self, joiners: Mapping[str, int], *, rebase_round: int, epoch: int,
+                        fixed: bool) -> dict[int, tuple[bytes, bytes]] | Masker:
         start = time.perf_counter()
         seeds = await exchange_new_seeds(
             session=self.session, peers=self.peers, mailbox=self.mailbox, service=self.service,
             joiners=joiners, rebase_round=rebase_round, epoch=epoch, noise_seed=self.noise_seed,
             allow_insecure_keys=self.allow_insecure_keys,
-            timeout=self.session.config.round_timeout_seconds)
+            timeout=self.session.config.round_timeout_seconds, fixed=fixed)
         log.warning("%s: phase I on the new edge(s) with %s done in %.2f s (seeds under "
                     "Paillier); they mix from round %d", self.session.assignment.name,
                     ", ".join(sorted(joiners)), time.perf_counter() - start, rebase_round)

@@ -1,10 +1,12 @@
 """Where an agent's CPU goes in a round: real agents under py-spy, stage by stage.
 
     python benchmarks/bench_profile.py [--agents 5] [--rounds 10000] [--window 15]
-        [--profiled 5] [--rate 50] [--key-bits 2048] [--json OUT]
+        [--profiled 5] [--rate 50] [--key-bits 2048] [--data-dir D] [--json OUT]
 
 Runs `efpsn up --preset paper` (logistic regression, DSGD, batch 64, the paper's schedule;
-mutual TLS) as a separate process and, once every agent is past round 200, measures two windows
+mutual TLS), or with `--data-dir D` the defaults on private folders (`efpsn up --data-dir D`
+and nothing else: agt, full batch, fading masks, the stop rule; the agents are D's; --rounds
+forces a count, else the step rule's, stopped by the certificate) as a separate process and, once every agent is past round 200, measures two windows
 of `--window` seconds on the running agents:
   1. unprofiled: each agent's CPU (/proc/PID/stat) and rounds (GetStatus) over the window;
   2. profiled: `py-spy record --nonblocking` on `--profiled` agents (agent1, agent2, ...), with
@@ -54,9 +56,11 @@ import torch
 
 from agent.options import AgentOptions
 from agent.state import StateStore
-from efpsn.algorithms import make_algorithm
-from efpsn.algorithms.base import StepContext
+from efpsn.algorithms import StepContext, make_algorithm
+from efpsn.cli.common import add_data_dir_arguments
+from efpsn.cli.flags import add_run_arguments, config_from_args
 from efpsn.config import RunConfig
+from efpsn.datadir import inspect_data_dir, load_data_dir
 from efpsn.problem import build_problem
 from efpsn.rounds import RoundDriver
 from efpsn.runtime import configure_threads, machine_load
@@ -146,10 +150,28 @@ def wait_for(condition: Callable[[], T], timeout: float, what: str) -> T:
     raise TimeoutError(f"no {what} within {timeout:.0f}s")
 
 
-def reference_lines(config: RunConfig, calls: int = 2000) -> dict[str, float]:
+def run_config(args: argparse.Namespace) -> tuple[RunConfig, dict | None]:
+    """The profiled run's configuration (resolved) and, with --data-dir, the agents' data."""
+    if args.data_dir is None:
+        return RunConfig.preset("paper", agents=args.agents, iterations=args.rounds or 10_000,
+                                key_bits=args.key_bits or 2048), None
+    flags = argparse.ArgumentParser()
+    add_run_arguments(flags)
+    add_data_dir_arguments(flags)  # the schema's shape, classes and scale, as `efpsn up` reads them
+    argv = ["--data-dir", str(args.data_dir), "--agents", str(args.agents)] + (
+        ["--key-bits", str(args.key_bits)] if args.key_bits else [])
+    if args.rounds:
+        argv += ["--iterations", str(args.rounds)]
+    config = config_from_args(flags.parse_args(argv), resolve=False)
+    local = load_data_dir(config, Path(args.data_dir))
+    return config.resolved(), local
+
+
+def reference_lines(config: RunConfig, calls: int = 2000,
+                    local: dict | None = None) -> dict[str, float]:
     """CPU ms of agent 0's step (gradient and mixing) and of its gradient alone, in this
-    process, with the paper's objective and a real zero-sum mask."""
-    problem = build_problem(config)
+    process, with the run's objective and a real zero-sum mask (fading, for the defaults)."""
+    problem = build_problem(config, local=local)
     providers = make_mask_providers(problem, noise_seed=0)
     schedule = make_schedule(config.schedule, iterations=config.iterations.total)
     oracle = problem.objective(0, providers[0])
@@ -159,15 +181,17 @@ def reference_lines(config: RunConfig, calls: int = 2000) -> dict[str, float]:
     for t in range(calls):
         oracle(x, t)
     gradient = (time.process_time() - start) * 1e3 / calls
-    driver = RoundDriver(algorithm=make_algorithm(config.algorithm), context=ctx,
+    algorithm = make_algorithm(config.algorithm, momentum=config.momentum.value)
+    driver = RoundDriver(algorithm=algorithm, context=ctx,
                          schedule=schedule, iterations=10**9, eval_every=10**9, x0=x)
-    inbox = {j: {"x": x + 1e-6 * j} for j in problem.graph.neighbours(0)}
+    inbox = {j: {k: x + 1e-6 * j for k in algorithm.message_keys}
+             for j in problem.graph.neighbours(0)}
     start = time.process_time()
     for _ in range(calls):
         driver.step(inbox)
     step = (time.process_time() - start) * 1e3 / calls
     return {"gradient_ms": gradient, "step_ms": step, "checkpoint_ms": checkpoint_ms(x),
-            "degree": len(problem.graph.neighbours(0))}
+            "degree": len(problem.graph.neighbours(0)), "keys": list(algorithm.message_keys)}
 
 
 def checkpoint_ms(x: torch.Tensor, calls: int = 100) -> float:
@@ -182,15 +206,15 @@ def checkpoint_ms(x: torch.Tensor, calls: int = 100) -> float:
         return (time.process_time() - start) * 1e3 / calls
 
 
-def bare_stream_ms(messages: int = 2000) -> tuple[float, float]:
-    """CPU ms (both ends) per 63 KB message on bare grpc.aio with mutual TLS: a client stream
-    within one process, and a bidirectional stream (an empty reply a message) between two."""
+def bare_stream_ms(messages: int = 2000, keys: tuple[str, ...] = ("x",)) -> tuple[float, float]:
+    """CPU ms (both ends) per round message (63 KB a tensor of `keys`) on bare grpc.aio with
+    mutual TLS: a client stream within one process, and a bidirectional stream (an empty reply
+    a message) between two."""
     with tempfile.TemporaryDirectory(prefix="efpsn-bench-bare-") as tmp:
         tls = Path(tmp) / "tls"
         generate_certificates(tls, ["agent1", "agent2"])
         x = torch.linspace(-1, 1, 7850, dtype=torch.float64)
-        payload = encode_round({"x": x}, run_id="bench", sender="agent2",
-                                               round_=1)
+        payload = encode_round({k: x for k in keys}, run_id="bench", sender="agent2", round_=1)
         in_process, _ = asyncio.run(bench_transport.bare_grpc(tls, payload, messages,
                                                               stream="client"))
         between, _ = asyncio.run(bench_transport.bare_grpc_processes(tls, payload, messages))
@@ -253,18 +277,25 @@ def window_figures(before: dict, after: dict) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    config = RunConfig.preset("paper", agents=args.agents, iterations=args.rounds,
-                              key_bits=args.key_bits)
+    config, local = run_config(args)
+    if args.data_dir is None:
+        what = ["--preset", "paper", "--agents", str(args.agents), "--iterations",
+                str(config.iterations.total), "--key-bits", str(config.key_bits)]
+    else:
+        what = ["--data-dir", str(args.data_dir)] + (
+            ["--iterations", str(args.rounds)] if args.rounds else []) + (
+            ["--key-bits", str(args.key_bits)] if args.key_bits else [])
     names = [f"agent{i + 1}" for i in range(args.agents)]
     profiled = names[:args.profiled]
-    out: dict = {"agents": args.agents, "rounds": args.rounds, "load_before": machine_load()}
+    out: dict = {"agents": args.agents, "rounds": config.iterations.total,
+                 "settings": "the paper's logistic regression" if args.data_dir is None else
+                 f"the defaults on {args.data_dir} (agt, full batch, fading masks)",
+                 "goal_ms": 1.2 if args.data_dir is None else 1.5, "load_before": machine_load()}
     print(f"machine: {out['load_before']}", flush=True)
     with tempfile.TemporaryDirectory(prefix="efpsn-bench-profile-") as tmp:
         folder = Path(tmp) / "run"
         up = subprocess.Popen(
-            [sys.executable, "-m", "efpsn", "up", "--preset", "paper", "--agents",
-             str(args.agents), "--iterations", str(args.rounds), "--key-bits",
-             str(args.key_bits), "--quiet", "--results", str(folder)],
+            [sys.executable, "-m", "efpsn", "up", *what, "--quiet", "--results", str(folder)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             wait_for(lambda: all((folder / "ports" / n).exists() for n in names), 300,
@@ -289,8 +320,9 @@ def run(args: argparse.Namespace) -> dict:
             raise RuntimeError(f"efpsn up failed:\n{log[-3000:]}")
         summary = json.loads((folder / "summary.json").read_text())
     out["run"] = summary["timings"]
-    out["reference"] = reference_lines(config)
-    out["bare_stream_ms_per_message"], out["bare_processes_ms_per_message"] = bare_stream_ms()
+    out["reference"] = reference_lines(config, local=local)
+    out["bare_stream_ms_per_message"], out["bare_processes_ms_per_message"] = bare_stream_ms(
+        keys=tuple(out["reference"]["keys"]))
     out["load_after"] = machine_load()
     return out
 
@@ -299,7 +331,7 @@ def report(out: dict, *, detail: bool) -> None:
     n, ref = out["agents"], out["reference"]
     stages = out["profiled"]["stages_ms"]
     total = sum(stages.values())
-    print(f"\nCPU per agent per round, {n} agents (ring), the paper's logistic regression "
+    print(f"\nCPU per agent per round, {n} agents (ring), {out['settings']} "
           f"(profiled window):")
     print(f"  {'stage':<30} {'ms':>7} {'share':>6}")
     for stage in profile_stages.STAGES:
@@ -319,7 +351,8 @@ def report(out: dict, *, detail: bool) -> None:
     print(f"  a checkpoint alone (every {every} rounds):            "
           f"{ref['checkpoint_ms'] / every:.3f} ms per round ({ref['checkpoint_ms']:.2f} ms each)")
     between = out["bare_processes_ms_per_message"] * ref["degree"]
-    print(f"  bare gRPC client stream, {ref['degree']} x 63 KB each way:   {bare:.3f} ms "
+    size = f"{63 * len(ref['keys'])} KB"
+    print(f"  bare gRPC client stream, {ref['degree']} x {size} each way:   {bare:.3f} ms "
           f"({out['bare_stream_ms_per_message']:.3f} ms per message, both ends, one process)")
     print(f"  bare gRPC between two processes, the same:      {between:.3f} ms "
           f"({out['bare_processes_ms_per_message']:.3f} ms per message and its empty reply)")
@@ -330,7 +363,7 @@ def report(out: dict, *, detail: bool) -> None:
           f"{out['profiled']['cpu_ms_per_agent_round']:.3f} ms per agent per round; runnable "
           f"but waiting for a core {out['profiled']['waiting_for_a_core_ms_per_agent_round']:.3f} ms")
     print(f"  whole run (summary.json, agents_cpu_seconds_per_round / n): {run_cpu:.3f} ms "
-          f"(goal 1.2 ms: {run_cpu / 1.2:.2f}x)")
+          f"(goal {out['goal_ms']} ms: {run_cpu / out['goal_ms']:.2f}x)")
     print(f"  beyond the step and bare gRPC between processes: "
           f"{out['unprofiled']['cpu_ms_per_agent_round'] - ref['step_ms'] - between:.3f} ms")
     print(f"\nmachine: {out['load_before']} before; {out['load_after']} after")
@@ -339,15 +372,21 @@ def report(out: dict, *, detail: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--agents", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds (default: 10,000 for the paper; the defaults' own)")
+    parser.add_argument("--data-dir", default=None,
+                        help="profile the defaults on these private folders (efpsn data split)")
     parser.add_argument("--window", type=float, default=15.0)
     parser.add_argument("--profiled", type=int, default=5, help="agents under py-spy")
     parser.add_argument("--rate", type=int, default=50, help="py-spy samples per second")
-    parser.add_argument("--key-bits", type=int, default=2048)
+    parser.add_argument("--key-bits", type=int, default=None,
+                        help="Paillier key bits (default: 2048 for the paper; the defaults' own)")
     parser.add_argument("--detail", action="store_true",
                         help="also the most sampled functions inside each stage")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    if args.data_dir is not None:
+        args.agents = inspect_data_dir(args.data_dir).agents
     configure_threads()
     out = run(args)
     report(out, detail=args.detail)

@@ -1,11 +1,11 @@
 """Our gRPC round path against bare grpc.aio moving the same bytes, two processes, one run.
 
-    python benchmarks/bench_round_path.py [--rounds 1000]
+    python benchmarks/bench_round_path.py [--rounds 1000] [--repeat 3]
 
 Two processes play two neighbouring agents of the defaults' run (agt, logistic regression on
 the main job's model: each round message carries y and z, 2 x 7,850 float64, 126 KB) and
 exchange one message each way per round, as phase II does, with mutual TLS:
-  * ours: each process is an agent's real transport (tests/harness.py assigned_agents: its
+  * ours: each process is an agent's real transport (agent/assembly.py local_agents: its
     gRPC server with the servicer that authenticates, validates, decodes and files messages)
     driven by agent/exchange.py's RoundLink.exchange, the agent's own round (encode_round, the
     outbox, the round stream, the mailbox), then the ledger's and mailbox's end-of-round work;
@@ -14,15 +14,21 @@ exchange one message each way per round, as phase II does, with mutual TLS:
     waits for the other's message. No parsing, no checks.
 Prints per round: CPU ms of both processes together (per agent: half; process CPU, every
 thread, from /proc), wall ms, and ours / bare, with the machine's load at both ends.
+`--repeat R` (default 3) runs R pairs, bare then ours, one after the other: on a shared
+machine one pair moves by tens of percent with the load, so each pair's ratio is taken while
+the load is about the same, and the medians (of the CPU figures and of the pairs' ratios) are
+the figures to quote.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,10 +38,6 @@ from typing import Any
 
 import grpc
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
 
 from efpsn.config import RunConfig
 from efpsn.runtime import configure_threads, machine_load
@@ -67,15 +69,16 @@ def _message(name: str) -> dict[str, torch.Tensor]:
 
 async def _ours(me: str, other: str, folder: Path, ports: dict[str, int], rounds: int,
                 ready: Path) -> dict[str, float]:
-    from harness import assigned_agents
-
+    from agent.assembly import local_agents
     from agent.exchange import RoundLink
     from agent.resume import Replay
+    from coordinator.registry import local_assignments
 
-    async with assigned_agents(folder, CONFIG, run_id=RUN, names=(me,), serve=(me,),
-                               ports=ports, new_certificates=False) as agents:
+    async with local_agents(folder, CONFIG, run_id=RUN, names=(me,), serve_names=(me,),
+                            assign=functools.partial(local_assignments, run_id=RUN),
+                            ports=ports, new_certificates=False) as agents:
         agent = agents[me]
-        replay = Replay(peers=agent.peers, ledger=agent.ledger, mailbox=agent.mailbox,
+        replay = Replay(peers=agent.peers, intake=agent.intake, mailbox=agent.mailbox,
                         neighbours=set(), describe_loss=lambda *a: "", on_loss=lambda n: None)
         link = RoundLink(peers=agent.peers, outbox=agent.outbox, replay=replay, run_id=RUN,
                          name=me, neighbours=[other], timeout=60.0)
@@ -161,6 +164,7 @@ def _pair(mode: str, folder: Path, rounds: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=3, help="pairs of runs (bare, ours)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=("ours", "bare"), help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
@@ -170,22 +174,40 @@ def main() -> None:
     if args.child:
         _child(args)
         return
+    if args.repeat < 1 or args.rounds < 1:
+        parser.error("--rounds and --repeat must be >= 1")
     with tempfile.TemporaryDirectory(prefix="efpsn-bench-round-path-") as tmp:
         folder = Path(tmp)
         generate_certificates(folder / "tls", ["agent1", "agent2"])
         size = len(encode_round(_message("agent1"), run_id=RUN, sender="agent1", round_=1))
         print(f"round message {size:,} bytes, one each way per round; {args.rounds} rounds; "
-              f"mutual TLS; two processes; {machine_load()}")
-        rows = {mode: _pair(mode, folder, args.rounds) for mode in ("bare", "ours")}
-    bare = rows["bare"]
-    print(f"{'path':<34} {'CPU ms/round':>12} {'per agent':>10} {'wall ms/round':>13} "
-          f"{'CPU x bare':>10}")
-    for mode, label in (("bare", "bare grpc.aio, same bytes"),
-                        ("ours", "ours (RoundLink.exchange)")):
-        r = rows[mode]
-        print(f"{label:<34} {r['cpu_ms']:>12.3f} {r['cpu_ms'] / 2:>10.3f} {r['wall_ms']:>13.3f} "
-              f"{r['cpu_ms'] / bare['cpu_ms']:>10.2f}")
-    print(f"machine: {machine_load()}; pid {os.getpid()}")
+              f"mutual TLS; two processes; {args.repeat} pairs; {machine_load()}")
+        print(f"{'pair':<5} {'path':<34} {'CPU ms/round':>12} {'per agent':>10} "
+              f"{'wall ms/round':>13} {'CPU x bare':>10}")
+        pairs = []
+        for i in range(args.repeat):
+            rows = {mode: _pair(mode, folder, args.rounds) for mode in ("bare", "ours")}
+            pairs.append(rows)
+            for mode, label in LABELS:
+                _row(str(i + 1), label, rows[mode], rows["bare"])
+    median = {mode: {k: statistics.median(p[mode][k] for p in pairs) for k in ("cpu_ms", "wall_ms")}
+              for mode in ("bare", "ours")}
+    ratio = statistics.median(p["ours"]["cpu_ms"] / p["bare"]["cpu_ms"] for p in pairs)
+    for mode, label in LABELS:
+        _row("med", label, median[mode], median["bare"],
+             ratio=ratio if mode == "ours" else 1.0)
+    print(f"median of the pairs' ratios: ours {ratio:.2f}x bare (CPU); machine: {machine_load()}; "
+          f"pid {os.getpid()}")
+
+
+LABELS = (("bare", "bare grpc.aio, same bytes"), ("ours", "ours (RoundLink.exchange)"))
+
+
+def _row(pair: str, label: str, r: dict[str, float], bare: dict[str, float],
+         ratio: float | None = None) -> None:
+    ratio = r["cpu_ms"] / bare["cpu_ms"] if ratio is None else ratio
+    print(f"{pair:<5} {label:<34} {r['cpu_ms']:>12.3f} {r['cpu_ms'] / 2:>10.3f} "
+          f"{r['wall_ms']:>13.3f} {ratio:>10.2f}")
 
 
 if __name__ == "__main__":

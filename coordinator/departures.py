@@ -16,7 +16,8 @@ The rule, public and deterministic:
 - agent d left at round T = the smallest round a report names it silent at; the reporters that
   name it one round later used its round-T message (Departure.late); the re-base round is
   R = T + the number of agents at the start (efpsn.departure.parse_leave's rule), which no
-  agent can have reached: every one is waiting at T + 2 at most;
+  agent can have reached: every one is waiting at T + 2 at most (T = 0 too: d finished phase I
+  and sent no round message);
 - reports are counted per decision (`epoch`); a report of an older epoch is answered with the
   decisions it missed;
 - a decision that cuts the graph joins the pieces (efpsn.departure.reconfigure, the rule the
@@ -149,15 +150,17 @@ class DepartureBoard:
     def _departure(self, name: str) -> Departure:
         rounds = {s: r.round for s, r in self._reports.items() if name in r.silent}
         first = min(rounds.values())
-        if first == 0:
-            raise Refused(f"{name} sent nothing in phase II: a departure before round 1 is not "
-                          "supported (the rest would have to redo round 0)")
         late = sorted(s for s, t in rounds.items() if t == first + 1)
+        if first == 0 and late:
+            raise Refused(f"{name} sent its round-0 message to {', '.join(late)} only: a "
+                          "departure while sending round 0 is not supported")
         ahead = sorted(s for s, t in rounds.items() if t > first + 1)
         if ahead:
             raise Refused(f"the reports contradict each other: {', '.join(ahead)} miss {name} "
                           f"at a round after {first + 1}, but its neighbours cannot be two "
                           "rounds apart")
+        # round 0 (it finished phase I and sent no round message) too: agents far from it may
+        # have stepped round 0 already, so the re-base comes n rounds later as for any round
         return Departure(agent=self.names.index(name), round=first,
                          rebase_round=first + len(self.names),
                          late=tuple(self.names.index(s) for s in late))

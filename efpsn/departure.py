@@ -57,7 +57,9 @@ _LEAVE = re.compile(r"^agent(\d+)@(\d+)(?::(\d+))?((?:\+agent\d+)*)$")
 class Departure:
     """Agent `agent` (0-based) sends nothing from round `round` on; the network re-bases at
     round `rebase_round` (> round). Round 0 with re-base round 0: it left in phase I, and the
-    rest start phase II without it (its edges' seeds dropped, new edges seeded first).
+    rest start phase II without it (its edges' seeds dropped, new edges seeded first); round 0
+    with a later re-base round: it finished phase I and sent no round message (the agents not
+    next to it may step round 0 before anyone knows: the coordinator's decision, R = n).
 
     `late`: neighbours that did receive its round-`round` message (it died while sending them)
     and stepped that round with it; they drop it one round later. No neighbour can be further
@@ -81,10 +83,6 @@ class Departure:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 raise ValueError(f"departure {name} must be an int >= 0, got {value!r}")
-        if self.round == 0 and self.rebase_round != 0:
-            raise ValueError(f"agent{self.agent + 1} leaves in phase I (round 0): the rest "
-                             f"start phase II without it, re-based at round 0, not "
-                             f"{self.rebase_round}")
         if self.round > 0 and self.rebase_round <= self.round:
             raise ValueError(f"agent{self.agent + 1} leaves at round {self.round}: the re-base "
                              f"round must come later, got {self.rebase_round}")

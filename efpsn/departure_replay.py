@@ -126,12 +126,14 @@ class DepartureReplay:
         # the stop rule of the remaining graph, its checks counted from R (efpsn/stopping.py)
         pending = min((d.round for d in self.departures
                        if d.round <= t < d.rebase_round), default=None)
-        stop = StopRule.for_run(self.problem.config, recon.remaining_weights(), origin=t,
-                                until=pending)
+        stop = StopRule.rebased(self.problem.config, recon.remaining_weights(), origin=t,
+                                until=pending, cap=drivers[recon.remaining[0]].iterations)
         for i in recon.remaining:
             driver = drivers[i]
             driver.state = rebase(driver.state)
             driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
+            if stop.active:  # the cap extended by the remaining graph's step rule
+                driver.iterations = stop.cap
             driver.revise_stop(stop)
         # agents whose one neighbour now holds every term of their mask (privacy, not accuracy)
         lonely = ([_name(i) for i in recon.remaining if recon.graph.degree(i) == 1]
@@ -140,7 +142,8 @@ class DepartureReplay:
             if event["rebase_round"] == t:
                 event.update(epoch=self.epoch, new_edges=[[_name(a), _name(b)]
                                                           for a, b in recon.new_edges],
-                             one_neighbour=lonely)
+                             one_neighbour=lonely,
+                             cap=drivers[recon.remaining[0]].iterations)
 
     def _remask(self, agents: Sequence[int], *, drop: set[int],
                 new_edges: Sequence[tuple[int, int]]) -> None:

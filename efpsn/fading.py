@@ -81,10 +81,40 @@ def binomial_noise(seed: bytes, t: int, count: int) -> np.ndarray:
     """b_k - 32 for k = 1..count: popcounts of ChaCha20's words (key `seed`, round t), int64."""
     if isinstance(t, bool) or not isinstance(t, numbers.Integral) or not 0 <= t < 2**64:
         raise ValueError(f"round must be an int in [0, 2^64), got {t!r}")
-    nonce = b"\x00\x00\x00\x00" + _NONCE_DOMAIN + int(t).to_bytes(8, "little")
-    stream = Cipher(algorithms.ChaCha20(seed, nonce), mode=None).encryptor()
+    stream = Cipher(algorithms.ChaCha20(seed, _nonce(t)), mode=None).encryptor()
     words = np.frombuffer(stream.update(bytes(8 * count)), dtype="<u8")
     return np.bitwise_count(words).astype(np.int64) - _BINOMIAL_MAX
+
+
+def _nonce(t: int) -> bytes:
+    return b"\x00\x00\x00\x00" + _NONCE_DOMAIN + int(t).to_bytes(8, "little")
+
+
+class _Scratch:
+    """Buffers one agent's fresh part reuses from round to round (binomial_noise's steps for
+    every edge, in place: a round's arrays allocated anew cost more in page faults and cache
+    misses than the arithmetic)."""
+
+    def __init__(self, count: int) -> None:
+        self.zeros = bytes(8 * count)
+        self.stream = bytearray(8 * count + 63)  # + room that update_into may ask for
+        self.words = np.frombuffer(self.stream, dtype="<u8", count=count)
+        self.bits = np.empty(count, dtype=np.uint8)
+        self.weights = np.empty(count)
+        self.term = np.empty(count, dtype=np.int64)
+
+    def term_of(self, seed: bytes, t: int, scales: np.ndarray, factor: float) -> np.ndarray:
+        """trunc(scales (b - 32) factor) as int64 (a view of the scratch: use it at once):
+        the same operations as binomial_noise then FadingMask.fresh's, element by element."""
+        Cipher(algorithms.ChaCha20(seed, _nonce(t)), mode=None).encryptor().update_into(
+            self.zeros, self.stream)
+        np.bitwise_count(self.words, out=self.bits)
+        np.subtract(self.bits, float(_BINOMIAL_MAX), out=self.weights)  # b - 32, exact
+        self.weights *= scales
+        self.weights *= factor
+        np.trunc(self.weights, out=self.weights)
+        np.copyto(self.term, self.weights, casting="unsafe")  # |.| < 2^52: exact
+        return self.term
 
 
 def fresh_scales(spec: NoiseSpec) -> np.ndarray:
@@ -119,6 +149,9 @@ class FadingMask:
             else (-1, edge_seed(received[j], sent[j]))
             for j in seeds.neighbours)
         self.scales = fresh_scales(spec)
+        self._fixed_values = self.fixed.astype(np.float64)  # what adding the int64s converts
+        self._divisor = float(10**spec.precision)
+        self._scratch = _Scratch(spec.num_coefficients)
         self._t: int | None = None
         self._fresh = np.zeros_like(self.fixed)
         self._exponent = 0
@@ -134,12 +167,9 @@ class FadingMask:
         if t != self._t:
             exponent = self.exponent(t)
             factor = math.ldexp(fade(self.rate, t), exponent)  # exact: a power of two
-            count = self.spec.num_coefficients
-            fresh = np.zeros(count, dtype=np.int64)
-            for sign, seed in self.edges:
-                weights = self.scales * binomial_noise(seed, t, count)
-                weights *= factor
-                term = np.trunc(weights).astype(np.int64)  # |.| < 2^52: exact
+            fresh = np.zeros(self.spec.num_coefficients, dtype=np.int64)
+            for sign, seed in self.edges:  # binomial_noise's words, weighted and truncated
+                term = self._scratch.term_of(seed, t, self.scales, factor)
                 if sign > 0:
                     fresh += term
                 else:
@@ -164,6 +194,9 @@ class FadingMask:
     def values(self, t: int) -> np.ndarray:
         """eta_bar_i(t) = (fixed + ldexp(fresh, -k)) / 10^P as float64 (|integers| < 2^53)."""
         fresh, exponent = self.fresh(t)
-        total = np.ldexp(fresh.astype(np.float64), -exponent)
-        total += self.fixed
-        return total / float(10**self.spec.precision)
+        total = fresh.astype(np.float64)
+        if exponent:
+            np.ldexp(total, -exponent, out=total)
+        total += self._fixed_values
+        total /= self._divisor
+        return total

@@ -224,6 +224,7 @@ class Masker:
         self._shares: dict[int, list[int]] | None = None
         self._sent: dict[int, list[int]] | None = None
         self._sent_to: dict[int, bytes] = {}
+        self._incoming: dict[int, list[int]] = {}
         self._result: MaskCoefficients | None = None
         self.encryptions = 0
         self.decryptions = 0
@@ -315,6 +316,7 @@ class Masker:
                     paillier.validate_ciphertext(self._public_key, c)
                 except ValueError as err:
                     raise ValueError(f"ciphertext {q} from neighbour {j}: {err}") from None
+        self._incoming = {j: list(incoming[j]) for j in self.neighbours}
         n_coef, deg = self.spec.num_coefficients, len(self.neighbours)
         if deg == 0:
             received = [0] * n_coef
@@ -335,6 +337,24 @@ class Masker:
             tuple(s - r for s, r in zip(sent, received, strict=True)), self.spec.precision
         )
         return self._result
+
+    def edge_terms(self, j: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(z_ij, z_ji) of neighbour j's edge after finish(): the shares this agent drew for j
+        and j's shares, decrypted alone (ceil(N / slots) decryptions). Both were this agent's
+        to read since phase I; a neighbour that left for good is dropped from the mask by
+        subtracting z_ij - z_ji (efpsn/departure_masks.py)."""
+        if self._result is None or self._shares is None:
+            raise MaskingStateError(f"agent {self.agent}: edge_terms() needs finish() first")
+        if j not in self._incoming:
+            raise ValueError(f"agent {self.agent} has no edge with {j}")
+        plaintexts = [paillier.decrypt(self._private_key, c) for c in self._incoming[j]]
+        self.decryptions += len(plaintexts)
+        n_coef = self.spec.num_coefficients
+        if self.layout is not None:
+            received = self.layout.unpack_sum(plaintexts, terms=1, count=n_coef)
+        else:
+            received = [paillier.to_signed(self._public_key, m) for m in plaintexts]
+        return tuple(self._shares[j]), tuple(int(r) for r in received)
 
 
 def independent_mask(

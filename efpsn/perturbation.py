@@ -155,8 +155,8 @@ class FunctionalPerturbation:
             raise ValueError("eta must be finite")
         self._eta = eta_arr.copy()
         self._eta.setflags(write=False)
-        coeffs = system.monomial_coefficients(eta_arr)
-        self._p = torch.from_numpy(coeffs.copy())
+        coeffs = system.monomial_coefficients(eta_arr)  # a new array: no copy needed
+        self._p = torch.from_numpy(coeffs)
         if self._affine:
             # Phi(x_S) = p_const + sum_v g_v x_S[v]: split constant and linear parts once.
             self._constant = float(coeffs[self._constant_rows].sum())
@@ -222,6 +222,15 @@ class FunctionalPerturbation:
         base = xs[self._variables.to(xs.device)]  # (N, s)
         powers = base ** self._exponents.to(xs.device)  # padded slots give x^0 = 1
         return (self._p.to(xs.device) * powers.prod(dim=1)).sum()
+
+    def add_gradient(self, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """grad + gradient(x), the same float64 values. An affine perturbation of every
+        parameter (the defaults: selection all, K = 1) adds its linear part directly: the
+        gradient is that vector, so the zeros, the scatter and the copy are skipped."""
+        if (self._affine and self._slice == (0, x.numel()) and grad.dtype == torch.float64
+                and x.dtype == torch.float64 and grad.shape == x.shape):
+            return grad + self._linear.to(grad.device).view(grad.shape)
+        return grad + self.gradient(x)
 
     def gradient(self, x: torch.Tensor) -> torch.Tensor:
         """d Phi / dx: float64, same shape as x, zero off the selected indices (no autograd)."""

@@ -91,7 +91,7 @@ class LocalObjective:
             _, grad = self.task.loss_and_grad(x, images, labels)
         perturbation = self.perturbation.at(t)
         if perturbation is not None:
-            grad = grad + perturbation.gradient(x)
+            grad = perturbation.add_gradient(grad, x)
         return grad
 
     def loss_and_grad(self, x: torch.Tensor) -> tuple[float, torch.Tensor]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -200,7 +201,7 @@ def run_simulation(
     history = [{"round": 0, **evaluate(problem, [d.state["x"] for d in drivers], x_star=x_star)}]
     t1 = time.perf_counter()
     active, neighbours = list(range(n)), problem.graph.neighbours
-    for t in range(config.iterations.total):
+    for t in itertools.count():  # to the cap, which a departure's re-base may extend
         if drivers[active[0]].done:  # the stop rule's round, the same at every agent
             break
         if replay is not None and replay.apply(t, drivers):

@@ -121,6 +121,26 @@ class StopRule:
                    target=TARGET, factor=certifier.hops if aggregate else None,
                    origin=origin, until=until)
 
+    @classmethod
+    def rebased(cls, config: RunConfig, weights: np.ndarray, *, origin: int,
+                until: int | None, cap: int) -> StopRule:
+        """The remaining graph's rule from a departure's re-base round `origin` (for_run), its
+        cap extended when it is active: `origin` + the step rule's rounds for the remaining
+        graph (efpsn/step_rule.py: what a fresh run on that graph gets; the trackers restart
+        at `origin`), never below the current `cap`. Public and the same at every agent and
+        in the simulator's replay, so the run after a late departure still ends certified."""
+        from efpsn.schema import parse_shape
+        from efpsn.step_rule import step_rule
+
+        rule = cls.for_run(config, weights, origin=origin, until=until)
+        if not rule.active:
+            return dataclasses.replace(rule, cap=cap)
+        c = config.resolved()
+        rounds = step_rule(algorithm=c.algorithm, task=c.task,
+                           features=math.prod(parse_shape(c.input_shape)), l2=c.l2,
+                           weights=weights).rounds
+        return dataclasses.replace(rule, cap=max(cap, origin + rounds))
+
     def voided_from(self, round_: int) -> StopRule:
         """This rule once an agent left at `round_`: no window decided at that round or later
         (until the re-base gives the remaining graph's rule: `for_run(..., origin=R)`)."""

@@ -43,6 +43,7 @@ from efpsn.problem import build_problem
 from efpsn.refresh_value import Refresh
 from efpsn.seeds import exchange_seeds_fast
 from efpsn.simulator import SimulationResult, run_simulation
+from efpsn.stopping import StopRule
 from efpsn.tasks.optimum import centralized_optimum
 from efpsn.topology import Graph, metropolis_weights, path, ring
 
@@ -56,7 +57,8 @@ def test_leave_flag_parses_one_based_with_a_default_rebase_round() -> None:
     assert parse_leave("agent1@7:9", agents=5) == Departure(agent=0, round=7, rebase_round=9)
     assert parse_leave("agent2@0", agents=5) == Departure(agent=1, round=0, rebase_round=0)
     assert parse_leave("agent3@9+agent2+agent4", agents=5).late == (1, 3)
-    for bad in ("agent6@10", "agent0@10", "3@200", "agent3@0:4", "agent3@10:10",
+    assert parse_leave("agent2@0:5", agents=5).rebase_round == 5  # no round-0 message sent
+    for bad in ("agent6@10", "agent0@10", "3@200", "agent3@10:10",
                 "agent3@10:11+agent2", "agent3@10+agent3", "agent3@10+agent9"):
         with pytest.raises(ValueError):
             parse_leave(bad, agents=5)
@@ -250,6 +252,27 @@ def _reaches_the_remaining_optimum(result: SimulationResult, *, stop_every: int)
     assert result.convergence is not None and result.convergence.converged
     assert rounds < result.config.iterations.total
     assert deviation <= result.convergence.bound <= TARGET
+
+
+def test_a_late_departure_extends_the_cap_and_the_run_ends_certified(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Breast cancer in 5 dirichlet:1.0 folders, the defaults: the cap is the step rule's 1354
+    rounds and the whole ring stops at 1077; agent3 leaving at 600 needs more than the 749
+    left. From the re-base R the cap is R + the step rule's rounds for the remaining graph
+    (StopRule.rebased), recorded, and the run stops certified under it."""
+    root = tmp_path_factory.mktemp("breast")
+    split_data(source="sklearn:breast_cancer", agents=5, partition_spec="dirichlet:1.0",
+               out=root, test_fraction=0)
+    result = _simulate(root, ["agent3@600"])
+    cap = result.config.iterations.total
+    assert result.departures is not None
+    record = result.departures["departures"][0]
+    remaining = reconfigure(ring(5), {2}).remaining_weights()
+    assert record["cap"] == StopRule.rebased(result.config, remaining, origin=605, until=None,
+                                             cap=cap).cap > cap
+    assert cap < result.timings["rounds"] < record["cap"]
+    assert result.convergence is not None and result.convergence.converged
+    assert result.final["relative_deviation"] <= result.convergence.bound <= TARGET
 
 
 def test_two_non_adjacent_agents_leave_and_the_pieces_are_joined(wine: Path) -> None:

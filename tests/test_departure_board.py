@@ -97,6 +97,16 @@ def test_a_party_declared_gone_is_refused_with_the_reason() -> None:
         board.report(report("agent2", 11, "agent1"))
 
 
+def test_an_agent_silent_from_round_0_leaves_and_the_rebase_comes_later() -> None:
+    # it finished phase I and sent no round message: its neighbours drop it from round 0,
+    # the re-base comes n rounds later (agents far from it may have stepped round 0 already)
+    board = DepartureBoard(NAMES[:4], iterations=100)
+    assert not board.report(report("agent1", 0, "agent2"))
+    assert not board.report(report("agent4", 0))
+    assert board.report(report("agent3", 0, "agent2"))
+    assert [d.label() for d in board.decided] == ["agent2@0:4"]
+
+
 def test_a_late_report_of_an_older_epoch_gets_the_decision_at_once() -> None:
     board = DepartureBoard(NAMES[:3], iterations=100)
     board.report(report("agent1", 10, "agent2"))
@@ -108,7 +118,7 @@ def test_a_late_report_of_an_older_epoch_gets_the_decision_at_once() -> None:
 @pytest.mark.parametrize(("reports", "match"), [
     ([report("agent1", 10, "agent2"), report("agent3", 12, "agent2")], "contradict"),
     ([report("agent1", 98, "agent2"), report("agent3", 98, "agent2")], "too late to re-base"),
-    ([report("agent1", 0, "agent2"), report("agent3", 0, "agent2")], "before round 1"),
+    ([report("agent1", 0, "agent2"), report("agent3", 1, "agent2")], "while sending round 0"),
 ])
 def test_reports_that_cannot_be_decided_stop_every_waiter(reports: list[Report],
                                                           match: str) -> None:

@@ -1,10 +1,12 @@
 """A departure in a default run (no --iterations: the stop rule, efpsn/stopping.py), through
 real processes: `efpsn up` on 5 breast-cancer folders of unequal size with the defaults (the
 step rule's rounds as the cap, the stop rule, fading masks, 3072-bit keys); agent3 kills itself
-(SIGKILL, tests/crash_hook: localnet.crash_at) on reaching round 201 and never comes back.
-The other four exit 0 and stop at the round `efpsn simulate --leave agent3@T:R` stops at (the
-windows the departure cut are void, the rule restarts at R on the remaining graph), with the
-same iterates bit for bit, within the certificate of the four folders' optimum."""
+(SIGKILL, tests/crash_hook: localnet.crash_at) on reaching round 600 and never comes back: late,
+the whole ring stops at 1077 of the cap 1354, and the four others need more than the 749
+rounds left. The other four exit 0 and stop at the round `efpsn simulate --leave agent3@T:R`
+stops at (the windows the departure cut are void, the rule restarts at R on the remaining
+graph, the cap extended to R + the step rule's rounds for it: StopRule.rebased), past the old
+cap, with the same iterates bit for bit, within the certificate of the four folders' optimum."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from efpsn.tasks.optimum import centralized_optimum
 
 pytestmark = pytest.mark.timeout(600)
 
-NOISE_SEED, CRASH_AT, DEADLINE = 7, 201, 3.0
+NOISE_SEED, CRASH_AT, DEADLINE = 7, 600, 3.0
 SURVIVORS = ["agent1", "agent2", "agent4", "agent5"]
 
 
@@ -71,8 +73,10 @@ def test_the_four_others_stop_where_the_simulator_stops_bit_for_bit(default_run)
     leave = parse_leave(f"agent3@{record['round']}:{record['rebase_round']}{late}", agents=5)
     sim = run_simulation(config, noise_seed=NOISE_SEED, problem=problem, departures=[leave])
     rounds = sim.timings["rounds"]
-    # the stop rule ended the run before the cap, at a round counted from the re-base
-    assert sim.config.stop_every.rounds and record["rebase_round"] < rounds < sim.config.iterations.total
+    # the stop rule ended the run past the old cap, before the extended one (the same in the
+    # network's records and the replay's), at a round counted from the re-base
+    assert sim.departures is not None and record["cap"] == sim.departures["departures"][0]["cap"]
+    assert sim.config.stop_every.rounds and sim.config.iterations.total < rounds < record["cap"]
     agent_results, xs = load_agent_results(results, SURVIVORS)
     assert {r["final"]["round"] for r in agent_results} == {rounds}
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0

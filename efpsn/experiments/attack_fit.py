@@ -31,7 +31,7 @@ import torch
 from efpsn.experiments.attack_view import RoundView
 
 __all__ = ["Differences", "Levels", "LinearModel", "Prior", "differences", "levels", "map_estimate",
-           "svd_estimate"]
+           "profiled_svd_estimate", "svd_estimate"]
 
 
 @dataclass(frozen=True)
@@ -82,15 +82,18 @@ class Levels:
 
     points: np.ndarray  # (T, d)
     grads: np.ndarray  # (T, d)
+    linear: bool = False  # profile out A z + c (a degree-2 mask's gradient), not only c
 
 
-def levels(view: RoundView, model: LinearModel, *, late: bool = False) -> Levels:
-    """The view's kept rounds (only those in the last 10% when `late`)."""
+def levels(view: RoundView, model: LinearModel, *, late: bool = False,
+           linear: bool = False) -> Levels:
+    """The view's kept rounds (only those in the last 10% when `late`); `linear`: the fit
+    profiles out any fixed linear function of the point (a degree-2 mask's A_0 z + c)."""
     keep = view.rounds >= (int(0.9 * view.horizon) if late else 0)
     if keep.sum() < 2:
         raise ValueError("fewer than two rounds to fit")
     return Levels(points=view.points[keep],
-                  grads=view.grads[keep] - model.l2 * view.points[keep])
+                  grads=view.grads[keep] - model.l2 * view.points[keep], linear=linear)
 
 
 def differences(view: RoundView, model: LinearModel, *, late: bool = False) -> Differences:
@@ -172,7 +175,15 @@ def _residual(model: LinearModel, data: Differences | Levels, x: torch.Tensor,
         return torch.from_numpy(data.delta) - _predict(model, data, x)
     resid = torch.from_numpy(data.grads) - _levels(model, data.points, x)
     weights = (1.0 / rows)[:, None]
-    return resid - (weights * resid).sum(dim=0) / weights.sum()
+    if not data.linear:
+        return resid - (weights * resid).sum(dim=0) / weights.sum()
+    # weighted least squares of every coordinate on (z_t, 1): minus its fit
+    design = torch.cat([torch.from_numpy(data.points),
+                        torch.ones(len(data.points), 1, dtype=torch.float64)], dim=1)
+    gram = design.T @ (weights * design)
+    ridge = 1e-10 * torch.trace(gram) / len(gram) * torch.eye(len(gram), dtype=torch.float64)
+    coef = torch.linalg.solve(gram + ridge, design.T @ (weights * resid))
+    return resid - design @ coef
 
 
 def map_estimate(model: LinearModel, data: Differences | Levels, prior: Prior, *,
@@ -223,3 +234,20 @@ def map_estimate(model: LinearModel, data: Differences | Levels, prior: Prior, *
             variances = _variances(
                 _residual(model, data, torch.from_numpy(best_x), rows).detach().numpy(), floor)
     return best_x
+
+
+def profiled_svd_estimate(model: LinearModel, data: Levels) -> np.ndarray:
+    """Against a degree-2 mask: the released gradient is r_t (x, 1)^T + A z_t + c (+ noise),
+    r_t = softmax(W_t x + b_t) - e_y. Projecting every coordinate's rounds off (z_t, 1) removes
+    A z_t + c and leaves (Pi R) (x, 1)^T per class block: rank one with right factor (x, 1),
+    whose last entry fixes the scale. Exact when noise-free and r_t is not linear in z_t."""
+    design = np.concatenate([data.points, np.ones((len(data.points), 1))], axis=1)
+    coef, *_ = np.linalg.lstsq(design, data.grads, rcond=None)
+    resid = data.grads - design @ coef
+    weight, bias = model.split(resid)
+    stacked = np.concatenate([weight, bias[:, :, None]], axis=2).reshape(-1, model.features + 1)
+    _, _, vt = np.linalg.svd(stacked, full_matrices=False)
+    top = vt[0]
+    if top[-1] == 0.0:
+        raise ValueError("the profiled direction has no bias part: no scale")
+    return np.asarray(top[:-1] / top[-1])

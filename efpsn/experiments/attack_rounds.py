@@ -37,21 +37,25 @@ from efpsn.experiments.attack_fit import (
     differences,
     levels,
     map_estimate,
+    profiled_svd_estimate,
     svd_estimate,
 )
+from efpsn.experiments.attack_output import OUTPUT_ATTACKERS, output_estimates
 from efpsn.experiments.attack_view import RoundView, one_sample_problem, record_view
 from efpsn.experiments.common import Column, format_table, log
 from efpsn.experiments.idlg import image_errors
+from efpsn.experiments.quadratic_mask import masked_config, masked_rule, quadratic_masks
 from efpsn.tasks.data import Dataset, load_data
+from efpsn.tasks.optimum import centralized_optimum
 
-__all__ = ["ATTACKERS", "GUESS", "ManyRoundSettings", "attack_view", "many_round_table",
-           "run_many_rounds", "summarise_many"]
+__all__ = ["ATTACKERS", "GUESS", "QUADRATIC_ATTACKERS", "ManyRoundSettings", "attack_view",
+           "many_round_table", "run_many_rounds", "summarise_many"]
 
 GUESS = "guess: the others' mean"
 
 
-def _estimates(view: RoundView, model: LinearModel, prior: Prior, *, steps: int
-               ) -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
+def _estimates(view: RoundView, model: LinearModel, prior: Prior, *, steps: int,
+               quadratic: bool = False) -> Iterator[tuple[str, Callable[[], np.ndarray]]]:
     """(attacker, its estimate, computed when called) in ATTACKERS order; the regressions start
     from the prior mean and from the singular-vector estimate of the same rounds."""
     late = svd_estimate(model, differences(view, model, late=True))
@@ -64,10 +68,16 @@ def _estimates(view: RoundView, model: LinearModel, prior: Prior, *, steps: int
                                              start=every, steps=steps)
     yield ATTACKERS[4], lambda: map_estimate(model, levels(view, model), prior, start=every,
                                              steps=steps)
+    if quadratic:
+        profiled = profiled_svd_estimate(model, levels(view, model))
+        yield QUADRATIC_ATTACKERS[0], lambda: profiled
 
 
 ATTACKERS = ("late: top singular vector", "late: regression", "all rounds: top singular vector",
              "regression: differences", "regression: levels")
+# against a degree-2 mask: any fixed linear function A_0 z + c of the point profiled out of the
+# levels, then the rank-one structure's top singular vector (attack_fit.profiled_svd_estimate)
+QUADRATIC_ATTACKERS = ("A z + c profiled: top singular vector",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +106,7 @@ class ManyRoundSettings:
     steps: int = 40
     seed: int = 0
     messages: str = "clear"  # or "aggregate": the neighbour sees its neighbourhood's sum
+    quadratic: float = 0.0  # > 0: a degree-2 zero-sum mask, ||A_i|| <= this times L
     others: str = "data"  # aggregate: the neighbour knows its other neighbours' data, or "pooled"
 
     def __post_init__(self) -> None:
@@ -105,13 +116,17 @@ class ManyRoundSettings:
 
 
 def attack_view(view: RoundView, model: LinearModel, prior: Prior, truth: np.ndarray,
-                *, spread: np.ndarray | None = None, pixels: bool = False, steps: int = 50
+                *, spread: np.ndarray | None = None, pixels: bool = False, steps: int = 50,
+                output: dict[str, np.ndarray] | None = None, quadratic: bool = False
                 ) -> list[dict[str, Any]]:
-    """Every attacker (and the mean guess) on one view: one record each with its errors."""
+    """Every attacker (and the mean guess) on one view: one record each with its errors;
+    `output`: the output-only attackers' estimates (efpsn/experiments/attack_output.py), scored
+    alike."""
     out = []
     started = time.perf_counter()
-    estimates = _estimates(view, model, prior, steps=steps)
-    for name, estimate in [(GUESS, lambda: prior.mean), *estimates]:
+    estimates = _estimates(view, model, prior, steps=steps, quadratic=quadratic)
+    extra = [(name, lambda x=x: x) for name, x in (output or {}).items()]
+    for name, estimate in [(GUESS, lambda: prior.mean), *estimates, *extra]:
         guess = np.asarray(estimate())
         record: dict[str, Any] = {"attacker": name,
                                   "seconds": time.perf_counter() - started}
@@ -138,21 +153,35 @@ def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset]
              settings: ManyRoundSettings, noise_seed: int, pixels: bool) -> list[dict[str, Any]]:
     """Simulate with agent 0 holding data[index] and attack what agent 0 released."""
     started = time.perf_counter()
+    quadratic: tuple[np.ndarray, ...] = ()
+    if settings.quadratic > 0:
+        config = masked_config(config, scale=settings.quadratic)
     problem = one_sample_problem(config, sample=data.subset([index]), others=others)
+    if settings.quadratic > 0:
+        quadratic = quadratic_masks(problem.graph, len(problem.initial_params()),
+                                    bound=settings.quadratic * masked_rule(config, scale=0).curvature,
+                                    seed=noise_seed)
     view = record_view(problem, noise_seed=noise_seed, pairs=settings.pairs,
-                       messages=settings.messages, others=settings.others)
+                       messages=settings.messages, others=settings.others, quadratic=quadratic)
     run_seconds = time.perf_counter() - started
     task = problem.task
     model = LinearModel(classes=task.classes, features=task.features, l2=task.l2)
     public = torch.cat([o.images for o in others]).numpy().reshape(-1, model.features)
     prior = Prior.from_data(public)
     truth = data.images[index].numpy().reshape(-1)
+    x_star = centralized_optimum(task, [s for s in problem.shards if s is not None]).x
+    attacker = min(problem.graph.neighbours(0)) - 1
+    output = output_estimates(
+        model, x_star.numpy(), prior=prior, attacker=attacker, steps=settings.steps,
+        others=[(o.images.numpy().reshape(len(o), -1), o.labels.numpy()) for o in others])
     records = attack_view(view, model, prior, truth, spread=None if pixels else public.std(0),
-                          pixels=pixels, steps=settings.steps)
+                          pixels=pixels, steps=settings.steps, output=output,
+                          quadratic=bool(quadratic))
     c = problem.config
     return [{"selection": str(c.selection), "refresh": str(c.refresh), "algorithm": c.algorithm,
              "messages": settings.messages if settings.messages == "clear"
              else f"{settings.messages} ({settings.others})", "gamma": c.gamma,
+             "quadratic": settings.quadratic,
              "rounds": c.iterations.total, "sample": int(index),
              "label": int(data.labels[index]), "run_seconds": run_seconds, **r}
             for r in records]
@@ -190,7 +219,8 @@ def _progress(rows: list[dict[str, Any]], data: str, mode: str, gamma: float) ->
     key = "psnr" if "psnr" in mine[0] else "relative_l2"
     log(f"many rounds, {data}, {mode}, gamma {gamma:g}, {key}: " + "; ".join(
         f"{a}: {np.mean([r[key] for r in mine if r['attacker'] == a]):.3g}"
-        for a in (GUESS, *ATTACKERS)))
+        for a in (GUESS, *ATTACKERS, *QUADRATIC_ATTACKERS, *OUTPUT_ATTACKERS)
+        if any(r["attacker"] == a for r in mine)))
 
 
 def _image_rows(settings: ManyRoundSettings, base: RunConfig) -> list[dict[str, Any]]:

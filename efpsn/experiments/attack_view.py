@@ -67,14 +67,19 @@ class RoundView:
 
 
 class _RecordingObjective(LocalObjective):
-    """An agent's objective, keeping (t, x, masked gradient) of the rounds `keep` accepts."""
+    """An agent's objective, keeping (t, x, masked gradient) of the rounds `keep` accepts
+    (`calls` None: none), with a degree-2 mask's gradient A_i x added when `quadratic` is a
+    matrix (efpsn/experiments/quadratic_mask.py)."""
 
     keep: Callable[[int], bool]
-    calls: list[tuple[int, np.ndarray, np.ndarray]]
+    calls: list[tuple[int, np.ndarray, np.ndarray]] | None
+    quadratic: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor, t: int) -> torch.Tensor:
         grad = super().__call__(x, t)
-        if self.keep(t):
+        if self.quadratic is not None:
+            grad = grad + self.quadratic @ x
+        if self.calls is not None and self.keep(t):
             self.calls.append((t, x.detach().numpy().copy(), grad.detach().numpy().copy()))
         return grad
 
@@ -87,17 +92,22 @@ class _WatchedProblem(Problem):
     calls: list[tuple[int, np.ndarray, np.ndarray]] = field(default_factory=list)
     watch: tuple[int, ...] = (0,)
     watched: dict[int, list[tuple[int, np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    quadratic: tuple[np.ndarray, ...] = ()  # A_i per agent, or () for none
 
     def objective(self, i: int, masks: object) -> LocalObjective:
         base = super().objective(i, masks)  # type: ignore[arg-type]
-        if i not in self.watch:
+        if i not in self.watch and not self.quadratic:
             return base
         recorder = _RecordingObjective(task=base.task, shard=base.shard,
                                        perturbation=base.perturbation, sampler=base.sampler,
                                        clip=base.clip)
         recorder.keep = self.keep
-        recorder.calls = self.calls if i == 0 else self.watched.setdefault(i, [])
-        self.watched[i] = recorder.calls
+        recorder.calls = None
+        if self.quadratic:
+            recorder.quadratic = torch.from_numpy(self.quadratic[i])
+        if i in self.watch:
+            recorder.calls = self.calls if i == 0 else self.watched.setdefault(i, [])
+            self.watched[i] = recorder.calls
         return recorder
 
 
@@ -126,17 +136,20 @@ def one_sample_problem(config: RunConfig, *, sample: Dataset, others: list[Datas
 
 
 def record_view(problem: Problem, *, noise_seed: int, pairs: int = 400,
-                messages: str = "clear", others: str = "data") -> RoundView:
-    """Run the simulation of the problem's settings (its messages in the clear or aggregated)
-    and return what a curious neighbour of agent 0 gets: agent 0's kept oracle calls, or under
-    aggregation the neighbour's `aggregate_view`."""
+                messages: str = "clear", others: str = "data",
+                quadratic: tuple[np.ndarray, ...] = ()) -> RoundView:
+    """Run the simulation of the problem's settings (its messages in the clear or aggregated;
+    `quadratic`: a degree-2 mask's A_i added to every agent's oracle) and return what a curious
+    neighbour of agent 0 gets: agent 0's kept oracle calls, or under aggregation the
+    neighbour's `aggregate_view`."""
     config = problem.config
     horizon = config.iterations.total
     attacker = min(problem.graph.neighbours(0))
     watch = (0, *problem.graph.neighbours(attacker)) if messages == "aggregate" else (0,)
     watched = _WatchedProblem(**{f.name: getattr(problem, f.name)
                                  for f in dataclasses.fields(Problem)},
-                              keep=stride_rounds(horizon, pairs=pairs), watch=tuple(set(watch)))
+                              keep=stride_rounds(horizon, pairs=pairs), watch=tuple(set(watch)),
+                              quadratic=quadratic)
     # every round of the step rule's (no early stop at the certificate's target): the attacker
     # sees the longest run the settings allow, and the view's rounds are the ones planned
     run_simulation(config.replace(eval_every=max(1, horizon), stop_every=StopEvery(None)), problem=watched,

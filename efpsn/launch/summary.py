@@ -173,8 +173,10 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     from efpsn.rounds import worst
 
     config = problem.config
-    problems = check_results(results, iterations=config.iterations.total,
-                             early=not config.resolved().stop_every.never)
+    # a departure's re-base may have extended the cap (StopRule.rebased): the agents say so
+    cap = max([config.iterations.total] + [int(e.get("cap", 0)) for r in results
+                                           for e in r.get("departures", [])])
+    problems = check_results(results, iterations=cap, early=not config.resolved().stop_every.never)
     rounds = results[0]["final"].get("round") if results else None
     weights = problem.weights
     if any("departures" in r for r in results):  # the remaining agents' graph, re-based

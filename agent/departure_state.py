@@ -1,0 +1,77 @@
+"""The departures an agent applied, on disk, so that it can be restarted after one (kill -9 and
+the same command again) and resume: STATE/departures.json (0600, written atomically, deleted
+when the run finishes, like the phase I seeds it extends).
+
+It holds the coordinator's decisions (who left, at which round, the re-base round, the late
+neighbours), the decision epoch, the records written to result.json, and for a departure that
+cut the graph the new neighbours (name, index, address, re-base round) and the seeds of the new
+edges (secret like phase I's seeds: this agent's s_ij and s_ji, hex). Nothing of its data.
+
+On resume (agent/departing.py: LocalDepartures.restore) the agent re-applies what the
+departures changed up to its checkpoint round: the drop-node weights and masks of the rounds
+up to it, the re-bases before it (weights, new edges, the stop rule and its cap; not the
+trackers: the checkpoint holds them), so it goes on exactly as it would have: the network still
+equals `efpsn simulate --leave ...` bit for bit. Applying a departure forces a checkpoint at
+that round (agent/phase_two.py), so a neighbour of the departed agent never needs one of its
+messages again.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from efpsn.departure import Departure
+from efpsn.jsonfile import read_json, write_json
+
+__all__ = ["FILE", "discard", "load", "save"]
+
+FILE = "departures.json"
+FORMAT = 1
+
+
+def _path(folder: str | Path) -> Path:
+    return Path(folder) / FILE
+
+
+def save(folder: str | Path, *, run_id: str, decided: list[Departure], epoch: int,
+         events: list[dict[str, Any]], names: dict[int, str],
+         joining: dict[str, tuple[int, str, int]],
+         seeds: dict[int, tuple[bytes, bytes]]) -> None:
+    write_json(_path(folder), {
+        "format": FORMAT, "run_id": run_id, "epoch": epoch, "events": events,
+        "decided": [[d.agent, d.round, d.rebase_round, list(d.late)] for d in decided],
+        "names": {str(i): n for i, n in names.items()},
+        "joining": {n: [j, address, r] for n, (j, address, r) in joining.items()},
+        "seeds": {str(j): [a.hex(), b.hex()] for j, (a, b) in seeds.items()},
+    }, mode=0o600)
+
+
+def load(folder: str | Path, *, run_id: str) -> dict[str, Any] | None:
+    """The saved record, parsed (None: no departure was applied here). ValueError when it
+    belongs to another run or is damaged."""
+    path = _path(folder)
+    if not path.exists():
+        return None
+    try:
+        payload = read_json(path)
+        if payload.get("format") != FORMAT or payload.get("run_id") != run_id:
+            raise ValueError(f"it belongs to run {payload.get('run_id')!r}, not {run_id!r}")
+        return {
+            "epoch": int(payload["epoch"]), "events": list(payload["events"]),
+            "decided": [Departure(agent=int(a), round=int(t), rebase_round=int(r),
+                                  late=tuple(int(j) for j in late))
+                        for a, t, r, late in payload["decided"]],
+            "names": {int(i): str(n) for i, n in payload["names"].items()},
+            "joining": {str(n): (int(j), str(address), int(r))
+                        for n, (j, address, r) in payload["joining"].items()},
+            "seeds": {int(j): (bytes.fromhex(a), bytes.fromhex(b))
+                      for j, (a, b) in payload["seeds"].items()},
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path} is damaged: {exc}") from None
+
+
+def discard(folder: str | Path) -> None:
+    """The run finished: the new edges' seeds go with the phase I seeds."""
+    _path(folder).unlink(missing_ok=True)

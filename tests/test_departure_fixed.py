@@ -1,0 +1,86 @@
+"""The paper's fixed mask across a departure at one agent (agent/fixed_terms.py), in process:
+phase I's Maskers over real Paillier (packed and not), then a neighbour's terms decrypted alone
+(Masker.edge_terms) and dropped, and a new edge's Masker added: the same integers as the
+simulator's PairShares (efpsn/departure_masks.py), so the remaining masks sum to zero."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+from agent.fixed_terms import EdgeTerms
+from efpsn import paillier
+from efpsn.departure_masks import draw_pair_shares, new_edge_shares, rejoin_generator, sums_to_zero
+from efpsn.encoding import SlotLayout
+from efpsn.masking import Masker, MaskingStateError, NoiseSpec, noise_generator
+from efpsn.refresh import FixedMask
+from efpsn.topology import Graph, path
+
+SPEC = NoiseSpec(gamma=1e3, p=1.5, precision=6, num_coefficients=7)
+SEED = 4
+
+
+@cache
+def keys(bits: int = 512) -> tuple[tuple[paillier.PublicKey, paillier.PrivateKey], ...]:
+    return tuple(paillier.generate_keypair(bits, allow_insecure=True) for _ in range(6))
+
+
+def _phase_one(graph: Graph, layout: SlotLayout | None, rngs: dict[int, object],
+               agents: list[int], key_offset: int = 0,
+               ) -> tuple[dict[int, Masker], dict[int, FixedMask]]:
+    maskers = {i: Masker(agent=i, neighbours=graph.neighbours(i), spec=SPEC, rng=rngs[i],
+                         layout=layout, keypair=keys()[i + key_offset], allow_insecure=True)
+               for i in agents}
+    public = {i: m.public_key for i, m in maskers.items()}
+    sent = {i: m.outgoing(public) for i, m in maskers.items()}
+    masks = {i: FixedMask(m.finish({j: sent[j][i] for j in graph.neighbours(i)}))
+             for i, m in maskers.items()}
+    return maskers, masks
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_departed_neighbours_terms_are_dropped_as_the_simulator_drops_them(packed) -> None:
+    graph = path(5)  # agent3 (index 2) leaves: the path falls in two, joined by 0-3
+    layout = SlotLayout.plan(precision=6, gamma=1e3, max_terms=2, key_bits=512) if packed else None
+    maskers, masks = _phase_one(graph, layout, {i: noise_generator(SEED, i) for i in range(5)},
+                                list(range(5)))
+    shares = draw_pair_shares(graph, SPEC, noise_seed=SEED)
+    n = SPEC.num_coefficients
+    for i in range(5):
+        assert masks[i].mask.numerators == shares[i].numerators(n)
+    # agent 1's terms with agent 2, decrypted alone: exactly what it drew and received
+    assert maskers[1].edge_terms(2) == (shares[1].sent[2], shares[1].received[2])
+    terms = {i: EdgeTerms(maskers[i]) for i in range(5)}
+    left = {i: terms[i].dropped(masks[i], [2]) if i in (1, 3) else masks[i] for i in (0, 1, 3, 4)}
+    for i in (1, 3):
+        assert left[i].mask.numerators == shares[i].without({2}).numerators(n)
+    assert sums_to_zero(left.values(), 0)
+    # the new edge 0-3: the paper's phase I on it alone, drawn as new_edge_shares draws it
+    new = Graph(5, ((0, 3),))
+    edge, _ = _phase_one(new, layout, {i: rejoin_generator(SEED, i, 1) for i in (0, 3)}, [0, 3],
+                      key_offset=1)
+    fresh = new_edge_shares(((0, 3),), SPEC, noise_seed=SEED, epoch=1)
+    for i in (0, 3):
+        terms[i].add(edge[i])
+        left[i] = terms[i].joined(left[i], [3 - i])
+        assert left[i].mask.numerators == shares[i].without({2}).plus(fresh[i]).numerators(n)
+    assert sums_to_zero(left.values(), 0)
+    # agent 0 can drop its new neighbour later too (its newest Masker holds the edge)
+    assert terms[0].dropped(left[0], [3]).mask.numerators == shares[0].without({2}).numerators(n)
+
+
+def test_terms_need_a_finished_phase_one_and_a_neighbour() -> None:
+    graph = path(3)
+    masker = Masker(agent=1, neighbours=graph.neighbours(1), spec=SPEC,
+                    rng=noise_generator(SEED, 1), layout=None, keypair=keys()[1],
+                    allow_insecure=True)
+    with pytest.raises(MaskingStateError, match="finish"):
+        masker.edge_terms(0)
+    maskers, _ = _phase_one(graph, None, {i: noise_generator(SEED, i) for i in range(3)},
+                            [0, 1, 2])
+    with pytest.raises(ValueError, match="no edge with 0"):
+        maskers[2].edge_terms(0)
+    assert not EdgeTerms(None).available  # a restarted agent: refused with the reason
+    with pytest.raises(ValueError, match="shares no mask terms"):
+        EdgeTerms(maskers[2])._terms(0)
