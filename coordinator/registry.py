@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from efpsn.config import RunConfig
-from efpsn.schema import STANDARD
 from efpsn.topology import build_graph, metropolis_weights
 from efpsn.wire.records import Assignment, Peer
 
@@ -70,7 +70,7 @@ class Registry:
     def __init__(self, config: RunConfig, *, run_id: str, expected_names: set[str] | None = None):
         # agents receive concrete numbers, never "auto"; except a scale standard run's, which
         # every agent resolves after the secure sum of column statistics (agent/secure_sum.py)
-        self.config = config if config.scale == STANDARD else config.resolved()
+        self.config = config if config.scale.standard else config.resolved()
         self.run_id = run_id
         # Validate the topology now: a disconnected graph must fail before anyone registers.
         self.graph = build_graph(config.topology, config.agents, seed=config.seed)
@@ -126,11 +126,11 @@ class Registry:
         shown = ", ".join(f"{n} ({prints[n].hex()[:12]})" for n in odd)
         if majority is None:
             raise self.cancel(f"the agents disagree on model_fingerprint: {shown}; every agent "
-                              f"must build the same model for task {self.config.task!r}; the "
+                              f"must build the same model for task {str(self.config.task)!r}; the "
                               "run is cancelled", by=odd[0])
         raise self.cancel(f"model_fingerprint of {shown} differs from the other agents' "
                           f"({majority.hex()[:12]}): every agent must build the same model for "
-                          f"task {self.config.task!r}; the run is cancelled", by=odd[0])
+                          f"task {str(self.config.task)!r}; the run is cancelled", by=odd[0])
 
     def register(self, name: str, address: str,
                  declaration: Declaration | None = None) -> None:
@@ -203,3 +203,13 @@ class Registry:
                 )
             self._assignments = out
         return self._assignments
+
+
+def local_assignments(config: RunConfig, addresses: Mapping[str, str], *,
+                      run_id: str) -> dict[str, Assignment]:
+    """Every agent's assignment when every agent of `addresses` registers at once (a local run
+    without the coordinator's process: the tests' harness, the benchmarks)."""
+    registry = Registry(config, run_id=run_id, expected_names=set(addresses))
+    for name, address in addresses.items():
+        registry.register(name, address)
+    return registry.assignments()
