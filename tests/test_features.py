@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from efpsn.tasks import make_task
+from efpsn.tasks.catalog import make_task
 from efpsn.tasks.features import SPARSE_DENSITY, Features
 from efpsn.tasks.objective import LeNetTask
 
