@@ -56,7 +56,8 @@ import torch
 
 from agent.options import AgentOptions
 from agent.state import StateStore
-from efpsn.algorithms import StepContext, make_algorithm
+from efpsn.algorithms import make_algorithm
+from efpsn.algorithms.base import StepContext
 from efpsn.cli.common import add_data_dir_arguments
 from efpsn.cli.flags import add_run_arguments, config_from_args
 from efpsn.config import RunConfig
