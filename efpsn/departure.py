@@ -63,12 +63,18 @@ class Departure:
 
     `late`: neighbours that did receive its round-`round` message (it died while sending them)
     and stepped that round with it; they drop it one round later. No neighbour can be further
-    ahead: the agent's next message needs every neighbour's message of this round."""
+    ahead: the agent's next message needs every neighbour's message of this round.
+
+    `phase_one`: over the network, it left in phase I itself (a neighbour never got its key or
+    its shares). That neighbour finishes phase I without it, its seeds (shares) for it drawn
+    but never sent, so every other edge's seeds are the replay's; the departure is then one at
+    round 0 (round 0, re-base round n), replayed by `--leave agentK@0:R`."""
 
     agent: int
     round: int
     rebase_round: int
     late: tuple[int, ...] = ()
+    phase_one: bool = False
 
     def __post_init__(self) -> None:
         late = tuple(sorted({int(j) for j in self.late}))
@@ -79,6 +85,9 @@ class Departure:
             raise ValueError(f"{self.label()}: neighbours that used agent{self.agent + 1}'s "
                              f"round-{self.round} message drop it at round {self.round + 1}; "
                              "the re-base must come after that")
+        if self.phase_one and (self.round != 0 or late):
+            raise ValueError(f"agent{self.agent + 1} left in phase I: its departure is at "
+                             f"round 0 with no late neighbour, got {self.label()}")
         for name in ("agent", "round", "rebase_round"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
@@ -93,8 +102,12 @@ class Departure:
         return f"agent{self.agent + 1}@{self.round}:{self.rebase_round}{late}"
 
     def to_json(self) -> dict[str, object]:
-        return {"agent": f"agent{self.agent + 1}", "round": self.round,
-                "rebase_round": self.rebase_round, "late": [f"agent{j + 1}" for j in self.late]}
+        record: dict[str, object] = {
+            "agent": f"agent{self.agent + 1}", "round": self.round,
+            "rebase_round": self.rebase_round, "late": [f"agent{j + 1}" for j in self.late]}
+        if self.phase_one:
+            record["phase_one"] = True  # it never finished phase I with some neighbour
+        return record
 
 
 def parse_leave(text: str, *, agents: int, lag: int | None = None) -> Departure:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from efpsn.algorithms import AgentState, Aggregate, Algorithm, Message, StepContext
 from efpsn.schedules import StepSize
-from efpsn.stopping import STOP_KEY, TERMS, StopRule, exponents, merge, stop_tensor
+from efpsn.stopping import STOP_KEY, TERMS, StopRule, exponents, merge
 
 __all__ = ["STOP_STATE", "RoundDriver", "progress", "worst"]
 
@@ -182,3 +182,9 @@ def worst(measures: list[dict[str, float]]) -> dict[str, float]:
     keys = sorted({k for m in measures for k in m})
     return {k: max((m[k] for m in measures if k in m and not math.isnan(m[k])), default=math.nan)
             for k in keys}
+
+
+def stop_tensor(values: Sequence[int]) -> torch.Tensor:
+    """The stop rule's integers as the in-process message entry (int64; efpsn/stopping.py
+    itself imports no torch, so the coordinator can compute a re-base's cap)."""
+    return torch.tensor(list(values), dtype=torch.int64)
