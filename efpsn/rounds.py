@@ -154,6 +154,16 @@ class RoundDriver:
         self._attach_stop()
         return due
 
+    def restart(self) -> None:
+        """Round 0 afresh under the current context: the state and message the algorithm's
+        init gives (a neighbour that left in phase I: this agent's mask never held the terms
+        of their edge, efpsn/departure_replay.py)."""
+        if self.state.t != 0:
+            raise ValueError(f"restart() is for round 0, the driver is at round {self.t}")
+        ctx = dataclasses.replace(self.context, lr=self.schedule(0))
+        self.state, self.outbox = self.algorithm.init(self.state["x"], ctx)
+        self._attach_stop()
+
     def revise_stop(self, stop: StopRule | None) -> None:
         """Go on under another stop rule (a departure's: StopRule.voided_from, or the re-based
         graph's); integers of a window it voids are no longer sent."""
