@@ -134,9 +134,10 @@ class PhaseOneDepartures:
             await self.peers.forget(left)
         if self.masker is not None:
             self.masker.drop(gone)
-        log.warning("%s: the coordinator decided: %s (in phase I); going on without %s", name,
+        log.warning("%s: the coordinator decided: %s (in phase I); %s", name,
                     "; ".join(d.label() for d in new),
-                    ", ".join(names[j] for j in gone) or "anyone")
+                    f"going on without {', '.join(names[j] for j in gone)}" if gone
+                    else "no neighbour of mine left")
 
 
 def phase_one_departures(session: Session, *, options: AgentOptions, peers: Peers,
