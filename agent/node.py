@@ -19,17 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
-
 from agent import departure_state
+from agent.assembly import assemble, serve
 from agent.bootstrap import bootstrap
 from agent.concurrency import to_completion
 from agent.departing import LocalDepartures, Silence
 from agent.exchange import RoundLink
-from agent.mailbox import Mailbox
 from agent.options import AgentFailure, AgentOptions
-from agent.outbox import Outbox, OutboxLog
-from agent.peers import Peers
 from agent.phase_one import run_phase_one, shares_packed
 from agent.phase_one_leave import PhaseOneDepartures, phase_one_departures
 from agent.phase_two import make_driver, run_phase_two
@@ -51,10 +47,9 @@ from agent.secure_sum import (
     save_totals,
     standardised_session,
 )
-from agent.servicer import AgentService, Identity, ShareCheck
+from agent.servicer import ShareCheck
 from agent.session import Session, open_session
-from agent.state import SavedAssignment, StateError, StateStore
-from agent.status import Status
+from agent.state import SavedAssignment, StateError
 from efpsn import paillier
 from efpsn.algorithms import make_algorithm
 from efpsn.config import RunConfig
@@ -67,15 +62,10 @@ from efpsn.schema import STANDARD
 from efpsn.seeds import EdgeSeeds, SeedExchange
 from efpsn.stopping import TERMS, StopRule
 from efpsn.wire.net import (
-    RejectionLog,
     Server,
-    add_service,
     split_address,
-    start_server,
     write_port_file,
 )
-from efpsn.wire.records import Phase
-from efpsn.wire.v1 import agent_pb2
 
 __all__ = ["AgentFailure", "AgentNode", "AgentOptions"]
 
@@ -87,22 +77,13 @@ class AgentNode:
 
     def __init__(self, options: AgentOptions) -> None:
         self.options = options
-        self.status = Status()
         self.timings: dict[str, float] = {}
-        self.store = StateStore(options.state_folder)
-        self.mailbox = Mailbox()
-        self.outbox = Outbox(options.keep_rounds, OutboxLog(
-            self.store.outbox_folder, keep=options.keep_rounds,
-            segment=options.checkpoint_every))
-        self.peers = Peers(options, self.mailbox)
-        self.rejections = RejectionLog(log, options.name)
-        self.service = AgentService(
-            identity=Identity(name=options.name, tls=options.tls is not None,
-                              operator=options.operator,
-                              allow_insecure_keys=options.allow_insecure_keys),
-            mailbox=self.mailbox, outbox=self.outbox, status=self.status,
-            rejections=self.rejections,
-            waiting=lambda: set(self.mailbox.waiting_for) | set(self.peers.unacknowledged))
+        parts = assemble(options)  # agent/assembly.py: the one wiring of an agent's rooms
+        self.parts = parts
+        self.status, self.store, self.mailbox = parts.status, parts.store, parts.mailbox
+        self.outbox, self.peers, self.rejections = parts.outbox, parts.peers, parts.rejections
+        self.service = parts.service
+        self.life = parts.status.life  # agent/life.py: this node advances it
         self.server: Server | None = None
         self._keypair: asyncio.Future[Any] | None = None
         self._masker: Masker | None = None  # the fixed mask's per-edge terms (departures)
@@ -121,10 +102,7 @@ class AgentNode:
             host, port = split_address(listen)
             if port == 0:  # rebind the port neighbours know
                 listen = f"{host}:{saved.port}"
-        credentials = opts.tls.server_credentials() if opts.tls else None
-        self.server = await start_server(listen, add_servicers=self._add_servicers,
-                                         credentials=credentials, rejections=self.rejections)
-        await self.server.set_serving(True)
+        self.server = await serve(self.parts, listen)
         write_port_file(opts.port_file, self.server.port)
         try:
             if saved is None:
@@ -133,7 +111,7 @@ class AgentNode:
                 result = await self._resumed(saved)
             return result
         except Exception as exc:
-            self.status.error = str(exc) or type(exc).__name__
+            self.life.fail(str(exc) or type(exc).__name__)
             if opts.failure_file is not None:
                 write_failure(opts.failure_file, name=opts.name, error=exc)
             raise
@@ -155,14 +133,15 @@ class AgentNode:
         self.store.save_assignment(assignment, config=prepared.config, advertise=address,
                                    port=saved.port)
         standard = session.config.scale == STANDARD  # phase II's numbers wait for the totals
-        ledger = self._attach(session, resumed_from=None, rounds=not standard)
+        ledger = self._ledger(session, resumed_from=None)
+        self.life.assign(session, None if standard else ledger)
         self.timings["phase1_started_at"] = time.time()  # wall clock, for start-up
         start = time.perf_counter()
         seed = opts.insecure_noise_seed
         self._left = phase_one_departures(session, options=opts, peers=self.peers,
                                           mailbox=self.mailbox, service=self.service)
         result = await run_phase_one(
-            session=session, peers=self.peers, status=self.status, timings=self.timings,
+            session=session, peers=self.peers, life=self.life, timings=self.timings,
             rng=noise_generator(seed, session.index),
             seed_rng=None if seed is None else noise_generator(seed, session.index),
             keypair=self._keypair, on_masker=self._expect_shares,
@@ -209,7 +188,8 @@ class AgentNode:
                     session.run_id, resumed_from,
                     "seeds" if isinstance(phase_one, EdgeSeeds) else "mask",
                     "from its checkpoint" if checkpoint else "no checkpoint yet")
-        ledger = self._attach(session, resumed_from=resumed_from)
+        ledger = self._ledger(session, resumed_from=resumed_from)
+        self.life.assign(session, ledger)
         history = list(checkpoint.history) if checkpoint else []
         return await self._phase_two(session, saved, ledger,
                                      mask_provider(session, phase_one), history=history,
@@ -232,7 +212,7 @@ class AgentNode:
             peers=self.peers, outbox=self.outbox, run_id=session.run_id, name=opts.name,
             neighbours=list(session.neighbour_names),
             timeout=cfg.round_timeout_seconds if silence is None else deadline,
-            replay=Replay(peers=self.peers, ledger=ledger, mailbox=self.mailbox,
+            replay=Replay(peers=self.peers, intake=self.parts.intake, mailbox=self.mailbox,
                           neighbours=replay, describe_loss=self._describe_loss(session, first),
                           on_loss=self.store.mark_unresumable))
         self.timings["phase2_started_at"] = time.time()
@@ -268,8 +248,7 @@ class AgentNode:
         self.store.mark_finished(saved)
         (Path(self.store.folder) / TOTALS_FILE).unlink(missing_ok=True)  # with the seeds
         departure_state.discard(self.store.folder)  # the new edges' seeds, likewise
-        self.status.phase = Phase.DONE
-        self.status.finished = True
+        self.life.done()
         await link.finish(done.state.t, done.final_outbox)
         return result
 
@@ -302,16 +281,12 @@ class AgentNode:
                      iterations, figures)
         return say
 
-    def _attach(self, session: Session, *, resumed_from: int | None,
-                rounds: bool = True) -> RoundLedger:
-        """The session is known: neighbours' messages are served from now on (round messages
-        only with `rounds`: a scale standard run's rounds wait for its totals)."""
-        ledger = RoundLedger(last=session.config.iterations.count or 1,
-                             keep=self.options.keep_rounds, position=resumed_from or 0,
-                             resumed_from=resumed_from)
-        self.service.attach(session, ledger if rounds else None)
-        self.peers.attach(session, ledger)
-        return ledger
+    def _ledger(self, session: Session, *, resumed_from: int | None) -> RoundLedger:
+        """Phase II's receive rules for `session` (the life holds them once round messages
+        may be taken: a scale standard run's wait for its totals)."""
+        return RoundLedger(last=session.config.iterations.count or 1,
+                           keep=self.options.keep_rounds, position=resumed_from or 0,
+                           resumed_from=resumed_from)
 
     async def _secure_sum(self, session: Session, prepared: Prepared,
                           phase_one: MaskCoefficients | EdgeSeeds,
@@ -320,14 +295,16 @@ class AgentNode:
         the session phase II runs (resolved with them, data standardised)."""
         start = time.perf_counter()
         totals = await run_secure_sum(
-            session=session, peers=self.peers, status=self.status, prepared=prepared,
+            session=session, peers=self.peers, life=self.life, prepared=prepared,
             seeds=phase_one if isinstance(phase_one, EdgeSeeds) else None)
         self.service.stats.close()
         save_totals(self.store.folder, totals, run_id=session.run_id)
         self.timings["stats_seconds"] = time.perf_counter() - start
         session = await asyncio.to_thread(standardised_session, session, prepared, totals,
                                           who=self.options.name)
-        return session, self._attach(session, resumed_from=None)
+        ledger = self._ledger(session, resumed_from=None)
+        self.life.standardised(session, ledger)
+        return session, ledger
 
     async def _reload_totals(self, session: Session, prepared: Prepared) -> Session:
         name = self.options.name
@@ -352,11 +329,12 @@ class AgentNode:
         return describe
 
     def _expect_shares(self, masker: Masker | SeedExchange) -> None:
-        assert self.service.session is not None
+        session = self.life.session
+        assert session is not None
         self._masker = masker if isinstance(masker, Masker) else None
         self.service.shares = ShareCheck(public_key=masker.public_key,
                                          count=masker.ciphertexts_per_neighbour,
-                                         packed=shares_packed(self.service.session.config))
+                                         packed=shares_packed(session.config))
 
     async def _close(self) -> None:
         """Close my streams and channels, stop the server (its grace period lets in-flight
@@ -381,9 +359,6 @@ class AgentNode:
             return keypair, time.perf_counter() - start
 
         self._keypair = asyncio.ensure_future(asyncio.to_thread(generate))
-
-    def _add_servicers(self, server: grpc.aio.Server) -> list[str]:
-        return [add_service(server, self.service, agent_pb2.DESCRIPTOR.services_by_name["Agent"])]
 
     def _port(self) -> int:
         assert self.server is not None

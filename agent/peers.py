@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from agent.concurrency import all_or_first_error, settle
+from agent.life import Life
 from agent.mailbox import Mailbox, NeighbourTimeout
 from agent.options import AgentFailure, AgentOptions, RefusedByNeighbour
 from agent.outbox import Outbox
@@ -23,7 +24,7 @@ from efpsn.ledger import RoundLedger
 from efpsn.wire import serde
 from efpsn.wire.net import Patience, call_with_retry, open_channel
 from efpsn.wire.records import Phase
-from efpsn.wire.rounds import RoundRecord, parse_round, round_request
+from efpsn.wire.rounds import round_request
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 log = logging.getLogger("efpsn.agent")
@@ -34,11 +35,10 @@ Deliver = Callable[..., Awaitable[None]]  # (method, make(name) -> request, *, t
 class Peers:
     """Sends to and collects from the neighbours of one session."""
 
-    def __init__(self, options: AgentOptions, mailbox: Mailbox) -> None:
+    def __init__(self, options: AgentOptions, mailbox: Mailbox, life: Life) -> None:
         self.options = options
         self.mailbox = mailbox
-        self.session: Session | None = None
-        self.ledger: RoundLedger | None = None  # phase II: which neighbours' rounds arrived
+        self.life = life  # its session once assigned; its round ledger in phase II
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[str, RoundStream] = {}  # neighbour -> my round stream to it
         self.unacknowledged: collections.Counter[str] = collections.Counter()  # sends in flight
@@ -55,9 +55,14 @@ class Peers:
     def _say(self, line: str) -> None:
         log.warning("%s: %s", self.options.name, line)
 
-    def attach(self, session: Session, ledger: RoundLedger) -> None:
-        """The agent is assigned (or resumed): from now on it talks to its neighbours."""
-        self.session, self.ledger = session, ledger
+    @property
+    def session(self) -> Session | None:
+        return self.life.session
+
+    @property
+    def ledger(self) -> RoundLedger | None:
+        """Phase II's receive rules: which neighbours' rounds arrived."""
+        return self.life.rounds
 
     def coordinator(self) -> grpc.aio.Channel:
         """The channel to the coordinator (opened once, closed with the others)."""
@@ -90,8 +95,9 @@ class Peers:
         self.unacknowledged.pop(name, None)
 
     def _session(self) -> Session:
-        assert self.session is not None, "no session yet"
-        return self.session
+        session = self.life.session
+        assert session is not None, "no session yet"
+        return session
 
     def _stub(self, name: str) -> agent_pb2_grpc.AgentStub:
         return agent_pb2_grpc.AgentStub(self._channel(name))
@@ -205,22 +211,15 @@ class Peers:
                     continue
                 await self.put_round(name, data, timeout=max(0.1, deadline - loop.time()))
 
-    async def pull(self, name: str, t: int, *, deadline: float) -> RoundRecord | None:
+    async def pull(self, name: str, t: int, *, deadline: float) -> agent_pb2.RoundMessage | None:
         """A neighbour's round-t message as it sent it to this agent's previous process
-        (GetRound), validated like a pushed one; None when it has not reached round t yet.
-        RefusedByNeighbour when it refuses (NOT_FOUND: it no longer holds that round)."""
-        s = self._session()
+        (GetRound), still to be taken (agent/intake.py) as a pushed one is; None when it has
+        not reached round t yet. RefusedByNeighbour when it refuses (NOT_FOUND: it no longer
+        holds that round)."""
         reply = await self.call(name, "GetRound", round_request(
             header=self.header(Phase.OPTIMIZE, t)), deadline=deadline,
             what=f"pulling OPTIMIZE round {t} from")
-        if not reply.available:
-            return None
-        try:
-            return parse_round(reply.message, run_id=s.run_id, senders={name},
-                               shapes=s.message_shapes, round_=t)
-        except ValueError as exc:
-            raise AgentFailure(f"neighbour {name} served a bad round {t}: {exc}",
-                               blame=name) from None
+        return reply.message if reply.available else None
 
     async def send_public_key(self, public_key: paillier.PublicKey, *, timeout: float,
                               via: Deliver | None = None) -> None:

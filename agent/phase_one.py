@@ -13,15 +13,14 @@ from typing import Any
 
 import numpy as np
 
+from agent.life import Life
 from agent.peers import Peers
 from agent.phase_one_leave import PhaseOneDepartures
 from agent.session import Session
-from agent.status import Status
 from efpsn import paillier
 from efpsn.config import RunConfig
 from efpsn.masking import MaskCoefficients, Masker, independent_mask
 from efpsn.seeds import EdgeSeeds, SeedExchange
-from efpsn.wire.records import Phase
 
 __all__ = ["run_phase_one", "shares_packed"]
 
@@ -32,7 +31,7 @@ def shares_packed(config: RunConfig) -> bool:
     return config.packed or config.refresh.refreshed
 
 
-async def run_phase_one(*, session: Session, peers: Peers, status: Status,
+async def run_phase_one(*, session: Session, peers: Peers, life: Life,
                         rng: np.random.Generator, timings: dict[str, float],
                         keypair: Awaitable[tuple[Any, float]] | None,
                         on_masker: Callable[[Masker | SeedExchange], None],
@@ -54,7 +53,7 @@ async def run_phase_one(*, session: Session, peers: Peers, status: Status,
     if cfg.mask == "independent":
         return independent_mask(rng, degree=len(session.addresses), spec=spec)
     timeout = cfg.round_timeout_seconds
-    status.phase = Phase.KEYS
+    life.keys()
     t0 = time.perf_counter()
     pair = None
     if keypair is not None:
@@ -86,7 +85,7 @@ async def run_phase_one(*, session: Session, peers: Peers, status: Status,
         leave.masker = masker  # a departure drops the neighbour from it
     await peers.send_public_key(masker.public_key, timeout=timeout, via=via)
     keys = await collect("key")
-    status.phase = Phase.SHARES
+    life.shares()
     t0 = time.perf_counter()
     outgoing = await asyncio.to_thread(masker.outgoing, keys)
     timings["encrypt_seconds"] = time.perf_counter() - t0

@@ -26,7 +26,6 @@ from efpsn.refresh import MaskProvider
 from efpsn.rounds import RoundDriver
 from efpsn.schedules import make_schedule
 from efpsn.stopping import StopRule
-from efpsn.wire.records import Phase
 
 __all__ = ["PhaseTwoResult", "evaluate", "run_phase_two"]
 
@@ -74,12 +73,11 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
         history.append(evaluate(session.problem, session.index, driver.state, status))
     else:
         evaluate(session.problem, session.index, driver.state, status)
-    status.round = driver.t
-    status.phase = Phase.OPTIMIZE
+    life = status.life
+    life.optimizing(driver.t)
     first = driver.t
     while not driver.done:
         t = driver.t
-        status.round = t
         if silence is not None:  # what the departures decided change at round t
             gone, joined = silence.departures.before_round(t, driver)
             ledger.last = max(ledger.last, driver.iterations)  # a re-base may extend the cap
@@ -101,7 +99,7 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
             store.save_checkpoint(run_id=session.run_id, round_=t,
                                   tensors=driver.checkpoint_tensors(), history=history)
         due = driver.step(inbox)
-        status.round = t + 1
+        life.advance(t + 1)
         ledger.advance(t + 1)
         mailbox.discard_before("round", t + 1)
         if due:
@@ -109,7 +107,7 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
             history.append({**record, **driver.measures})
             if on_evaluation is not None:
                 on_evaluation(history[-1])
-    status.round = driver.t  # the stop rule's round (efpsn/stopping.py), at most the rounds
+    life.advance(driver.t)  # the stop rule's round (efpsn/stopping.py), at most the rounds
     return PhaseTwoResult(state=driver.state, final_outbox=driver.outbox, history=history)
 
 

@@ -13,13 +13,14 @@ import logging
 from collections.abc import Callable
 
 from agent.concurrency import all_or_first_error
+from agent.intake import Intake
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, RefusedByNeighbour
 from agent.peers import Peers
 from agent.session import Session
 from agent.state import Checkpoint, SavedAssignment, StateError, StateStore
 from efpsn.fading import FadingMask
-from efpsn.ledger import RoundLedger, Verdict
+from efpsn.ledger import Verdict
 from efpsn.masking import MaskCoefficients
 from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
 from efpsn.seeds import EdgeSeeds
@@ -108,11 +109,11 @@ class Replay:
     are pulled from them (Agent.GetRound) until each says it has not reached round t yet: from
     then on its pushes reach this process. A fresh start pulls nothing."""
 
-    def __init__(self, *, peers: Peers, ledger: RoundLedger, mailbox: Mailbox,
+    def __init__(self, *, peers: Peers, intake: Intake, mailbox: Mailbox,
                  neighbours: set[str], describe_loss: Callable[[str, int, str], str],
                  on_loss: Callable[[str], None]) -> None:
         self.peers = peers
-        self.ledger = ledger
+        self.intake = intake  # a pulled message is taken as a pushed one (agent/intake.py)
         self.mailbox = mailbox
         self.pending = set(neighbours)  # neighbours that may hold rounds this agent lost
         self._describe_loss = describe_loss
@@ -126,18 +127,23 @@ class Replay:
 
     async def _pull(self, name: str, t: int, *, deadline: float) -> None:
         try:
-            record = await self.peers.pull(name, t, deadline=deadline)
+            message = await self.peers.pull(name, t, deadline=deadline)
         except RefusedByNeighbour as exc:
             if exc.code != "NOT_FOUND":
                 raise
             reason = self._describe_loss(name, t, exc.detail)
             self._on_loss(reason)
             raise AgentFailure(reason) from None
-        if record is None:
+        if message is None:
             self.pending.discard(name)  # it will push round t and later ones to this process
             return
-        judgement = self.ledger.judge(record.sender, record.round, record.digest)
-        if judgement.verdict == Verdict.ACCEPT:
-            self.mailbox.put("round", t, name, record.tensors)
-        elif judgement.verdict == Verdict.REFUSE:
-            raise AgentFailure(f"neighbour {name} served round {t}: {judgement.reason}")
+        try:
+            judgement = self.intake.take_round(message, senders={name}, round_=t)
+        except ValueError as exc:
+            raise AgentFailure(f"neighbour {name} served a bad round {t}: {exc}",
+                               blame=name) from None
+        if judgement.verdict in (Verdict.ACCEPT, Verdict.DUPLICATE):
+            return  # filed now, or already (its push reached this process too)
+        # REFUSE: a different copy of a round already taken; LATER: round t outside the
+        # window this agent is at (never for the round being filled): either is a failure
+        raise AgentFailure(f"neighbour {name} served round {t}: {judgement.reason}")

@@ -17,12 +17,12 @@ import json
 import math
 from pathlib import Path
 
+from agent.life import Life
 from agent.options import AgentFailure
 from agent.peers import Peers
 from agent.prepare import Prepared
 from agent.session import Session
 from agent.state import StateError, write_private
-from agent.status import Status
 from efpsn.ledger import Judgement, Verdict
 from efpsn.problem import build_problem, build_task
 from efpsn.secure_stats import Totals, masked_vector
@@ -76,14 +76,14 @@ class StatsLedger:
         self.closed = True
 
 
-async def run_secure_sum(*, session: Session, peers: Peers, status: Status,
+async def run_secure_sum(*, session: Session, peers: Peers, life: Life,
                          prepared: Prepared, seeds: EdgeSeeds | None) -> Totals:
     """This agent's flood: its masked vector out, every agent's in, the totals. A neighbour's
     message that names the wrong agents or contradicts another is an AgentFailure blaming it."""
     assert prepared.local is not None, "scale standard needs agent-local data"
     flood = StatsFlood(graph=session.problem.graph, agent=session.index,
                        own=masked_vector(prepared.local.train.images.numpy(), seeds))
-    status.phase = Phase.STATS
+    life.stats()
     timeout = session.config.round_timeout_seconds
     for r in range(flood.rounds):
         message = stats_message(header=peers.header(Phase.STATS, r), vectors=flood.outgoing(r))

@@ -18,23 +18,34 @@ from dataclasses import dataclass
 
 import grpc
 
+from agent.intake import Intake
+from agent.life import Life
 from agent.mailbox import Mailbox
 from agent.outbox import Outbox
 from agent.secure_sum import StatsLedger, stats_length
 from agent.session import Session
 from agent.status import Status
 from efpsn import paillier
-from efpsn.ledger import Judgement, PhaseOneLedger, RoundLedger, Verdict
+from efpsn.ledger import Judgement, PhaseOneLedger, Verdict
 from efpsn.stats_flood import flood_rounds
 from efpsn.wire import limits, serde
-from efpsn.wire.net import Admission, Reject, RejectionLog, guarded, guarded_stream
+from efpsn.wire.net import (
+    Admission,
+    Gatekeeper,
+    Reject,
+    RejectionLog,
+    admitted,
+    guarded,
+    guarded_stream,
+)
 from efpsn.wire.records import Phase, WireError
-from efpsn.wire.rounds import parse_round, round_reply
+from efpsn.wire.rounds import round_reply
 from efpsn.wire.stats import parse_stats
 from efpsn.wire.tls import caller_names
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 StatusCode = grpc.StatusCode
+SERVICE = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
 
 
 def _short(text: str, limit: int = 64) -> str:
@@ -66,41 +77,47 @@ class ShareCheck:
 class AgentService(agent_pb2_grpc.AgentServicer):
     """Serves one agent: phase I keys and shares, phase II rounds, replays and status."""
 
-    def __init__(self, *, identity: Identity, mailbox: Mailbox, outbox: Outbox, status: Status,
-                 rejections: RejectionLog, waiting: Callable[[], set[str]]) -> None:
+    def __init__(self, *, identity: Identity, mailbox: Mailbox, intake: Intake, outbox: Outbox,
+                 status: Status, rejections: RejectionLog,
+                 waiting: Callable[[], set[str]]) -> None:
         self.identity = identity
         self.mailbox = mailbox
+        self.intake = intake  # round messages: parse, ledger, mailbox (agent/intake.py)
         self.outbox = outbox
         self.status = status
         self.rejections = rejections
         self._waiting = waiting
         self.phase_one = PhaseOneLedger()
         self.stats = StatsLedger()  # scale standard: the secure sum's flood
-        self.rounds: RoundLedger | None = None
         self.shares: ShareCheck | None = None
         # a new edge's seed exchange after a departure cut the graph (agent/rejoin.py)
         self.rejoin = PhaseOneLedger()
         self.rejoin_shares: ShareCheck | None = None
         self.deciding = False  # a departure decision is awaited: unknown callers may be new
-        self._session: Session | None = None
         self._in_flight: Counter[str] = Counter()
-        self._callers: dict[grpc.aio.ServicerContext, frozenset[str]] = {}  # admitted calls
+
+    def gatekeeper(self) -> Gatekeeper:
+        """This service's admission, for its server's interceptors (efpsn.wire.guard)."""
+        return Gatekeeper(SERVICE, self.admit, rejections=self.rejections)
+
+    @property
+    def life(self) -> Life:
+        """This agent's life (agent/life.py): its session and round ledger."""
+        return self.status.life
 
     @property
     def session(self) -> Session | None:
-        return self._session
-
-    def attach(self, session: Session, rounds: RoundLedger | None) -> None:
-        """The agent is assigned (or resumed): from now on neighbours' messages are served."""
-        self._session, self.rounds = session, rounds
+        """The assigned run (None while registering): the life's."""
+        return self.life.session
 
     # ---------------------------------------------------------------- checks
 
     def admit(self, method: str, context: grpc.aio.ServicerContext) -> Admission:
-        """Before a byte of the body is read (efpsn.wire.guard.add_service): the caller's
-        certificate must name a neighbour in this run (GetStatus: any certificate the CA
-        signed), the body may be at most what `method` can legitimately carry in this run
-        (Session.request_limits), and one caller has at most a few calls in flight."""
+        """The Agent service's gate (efpsn.wire.guard.Gatekeeper), before a byte of the body is
+        read: the caller's certificate must name a neighbour in this run (GetStatus: any
+        certificate the CA signed), the body may be at most what `method` can legitimately
+        carry in this run (Session.request_limits), and one caller has at most a few calls in
+        flight. The certificate's names are read once, here, for the handler."""
         names = caller_names(context) if self.identity.tls else None
         if names is not None and not names:
             raise Reject(StatusCode.UNAUTHENTICATED,
@@ -108,19 +125,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         max_bytes = limits.SMALL_REQUEST_BYTES
         if method != "GetStatus":
             s = self._assigned()
-            gone = sorted(names & s.departed.keys()) if names is not None else []
-            if gone:
-                raise Reject(StatusCode.FAILED_PRECONDITION, s.departed[gone[0]])
-            if names is not None and not names & s.admitted_names and self.deciding:
-                # a new neighbour told of the decision a moment before this agent
-                raise Reject(StatusCode.UNAVAILABLE, "awaiting the coordinator's decision",
-                             early=True)
-            if names is not None and not names & s.admitted_names:
-                raise Reject(
-                    StatusCode.PERMISSION_DENIED,
-                    f"the caller's certificate is for {sorted(names)[:4]}, not a neighbour of "
-                    f"{self.identity.name} in its run",  # no run id for outsiders
-                )
+            if names is not None:
+                self._may_send(s, names, certificate=True)
             if method not in s.request_limits:  # PutStats outside a scale standard run
                 raise Reject(StatusCode.FAILED_PRECONDITION,
                              f"{method} has no part in this agent's run")
@@ -131,22 +137,44 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                          f"{limits.CALLS_IN_FLIGHT_PER_CALLER} calls from {_short(key)} are "
                          "already in flight: retry later")
         self._in_flight[key] += 1
-        if names is not None:  # a call's certificate is its connection's: read it once
-            self._callers[context] = names
 
         def release() -> None:
-            self._callers.pop(context, None)
             self._in_flight[key] -= 1
             if self._in_flight[key] <= 0:
                 del self._in_flight[key]
 
-        return Admission(max_bytes, release)
+        return Admission(max_bytes, release, caller=names)
+
+    def _may_send(self, s: Session, names: frozenset[str], *, certificate: bool) -> None:
+        """Who may send to this agent, the one rule: a neighbour of this run that has not
+        departed. Asked of the certificate's names when the caller is admitted, and of the
+        claimed sender when its message is authenticated."""
+        if names.isdisjoint(s.departed) and not names.isdisjoint(s.admitted_names):
+            return  # the common case, once per message: a neighbour still in the run
+        gone = sorted(names & s.departed.keys())
+        if gone:
+            raise Reject(StatusCode.FAILED_PRECONDITION, s.departed[gone[0]])
+        if names & s.admitted_names:
+            return
+        if not certificate:
+            raise Reject(StatusCode.PERMISSION_DENIED,
+                         f"sender {_short(min(names))} is not a neighbour of {self.identity.name} "
+                         f"in run {s.run_id} (neighbours: {', '.join(sorted(s.neighbour_names))})")
+        if self.deciding:  # a new neighbour told of the decision a moment before this agent
+            raise Reject(StatusCode.UNAVAILABLE, "awaiting the coordinator's decision",
+                         early=True)
+        raise Reject(
+            StatusCode.PERMISSION_DENIED,
+            f"the caller's certificate is for {sorted(names)[:4]}, not a neighbour of "
+            f"{self.identity.name} in its run",  # no run id for outsiders
+        )
 
     def _authenticate(self, context: grpc.aio.ServicerContext, claimed: str) -> Session:
         """The session, once the claimed sender is a name in the caller's certificate (mutual
-        TLS) and a neighbour in this run."""
+        TLS; the names its admission read) and may send (_may_send)."""
         if self.identity.tls:
-            names = self._callers.get(context)  # every call is admitted first (guard.guarded)
+            admission = admitted()  # None: a handler called directly with a parsed message
+            names = admission.caller if admission is not None else caller_names(context)
             if not names:
                 raise Reject(StatusCode.UNAUTHENTICATED, "this agent requires mutual TLS: the "
                              "call carries no client certificate")
@@ -155,19 +183,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                              f"the caller's certificate is for {sorted(names)}, but the message "
                              f"claims to come from {_short(claimed)}")
         s = self._assigned()
-        if claimed in s.departed:
-            raise Reject(StatusCode.FAILED_PRECONDITION, s.departed[claimed])
-        if claimed not in s.admitted_names:
-            raise Reject(StatusCode.PERMISSION_DENIED,
-                         f"sender {_short(claimed)} is not a neighbour of {self.identity.name} in "
-                         f"run {s.run_id} (neighbours: {', '.join(sorted(s.neighbour_names))})")
+        self._may_send(s, frozenset({claimed}), certificate=False)
         return s
 
     def _assigned(self) -> Session:
-        if self._session is None:
+        session = self.life.session
+        if session is None:
             # Not assigned (or not restored) yet: the sender retries UNAVAILABLE with backoff.
             raise Reject(StatusCode.UNAVAILABLE, "agent not assigned to a run yet", early=True)
-        return self._session
+        return session
 
     @staticmethod
     def _obey(judgement: Judgement) -> str:
@@ -293,21 +317,16 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     def _file_round(self, request: agent_pb2.RoundMessage,
                     context: grpc.aio.ServicerContext) -> str:
-        """Authenticate, validate (once), ask the ledger, file an accepted message; the
-        acknowledgement's detail (empty for a fresh message)."""
+        """Authenticate, then the one intake (validate once, ask the ledger, file an accepted
+        message); the acknowledgement's detail (empty for a fresh message)."""
         if not isinstance(request.header, common_pb2.Header):
             raise TypeError(f"expected efpsn.v1.Header, got {type(request.header).__name__}")
         s = self._authenticate(context, request.header.sender)
-        if self.rounds is None:  # scale standard: phase II starts after the secure sum
+        if self.life.rounds is None:  # scale standard: phase II starts after the secure sum
             raise Reject(StatusCode.UNAVAILABLE, "phase II has not started here yet",
                          early=True)
-        record = parse_round(request, run_id=s.run_id,
-                             senders=s.round_senders(request.header.round),
-                             shapes=s.message_shapes)
-        judgement = self.rounds.judge(record.sender, record.round, record.digest)
-        if judgement.verdict == Verdict.ACCEPT:
-            self.mailbox.put("round", record.round, record.sender, record.tensors)
-        return self._obey(judgement)
+        return self._obey(self.intake.take_round(
+            request, senders=s.round_senders(request.header.round)))
 
     @guarded
     async def GetRound(
@@ -331,7 +350,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def GetStatus(
         self, request: agent_pb2.StatusRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.AgentStatus:
-        s = self._session
+        s = self.life.session
         if request.run_id and s is not None and request.run_id != s.run_id:
             shown = s.run_id if self._is_operator(context) else "another run"
             raise Reject(StatusCode.NOT_FOUND,
@@ -351,8 +370,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         reply.run_id = s.run_id if s else ""
         reply.loss, reply.accuracy = st.loss, st.accuracy
         reply.rejections.update(self.rejections.counts)
-        if self.rounds is not None and self.rounds.resumed_from is not None:
-            reply.resumed_from_round = self.rounds.resumed_from
+        rounds = self.life.rounds
+        if rounds is not None and rounds.resumed_from is not None:
+            reply.resumed_from_round = rounds.resumed_from
         return reply
 
     def _is_operator(self, context: grpc.aio.ServicerContext) -> bool:

@@ -26,13 +26,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from localnet import crash_at  # noqa: E402
+from localnet import crash_at
 
-from efpsn.config import RunConfig  # noqa: E402
-from efpsn.datadir import load_data_dir  # noqa: E402
-from efpsn.launch.summary import load_agent_results  # noqa: E402
-from efpsn.problem import average, build_problem  # noqa: E402
-from efpsn.tasks import centralized_optimum  # noqa: E402
+from efpsn.config import RunConfig
+from efpsn.datadir import load_data_dir
+from efpsn.launch.summary import load_agent_results
+from efpsn.problem import average, build_problem
+from efpsn.tasks import centralized_optimum
 
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[,.]\d+)")
 

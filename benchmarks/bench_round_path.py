@@ -5,7 +5,7 @@
 Two processes play two neighbouring agents of the defaults' run (agt, logistic regression on
 the main job's model: each round message carries y and z, 2 x 7,850 float64, 126 KB) and
 exchange one message each way per round, as phase II does, with mutual TLS:
-  * ours: each process is an agent's real transport (tests/harness.py assigned_agents: its
+  * ours: each process is an agent's real transport (agent/assembly.py local_agents: its
     gRPC server with the servicer that authenticates, validates, decodes and files messages)
     driven by agent/exchange.py's RoundLink.exchange, the agent's own round (encode_round, the
     outbox, the round stream, the mailbox), then the ledger's and mailbox's end-of-round work;
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import socket
@@ -37,10 +38,6 @@ from typing import Any
 
 import grpc
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
 
 from efpsn.config import RunConfig
 from efpsn.runtime import configure_threads, machine_load
@@ -72,15 +69,16 @@ def _message(name: str) -> dict[str, torch.Tensor]:
 
 async def _ours(me: str, other: str, folder: Path, ports: dict[str, int], rounds: int,
                 ready: Path) -> dict[str, float]:
-    from harness import assigned_agents
-
+    from agent.assembly import local_agents
     from agent.exchange import RoundLink
     from agent.resume import Replay
+    from coordinator.registry import local_assignments
 
-    async with assigned_agents(folder, CONFIG, run_id=RUN, names=(me,), serve=(me,),
-                               ports=ports, new_certificates=False) as agents:
+    async with local_agents(folder, CONFIG, run_id=RUN, names=(me,), serve_names=(me,),
+                            assign=functools.partial(local_assignments, run_id=RUN),
+                            ports=ports, new_certificates=False) as agents:
         agent = agents[me]
-        replay = Replay(peers=agent.peers, ledger=agent.ledger, mailbox=agent.mailbox,
+        replay = Replay(peers=agent.peers, intake=agent.intake, mailbox=agent.mailbox,
                         neighbours=set(), describe_loss=lambda *a: "", on_loss=lambda n: None)
         link = RoundLink(peers=agent.peers, outbox=agent.outbox, replay=replay, run_id=RUN,
                          name=me, neighbours=[other], timeout=60.0)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import ssl
 import struct
@@ -37,6 +38,8 @@ from typing import Any
 import grpc
 import torch
 
+from agent.assembly import local_agents
+from coordinator.registry import local_assignments
 from efpsn.config import RunConfig
 from efpsn.runtime import configure_threads, machine_load
 from efpsn.wire import rounds, serde
@@ -44,9 +47,6 @@ from efpsn.wire.net import open_channel
 from efpsn.wire.rounds import encode_round
 from efpsn.wire.serde import Phase
 from efpsn.wire.tls import TlsConfig, generate_certificates
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from harness import assigned_agents
 
 RUN = "bench-transport"
 # the paper's DSGD: a round message is one tensor x, which these tests craft by hand
@@ -70,8 +70,10 @@ async def agent_transport(tls_dir: Path | None, n: int, *, stream: bool) -> tupl
     """agent2 pushes round messages to agent1's real server; agent1 consumes each one. stream:
     over agent2's round stream (Peers.send_round, phase II's path); else one PutRound each."""
     with tempfile.TemporaryDirectory(prefix="efpsn-bench-") as tmp:  # its keys go with it
-        async with assigned_agents(Path(tmp), CONFIG, run_id=RUN, names=("agent1", "agent2"),
-                                   serve=("agent1",), tls=tls_dir is not None) as agents:
+        async with local_agents(Path(tmp), CONFIG, run_id=RUN, names=("agent1", "agent2"),
+                                serve_names=("agent1",), tls=tls_dir is not None,
+                                assign=functools.partial(local_assignments, run_id=RUN),
+                                ) as agents:
             receiver, sender = agents["agent1"], agents["agent2"]
             x = torch.linspace(-1, 1, receiver.session.message_shapes["x"][0],
                                dtype=torch.float64)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from efpsn.config import RunConfig
@@ -203,3 +204,13 @@ class Registry:
                 )
             self._assignments = out
         return self._assignments
+
+
+def local_assignments(config: RunConfig, addresses: Mapping[str, str], *,
+                      run_id: str) -> dict[str, Assignment]:
+    """Every agent's assignment when every agent of `addresses` registers at once (a local run
+    without the coordinator's process: the tests' harness, the benchmarks)."""
+    registry = Registry(config, run_id=run_id, expected_names=set(addresses))
+    for name, address in addresses.items():
+        registry.register(name, address)
+    return registry.assignments()

@@ -16,6 +16,7 @@ from efpsn.stopping import StopRule
 from efpsn.wire import limits, records
 from efpsn.wire.net import (
     Admission,
+    Gatekeeper,
     Reject,
     RejectionLog,
     Server,
@@ -29,6 +30,7 @@ from efpsn.wire.tls import TlsConfig, caller_names
 from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger("efpsn.coordinator")
+SERVICE = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
 
 
 class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
@@ -68,9 +70,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                          f"the caller's certificate is for {sorted(names)}; it cannot register "
                          f"as {shown!r}")
 
+    def gatekeeper(self) -> Gatekeeper:
+        """This service's admission, for its server's interceptors (efpsn.wire.guard)."""
+        return Gatekeeper(SERVICE, self.admit, rejections=self.rejections)
+
     def admit(self, method: str, context: grpc.aio.ServicerContext) -> Admission:
-        """Before the body is read: under mutual TLS a Register caller's certificate must name
-        an expected agent (efpsn.wire.guard.add_service); bodies are small."""
+        """The Coordinator service's gate, before the body is read: under mutual TLS a Register
+        caller's certificate must name an expected agent (efpsn.wire.guard.Gatekeeper); bodies
+        are small."""
         if method == "Register" and self.tls_required:
             names = caller_names(context)
             if not names:
@@ -257,6 +264,7 @@ async def serve(
     server: Server = await start_server(
         listen, add_servicers=add, credentials=tls.server_credentials() if tls else None,
         max_receive_bytes=limits.COORDINATOR_RECEIVE_BYTES, rejections=service.rejections,
+        interceptors=[service.gatekeeper()],
     )
     await server.set_serving(True)
     write_port_file(port_file, server.port)

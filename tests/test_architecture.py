@@ -157,11 +157,11 @@ def test_the_cycle_check_finds_a_circle_hidden_under_type_checking(tmp_path: Pat
 
 
 def test_phase_drivers_and_rules_never_touch_protobuf() -> None:
-    """Only the agent's edges (servicer, client side, round stream, bootstrap, and the node
-    that registers the service) import the generated stubs; the phases, the exchange, the
-    ledger and resume work on plain records."""
+    """Only the agent's edges (servicer, client side, round stream, bootstrap, and the
+    assembly that registers the service) import the generated stubs; the phases, the
+    exchange, the ledger and resume work on plain records."""
     edges = {"agent/servicer.py", "agent/peers.py", "agent/round_stream.py",
-             "agent/bootstrap.py", "agent/node.py"}
+             "agent/bootstrap.py", "agent/assembly.py"}
     users = sorted(_rel(f) for f in _sources() if _rel(f).startswith("agent/")
                    and any(n.startswith("efpsn.wire.v1") for n in _imports(f)))
     assert set(users) <= edges, set(users) - edges

@@ -30,10 +30,7 @@ SURVIVORS = ["agent1", "agent2", "agent4", "agent5"]
 
 
 def _round(net: LocalNet, name: str) -> int:
-    try:
-        status = net.status(name)
-    except Exception:  # not serving (yet, or any more)
-        return -1
+    status = net.status(name)  # None when it does not answer (not serving yet, or any more)
     return status.round if status is not None and status.phase.name == "OPTIMIZE" else -1
 
 

@@ -277,7 +277,7 @@ def test_a_call_cancelled_while_its_body_is_read_frees_the_callers_slot() -> Non
     """Else a neighbour whose calls time out mid-send would be locked out after a few."""
     import logging
 
-    from efpsn.wire.net import Admission, RejectionLog, Unread, guarded
+    from efpsn.wire.net import Admission, Gatekeeper, RejectionLog, Unread, guarded
 
     class Service:
         def __init__(self) -> None:
@@ -302,11 +302,18 @@ def test_a_call_cancelled_while_its_body_is_read_frees_the_callers_slot() -> Non
             return self.body
 
     service = Service()
+    gate = Gatekeeper("efpsn.v1.Agent", service.admit, rejections=service.rejections)
     unread = Unread(agent_pb2.RoundMessage)
+
+    async def call(context: Context) -> str:
+        async with gate.admitted("PutRound", context):  # as the server's interceptor does
+            assert service.in_flight == 1
+            return await service.PutRound(unread, context)
+
     with pytest.raises(asyncio.CancelledError):
-        asyncio.run(service.PutRound(unread, Context(None)))
+        asyncio.run(call(Context(None)))
     assert service.in_flight == 0
-    assert asyncio.run(service.PutRound(unread, Context(b""))) == "ok"
+    assert asyncio.run(call(Context(b""))) == "ok"
     assert service.in_flight == 0
 
 
@@ -360,8 +367,8 @@ def test_a_neighbours_reply_is_capped_at_a_round_message(tmp_path: Path) -> None
         # agent2's client side pulls from agent1, as a restarted agent does
         peers = served.agents["agent2"].peers
         loop = asyncio.get_running_loop()
-        record = await peers.pull("agent1", 1, deadline=loop.time() + 10)
-        assert record is not None and record.round == 1
+        message = await peers.pull("agent1", 1, deadline=loop.time() + 10)
+        assert message is not None and message.header.round == 1
         assert len(agent1.outbox.get(1) or b"") < limit
         with pytest.raises(RefusedByNeighbour) as info:
             await peers.pull("agent1", 2, deadline=loop.time() + 10)

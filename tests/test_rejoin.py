@@ -12,7 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from harness import InProcessAgent, assigned_agents
+from harness import InProcessAgent, assigned_agents, message
 
 from agent.rejoin import exchange_new_seeds
 from efpsn import paillier
@@ -70,7 +70,7 @@ def test_two_strangers_become_neighbours_with_the_simulators_seeds(tmp_path: Pat
             wrong = await _call(tmp_path, one, "agent3", "PutPublicKey", _key(three, REBASE - 1))
             assert wrong.startswith("INVALID_ARGUMENT"), wrong  # not the re-base round
             early = await _call(tmp_path, one, "agent3", "PutRound",
-                                one.message(REBASE - 1, sender="agent3"))
+                                message(one, REBASE - 1, sender="agent3"))
             assert early.startswith("INVALID_ARGUMENT"), early  # no rounds before R
             seeds = await asyncio.gather(*(
                 exchange_new_seeds(session=a.session, peers=a.peers, mailbox=a.mailbox,
@@ -84,7 +84,7 @@ def test_two_strangers_become_neighbours_with_the_simulators_seeds(tmp_path: Pat
             assert seeds[0][2] == seeds[1][0][::-1]  # (s_13, s_31) and (s_31, s_13)
             # from the re-base round on, a new neighbour's round messages are taken
             assert await _call(tmp_path, one, "agent3", "PutRound",
-                               one.message(REBASE, sender="agent3")) == "OK"
+                               message(one, REBASE, sender="agent3")) == "OK"
             assert one.mailbox.has("round", REBASE, "agent3")
             one.session.join("agent3")
             assert one.session.names[2] == "agent3" and "agent3" in one.session.neighbour_names

@@ -36,6 +36,7 @@ from hypothesis import Phase as HPhase
 from hypothesis import strategies as st
 from localnet import LocalNet
 
+from agent.life import Life
 from agent.servicer import ShareCheck
 from coordinator.registry import Registry, default_names
 from coordinator.service import CoordinatorService
@@ -142,7 +143,7 @@ class Harness:
             if t < CURRENT_ROUND:
                 self.parts.ledger.advance(t + 1)
         self.valid_rounds.sort(key=lambda pb: (pb.header.sender, pb.header.round))
-        self.parts.status.round = CURRENT_ROUND
+        self.parts.status.life.advance(CURRENT_ROUND)
         # phase I material: the agent's own key, a neighbour-sized valid key, crafted ciphertexts
         own = self.masker.public_key
         self.own_fp = paillier.fingerprint(own)
@@ -168,8 +169,14 @@ class Harness:
     def call(self, service: str, method: Any, request: Any, identity: str) -> Any:
         context = FakeContext(_auth(identity, self.pems))
         COUNTS[service] += 1
+        gate = method.__self__.gatekeeper()  # the servicer's admission
+
+        async def admitted_call() -> Any:  # as the server's interceptor (Gatekeeper) admits
+            async with gate.admitted(method.__name__, context):
+                return await method(request, context)
+
         try:
-            reply = self.loop.run_until_complete(method(request, context))
+            reply = self.loop.run_until_complete(admitted_call())
         except grpc.aio.AbortError:
             assert context.code in ALLOWED, (method.__name__, context.code, context.details)
             assert context.details, "a refusal must say what was wrong"
@@ -403,7 +410,10 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
     service.shares = None
     restarted = RoundLedger(last=CONFIG.iterations.total, keep=128, position=CURRENT_ROUND,
                             resumed_from=CURRENT_ROUND)
-    service.attach(h.parts.session, restarted)
+    life = Life()  # a restarted process's life: assigned, resumed at round 5
+    life.assign(h.parts.session, restarted)
+    life.optimizing(CURRENT_ROUND)
+    h.parts.status.life = h.parts.intake.life = h.parts.peers.life = life  # one per process
 
     def outcome(method: Any, request: Any) -> tuple[str, str]:
         context = FakeContext(_auth("agent2", h.pems))

@@ -20,6 +20,7 @@ from efpsn.config import RunConfig
 from efpsn.wire import limits, serde
 from efpsn.wire.net import (
     Admission,
+    Gatekeeper,
     RejectionLog,
     Server,
     guarded,
@@ -66,6 +67,9 @@ class Sink:
     async def Get(self, request: common_pb2.Tensor, context: Any) -> bytes:
         return body(request.shape[0])
 
+    def gatekeeper(self) -> Gatekeeper:
+        return Gatekeeper("test.Sink", self.admit, rejections=self.rejections)
+
     def add(self, server: grpc.aio.Server) -> list[str]:
         handlers = {
             name: grpc.stream_unary_rpc_method_handler(
@@ -81,7 +85,9 @@ class Sink:
 @asynccontextmanager
 async def sink_server(**kwargs: Any) -> AsyncIterator[Server]:
     """efpsn.wire.net.start_server with the project's defaults, serving a Sink on 127.0.0.1."""
-    server = await start_server("127.0.0.1:0", add_servicers=Sink(2**30).add, **kwargs)
+    sink = Sink(2**30)
+    server = await start_server("127.0.0.1:0", add_servicers=sink.add,
+                                interceptors=[sink.gatekeeper()], **kwargs)
     try:
         yield server
     finally:
@@ -119,6 +125,35 @@ def test_a_server_reads_a_body_at_its_receive_cap_and_refuses_one_byte_more() ->
                 f"SERVER: Received message larger than max ({cap + 1} vs. {cap})")
 
     run(scenario)
+
+
+def test_admission_is_a_grpc_interceptor_and_nothing_is_read_without_it() -> None:
+    """The Gatekeeper (a grpc.aio.ServerInterceptor) admits a caller before its body is read;
+    a guarded service served without one reads no request at all (it fails closed)."""
+    assert issubclass(Gatekeeper, grpc.aio.ServerInterceptor)
+    admitted: list[str] = []
+
+    class Counting(Sink):
+        def admit(self, method: str, context: Any) -> Admission:
+            admitted.append(method)
+            return Admission(self.grant)
+
+    async def scenario(gated: bool) -> tuple[str, str]:
+        sink = Counting(2**20)
+        server = await start_server("127.0.0.1:0", add_servicers=sink.add,
+                                    interceptors=[sink.gatekeeper()] if gated else [])
+        try:
+            async with open_channel(f"127.0.0.1:{server.port}") as channel:
+                put = channel.unary_unary("/test.Sink/Put",
+                                          response_deserializer=common_pb2.Tensor.FromString)
+                return await outcome(lambda: put(body(100), timeout=30))
+        finally:
+            await server.stop(None)
+
+    assert asyncio.run(scenario(True)) == ("OK", "") and admitted == ["Put"]
+    assert asyncio.run(scenario(False)) == (
+        "INTERNAL", "Put was not admitted: its server has no gatekeeper for it")
+    assert admitted == ["Put"]
 
 
 def test_a_client_sends_up_to_its_message_cap_and_never_more() -> None:

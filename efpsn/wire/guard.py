@@ -1,22 +1,23 @@
-"""Guarded handlers: callers admitted before their request is read, parsers that never raise,
-refusals counted and logged at a bounded rate; nothing escapes as UNKNOWN."""
+"""Guarded handlers: callers admitted before their request is read (Gatekeeper, a gRPC server
+interceptor), parsers that never raise, refusals counted and logged at a bounded rate; nothing
+escapes as UNKNOWN."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import contextvars
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message_factory import GetMessageClass
-
-from efpsn.wire import limits
 
 log = logging.getLogger("efpsn.wire.net")
 T = TypeVar("T")
@@ -95,18 +96,83 @@ def tolerant_parser(message_class: Any) -> Callable[[bytes], Any]:
 
 @dataclass(frozen=True)
 class Admission:
-    """What a servicer's `admit(method, context)` grants a caller before its request is read:
-    the largest request it may send to that method, and what to call once the call is over."""
+    """What a service's gate grants a caller before its request is read: the largest request
+    it may send to that method, what to call once the call is over, and the names in the
+    caller's certificate (None without mutual TLS), read once for the handler."""
 
     max_bytes: int
     release: Callable[[], None] | None = None
+    caller: frozenset[str] | None = None
+
+
+# The admission of the call being served (set by Gatekeeper for the call's task).
+_ADMITTED: contextvars.ContextVar[Admission | None] = contextvars.ContextVar(
+    "efpsn_admitted", default=None)
+
+
+def admitted() -> Admission | None:
+    """This call's admission, or None outside a call the Gatekeeper admitted (a handler called
+    directly with a parsed message)."""
+    return _ADMITTED.get()
+
+
+Gate = Callable[[str, Any], Admission]  # (method name, context) -> Admission, or Reject
+
+
+class Gatekeeper(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Admission of one service's callers, as a gRPC server interceptor: before a handler of
+    `service` (registered by add_service, its request still unread) runs, `gate(method,
+    context)` decides from the caller's certificate and the method alone (who may send, how
+    many bytes, how many calls in flight). A refusal ends the call unread, counted in
+    `rejections`; an admission is the handler's (admitted()) and is released when the call
+    ends, however it ends. Other services' calls pass through untouched."""
+
+    def __init__(self, service: str, gate: Gate, *, rejections: RejectionLog) -> None:
+        self.service = service
+        self.gate = gate
+        self.rejections = rejections
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        handler = await continuation(details)
+        method = details.method
+        if isinstance(method, bytes):
+            method = method.decode("utf-8", "replace")
+        service, _, name = method.strip("/").rpartition("/")
+        if handler is None or service != self.service or handler.stream_unary is None:
+            return handler
+        inner = handler.stream_unary
+
+        async def admit_then_serve(requests: Any, context: Any) -> Any:
+            async with self.admitted(name, context):
+                return await inner(requests, context)
+
+        return grpc.stream_unary_rpc_method_handler(
+            admit_then_serve, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
+
+    @contextlib.asynccontextmanager
+    async def admitted(self, method: str, context: Any) -> AsyncIterator[Admission]:
+        """Admit the caller to `method` for the body of the block (a refusal aborts the call);
+        tests drive a handler called directly through it too."""
+        try:
+            admission = self.gate(method, context)
+        except Exception as exc:  # noqa: BLE001 - every refusal becomes a status
+            code, detail, early = _refusal(exc, method, context)
+            await _refuse(self.rejections, method, context, code, detail, early)
+        token = _ADMITTED.set(admission)
+        try:
+            yield admission
+        finally:
+            _ADMITTED.reset(token)
+            if admission.release is not None:
+                admission.release()
 
 
 @dataclass(frozen=True)
 class Unread:
-    """A request still in gRPC's buffers: `guarded` admits the caller (certificate, size cap,
-    calls in flight) before reading and parsing it, so nobody unauthenticated makes us read,
-    allocate or parse a body."""
+    """A request still in gRPC's buffers: the Gatekeeper admits the caller (certificate, size
+    cap, calls in flight) before `guarded` reads and parses it, so nobody unauthenticated makes
+    us read, allocate or parse a body."""
 
     message_class: Any
 
@@ -115,26 +181,22 @@ class Unread:
 PARSE_INLINE_BYTES = 256 * 1024
 
 
-def _admit(servicer: Any, name: str, context: Any) -> Admission:
-    """The servicer's admission of this caller to `name` (Reject if refused); a servicer
-    without `admit` lets anybody send small requests."""
-    admit = getattr(servicer, "admit", None)
-    return admit(name, context) if admit is not None else Admission(limits.SMALL_REQUEST_BYTES)
+def _admission(name: str) -> Admission:
+    """This call's admission; an unread request outside an admitted call is refused (its
+    server lacks the service's Gatekeeper: nothing is read unadmitted)."""
+    admission = admitted()
+    if admission is None:
+        raise Reject(grpc.StatusCode.INTERNAL,
+                     f"{name} was not admitted: its server has no gatekeeper for it")
+    return admission
 
 
-async def _admit_and_read(servicer: Any, name: str, unread: Unread,
-                          context: Any) -> tuple[Any, Admission]:
-    admission = _admit(servicer, name, context)
-    try:
-        raw = await _read_raw(name, context, admission.max_bytes)
-        if raw is None:
-            return Undecodable(unread.message_class.DESCRIPTOR.full_name,
-                               "no request message"), admission
-        return await _parse(tolerant_parser(unread.message_class), raw), admission
-    except BaseException:  # also a cancelled call: the caller's slot is freed in every case
-        if admission.release is not None:
-            admission.release()
-        raise
+async def _read_admitted(name: str, unread: Unread, context: Any) -> Any:
+    """The request of an admitted call, read (at most the admitted bytes) and parsed."""
+    raw = await _read_raw(name, context, _admission(name).max_bytes)
+    if raw is None:
+        return Undecodable(unread.message_class.DESCRIPTOR.full_name, "no request message")
+    return await _parse(tolerant_parser(unread.message_class), raw)
 
 
 async def _parse(parse: Callable[[bytes], Any], raw: bytes) -> Any:
@@ -168,10 +230,10 @@ def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescript
     that no request is read before its caller is admitted.
 
     A unary method is served as stream-unary with raw bytes, so gRPC hands the handler the call
-    before the body; `guarded` asks `servicer.admit(method, context)` (certificate, per-method
-    size cap) and only then reads and parses the body (see Unread). A client-streaming method
-    (`guarded_stream`) is admitted once, when the stream opens, and then each message is read,
-    capped and parsed the same way. Bytes that are not the expected message reach the
+    before the body; the service's Gatekeeper (an interceptor the server is built with) admits
+    the caller (certificate, per-method size cap), and only then does `guarded` read and parse
+    the body (see Unread). A client-streaming method (`guarded_stream`) is admitted once, when
+    the stream opens, and then each message is read, capped and parsed the same way. Bytes that are not the expected message reach the
     handler as Undecodable and get INVALID_ARGUMENT. Returns the service's full name."""
     handlers = {}
     for method in service.methods:
@@ -230,7 +292,7 @@ def _parsed(request: Any) -> Any:
     return request
 
 
-async def _refuse(servicer: Any, name: str, context: Any, code: grpc.StatusCode,
+async def _refuse(rejections: RejectionLog, name: str, context: Any, code: grpc.StatusCode,
                   detail: str, early: bool = False) -> None:
     """Count and log the refusal (an early caller's only at debug level), then end the call
     with `code` (context.abort raises)."""
@@ -238,7 +300,7 @@ async def _refuse(servicer: Any, name: str, context: Any, code: grpc.StatusCode,
     if early:
         log.debug("%s: %s early (%s): %s", name, code.name, "the caller retries", detail)
     else:
-        servicer.rejections.record(name, code, detail)
+        rejections.record(name, code, detail)
     await context.abort(code, detail)
     raise AssertionError("context.abort returned")  # pragma: no cover
 
@@ -248,8 +310,8 @@ def guarded(
 ) -> Callable[[Any, Any, Any], Awaitable[T]]:
     """Wrap an async servicer method so that no exception escapes as UNKNOWN.
 
-    An Unread request (from add_service) is admitted, read and parsed first (_admit_and_read);
-    an already parsed message (a direct call) is admitted the same way, then handed on.
+    An Unread request (from add_service) is read and parsed within what its caller was
+    admitted to (Gatekeeper); an already parsed message (a direct call) is handed on.
     Reject -> its code; ValueError/TypeError (bad input) -> INVALID_ARGUMENT; anything else is a
     bug -> INTERNAL, logged with its traceback. Every refusal goes to `self.rejections`
     (a RejectionLog) before the call is aborted with a message saying what was wrong.
@@ -257,22 +319,15 @@ def guarded(
 
     @functools.wraps(method)
     async def handler(self: Any, request: Any, context: Any) -> T:
-        admission: Admission | None = None
         try:
             if isinstance(request, Unread):
-                request, admission = await _admit_and_read(self, method.__name__, request,
-                                                           context)
-            else:
-                admission = _admit(self, method.__name__, context)
+                request = await _read_admitted(method.__name__, request, context)
             return await method(self, _parsed(request), context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 - every exception becomes a status
             code, detail, early = _refusal(exc, method.__name__, context)
-        finally:
-            if admission is not None and admission.release is not None:
-                admission.release()
-        await _refuse(self, method.__name__, context, code, detail, early)
+        await _refuse(self.rejections, method.__name__, context, code, detail, early)
         raise AssertionError("unreachable")  # pragma: no cover
 
     return handler
@@ -283,7 +338,7 @@ def guarded_stream(
 ) -> Callable[[Callable[[Any, Any, Any], Awaitable[Any]]], Callable[[Any, Any, Any], Awaitable[Any]]]:
     """Serve a client stream with a per-message servicer method, guarded like `guarded`.
 
-    The caller is admitted once, when the stream opens (servicer.admit); then every message is
+    The caller is admitted once, when the stream opens (Gatekeeper); then every message is
     read, refused unparsed if over the admitted size, parsed and handed to the method. When the
     caller ends the stream, the call answers with what the method returned for the last message
     (`empty()` if there was none). The first refusal ends the stream with its status, counted
@@ -297,13 +352,12 @@ def _guard_stream(method: Callable[[Any, Any, Any], Awaitable[Any]], *,
     @functools.wraps(method)
     async def handler(self: Any, unread: Any, context: Any) -> Any:
         name = method.__name__
-        admission: Admission | None = None
         last = None
         try:
-            admission = _admit(self, name, context)
+            max_bytes = _admission(name).max_bytes
             parse = tolerant_parser(unread.message_class)
             while True:
-                raw = await _read_raw(name, context, admission.max_bytes)
+                raw = await _read_raw(name, context, max_bytes)
                 if raw is None:  # the sender closed its end
                     return last if last is not None else empty()
                 last = await method(self, _parsed(await _parse(parse, raw)), context)
@@ -311,9 +365,6 @@ def _guard_stream(method: Callable[[Any, Any, Any], Awaitable[Any]], *,
             raise
         except Exception as exc:  # noqa: BLE001 - every exception becomes a status
             code, detail, early = _refusal(exc, name, context)
-        finally:
-            if admission is not None and admission.release is not None:
-                admission.release()
-        await _refuse(self, name, context, code, detail, early)
+        await _refuse(self.rejections, name, context, code, detail, early)
 
     return handler

@@ -24,11 +24,13 @@ from efpsn.wire.guard import (  # noqa: F401  (re-exported: one import for the s
     BAD_INPUT,
     PARSE_INLINE_BYTES,
     Admission,
+    Gatekeeper,
     Reject,
     RejectionLog,
     Undecodable,
     Unread,
     add_service,
+    admitted,
     guarded,
     guarded_stream,
     tolerant_parser,
@@ -105,18 +107,21 @@ async def start_server(
 ) -> Server:
     """Start a server on `listen` (port 0 picks a free port) with grpc.health.v1 and reflection.
 
-    add_servicers registers the service implementations and returns their full service names.
+    add_servicers registers the service implementations and returns their full service names;
+    `interceptors` carry their admission (a guard.Gatekeeper per service added by add_service).
     gRPC refuses bodies over max_receive_bytes (compressed ones by their decompressed size)
     before buffering them; refused health checks go to `rejections`.
     """
     check_port_free(listen)  # before gRPC, whose refusal is only a log line
     options = [o for o in limits.server_options() if o[0] != "grpc.max_receive_message_length"]
     options.append(("grpc.max_receive_message_length", max_receive_bytes))
-    server = grpc.aio.server(options=options, interceptors=list(interceptors))
-    names = list(add_servicers(server))
     health_servicer = health.aio.HealthServicer()
     refusals = rejections or RejectionLog(log, "server")
-    names.append(GuardedHealth(health_servicer, refusals).register(server))
+    guarded_health = GuardedHealth(health_servicer, refusals)
+    server = grpc.aio.server(options=options,
+                             interceptors=[*interceptors, guarded_health.gatekeeper()])
+    names = list(add_servicers(server))
+    names.append(guarded_health.register(server))
     names.append(GuardedReflection([*names, reflection.SERVICE_NAME], refusals).register(server))
     try:
         if credentials is None:

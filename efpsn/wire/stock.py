@@ -15,6 +15,7 @@ from grpc_reflection.v1alpha._async import ReflectionServicer
 from efpsn.wire import limits
 from efpsn.wire.guard import (
     Admission,
+    Gatekeeper,
     RejectionLog,
     Undecodable,
     guarded,
@@ -32,9 +33,16 @@ class GuardedHealth:
         self.inner = inner
         self.rejections = rejections
 
-    def admit(self, method: str, context: Any) -> Admission:
+    NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+
+    @staticmethod
+    def admit(method: str, context: Any) -> Admission:
         """Any caller the TLS handshake let in may ask; its request is a service name."""
         return Admission(limits.SMALL_REQUEST_BYTES)
+
+    def gatekeeper(self) -> Gatekeeper:
+        """Its admission, for the server's interceptors."""
+        return Gatekeeper(self.NAME, self.admit, rejections=self.rejections)
 
     @guarded
     async def Check(self, request: health_pb2.HealthCheckRequest,
@@ -50,7 +58,7 @@ class GuardedHealth:
 
     def register(self, server: grpc.aio.Server) -> str:
         """Serve it on `server`; returns the service's full name."""
-        name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+        name = self.NAME
         serialize = health_pb2.HealthCheckResponse.SerializeToString
         handlers = {
             "Check": grpc.stream_unary_rpc_method_handler(
