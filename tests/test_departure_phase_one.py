@@ -3,15 +3,21 @@
 other edge's integers are the simulator's (exchange_seeds_fast, draw_pair_shares) with its
 edges dropped; the coordinator decides it as a departure at round 0 marked phase I; and the
 coordinator's cap follows the re-bases, so a second departure after the first cap is
-decided (coordinator/departures.py)."""
+decided (coordinator/departures.py); a restarted neighbour reloads its seeds without that
+edge (agent/resume.py)."""
 
 from __future__ import annotations
 
 from functools import cache
+from types import SimpleNamespace
 
 import pytest
 
+from agent import departure_state
 from agent.fixed_terms import EdgeTerms
+from agent.options import AgentFailure
+from agent.resume import reload_phase_one
+from agent.state import StateStore
 from coordinator.departures import DepartureBoard, Refused, Report
 from efpsn import paillier
 from efpsn.departure import Departure
@@ -147,3 +153,29 @@ def test_a_second_departure_after_the_original_cap_is_decided() -> None:
         for r in (report("agent2", "agent1", round_=120, epoch=1),
                   report("agent3", round_=121, epoch=1), report("agent4", round_=121, epoch=1)):
             old.report(r)
+
+
+def test_a_restart_reloads_seeds_without_a_neighbour_gone_in_phase_one(tmp_path) -> None:
+    # prepare: agent2 of a 5-path finished phase I without agent3 (its seeds lack that edge)
+    store = StateStore(tmp_path)
+    seeds = drop_seeds(exchange_seeds_fast(path(5), noise_seed=SEED)[1], [GONE])
+    store.save_seeds(seeds.to_json(), run_id="r", stats={})
+    session = SimpleNamespace(problem=SimpleNamespace(N=5), run_id="r", index=1,
+                              config=SimpleNamespace(refresh=SimpleNamespace(refreshed=True)),
+                              names={0: "agent1", 2: "agent3"})
+
+    def record(phase_one: bool) -> None:
+        departure_state.save(tmp_path, run_id="r", epoch=1, events=[], names={2: "agent3"},
+                             decided=[Departure(agent=GONE, round=0, rebase_round=5,
+                                                phase_one=phase_one)], joining={}, seeds={})
+
+    # execute / assert: without the decision saved, the missing edge is an error
+    with pytest.raises(AgentFailure, match="cannot resume: edge seeds are for neighbours"):
+        reload_phase_one(store, name="agent2", session=session)  # type: ignore[arg-type]
+    record(phase_one=False)  # a departure at round 0: it finished phase I with agent2
+    with pytest.raises(AgentFailure, match="cannot resume: edge seeds are for neighbours"):
+        reload_phase_one(store, name="agent2", session=session)  # type: ignore[arg-type]
+    record(phase_one=True)
+    got, _, _ = reload_phase_one(store, name="agent2", session=session)  # type: ignore[arg-type]
+    assert got == seeds
+    assert departure_state.load(tmp_path, run_id="r")["decided"][0].phase_one
