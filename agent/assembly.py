@@ -30,7 +30,8 @@ from agent.state import StateStore
 from agent.status import Status
 from efpsn.config import RunConfig
 from efpsn.ledger import RoundLedger
-from efpsn.wire.net import RejectionLog, Server, add_service, start_server
+from efpsn.wire.guard import RejectionLog, add_service
+from efpsn.wire.net import Server, start_server
 from efpsn.wire.records import Assignment
 from efpsn.wire.tls import TlsConfig, generate_certificates
 from efpsn.wire.v1 import agent_pb2

@@ -15,7 +15,6 @@ from agent.prepare import Prepared, failure_category, prepare
 from agent.session import Session
 from efpsn.config import RunConfig
 from efpsn.departure import Departure
-from efpsn.schema import STANDARD
 from efpsn.wire import records
 from efpsn.wire.net import Patience, call_with_retry
 from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
@@ -65,7 +64,7 @@ async def fetch_parameters(stub: coordinator_pb2_grpc.CoordinatorStub, *,
         seconds=options.connect_timeout, flag="--connect-timeout",
         waiting=f"the coordinator at {options.coordinator}")
     config = RunConfig.from_dict(records.run_parameters_from_proto(reply))  # type: ignore[arg-type]
-    if not config.resolved_ok and config.scale != STANDARD:  # standard: resolved after the sum
+    if not config.resolved_ok and not config.scale.standard:  # standard: resolved after the sum
         raise AgentFailure(f"{options.name}: the coordinator at {options.coordinator} sent "
                            f"schedule {str(config.schedule)!r}, {config.iterations} rounds, "
                            f"momentum {config.momentum}: not the step rule's concrete numbers (is it an "

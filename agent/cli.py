@@ -11,8 +11,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from efpsn.cli_common import OneLineParser
-from efpsn.cli_services import (
+from efpsn.cli.common import OneLineParser
+from efpsn.cli.services import (
     add_debug_flags,
     add_departure_flag,
     add_tls_flags,
@@ -44,7 +44,8 @@ def _coordinator_address(args: argparse.Namespace) -> str:
 
 def _agent(args: argparse.Namespace) -> int:
     hold_to_launcher()  # started by `efpsn up`: stop when it is gone, even killed -9
-    from agent.node import AgentNode, AgentOptions
+    from agent.node import AgentNode
+    from agent.options import AgentOptions
 
     setup_logging(args.verbose)
     options = AgentOptions(

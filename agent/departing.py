@@ -29,7 +29,7 @@ from agent.phase_one_leave import PhaseOneDepartures
 from agent.rejoin import Rejoin
 from agent.session import Session
 from agent.state import StateStore
-from efpsn.algorithms import Message
+from efpsn.algorithms.base import Message
 from efpsn.departure import Departure, drop_node_weights, optimum_of, rebase, reconfigure
 from efpsn.departure_masks import add_seeds, drop_seeds, reseeded
 from efpsn.fading import FadingMask

@@ -21,8 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from efpsn.cli_common import read_json, write_json
 from efpsn.departure import Departure
+from efpsn.jsonfile import read_json, write_json
 
 __all__ = ["FILE", "discard", "load", "save"]
 

@@ -21,7 +21,7 @@ from agent.options import AgentFailure
 from agent.outbox import Outbox
 from agent.peers import Peers
 from agent.resume import Replay
-from efpsn.algorithms import Message
+from efpsn.algorithms.base import Message
 from efpsn.wire.rounds import encode_round
 
 __all__ = ["RoundLink"]

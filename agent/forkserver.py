@@ -106,7 +106,7 @@ def fork_agent(argv: Sequence[str], *, env: Mapping[str, str], log: Path, append
 def _run_agent(argv: list[str]) -> int:
     """What `python -m agent ARGV` runs (agent/__main__.py)."""
     from agent.cli import build_parser
-    from efpsn.cli_common import run_command
+    from efpsn.cli.common import run_command
 
     return run_command(build_parser(), argv)
 

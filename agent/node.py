@@ -58,7 +58,6 @@ from efpsn.masking import MaskCoefficients, Masker, noise_generator
 from efpsn.refresh import MaskProvider
 from efpsn.rounds import STOP_STATE
 from efpsn.runtime import peak_rss_mb, pss_mb
-from efpsn.schema import STANDARD
 from efpsn.seeds import EdgeSeeds, SeedExchange
 from efpsn.stopping import TERMS, StopRule
 from efpsn.wire.net import (
@@ -132,7 +131,7 @@ class AgentNode:
                                 port=self._port(), finished=False)
         self.store.save_assignment(assignment, config=prepared.config, advertise=address,
                                    port=saved.port)
-        standard = session.config.scale == STANDARD  # phase II's numbers wait for the totals
+        standard = session.config.scale.standard  # phase II's numbers wait for the totals
         ledger = self._ledger(session, resumed_from=None)
         self.life.assign(session, None if standard else ledger)
         self.timings["phase1_started_at"] = time.time()  # wall clock, for start-up
@@ -171,7 +170,7 @@ class AgentNode:
         phase_one, stats, received = reload_phase_one(self.store, name=name, session=session)
         self.timings.update(stats)
         self.service.phase_one.restore(received)
-        if config.scale == STANDARD:  # the totals saved before phase II, never summed again
+        if config.scale.standard:  # the totals saved before phase II, never summed again
             session = await self._reload_totals(session, prepared)
             config = session.config
         shapes = {k: tuple(session.problem.initial_params().shape)

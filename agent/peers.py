@@ -21,7 +21,7 @@ from agent.round_stream import RoundStream, StreamBroken
 from agent.session import Session
 from efpsn import paillier
 from efpsn.ledger import RoundLedger
-from efpsn.wire import serde
+from efpsn.wire import records, serde
 from efpsn.wire.net import Patience, call_with_retry, open_channel
 from efpsn.wire.records import Phase
 from efpsn.wire.rounds import round_request
@@ -114,7 +114,7 @@ class Peers:
         return channel
 
     def header(self, phase: Phase, round_: int) -> common_pb2.Header:
-        return serde.make_header(
+        return records.make_header(
             run_id=self._session().run_id, sender=self.options.name, round=round_, phase=phase
         )
 

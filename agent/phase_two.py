@@ -18,9 +18,10 @@ from agent.options import AgentFailure
 from agent.session import Session
 from agent.state import Checkpoint, StateStore
 from agent.status import Status
-from efpsn.algorithms import AgentState, Message, StepContext, make_algorithm
-from efpsn.config import LOCAL_DATA
+from efpsn.algorithms import make_algorithm
+from efpsn.algorithms.base import AgentState, Message, StepContext
 from efpsn.ledger import RoundLedger
+from efpsn.param_checks import LOCAL_DATA
 from efpsn.problem import Problem
 from efpsn.refresh import MaskProvider
 from efpsn.rounds import RoundDriver

@@ -7,11 +7,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from agent.options import AgentOptions
-from efpsn.config import LOCAL_DATA, RunConfig, parse_shape
+from efpsn.config import RunConfig
+from efpsn.param_checks import LOCAL_DATA
 from efpsn.problem import Problem, build_problem, build_task
-from efpsn.schema import STANDARD
-from efpsn.tasks import Task
+from efpsn.schema import parse_shape
 from efpsn.tasks.local import DataError, LocalData, load_local_data
+from efpsn.tasks.objective import Task
 
 __all__ = ["Prepared", "failure_category", "prepare"]
 
@@ -55,7 +56,7 @@ def prepare(config: RunConfig, options: AgentOptions) -> Prepared:
         raise ValueError(f"{who}: --data {options.data} given, but the run cuts the public data "
                          f"set {config.data!r} into shards by index; run the coordinator with "
                          "--data local to use the agents' own data")
-    standard = config.scale == STANDARD
+    standard = config.scale.standard
     if standard and not local_mode:
         raise ValueError(f"{who}: scale standard needs agent-local data (run the coordinator "
                          "with --data local)")
@@ -69,8 +70,8 @@ def prepare(config: RunConfig, options: AgentOptions) -> Prepared:
     try:
         task = build_task(config)
     except (ValueError, TypeError, ImportError) as exc:
-        reason = str(exc).removeprefix(f"task {config.task!r}: ")  # the task named once
-        raise ValueError(f"{who}: cannot build the model of task {config.task!r}: "
+        reason = str(exc).removeprefix(f"task {str(config.task)!r}: ")  # the task named once
+        raise ValueError(f"{who}: cannot build the model of task {str(config.task)!r}: "
                          f"{reason}") from None
     if not local_mode:
         return Prepared(config=config, task=task, problem=build_problem(config, task=task))

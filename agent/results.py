@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from agent.session import Session
-from efpsn.cli_common import write_json
+from efpsn.jsonfile import write_json
 from efpsn.masking import MaskCoefficients
 from efpsn.model_io import MODEL_FILE, save_model
 from efpsn.privacy_modes import privacy_statement

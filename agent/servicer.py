@@ -28,8 +28,8 @@ from agent.status import Status
 from efpsn import paillier
 from efpsn.ledger import Judgement, PhaseOneLedger, Verdict
 from efpsn.stats_flood import flood_rounds
-from efpsn.wire import limits, serde
-from efpsn.wire.net import (
+from efpsn.wire import limits, records, serde
+from efpsn.wire.guard import (
     Admission,
     Gatekeeper,
     Reject,
@@ -206,7 +206,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def _phase_one_header(self, header: common_pb2.Header, context: grpc.aio.ServicerContext,
                           phase: Phase) -> tuple[Session, str]:
         s = self._authenticate(context, header.sender)
-        parsed = serde.validate_header(header, run_id=s.run_id, phase=phase, round=0)
+        parsed = records.validate_header(header, run_id=s.run_id, phase=phase, round=0)
         return s, parsed.sender
 
     def _rejoin_header(self, header: common_pb2.Header, context: grpc.aio.ServicerContext,
@@ -217,7 +217,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if joining is None:
             raise Reject(StatusCode.FAILED_PRECONDITION, f"{_short(header.sender)} shares no "
                          f"new edge with {self.identity.name}")
-        parsed = serde.validate_header(header, run_id=s.run_id, phase=phase, round=joining[2])
+        parsed = records.validate_header(header, run_id=s.run_id, phase=phase, round=joining[2])
         return s, parsed.sender
 
     def _late_phase_one(self, kind: str, sender: str, digest: bytes) -> common_pb2.Ack:
@@ -289,7 +289,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         s = self._authenticate(context, request.header.sender)
         if "PutStats" not in s.request_limits:  # admit refuses it first; handlers called directly
             raise Reject(StatusCode.FAILED_PRECONDITION, f"run {s.run_id} has no secure sum "
-                         f"of column statistics (its scale is {s.config.scale!r})")
+                         f"of column statistics (its scale is {str(s.config.scale)!r})")
         record = parse_stats(request, run_id=s.run_id, senders=s.neighbour_names,
                              rounds=flood_rounds(s.problem.graph), agents=s.config.agents,
                              length=stats_length(s))
@@ -333,9 +333,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self, request: agent_pb2.RoundRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.RoundReply:
         s = self._authenticate(context, request.header.sender)
-        header = serde.validate_header(request.header, run_id=s.run_id, phase=Phase.OPTIMIZE)
+        header = records.validate_header(request.header, run_id=s.run_id, phase=Phase.OPTIMIZE)
         t = header.round
-        last = self.rounds.last if self.rounds is not None else s.config.iterations.total
+        rounds = self.life.rounds
+        last = rounds.last if rounds is not None else s.config.iterations.total
         if t > last:  # the ledger's: a departure's re-base may extend the cap
             raise WireError(f"round {t} is beyond the run's last round {last}")
         message = self.outbox.get(t)

@@ -13,7 +13,6 @@ from agent.prepare import Prepared
 from efpsn.algorithms import make_algorithm
 from efpsn.config import RunConfig
 from efpsn.problem import Problem
-from efpsn.schema import STANDARD
 from efpsn.stats_flood import ENTRY_BYTES
 from efpsn.wire import limits
 from efpsn.wire.records import Assignment
@@ -111,7 +110,7 @@ async def open_session(assignment: Assignment, *, name: str, prepared: Prepared)
     keys = make_algorithm(config.algorithm).message_keys
     shapes = {k: shape for k in keys}
     request_limits = legitimate_request_bytes(config, shapes, coefficients=problem.N)
-    if config.scale == STANDARD:  # the secure sum's flood messages (agent/secure_sum.py)
+    if config.scale.standard:  # the secure sum's flood messages (agent/secure_sum.py)
         request_limits["PutStats"] = stats_request_bytes(
             agents=config.agents, features=math.prod(problem.task.shape))
     largest = max(request_limits, key=request_limits.__getitem__)

@@ -46,7 +46,7 @@ import torch
 
 from efpsn.config import RunConfig
 from efpsn.masking import MaskCoefficients
-from efpsn.wire import records, serde
+from efpsn.wire import records
 
 log = logging.getLogger("agent.state")
 
@@ -61,7 +61,7 @@ class StateError(RuntimeError):
 
 @dataclass(frozen=True)
 class SavedAssignment:
-    assignment: serde.Assignment
+    assignment: records.Assignment
     config: RunConfig  # the run's parameters, as GetRunParameters gave them
     advertise: str
     port: int
@@ -190,7 +190,7 @@ class StateStore:
 
     # ------------------------------------------------------------------ assignment
 
-    def save_assignment(self, assignment: serde.Assignment, *, config: RunConfig,
+    def save_assignment(self, assignment: records.Assignment, *, config: RunConfig,
                         advertise: str, port: int, finished: bool = False) -> None:
         self._ensure()
         payload = {"format": FORMAT, "run_id": assignment.run_id, "name": assignment.name,
@@ -205,9 +205,9 @@ class StateStore:
         payload = _read_json(self.assignment_path)
         try:
             raw = dict(payload["assignment"])
-            raw["neighbours"] = tuple(serde.Peer(**p) for p in raw["neighbours"])
+            raw["neighbours"] = tuple(records.Peer(**p) for p in raw["neighbours"])
             params = raw.pop("params", None)  # where a state folder of an older efpsn kept them
-            assignment = serde.Assignment(**raw)
+            assignment = records.Assignment(**raw)
             # the same invariants as on the wire: a hand-edited file fails here, not later
             records.check_assignment(assignment)
             config = RunConfig.from_dict(payload.get("parameters", params))

@@ -47,7 +47,7 @@ from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
 from efpsn.problem import Problem, build_problem
 from efpsn.runtime import configure_threads, machine_load
 from efpsn.simulator import run_simulation
-from efpsn.tasks import centralized_optimum
+from efpsn.tasks.optimum import centralized_optimum
 
 CLOSE = 1e-6  # the relative distance whose first round is reported
 CONTRAST_GAMMA = 1e3

@@ -32,7 +32,7 @@ from efpsn.config import RunConfig
 from efpsn.datadir import load_data_dir
 from efpsn.launch.summary import load_agent_results
 from efpsn.problem import average, build_problem
-from efpsn.tasks import centralized_optimum
+from efpsn.tasks.optimum import centralized_optimum
 
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[,.]\d+)")
 

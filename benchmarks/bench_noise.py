@@ -45,7 +45,7 @@ from efpsn.refresh_value import Refresh
 from efpsn.runtime import configure_threads, machine_load
 from efpsn.seeds import exchange_seeds_fast
 from efpsn.simulator import run_simulation
-from efpsn.tasks import BatchSampler
+from efpsn.tasks.batches import BatchSampler
 
 GAMMA, P, PRECISION = 1e3, 1.0, 6
 SELECTIONS = {11: {"N": 11}, 7851: {"selection": "all", "m": 7850, "N": 7851}}

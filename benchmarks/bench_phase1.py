@@ -24,7 +24,7 @@ from efpsn.masking import Masker, NoiseSpec
 # constant basis function, K = 1: N = 7,851).
 PAPER_N = 10
 LOGREG_N = 7851
-# K = 2 with the squares of all 7,850 coordinates added (basis.power_monomials): N = 2d + 1.
+# K = 2 with the squares of all 7,850 coordinates added (monomials.power_monomials): N = 2d + 1.
 LOGREG_SQUARES_N = 2 * 7850 + 1
 DEFAULT_GAMMA = 1e3
 DEFAULT_P = 1.0

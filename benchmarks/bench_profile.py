@@ -57,10 +57,10 @@ import torch
 from agent.options import AgentOptions
 from agent.state import StateStore
 from efpsn.algorithms import StepContext, make_algorithm
-from efpsn.cli_common import add_data_dir_arguments
+from efpsn.cli.common import add_data_dir_arguments
+from efpsn.cli.flags import add_run_arguments, config_from_args
 from efpsn.config import RunConfig
 from efpsn.datadir import inspect_data_dir, load_data_dir
-from efpsn.flags import add_run_arguments, config_from_args
 from efpsn.problem import build_problem
 from efpsn.rounds import RoundDriver
 from efpsn.runtime import configure_threads, machine_load

@@ -42,10 +42,10 @@ from agent.assembly import local_agents
 from coordinator.registry import local_assignments
 from efpsn.config import RunConfig
 from efpsn.runtime import configure_threads, machine_load
-from efpsn.wire import rounds, serde
+from efpsn.wire import records, rounds
 from efpsn.wire.net import open_channel
+from efpsn.wire.records import Phase
 from efpsn.wire.rounds import encode_round
-from efpsn.wire.serde import Phase
 from efpsn.wire.tls import TlsConfig, generate_certificates
 
 RUN = "bench-transport"
@@ -262,7 +262,7 @@ async def measure_all(*, messages: int, insecure: bool) -> dict[str, tuple[float
             tls_dir = Path(tmp) / "tls"
             generate_certificates(tls_dir, ["agent1", "agent2", "agent3"])
         x = torch.linspace(-1, 1, 7850, dtype=torch.float64)
-        header = serde.make_header(run_id=RUN, sender="agent2", round=1, phase=Phase.OPTIMIZE)
+        header = records.make_header(run_id=RUN, sender="agent2", round=1, phase=Phase.OPTIMIZE)
         payload = rounds.message_to_proto({"x": x}, header=header).SerializeToString()
         security = "plaintext" if insecure else "mutual TLS"
         print(f"round message: {len(payload):,} bytes; {messages} messages each; "

@@ -32,6 +32,10 @@ PARSERS = {
                    ("efpsn/run_values.py", "parse:BatchSize")],
     "momentum": [("efpsn/param_checks.py", "parse_momentum"),
                  ("efpsn/run_values.py", "parse:Momentum")],
+    "task": [("efpsn/schema.py", "check_task_spec"), ("efpsn/schema.py", "parse:TaskSpec")],
+    "scale": [("efpsn/schema.py", "scale_divisor"), ("efpsn/schema.py", "parse:Scale")],
+    "stop_every": [("efpsn/param_checks.py", "parse_stop_every"),
+                   ("efpsn/run_values.py", "parse:StopEvery")],
 }
 
 _HOOK = '''
@@ -50,7 +54,7 @@ def _flag(frame):
                 continue
             if owner and getattr(frame.f_locals.get("cls"), "__name__", None) != owner:
                 continue
-            if any(isinstance(frame.f_locals.get(a), str) for a in ("spec", "text")):
+            if any(isinstance(frame.f_locals.get(a), str) for a in ("spec", "text", "task", "scale")):
                 return flag  # text parsed (a value handed on as it is is not a parse)
     return None
 

@@ -11,23 +11,12 @@ import asyncio
 import logging
 import os
 
-from efpsn.cli_common import OneLineParser
-from efpsn.cli_services import (
-    add_tls_flags,
-    check_key_policy,
-    parse_names,
-    setup_logging,
-    tls_from_args,
-)
+from efpsn.cli.common import OneLineParser
+from efpsn.cli.flags import add_run_arguments, apply_environment, network_config
+from efpsn.cli.services import add_tls_flags, parse_names, setup_logging, tls_from_args
 from efpsn.config import RunConfig, declarations
-from efpsn.flags import (
-    add_run_arguments,
-    apply_environment,
-    flag_of,
-    network_config,
-    network_resolved,
-)
 from efpsn.lifeline import hold_to_launcher
+from efpsn.run_flags import check_key_policy, flag_of, network_resolved
 
 
 def _coordinator(args: argparse.Namespace) -> int:

@@ -9,7 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from efpsn.config import RunConfig
-from efpsn.schema import STANDARD
 from efpsn.topology import build_graph, metropolis_weights
 from efpsn.wire.records import Assignment, Peer
 
@@ -71,7 +70,7 @@ class Registry:
     def __init__(self, config: RunConfig, *, run_id: str, expected_names: set[str] | None = None):
         # agents receive concrete numbers, never "auto"; except a scale standard run's, which
         # every agent resolves after the secure sum of column statistics (agent/secure_sum.py)
-        self.config = config if config.scale == STANDARD else config.resolved()
+        self.config = config if config.scale.standard else config.resolved()
         self.run_id = run_id
         # Validate the topology now: a disconnected graph must fail before anyone registers.
         self.graph = build_graph(config.topology, config.agents, seed=config.seed)
@@ -127,11 +126,11 @@ class Registry:
         shown = ", ".join(f"{n} ({prints[n].hex()[:12]})" for n in odd)
         if majority is None:
             raise self.cancel(f"the agents disagree on model_fingerprint: {shown}; every agent "
-                              f"must build the same model for task {self.config.task!r}; the "
+                              f"must build the same model for task {str(self.config.task)!r}; the "
                               "run is cancelled", by=odd[0])
         raise self.cancel(f"model_fingerprint of {shown} differs from the other agents' "
                           f"({majority.hex()[:12]}): every agent must build the same model for "
-                          f"task {self.config.task!r}; the run is cancelled", by=odd[0])
+                          f"task {str(self.config.task)!r}; the run is cancelled", by=odd[0])
 
     def register(self, name: str, address: str,
                  declaration: Declaration | None = None) -> None:

@@ -14,18 +14,8 @@ from efpsn.config import RunConfig
 from efpsn.departure import Reconfiguration
 from efpsn.stopping import StopRule
 from efpsn.wire import limits, records
-from efpsn.wire.net import (
-    Admission,
-    Gatekeeper,
-    Reject,
-    RejectionLog,
-    Server,
-    add_service,
-    guarded,
-    install_stop_signals,
-    start_server,
-    write_port_file,
-)
+from efpsn.wire.guard import Admission, Gatekeeper, Reject, RejectionLog, add_service, guarded
+from efpsn.wire.net import Server, install_stop_signals, start_server, write_port_file
 from efpsn.wire.tls import TlsConfig, caller_names
 from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from efpsn.cli import main
+from efpsn.cli.main import main
 
 sys.exit(main())

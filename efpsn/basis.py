@@ -1,7 +1,6 @@
 """The exact Gram matrix of monomials on [-1, 1]^m and the orthonormal system e_1..e_N.
 
-The monomials themselves (families, choice, parsing, printing) live in efpsn/monomials.py and
-are re-exported here."""
+The monomials themselves (families, choice, parsing, printing) live in efpsn/monomials.py."""
 
 from __future__ import annotations
 
@@ -14,36 +13,15 @@ import numpy as np
 import scipy.sparse
 
 from efpsn.monomials import (
-    MAX_CANDIDATES,
     Monomial,
     Monomials,
     SparseMonomial,
-    candidate_monomials,
-    choose_monomials,
-    count_monomials,
     format_monomial,
     format_polynomial,
-    parse_monomials,
-    power_monomials,
 )
 from efpsn.selection import Measure
 
-__all__ = [
-    "MAX_CANDIDATES",
-    "Measure",
-    "Monomial",
-    "Monomials",
-    "OrthonormalSystem",
-    "SparseMonomial",
-    "candidate_monomials",
-    "choose_monomials",
-    "count_monomials",
-    "format_monomial",
-    "format_polynomial",
-    "parse_monomials",
-    "power_monomials",
-]
-
+__all__ = ["OrthonormalSystem"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 `RunConfig` is the one record of a run's public parameters, identical at every agent. Each field
 is declared with `param(default, help=..., check=...)`; from these declarations come the
-command-line flags of every command (efpsn/flags.py), the wire record (RunParameters in
+command-line flags of every command (efpsn/cli/flags.py), the wire record (RunParameters in
 proto/efpsn/wire/v1/coordinator.proto mirrors the fields; efpsn/wire/records.py converts by
 name) and the sweep's structural fields. Adding a run parameter is: a field here, a field in
 the proto, and its use.
@@ -34,13 +34,12 @@ from efpsn.param_checks import (
     check_precision,
     check_test_fraction,
     one_of,
-    parse_stop_every,
     positive,
 )
 from efpsn.refresh_value import Refresh
-from efpsn.run_values import L2, BatchSize, Momentum, Rounds, Schedule
+from efpsn.run_values import L2, BatchSize, Momentum, Rounds, Schedule, StopEvery
 from efpsn.schedules import make_schedule
-from efpsn.schema import TASKS, check_task_spec, parse_shape, scale_divisor  # noqa: F401
+from efpsn.schema import Scale, TaskSpec, parse_shape
 from efpsn.selection import Selection, check_indices_fit, default_basis_size, implied_count
 
 MASK_MODES = ("zero-sum", "independent", "none")
@@ -59,7 +58,7 @@ class Declaration:
     """How one run parameter is checked and shown (the field's type and default are its own).
 
     check(value) raises ValueError naming the parameter; `parse`/`show` convert between the
-    command line's text and the value when the type alone does not (stop_every's "auto"). A
+    command line's text and the value when the type alone does not. A
     field whose type is a value (efpsn/run_values.py, Selection, Refresh) is shown by `str`
     and read by the constructor (`of`: text or the wire's scalar, parsed once there); its
     `parse` here makes a bad flag argparse's error (else RunConfig's one-line error);
@@ -100,7 +99,7 @@ class RunConfig:
     topology: str = param("ring", structural=True,
                           help="communication graph: ring, path, star, complete, grid[:RxC], "
                                "erdos-renyi[:P] or edges:FILE")
-    task: str = param("logreg", check=check_task_spec, structural=True,
+    task: TaskSpec = param(TaskSpec("logreg"), structural=True,
                       help="the model: logreg, lenet (1x28x28), mlp:H1,H2,... or "
                            "python:MODULE:FACTORY (FACTORY(schema) -> torch.nn.Module, on "
                            "PYTHONPATH at every agent)")
@@ -159,7 +158,7 @@ class RunConfig:
                              help="data schema: per-sample input shape, e.g. 784 or 1x28x28")
     classes: int = param(PAPER_CLASSES, check=at_least("classes", 2), structural=True,
                          help="data schema: number of classes (labels 0..classes-1)")
-    scale: str = param("none", check=scale_divisor, structural=True,
+    scale: Scale = param(Scale("none"), structural=True,
                        help="features divided by public constants: none, unit (/255), div:C "
                             "or div:C1,...,Cd (one per feature)")
     partition: str = param("iid", choices=PARTITIONS, check=one_of("partition", PARTITIONS),
@@ -187,13 +186,12 @@ class RunConfig:
     clip: float = param(0.0, check=check_clip,
                         help="clip every sample's gradient to this norm before averaging (0: "
                              "no clipping); the refreshed masks' accountant needs it")
-    stop_every: int = param(-1, parse=parse_stop_every, check=at_least("stop_every", -1),
-                            show=lambda v: {-1: "auto", 0: "never"}.get(v, str(v)),
-                            help="check the convergence certificate every this many rounds "
-                                 "and stop when it is met (efpsn/stopping.py); auto: 25 when "
-                                 "the rounds are the step rule's (--iterations auto) and the "
-                                 "model has a certificate, never otherwise: an explicit "
-                                 "--iterations N runs N rounds")
+    stop_every: StopEvery = param(StopEvery(None, auto=True), parse=StopEvery.parse,
+                                  help="check the convergence certificate every this many rounds "
+                                       "and stop when it is met (efpsn/stopping.py); auto: 25 "
+                                       "when the rounds are the step rule's (--iterations auto) "
+                                       "and the model has a certificate, never otherwise: an "
+                                       "explicit --iterations N runs N rounds")
 
     def __post_init__(self) -> None:
         for name, kind in value_types().items():  # text or the wire's scalar: parsed here, once
@@ -216,8 +214,8 @@ class RunConfig:
                 f"data {self.data!r} holds 1x28x28 images of 10 classes, but the run says input "
                 f"shape {self.input_shape} and {self.classes} classes: for your own data use "
                 f"--data local (each agent brings its file) or --data-dir DIR")
-        scale_divisor(self.scale, features=math.prod(parse_shape(self.input_shape)))
-        if self.task == "lenet" and self.input_shape != PAPER_INPUT_SHAPE:
+        self.scale.divisor(features=math.prod(parse_shape(self.input_shape)))
+        if self.task.kind == "lenet" and self.input_shape != PAPER_INPUT_SHAPE:
             raise ValueError(f"task lenet takes 1x28x28 images, but the run's input shape is "
                              f"{self.input_shape}: use logreg, mlp:... or python:...")
         if not self.schedule.unresolved:
@@ -276,9 +274,9 @@ class RunConfig:
 
     @property
     def divisor(self) -> float | np.ndarray:
-        """What every feature is divided by (efpsn.schema.scale_divisor): one public constant
+        """What every feature is divided by (efpsn.schema.Scale.divisor): one public constant
         or one per feature."""
-        return scale_divisor(self.scale, features=math.prod(parse_shape(self.input_shape)))
+        return self.scale.divisor(features=math.prod(parse_shape(self.input_shape)))
 
     @property
     def moment_bound(self) -> float | None:
@@ -286,7 +284,7 @@ class RunConfig:
         constant 1) every agent checks on its own training data when the step rule's step size
         rests on it (logistic regression, --schedule auto): d + 1, met by any data in [-1, 1]
         or standardised (efpsn/step_rule.py). None otherwise."""
-        if self.task != "logreg" or not self.schedule.auto:
+        if not self.task.logreg or not self.schedule.auto:
             return None
         return float(math.prod(parse_shape(self.input_shape)) + 1)
 
@@ -295,7 +293,8 @@ class RunConfig:
         """Whether nothing is left for the step rule (schedule, rounds, momentum, the fading
         rate)."""
         return (not self.schedule.unresolved and not self.iterations.auto
-                and not self.momentum.auto and self.stop_every >= 0 and not self.refresh.fade_auto)
+                and not self.momentum.auto and not self.stop_every.auto
+                and not self.refresh.fade_auto)
 
     def resolved(self) -> RunConfig:
         """This run with the step rule applied where it was asked for (--schedule auto,
@@ -311,9 +310,10 @@ class RunConfig:
                          weights=metropolis_weights(build_graph(self.topology, self.agents,
                                                                 seed=self.seed)))
         changes: dict[str, Any] = {}
-        if self.stop_every < 0:  # auto: stop at the target when the rounds are the rule's
+        if self.stop_every.auto:  # stop at the target when the rounds are the rule's
             certified = rule.curvature is not None and self.algorithm in ("agt", "gt")
-            changes["stop_every"] = STOP_EVERY if self.iterations.auto and certified else 0
+            changes["stop_every"] = StopEvery(STOP_EVERY if self.iterations.auto and certified
+                                              else None)
         if self.schedule.unresolved:
             changes["schedule"] = (Schedule("paper") if rule.step is None
                                    else Schedule("auto", rule.step))

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from efpsn.config import LOCAL_DATA, RunConfig, parse_shape, scale_divisor
-from efpsn.schema import STANDARD
+from efpsn.config import RunConfig
+from efpsn.param_checks import LOCAL_DATA
+from efpsn.schema import STANDARD, Scale, parse_shape
 from efpsn.tasks.data import Dataset, load_data, partition, train_test_split
 from efpsn.tasks.local import LocalData, load_local_data
 
@@ -202,7 +203,7 @@ def _schema_field(path: Path, key: str, value: object) -> object:
         return value
     if key == "scale":
         try:
-            scale_divisor(value)  # type: ignore[arg-type]
+            Scale.parse(value)  # type: ignore[arg-type]
         except (ValueError, AttributeError, TypeError):
             raise bad(SCHEMA_FIELDS[key]) from None
         return value
@@ -347,6 +348,6 @@ def load_data_dir(config: RunConfig, data_dir: Path, *, holdout: float = 0.2,
             classes=config.classes, divisor=config.divisor, seed=config.seed,
             holdout=holdout, batch_size=config.batch_size.wire(), test_path=layout.test,
             label_column=column,
-            moment_bound=None if config.scale == STANDARD else config.moment_bound,
+            moment_bound=None if config.scale.standard else config.moment_bound,
         )
     return out

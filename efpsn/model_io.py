@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from efpsn.config import check_task_spec, parse_shape, scale_divisor
-from efpsn.schema import STANDARD
-from efpsn.tasks import Task, make_task
+from efpsn.schema import Scale, TaskSpec, parse_shape
+from efpsn.tasks.catalog import make_task
+from efpsn.tasks.objective import Task
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "MODEL_FILE", "ModelMetadata", "SavedModel",
            "load_into", "read_model", "save_model", "state_dict_of", "task_for", "vector_of"]
@@ -46,10 +46,10 @@ _OPTIONAL = ("standardisation",)  # {"mean": [...], "std": [...]}: only with sca
 class ModelMetadata:
     """What a saved model is and how its inputs are scaled (all public; in the file's header)."""
 
-    task: str
+    task: TaskSpec  # its text (model.json, tests) is parsed here, once
     input_shape: str
     classes: int
-    scale: str
+    scale: Scale
     l2: float
     parameters: tuple[tuple[str, tuple[int, ...]], ...]
     format_version: int = FORMAT_VERSION
@@ -57,11 +57,11 @@ class ModelMetadata:
     standardisation: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     def __post_init__(self) -> None:
-        check_task_spec(self.task)
-        parse_shape(self.input_shape)
+        object.__setattr__(self, "task", TaskSpec.of(self.task))
+        object.__setattr__(self, "scale", Scale.of(self.scale))
         features = math.prod(parse_shape(self.input_shape))
-        scale_divisor(self.scale, features=features)
-        if (self.scale == STANDARD) != (self.standardisation is not None):
+        self.scale.divisor(features=features)
+        if self.scale.standard != (self.standardisation is not None):
             raise ValueError("scale standard comes with the run's standardisation (mean and "
                              "std per feature), and only it")
         if self.standardisation is not None:
@@ -81,14 +81,14 @@ class ModelMetadata:
                              f"expected {FORMAT_VERSION} (a newer efpsn wrote it?)")
 
     @classmethod
-    def of(cls, task: Task, *, scale: str,
+    def of(cls, task: Task, *, scale: Scale | str,
            standardisation: tuple[np.ndarray, np.ndarray] | None = None) -> ModelMetadata:
         """The metadata of `task`'s model, whose inputs were divided by `scale` (standard:
         standardised with `standardisation`, the run's (mean, std) per feature)."""
         pair = None if standardisation is None else (
             tuple(float(v) for v in standardisation[0]),
             tuple(float(v) for v in standardisation[1]))
-        return cls(task=task.name, input_shape="x".join(map(str, task.shape)),
+        return cls(task=task.spec or task.name, input_shape="x".join(map(str, task.shape)),
                    classes=task.classes, scale=scale, l2=task.l2,
                    parameters=tuple((name, tuple(t.shape))
                                     for name, t in task.unflatten(_zeros(task)).items()),
@@ -103,14 +103,14 @@ class ModelMetadata:
             mean, std = (torch.tensor(v, dtype=torch.float64) for v in self.standardisation)
             x = (x - mean) / std
         else:
-            div = torch.as_tensor(np.asarray(scale_divisor(self.scale, features=x.shape[1]),
+            div = torch.as_tensor(np.asarray(self.scale.divisor(features=x.shape[1]),
                                              dtype=np.float64))
             x = x / div
         return x.reshape(-1, *shape)
 
     def to_json(self) -> dict[str, Any]:
-        out = {"format": FORMAT, "format_version": self.format_version, "task": self.task,
-               "input_shape": self.input_shape, "classes": self.classes, "scale": self.scale,
+        out = {"format": FORMAT, "format_version": self.format_version, "task": str(self.task),
+               "input_shape": self.input_shape, "classes": self.classes, "scale": str(self.scale),
                "l2": self.l2, "parameters": [[n, list(s)] for n, s in self.parameters]}
         if self.standardisation is not None:
             out["standardisation"] = {"mean": list(self.standardisation[0]),
@@ -195,7 +195,7 @@ def _write_private(path: Path, write: Callable[[IO[bytes]], None], *, mode: int)
     os.replace(tmp, path)
 
 
-def save_model(path: str | Path, *, task: Task, x: torch.Tensor, scale: str,
+def save_model(path: str | Path, *, task: Task, x: torch.Tensor, scale: Scale | str,
                standardisation: tuple[np.ndarray, np.ndarray] | None = None,
                mode: int = 0o600) -> Path:
     """Write `x` as a named state dict to `path` (e.g. RESULTS/agent1/model.safetensors), the

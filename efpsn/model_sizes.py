@@ -10,6 +10,7 @@ import itertools
 import math
 
 from efpsn.run_values import L2
+from efpsn.schema import TaskSpec
 
 __all__ = ["DEFAULT_L2", "l2_weight", "last_bias_count", "parameter_count"]
 
@@ -23,32 +24,31 @@ LENET_KERNEL = 5
 LENET_FEATURES = 588  # 12 channels x 7 x 7 after the strides 2, 2, 1 on 28 x 28
 
 
-def parameter_count(task: str, *, shape: tuple[int, ...], classes: int) -> int | None:
+def parameter_count(task: TaskSpec | str, *, shape: tuple[int, ...], classes: int) -> int | None:
     """How many scalar parameters the built-in `task` has for this schema (None: a user's
     python:MODULE:FACTORY model, known only once built)."""
+    spec = TaskSpec.of(task)
     features = math.prod(shape)
-    if task == "logreg":
+    if spec.kind == "logreg":
         return (features + 1) * classes
-    if task == "lenet":
+    if spec.kind == "lenet":
         conv = [LENET_CHANNELS * c_in * LENET_KERNEL**2 + LENET_CHANNELS
                 for c_in in (1, LENET_CHANNELS, LENET_CHANNELS)]
         return sum(conv) + (LENET_FEATURES + 1) * classes
-    if task.startswith("mlp:"):
-        widths = (features, *(int(h) for h in task[4:].split(",")), classes)
+    if spec.kind == "mlp":
+        widths = (features, *spec.hidden, classes)
         return sum((fan_in + 1) * fan_out for fan_in, fan_out in itertools.pairwise(widths))
     return None
 
 
-def last_bias_count(task: str, *, classes: int) -> int | None:
+def last_bias_count(task: TaskSpec | str, *, classes: int) -> int | None:
     """The size of the built-in model's last bias (its output layer's: one per class); None for
     a user's model."""
-    if task in ("logreg", "lenet") or task.startswith("mlp:"):
-        return classes
-    return None
+    return None if TaskSpec.of(task).kind == "python" else classes
 
 
-def l2_weight(task: str, l2: L2 | float) -> float:
+def l2_weight(task: TaskSpec | str, l2: L2 | float) -> float:
     """The run's L2 weight: `l2`, or the task family's default (L2 default; a bare number:
     negative)."""
     weight = l2.weight if isinstance(l2, L2) else (None if l2 < 0 else float(l2))
-    return DEFAULT_L2[task.split(":", 1)[0]] if weight is None else weight
+    return DEFAULT_L2[TaskSpec.of(task).kind] if weight is None else weight

@@ -17,9 +17,7 @@ command would print; a failed network raises the launcher's NetworkFailed.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import io
 import threading
 import time
 from dataclasses import dataclass
@@ -83,31 +81,18 @@ def _argv(flags: dict[str, Any]) -> list[str]:
     return out
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    """`efpsn up`'s parser, its one-line usage error as a ValueError (never SystemExit)."""
-    from efpsn.cli import build_parser
-
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            return build_parser().parse_args(["up", *argv])
-    except SystemExit:
-        lines = err.getvalue().strip().splitlines()
-        raise ValueError(lines[-1] if lines else f"bad arguments {argv}") from None
-
-
 def train(data_dir: str | Path, *, results: str | Path | None = None, quiet: bool = True,
           **flags: Any) -> tuple[TrainedModel, dict[str, Any]]:
     """Run `efpsn up --data-dir DATA_DIR [flags]` and return (the network's model, the run's
     summary: summary.json as a dict). results: the run's folder (default results/run-TIME, as
     the command)."""
-    from efpsn.launch.cli import run_up
+    from efpsn.cli.up import parse_up, run_up
     from efpsn.launch.signals import StopSignals
 
     folder = Path(results) if results is not None else (
         Path("results") / time.strftime("run-%Y%m%d-%H%M%S"))
     argv = ["--data-dir", str(data_dir), "--results", str(folder), *_argv(flags)]
-    args = _parse([*argv, "--quiet"] if quiet else argv)
+    args = parse_up([*argv, "--quiet"] if quiet else argv)
     stops = (StopSignals("efpsn.notebook.train") if threading.current_thread() is threading.main_thread()
              else contextlib.nullcontext())  # signal handlers live in the main thread only
     with stops:

@@ -1,8 +1,7 @@
 """The checks and parsers of the run parameters' declarations (efpsn/config.py): each raises
-ValueError naming the parameter and the value it was given; parsers turn a flag's text into the
-field's value where the type alone does not (stop_every's "auto"). The parameters with a
-grammar of their own are values that parse themselves: efpsn/run_values.py, efpsn.selection.Selection,
-efpsn.refresh_value.Refresh."""
+ValueError naming the parameter and the value it was given. The parameters with a grammar of
+their own are values that parse themselves: efpsn/run_values.py, efpsn/schema.py (task, scale),
+efpsn.selection.Selection, efpsn.refresh_value.Refresh."""
 
 from __future__ import annotations
 
@@ -54,20 +53,6 @@ def check_data(data: str) -> None:
 def check_test_fraction(value: float) -> None:
     if not 0 < value < 1:
         raise ValueError(f"test_fraction must be in (0, 1), got {value}")
-
-
-def parse_stop_every(text: str) -> int:
-    """`--stop-every`: auto (-1), never (0) or a positive number of rounds."""
-    if text in ("auto", "never"):
-        return -1 if text == "auto" else 0
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"stop every must be a positive integer, 'auto' or 'never', got "
-                         f"{text!r}")
-    return value
 
 
 def check_clip(value: float) -> None:

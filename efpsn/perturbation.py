@@ -9,23 +9,9 @@ import numpy as np
 import torch
 
 from efpsn.basis import OrthonormalSystem
-from efpsn.selection import (  # re-exported: the selection belongs with the perturbation
-    DEFAULT_MEASURES,
-    SELECTION_SPECS,
-    Selection,
-    parse_selection,
-    selection_measure,
-)
+from efpsn.selection import parse_selection
 
-__all__ = [
-    "DEFAULT_MEASURES",
-    "SELECTION_SPECS",
-    "FunctionalPerturbation",
-    "Selection",
-    "parse_selection",
-    "select_indices",
-    "selection_measure",
-]
+__all__ = ["FunctionalPerturbation", "select_indices"]
 
 
 def select_indices(

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from efpsn.schema import STANDARD, STANDARD_DISCLOSURE
+from efpsn.schema import STANDARD_DISCLOSURE
 
 if TYPE_CHECKING:
     from efpsn.config import RunConfig
@@ -211,7 +211,7 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
                         f"{', '.join(f'agent{i}' for i in lonely)} "
                         f"{'have' if len(lonely) > 1 else 'has'} a single neighbour, which "
                         "holds every seed of its mask and removes it")
-    if config.scale == STANDARD:  # the named disclosure of features in any units
+    if config.scale.standard:  # the named disclosure of features in any units
         warnings.append(STANDARD_DISCLOSURE)
     if messages == "aggregate":
         warnings.append(_aggregate_warning(graph))
@@ -276,8 +276,8 @@ def refreshed_arguments(config: RunConfig, *, delta: float, attacker: str = "nei
 
 
 def _num_params(config: RunConfig, build_task: Any) -> int:
-    from efpsn.config import parse_shape
     from efpsn.model_sizes import parameter_count
+    from efpsn.schema import parse_shape
 
     counted = parameter_count(config.task, shape=parse_shape(config.input_shape),
                               classes=config.classes)

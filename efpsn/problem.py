@@ -9,21 +9,26 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from efpsn.basis import (
+from efpsn.basis import OrthonormalSystem
+from efpsn.config import RunConfig
+from efpsn.encoding import SlotLayout
+from efpsn.masking import MaskCoefficients, NoiseSpec
+from efpsn.monomials import (
     MAX_CANDIDATES,
     Monomials,
-    OrthonormalSystem,
     choose_monomials,
     count_monomials,
     power_monomials,
 )
-from efpsn.config import LOCAL_DATA, RunConfig, parse_shape
-from efpsn.encoding import SlotLayout
-from efpsn.masking import MaskCoefficients, NoiseSpec
+from efpsn.param_checks import LOCAL_DATA
 from efpsn.perturbation import FunctionalPerturbation, select_indices
 from efpsn.refresh import FixedMask, MaskProvider
-from efpsn.tasks import BatchSampler, Dataset, Task, load_data, make_task, partition
+from efpsn.schema import parse_shape
+from efpsn.tasks.batches import BatchSampler
+from efpsn.tasks.catalog import make_task
+from efpsn.tasks.data import Dataset, load_data, partition
 from efpsn.tasks.local import LocalData
+from efpsn.tasks.objective import Task
 from efpsn.topology import Graph, build_graph, metropolis_weights
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from efpsn.algorithms import AgentState, Aggregate, Algorithm, Message, StepContext
+from efpsn.algorithms.base import AgentState, Aggregate, Algorithm, Message, StepContext
 from efpsn.schedules import StepSize
 from efpsn.stopping import STOP_KEY, TERMS, StopRule, exponents, merge
 

@@ -4,7 +4,7 @@ Each value has `parse(text)` (the command line's and the wire's text), `str()` (
 `parse` reads back), `of(x)` (a value, its text, or the wire's scalar: how RunConfig's
 constructor takes a field) and `wire()` (the scalar RunParameters carries, proto/efpsn/wire/v1/
 coordinator.proto). The wire keeps its scalars (0 rounds, -1.0 momentum, 0 batch, -1.0 l2 for
-"auto", "full" and "the task's default"); those numbers live here and nowhere else: every other
+"auto", "full" and "the task's default"; -1 and 0 stop-every for "auto" and "never"); those numbers live here and nowhere else: every other
 room asks the value (`rounds.auto`, `batch.full`, `momentum.auto`).
 
 Pure and free of numpy, torch and phe: the coordinator parses with it.
@@ -17,7 +17,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["L2", "BatchSize", "Momentum", "Rounds", "Schedule"]
+__all__ = ["L2", "BatchSize", "Momentum", "Rounds", "Schedule", "StopEvery"]
 
 
 def _positive_int(value: object, what: str) -> int:
@@ -314,3 +314,57 @@ class Schedule:
     def constant_step(self) -> float | None:
         """The constant step of `auto:LR` or `constant:LR`; None for the paper's decay."""
         return self.lr if self.kind in ("auto", "constant") else None
+
+
+@dataclass(frozen=True)
+class StopEvery:
+    """How often the stop rule checks the convergence certificate (efpsn/stopping.py): every
+    `rounds` rounds, never (None), or `auto` (RunConfig.resolved picks: 25 when the rounds are
+    the step rule's and the model has a certificate, never otherwise).
+    Wire: sint32, -1 = auto, 0 = never."""
+
+    rounds: int | None
+    auto: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rounds is not None:
+            object.__setattr__(self, "rounds", _positive_int(self.rounds, "stop every"))
+            if self.auto:
+                raise ValueError("stop every is a number of rounds or auto, not both")
+
+    @classmethod
+    def parse(cls, text: str) -> StopEvery:
+        """"auto", "never" or a positive integer."""
+        if not isinstance(text, str):
+            raise TypeError(f"stop every must be a str, got {type(text).__name__}")
+        body = text.strip()
+        if body == "auto":
+            return cls(None, auto=True)
+        try:
+            rounds = _count_text(body, word="never", name="stop every")
+        except ValueError:
+            raise ValueError(f"stop every must be a positive integer, 'auto' or 'never', got "
+                             f"{text!r}") from None
+        return cls(rounds)
+
+    @classmethod
+    def of(cls, value: Any) -> StopEvery:
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls.parse(value)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"stop_every must be StopEvery, a str or an int, got {value!r}")
+        if value < -1:
+            raise ValueError(f"stop_every must be >= -1 (-1: auto, 0: never), got {value}")
+        return cls(None, auto=True) if value == -1 else cls(int(value) or None)
+
+    def wire(self) -> int:
+        return -1 if self.auto else (self.rounds or 0)
+
+    def __str__(self) -> str:
+        return "auto" if self.auto else "never" if self.rounds is None else str(self.rounds)
+
+    @property
+    def never(self) -> bool:
+        return self.rounds is None and not self.auto

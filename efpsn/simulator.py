@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from efpsn.algorithms import StepContext, make_algorithm
+from efpsn.algorithms import make_algorithm
+from efpsn.algorithms.base import StepContext
 from efpsn.certificate import Certificate, Certifier
 from efpsn.channels import MESSAGE_MODES, simulated_channels
 from efpsn.config import RunConfig

@@ -27,20 +27,20 @@ import numpy as np
 import torch
 
 from efpsn.config import RunConfig
-from efpsn.schema import STANDARD, check_standard_masks
+from efpsn.schema import check_standard_masks
 from efpsn.secure_stats import Totals, decode_totals, masked_vector, sum_masked
 from efpsn.seeds import EdgeSeeds
 from efpsn.tasks.data import Dataset
 from efpsn.tasks.local import DataError, LocalData, check_second_moment
 
-__all__ = ["STANDARD", "check_standardisable", "count_l2", "network_totals",
+__all__ = ["check_standardisable", "count_l2", "network_totals",
            "simulate_standardising", "standardise_all", "standardise_dataset",
            "standardise_local", "standardises", "with_count_l2"]
 
 
 def standardises(config: RunConfig) -> bool:
     """Whether this run standardises its features with the network's statistics."""
-    return config.scale == STANDARD
+    return config.scale.standard
 
 
 def check_standardisable(config: RunConfig) -> None:
@@ -61,7 +61,7 @@ def with_count_l2(config: RunConfig, totals: Totals) -> RunConfig:
     """The run with logistic regression's l2 from the total count when it was left to its
     default (a negative l2); otherwise unchanged. Not resolved (RunConfig.resolved applies the
     step rule with this l2)."""
-    if config.task != "logreg" or not config.l2.default:
+    if not config.task.logreg or not config.l2.default:
         return config
     return config.replace(l2=count_l2(totals.count))
 

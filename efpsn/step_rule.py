@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from efpsn.model_sizes import l2_weight
+from efpsn.schema import TaskSpec
 
 __all__ = ["MAX_ROUNDS", "NO_BOUND_ROUNDS", "NO_BOUND_STEP", "StepRule", "companion",
            "fading_rate", "public_curvature", "step_rule"]
@@ -81,11 +82,11 @@ def fading_rate(rule: StepRule, *, algorithm: str, step: float | None, mu: float
     return min(1 - 1 / digits, 1 - math.floor((1 - rate) * digits) / digits)
 
 
-def public_curvature(task: str, *, features: int, l2: float) -> float | None:
+def public_curvature(task: TaskSpec | str, *, features: int, l2: float) -> float | None:
     """L = (d + 1) / 2 + l2 for logistic regression (lambda_max(E[x~ x~^T]) <= d + 1 after the
     public scale, which each agent checks on its own data); None for models without such a
     bound."""
-    if task != "logreg":
+    if not TaskSpec.of(task).logreg:
         return None
     return 0.5 * (features + 1) + l2_weight(task, l2)
 
@@ -125,7 +126,7 @@ def _rounded(value: float) -> float:
     return float(f"{value:.6g}")
 
 
-def step_rule(*, algorithm: str, task: str, features: int, l2: float,
+def step_rule(*, algorithm: str, task: TaskSpec | str, features: int, l2: float,
               weights: np.ndarray) -> StepRule:
     """The default step size, momentum and rounds of `algorithm` for this model and mixing
     matrix (efpsn.topology.metropolis_weights)."""

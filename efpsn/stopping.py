@@ -114,7 +114,7 @@ class StopRule:
         from efpsn.certificate import diameter
 
         certifier = Certifier.for_run(c, weights, aggregate=aggregate)
-        return cls(every=c.stop_every, hops=diameter(weights), cap=c.iterations.total,
+        return cls(every=c.stop_every.rounds or 0, hops=diameter(weights), cap=c.iterations.total,
                    curvature=certifier.curvature, l2=certifier.l2, momentum=certifier.momentum,
                    target=TARGET, factor=certifier.hops if aggregate else None,
                    origin=origin, until=until)

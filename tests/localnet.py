@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Self
 
 from efpsn.config import RunConfig
-from efpsn.flags import run_parameters_args
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
+from efpsn.run_flags import run_parameters_args
 from efpsn.wire.status import AgentStatus, fetch_status
 from efpsn.wire.tls import TlsConfig, generate_certificates
 

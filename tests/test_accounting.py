@@ -16,7 +16,8 @@ from efpsn.accounting import (
     gradient_noise_scale,
     uncancelled_streams,
 )
-from efpsn.basis import OrthonormalSystem, choose_monomials
+from efpsn.basis import OrthonormalSystem
+from efpsn.monomials import choose_monomials
 from efpsn.refresh_value import Refresh
 from efpsn.topology import Graph, build_graph
 

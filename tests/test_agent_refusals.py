@@ -18,7 +18,7 @@ import pytest
 
 from agent.state import StateStore
 from coordinator.registry import Registry, default_names
-from efpsn.cli import main
+from efpsn.cli.main import main
 from efpsn.config import RunConfig
 from efpsn.masking import MaskCoefficients
 
@@ -174,7 +174,8 @@ def test_neighbour_unreachable_from_the_start_is_named_with_its_address(tmp_path
     import grpc
 
     from agent.bootstrap import registration
-    from agent.node import AgentFailure, AgentNode, AgentOptions
+    from agent.node import AgentNode
+    from agent.options import AgentFailure, AgentOptions
     from agent.prepare import prepare
     from coordinator.service import serve
     from efpsn.wire.v1 import coordinator_pb2_grpc

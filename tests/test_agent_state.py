@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from agent.mailbox import Mailbox
-from agent.node import AgentOptions
+from agent.options import AgentOptions
 from agent.state import StateError, StateStore
 from coordinator.registry import NotExpected, Registry, default_names
-from efpsn.algorithms import StepContext, make_algorithm
+from efpsn.algorithms import make_algorithm
+from efpsn.algorithms.base import StepContext
 from efpsn.config import RunConfig
 from efpsn.masking import MaskCoefficients
 

@@ -19,7 +19,8 @@ from efpsn.aggregation import (
     sum_words,
     unprotected,
 )
-from efpsn.algorithms import Aggregate, StepContext, make_algorithm, mix
+from efpsn.algorithms import make_algorithm
+from efpsn.algorithms.base import Aggregate, StepContext, mix
 from efpsn.certificate import diameter, spread
 from efpsn.channels import AggregateChannel, ClearChannel, simulated_channels
 from efpsn.topology import build_graph, metropolis_weights
@@ -190,7 +191,7 @@ def test_aggregated_wine_run_is_as_exact_as_the_unmasked_one(tmp_path, gamma: st
     # round of the step rule (no early stop), messages in the clear and aggregated
     import json
 
-    from efpsn.cli import main
+    from efpsn.cli.main import main
     from efpsn.datadir import split_data
 
     split_data(source="sklearn:wine", agents=4, partition_spec="iid", out=tmp_path / "wine")

@@ -8,15 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from efpsn.algorithms import (
-    ALGORITHMS,
-    DSGD,
-    AcceleratedTracking,
-    GradientTracking,
-    StepContext,
-    make_algorithm,
-    mix,
-)
+from efpsn.algorithms import ALGORITHMS, make_algorithm
+from efpsn.algorithms.agt import AcceleratedTracking
+from efpsn.algorithms.base import StepContext, mix
+from efpsn.algorithms.dsgd import DSGD
+from efpsn.algorithms.gt import GradientTracking
 from efpsn.schedules import Constant, PaperSchedule, make_schedule
 
 RING5 = {i: ((i - 1) % 5, (i + 1) % 5) for i in range(5)}

@@ -3,7 +3,7 @@
 - efpsn/ is the pure core plus its command line. Only efpsn.wire (the contract's Python side:
   generated stubs, serde, channels, servers, TLS) imports grpc; only efpsn/paillier.py imports phe.
 - agent/ and coordinator/ are the services. They may import the core; the core never imports them
-  (the CLI front ends efpsn/cli.py and efpsn/experiments/network_check.py start them). Neither
+  (the CLI front ends efpsn/cli/main.py and efpsn/experiments/network_check.py start them). Neither
   service imports the other: `efpsn up` starts the coordinator as a process.
 - The coordinator is lightweight: its import closure has no torch.
 """
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("efpsn", "agent", "coordinator")
 MAX_LINES = 400  # a module a reader can hold in mind
 # Front ends of the core that start the services (never imported by the core itself).
-SERVICE_FRONT_ENDS = {"efpsn/cli.py"}
+SERVICE_FRONT_ENDS = {"efpsn/cli/main.py"}
 
 
 def _sources() -> list[Path]:
@@ -100,11 +100,83 @@ def test_the_core_never_imports_the_services() -> None:
     assert offenders == []
 
 
+# The command line's rooms (argparse lives there) and the process entry points that parse their
+# own few flags: argparse nowhere else.
+COMMAND_LINE_ROOMS = ("efpsn/cli/", "agent/cli.py", "coordinator/cli.py")
+ENTRY_POINTS = {"agent/forkserver.py", "efpsn/wire/healthcheck.py"}
+# Who may import the command line from outside it: the entry points that run a command, the
+# services' commands, and the notebook (which runs `efpsn up` from Python).
+COMMAND_LINE_USERS = {"efpsn/__main__.py", "agent/__main__.py", "coordinator/__main__.py",
+                      "agent/cli.py", "coordinator/cli.py", "agent/forkserver.py",
+                      "efpsn/notebook.py"}
+
+
+def test_argparse_only_in_the_command_line_rooms_and_process_entry_points() -> None:
+    users = {_rel(f) for f in _sources() if "argparse" in _top(_imports(f))}
+    offenders = {u for u in users if not u.startswith(COMMAND_LINE_ROOMS)} - ENTRY_POINTS
+    assert offenders == set()
+    assert users >= {"efpsn/cli/main.py", "efpsn/cli/flags.py", "agent/cli.py"}  # the check sees
+
+
+def test_nothing_below_the_command_line_imports_it() -> None:
+    users = {_rel(f) for f in _sources() if not _rel(f).startswith("efpsn/cli/")
+             and any(n == "efpsn.cli" or n.startswith("efpsn.cli.") for n in _imports(f))}
+    assert users <= COMMAND_LINE_USERS, users - COMMAND_LINE_USERS
+    assert "agent/results.py" not in users  # its JSON helpers are the core's (efpsn/jsonfile.py)
+
+
 def test_the_services_do_not_import_each_other() -> None:
     assert [_rel(f) for f in _sources()
             if _rel(f).startswith("agent/") and "coordinator" in _top(_imports(f))] == []
     assert [_rel(f) for f in _sources()
             if _rel(f).startswith("coordinator/") and "agent" in _top(_imports(f))] == []
+
+
+def _top_level_names(path: Path) -> tuple[set[str], set[str]]:
+    """(names a module defines, names it imports from a module of ours) at its top level."""
+    defined: set[str] = set()
+    imported: set[str] = set()
+
+    def scan(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                defined.add(node.name)
+            elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                defined.update(n.id for t in targets for n in ast.walk(t)
+                               if isinstance(n, ast.Name))
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                ours = node.module.split(".")[0] in PACKAGES
+                (imported if ours else defined).update(a.asname or a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.If | ast.Try):
+                scan(node.body + node.orelse)
+                for handler in getattr(node, "handlers", []):
+                    scan(handler.body)
+
+    scan(ast.parse(path.read_text()).body)
+    return defined, imported - defined
+
+
+def test_every_name_is_imported_from_the_module_that_defines_it() -> None:
+    """One import path per name: no module re-exports another's names (a facade, a shim), so
+    `from efpsn.X import n` always names n's own module."""
+    modules = {_module_name(f): f for f in _sources()}
+    tables = {name: _top_level_names(path) for name, path in modules.items()}
+    users = _sources() + sorted((ROOT / "tests").rglob("*.py")) + sorted(
+        (ROOT / "benchmarks").rglob("*.py"))
+    detours = []
+    for path in users:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0
+                    and node.module in tables):
+                continue
+            defined, passed_on = tables[node.module]
+            detours += [f"{_rel(path)}: {a.name} from {node.module}" for a in node.names
+                        if a.name in passed_on and a.name not in defined
+                        and f"{node.module}.{a.name}" not in modules]
+    assert detours == []
 
 
 def test_no_hand_written_module_is_oversized() -> None:
@@ -246,6 +318,7 @@ def test_the_wheel_installs_the_three_packages_and_both_entry_points(tmp_path: P
 def test_every_path_the_where_to_look_table_names_exists() -> None:
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
     table = text.split("### Where to look", 1)[1].split("\n\n", 2)[1]
-    named = set(re.findall(r"`((?:efpsn|agent|coordinator|proto|tests)/[\w/.]+\.\w+)`", table))
+    roots = "efpsn|agent|coordinator|proto|tests|docs|benchmarks|scripts|deploy"
+    named = set(re.findall(rf"`((?:{roots})/[\w/.]+\.\w+)`", table))
     assert len(named) > 20, named
     assert sorted(p for p in named if not (ROOT / p).is_file()) == []

@@ -15,10 +15,10 @@ from efpsn.experiments.attack_fit import (
     map_estimate,
     svd_estimate,
 )
+from efpsn.experiments.attack_output import OUTPUT_ATTACKERS
 from efpsn.experiments.attack_rounds import (
     ATTACKERS,
     GUESS,
-    OUTPUT_ATTACKERS,
     QUADRATIC_ATTACKERS,
     ManyRoundSettings,
     run_many_rounds,

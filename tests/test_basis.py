@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efpsn.basis import (
+from efpsn.basis import OrthonormalSystem
+from efpsn.monomials import (
     Monomials,
-    OrthonormalSystem,
     candidate_monomials,
     choose_monomials,
     count_monomials,

@@ -20,7 +20,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from coordinator.registry import NAME_PATTERN
-from efpsn.cli import main
+from efpsn.cli.main import main
 from efpsn.wire.csr import LEDGER
 from efpsn.wire.tls import NODE_NAME, TlsConfig, caller_names, names_in_certificate
 

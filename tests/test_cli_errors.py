@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(180)
 MISSING_MLXTEND = (
     "import sys\n"
     "sys.modules['mlxtend'] = None  # as if `pip install efpsn` without the [data] extra\n"
-    "from efpsn.cli import main\n"
+    "from efpsn.cli.main import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
 
@@ -112,7 +112,7 @@ def test_healthcheck_exit_codes(tmp_path: Path, processes: Processes) -> None:
 ])
 def test_bad_schedules_are_one_line_errors(args: tuple[str, ...], message: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    from efpsn.cli import main
+    from efpsn.cli.main import main
 
     assert main(["simulate", "--iterations", "5", "--quiet", "--no-optimum", *args]) == 2
     assert capsys.readouterr().err == f"efpsn: error: {message}\n"
@@ -128,7 +128,7 @@ def test_paper_schedule_needs_room_to_decay() -> None:
 @pytest.mark.parametrize("threads", ["two", "0"])
 def test_bad_thread_count_is_a_one_line_error(threads: str, monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from efpsn.cli import main
+    from efpsn.cli.main import main
 
     monkeypatch.setenv("EFPSN_TORCH_THREADS", threads)
     assert main(["privacy", "--gamma", "1000"]) == 2
@@ -164,7 +164,7 @@ def test_a_usage_error_is_one_line_naming_the_valid_values(tmp_path: Path) -> No
 ])
 def test_usage_errors_of_every_command_are_one_line(argv: list[str], line: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from efpsn.cli import main
+    from efpsn.cli.main import main
 
     with pytest.raises(SystemExit) as exited:
         main(argv)
@@ -185,7 +185,7 @@ def test_the_services_usage_errors_are_one_line_too() -> None:
 
 def test_help_describes_only_the_values_the_flags_accept(
         capsys: pytest.CaptureFixture[str]) -> None:
-    from efpsn.cli import main
+    from efpsn.cli.main import main
 
     with pytest.raises(SystemExit) as exited:
         main(["up", "--help"])
@@ -231,7 +231,7 @@ def test_privacy_takes_the_runs_own_flags(tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     import numpy as np
 
-    from efpsn.cli import main
+    from efpsn.cli.main import main
 
     rng = np.random.default_rng(0)
     for k, n in enumerate((30, 50, 40, 60), start=1):

@@ -24,8 +24,8 @@ import docker_support as ds
 import pytest
 from docker_fixtures import AGENTS, COORDINATOR_IMAGE, IMAGE_BUILDERS
 
-from efpsn.compose_file import DEFAULTS, compose_variables, render_compose
-from efpsn.flags import run_parameter_variables
+from efpsn.cli.compose import DEFAULTS, compose_variables, render_compose
+from efpsn.run_flags import run_parameter_variables
 
 REPO = ds.REPO
 COMPOSE_FILE = REPO / "docker-compose.yml"

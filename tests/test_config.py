@@ -1,6 +1,6 @@
 """The run parameters as declared once (efpsn/config.py): complete torch-free validation, the
 basis counts derived from the model, the flags every command builds from the declarations
-(efpsn/flags.py), and the selection parsed without torch (efpsn/selection.py)."""
+(efpsn/cli/flags.py), and the selection parsed without torch (efpsn/selection.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from efpsn.cli.flags import add_run_arguments, config_from_args
 from efpsn.config import PRESETS, RunConfig, declarations, structural_fields
-from efpsn.flags import add_run_arguments, config_from_args, flag_of, run_parameters_args
 from efpsn.model_sizes import last_bias_count, parameter_count
+from efpsn.run_flags import flag_of, run_parameters_args
 from efpsn.selection import (
     check_indices_fit,
     default_basis_size,
@@ -181,7 +182,7 @@ def test_selection_counts_without_torch() -> None:
 
 
 def test_model_sizes_by_arithmetic_match_the_models() -> None:
-    from efpsn.tasks import make_task
+    from efpsn.tasks.catalog import make_task
 
     for task, shape, classes in (("logreg", (1, 28, 28), 10), ("logreg", (12,), 2),
                                  ("lenet", (1, 28, 28), 10), ("lenet", (1, 28, 28), 3),

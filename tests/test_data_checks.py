@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from agent.bootstrap import failure_category, prepare
 from agent.options import AgentOptions
+from agent.prepare import failure_category, prepare
 from efpsn.config import RunConfig
-from efpsn.tasks import make_task
+from efpsn.tasks.catalog import make_task
 from efpsn.tasks.local import HEADROOM, DataError, feature_limit, load_local_data
 
 COMMON = {"who": "agent2", "shape": (6,), "classes": 3, "divisor": 1.0, "seed": 0,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from efpsn.cli import main
+from efpsn.cli.main import main
 from efpsn.config import RunConfig
 from efpsn.datadir import split_data
 from efpsn.launch.network import launch_local_network

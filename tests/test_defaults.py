@@ -21,7 +21,7 @@ from efpsn.config import PRESETS, RunConfig
 from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
-from efpsn.tasks import centralized_optimum
+from efpsn.tasks.optimum import centralized_optimum
 
 GAMMAS = (1.0, 1e3, 1e6)
 

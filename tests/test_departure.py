@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from efpsn import paillier
-from efpsn.algorithms import AgentState
+from efpsn.algorithms.base import AgentState
 from efpsn.certificate import TARGET
-from efpsn.cli import main
+from efpsn.cli.main import main
 from efpsn.config import RunConfig
 from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
 from efpsn.departure import (
@@ -44,7 +44,7 @@ from efpsn.refresh_value import Refresh
 from efpsn.seeds import exchange_seeds_fast
 from efpsn.simulator import SimulationResult, run_simulation
 from efpsn.stopping import StopRule
-from efpsn.tasks import centralized_optimum
+from efpsn.tasks.optimum import centralized_optimum
 from efpsn.topology import Graph, metropolis_weights, path, ring
 
 SPEC = NoiseSpec(gamma=1e3, p=1.5, precision=6, num_coefficients=7)

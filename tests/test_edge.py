@@ -24,8 +24,8 @@ from harness import InProcessAgent, assigned_agents
 from agent.options import RefusedByNeighbour
 from coordinator.registry import Registry, default_names
 from efpsn.config import RunConfig
-from efpsn.wire import limits, rounds, serde
-from efpsn.wire.serde import Phase
+from efpsn.wire import limits, records, rounds
+from efpsn.wire.records import Phase
 from efpsn.wire.status import fetch_status
 from efpsn.wire.tls import TlsConfig, generate_certificates
 from efpsn.wire.v1 import agent_pb2
@@ -95,7 +95,7 @@ def run_served(tmp_path: Path, scenario: Callable[[Served], Awaitable[None]]) ->
 
 
 def _round(sender: str, t: int, x: torch.Tensor) -> bytes:
-    return rounds.message_to_proto({"x": x}, header=serde.make_header(
+    return rounds.message_to_proto({"x": x}, header=records.make_header(
         run_id=RUN, sender=sender, round=t, phase=Phase.OPTIMIZE)).SerializeToString()
 
 
@@ -221,14 +221,14 @@ def test_duplicate_tensor_names_are_found_in_linear_time() -> None:
     names = [f"t{i:06d}" for i in range(30_000)]
     names.append(names[-1])
     pb = agent_pb2.RoundMessage(
-        header=serde.make_header(run_id=RUN, sender="agent2", round=1, phase=Phase.OPTIMIZE),
+        header=records.make_header(run_id=RUN, sender="agent2", round=1, phase=Phase.OPTIMIZE),
         tensors=[agent_pb2.NamedTensor(name=n, tensor=common_pb2.Tensor()) for n in names])
     started = time.thread_time()  # CPU time of this thread: other processes' load does not count
-    with pytest.raises(serde.WireError, match=r"unique, got duplicates \['t029999'\]"):
+    with pytest.raises(records.WireError, match=r"unique, got duplicates \['t029999'\]"):
         rounds.message_from_proto(pb)
     assert time.thread_time() - started < 1.5  # linear: about 0.01 s; quadratic: seconds
     # with the run's shapes, a wrong count is refused before any name is looked at
-    with pytest.raises(serde.WireError, match="got 30001 tensors"):
+    with pytest.raises(records.WireError, match="got 30001 tensors"):
         rounds.message_from_proto(pb, expected_shapes={"x": (NUM_PARAMS,)})
 
 
@@ -277,7 +277,7 @@ def test_a_call_cancelled_while_its_body_is_read_frees_the_callers_slot() -> Non
     """Else a neighbour whose calls time out mid-send would be locked out after a few."""
     import logging
 
-    from efpsn.wire.net import Admission, Gatekeeper, RejectionLog, Unread, guarded
+    from efpsn.wire.guard import Admission, Gatekeeper, RejectionLog, Unread, guarded
 
     class Service:
         def __init__(self) -> None:
@@ -324,8 +324,7 @@ def test_a_caller_ahead_of_us_is_not_counted_or_logged_as_a_refusal(
     (result.json's rejections, the agent's log)."""
     import logging
 
-    from efpsn.wire.guard import Reject
-    from efpsn.wire.net import RejectionLog, guarded
+    from efpsn.wire.guard import Reject, RejectionLog, guarded
 
     class Service:
         def __init__(self) -> None:
@@ -361,7 +360,7 @@ def test_a_neighbours_reply_is_capped_at_a_round_message(tmp_path: Path) -> None
         limit = agent1.session.request_limits["PutRound"]
         for t, size in ((1, NUM_PARAMS), (2, 40 * NUM_PARAMS)):
             pb = rounds.message_to_proto({"x": torch.zeros(size, dtype=torch.float64)},
-                                         header=serde.make_header(run_id=RUN, sender="agent1",
+                                         header=records.make_header(run_id=RUN, sender="agent1",
                                                                   round=t, phase=Phase.OPTIMIZE))
             agent1.outbox.remember(t, pb.SerializeToString())
         # agent2's client side pulls from agent1, as a restarted agent does
@@ -383,7 +382,7 @@ def test_a_caller_has_at_most_a_few_calls_in_flight(tmp_path: Path) -> None:
 
     async def scenario(served: Served) -> None:
         cap = 4  # calls one caller may have in flight at an agent
-        request = agent_pb2.RoundRequest(header=serde.make_header(
+        request = agent_pb2.RoundRequest(header=records.make_header(
             run_id=RUN, sender="agent2", round=3, phase=Phase.OPTIMIZE))
         async with grpc.aio.secure_channel(
                 f"127.0.0.1:{served.port}", served.creds("agent2"),

@@ -18,16 +18,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from efpsn.cli.experiment import default_out, register, run_experiment
 from efpsn.experiments import (
     EXPERIMENTS,
     accuracy_convex,
     accuracy_nonconvex,
     attack,
+    attack_report,
+    idlg,
     network_check,
     perturbation,
     privacy,
 )
-from efpsn.experiments.cli import default_out, register, run_experiment
 from efpsn.experiments.common import Column, format_table, parse_floats
 from efpsn.experiments.sweep import Series, load_problem, with_config
 
@@ -215,14 +217,14 @@ def test_accuracy_nonconvex_zero_sum_tracks_noise_free(tmp_path: Path) -> None:
 
 def test_idlg_label_inference_reads_the_negative_row() -> None:
     problem = load_problem(accuracy_convex.PROFILES["quick"].base)
-    x = attack.attack_point(problem, 5)
+    x = idlg.attack_point(problem, 5)
     shard = problem.shards[0]
     for index in range(5):
         image, label = shard.images[index].unsqueeze(0), shard.labels[index].reshape(1)
         # the perturbation only moves the bias: the label stays readable at any gamma
-        pert = attack.agent1_perturbation(problem, 1e4, 0)
-        grad = attack.observed_gradient(problem.task, x, image, label, pert)
-        assert attack.infer_label(problem.task, grad) == int(label)
+        pert = idlg.agent1_perturbation(problem, 1e4, 0)
+        grad = idlg.observed_gradient(problem.task, x, image, label, pert)
+        assert idlg.infer_label(problem.task, grad) == int(label)
 
 
 @pytest.mark.slow
@@ -246,7 +248,7 @@ def test_attack_psnr_falls_as_gamma_rises(tmp_path: Path) -> None:
         assert all(a > b for a, b in itertools.pairwise(psnr)), psnr
         assert psnr[0] > 40  # without noise the attack really works
         assert all(r["label_accuracy"] == 1.0 for r in summary["summary"])
-        adaptive = [r for r in summary["summary"] if r["attacker"] == attack.ADAPTIVE]
+        adaptive = [r for r in summary["summary"] if r["attacker"] == attack_report.ADAPTIVE]
         assert adaptive and adaptive[0]["psnr_mean"] > psnr[-1]  # dropping the bias helps
         model = settings.models[0]
         grid = tmp_path / str(i) / f"attack_{model}_round{settings.attack_rounds[0]}.png"
@@ -288,8 +290,8 @@ def test_combination_weights_cancel_what_they_claim() -> None:
     def combine(ws: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
         return sum(w * v for w, v in zip(ws, values, strict=True))
 
-    two = attack.combination_weights([a, b])
-    three = attack.combination_weights([a, b, c])
+    two = idlg.combination_weights([a, b])
+    three = idlg.combination_weights([a, b, c])
     # two rounds cancel a constant offset, not one that is affine in each coordinate
     assert torch.count_nonzero(combine(two, [const, const])) == 0
     assert combine(two, [const + slope * a, const + slope * b]).abs().max() > 1e-3
@@ -298,19 +300,19 @@ def test_combination_weights_cancel_what_they_claim() -> None:
                                torch.zeros(6, dtype=torch.float64), rtol=0, atol=1e-15)
     assert max(float(w.abs().max()) for w in three) == 1.0
     with pytest.raises(ValueError, match="2 or 3 rounds, got 1"):
-        attack.combination_weights([a])
+        idlg.combination_weights([a])
 
 
 def test_all_parameter_perturbation_offsets_cancel_across_rounds_only_for_k1() -> None:
     problem = load_problem(accuracy_convex.PROFILES["quick"].base)
-    xa, xb = attack.attack_point(problem, 5), attack.attack_point(problem, 8)
+    xa, xb = idlg.attack_point(problem, 5), idlg.attack_point(problem, 8)
     image, label = problem.shards[0].images[0].unsqueeze(0), problem.shards[0].labels[0].reshape(1)
-    clean = [attack.observed_gradient(problem.task, x, image, label, None) for x in (xa, xb)]
+    clean = [idlg.observed_gradient(problem.task, x, image, label, None) for x in (xa, xb)]
     for name, cancels in (("all-k1", True), ("all-k2", False)):
-        setting = attack.perturbation_problem(problem, name)
+        setting = idlg.perturbation_problem(problem, name)
         assert setting.system.measure == "uniform" and setting.indices.size == 7850
-        pert = attack.agent1_perturbation(setting, 1e4, 0)
-        seen = [attack.observed_gradient(problem.task, x, image, label, pert) for x in (xa, xb)]
+        pert = idlg.agent1_perturbation(setting, 1e4, 0)
+        seen = [idlg.observed_gradient(problem.task, x, image, label, pert) for x in (xa, xb)]
         offset = seen[0] - clean[0]
         assert torch.count_nonzero(offset) == 7850 and offset.abs().max() > 10  # every coordinate
         residual = (seen[0] - seen[1]) - (clean[0] - clean[1])
@@ -328,10 +330,10 @@ def test_multi_round_attacker_defeats_k1_and_three_rounds_defeat_k2(tmp_path: Pa
     # assert
     got = {(r["perturbation"], r["attacker"], r["gamma"]): r["psnr_mean"]
            for r in summary["summary"]}
-    assert got[("all-k1", attack.PLAIN, 1e4)] < 15  # the plain attacker is stopped...
-    assert got[("all-k1", attack.TWO_ROUNDS, 1e4)] > 60  # ...two rounds are not
-    assert got[("all-k2", attack.TWO_ROUNDS, 1e4)] < 15  # K = 2 stops two rounds...
-    assert got[("all-k2", attack.THREE_ROUNDS, 1e4)] > 30  # ...three rounds are not
+    assert got[("all-k1", attack_report.PLAIN, 1e4)] < 15  # the plain attacker is stopped...
+    assert got[("all-k1", attack_report.TWO_ROUNDS, 1e4)] > 60  # ...two rounds are not
+    assert got[("all-k2", attack_report.TWO_ROUNDS, 1e4)] < 15  # K = 2 stops two rounds...
+    assert got[("all-k2", attack_report.THREE_ROUNDS, 1e4)] > 30  # ...three rounds are not
     assert (tmp_path / "attack_logreg_round50_all-k2.png").stat().st_size > 0
 
 
@@ -358,7 +360,7 @@ def test_refreshed_noise_is_the_seeds_noise_and_attackers_pick_rounds_in_a_perio
     from efpsn.seeds import exchange_seeds_fast
 
     problem = load_problem(accuracy_convex.PROFILES["quick"].base)
-    setting = attack.perturbation_problem(problem, "all-k1")
+    setting = idlg.perturbation_problem(problem, "all-k1")
     noise = Agent1Noise(setting, gamma=1e4, noise_seed=3, refresh=Refresh(5))
     c = setting.config
     mask = RefreshedMask(seeds=exchange_seeds_fast(problem.graph, noise_seed=3)[0],
@@ -386,10 +388,10 @@ def test_refreshed_noise_is_the_seeds_noise_and_attackers_pick_rounds_in_a_perio
 def test_quick_attack_has_refreshed_and_fixed_multi_round_rows() -> None:
     quick = attack.PROFILES["quick"]
     plans = {(name, refresh): plan for name, refresh, plan in attack._jobs(quick, 50)}
-    assert (attack.TWO_ROUNDS in {a for _, a in plans[("all-k1", "never")]})
+    assert (attack_report.TWO_ROUNDS in {a for _, a in plans[("all-k1", "never")]})
     assert {a for _, a in plans[("all-k1", "every:1")]} == {
-        attack.PLAIN, attack.TWO_ROUNDS, attack.THREE_ROUNDS, attack.AVERAGING}
-    assert {a for _, a in plans[("all-k1", "every:10")]} == {attack.TWO_ROUNDS, attack.AVERAGING}
+        attack_report.PLAIN, attack_report.TWO_ROUNDS, attack_report.THREE_ROUNDS, attack_report.AVERAGING}
+    assert {a for _, a in plans[("all-k1", "every:10")]} == {attack_report.TWO_ROUNDS, attack_report.AVERAGING}
     args = parser().parse_args(["experiment", "attack", "--refreshes", "every:1,every:5",
                                 "--refresh-gammas", "1,1e6", "--averaging-rounds", "300",
                                 "--perturbations", "none"])
@@ -415,12 +417,12 @@ def test_refreshed_masks_stop_the_multi_round_attacker_that_fixed_ones_do_not(
     records = json.loads((tmp_path / "results.json").read_text())["rows"]
     got = {(r["refresh"], r["attacker"]): r["psnr"] for r in records
            if r["perturbation"] == "all-k1"}
-    assert got[("never", attack.TWO_ROUNDS)] >= 30  # the fixed mask cancels in 2 rounds...
-    assert got[("every:1", attack.TWO_ROUNDS)] <= 15  # ...fresh noise every round does not
-    assert got[("every:1", attack.THREE_ROUNDS)] <= 15
-    assert got[("every:1", attack.AVERAGING)] <= 15  # 200 rounds of gamma 1e4: still noise
-    assert got[("every:10", attack.TWO_ROUNDS)] >= 30  # two rounds of one period cancel it
-    assert {r["rounds_seen"] for r in records if r["attacker"] == attack.AVERAGING} == {200}
+    assert got[("never", attack_report.TWO_ROUNDS)] >= 30  # the fixed mask cancels in 2 rounds...
+    assert got[("every:1", attack_report.TWO_ROUNDS)] <= 15  # ...fresh noise every round does not
+    assert got[("every:1", attack_report.THREE_ROUNDS)] <= 15
+    assert got[("every:1", attack_report.AVERAGING)] <= 15  # 200 rounds of gamma 1e4: still noise
+    assert got[("every:10", attack_report.TWO_ROUNDS)] >= 30  # two rounds of one period cancel it
+    assert {r["rounds_seen"] for r in records if r["attacker"] == attack_report.AVERAGING} == {200}
     assert_figure(tmp_path / "attack_refresh_psnr.png")
 
 
@@ -430,13 +432,13 @@ def _attack_results(path: Path) -> Path:
         return {"model": "logreg", "perturbation": "all-k1", "refresh": refresh,
                 "attacker": attacker, "gamma": gamma, "psnr": psnr, "image": image}
 
-    rows = [row("every:1", attack.AVERAGING, 1e4, 12.0), row("every:1", attack.PLAIN, 1e4, 3.0),
-            row("every:1", attack.AVERAGING, 1e4, 14.5, image=1),
-            row("every:1", attack.AVERAGING, 1e6, 4.0),
-            row("every:10", attack.AVERAGING, 1e4, 5.0),
-            row("every:10", attack.TWO_ROUNDS, 1e6, 98.0),  # cancels the period's mask: any gamma
-            row("every:10", attack.AVERAGING, 1e6, 4.0),
-            {**row("every:1", attack.PLAIN, 1e4, 90.0), "perturbation": "last-bias"}]
+    rows = [row("every:1", attack_report.AVERAGING, 1e4, 12.0), row("every:1", attack_report.PLAIN, 1e4, 3.0),
+            row("every:1", attack_report.AVERAGING, 1e4, 14.5, image=1),
+            row("every:1", attack_report.AVERAGING, 1e6, 4.0),
+            row("every:10", attack_report.AVERAGING, 1e4, 5.0),
+            row("every:10", attack_report.TWO_ROUNDS, 1e6, 98.0),  # cancels the period's mask: any gamma
+            row("every:10", attack_report.AVERAGING, 1e6, 4.0),
+            {**row("every:1", attack_report.PLAIN, 1e4, 90.0), "perturbation": "last-bias"}]
     path.write_text(json.dumps({"experiment": "attack", "rows": rows}))
     return path
 
@@ -444,7 +446,7 @@ def _attack_results(path: Path) -> Path:
 def test_accuracy_convex_refreshed_rows_and_their_frontier(tmp_path: Path) -> None:
     # prepare: 40 DSGD rounds, the mask fixed, refreshed every round and every 10 rounds, every
     # parameter perturbed at gamma 1e4; 20 rounds of full-batch GT; every:1 clipped to 1
-    from efpsn.cli import main as efpsn_main
+    from efpsn.cli.main import main as efpsn_main
 
     settings = accuracy_convex.ConvexSettings(
         profile="test",

@@ -19,7 +19,7 @@ from torch import nn
 
 from coordinator.registry import Declaration, Registry, RunCancelled
 from efpsn.config import RunConfig
-from efpsn.tasks import make_task
+from efpsn.tasks.catalog import make_task
 from efpsn.tasks.fingerprint import describe_model, model_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def test_the_text_holds_no_address() -> None:
 
 FRESH = """
 import sys
-from efpsn.tasks import make_task
+from efpsn.tasks.catalog import make_task
 for spec, shape, classes in [("python:archmodels:make_tanh", (6,), 3), ("logreg", (12,), 2),
                              ("lenet", (1, 28, 28), 10), ("mlp:16,8", (6,), 3)]:
     print(make_task(spec, shape=shape, classes=classes).fingerprint().hex())

@@ -89,7 +89,7 @@ def test_a_csv_folder_runs_with_no_other_run_flag_and_its_model_loads(tmp_path: 
         accuracy = float((mine(saved.inputs(x)).argmax(dim=1) == y).double().mean())
     assert accuracy == summary["final"]["accuracy"]
     # ... and into the built-in module, by name; every agent's own model loads the same way
-    from efpsn.tasks import LogisticRegression
+    from efpsn.tasks.models import LogisticRegression
 
     for path in [tmp_path / "R" / "model.safetensors",
                  *(tmp_path / "R" / f"agent{k}" / "model.safetensors" for k in (1, 2, 3))]:

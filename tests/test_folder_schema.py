@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from efpsn.cli_common import add_data_dir_arguments
-from efpsn.flags import add_run_arguments, config_from_args
+from efpsn.cli.common import add_data_dir_arguments
+from efpsn.cli.flags import add_run_arguments, config_from_args
 from efpsn.folder_schema import file_classes, file_shape, folder_run_values
 
 
@@ -154,7 +154,7 @@ def test_a_missing_label_column_is_one_line_naming_the_file(tmp_path: Path) -> N
 
 def test_the_simulator_refuses_a_disagreeing_folder_in_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from efpsn.cli import main
+    from efpsn.cli.main import main
 
     root = csv_folder(tmp_path / "D")
     write_csv(root / "agent2" / "train.csv", *table(50, 29, seed=2))
@@ -165,7 +165,7 @@ def test_the_simulator_refuses_a_disagreeing_folder_in_one_line(
 
 def test_the_simulator_runs_a_folder_without_schema_json(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from efpsn.cli import main
+    from efpsn.cli.main import main
 
     root = csv_folder(tmp_path / "D", d=5, sizes=(40, 60, 30))
     assert main(["simulate", "--data-dir", str(root), "--quiet", "--iterations", "20",
@@ -188,16 +188,16 @@ def test_tables_default_to_standard_and_images_do_not(tmp_path: Path) -> None:
     (schema.json or the flag) wins; an image folder keeps the default."""
     import argparse
 
-    from efpsn.cli_common import add_data_dir_arguments
+    from efpsn.cli.common import add_data_dir_arguments
+    from efpsn.cli.flags import add_run_arguments, config_from_args
     from efpsn.datadir import split_data
-    from efpsn.flags import add_run_arguments, config_from_args
 
     parser = argparse.ArgumentParser()
     add_run_arguments(parser)
     add_data_dir_arguments(parser)
 
     def scale(*argv: str) -> str:
-        return config_from_args(parser.parse_args(list(argv)), resolve=False).scale
+        return str(config_from_args(parser.parse_args(list(argv)), resolve=False).scale)
 
     root = csv_folder(tmp_path / "D", d=4, test=False)
     assert scale("--data-dir", str(root)) == "standard"

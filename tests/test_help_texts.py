@@ -7,9 +7,9 @@ import argparse
 import shlex
 from importlib.metadata import version
 
-from efpsn.cli import build_parser
-from efpsn.evaluate_cli import register as register_evaluate
-from efpsn.help_texts import MAIN_EPILOG, PRIVACY_HELP, version_text
+from efpsn.cli.evaluate import register as register_evaluate
+from efpsn.cli.help_texts import MAIN_EPILOG, PRIVACY_HELP, version_text
+from efpsn.cli.main import build_parser
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -28,7 +28,7 @@ def test_every_privacy_help_names_a_flag_of_efpsn_privacy() -> None:
 def test_the_examples_parse() -> None:
     parser = build_parser()
     commands, action = _subcommands(parser)
-    if "evaluate" not in commands:  # efpsn evaluate registers from efpsn.evaluate_cli
+    if "evaluate" not in commands:  # efpsn evaluate registers from efpsn.cli.evaluate
         register_evaluate(action)
     examples = [line.split("  ", 2)[1] if line.startswith("  ") else ""
                 for line in MAIN_EPILOG.splitlines()]

@@ -25,8 +25,8 @@ from localnet import LocalNet
 from efpsn.config import RunConfig
 from efpsn.launch.summary import load_agent_results
 from efpsn.simulator import run_simulation
-from efpsn.wire import serde
-from efpsn.wire.serde import Phase
+from efpsn.wire import records
+from efpsn.wire.records import Phase
 from efpsn.wire.tls import TlsConfig
 from efpsn.wire.v1 import agent_pb2
 
@@ -62,7 +62,7 @@ def _waves(run_id: str, rng: random.Random) -> list[tuple[Any, ...]]:
     gz_bomb = b"\x12\x00" * (30 * MB // 2)  # sent gzip-compressed: ~30 kB on the wire
     gz_small_bomb = b"\x12\x00" * (12 * MB // 2)
     neighbour_big = b"\x12\x00" * (8 * MB // 2)  # read (agent2 is a neighbour), then refused
-    header = serde.make_header(run_id=run_id, sender="agent2", round=1, phase=Phase.OPTIMIZE)
+    header = records.make_header(run_id=run_id, sender="agent2", round=1, phase=Phase.OPTIMIZE)
     pull_old = agent_pb2.RoundRequest(header=header).SerializeToString()
     garbage = [rng.randbytes(rng.randint(0, 300)) for _ in range(1000)]
     gz = grpc.Compression.Gzip

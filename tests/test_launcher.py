@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 from localnet import crash_at
 
-from efpsn.cli_common import format_metrics
 from efpsn.launch.processes import Child, stop_children, wait_port
-from efpsn.launch.summary import check_results
+from efpsn.launch.summary import check_results, format_metrics
 
 pytestmark = pytest.mark.timeout(300)
 

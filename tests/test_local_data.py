@@ -18,7 +18,7 @@ from efpsn.config import RunConfig
 from efpsn.datadir import dirichlet_partition, load_data_dir, split_data
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
-from efpsn.tasks import make_task
+from efpsn.tasks.catalog import make_task
 from efpsn.tasks.local import DataError, load_local_data
 
 TABULAR = RunConfig(data="local", input_shape="6", classes=3, task="logreg", batch_size=8,

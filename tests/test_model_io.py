@@ -17,8 +17,8 @@ import pytest
 import torch
 from torch import nn
 
-from efpsn.cli_common import run_command
-from efpsn.evaluate_cli import evaluate_model, register
+from efpsn.cli.common import run_command
+from efpsn.cli.evaluate import evaluate_model, register
 from efpsn.model_io import (
     FORMAT_VERSION,
     ModelMetadata,
@@ -28,8 +28,9 @@ from efpsn.model_io import (
     state_dict_of,
     vector_of,
 )
-from efpsn.tasks import LogisticRegression, make_task
+from efpsn.tasks.catalog import make_task
 from efpsn.tasks.local import load_local_data
+from efpsn.tasks.models import LogisticRegression
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -230,7 +231,7 @@ def test_read_model_refuses_what_is_not_ours(tmp_path: Path) -> None:
 
 
 def test_the_evaluate_parser_imports_no_torch(tmp_path: Path) -> None:
-    probe = ("import argparse, sys\nfrom efpsn.evaluate_cli import register\n"
+    probe = ("import argparse, sys\nfrom efpsn.cli.evaluate import register\n"
              "p = argparse.ArgumentParser(prog='efpsn')\n"
              "register(p.add_subparsers(dest='c'))\n"
              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")

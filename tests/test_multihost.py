@@ -26,8 +26,8 @@ import torch
 from netns import NetnsNetwork, can_use_netns, stop_processes
 
 from efpsn.config import RunConfig
-from efpsn.flags import run_parameters_args
 from efpsn.launch.summary import load_agent_results
+from efpsn.run_flags import run_parameters_args
 from efpsn.simulator import run_simulation
 from efpsn.wire.tls import generate_certificates
 

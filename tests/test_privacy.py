@@ -227,7 +227,7 @@ def test_privacy_cli_accounts_refreshed_masks(tmp_path: Path) -> None:
     """`efpsn privacy --refresh every:R`: the per-sample accountant, the same epsilon as the
     library gives, and an infinite one with its reason where the run gives no bound."""
     from efpsn.accounting import account_refreshed
-    from efpsn.cli import main
+    from efpsn.cli.main import main
     from efpsn.refresh_value import Refresh
     from efpsn.topology import build_graph
 

@@ -77,7 +77,7 @@ def test_epsilon_exists_only_where_the_accountant_gives_one() -> None:
 
 
 def test_simulate_prints_the_line_and_writes_it(tmp_path: Path) -> None:
-    from efpsn.cli import main
+    from efpsn.cli.main import main
 
     out = tmp_path / "sim.json"
     assert main(["simulate", "--agents", "3", "--topology", "ring", "--iterations", "3",

@@ -21,9 +21,8 @@ from pathlib import Path
 import pytest
 from test_launcher import efpsn, leftovers, stop
 
-from efpsn.cli_common import Stopped
 from efpsn.datadir import split_data
-from efpsn.launch.signals import StopSignals, signals_held
+from efpsn.launch.signals import Stopped, StopSignals, signals_held
 from efpsn.lifeline import ENV, Lifeline
 
 pytestmark = [pytest.mark.timeout(300),

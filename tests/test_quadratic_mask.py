@@ -95,7 +95,7 @@ def test_simulate_mask_degree_2_ends_at_x_star(tmp_path, capsys) -> None:  # typ
     # prepare: iris in 4 private folders, the defaults at gamma 1e6
     import json
 
-    from efpsn.cli import main
+    from efpsn.cli.main import main
     folders = tmp_path / "iris"
     assert main(["data", "split", "--data", "sklearn:iris", "--agents", "4",
                  "--out", str(folders)]) == 0

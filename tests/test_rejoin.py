@@ -18,8 +18,8 @@ from agent.rejoin import exchange_new_seeds
 from efpsn import paillier
 from efpsn.config import RunConfig
 from efpsn.departure_masks import new_edge_seeds
-from efpsn.wire import serde
-from efpsn.wire.serde import Phase
+from efpsn.wire import records, serde
+from efpsn.wire.records import Phase
 from efpsn.wire.tls import TlsConfig
 from efpsn.wire.v1 import agent_pb2
 
@@ -47,7 +47,7 @@ async def _call(folder: Path, agent: InProcessAgent, caller: str, method: str,
 
 def _key(agent: InProcessAgent, round_: int) -> agent_pb2.PublicKeyMessage:
     public, _ = paillier.generate_keypair(2048)
-    return serde.public_key_message(header=serde.make_header(
+    return serde.public_key_message(header=records.make_header(
         run_id=RUN, sender=agent.name, round=round_, phase=Phase.KEYS), n=public.n)
 
 

@@ -26,9 +26,9 @@ from agent.options import RefusedByNeighbour
 from agent.outbox import Outbox
 from agent.round_stream import METHOD, RoundStream, StreamBroken
 from efpsn.config import RunConfig
-from efpsn.wire import guard, rounds, serde
+from efpsn.wire import guard, records, rounds
 from efpsn.wire.net import open_channel
-from efpsn.wire.serde import Phase
+from efpsn.wire.records import Phase
 from efpsn.wire.tls import TlsConfig
 from efpsn.wire.v1 import agent_pb2
 
@@ -55,7 +55,7 @@ class Pair:
     def message(self, t: int, *, sender: str = "agent2", run: str = RUN,
                 value: float = 1.0) -> agent_pb2.RoundMessage:
         x = torch.full(self.shape, value + t, dtype=torch.float64)
-        return rounds.message_to_proto({"x": x}, header=serde.make_header(
+        return rounds.message_to_proto({"x": x}, header=records.make_header(
             run_id=run, sender=sender, round=t, phase=Phase.OPTIMIZE))
 
     def channel(self, who: str) -> grpc.aio.Channel:

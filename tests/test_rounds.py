@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from efpsn.algorithms import AgentState, StepContext, make_algorithm
+from efpsn.algorithms import make_algorithm
+from efpsn.algorithms.base import AgentState, StepContext
 from efpsn.rounds import RoundDriver, progress, worst
 from efpsn.schedules import make_schedule
 

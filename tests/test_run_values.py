@@ -11,7 +11,8 @@ import pytest
 
 from efpsn.config import RunConfig, value_types
 from efpsn.refresh_value import Refresh
-from efpsn.run_values import L2, BatchSize, Momentum, Rounds, Schedule
+from efpsn.run_values import L2, BatchSize, Momentum, Rounds, Schedule, StopEvery
+from efpsn.schema import Scale, TaskSpec
 from efpsn.selection import Selection
 
 TEXTS = {
@@ -23,6 +24,9 @@ TEXTS = {
     Selection: ["all", "last-bias", "random", "random:200", "indices:3,17,42",
                 "all@lebesgue", "last-bias@uniform"],
     Refresh: ["never", "every:1", "every:10", "fading", "fading:0.5"],
+    StopEvery: ["auto", "never", "25"],
+    TaskSpec: ["logreg", "lenet", "mlp:32,16", "python:mymodel:make"],
+    Scale: ["none", "unit", "standard", "div:255", "div:2,4,0.5"],
 }
 
 
@@ -38,7 +42,10 @@ def test_every_value_shows_the_text_it_parses_and_crosses_the_wire_unchanged(
 
 def test_the_sentinels_live_only_in_the_wire_scalars() -> None:
     assert (Rounds(None).wire(), BatchSize(None).wire(), Momentum(None).wire(),
-            L2(None).wire()) == (0, 0, -1.0, -1.0)
+            L2(None).wire(), StopEvery(None, auto=True).wire(), StopEvery(None).wire()) == (
+        0, 0, -1.0, -1.0, -1, 0)
+    assert StopEvery.of(-1).auto and StopEvery.of(0).never and StopEvery.of(7).rounds == 7
+    assert not StopEvery(None, auto=True).never and not StopEvery(3).never
     assert Rounds.of(0).auto and BatchSize.of(0).full and Momentum.of(-1.0).auto
     assert L2.of(-1.0).default and L2.parse("-1").default
     assert (Rounds.of(300).count, BatchSize.of(64).size, Momentum.of(0.9).beta,
@@ -62,7 +69,10 @@ def test_the_values_refuse_what_is_out_of_range_naming_it() -> None:
                        (lambda: L2.parse("nan"), "l2 must be a finite number or 'default'"),
                        (lambda: Schedule.parse("paper:fast"), "'fast' is not a number"),
                        (lambda: Schedule.parse("cosine"), "unknown schedule 'cosine'"),
-                       (lambda: Schedule.parse("constant"), "constant schedule needs")):
+                       (lambda: Schedule.parse("constant"), "constant schedule needs"),
+                       (lambda: StopEvery.parse("0"), "stop every must be a positive integer"),
+                       (lambda: StopEvery.of(-2), "stop_every must be >= -1"),
+                       (lambda: StopEvery(5, auto=True), "not both")):
         with pytest.raises(ValueError, match=match):
             bad()
     for bad_type in (lambda: Rounds.of(True), lambda: Rounds.of(2.5), lambda: Schedule.of(3),
@@ -81,9 +91,10 @@ def test_the_schedule_says_what_the_step_rule_left_and_its_constant_step() -> No
 def test_run_config_holds_values_never_text_or_sentinels() -> None:
     hints = typing.get_type_hints(RunConfig)
     for name in ("selection", "refresh", "schedule", "momentum", "iterations", "batch_size",
-                 "l2"):
+                 "l2", "scale", "task", "stop_every"):
         assert hints[name] not in (str, int, float), name
-        assert name in value_types()
+        assert name in value_types() and hasattr(hints[name], "parse"), name
+    assert {hints[n] for n in ("scale", "task", "stop_every")} == {Scale, TaskSpec, StopEvery}
     config = RunConfig(selection="last-bias", refresh="never", schedule="paper",
                        iterations=200, batch_size=64, momentum=0.0, l2=0.001, algorithm="dsgd")
     assert config == RunConfig(selection=Selection.parse("last-bias"), refresh=Refresh(None),

@@ -11,15 +11,10 @@ from pathlib import Path
 import pytest
 
 from coordinator.cli import build_parser
-from efpsn.compose_file import compose_variables, render_compose
+from efpsn.cli.compose import compose_variables, render_compose
+from efpsn.cli.flags import apply_environment, config_from_args
 from efpsn.config import declarations
-from efpsn.flags import (
-    apply_environment,
-    config_from_args,
-    environment_variable,
-    flag_of,
-    run_parameter_variables,
-)
+from efpsn.run_flags import environment_variable, flag_of, run_parameter_variables
 
 
 def _config(argv: list[str], environ: dict[str, str]):

@@ -7,13 +7,39 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from efpsn.schema import check_task_spec, scale_divisor
+from efpsn.schema import Scale, TaskSpec
 
 
-def test_every_task_form_is_accepted_at_its_smallest() -> None:
+def check_task_spec(task: str) -> None:
+    TaskSpec.parse(task)
+
+
+def scale_divisor(scale: str, *, features: int | None = None) -> float | np.ndarray:
+    return Scale.parse(scale).divisor(features=features)
+
+
+def test_every_task_form_is_accepted_at_its_smallest_and_shows_its_text() -> None:
     for task in ("logreg", "lenet", "mlp:1", "mlp:1,1", "mlp:32,16", "python:m:make",
                  "python:pkg.models:build_net", "python:a:b:c"):
-        check_task_spec(task)
+        spec = TaskSpec.parse(task)
+        assert str(spec) == spec.wire() == task and TaskSpec.of(task) == spec
+        assert TaskSpec.of(spec) is spec
+    assert TaskSpec.parse("mlp:32,16").hidden == (32, 16)
+    assert TaskSpec.parse("python:a:b:c").factory == "a:b:c"
+    assert TaskSpec.parse("logreg").logreg and not TaskSpec.parse("mlp:4").logreg
+
+
+def test_every_scale_shows_the_text_it_parses() -> None:
+    for text in ("none", "unit", "standard", "div:255", "div:0.5", "div:2,4,0.5", "div:1e+20"):
+        scale = Scale.parse(text)
+        assert str(scale) == scale.wire() == text and Scale.of(text) == scale
+        assert Scale.parse(str(scale)) == scale and Scale.of(scale) is scale
+    assert Scale.parse("standard").standard and not Scale.parse("div:3").standard
+    assert Scale.parse("div:3").divisors == (3.0,)
+    with pytest.raises(ValueError, match="divisors"):
+        Scale("div")
+    with pytest.raises(ValueError, match="hidden widths"):
+        TaskSpec("mlp")
 
 
 @pytest.mark.parametrize(("task", "words"), [

@@ -46,9 +46,9 @@ from efpsn.launch.summary import load_agent_results
 from efpsn.ledger import RoundLedger
 from efpsn.masking import Masker
 from efpsn.simulator import run_simulation
+from efpsn.wire import records
 from efpsn.wire import rounds as wire_rounds
-from efpsn.wire import serde
-from efpsn.wire.serde import Phase
+from efpsn.wire.records import Phase
 from efpsn.wire.tls import generate_certificates
 from efpsn.wire.v1 import agent_pb2, common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -128,14 +128,14 @@ class Harness:
                                        count=self.masker.ciphertexts_per_neighbour, packed=True)
         x = torch.linspace(-1, 1, NUM_PARAMS, dtype=torch.float64)
         for t in range(CURRENT_ROUND + 1):
-            mine = wire_rounds.message_to_proto({"x": x + t}, header=serde.make_header(
+            mine = wire_rounds.message_to_proto({"x": x + t}, header=records.make_header(
                 run_id=RUN, sender="agent1", round=t, phase=Phase.OPTIMIZE))
             self.parts.outbox.remember(t, mine.SerializeToString())
         # neighbours' messages of earlier rounds were consumed: only their digests remain
         self.valid_rounds: list[agent_pb2.RoundMessage] = []
         for t in range(CURRENT_ROUND + 2):
             for sender in ("agent2", "agent5"):
-                pb = wire_rounds.message_to_proto({"x": x * (t + 1)}, header=serde.make_header(
+                pb = wire_rounds.message_to_proto({"x": x * (t + 1)}, header=records.make_header(
                     run_id=RUN, sender=sender, round=t, phase=Phase.OPTIMIZE))
                 self.valid_rounds.append(pb)
                 if t < CURRENT_ROUND:
@@ -311,13 +311,13 @@ FUZZ = settings(max_examples=PER_SERVICE // 5 + 50, deadline=None, database=None
 def _round(h: Harness, sender: str, t: int, x: torch.Tensor | None = None, *,
            run: str = RUN, dtype: torch.dtype = torch.float64) -> agent_pb2.RoundMessage:
     x = torch.zeros(NUM_PARAMS, dtype=torch.float64) if x is None else x
-    return wire_rounds.message_to_proto({"x": x.to(dtype)}, header=serde.make_header(
+    return wire_rounds.message_to_proto({"x": x.to(dtype)}, header=records.make_header(
         run_id=run, sender=sender, round=t, phase=Phase.OPTIMIZE))
 
 
 def _shares(h: Harness, cts: list[int], fp: bytes | None = None) -> agent_pb2.SharesMessage:
     return agent_pb2.SharesMessage(
-        header=serde.make_header(run_id=RUN, sender="agent2", round=0, phase=Phase.SHARES),
+        header=records.make_header(run_id=RUN, sender="agent2", round=0, phase=Phase.SHARES),
         batch=common_pb2.CiphertextBatch(
             key_fingerprint=h.own_fp if fp is None else fp,
             ciphertexts=[c.to_bytes((c.bit_length() + 7) // 8 or 1, "big") for c in cts],
@@ -327,7 +327,7 @@ def _shares(h: Harness, cts: list[int], fp: bytes | None = None) -> agent_pb2.Sh
 def _key(n: int, *, good_fp: bool = True) -> agent_pb2.PublicKeyMessage:
     data = n.to_bytes((n.bit_length() + 7) // 8, "big")
     return agent_pb2.PublicKeyMessage(
-        header=serde.make_header(run_id=RUN, sender="agent2", round=0, phase=Phase.KEYS),
+        header=records.make_header(run_id=RUN, sender="agent2", round=0, phase=Phase.KEYS),
         key=common_pb2.PaillierPublicKey(
             n=data, fingerprint=hashlib.sha256(data).digest() if good_fp else b"\x01" * 32))
 
@@ -340,7 +340,7 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
     nan = torch.zeros(NUM_PARAMS, dtype=torch.float64)
     nan[17] = float("nan")
     wrong_shape = wire_rounds.message_to_proto(
-        {"x": torch.zeros(3, dtype=torch.float64)}, header=serde.make_header(
+        {"x": torch.zeros(3, dtype=torch.float64)}, header=records.make_header(
             run_id=RUN, sender="agent2", round=5, phase=Phase.OPTIMIZE))
     own_n = h.masker.public_key.n
     cases = [
@@ -360,7 +360,7 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
         (a.PutRound, _round(h, "agent2", 5), "agent2", "OK", ""),
         (a.PutRound, _round(h, "agent2", 5, torch.ones(NUM_PARAMS, dtype=torch.float64)),
          "agent2", "INVALID_ARGUMENT", "already received"),
-        (a.GetRound, agent_pb2.RoundRequest(header=serde.make_header(
+        (a.GetRound, agent_pb2.RoundRequest(header=records.make_header(
             run_id=RUN, sender="agent3", round=2, phase=Phase.OPTIMIZE)), "agent3",
          "PERMISSION_DENIED", "not a neighbour"),
         (a.PutPublicKey, _key(h.key_ns[1]), "agent2", "INVALID_ARGUMENT", "2048"),
@@ -386,14 +386,14 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
         assert (got_code, words in details) == (code, True), (method.__name__, who, details)
     # pulls: a round it holds, a round it has not reached, garbage bytes
     reply = h.loop.run_until_complete(a.GetRound(agent_pb2.RoundRequest(
-        header=serde.make_header(run_id=RUN, sender="agent2", round=2, phase=Phase.OPTIMIZE)),
+        header=records.make_header(run_id=RUN, sender="agent2", round=2, phase=Phase.OPTIMIZE)),
         FakeContext(_auth("agent2", h.pems))))
     assert reply.available and reply.message.header.round == 2
     reply = h.loop.run_until_complete(a.GetRound(agent_pb2.RoundRequest(
-        header=serde.make_header(run_id=RUN, sender="agent2", round=7, phase=Phase.OPTIMIZE)),
+        header=records.make_header(run_id=RUN, sender="agent2", round=7, phase=Phase.OPTIMIZE)),
         FakeContext(_auth("agent2", h.pems))))
     assert not reply.available and reply.latest_round == CURRENT_ROUND
-    from efpsn.wire.net import Undecodable
+    from efpsn.wire.guard import Undecodable
 
     context = FakeContext(_auth("agent2", h.pems))
     with pytest.raises(grpc.aio.AbortError):
@@ -667,7 +667,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
         def rounds_message(sender: str, run: str) -> bytes:
             x = torch.zeros(NUM_PARAMS, dtype=torch.float64)
-            return wire_rounds.message_to_proto({"x": x}, header=serde.make_header(
+            return wire_rounds.message_to_proto({"x": x}, header=records.make_header(
                 run_id=run, sender=sender, round=at_round, phase=Phase.OPTIMIZE)
             ).SerializeToString()
 
@@ -689,7 +689,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 a1, _creds(tls_dir, "agent3"), "agent1", put, rounds_message("agent3", run_id)),
             "non-neighbour agent3 pulling": (
                 a1, _creds(tls_dir, "agent3"), "agent1", pull,
-                agent_pb2.RoundRequest(header=serde.make_header(
+                agent_pb2.RoundRequest(header=records.make_header(
                     run_id=run_id, sender="agent3", round=0, phase=Phase.OPTIMIZE)
                 ).SerializeToString()),
             "intruder claiming to be agent2": (

@@ -15,7 +15,7 @@ from localnet import LocalNet
 
 from agent.concurrency import all_or_first_error, settle
 from agent.mailbox import Mailbox
-from efpsn.cli_services import until_signalled
+from efpsn.cli.services import until_signalled
 from efpsn.config import RunConfig
 
 pytestmark = pytest.mark.timeout(300)

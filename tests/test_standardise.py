@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from efpsn.cli import main
+from efpsn.cli.main import main
 from efpsn.config import RunConfig
 from efpsn.datadir import load_data_dir, split_data
 from efpsn.model_io import read_model, save_model
@@ -112,7 +112,7 @@ def test_saved_model_carries_the_standardisation(tmp_path):
     path = save_model(tmp_path / "model.safetensors", task=problem.task, x=x, scale="standard",
                       standardisation=(totals.mean(), totals.std()))
     saved = read_model(path)
-    assert saved.metadata.scale == "standard"
+    assert saved.metadata.scale.standard
     _, _, xt, yt = _pooled(folder)
     inputs = saved.inputs(xt)  # raw test features in, the run's standardised features out
     torch.testing.assert_close(inputs, problem.test.images, rtol=0, atol=0)
@@ -120,7 +120,7 @@ def test_saved_model_carries_the_standardisation(tmp_path):
                                         saved.state["linear.bias"])
     accuracy = float((logits.argmax(dim=1).numpy() == yt).mean())
     assert accuracy == pytest.approx(problem.task.accuracy(x, problem.test))
-    from efpsn.evaluate_cli import evaluate_model
+    from efpsn.cli.evaluate import evaluate_model
 
     assert evaluate_model(path, folder / "test.npz").accuracy == pytest.approx(accuracy)
 
@@ -130,15 +130,15 @@ def test_networked_runs_send_standard_unresolved(tmp_path):
     wait for the network's totals (agent/secure_sum.py)."""
     import argparse
 
-    from efpsn.cli_common import add_data_dir_arguments
-    from efpsn.flags import add_run_arguments, network_config
+    from efpsn.cli.common import add_data_dir_arguments
+    from efpsn.cli.flags import add_run_arguments, network_config
 
     folder = _raw_folder(tmp_path, "wine")
     parser = argparse.ArgumentParser()
     add_run_arguments(parser)
     add_data_dir_arguments(parser)
     config = network_config(parser.parse_args(["--data-dir", str(folder)]))
-    assert config.scale == "standard" and not config.resolved_ok and config.l2.default
+    assert config.scale.standard and not config.resolved_ok and config.l2.default
     public = network_config(parser.parse_args(["--data-dir", str(folder), "--scale", "none"]))
     assert public.resolved_ok
     with pytest.raises(ValueError, match="public scales"):  # refused before anything starts

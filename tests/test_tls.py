@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from efpsn.cli import main
+from efpsn.cli.main import main
 from efpsn.wire.tls import (
     TlsConfig,
     TlsError,

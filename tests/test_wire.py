@@ -21,8 +21,8 @@ from hypothesis.extra import numpy as hnp
 
 from efpsn.config import RunConfig
 from efpsn.stopping import STOP_KEY
-from efpsn.wire import limits, rounds, serde
-from efpsn.wire.serde import Phase, WireError
+from efpsn.wire import limits, records, rounds, serde
+from efpsn.wire.records import Phase, WireError
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def _bits(t: torch.Tensor) -> bytes:
 
 
 def _header(phase: Phase = Phase.OPTIMIZE, round: int = 3) -> common_pb2.Header:
-    return serde.make_header(run_id="run-1", sender="agent2", round=round, phase=phase)
+    return records.make_header(run_id="run-1", sender="agent2", round=round, phase=phase)
 
 
 # ------------------------------------------------------------------------------ tensor round trip
@@ -72,7 +72,7 @@ def test_encode_round_writes_the_bytes_of_the_message(message: dict[str, np.ndar
     """encode_round writes the protobuf encoding itself (one copy of the data): byte for byte
     what the RoundMessage it stands for serializes to, for every dtype, shape and round."""
     tensors = {name: torch.from_numpy(array) for name, array in message.items()}
-    expected = rounds.message_to_proto(tensors, header=serde.make_header(
+    expected = rounds.message_to_proto(tensors, header=records.make_header(
         run_id="run-1", sender="agent2", round=round_, phase=Phase.OPTIMIZE)).SerializeToString()
     assert rounds.encode_round(tensors, run_id="run-1", sender="agent2", round_=round_) == expected
 
@@ -300,7 +300,7 @@ def test_shares_message_carries_batch() -> None:
     fp = serde.key_fingerprint(_odd_modulus(2048))
     msg = serde.shares_message(header=_header(Phase.SHARES, 0), fingerprint=fp,
                                ciphertexts=[11, 13], num_coefficients=2, packed=False)
-    assert serde.validate_header(msg.header, run_id="run-1", phase=Phase.SHARES).round == 0
+    assert records.validate_header(msg.header, run_id="run-1", phase=Phase.SHARES).round == 0
     assert serde.ciphertexts_from_proto(msg.batch).ciphertexts == (11, 13)
 
 
@@ -313,17 +313,17 @@ def test_phase_mirrors_proto_enum() -> None:
 
 def test_header_round_trip_and_validation() -> None:
     pb = _header(Phase.OPTIMIZE, 2**64 - 1)
-    header = serde.validate_header(pb, run_id="run-1", phase=Phase.OPTIMIZE,
+    header = records.validate_header(pb, run_id="run-1", phase=Phase.OPTIMIZE,
                                    senders={"agent2", "agent3"}, round=2**64 - 1)
-    assert header == serde.Header("run-1", "agent2", 2**64 - 1, Phase.OPTIMIZE)
+    assert header == records.Header("run-1", "agent2", 2**64 - 1, Phase.OPTIMIZE)
     with pytest.raises(WireError, match="for run 'run-1', expected run 'run-2'"):
-        serde.validate_header(pb, run_id="run-2", phase=Phase.OPTIMIZE)
+        records.validate_header(pb, run_id="run-2", phase=Phase.OPTIMIZE)
     with pytest.raises(WireError, match="phase OPTIMIZE, expected KEYS"):
-        serde.validate_header(pb, run_id="run-1", phase=Phase.KEYS)
+        records.validate_header(pb, run_id="run-1", phase=Phase.KEYS)
     with pytest.raises(WireError, match="sender 'agent2' is not one of"):
-        serde.validate_header(pb, run_id="run-1", phase=Phase.OPTIMIZE, senders=["agent4"])
+        records.validate_header(pb, run_id="run-1", phase=Phase.OPTIMIZE, senders=["agent4"])
     with pytest.raises(WireError, match="expected round 7"):
-        serde.validate_header(pb, run_id="run-1", phase=Phase.OPTIMIZE, round=7)
+        records.validate_header(pb, run_id="run-1", phase=Phase.OPTIMIZE, round=7)
 
 
 @pytest.mark.parametrize(
@@ -339,16 +339,16 @@ def test_header_round_trip_and_validation() -> None:
 )
 def test_bad_headers_are_not_built(kwargs: dict, match: str) -> None:
     with pytest.raises(WireError, match=match):
-        serde.make_header(**kwargs)
+        records.make_header(**kwargs)
 
 
 def test_received_header_checks() -> None:
     with pytest.raises(WireError, match="PHASE_UNSPECIFIED"):
-        serde.header_from_proto(common_pb2.Header(run_id="r", sender="a"))
+        records.header_from_proto(common_pb2.Header(run_id="r", sender="a"))
     with pytest.raises(WireError, match="not a known Phase"):
-        serde.header_from_proto(common_pb2.Header(run_id="r", sender="a", phase=99))
+        records.header_from_proto(common_pb2.Header(run_id="r", sender="a", phase=99))
     with pytest.raises(WireError, match="run_id"):
-        serde.header_from_proto(common_pb2.Header(sender="a", phase=common_pb2.KEYS))
+        records.header_from_proto(common_pb2.Header(sender="a", phase=common_pb2.KEYS))
 
 
 # -------------------------------------------------------------------------------- round messages
@@ -362,7 +362,7 @@ def test_round_digest_is_the_content_not_the_header() -> None:
     base = rounds.message_to_proto({"x": x}, header=_header())
     tensors, digest = rounds.decode_round_message(base)
     assert digest == rounds.round_digest(base) and torch.equal(tensors["x"], x)
-    other_header = rounds.message_to_proto({"x": x}, header=serde.make_header(
+    other_header = rounds.message_to_proto({"x": x}, header=records.make_header(
         run_id="another-run", sender="agent9", round=77, phase=Phase.OPTIMIZE))
     assert rounds.round_digest(other_header) == digest
     variants = [
@@ -429,23 +429,23 @@ _OVERRIDES = {
     "scale": "none",
 }
 _PARAMS = {name: {**RunConfig().to_dict(), **_OVERRIDES}[name]
-           for name in serde.RUN_PARAMETER_FIELDS}
+           for name in records.RUN_PARAMETER_FIELDS}
 
 
 def test_run_parameters_round_trip() -> None:
-    pb = serde.run_parameters_to_proto(_PARAMS)
-    back = serde.run_parameters_from_proto(pb)
+    pb = records.run_parameters_to_proto(_PARAMS)
+    back = records.run_parameters_from_proto(pb)
     assert back == _PARAMS
     assert {k: type(v) for k, v in back.items()} == {k: type(v) for k, v in _PARAMS.items()}
 
 
 def test_run_parameters_match_run_config() -> None:
     values = RunConfig().to_dict()
-    assert set(values) == set(serde.RUN_PARAMETER_FIELDS)
-    back = serde.run_parameters_from_proto(serde.run_parameters_to_proto(values))
+    assert set(values) == set(records.RUN_PARAMETER_FIELDS)
+    back = records.run_parameters_from_proto(records.run_parameters_to_proto(values))
     assert RunConfig.from_dict(back) == RunConfig()
     changed = RunConfig(gamma=12.5, packed=False, batch_size=0, topology="grid:1x5")
-    back = serde.run_parameters_from_proto(serde.run_parameters_to_proto(changed.to_dict()))
+    back = records.run_parameters_from_proto(records.run_parameters_to_proto(changed.to_dict()))
     assert RunConfig.from_dict(back) == changed
 
 
@@ -464,30 +464,30 @@ def test_run_parameters_match_run_config() -> None:
 )
 def test_bad_run_parameters_are_rejected(change: dict, match: str) -> None:
     with pytest.raises(WireError, match=match):
-        serde.run_parameters_to_proto({**_PARAMS, **change})
+        records.run_parameters_to_proto({**_PARAMS, **change})
 
 
 def test_missing_run_parameters_are_rejected() -> None:
     values = dict(_PARAMS)
     del values["gamma"]
     with pytest.raises(WireError, match=r"missing \['gamma'\]"):
-        serde.run_parameters_to_proto(values)
+        records.run_parameters_to_proto(values)
 
 
-def _assignment(**changes: object) -> serde.Assignment:
+def _assignment(**changes: object) -> records.Assignment:
     fields = {
         "run_id": "run-1", "index": 1, "name": "agent2",
-        "neighbours": (serde.Peer("agent1", 0, "127.0.0.1:5001", 1 / 3),
-                       serde.Peer("agent3", 2, "127.0.0.1:5003", 1 / 3)),
+        "neighbours": (records.Peer("agent1", 0, "127.0.0.1:5001", 1 / 3),
+                       records.Peer("agent3", 2, "127.0.0.1:5003", 1 / 3)),
         "self_weight": 1 / 3, "num_agents": 5,
     }
     fields.update(changes)
-    return serde.Assignment(**fields)  # type: ignore[arg-type]
+    return records.Assignment(**fields)  # type: ignore[arg-type]
 
 
 def test_assignment_round_trip() -> None:
     assignment = _assignment()
-    assert serde.assignment_from_proto(serde.assignment_to_proto(assignment)) == assignment
+    assert records.assignment_from_proto(records.assignment_to_proto(assignment)) == assignment
 
 
 @pytest.mark.parametrize(
@@ -496,15 +496,15 @@ def test_assignment_round_trip() -> None:
         ({"self_weight": 0.5}, "sum to 1"),
         ({"num_agents": 2}, r"neighbour indices \[0, 2\] out of range for 2 agents"),
         ({"index": 0, "name": "agent1"}, "itself"),
-        ({"neighbours": (serde.Peer("agent3", 2, "h:1", 1 / 3), serde.Peer("agent1", 0, "h:2",
+        ({"neighbours": (records.Peer("agent3", 2, "h:1", 1 / 3), records.Peer("agent1", 0, "h:2",
                                                                              1 / 3))},
          "ascending"),
-        ({"neighbours": (serde.Peer("agent1", 0, "", 2 / 3),)}, "address"),
+        ({"neighbours": (records.Peer("agent1", 0, "", 2 / 3),)}, "address"),
     ],
 )
 def test_bad_assignments_are_rejected(changes: dict, match: str) -> None:
     with pytest.raises(WireError, match=match):
-        serde.assignment_to_proto(_assignment(**changes))
+        records.assignment_to_proto(_assignment(**changes))
 
 
 # --------------------------------------------------------------------------------- code hygiene
@@ -565,7 +565,7 @@ class _RecordingAgent(agent_pb2_grpc.AgentServicer):
         self, request: agent_pb2.RoundMessage, context: grpc.aio.ServicerContext
     ) -> common_pb2.Ack:
         try:
-            header = serde.validate_header(request.header, run_id="run-1", phase=Phase.OPTIMIZE)
+            header = records.validate_header(request.header, run_id="run-1", phase=Phase.OPTIMIZE)
             tensors = rounds.message_from_proto(request)
         except WireError as exc:
             return common_pb2.Ack(accepted=False, detail=str(exc))
@@ -618,7 +618,7 @@ def test_grpc_smoke_put_round_health_and_limits() -> None:
                 assert torch.equal(agent.received[0]["x"], x)
                 assert _bits(agent.received[0]["y"]) == _bits(y)
 
-                wrong_run = serde.make_header(run_id="other", sender="agent2", round=3,
+                wrong_run = records.make_header(run_id="other", sender="agent2", round=3,
                                               phase=Phase.OPTIMIZE)
                 nack = await stub.PutRound(rounds.message_to_proto({"x": x}, header=wrong_run),
                                            timeout=5)

@@ -18,17 +18,9 @@ from grpc_health.v1 import health_pb2
 from coordinator.service import serve
 from efpsn.config import RunConfig
 from efpsn.wire import limits, serde
-from efpsn.wire.net import (
-    Admission,
-    Gatekeeper,
-    RejectionLog,
-    Server,
-    guarded,
-    open_channel,
-    start_server,
-    unread_handler,
-)
-from efpsn.wire.serde import WireError
+from efpsn.wire.guard import Admission, Gatekeeper, RejectionLog, guarded, unread_handler
+from efpsn.wire.net import Server, open_channel, start_server
+from efpsn.wire.records import WireError
 from efpsn.wire.v1 import common_pb2
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,7 +11,7 @@
 request` and `sign`) into Swarm secrets named efpsn-NAME.key, efpsn-NAME.pem (and efpsn-ca.pem);
 it writes no file. It first checks them with efpsn (key mode 0600, certificate of NAME from the
 CA, matching the key), and `stack` takes the run parameters' variables from efpsn
-(efpsn/compose_file.py, as docker-compose.yml), so run those two with the Python that has efpsn
+(efpsn/cli/compose.py, as docker-compose.yml), so run those two with the Python that has efpsn
 installed; `label` and `check` need only the standard library. Run it with the Docker CLI pointed at a manager (DOCKER_HOST=ssh://...,
 or `docker context use`). `label` adds the node label efpsn.party.NAME=true that the stack's
 placement constraint asks for; a node may carry several. Everything else is plain `docker`.
@@ -99,7 +99,7 @@ COORDINATOR = """\
       - --data
       - local
       - --from-environment
-    environment:  # every run parameter (efpsn.flags.run_parameter_variables)
+    environment:  # every run parameter (efpsn.run_flags.run_parameter_variables)
 {environment}
     healthcheck:
       test: [CMD, python, -m, efpsn.wire.healthcheck, --tls-dir, /run/secrets, --tls-name,
@@ -146,7 +146,7 @@ def agent_names(count: int) -> list[str]:
 
 def render_stack(count: int) -> str:
     """The stack file (compose format 3.8) for a coordinator and agent1..agentCOUNT."""
-    from efpsn.compose_file import DEFAULTS, compose_variables
+    from efpsn.cli.compose import DEFAULTS, compose_variables
 
     names = agent_names(count)
     environment = "\n".join(f"      {v}: ${{{v}:-{DEFAULTS.get(v, '')}}}"

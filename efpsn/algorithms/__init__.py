@@ -1,17 +1,11 @@
-"""Decentralized optimization algorithms as sans-I/O step functions."""
+"""Decentralized optimization algorithms as sans-I/O step functions: the algorithms by name.
+
+The step's types live in base.py, each algorithm in its own module (dsgd.py, gt.py, agt.py)."""
 
 from __future__ import annotations
 
 from efpsn.algorithms.agt import AcceleratedTracking
-from efpsn.algorithms.base import (
-    AgentState,
-    Aggregate,
-    Algorithm,
-    GradientOracle,
-    Message,
-    StepContext,
-    mix,
-)
+from efpsn.algorithms.base import Algorithm
 from efpsn.algorithms.dsgd import DSGD
 from efpsn.algorithms.gt import GradientTracking
 
@@ -31,17 +25,4 @@ def make_algorithm(name: str, *, momentum: float = 0.0) -> Algorithm:
         ) from None
 
 
-__all__ = [
-    "ALGORITHMS",
-    "DSGD",
-    "AcceleratedTracking",
-    "AgentState",
-    "Aggregate",
-    "Algorithm",
-    "GradientOracle",
-    "GradientTracking",
-    "Message",
-    "StepContext",
-    "make_algorithm",
-    "mix",
-]
+__all__ = ["ALGORITHMS", "make_algorithm"]

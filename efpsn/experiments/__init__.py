@@ -2,7 +2,7 @@
 
 Each experiment module exposes `PROFILES` (at least "full", the paper's settings, and "quick", a
 few minutes on 2 cores) and `run(settings, *, out) -> dict`, which writes CSV/JSON and PNG plots
-into `out` and returns what it wrote and measured. `efpsn.experiments.cli.register` adds them to
+into `out` and returns what it wrote and measured. `efpsn.cli.experiment.register` adds them to
 the `efpsn` console script as `efpsn experiment NAME`.
 """
 

@@ -26,7 +26,8 @@ from efpsn.experiments.frontier import (
     refreshed_series,
 )
 from efpsn.experiments.sweep import Series, load_problem, plot_sweep, run_series, sweep_columns
-from efpsn.tasks import centralized_optimum, make_task
+from efpsn.tasks.catalog import make_task
+from efpsn.tasks.optimum import centralized_optimum
 
 NAME = "accuracy-convex"
 EXTRA_GAMMAS: tuple[float, ...] = (1e0, 1e2, 1e3, 1e4, 1e5, 1e6)

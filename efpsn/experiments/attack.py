@@ -66,15 +66,12 @@ from efpsn.experiments.attack_report import (
     summarise,
 )
 from efpsn.experiments.attack_rounds import ManyRoundSettings, many_round_table, run_many_rounds
-from efpsn.experiments.common import finish, log, output_dir, stopwatch, write_csv, write_json
-from efpsn.experiments.idlg import (  # noqa: F401  (the attack's API, re-exported)
-    MSE_FLOOR,
+from efpsn.experiments.common import finish, log, output_dir, stopwatch, write_csv
+from efpsn.experiments.idlg import (
     MULTI_ROUND_INIT_SCALE,
     PERTURBATIONS,
     RESTART_ABOVE,
-    agent1_perturbation,
     attack_point,
-    combination_weights,
     image_errors,
     infer_label,
     infer_label_multi,
@@ -82,11 +79,11 @@ from efpsn.experiments.idlg import (  # noqa: F401  (the attack's API, re-export
     perturbation_problem,
     reconstruct,
     reconstruct_multi,
-    sample_gradient,
 )
 from efpsn.experiments.sweep import load_problem
+from efpsn.jsonfile import write_json
 from efpsn.refresh_value import Refresh
-from efpsn.tasks import Task
+from efpsn.tasks.objective import Task
 
 NAME = "attack"
 

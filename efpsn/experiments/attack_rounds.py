@@ -45,10 +45,10 @@ from efpsn.experiments.attack_view import RoundView, one_sample_problem, record_
 from efpsn.experiments.common import Column, format_table, log
 from efpsn.experiments.idlg import image_errors
 from efpsn.experiments.quadratic_mask import masked_config, masked_rule, quadratic_masks
-from efpsn.tasks import Dataset, load_data
+from efpsn.tasks.data import Dataset, load_data
 from efpsn.tasks.optimum import centralized_optimum
 
-__all__ = ["ATTACKERS", "GUESS", "OUTPUT_ATTACKERS", "QUADRATIC_ATTACKERS", "ManyRoundSettings", "attack_view",
+__all__ = ["ATTACKERS", "GUESS", "QUADRATIC_ATTACKERS", "ManyRoundSettings", "attack_view",
            "many_round_table", "run_many_rounds", "summarise_many"]
 
 GUESS = "guess: the others' mean"

@@ -34,8 +34,9 @@ import torch
 
 from efpsn.config import RunConfig
 from efpsn.problem import LocalObjective, Problem, build_problem
+from efpsn.run_values import StopEvery
 from efpsn.simulator import run_simulation
-from efpsn.tasks import Dataset
+from efpsn.tasks.data import Dataset
 from efpsn.tasks.local import LocalData
 
 __all__ = ["RoundView", "aggregate_view", "one_sample_problem", "record_view",
@@ -151,7 +152,7 @@ def record_view(problem: Problem, *, noise_seed: int, pairs: int = 400,
                               quadratic=quadratic)
     # every round of the step rule's (no early stop at the certificate's target): the attacker
     # sees the longest run the settings allow, and the view's rounds are the ones planned
-    run_simulation(config.replace(eval_every=max(1, horizon), stop_every=0), problem=watched,
+    run_simulation(config.replace(eval_every=max(1, horizon), stop_every=StopEvery(None)), problem=watched,
                    noise_seed=noise_seed, messages=messages)
     if messages == "aggregate":
         return aggregate_view(problem, attacker, watched.watched, horizon=horizon,
@@ -167,7 +168,8 @@ def aggregate_view(problem: Problem, attacker: int,
                    horizon: int, others: str = "data") -> RoundView:
     """The curious neighbour's view of agent 0 under aggregation (module docstring), from the
     recorded oracle calls of the attacker's neighbours (the same rounds at each)."""
-    from efpsn.algorithms import StepContext, make_algorithm
+    from efpsn.algorithms import make_algorithm
+    from efpsn.algorithms.base import StepContext
 
     c = problem.config
     ctx = StepContext(agent=attacker, weights=problem.agent_weights(attacker), lr=0.0,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from efpsn.cli_common import write_json
+from efpsn.jsonfile import write_json
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

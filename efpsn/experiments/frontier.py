@@ -10,11 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from efpsn.cli_common import read_json
 from efpsn.config import RunConfig
 from efpsn.experiments.attack_report import gamma_independent
 from efpsn.experiments.common import Column, format_table, new_figure, save_figure
 from efpsn.experiments.sweep import Series
+from efpsn.jsonfile import read_json
 from efpsn.refresh_value import Refresh
 
 __all__ = [

@@ -13,12 +13,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from efpsn.basis import OrthonormalSystem, choose_monomials, power_monomials
+from efpsn.basis import OrthonormalSystem
 from efpsn.experiments.sweep import with_config
+from efpsn.monomials import choose_monomials, power_monomials
 from efpsn.perturbation import FunctionalPerturbation
 from efpsn.problem import Problem
 from efpsn.simulator import make_masks, run_simulation
-from efpsn.tasks import Task
+from efpsn.tasks.objective import Task
 
 PERTURBATIONS: dict[str, str] = {
     "last-bias": "last-layer bias, K=1 (paper)",

@@ -13,7 +13,7 @@ from efpsn.launch.network import launch_local_network
 from efpsn.launch.summary import load_agent_results
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
-from efpsn.tasks import centralized_optimum
+from efpsn.tasks.optimum import centralized_optimum
 
 NAME = "network-check"
 

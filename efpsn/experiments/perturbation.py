@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from efpsn.basis import OrthonormalSystem, parse_monomials
+from efpsn.basis import OrthonormalSystem
 from efpsn.experiments.common import (
     Column,
     finish,
@@ -19,6 +19,7 @@ from efpsn.experiments.common import (
     stopwatch,
 )
 from efpsn.masking import NoiseSpec
+from efpsn.monomials import parse_monomials
 
 NAME = "perturbation"
 PAPER_MONOMIALS = "1, x2, x2^3, x1, x1^2*x2"

@@ -78,7 +78,7 @@ def masked_rule(config: RunConfig, *, scale: float) -> StepRule:
     """agt's step rule (efpsn.step_rule.step_rule) with the curvature (1 + scale) L."""
     from efpsn.topology import build_graph, metropolis_weights
 
-    if config.algorithm != "agt" or config.task != "logreg":
+    if config.algorithm != "agt" or not config.task.logreg:
         raise ValueError("the degree-2 mask experiment is built for agt on logreg")
     features = math.prod(parse_shape(config.input_shape))
     curvature = public_curvature(config.task, features=features, l2=config.l2)
@@ -148,7 +148,7 @@ def with_degree_two(problem: Problem, *, noise_seed: int, scale: float = SCALE
     """`efpsn simulate --mask-degree 2`: the problem with every agent's A_i (||A_i|| <= scale
     L), and the matrices. The config must come from masked_config (the step it needs)."""
     c = problem.config
-    if c.algorithm != "agt" or c.task != "logreg" or c.mask != "zero-sum":
+    if c.algorithm != "agt" or not c.task.logreg or c.mask != "zero-sum":
         raise ValueError("--mask-degree 2 is built for agt on logreg with the zero-sum mask, "
                          f"got {c.algorithm} on {c.task} with mask {c.mask}")
     curvature = masked_rule(c, scale=0.0).curvature

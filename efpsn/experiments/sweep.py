@@ -10,12 +10,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from efpsn.config import RunConfig, parse_shape, structural_fields
+from efpsn.config import RunConfig, structural_fields
 from efpsn.experiments.common import PAPER_GAMMAS, Column, log, new_figure, save_figure
 from efpsn.model_sizes import parameter_count
 from efpsn.problem import Problem, build_problem
+from efpsn.schema import parse_shape
 from efpsn.simulator import run_simulation
-from efpsn.tasks import Dataset, load_data
+from efpsn.tasks.data import Dataset, load_data
 
 __all__ = [
     "STRUCTURAL_FIELDS",

@@ -12,23 +12,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from efpsn.cli_common import format_metrics, write_json
-from efpsn.cli_services import check_key_policy
-from efpsn.config import LOCAL_DATA, RunConfig
+from efpsn.config import RunConfig
 from efpsn.datadir import inspect_data_dir
-from efpsn.flags import check_flags_against_folder, run_parameters_args
+from efpsn.jsonfile import write_json
 from efpsn.launch.failures import diagnose, failure_file
 from efpsn.launch.forking import ForkServer, can_fork_agents
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
 from efpsn.launch.signals import signals_held
 from efpsn.launch.summary import (
     ProblemBuild,
+    format_metrics,
     format_reports,
     network_timings,
     summarize,
     summarize_reports,
 )
 from efpsn.lifeline import Lifeline
+from efpsn.param_checks import LOCAL_DATA
+from efpsn.run_flags import check_flags_against_folder, check_key_policy, run_parameters_args
 from efpsn.runtime import peak_rss_mb
 from efpsn.wire.records import Phase
 from efpsn.wire.status import StatusPoller
@@ -269,7 +270,7 @@ def _silent_death(agent: Child, folder: Path) -> bool:
 
 def _departed(agents: list[Child], folder: Path) -> set[str]:
     """The agents that the finished ones (exit 0) name as gone in their result.json."""
-    from efpsn.cli_common import read_json
+    from efpsn.jsonfile import read_json
 
     gone: set[str] = set()
     for a in agents:
@@ -329,7 +330,7 @@ def _summarise(config: RunConfig, build: ProblemBuild, folder: Path, names: list
 
 def _departures_record(folder: Path, names: list[str]) -> dict[str, Any] | None:
     """The departures as the remaining agents recorded them (the same at every one)."""
-    from efpsn.cli_common import read_json
+    from efpsn.jsonfile import read_json
 
     records = [read_json(folder / n / "result.json") for n in names]
     seen = [{k: r[k] for k in ("departures", "remaining", "optimum_of")}

@@ -15,12 +15,20 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Self
 
-from efpsn.cli_common import Stopped
-
-__all__ = ["STOP_SIGNALS", "StopSignals", "signals_held"]
+__all__ = ["STOP_SIGNALS", "StopSignals", "Stopped", "signals_held"]
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 _ACTIVE: list[StopSignals] = []
+
+
+class Stopped(KeyboardInterrupt):
+    """A command stopped by a signal it handles (SIGTERM, SIGHUP, SIGINT): its exit code is
+    128 + the signal's number, its last line `message` (efpsn.cli.common.run_command)."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
 
 
 class StopSignals:

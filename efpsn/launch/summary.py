@@ -9,9 +9,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from efpsn.cli_common import read_json
-from efpsn.config import RunConfig, parse_shape
-from efpsn.schema import STANDARD
+from efpsn.config import RunConfig
+from efpsn.jsonfile import read_json
+from efpsn.schema import parse_shape
 
 
 def network_timings(agents: dict[str, Any], *, started_at: float) -> dict[str, float]:
@@ -136,7 +136,7 @@ def _standardised_problem(problem: Any, folder: Path, names: list[str], results:
     """A scale standard run: the public problem of the run the agents resolved after the
     secure sum (their settings: l2 from the total count, the step rule's numbers) and the
     standardisation their models carry; otherwise `problem` as it is and None."""
-    if problem.config.scale != STANDARD or not results:
+    if not problem.config.scale.standard or not results:
         return problem, None
     import numpy as np
 
@@ -176,7 +176,7 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     # a departure's re-base may have extended the cap (StopRule.rebased): the agents say so
     cap = max([config.iterations.total] + [int(e.get("cap", 0)) for r in results
                                            for e in r.get("departures", [])])
-    problems = check_results(results, iterations=cap, early=config.resolved().stop_every > 0)
+    problems = check_results(results, iterations=cap, early=not config.resolved().stop_every.never)
     rounds = results[0]["final"].get("round") if results else None
     weights = problem.weights
     if any("departures" in r for r in results):  # the remaining agents' graph, re-based
@@ -209,9 +209,9 @@ def _public_problem(config: RunConfig, *, local: bool) -> tuple[Any, Any]:
 
     configure_threads()
     problem = build_problem(config, local={} if local else None)
-    if local or problem.config.task != "logreg":
+    if local or not problem.config.task.logreg:
         return problem, None
-    from efpsn.tasks import centralized_optimum
+    from efpsn.tasks.optimum import centralized_optimum
 
     return problem, centralized_optimum(problem.task, problem.shards).x
 
@@ -247,3 +247,16 @@ class ProblemBuild:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    """One line of a metrics record for a person: accuracy, loss, optimality, consensus."""
+    accuracy = metrics["accuracy"]
+    parts = [f"accuracy {accuracy:.4f}" if not math.isnan(accuracy)
+             else "accuracy n/a (no test set, no held-out part)", f"loss {metrics['loss']:.4g}"]
+    if "deviation" in metrics:
+        parts.append(f"||x_bar - x*|| {metrics['deviation']:.3g}"
+                     f" (relative {metrics['relative_deviation']:.3g})")
+    parts.append(f"consensus {metrics['consensus']:.3g}")
+    parts.append(f"||avg grad||^2 {metrics['grad_norm2']:.3g}")
+    return ", ".join(parts)

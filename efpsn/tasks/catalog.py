@@ -10,11 +10,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from efpsn.config import check_task_spec
+from efpsn.model_sizes import DEFAULT_L2
+from efpsn.schema import TaskSpec
 from efpsn.tasks.data import IMAGE_SHAPE, NUM_CLASSES
 from efpsn.tasks.logreg import LogisticRegressionTask
 from efpsn.tasks.models import MLP
-from efpsn.tasks.objective import DEFAULT_L2, LeNetTask, LossFn, Task
+from efpsn.tasks.objective import LeNetTask, LossFn, Task
 
 __all__ = ["DataSchema", "MLPTask", "PythonTask", "make_task"]
 
@@ -135,21 +136,24 @@ class PythonTask(Task):
         return x
 
 
-def make_task(name: str, *, l2: float | None = None, shape: tuple[int, ...] = IMAGE_SHAPE,
-              classes: int = NUM_CLASSES) -> Task:
-    """The task `name` for data of per-sample `shape` and `classes` classes; `l2=None` takes
-    the task family's DEFAULT_L2. logreg and mlp fit any schema, lenet needs 1x28x28."""
+def make_task(name: TaskSpec | str, *, l2: float | None = None,
+              shape: tuple[int, ...] = IMAGE_SHAPE, classes: int = NUM_CLASSES) -> Task:
+    """The task `name` (a run's TaskSpec, or its text) for data of per-sample `shape` and
+    `classes` classes; `l2=None` takes the task family's DEFAULT_L2. logreg and mlp fit any
+    schema, lenet needs 1x28x28."""
     try:
-        check_task_spec(name)
+        spec = TaskSpec.of(name)
     except ValueError as exc:
         raise ValueError(f"unknown task: {exc}") from None
-    family = name.split(":", 1)[0]
-    weight = DEFAULT_L2[family] if l2 is None else l2
-    if name == "logreg":
-        return LogisticRegressionTask(l2=weight, shape=shape, classes=classes)
-    if name == "lenet":
-        return LeNetTask(l2=weight, shape=shape, classes=classes)
-    if family == "mlp":
-        hidden = tuple(int(h) for h in name[4:].split(","))
-        return MLPTask(hidden=hidden, l2=weight, shape=shape, classes=classes)
-    return PythonTask(name, l2=weight, shape=shape, classes=classes)
+    weight = DEFAULT_L2[spec.kind] if l2 is None else l2
+    built: Task
+    if spec.kind == "logreg":
+        built = LogisticRegressionTask(l2=weight, shape=shape, classes=classes)
+    elif spec.kind == "lenet":
+        built = LeNetTask(l2=weight, shape=shape, classes=classes)
+    elif spec.kind == "mlp":
+        built = MLPTask(hidden=spec.hidden, l2=weight, shape=shape, classes=classes)
+    else:
+        built = PythonTask(str(spec), l2=weight, shape=shape, classes=classes)
+    built.spec = spec
+    return built

@@ -266,7 +266,7 @@ def check_arrays(
 ) -> Dataset:
     """Schema, range and label checks; features / divisor reshaped to (n, *shape).
 
-    `divisor` is one public constant or one per feature (efpsn.schema.scale_divisor). `cells`
+    `divisor` is one public constant or one per feature (efpsn.schema.Scale.divisor). `cells`
     names a bad cell in the error (default: numpy indices X[i, j], y[i])."""
     def fail(problem: str) -> DataError:
         return _fail(who, path, problem)

@@ -8,9 +8,10 @@ import math
 import numpy as np
 import torch
 
+from efpsn.model_sizes import DEFAULT_L2
 from efpsn.tasks.data import IMAGE_SHAPE, NUM_CLASSES
 from efpsn.tasks.models import LogisticRegression
-from efpsn.tasks.objective import DEFAULT_L2, Task, check_clip
+from efpsn.tasks.objective import Task, check_clip
 
 __all__ = ["LogisticRegressionTask"]
 

@@ -12,6 +12,7 @@ from torch import nn
 from torch.func import functional_call
 
 from efpsn.model_sizes import DEFAULT_L2
+from efpsn.schema import TaskSpec
 from efpsn.tasks.data import IMAGE_SHAPE, NUM_CLASSES, Dataset
 from efpsn.tasks.fingerprint import model_fingerprint
 from efpsn.tasks.models import LeNet
@@ -59,6 +60,7 @@ class Task:
 
     name: str
     convex: bool = False
+    spec: TaskSpec | None = None  # the run's value, when built by make_task (catalog.py)
 
     def __init__(
         self,

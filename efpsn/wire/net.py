@@ -1,5 +1,5 @@
 """The gRPC edge shared by coordinator and agents: servers with health and reflection, channels,
-retries. The guard (admission, parsing, refusals) lives in efpsn.wire.guard and is re-exported."""
+retries. The guard (admission, parsing, refusals) lives in efpsn.wire.guard."""
 
 from __future__ import annotations
 
@@ -20,21 +20,8 @@ from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from efpsn.wire import limits
-from efpsn.wire.guard import (  # noqa: F401  (re-exported: one import for the services)
-    BAD_INPUT,
-    PARSE_INLINE_BYTES,
-    Admission,
-    Gatekeeper,
-    Reject,
+from efpsn.wire.guard import (
     RejectionLog,
-    Undecodable,
-    Unread,
-    add_service,
-    admitted,
-    guarded,
-    guarded_stream,
-    tolerant_parser,
-    unread_handler,
 )
 from efpsn.wire.stock import GuardedHealth, GuardedReflection
 

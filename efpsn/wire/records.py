@@ -1,7 +1,7 @@
 """Torch-free wire records shared by both services: headers, run parameters, assignments.
 
 The coordinator imports only this module (and the generated coordinator stubs), so its import
-closure has no torch and no Paillier; efpsn.wire.serde re-exports everything here for the agent.
+closure has no torch and no Paillier; every service imports these names from here.
 """
 
 from __future__ import annotations

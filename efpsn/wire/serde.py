@@ -1,7 +1,7 @@
 """Conversions between efpsn.v1 protobuf messages and plain Python, NumPy and torch values.
 
 Tensors and Paillier values live here; the torch-free records (headers, run parameters,
-assignments) live in efpsn.wire.records and are re-exported, so the agent imports one module.
+assignments, WireError) live in efpsn.wire.records and are imported from there.
 """
 
 from __future__ import annotations
@@ -16,23 +16,7 @@ import torch
 
 from efpsn import paillier
 from efpsn.wire import limits
-from efpsn.wire.records import (  # noqa: F401  (re-exported: one import for the agent)
-    RUN_PARAMETER_FIELDS,
-    UINT32_END,
-    UINT64_END,
-    Assignment,
-    Header,
-    Peer,
-    Phase,
-    WireError,
-    assignment_from_proto,
-    assignment_to_proto,
-    header_from_proto,
-    make_header,
-    run_parameters_from_proto,
-    run_parameters_to_proto,
-    validate_header,
-)
+from efpsn.wire.records import UINT32_END, WireError
 from efpsn.wire.v1 import agent_pb2, common_pb2
 
 FINGERPRINT_BYTES = 32  # sha256

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from efpsn.cli.flags import add_run_arguments
 from efpsn.experiments import EXPERIMENTS
 from efpsn.experiments.common import DEFAULT_ROOT, parse_floats
-from efpsn.flags import add_run_arguments
 
 __all__ = ["default_out", "register", "run_experiment"]
 

@@ -12,8 +12,6 @@ import logging
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from efpsn.config import RunConfig
-
 if TYPE_CHECKING:
     from efpsn.wire.tls import TlsConfig
 
@@ -25,16 +23,6 @@ def setup_logging(verbose: bool = False) -> None:
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
-
-
-def check_key_policy(config: RunConfig, *, allow_insecure_keys: bool) -> None:
-    """Networked runs refuse Paillier keys below 2048 bits unless a test explicitly allows it."""
-    from efpsn.paillier import MIN_KEY_BITS
-
-    if config.key_bits < MIN_KEY_BITS and not allow_insecure_keys:
-        raise ValueError(
-            f"key_bits must be >= {MIN_KEY_BITS} for a networked run, got {config.key_bits}"
-        )
 
 
 def tls_from_args(args: argparse.Namespace, name: str) -> TlsConfig | None:

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from efpsn.config import parse_shape, scale_divisor
+from efpsn.schema import Scale, parse_shape
 
 if TYPE_CHECKING:
     import torch
 
-    from efpsn.tasks import Task
+    from efpsn.tasks.objective import Task
 
 __all__ = ["Evaluation", "evaluate_model", "register"]
 
@@ -67,7 +67,7 @@ def _flat_model(path: Path, *, task: str | None, scale: str | None, input_shape:
     import numpy as np
     import torch
 
-    from efpsn.tasks import make_task
+    from efpsn.tasks.catalog import make_task
 
     built = make_task(chosen["task"], l2=None if l2 < 0 else l2,
                       shape=parse_shape(chosen["input_shape"]), classes=int(chosen["classes"]))
@@ -114,7 +114,7 @@ def evaluate_model(model: str | Path, data: str | Path, *, task: str | None = No
     data = Path(data)
     raw = read_data(data, who=WHO, label_column=label_column, classes=built.classes)
     dataset = check_arrays(raw.features, raw.labels, path=data, who=WHO, shape=built.shape,
-                           classes=built.classes, divisor=scale_divisor(scale, features=math.prod(built.shape)),
+                           classes=built.classes, divisor=Scale.of(scale).divisor(features=math.prod(built.shape)),
                            cells=raw.cells)
     return Evaluation(accuracy=built.accuracy(x, dataset),
                       loss=built.loss(x, dataset.images, dataset.labels),

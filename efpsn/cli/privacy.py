@@ -9,9 +9,10 @@ import dataclasses
 import json
 from typing import Any
 
-from efpsn.cli_common import add_data_dir_arguments, json_safe, write_json
+from efpsn.cli.common import add_data_dir_arguments
+from efpsn.cli.flags import add_run_arguments, config_from_args
 from efpsn.config import RunConfig
-from efpsn.flags import add_run_arguments, config_from_args
+from efpsn.jsonfile import json_safe, write_json
 from efpsn.privacy_modes import basis_counts, refreshed_arguments
 
 __all__ = ["add_parser"]
@@ -57,11 +58,11 @@ def _write(args: argparse.Namespace, payload: dict[str, Any]) -> None:
 
 def _privacy(args: argparse.Namespace) -> int:
     from efpsn.privacy import epsilon_delta, gamma_for_epsilon, protection_statement
-    from efpsn.schema import STANDARD, STANDARD_DISCLOSURE
+    from efpsn.schema import STANDARD_DISCLOSURE
     from efpsn.topology import build_graph, laplacian_spectrum
 
     config = config_from_args(args)
-    standard = config.scale == STANDARD
+    standard = config.scale.standard
     if args.data_dir:
         rounds = ("the step rule's rounds once the secure sum gives l2 = 1/N_total" if standard
                   else f"{config.iterations} rounds")
@@ -118,7 +119,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_run_arguments(priv, title="run parameters (as for the run: the same flags, the same "
                                   "defaults, so that a run's own command line can be given)")
     add_data_dir_arguments(priv)
-    from efpsn.launch.cli import add_launch_flags
+    from efpsn.cli.up import add_launch_flags
 
     add_launch_flags(priv, ignored=True)
     g = priv.add_argument_group("the privacy guarantee")

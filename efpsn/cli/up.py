@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 from pathlib import Path
 from typing import Any
 
-from efpsn.cli_common import add_data_dir_arguments
-from efpsn.cli_services import add_debug_flags, add_departure_flag
-from efpsn.flags import add_run_arguments, network_config
+from efpsn.cli.common import OneLineParser, add_data_dir_arguments
+from efpsn.cli.flags import add_run_arguments, network_config
+from efpsn.cli.services import add_debug_flags, add_departure_flag
 from efpsn.launch.signals import StopSignals
 
-__all__ = ["add_launch_flags", "add_parser", "run_up"]
+__all__ = ["add_launch_flags", "add_parser", "parse_up", "run_up"]
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -41,6 +43,20 @@ def run_up(args: argparse.Namespace) -> dict[str, Any]:
         "allow_insecure_keys": args.allow_insecure_keys,
     }
     return launch_local_network(config, **options)
+
+
+def parse_up(argv: list[str]) -> argparse.Namespace:
+    """`efpsn up ARGV` parsed by the command's own parser, a usage error as a ValueError with the
+    command's one line (never SystemExit): efpsn.notebook.train's way in."""
+    parser = OneLineParser(prog="efpsn")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return parser.parse_args(["up", *argv])
+    except SystemExit:
+        lines = err.getvalue().strip().splitlines()
+        raise ValueError(lines[-1] if lines else f"bad arguments {argv}") from None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -6,14 +6,10 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from efpsn.cli_common import (
-    OneLineParser,
-    add_data_dir_arguments,
-    format_metrics,
-    run_command,
-    write_json,
-)
-from efpsn.flags import add_run_arguments, config_from_args
+from efpsn.cli.common import OneLineParser, add_data_dir_arguments, run_command
+from efpsn.cli.flags import add_run_arguments, config_from_args
+from efpsn.jsonfile import write_json
+from efpsn.launch.summary import format_metrics
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -54,8 +50,8 @@ def _simulate(args: argparse.Namespace) -> int:
                                   agents=problem.n, iterations=problem.config.iterations.total)
     gone = {d.agent for d in departures}
     x_star = None
-    if config.task == "logreg" and not args.no_optimum:
-        from efpsn.tasks import centralized_optimum
+    if config.task.logreg and not args.no_optimum:
+        from efpsn.tasks.optimum import centralized_optimum
 
         # after departures: the optimum of the remaining parties' objective
         x_star = centralized_optimum(problem.task, [s for i, s in enumerate(problem.shards)
@@ -119,7 +115,7 @@ def _data_split(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from efpsn.help_texts import MAIN_EPILOG, version_text
+    from efpsn.cli.help_texts import MAIN_EPILOG, version_text
 
     parser = OneLineParser(
         prog="efpsn",
@@ -176,18 +172,18 @@ def build_parser() -> argparse.ArgumentParser:
                             "standardises with the network's column statistics)")
     split.set_defaults(handler=_data_split)
 
-    from efpsn.privacy_cli import add_parser as add_privacy
+    from efpsn.cli.privacy import add_parser as add_privacy
 
     add_privacy(sub)
 
     # The services' commands live with the services; their parsers import nothing heavy.
     import agent.cli
     import coordinator.cli
-    from efpsn.certs_cli import register as register_certs
-    from efpsn.compose_file import add_parser as add_compose
-    from efpsn.evaluate_cli import register as register_evaluate
-    from efpsn.experiments.cli import register as register_experiments
-    from efpsn.launch.cli import add_parser as add_up
+    from efpsn.cli.certs import register as register_certs
+    from efpsn.cli.compose import add_parser as add_compose
+    from efpsn.cli.evaluate import register as register_evaluate
+    from efpsn.cli.experiment import register as register_experiments
+    from efpsn.cli.up import add_parser as add_up
 
     coordinator.cli.add_parser(sub)
     agent.cli.add_parser(sub)

@@ -1,0 +1,55 @@
+"""Strict JSON files: non-finite floats as strings and back, written atomically (results,
+summaries, experiment records)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+
+def json_safe(value: Any) -> Any:
+    """Replace non-finite floats with strings so the output is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def json_numbers(value: Any) -> Any:
+    """json_safe's inverse: its strings for non-finite floats back to floats."""
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: json_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_numbers(v) for v in value]
+    return value
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """A file write_json wrote, with its non-finite numbers back as floats."""
+    return json_numbers(json.loads(Path(path).read_text()))
+
+
+def write_json(path: str | os.PathLike[str], payload: Any, *, mode: int | None = None) -> None:
+    """Write strict JSON atomically (temp file then rename): a crash never leaves half a file.
+    With `mode` (e.g. 0o600 for private results) the file never exists with wider rights."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".part")
+    text = json.dumps(json_safe(payload), indent=2, allow_nan=False) + "\n"
+    if mode is None:
+        tmp.write_text(text)
+    else:
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)
+    os.replace(tmp, target)
