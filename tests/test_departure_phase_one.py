@@ -19,13 +19,17 @@ from agent.options import AgentFailure
 from agent.resume import reload_phase_one
 from agent.state import StateStore
 from coordinator.departures import DepartureBoard, Refused, Report
+from coordinator.registry import Registry
+from coordinator.service import CoordinatorService
 from efpsn import paillier
-from efpsn.departure import Departure
+from efpsn.config import RunConfig
+from efpsn.departure import Departure, reconfigure
 from efpsn.departure_masks import draw_pair_shares, drop_seeds, sums_to_zero
 from efpsn.masking import Masker, MaskingStateError, NoiseSpec, noise_generator
 from efpsn.refresh import FixedMask
 from efpsn.seeds import SeedExchange, exchange_seeds_fast
-from efpsn.topology import path
+from efpsn.stopping import StopRule
+from efpsn.topology import path, ring
 
 SPEC = NoiseSpec(gamma=1e3, p=1.5, precision=6, num_coefficients=5)
 SEED = 11
@@ -179,3 +183,20 @@ def test_a_restart_reloads_seeds_without_a_neighbour_gone_in_phase_one(tmp_path)
     got, _, _ = reload_phase_one(store, name="agent2", session=session)  # type: ignore[arg-type]
     assert got == seeds
     assert departure_state.load(tmp_path, run_id="r")["decided"][0].phase_one
+
+
+def test_the_coordinators_cap_is_the_one_the_agents_extend_to() -> None:
+    # prepare: a default run (the stop rule on, cap 1354) on a 5-ring, assigned
+    config = RunConfig(agents=5, task="logreg", data="local", input_shape="30", classes=2,
+                       l2=0.01).resolved()
+    registry = Registry(config, run_id="r1")
+    for i, name in enumerate(NAMES):
+        registry.register(name, f"127.0.0.1:{5001 + i}")
+    service = CoordinatorService(registry, register_timeout=5.0)
+    recon = reconfigure(ring(5), {2})
+    # execute: what the board's `extend` gives for agent3 gone with the re-base at 1300
+    cap = service._extended_cap(recon, 1300, config.iterations.total)
+    # assert: what every agent and the replay take at the re-base (StopRule.rebased)
+    assert cap == StopRule.rebased(config, recon.remaining_weights(), origin=1300, until=None,
+                                   cap=config.iterations.total).cap
+    assert cap > config.iterations.total  # so a later departure past 1354 can be decided
