@@ -134,15 +134,15 @@ async def bootstrap(channel: grpc.aio.Channel, *, options: AgentOptions, address
 
 
 async def report_silence(channel: grpc.aio.Channel, *, session: Session, name: str,
-                         round_: int, silent: list[str], epoch: int, timeout: float
-                         ) -> tuple[list[Departure], dict[int, str],
+                         round_: int, silent: list[str], epoch: int, timeout: float,
+                         phase_one: bool = False) -> tuple[list[Departure], dict[int, str],
                                     dict[str, tuple[int, str]]]:
     """Report the silent neighbours and wait for the coordinator's decision: every departure of
     the run so far, the departed agents' names by index, and this agent's new neighbours when
     the decision cut the graph (name -> (index, address)). AgentFailure (naming the silent
-    ones) when it refuses or cannot decide."""
+    ones) when it refuses or cannot decide. `phase_one`: this agent is still in phase I."""
     request = coordinator_pb2.SilenceReport(run_id=session.run_id, sender=name, round=round_,
-                                            silent=silent, epoch=epoch)
+                                            silent=silent, epoch=epoch, phase_one=phase_one)
     try:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         reply = await stub.ReportSilence(request, timeout=timeout)
@@ -169,7 +169,8 @@ async def report_silence(channel: grpc.aio.Channel, *, session: Session, name: s
             names[int(d.index)] = d.agent
             out.append(Departure(agent=int(d.index), round=int(d.round),
                                  rebase_round=int(d.rebase_round),
-                                 late=tuple(int(j) for j in d.late_index)))
+                                 late=tuple(int(j) for j in d.late_index),
+                                 phase_one=bool(d.phase_one)))
     except ValueError as exc:
         raise AgentFailure(f"{name}: the coordinator sent a departure it cannot apply: "
                            f"{exc}") from None

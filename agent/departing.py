@@ -25,6 +25,7 @@ from agent.exchange import RoundLink
 from agent.fixed_terms import EdgeTerms
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, RefusedByNeighbour
+from agent.phase_one_leave import PhaseOneDepartures
 from agent.rejoin import Rejoin
 from agent.session import Session
 from agent.state import StateStore
@@ -311,19 +312,7 @@ class Silence:
                                    blame=undecided.blame and failure.blame) from None
             finally:
                 self.rejoin.deciding(False)
-            if self.departures.terms is not None:  # its Masker is kept in memory only
-                self.store.mark_unresumable(
-                    f"{name} applied a departure at round {t} with the paper's fixed mask; "
-                    "its phase I shares are kept in memory only: it cannot resume")
-            terms = self.departures.terms
-            if joiners and isinstance(self.departures.masks, (FadingMask, RefreshedMask)):
-                rebase_round = min(session.joining[n][2] for n in joiners)
-                self.departures.add_seeds(await self.rejoin.exchange(
-                    joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
-            elif joiners and terms is not None:  # the paper's protocol on the new edges
-                rebase_round = min(session.joining[n][2] for n in joiners)
-                terms.add(await self.rejoin.exchange_shares(
-                    joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
+            await self._new_edges(joiners, t)
             # t < R (R = T + n): the new edges join at R, in the loop
             gone, joined = self.departures.before_round(t, driver)
             for neighbour in gone:
@@ -336,3 +325,31 @@ class Silence:
                 return await link.recollect(t, driver.outbox)
             except AgentFailure as again:
                 failure = again
+
+    async def adopt(self, decision: PhaseOneDepartures, driver: RoundDriver) -> None:
+        """Departures decided while this agent was still in phase I (agent/phase_one_leave.py,
+        which finished it without them): learn them before round 0 and run the new edges'
+        phase I; the loop drops the departed neighbours at round 0 (their edges hold no mask
+        term already) and re-bases at R, as for a departure at round 0."""
+        joiners = self.departures.learn(decision.decided, decision.names, driver,
+                                        decision.joining)
+        self.departures.epoch = decision.epoch  # the coordinator's count of decisions
+        await self._new_edges(joiners, 0)
+        self.departures.save(self.store.folder)
+
+    async def _new_edges(self, joiners: dict[str, int], t: int) -> None:
+        """The new edges' phase I right after a decision (agent/rejoin.py): their seeds, or
+        with the paper's fixed mask their shares, added at the re-base round."""
+        session, terms = self.departures.session, self.departures.terms
+        if terms is not None:  # its Masker is kept in memory only
+            self.store.mark_unresumable(
+                f"{session.assignment.name} applied a departure at round {t} with the paper's "
+                "fixed mask; its phase I shares are kept in memory only: it cannot resume")
+        if joiners and isinstance(self.departures.masks, (FadingMask, RefreshedMask)):
+            rebase_round = min(session.joining[n][2] for n in joiners)
+            self.departures.add_seeds(await self.rejoin.exchange(
+                joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
+        elif joiners and terms is not None:  # the paper's protocol on the new edges
+            rebase_round = min(session.joining[n][2] for n in joiners)
+            terms.add(await self.rejoin.exchange_shares(
+                joiners, rebase_round=rebase_round, epoch=self.departures.epoch))

@@ -40,7 +40,8 @@ def save(folder: str | Path, *, run_id: str, decided: list[Departure], epoch: in
          seeds: dict[int, tuple[bytes, bytes]]) -> None:
     write_json(_path(folder), {
         "format": FORMAT, "run_id": run_id, "epoch": epoch, "events": events,
-        "decided": [[d.agent, d.round, d.rebase_round, list(d.late)] for d in decided],
+        "decided": [[d.agent, d.round, d.rebase_round, list(d.late), d.phase_one]
+                    for d in decided],
         "names": {str(i): n for i, n in names.items()},
         "joining": {n: [j, address, r] for n, (j, address, r) in joining.items()},
         "seeds": {str(j): [a.hex(), b.hex()] for j, (a, b) in seeds.items()},
@@ -60,8 +61,9 @@ def load(folder: str | Path, *, run_id: str) -> dict[str, Any] | None:
         return {
             "epoch": int(payload["epoch"]), "events": list(payload["events"]),
             "decided": [Departure(agent=int(a), round=int(t), rebase_round=int(r),
-                                  late=tuple(int(j) for j in late))
-                        for a, t, r, late in payload["decided"]],
+                                  late=tuple(int(j) for j in late),
+                                  phase_one=bool(rest and rest[0]))
+                        for a, t, r, late, *rest in payload["decided"]],
             "names": {int(i): str(n) for i, n in payload["names"].items()},
             "joining": {str(n): (int(j), str(address), int(r))
                         for n, (j, address, r) in payload["joining"].items()},

@@ -10,6 +10,9 @@ efpsn/departure_masks.py's PairShares. A new edge (a departure that cut the grap
 paper's phase I for that edge alone (agent/rejoin.py, a Masker on the new neighbours), whose
 terms are added at the re-base round.
 
+A neighbour that left in phase I itself (Masker.drop) never had terms in the mask: dropping
+it subtracts nothing.
+
 A restarted agent no longer holds its Masker: a departure after a restart is refused with the
 reason (exit 2), the fixed mask's only case that is (agent/departing.py).
 """
@@ -48,6 +51,8 @@ class EdgeTerms:
     def _shifted(self, mask: FixedMask, agents: Iterable[int], sign: int) -> FixedMask:
         numerators = list(mask.mask.numerators)
         for j in agents:
+            if any(j in masker.departed for masker in self._maskers):
+                continue  # it left in phase I: the mask never held its edge's terms
             sent, received = self._terms(j)
             for k, (z_out, z_in) in enumerate(zip(sent, received, strict=True)):
                 numerators[k] += sign * (z_out - z_in)

@@ -27,6 +27,7 @@ from agent.departing import LocalDepartures, Silence
 from agent.exchange import RoundLink
 from agent.options import AgentFailure, AgentOptions
 from agent.phase_one import run_phase_one, shares_packed
+from agent.phase_one_leave import PhaseOneDepartures, phase_one_departures
 from agent.phase_two import make_driver, run_phase_two
 from agent.prepare import Prepared, prepare
 from agent.rejoin import Rejoin
@@ -85,6 +86,7 @@ class AgentNode:
         self.server: Server | None = None
         self._keypair: asyncio.Future[Any] | None = None
         self._masker: Masker | None = None  # the fixed mask's per-edge terms (departures)
+        self._left: PhaseOneDepartures | None = None  # departures decided in phase I
 
     async def run(self) -> dict[str, Any]:
         """Serve, register (or resume), mask, optimise, write results. Returns the result."""
@@ -135,12 +137,14 @@ class AgentNode:
         self.timings["phase1_started_at"] = time.time()  # wall clock, for start-up
         start = time.perf_counter()
         seed = opts.insecure_noise_seed
+        self._left = phase_one_departures(session, options=opts, peers=self.peers,
+                                          mailbox=self.mailbox, service=self.service)
         result = await run_phase_one(
             session=session, peers=self.peers, life=self.life, timings=self.timings,
             rng=noise_generator(seed, session.index),
             seed_rng=None if seed is None else noise_generator(seed, session.index),
             keypair=self._keypair, on_masker=self._expect_shares,
-            allow_insecure_keys=opts.allow_insecure_keys)
+            allow_insecure_keys=opts.allow_insecure_keys, leave=self._left)
         self.service.phase_one.close()
         self.timings["phase1_seconds"] = time.perf_counter() - start
         received = self.service.phase_one.received()
@@ -200,6 +204,8 @@ class AgentNode:
         if silence is not None:  # a restart after a departure re-applies it (departing.py)
             silence.resume(driver)
             replay = set(session.neighbour_names) if replay else replay
+            if self._left is not None and self._left.decided:  # agent/phase_one_leave.py
+                await silence.adopt(self._left, driver)
         deadline = opts.departure_deadline or cfg.round_timeout_seconds
         link = RoundLink(
             peers=self.peers, outbox=self.outbox, run_id=session.run_id, name=opts.name,

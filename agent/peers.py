@@ -29,6 +29,8 @@ from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 log = logging.getLogger("efpsn.agent")
 
+Deliver = Callable[..., Awaitable[None]]  # (method, make(name) -> request, *, timeout)
+
 
 class Peers:
     """Sends to and collects from the neighbours of one session."""
@@ -219,16 +221,20 @@ class Peers:
             what=f"pulling OPTIMIZE round {t} from")
         return reply.message if reply.available else None
 
-    async def send_public_key(self, public_key: paillier.PublicKey, *, timeout: float) -> None:
-        """Phase I, step 1: my Paillier public key to every neighbour."""
+    async def send_public_key(self, public_key: paillier.PublicKey, *, timeout: float,
+                              via: Deliver | None = None) -> None:
+        """Phase I, step 1: my Paillier public key to every neighbour (`via`: another way to
+        deliver to all, e.g. agent/phase_one_leave.py's, which goes on without a departed
+        neighbour)."""
         message = serde.public_key_message(header=self.header(Phase.KEYS, 0), n=public_key.n)
-        await self.send_all("PutPublicKey", lambda name: message, timeout=timeout)
+        await (via or self.send_all)("PutPublicKey", lambda name: message, timeout=timeout)
 
     async def send_shares(self, outgoing: Mapping[str, tuple[paillier.PublicKey, list[int]]], *,
-                          num_coefficients: int, packed: bool, timeout: float) -> None:
+                          num_coefficients: int, packed: bool, timeout: float,
+                          via: Deliver | None = None) -> None:
         """Phase I: each neighbour's ciphertexts, under its key (name -> (key, ciphertexts))."""
         header = self.header(Phase.SHARES, 0)
-        await self.send_all("PutShares", lambda name: serde.shares_message(
+        await (via or self.send_all)("PutShares", lambda name: serde.shares_message(
             header=header, fingerprint=paillier.fingerprint(outgoing[name][0]),
             ciphertexts=outgoing[name][1], num_coefficients=num_coefficients, packed=packed),
             timeout=timeout)

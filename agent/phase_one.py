@@ -15,6 +15,7 @@ import numpy as np
 
 from agent.life import Life
 from agent.peers import Peers
+from agent.phase_one_leave import PhaseOneDepartures
 from agent.session import Session
 from efpsn import paillier
 from efpsn.config import RunConfig
@@ -36,11 +37,15 @@ async def run_phase_one(*, session: Session, peers: Peers, life: Life,
                         on_masker: Callable[[Masker | SeedExchange], None],
                         allow_insecure_keys: bool = False,
                         seed_rng: np.random.Generator | None = None,
+                        leave: PhaseOneDepartures | None = None,
                         ) -> MaskCoefficients | EdgeSeeds:
     """This agent's mask, or with refreshed masks its edge seeds. `keypair` (generated since
     the run parameters arrived, with its generation time) is awaited when the zero-sum protocol
     needs it; `on_masker` is told the Masker (SeedExchange) as soon as it exists, so incoming
-    shares can be checked against its key. seed_rng: the test hook's seeds (None: secrets)."""
+    shares can be checked against its key. seed_rng: the test hook's seeds (None: secrets).
+    `leave`: a neighbour silent past the departure deadline is reported and, when the
+    coordinator declares it gone, phase I finishes without it (agent/phase_one_leave.py);
+    None: the silence stops this agent after the round timeout."""
     cfg, problem = session.config, session.problem
     spec = problem.noise_spec
     if cfg.mask == "none":
@@ -69,16 +74,25 @@ async def run_phase_one(*, session: Session, peers: Peers, life: Life,
     on_masker(masker)
     timings["key_wait_seconds"] = time.perf_counter() - t0  # phase I's share of it
     timings.setdefault("keygen_seconds", timings["key_wait_seconds"])
-    await peers.send_public_key(masker.public_key, timeout=timeout)
-    keys = await peers.collect("key", 0, timeout=timeout)
+    via = None if leave is None else leave.send_all
+
+    async def collect(kind: str) -> dict[int, Any]:
+        if leave is None:
+            return await peers.collect(kind, 0, timeout=timeout)
+        return await leave.collect(kind)
+
+    if leave is not None:
+        leave.masker = masker  # a departure drops the neighbour from it
+    await peers.send_public_key(masker.public_key, timeout=timeout, via=via)
+    keys = await collect("key")
     life.shares()
     t0 = time.perf_counter()
     outgoing = await asyncio.to_thread(masker.outgoing, keys)
     timings["encrypt_seconds"] = time.perf_counter() - t0
     await peers.send_shares({name: (keys[j], outgoing[j]) for j, name in session.names.items()},
                             num_coefficients=problem.N, packed=shares_packed(cfg),
-                            timeout=timeout)
-    incoming = await peers.collect("shares", 0, timeout=timeout)
+                            timeout=timeout, via=via)
+    incoming = await collect("shares")
     t0 = time.perf_counter()
     mask = await asyncio.to_thread(masker.finish, incoming)
     timings["decrypt_seconds"] = time.perf_counter() - t0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from agent import departure_state
 from agent.concurrency import all_or_first_error
 from agent.intake import Intake
 from agent.mailbox import Mailbox
@@ -72,8 +73,14 @@ def reload_phase_one(store: StateStore, *, name: str, session: Session
             if saved_seeds is None:
                 raise StateError(f"no edge seeds in {store.seeds_path}")
             text, stats, received = saved_seeds
-            seeds = EdgeSeeds.from_json(text, agent=session.index,
-                                        neighbours=sorted(session.names))
+            seeds = EdgeSeeds.from_json(text, agent=session.index)
+            # a neighbour that left in phase I (agent/phase_one_leave.py) has no seeds here
+            record = departure_state.load(store.folder, run_id=session.run_id)
+            left = {d.agent for d in record["decided"] if d.phase_one} if record else set()
+            if seeds.neighbours not in (tuple(sorted(session.names)),
+                                        tuple(sorted(set(session.names) - left))):
+                raise ValueError(f"edge seeds are for neighbours {list(seeds.neighbours)}, "
+                                 f"expected {sorted(session.names)}")
             return seeds, stats, received
         saved = store.load_mask(run_id=session.run_id)
     except (StateError, ValueError) as exc:

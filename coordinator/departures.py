@@ -20,6 +20,12 @@ The rule, public and deterministic:
   and sent no round message);
 - reports are counted per decision (`epoch`); a report of an older epoch is answered with the
   decisions it missed;
+- a report from an agent still in phase I (waiting for a neighbour's key or shares) counts as
+  one at round 0: the agent it misses left in phase I (Departure.phase_one), decided as a
+  departure at round 0 (R = n: agents far from it may step round 0 before anyone knows);
+- the last round allowed for a re-base follows the decisions: a re-base that extends the cap
+  (the stop rule's, efpsn/stopping.py's StopRule.rebased, given as `extend`) extends it here
+  too, so a second departure after the original cap is decided like the first;
 - a decision that cuts the graph joins the pieces (efpsn.departure.reconfigure, the rule the
   agents apply at the re-base round): the ends of each new edge are told each other's address.
 
@@ -28,10 +34,10 @@ Nothing here sees data: names and round numbers only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from efpsn.departure import Departure, reconfigure
+from efpsn.departure import Departure, Reconfiguration, reconfigure
 from efpsn.topology import Graph
 
 __all__ = ["DepartureBoard", "Refused", "Report"]
@@ -49,15 +55,18 @@ class Report:
     round: int
     silent: frozenset[str]
     epoch: int
+    phase_one: bool = False  # the sender is still in phase I (round 0)
 
 
 class DepartureBoard:
     """Every departure of one run, decided from the agents' reports (see the module doc)."""
 
     def __init__(self, names: Sequence[str], *, iterations: int,
-                 graph: Graph | None = None) -> None:
+                 graph: Graph | None = None,
+                 extend: Callable[[Reconfiguration, int, int], int] | None = None) -> None:
         self.names = list(names)  # index order: names[i] is agent index i
-        self.iterations = iterations
+        self.iterations = iterations  # the cap: the last round, extended by re-bases
+        self.extend = extend  # (remaining graph, re-base round, cap) -> the cap from there
         self.graph = graph  # the run's graph, joined after each decision that cut it
         self.new_edges: list[tuple[int, int, int]] = []  # (epoch, a, b): edges a decision added
         self.decided: list[Departure] = []
@@ -96,8 +105,11 @@ class DepartureBoard:
         unknown = sorted(report.silent - set(self.names))
         if unknown:
             raise Refused(f"{report.sender} reports unknown agents {unknown} silent")
+        if report.phase_one and report.round != 0:
+            raise Refused(f"{report.sender} reports from phase I at round {report.round}")
         self._reports[report.sender] = Report(report.sender, report.round,
-                                              report.silent - self.gone, report.epoch)
+                                              report.silent - self.gone, report.epoch,
+                                              report.phase_one)
         return self._decide()
 
     def withdraw(self, sender: str) -> None:
@@ -133,6 +145,9 @@ class DepartureBoard:
             recon = reconfigure(self.graph, {d.agent for d in self.decided})
             self.graph = recon.graph
             self.new_edges.extend((self.epoch, a, b) for a, b in recon.new_edges)
+            if self.extend is not None:  # the agents extend their cap at R the same way
+                self.iterations = self.extend(recon, min(d.rebase_round for d in departures),
+                                              self.iterations)
         return True
 
     def _check(self, departures: list[Departure]) -> list[Departure]:
@@ -149,6 +164,7 @@ class DepartureBoard:
 
     def _departure(self, name: str) -> Departure:
         rounds = {s: r.round for s, r in self._reports.items() if name in r.silent}
+        phase_one = any(r.phase_one for r in self._reports.values() if name in r.silent)
         first = min(rounds.values())
         late = sorted(s for s, t in rounds.items() if t == first + 1)
         if first == 0 and late:
@@ -163,4 +179,4 @@ class DepartureBoard:
         # have stepped round 0 already, so the re-base comes n rounds later as for any round
         return Departure(agent=self.names.index(name), round=first,
                          rebase_round=first + len(self.names),
-                         late=tuple(self.names.index(s) for s in late))
+                         late=tuple(self.names.index(s) for s in late), phase_one=phase_one)

@@ -11,6 +11,8 @@ import grpc
 from coordinator.departures import DepartureBoard, Refused, Report
 from coordinator.registry import Declaration, NotExpected, Registry, RunCancelled, default_names
 from efpsn.config import RunConfig
+from efpsn.departure import Reconfiguration
+from efpsn.stopping import StopRule
 from efpsn.wire import limits, records
 from efpsn.wire.guard import Admission, Gatekeeper, Reject, RejectionLog, add_service, guarded
 from efpsn.wire.net import Server, install_stop_signals, start_server, write_port_file
@@ -141,10 +143,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if self.board is None:
             self.board = DepartureBoard(sorted(self.registry.addresses),
                                         iterations=self.registry.config.iterations.count or 0,
-                                        graph=self.registry.graph)
+                                        graph=self.registry.graph, extend=self._extended_cap)
         board = self.board
         report = Report(request.sender, int(request.round), frozenset(request.silent),
-                        int(request.epoch))
+                        int(request.epoch), phase_one=request.phase_one)
         decided = False
         try:
             try:
@@ -174,11 +176,18 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             run_id=self.registry.run_id, epoch=board.epoch,
             departed=[coordinator_pb2.Departed(
                 agent=board.names[d.agent], round=d.round, rebase_round=d.rebase_round,
-                late=[board.names[j] for j in d.late], index=d.agent, late_index=d.late)
+                late=[board.names[j] for j in d.late], index=d.agent, late_index=d.late,
+                phase_one=d.phase_one)
                 for d in board.since(report.epoch)],
             joining=[coordinator_pb2.Peer(name=board.names[j], index=j,
                                           address=self.registry.addresses[board.names[j]])
                      for j in board.joining(request.sender, report.epoch)])
+
+    def _extended_cap(self, recon: Reconfiguration, origin: int, cap: int) -> int:
+        """The cap the agents take at a re-base round (efpsn/stopping.py, StopRule.rebased):
+        the same public numbers here, so a later departure is judged against it."""
+        return StopRule.rebased(self.registry.config, recon.remaining_weights(), origin=origin,
+                                until=None, cap=cap).cap
 
     def _announce(self) -> None:
         """Wake every held ReportSilence call (a decision, or a contradiction)."""

@@ -50,7 +50,7 @@ __all__ = [
     "rejoin_edges",
 ]
 
-_LEAVE = re.compile(r"^agent(\d+)@(\d+)(?::(\d+))?((?:\+agent\d+)*)$")
+_LEAVE = re.compile(r"^agent(\d+)@(\d+|I)(?::(\d+))?((?:\+agent\d+)*)$")
 
 
 @dataclass(frozen=True)
@@ -63,12 +63,19 @@ class Departure:
 
     `late`: neighbours that did receive its round-`round` message (it died while sending them)
     and stepped that round with it; they drop it one round later. No neighbour can be further
-    ahead: the agent's next message needs every neighbour's message of this round."""
+    ahead: the agent's next message needs every neighbour's message of this round.
+
+    `phase_one` (`agentK@I:R`): it left in phase I itself, as the network decides it (a
+    neighbour never got its key or its shares). Its neighbours finish phase I without it, its
+    seeds (shares) drawn but never sent, so every other edge's are the replay's, and their
+    round-0 state and message hold no term of its edges (the replay restarts their round 0,
+    RoundDriver.restart); the rest is a departure at round 0 with re-base round R."""
 
     agent: int
     round: int
     rebase_round: int
     late: tuple[int, ...] = ()
+    phase_one: bool = False
 
     def __post_init__(self) -> None:
         late = tuple(sorted({int(j) for j in self.late}))
@@ -79,6 +86,9 @@ class Departure:
             raise ValueError(f"{self.label()}: neighbours that used agent{self.agent + 1}'s "
                              f"round-{self.round} message drop it at round {self.round + 1}; "
                              "the re-base must come after that")
+        if self.phase_one and (self.round != 0 or late):
+            raise ValueError(f"agent{self.agent + 1} left in phase I: its departure is at "
+                             f"round 0 with no late neighbour, got {self.label()}")
         for name in ("agent", "round", "rebase_round"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
@@ -90,16 +100,22 @@ class Departure:
     def label(self) -> str:
         """`agentK@T:R[+agentJ...]`, 1-based as the command line writes it."""
         late = "".join(f"+agent{j + 1}" for j in self.late)
-        return f"agent{self.agent + 1}@{self.round}:{self.rebase_round}{late}"
+        at = "I" if self.phase_one else self.round
+        return f"agent{self.agent + 1}@{at}:{self.rebase_round}{late}"
 
     def to_json(self) -> dict[str, object]:
-        return {"agent": f"agent{self.agent + 1}", "round": self.round,
-                "rebase_round": self.rebase_round, "late": [f"agent{j + 1}" for j in self.late]}
+        record: dict[str, object] = {
+            "agent": f"agent{self.agent + 1}", "round": self.round,
+            "rebase_round": self.rebase_round, "late": [f"agent{j + 1}" for j in self.late]}
+        if self.phase_one:
+            record["phase_one"] = True  # it never finished phase I with some neighbour
+        return record
 
 
 def parse_leave(text: str, *, agents: int, lag: int | None = None) -> Departure:
     """`agentK@T`, `agentK@T:R` or `agentK@T:R+agentJ+...` (K 1-based; J the late neighbours,
-    Departure.late) -> Departure (`agentK@0`: it left in phase I).
+    Departure.late) -> Departure (`agentK@0`: it left in phase I and everyone knew before
+    round 0; `agentK@I[:R]`: it left in phase I as the network decides it, Departure.phase_one).
 
     R defaults to T + lag, lag to the number of agents at the start: the most rounds any agent
     can run past T before the neighbours of K, waiting for K's round-T message, hold everyone
@@ -108,18 +124,19 @@ def parse_leave(text: str, *, agents: int, lag: int | None = None) -> Departure:
     match = _LEAVE.match(text.strip())
     if match is None:
         raise ValueError(f"--leave expects agentK@T or agentK@T:R (K = 1..{agents}, T the first "
-                         f"round without agent K, R the re-base round; +agentJ: a neighbour "
-                         f"that used K's round-T message), got {text!r}")
-    k, t = int(match.group(1)), int(match.group(2))
+                         f"round without agent K or I for phase I, R the re-base round; "
+                         f"+agentJ: a neighbour that used K's round-T message), got {text!r}")
+    k, phase_one = int(match.group(1)), match.group(2) == "I"
+    t = 0 if phase_one else int(match.group(2))
     if not 1 <= k <= agents:
         raise ValueError(f"--leave {text}: there is no agent{k} (agents are 1..{agents})")
-    default = 0 if t == 0 else t + (lag or agents)
+    default = 0 if t == 0 and not phase_one else t + (lag or agents)
     rebase_round = int(match.group(3)) if match.group(3) else default
     late = [int(j) for j in re.findall(r"\d+", match.group(4))]
     if any(not 1 <= j <= agents for j in late):
         raise ValueError(f"--leave {text}: late neighbours must be agents 1..{agents}")
     return Departure(agent=k - 1, round=t, rebase_round=rebase_round,
-                     late=tuple(j - 1 for j in late))
+                     late=tuple(j - 1 for j in late), phase_one=phase_one)
 
 
 def check_departures(departures: Sequence[Departure], *, agents: int,

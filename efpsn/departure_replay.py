@@ -102,6 +102,9 @@ class DepartureReplay:
             raise ValueError(f"{d.label()}: {[_name(j) for j in stray]} are not neighbours of "
                              f"{_name(d.agent)} at round {d.round}")
         self._drop(d.agent, [j for j in touched if j not in d.late], drivers)
+        if d.phase_one:  # they finished phase I without it: round 0 never held its terms
+            for j in touched:
+                drivers[j].restart()
         for i in self.active:  # no stop from a window that would be decided at round T or later
             stop = drivers[i].stop
             drivers[i].revise_stop(None if stop is None else stop.voided_from(d.round))
@@ -212,7 +215,7 @@ class DepartureReplay:
 def departures_line(record: dict[str, Any]) -> str:
     """One line of the command's output from DepartureReplay.to_json: who left, when, and what
     the model is the optimum of."""
-    gone = "; ".join(f"{e['agent']} left at round {e['round']} (re-based at round "
+    gone = "; ".join(f"{e['agent']} left {_when(e)} (re-based at round "
                      f"{e['rebase_round']}{_joined(e)})" for e in record["departures"])
     return (f"{gone}; the model is {record['optimum_of']}; remaining masks sum to zero "
             f"exactly: {record['remaining_masks_sum_to_zero']} "
@@ -224,3 +227,7 @@ def _joined(event: dict[str, Any]) -> str:
     lonely = event.get("one_neighbour") or []
     return "".join(f", new edge {a}-{b}" for a, b in edges) + "".join(
         f", {name} has one neighbour left" for name in lonely)
+
+
+def _when(event: dict[str, Any]) -> str:
+    return "in phase I" if event.get("phase_one") else f"at round {event['round']}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import numbers
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -221,6 +221,8 @@ class Masker:
         self._public_key, self._private_key = keypair
         if layout is not None:
             _check_layout_fits(layout, self._public_key, f"agent {self.agent}")
+        self._drawn_for = self.neighbours  # shares are drawn for these, whoever leaves
+        self.departed: frozenset[int] = frozenset()  # neighbours that left in phase I
         self._shares: dict[int, list[int]] | None = None
         self._sent: dict[int, list[int]] | None = None
         self._sent_to: dict[int, bytes] = {}
@@ -282,10 +284,23 @@ class Masker:
                     "keys; the shares cannot be re-encrypted under new keys"
                 )
             return {j: list(cs) for j, cs in self._sent.items()}
-        self._shares = draw_shares(self._rng, self.spec, self.neighbours)
+        drawn = draw_shares(self._rng, self.spec, self._drawn_for)
+        self._shares = {j: drawn[j] for j in self.neighbours}
         self._sent = {j: self._encrypt_shares(j, keys[j], self._shares[j]) for j in self.neighbours}
         self._sent_to = prints
         return {j: list(cs) for j, cs in self._sent.items()}
+
+    def drop(self, gone: Iterable[int]) -> None:
+        """Neighbours that left in phase I: their shares are drawn (the others' stay the
+        replay's), never sent nor awaited; the mask is PairShares.without's (departure_masks)."""
+        if self._result is not None:
+            raise MaskingStateError(f"agent {self.agent}: drop() comes before finish()")
+        self.departed |= set(gone) & set(self._drawn_for)
+        self.neighbours = tuple(j for j in self.neighbours if j not in self.departed)
+        if self._shares is not None and self._sent is not None:  # after outgoing()
+            self._shares = {j: self._shares[j] for j in self.neighbours}
+            self._sent = {j: self._sent[j] for j in self.neighbours}
+        self._sent_to = {j: p for j, p in self._sent_to.items() if j in self.neighbours}
 
     def finish(self, incoming: Mapping[int, Sequence[int]]) -> MaskCoefficients:
         """Sum, decrypt and subtract: numerator_k = sum_j z_ijk - s_ik with s_ik = sum_j z_jik.

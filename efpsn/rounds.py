@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from efpsn.algorithms.base import AgentState, Aggregate, Algorithm, Message, StepContext
 from efpsn.schedules import StepSize
-from efpsn.stopping import STOP_KEY, TERMS, StopRule, exponents, merge, stop_tensor
+from efpsn.stopping import STOP_KEY, TERMS, StopRule, exponents, merge
 
 __all__ = ["STOP_STATE", "RoundDriver", "progress", "worst"]
 
@@ -154,6 +154,16 @@ class RoundDriver:
         self._attach_stop()
         return due
 
+    def restart(self) -> None:
+        """Round 0 afresh under the current context: the state and message the algorithm's
+        init gives (a neighbour that left in phase I: this agent's mask never held the terms
+        of their edge, efpsn/departure_replay.py)."""
+        if self.state.t != 0:
+            raise ValueError(f"restart() is for round 0, the driver is at round {self.t}")
+        ctx = dataclasses.replace(self.context, lr=self.schedule(0))
+        self.state, self.outbox = self.algorithm.init(self.state["x"], ctx)
+        self._attach_stop()
+
     def revise_stop(self, stop: StopRule | None) -> None:
         """Go on under another stop rule (a departure's: StopRule.voided_from, or the re-based
         graph's); integers of a window it voids are no longer sent."""
@@ -182,3 +192,9 @@ def worst(measures: list[dict[str, float]]) -> dict[str, float]:
     keys = sorted({k for m in measures for k in m})
     return {k: max((m[k] for m in measures if k in m and not math.isnan(m[k])), default=math.nan)
             for k in keys}
+
+
+def stop_tensor(values: Sequence[int]) -> torch.Tensor:
+    """The stop rule's integers as the in-process message entry (int64; efpsn/stopping.py
+    itself imports no torch, so the coordinator can compute a re-base's cap)."""
+    return torch.tensor(list(values), dtype=torch.int64)

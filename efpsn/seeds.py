@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import numbers
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -251,6 +251,20 @@ class SeedExchange:
             raise MaskingStateError(f"agent {self.agent}: outgoing() was already called with "
                                     "different neighbour keys")
         return {j: list(cs) for j, cs in self._sent.items()}
+
+    def drop(self, gone: Iterable[int]) -> None:
+        """Neighbours that left in phase I (before finish): their seeds were drawn (so the
+        others' seeds stay the replay's, efpsn/departure_masks.py's drop_seeds of
+        exchange_seeds_fast's) but are neither sent nor awaited; EdgeSeeds holds no pair with
+        them."""
+        if self._result is not None:
+            raise MaskingStateError(f"agent {self.agent}: drop() comes before finish()")
+        gone = set(gone)
+        self.neighbours = tuple(j for j in self.neighbours if j not in gone)
+        self._seeds = {j: s for j, s in self._seeds.items() if j not in gone}
+        if self._sent is not None:
+            self._sent = {j: c for j, c in self._sent.items() if j not in gone}
+        self._sent_to = {j: p for j, p in self._sent_to.items() if j not in gone}
 
     def finish(self, incoming: Mapping[int, Sequence[int]]) -> EdgeSeeds:
         """Decrypt the one ciphertext from each neighbour; ValueError on anything else.

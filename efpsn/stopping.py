@@ -42,13 +42,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 if TYPE_CHECKING:
     from efpsn.config import RunConfig
 
-__all__ = ["CEILING", "FLOOR", "STOP_KEY", "TERMS", "StopRule", "exponents", "merge",
-           "stop_tensor"]
+__all__ = ["CEILING", "FLOOR", "STOP_KEY", "TERMS", "StopRule", "exponents", "merge"]
 
 STOP_KEY = "stop:"  # the in-process message key of RoundMessage.stop (never a tensor name)
 TERMS = 4  # tracker, gap, step, -log2 ||x_i||
@@ -189,8 +187,3 @@ class StopRule:
     def stops(self, network: Sequence[int]) -> bool:
         """Whether a check with the network's integers ends the run `hops` rounds later."""
         return self.bound(network) <= self.target
-
-
-def stop_tensor(values: Sequence[int]) -> torch.Tensor:
-    """The integers as the in-process message entry (int64)."""
-    return torch.tensor(list(values), dtype=torch.int64)

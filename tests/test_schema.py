@@ -94,3 +94,53 @@ def test_a_refusal_quotes_at_most_60_characters_of_the_scale() -> None:
     with pytest.raises(ValueError) as refused:
         scale_divisor(exactly)
     assert str(refused.value).endswith(f"got {exactly[:60] + '...'!r}")
+
+
+def test_the_kinds_the_values_declare_are_the_kinds_they_accept() -> None:
+    import typing
+
+    from efpsn.schema import ScaleKind, TaskKind
+
+    tasks = {TaskSpec.parse(t).kind for t in ("logreg", "lenet", "mlp:8", "python:m:make")}
+    assert tasks == set(typing.get_args(TaskKind))
+    scales = {Scale.parse(s).kind for s in ("none", "unit", "div:2", "standard")}
+    assert scales == set(typing.get_args(ScaleKind))
+
+
+def test_a_bad_python_task_names_the_expected_form_with_an_example() -> None:
+    with pytest.raises(ValueError, match=r"expected python:MODULE:FACTORY, e\.g\. python:mymodel:make$"):
+        TaskSpec.parse("python:nomodule")
+    with pytest.raises(ValueError, match=r"is python's, MODULE:FACTORY$"):
+        TaskSpec("python", factory="nocolon")
+
+
+def test_a_zero_or_negative_divisor_is_refused_and_divisors_are_float64() -> None:
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="finite floats > 0"):
+            Scale("div", divisors=(1.0, bad))
+    per_feature = Scale.parse("div:2,4").divisor(features=2)
+    assert isinstance(per_feature, np.ndarray) and per_feature.dtype == np.float64
+    np.testing.assert_array_equal(per_feature, [2.0, 4.0])
+
+
+def test_the_standard_disclosure_is_named_in_plain_words() -> None:
+    from efpsn.schema import STANDARD_DISCLOSURE
+
+    assert STANDARD_DISCLOSURE.startswith(
+        "disclosed by design to every agent (scale standard): every column's global mean and "
+        "variance and the total sample count")
+
+
+def test_scale_standard_needs_the_seeds_of_a_refreshed_zero_sum_mask() -> None:
+    from efpsn.refresh_value import Refresh
+    from efpsn.schema import check_standard_masks
+
+    standard, none = Scale.parse("standard"), Scale.parse("none")
+    fading, never = Refresh.parse("fading"), Refresh.parse("never")
+    check_standard_masks(standard, mask="zero-sum", refresh=fading)  # the default: fine
+    check_standard_masks(standard, mask="none", refresh=never)  # nothing private: fine
+    check_standard_masks(none, mask="zero-sum", refresh=never)  # public scales: nothing to check
+    with pytest.raises(ValueError, match="mask 'zero-sum' with refresh 'never'"):
+        check_standard_masks(standard, mask="zero-sum", refresh=never)
+    with pytest.raises(ValueError, match="scale standard sums the column statistics"):
+        check_standard_masks(standard, mask="gaussian", refresh=fading)

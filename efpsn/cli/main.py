@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="replay agent K leaving for good: it sends nothing from round T on, "
                           "its neighbours drop it, and the rest re-base at round R (default "
                           "T + the number of agents) and finish at the optimum of their own "
-                          "data; repeatable")
+                          "data; agentK@I[:R]: it left in phase I, as a network decides it; "
+                          "repeatable")
     sim.add_argument("--messages", choices=("clear", "aggregate"), default="clear",
                      help="clear: each neighbour gets an agent's message; aggregate: secure "
                           "neighbourhood aggregation, each agent learns only the weighted sum of "

@@ -108,7 +108,7 @@ async def until_signalled(work: Coroutine[Any, Any, T], *, what: str,
 def add_departure_flag(parser: Any) -> None:
     """--departure-deadline (the agent's and `efpsn up`'s)."""
     parser.add_argument("--departure-deadline", type=float, default=None, metavar="SECONDS",
-                        help="in phase II, a neighbour silent this long is reported to the "
+                        help="in phase I or II, a neighbour silent this long is reported to the "
                              "coordinator, which decides whether it left for good; the others "
                              "then finish without it (default: the run's --round-timeout; 0: "
                              "never, a silent neighbour stops this agent with exit 2)")

@@ -339,7 +339,9 @@ def _departures_record(folder: Path, names: list[str]) -> dict[str, Any] | None:
 
 
 def _departures_line(record: dict[str, Any]) -> str:
-    gone = "; ".join(f"{e['agent']} left at round {e['round']} (re-based at round "
+    gone = "; ".join(f"{e['agent']} left "
+                     f"{'in phase I' if e.get('phase_one') else 'at round ' + str(e['round'])}"
+                     f" (re-based at round "
                      f"{e['rebase_round']}"
                      + "".join(f", new edge {a}-{b}" for a, b in e.get("new_edges") or [])
                      + ")" for e in record["departures"])

@@ -2,7 +2,7 @@
 
 A process started with this folder on PYTHONPATH and CRASH_AT_ROUND=T (or NAME:T, for agent
 NAME only; NAME1,NAME2:T for each of them) dies when it is about to exchange its round-T message, before it sends anything for
-that round, so a test knows its newest checkpoint exactly (no race between a kill from outside
+that round (T = keys or shares: in phase I, before it sends its public key or its shares), so a test knows its newest checkpoint exactly (no race between a kill from outside
 and a checkpoint write). The agent's code knows nothing of it: this module wraps
 agent.exchange.RoundLink.exchange as that module is imported (the fork server's children
 inherit the wrapped class). tests/localnet.py's crash_at() gives the environment.
@@ -21,7 +21,24 @@ _SPEC = os.environ.get("CRASH_AT_ROUND", "")
 _MODULE = "agent.exchange"
 
 
-def _wrap(module: Any, who: str, at: int) -> None:
+def _wrap_phase_one(module: Any, who: str, at: str) -> None:
+    """`keys`: die before sending the phase I public key; `shares`: before sending the
+    shares (its key went out, so the neighbours wait for its shares)."""
+    method = {"keys": "send_public_key", "shares": "send_shares"}[at]
+    send = getattr(module.Peers, method)
+
+    async def crashing(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not who or self.options.name in who.split(","):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await send(self, *args, **kwargs)
+
+    setattr(module.Peers, method, crashing)
+
+
+def _wrap(module: Any, who: str, at: int | str) -> None:
+    if isinstance(at, str):
+        _wrap_phase_one(module, who, at)
+        return
     exchange = module.RoundLink.exchange
 
     async def crashing(self: Any, t: int, message: Any, *, final: bool = False) -> Any:
@@ -33,9 +50,9 @@ def _wrap(module: Any, who: str, at: int) -> None:
 
 
 class _Wrapper(importlib.abc.MetaPathFinder):
-    """Finds agent.exchange as usual, then wraps it right after it is executed."""
+    """Finds agent.exchange (agent.peers) as usual, then wraps it right after it is executed."""
 
-    def __init__(self, who: str, at: int) -> None:
+    def __init__(self, who: str, at: int | str) -> None:
         self.who, self.at = who, at
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
@@ -59,8 +76,11 @@ class _Wrapper(importlib.abc.MetaPathFinder):
 
 
 if _SPEC:
-    _who, _, _at = _SPEC.rpartition(":")
+    _who, _, _at_text = _SPEC.rpartition(":")
+    _at: int | str = int(_at_text) if _at_text.isdigit() else _at_text
+    if isinstance(_at, str):  # a phase I step (keys, shares): the client side's method
+        _MODULE = "agent.peers"
     if _MODULE in sys.modules:
-        _wrap(sys.modules[_MODULE], _who, int(_at))
+        _wrap(sys.modules[_MODULE], _who, _at)
     else:
-        sys.meta_path.insert(0, _Wrapper(_who, int(_at)))
+        sys.meta_path.insert(0, _Wrapper(_who, _at))

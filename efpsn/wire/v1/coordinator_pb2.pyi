@@ -7,34 +7,38 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SilenceReport(_message.Message):
-    __slots__ = ("run_id", "sender", "round", "silent", "epoch")
+    __slots__ = ("run_id", "sender", "round", "silent", "epoch", "phase_one")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SILENT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PHASE_ONE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     sender: str
     round: int
     silent: _containers.RepeatedScalarFieldContainer[str]
     epoch: int
-    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., round: _Optional[int] = ..., silent: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ...) -> None: ...
+    phase_one: bool
+    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., round: _Optional[int] = ..., silent: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ..., phase_one: _Optional[bool] = ...) -> None: ...
 
 class Departed(_message.Message):
-    __slots__ = ("agent", "round", "rebase_round", "late", "index", "late_index")
+    __slots__ = ("agent", "round", "rebase_round", "late", "index", "late_index", "phase_one")
     AGENT_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     REBASE_ROUND_FIELD_NUMBER: _ClassVar[int]
     LATE_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     LATE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PHASE_ONE_FIELD_NUMBER: _ClassVar[int]
     agent: str
     round: int
     rebase_round: int
     late: _containers.RepeatedScalarFieldContainer[str]
     index: int
     late_index: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, agent: _Optional[str] = ..., round: _Optional[int] = ..., rebase_round: _Optional[int] = ..., late: _Optional[_Iterable[str]] = ..., index: _Optional[int] = ..., late_index: _Optional[_Iterable[int]] = ...) -> None: ...
+    phase_one: bool
+    def __init__(self, agent: _Optional[str] = ..., round: _Optional[int] = ..., rebase_round: _Optional[int] = ..., late: _Optional[_Iterable[str]] = ..., index: _Optional[int] = ..., late_index: _Optional[_Iterable[int]] = ..., phase_one: _Optional[bool] = ...) -> None: ...
 
 class Departures(_message.Message):
     __slots__ = ("run_id", "epoch", "departed", "joining")

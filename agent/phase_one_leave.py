@@ -1,0 +1,159 @@
+"""A neighbour that leaves in phase I itself, at one agent: its key or its shares never come.
+
+Phase I (agent/phase_one.py) sends and collects through this object when departures are on.
+A neighbour silent past the departure deadline is reported to the coordinator as in phase II
+(agent/departing.py: only a neighbour that does not answer GetStatus is named; the report says
+it comes from phase I, at round 0), and this agent waits for the decision, the same for every
+agent (coordinator/departures.py): a departure at round 0 (re-base round n), marked as one in
+phase I. It then finishes phase I without the departed neighbour: the Masker / SeedExchange
+still draws its shares or seed (so every other edge's integers are the replay's) but sends and
+awaits nothing more of it (`drop`), so the mask holds no term of that edge. Phase II adopts the
+decision before round 0 (Silence.adopt: the new edges' seeds, the re-base at n), and the run
+equals `efpsn simulate --leave agentK@0:n` bit for bit.
+
+Why not restart phase I on the remaining graph: agents far from the departed one may already
+have finished phase I and stepped round 0 by the time anyone knows; a departure at round 0
+changes nobody's weights but its neighbours' (drop-node weights) until the agreed re-base, so
+their rounds stay valid, and nothing of phase I is redone. A refusal, no decision before the
+deadline or no coordinator end the agent with exit 2 naming the silent neighbour, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from agent.bootstrap import report_silence
+from agent.mailbox import Mailbox
+from agent.options import AgentFailure, AgentOptions, RefusedByNeighbour
+from agent.peers import Peers
+from agent.servicer import AgentService
+from agent.session import Session
+from efpsn.departure import Departure
+from efpsn.masking import Masker
+from efpsn.schema import STANDARD
+from efpsn.seeds import SeedExchange
+
+__all__ = ["PhaseOneDepartures", "phase_one_departures"]
+
+log = logging.getLogger("efpsn.agent")
+
+
+class PhaseOneDepartures:
+    """Phase I's sends and waits, going on without a neighbour the coordinator declares gone;
+    `decided`, `names`, `joining` and `epoch` are what phase II adopts."""
+
+    def __init__(self, *, session: Session, peers: Peers, mailbox: Mailbox,
+                 coordinator: grpc.aio.Channel, deadline: float, wait: float,
+                 deciding: Callable[[bool], None]) -> None:
+        self.session = session
+        self.peers = peers
+        self.mailbox = mailbox
+        self.coordinator = coordinator
+        self.deadline = deadline  # how long a neighbour may stay silent
+        self.wait = wait  # how long a report waits for the others to report too
+        self.deciding = deciding  # a new neighbour may call a moment before I hear a decision
+        self.masker: Masker | SeedExchange | None = None
+        self.decided: list[Departure] = []
+        self.names: dict[int, str] = {}
+        self.joining: dict[str, tuple[int, str]] = {}
+        self.epoch = 0
+
+    async def send_all(self, method: str, make: Callable[[str], Any], *,
+                       timeout: float | None = None) -> None:
+        """Deliver make(name) to every neighbour (Peers.send_all's way, each waiting up to the
+        departure deadline, not `timeout`); one silent past it is reported, and the others are
+        not sent to again."""
+        pending = sorted(self.session.neighbour_names)
+        while pending:
+            outcomes = await asyncio.gather(
+                *(self.peers.send(n, method, make(n), timeout=self.deadline) for n in pending),
+                return_exceptions=True)
+            failed = {n: o for n, o in zip(pending, outcomes, strict=True)
+                      if isinstance(o, BaseException)}
+            for outcome in failed.values():
+                if not isinstance(outcome, AgentFailure) or isinstance(outcome,
+                                                                       RefusedByNeighbour):
+                    raise outcome  # a neighbour that answers is not gone: its refusal stands
+            if not failed:
+                return
+            await self._recover(sorted(failed), failed[min(failed)])
+            pending = sorted(set(failed) & self.session.neighbour_names)
+
+    async def collect(self, kind: str) -> dict[int, Any]:
+        """Every remaining neighbour's `kind` ("key", "shares") of phase I, by index."""
+        while True:
+            try:
+                return await self.peers.collect(kind, 0, timeout=self.deadline)
+            except AgentFailure as failure:
+                missing = sorted(n for n in self.session.neighbour_names
+                                 if not self.mailbox.has(kind, 0, n))
+                if not missing:
+                    raise
+                await self._recover(missing, failure)
+
+    async def _recover(self, missing: list[str], failure: AgentFailure) -> None:
+        """Report the missing neighbours that do not answer and apply the decision to phase I;
+        `failure` (with the coordinator's reason) when there is none."""
+        name = self.session.assignment.name
+        silent = await self.peers.unresponsive(missing)
+        log.warning("%s: %s; %s", name, failure,
+                    f"asking the coordinator whether {', '.join(silent)} left in phase I"
+                    if silent else f"{', '.join(missing)} answer (waiting themselves): waiting "
+                    "for the coordinator's decision")
+        self.deciding(True)
+        try:
+            found, names, joining = await report_silence(
+                self.coordinator, session=self.session, name=name, round_=0, silent=silent,
+                epoch=self.epoch, timeout=self.wait, phase_one=True)
+        except AgentFailure as undecided:
+            raise AgentFailure(f"{failure}; {undecided}",
+                               blame=undecided.blame and failure.blame) from None
+        finally:
+            self.deciding(False)
+        new = [d for d in found if d.agent not in {g.agent for g in self.decided}]
+        if not new:
+            raise AgentFailure(f"{name}: the coordinator's answer holds no new departure")
+        self.decided.extend(new)
+        self.names.update(names)
+        self.epoch += 1
+        rebase_round = min(d.rebase_round for d in new)
+        for other, (index, address) in joining.items():  # admitted before phase II adopts it
+            self.joining[other] = (index, address)
+            self.session.joining[other] = (index, address, rebase_round)
+        gone = [d.agent for d in new if names[d.agent] in self.session.neighbour_names]
+        for j in gone:
+            left = names[j]
+            self.session.drop(left, reason=f"{left} was declared gone in phase I by the "
+                              "coordinator (silent past the departure deadline); it cannot "
+                              "come back to this run")
+            await self.peers.forget(left)
+        if self.masker is not None:
+            self.masker.drop(gone)
+        log.warning("%s: the coordinator decided: %s (in phase I); %s", name,
+                    "; ".join(d.label() for d in new),
+                    f"going on without {', '.join(names[j] for j in gone)}" if gone
+                    else "no neighbour of mine left")
+
+
+def phase_one_departures(session: Session, *, options: AgentOptions, peers: Peers,
+                         mailbox: Mailbox, service: AgentService
+                         ) -> PhaseOneDepartures | None:
+    """How a silent neighbour is handled in phase I; None when departures are off
+    (--departure-deadline 0) or with --scale standard (its secure sum of column statistics,
+    between phase I and phase II, needs every party: a silence there stops the agent)."""
+    cfg = session.config
+    if options.departure_deadline == 0 or cfg.scale == STANDARD:
+        return None
+    deadline = options.departure_deadline or cfg.round_timeout_seconds
+
+    def deciding(awaited: bool) -> None:
+        service.deciding = awaited
+
+    return PhaseOneDepartures(session=session, peers=peers, mailbox=mailbox,
+                              coordinator=peers.coordinator(), deadline=deadline,
+                              wait=deadline + cfg.round_timeout_seconds, deciding=deciding)

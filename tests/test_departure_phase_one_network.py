@@ -1,0 +1,55 @@
+"""A party that leaves in phase I itself, through real processes: a 5-path on breast-cancer
+folders of unequal size; agent3 sends its public key, then kills itself (SIGKILL,
+tests/crash_hook) before sending its shares. Its neighbours wait for its shares (agent1 and
+agent5 wait for theirs), report from phase I, and the coordinator decides agent3@I:5 (round 0,
+marked phase I); agent2 and agent4 finish phase I without it (its seed drawn, never sent nor
+awaited), the new edge agent1-agent4 runs phase I's seed exchange, and from the re-base round 5
+the four mix on the joined path. They exit 0 and equal `efpsn simulate --leave agent3@I:5` bit
+for bit (agent/phase_one_leave.py)."""
+
+from __future__ import annotations
+
+import pytest
+from localnet import crash_at
+
+from efpsn.config import RunConfig
+from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
+from efpsn.departure import parse_leave
+from efpsn.launch.network import launch_local_network
+from efpsn.launch.summary import load_agent_results
+from efpsn.problem import build_problem
+from efpsn.simulator import run_simulation
+
+pytestmark = pytest.mark.timeout(300)
+
+NOISE_SEED, DEADLINE, ROUND_TIMEOUT = 7, 3.0, 30.0
+SURVIVORS = ["agent1", "agent2", "agent4", "agent5"]
+
+
+def test_an_agent_gone_in_phase_one_is_left_out_and_the_rest_equal_the_replay(
+        tmp_path) -> None:
+    data = tmp_path / "data"
+    split_data(source="sklearn:breast_cancer", agents=5, partition_spec="dirichlet:1.0",
+               out=data, test_fraction=0)
+    config = RunConfig(**{**inspect_data_dir(data).run_values(), "l2": 0.01,  # type: ignore[arg-type]
+                          "iterations": 60, "eval_every": 30, "key_bits": 1024,
+                          "topology": "path", "round_timeout_seconds": ROUND_TIMEOUT})
+    with pytest.MonkeyPatch.context() as env:
+        for variable, value in crash_at("shares", name="agent3").items():
+            env.setenv(variable, value)
+        summary = launch_local_network(
+            config, results=tmp_path / "run", data_dir=data, quiet=True, holdout=0.0,
+            insecure_noise_seed=NOISE_SEED, departure_deadline=DEADLINE,
+            allow_insecure_keys=True)
+    assert summary["ok"], summary["problems"]
+    record = summary["departures"][0]
+    assert (record["agent"], record["round"], record["rebase_round"]) == ("agent3", 0, 5)
+    assert record["phase_one"] is True
+    assert record["new_edges"] == [["agent1", "agent4"]]
+    assert summary["remaining"] == SURVIVORS
+    problem = build_problem(config, local=load_data_dir(config, data, holdout=0.0))
+    sim = run_simulation(config, noise_seed=NOISE_SEED, problem=problem,
+                         departures=[parse_leave("agent3@I:5", agents=5)])
+    _, xs = load_agent_results(tmp_path / "run", SURVIVORS)
+    assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
+    assert sim.departures is not None and sim.departures["remaining_masks_sum_to_zero"]
