@@ -22,7 +22,7 @@ from efpsn.secure_stats import MODULUS, STAT_BITS, Totals, decode_totals, sum_ma
 from efpsn.topology import Graph
 
 __all__ = ["ENTRY_BYTES", "StatsFlood", "ball", "decode_vector", "encode_vector",
-           "flood_rounds"]
+           "flood_round_base", "flood_rounds", "flood_wire_rounds"]
 
 ENTRY_BYTES = STAT_BITS // 8
 """Bytes of one masked entry on the wire (an integer in [0, 2^STAT_BITS), little-endian)."""
@@ -55,6 +55,19 @@ def flood_rounds(graph: Graph, gone: Collection[int] = ()) -> int:
             radius += 1
         worst = max(worst, radius)
     return worst
+
+
+def flood_round_base(epoch: int, agents: int) -> int:
+    """The wire round of a flood's round 0 after `epoch` departure decisions: epoch * agents
+    (a flood has fewer than `agents` rounds), so a flood started again after a departure never
+    takes a message of an earlier one."""
+    return epoch * agents
+
+
+def flood_wire_rounds(agents: int) -> int:
+    """The wire rounds any flood of a run of `agents` may use: fewer than `agents` floods (at
+    least one agent remains), each below the next one's base."""
+    return agents * agents
 
 
 def encode_vector(values: Sequence[int]) -> bytes:

@@ -14,10 +14,10 @@ import torch
 from efpsn.cli.main import main
 from efpsn.config import RunConfig
 from efpsn.datadir import load_data_dir, split_data
+from efpsn.departure import parse_leave
 from efpsn.model_io import read_model, save_model
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
-from efpsn.departure import parse_leave
 from efpsn.standardise import check_standardisable, left_in_phase_one, simulate_standardising
 
 
