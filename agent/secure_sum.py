@@ -106,7 +106,7 @@ async def run_secure_sum(*, session: Session, peers: Peers, life: Life,
     departure deadline is reported as in phase I (a departure there or during this flood is
     one in phase I: round 0, re-base round n), and once the coordinator decides, the flood
     starts again on the remaining graph (efpsn.departure's reconfigure: the new edges carry
-    messages, no pad) with rounds of its own (flood_round_base: a decision's epoch), every
+    messages, no pad) with rounds and fresh pads of its own (the decisions' epoch), every
     departed neighbour's seeds dropped from this agent's pad and from phase II's masks (as if
     it had left in phase I), so the remaining pads cancel and the totals are the remaining
     agents'."""
@@ -124,9 +124,10 @@ async def run_secure_sum(*, session: Session, peers: Peers, life: Life,
                                "seeds with left; it will not publish its column statistics "
                                "without a pad")
         graph = reconfigure(session.problem.graph, gone).graph if gone else session.problem.graph
-        flood = StatsFlood(graph=graph, agent=session.index, own=masked_vector(features, mine),
-                           gone=gone)
-        base = flood_round_base(0 if leave is None else leave.epoch, session.config.agents)
+        epoch = 0 if leave is None else leave.epoch  # fresh pads for a flood started again
+        flood = StatsFlood(graph=graph, agent=session.index, gone=gone,
+                           own=masked_vector(features, mine, epoch))
+        base = flood_round_base(epoch, session.config.agents)
         senders = _flood_neighbours(session, graph, leave)
         try:
             await _flood(flood, base, senders, peers=peers, timeout=timeout)
