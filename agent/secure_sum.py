@@ -7,7 +7,8 @@ every neighbour, acknowledged, before the next) -> totals.json saved -> the sess
 standardised -> phase II. Every neighbour acknowledged all of this agent's flood messages before
 its totals were saved, so a process restarted from them owes nobody a flood message; a process
 stopped before they were saved cannot rejoin (the flood is not replayed), like one stopped in
-phase I.
+phase I. One gone for good in phase I or during the flood (departures on) is decided as a
+departure in phase I and the flood starts again without it (run_secure_sum).
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ vector seen twice must be the same both times. After D rounds agent i holds all 
 decodes the totals: every agent sums the same n integers, so every agent and the simulator
 (efpsn/standardise.py network_totals) get the same Totals bit for bit.
 
+After a departure in phase I (or during the flood) the flood starts again on the remaining
+graph (StatsFlood's `gone`): the remaining agents' vectors only, in rounds numbered from
+flood_round_base(epoch, n) on the wire, with fresh pads (secure_stats.masked_vector's epoch).
+
 What travels: only masked vectors, each a one-time pad of the agent's local statistics under its
 edges' statistics keys (the disclosure secure_stats.py names); what comes out: the totals.
 A vector on the wire is STAT_BITS/8 bytes per entry, little-endian (encode_vector).
