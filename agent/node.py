@@ -154,8 +154,8 @@ class AgentNode:
         else:
             self.store.save_mask(result, run_id=assignment.run_id, stats=dict(self.timings),
                                  received=received)
-        if standard:
-            session, ledger = await self._secure_sum(session, prepared, result)
+        if standard:  # its departures drop their seeds from `result` (agent/secure_sum.py)
+            session, ledger, result = await self._secure_sum(session, prepared, result)
         return await self._phase_two(session, saved, ledger, mask_provider(session, result),
                                      history=[], replay=set())
 
@@ -289,13 +289,16 @@ class AgentNode:
 
     async def _secure_sum(self, session: Session, prepared: Prepared,
                           phase_one: MaskCoefficients | EdgeSeeds,
-                          ) -> tuple[Session, RoundLedger]:
-        """scale standard: the totals by secure summation (agent/secure_sum.py), saved, and
-        the session phase II runs (resolved with them, data standardised)."""
+                          ) -> tuple[Session, RoundLedger, MaskCoefficients | EdgeSeeds]:
+        """scale standard: the totals by secure summation (agent/secure_sum.py), saved, the
+        session phase II runs (resolved with them, data standardised) and its phase I result
+        (without the seeds of a neighbour that left during the sum)."""
         start = time.perf_counter()
-        totals = await run_secure_sum(
+        totals, seeds = await run_secure_sum(
             session=session, peers=self.peers, life=self.life, prepared=prepared,
-            seeds=phase_one if isinstance(phase_one, EdgeSeeds) else None)
+            seeds=phase_one if isinstance(phase_one, EdgeSeeds) else None, leave=self._left)
+        if seeds is not None:
+            phase_one = seeds
         self.service.stats.close()
         save_totals(self.store.folder, totals, run_id=session.run_id)
         self.timings["stats_seconds"] = time.perf_counter() - start
@@ -303,7 +306,7 @@ class AgentNode:
                                           who=self.options.name)
         ledger = self._ledger(session, resumed_from=None)
         self.life.standardised(session, ledger)
-        return session, ledger
+        return session, ledger, phase_one
 
     async def _reload_totals(self, session: Session, prepared: Prepared) -> Session:
         name = self.options.name

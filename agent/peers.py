@@ -251,8 +251,10 @@ class Peers:
             for name in sorted(self._session().addresses)
         )
 
-    async def collect(self, kind: str, round_: int, *, timeout: float) -> dict[int, Any]:
-        """Wait for one message per neighbour; keyed by neighbour index.
+    async def collect(self, kind: str, round_: int, *, timeout: float,
+                      senders: Mapping[str, int] | None = None) -> dict[int, Any]:
+        """Wait for one message per neighbour (or per `senders`, name -> index); keyed by
+        neighbour index.
 
         Halfway through the wait, the neighbours still missing are asked (GetStatus) whom they
         wait for themselves, so a timeout names the agent that actually stopped when it is
@@ -261,17 +263,17 @@ class Peers:
         loop = asyncio.get_running_loop()
         start = loop.time()
         probe: asyncio.Future[str] | None = None
+        index = {name: i for i, name in s.names.items()} if senders is None else dict(senders)
+        wanted = s.neighbour_names if senders is None else frozenset(senders)
         try:
             try:
-                got = await self.mailbox.collect(kind, round_, s.neighbour_names,
-                                                 timeout=timeout / 2)
+                got = await self.mailbox.collect(kind, round_, wanted, timeout=timeout / 2)
             except NeighbourTimeout as slow:
                 probe = asyncio.ensure_future(self._why_missing(slow.missing))
                 got = await self.mailbox.collect(
-                    kind, round_, s.neighbour_names,
-                    timeout=max(0.0, timeout - (loop.time() - start)))
+                    kind, round_, wanted, timeout=max(0.0, timeout - (loop.time() - start)))
         except NeighbourTimeout as exc:
-            where = ", ".join(f"{m} ({s.addresses[m]})" for m in exc.missing)
+            where = ", ".join(f"{m} ({s.address_of(m)})" for m in exc.missing)
             hints = ""
             if probe is not None and probe.done() and not probe.cancelled() \
                     and probe.exception() is None:
@@ -283,7 +285,6 @@ class Peers:
         finally:
             if probe is not None:
                 await settle(probe)
-        index = {name: i for i, name in s.names.items()}
         return {index[name]: payload for name, payload in got.items()}
 
     async def _why_missing(self, missing: list[str]) -> str:

@@ -11,6 +11,13 @@ awaits nothing more of it (`drop`), so the mask holds no term of that edge. Phas
 decision before round 0 (Silence.adopt: the new edges' seeds, the re-base at n), and the run
 equals `efpsn simulate --leave agentK@0:n` bit for bit.
 
+With --scale standard, the secure sum of column statistics between phase I and phase II
+(agent/secure_sum.py) reports and recovers through this object too: an agent far from the
+departed one, already flooding, reports from there (round 0, phase I); a departure during the
+flood is decided the same way. The flood then starts again on the remaining graph, without the
+departed agents' vectors and pads, so the totals (and l2 = 1/N_total) are the remaining
+agents', as `efpsn simulate --leave agentK@I` computes them.
+
 Why not restart phase I on the remaining graph: agents far from the departed one may already
 have finished phase I and stepped round 0 by the time anyone knows; a departure at round 0
 changes nobody's weights but its neighbours' (drop-node weights) until the agreed re-base, so
@@ -35,7 +42,6 @@ from agent.servicer import AgentService
 from agent.session import Session
 from efpsn.departure import Departure
 from efpsn.masking import Masker
-from efpsn.schema import STANDARD
 from efpsn.seeds import SeedExchange
 
 __all__ = ["PhaseOneDepartures", "phase_one_departures"]
@@ -81,7 +87,7 @@ class PhaseOneDepartures:
                     raise outcome  # a neighbour that answers is not gone: its refusal stands
             if not failed:
                 return
-            await self._recover(sorted(failed), failed[min(failed)])
+            await self.recover(sorted(failed), failed[min(failed)])
             pending = sorted(set(failed) & self.session.neighbour_names)
 
     async def collect(self, kind: str) -> dict[int, Any]:
@@ -94,9 +100,9 @@ class PhaseOneDepartures:
                                  if not self.mailbox.has(kind, 0, n))
                 if not missing:
                     raise
-                await self._recover(missing, failure)
+                await self.recover(missing, failure)
 
-    async def _recover(self, missing: list[str], failure: AgentFailure) -> None:
+    async def recover(self, missing: list[str], failure: AgentFailure) -> None:
         """Report the missing neighbours that do not answer and apply the decision to phase I;
         `failure` (with the coordinator's reason) when there is none."""
         name = self.session.assignment.name
@@ -143,11 +149,11 @@ class PhaseOneDepartures:
 def phase_one_departures(session: Session, *, options: AgentOptions, peers: Peers,
                          mailbox: Mailbox, service: AgentService
                          ) -> PhaseOneDepartures | None:
-    """How a silent neighbour is handled in phase I; None when departures are off
-    (--departure-deadline 0) or with --scale standard (its secure sum of column statistics,
-    between phase I and phase II, needs every party: a silence there stops the agent)."""
+    """How a silent neighbour is handled in phase I, and in a scale standard run's secure sum
+    of column statistics after it (agent/secure_sum.py); None when departures are off
+    (--departure-deadline 0)."""
     cfg = session.config
-    if options.departure_deadline == 0 or cfg.scale == STANDARD:
+    if options.departure_deadline == 0:
         return None
     deadline = options.departure_deadline or cfg.round_timeout_seconds
 

@@ -7,28 +7,34 @@ every neighbour, acknowledged, before the next) -> totals.json saved -> the sess
 standardised -> phase II. Every neighbour acknowledged all of this agent's flood messages before
 its totals were saved, so a process restarted from them owes nobody a flood message; a process
 stopped before they were saved cannot rejoin (the flood is not replayed), like one stopped in
-phase I.
+phase I. One gone for good in phase I or during the flood (departures on) is decided as a
+departure in phase I and the flood starts again without it (run_secure_sum).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Any, Protocol
 
 from agent.life import Life
-from agent.options import AgentFailure
+from agent.options import AgentFailure, RefusedByNeighbour
 from agent.peers import Peers
 from agent.prepare import Prepared
 from agent.session import Session
 from agent.state import StateError, write_private
+from efpsn.departure import Departure, reconfigure
+from efpsn.departure_masks import drop_seeds
 from efpsn.ledger import Judgement, Verdict
 from efpsn.problem import build_problem, build_task
 from efpsn.secure_stats import Totals, masked_vector
 from efpsn.seeds import EdgeSeeds
 from efpsn.standardise import standardise_local, with_count_l2
-from efpsn.stats_flood import StatsFlood
+from efpsn.stats_flood import StatsFlood, flood_round_base
+from efpsn.topology import Graph
 from efpsn.wire.records import Phase
 from efpsn.wire.stats import stats_message
 
@@ -43,6 +49,19 @@ __all__ = [
 ]
 
 TOTALS_FILE = "totals.json"
+
+
+class PhaseOneDepartures(Protocol):
+    """What the flood needs of agent/phase_one_leave.py's PhaseOneDepartures (not imported:
+    it reaches the servicer, which takes the flood's rules from here)."""
+
+    decided: list[Departure]
+    names: dict[int, str]
+    epoch: int
+    deadline: float
+    masker: Any
+
+    async def recover(self, missing: list[str], failure: AgentFailure) -> None: ...
 
 
 def stats_length(session: Session) -> int:
@@ -77,29 +96,101 @@ class StatsLedger:
 
 
 async def run_secure_sum(*, session: Session, peers: Peers, life: Life,
-                         prepared: Prepared, seeds: EdgeSeeds | None) -> Totals:
-    """This agent's flood: its masked vector out, every agent's in, the totals. A neighbour's
-    message that names the wrong agents or contradicts another is an AgentFailure blaming it."""
+                         prepared: Prepared, seeds: EdgeSeeds | None,
+                         leave: PhaseOneDepartures | None = None,
+                         ) -> tuple[Totals, EdgeSeeds | None]:
+    """This agent's flood: its masked vector out, every agent's in, the totals, and the seeds
+    phase II masks with. A neighbour's message that names the wrong agents or contradicts
+    another is an AgentFailure blaming it.
+
+    With departures on (`leave`, agent/phase_one_leave.py): a neighbour silent past the
+    departure deadline is reported as in phase I (a departure there or during this flood is
+    one in phase I: round 0, re-base round n), and once the coordinator decides, the flood
+    starts again on the remaining graph (efpsn.departure's reconfigure: the new edges carry
+    messages, no pad) with rounds and fresh pads of its own (the decisions' epoch), every
+    departed neighbour's seeds dropped from this agent's pad and from phase II's masks (as if
+    it had left in phase I), so the remaining pads cancel and the totals are the remaining
+    agents'."""
     assert prepared.local is not None, "scale standard needs agent-local data"
-    flood = StatsFlood(graph=session.problem.graph, agent=session.index,
-                       own=masked_vector(prepared.local.train.images.numpy(), seeds))
     life.stats()
-    timeout = session.config.round_timeout_seconds
+    if leave is not None:
+        leave.masker = None  # phase I is over: a decision drops seeds here, not in it
+    timeout = session.config.round_timeout_seconds if leave is None else leave.deadline
+    features = prepared.local.train.images.numpy()
+    while True:
+        gone = frozenset(() if leave is None else (d.agent for d in leave.decided))
+        mine = seeds if seeds is None or not gone else drop_seeds(seeds, gone)
+        if mine is not None and gone and not mine.neighbours:
+            raise AgentFailure(f"{session.assignment.name}: every neighbour it shares phase I "
+                               "seeds with left; it will not publish its column statistics "
+                               "without a pad")
+        graph = reconfigure(session.problem.graph, gone).graph if gone else session.problem.graph
+        epoch = 0 if leave is None else leave.epoch  # fresh pads for a flood started again
+        flood = StatsFlood(graph=graph, agent=session.index, gone=gone,
+                           own=masked_vector(features, mine, epoch))
+        base = flood_round_base(epoch, session.config.agents)
+        senders = _flood_neighbours(session, graph, leave)
+        try:
+            await _flood(flood, base, senders, peers=peers, timeout=timeout)
+        except _Silent as silent:
+            if leave is None:
+                raise silent.failure from None
+            await leave.recover(silent.missing, silent.failure)
+            continue
+        try:
+            return flood.totals(), mine
+        except ValueError as exc:
+            raise AgentFailure(f"the secure sum of column statistics failed: {exc}") from None
+
+
+class _Silent(Exception):
+    def __init__(self, missing: list[str], failure: AgentFailure) -> None:
+        self.missing, self.failure = missing, failure
+
+
+def _flood_neighbours(session: Session, graph: Graph,
+                      leave: PhaseOneDepartures | None) -> dict[str, int]:
+    """The flood's neighbours in `graph`, name -> index: the session's, and the new ones a
+    decision named (session.joining)."""
+    names = {**session.names, **{i: n for n, (i, _, _) in session.joining.items()}}
+    if leave is not None:
+        names = {**leave.names, **names}
+    return {names[j]: j for j in sorted(graph.neighbours(session.index))}
+
+
+async def _flood(flood: StatsFlood, base: int, senders: dict[str, int], *, peers: Peers,
+                 timeout: float) -> None:
+    """The flood's rounds, numbered from `base` on the wire; _Silent for neighbours that sent
+    or took nothing in time (a refusal or a wrong message is an AgentFailure as it is)."""
     for r in range(flood.rounds):
-        message = stats_message(header=peers.header(Phase.STATS, r), vectors=flood.outgoing(r))
-        await peers.send_all("PutStats", lambda name, m=message: m, timeout=timeout)
-        got = await peers.collect("stats", r, timeout=timeout)
+        message = stats_message(header=peers.header(Phase.STATS, base + r),
+                                vectors=flood.outgoing(r))
+        outcomes = await asyncio.gather(
+            *(peers.send(name, "PutStats", message, timeout=timeout) for name in senders),
+            return_exceptions=True)
+        failed = {}
+        for name, outcome in zip(senders, outcomes, strict=True):
+            if isinstance(outcome, RefusedByNeighbour) or (
+                    isinstance(outcome, BaseException) and not isinstance(outcome, AgentFailure)):
+                raise outcome
+            if isinstance(outcome, AgentFailure):
+                failed[name] = outcome
+        if failed:
+            raise _Silent(sorted(failed), failed[min(failed)])
+        try:
+            got = await peers.collect("stats", base + r, timeout=timeout, senders=senders)
+        except AgentFailure as failure:
+            missing = sorted(n for n in senders if not peers.mailbox.has("stats", base + r, n))
+            if not missing:
+                raise
+            raise _Silent(missing, failure) from None
+        names = {j: n for n, j in senders.items()}
         for j in sorted(got):
             try:
                 flood.merge(j, r, got[j])
             except ValueError as exc:
-                who = session.names[j]
-                raise AgentFailure(f"{who} sent a wrong statistics message: {exc}",
-                                   blame=who) from None
-    try:
-        return flood.totals()
-    except ValueError as exc:
-        raise AgentFailure(f"the secure sum of column statistics failed: {exc}") from None
+                raise AgentFailure(f"{names[j]} sent a wrong statistics message: {exc}",
+                                   blame=names[j]) from None
 
 
 def save_totals(folder: Path, totals: Totals, *, run_id: str) -> None:

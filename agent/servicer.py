@@ -27,7 +27,7 @@ from agent.session import Session
 from agent.status import Status
 from efpsn import paillier
 from efpsn.ledger import Judgement, PhaseOneLedger, Verdict
-from efpsn.stats_flood import flood_rounds
+from efpsn.stats_flood import flood_wire_rounds
 from efpsn.wire import limits, records, serde
 from efpsn.wire.guard import (
     Admission,
@@ -290,8 +290,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if "PutStats" not in s.request_limits:  # admit refuses it first; handlers called directly
             raise Reject(StatusCode.FAILED_PRECONDITION, f"run {s.run_id} has no secure sum "
                          f"of column statistics (its scale is {str(s.config.scale)!r})")
-        record = parse_stats(request, run_id=s.run_id, senders=s.neighbour_names,
-                             rounds=flood_rounds(s.problem.graph), agents=s.config.agents,
+        # a new neighbour a departure's decision named floods too, in a later flood's rounds
+        record = parse_stats(request, run_id=s.run_id, senders=s.admitted_names,
+                             rounds=flood_wire_rounds(s.config.agents), agents=s.config.agents,
                              length=stats_length(s))
         judgement = self.stats.judge(record.sender, record.round, record.digest)
         if judgement.verdict == Verdict.ACCEPT:

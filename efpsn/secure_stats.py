@@ -10,7 +10,8 @@ M = 2^STAT_BITS, and adds one uniform mask per edge:
 
     masked_i = v_i + sum_{j in N(i)} sign_ij u(e_ij)   (mod M),
 
-u(e) the edge's uniform integers mod M read from ChaCha20 (key e, nonce counter 0 || "efps"),
+u(e) the edge's uniform integers mod M read from ChaCha20 (key e, nonce counter 0 || "efps" ||
+the flood's epoch, 0 unless a departure restarted it),
 e_ij = SHA-256("efpsn stats edge" || s_lo,hi || s_hi,lo) from the two seeds both ends hold, and
 sign_ij = +1 when i < j, -1 otherwise. Every edge's two terms cancel mod M, so
 
@@ -51,7 +52,7 @@ FRACTION_BITS = 128
 float64's last bit, and with absolute error 2^-129 below."""
 _WORD = STAT_BITS // 8  # bytes of keystream per mask entry
 _EDGE_DOMAIN = b"efpsn stats edge"
-_NONCE = b"\x00\x00\x00\x00" + b"efps" + bytes(8)
+_NONCE = b"\x00\x00\x00\x00" + b"efps"  # + the flood's epoch, 8 bytes little-endian
 _LIMIT = 1 << (STAT_BITS - 2)  # |total| below M/4: room for many agents' worth of headroom
 
 
@@ -86,14 +87,18 @@ def edge_key(low_sent: bytes, high_sent: bytes) -> bytes:
     return hashlib.sha256(_EDGE_DOMAIN + low_sent + high_sent).digest()
 
 
-def _uniform(key: bytes, length: int) -> list[int]:
-    stream = Cipher(algorithms.ChaCha20(key, _NONCE), mode=None).encryptor()
+def _uniform(key: bytes, length: int, epoch: int = 0) -> list[int]:
+    nonce = _NONCE + epoch.to_bytes(8, "little")
+    stream = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
     data = stream.update(bytes(_WORD * length))
     return [int.from_bytes(data[k * _WORD:(k + 1) * _WORD], "little") for k in range(length)]
 
 
-def stats_mask(seeds: EdgeSeeds, length: int) -> list[int]:
-    """sum_j sign_ij u(e_ij) mod M: agent seeds.agent's pad for a vector of `length` integers."""
+def stats_mask(seeds: EdgeSeeds, length: int, epoch: int = 0) -> list[int]:
+    """sum_j sign_ij u(e_ij) mod M: agent seeds.agent's pad for a vector of `length` integers.
+    `epoch`: a flood started again after `epoch` departure decisions draws fresh pads (the
+    stream at nonce epoch), so an agent's vectors of two floods differ by unrelated pads and
+    reveal no pad of an edge (hence no departed agent's statistics)."""
     if not isinstance(seeds, EdgeSeeds):
         raise TypeError(f"seeds must be EdgeSeeds, got {type(seeds).__name__}")
     sent, received = dict(seeds.sent), dict(seeds.received)
@@ -101,18 +106,18 @@ def stats_mask(seeds: EdgeSeeds, length: int) -> list[int]:
     for j in seeds.neighbours:
         low = seeds.agent < j
         key = edge_key(sent[j], received[j]) if low else edge_key(received[j], sent[j])
-        for k, u in enumerate(_uniform(key, length)):
+        for k, u in enumerate(_uniform(key, length, epoch)):
             pad[k] = (pad[k] + u) % MODULUS if low else (pad[k] - u) % MODULUS
     return pad
 
 
-def masked_vector(features: np.ndarray, seeds: EdgeSeeds | None) -> list[int]:
+def masked_vector(features: np.ndarray, seeds: EdgeSeeds | None, epoch: int = 0) -> list[int]:
     """What agent i publishes: its local vector plus its pad, mod M (seeds None: no pad, for
     runs without masks, which promise nothing)."""
     values = local_vector(features)
     if seeds is None:
         return [v % MODULUS for v in values]
-    return [(v + u) % MODULUS for v, u in zip(values, stats_mask(seeds, len(values)),
+    return [(v + u) % MODULUS for v, u in zip(values, stats_mask(seeds, len(values), epoch),
                                              strict=True)]
 
 

@@ -21,19 +21,20 @@ global mean and variance. Opt out with public scales in schema.json (`scale`: no
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from efpsn.config import RunConfig
+from efpsn.departure import Departure
 from efpsn.schema import check_standard_masks
 from efpsn.secure_stats import Totals, decode_totals, masked_vector, sum_masked
 from efpsn.seeds import EdgeSeeds
 from efpsn.tasks.data import Dataset
 from efpsn.tasks.local import DataError, LocalData, check_second_moment
 
-__all__ = ["check_standardisable", "count_l2", "network_totals",
+__all__ = ["check_standardisable", "count_l2", "left_in_phase_one", "network_totals",
            "simulate_standardising", "standardise_all", "standardise_dataset",
            "standardise_local", "standardises", "with_count_l2"]
 
@@ -104,22 +105,40 @@ def standardise_local(local: LocalData, totals: Totals, *, who: str,
 
 
 def standardise_all(local: Mapping[int, LocalData], seeds: Sequence[EdgeSeeds] | None, *,
-                    moment_bound: float | None) -> tuple[dict[int, LocalData], Totals]:
+                    moment_bound: float | None, gone: Collection[int] = ()
+                    ) -> tuple[dict[int, LocalData], Totals]:
     """The simulator's whole step: the secure sum over every agent's training part, then every
-    agent's data standardised with the totals."""
-    order = sorted(local)
-    totals = network_totals([local[i].train.images.numpy() for i in order], seeds)
+    agent's data standardised with the totals. `gone`: agents that left in phase I, before the
+    sum (left_in_phase_one): their vectors are not summed and the remaining agents' pads hold
+    no term of their edges (drop_seeds, as their neighbours drop them), so the totals are the
+    remaining agents'; their data is standardised too (never used, never checked)."""
+    from efpsn.departure_masks import drop_seeds
+
+    gone = set(gone)
+    order = [i for i in sorted(local) if i not in gone]
+    kept = None if seeds is None else [drop_seeds(seeds[i], gone) for i in order]
+    totals = network_totals([local[i].train.images.numpy() for i in order], kept)
     return ({i: standardise_local(local[i], totals, who=f"agent{i + 1}",
-                                  moment_bound=moment_bound) for i in order}, totals)
+                                  moment_bound=None if i in gone else moment_bound)
+             for i in sorted(local)}, totals)
+
+
+def left_in_phase_one(departures: Iterable[Departure]) -> frozenset[int]:
+    """The agents that left in phase I, before the secure sum of column statistics
+    (`agentK@I[:R]`, or `agentK@0`: round 0 re-based at 0); an agent that left later was in
+    the sum."""
+    return frozenset(d.agent for d in departures
+                     if d.phase_one or (d.round == 0 and d.rebase_round == 0))
 
 
 def simulate_standardising(config: RunConfig, local: Mapping[int, LocalData], *,
-                           noise_seed: int | None = None,
+                           noise_seed: int | None = None, departures: Iterable[Departure] = (),
                            ) -> tuple[RunConfig, dict[int, LocalData], Totals]:
     """The simulator's phase of a `scale standard` run, before the step rule: the edge seeds
     phase I shares (exchange_seeds_fast: the seeds the run's masks use for the same noise seed,
     the config's seed by default, as run_simulation), the secure sum, every agent's data
-    standardised, and the run with l2 from the total count (not yet resolved)."""
+    standardised, and the run with l2 from the total count (not yet resolved). `departures`:
+    the replayed ones; those in phase I are out of the sum (standardise_all's `gone`)."""
     from efpsn.seeds import exchange_seeds_fast
     from efpsn.topology import build_graph
 
@@ -129,5 +148,6 @@ def simulate_standardising(config: RunConfig, local: Mapping[int, LocalData], *,
         graph = build_graph(config.topology, config.agents, seed=config.seed)
         seeds = exchange_seeds_fast(graph, noise_seed=config.seed if noise_seed is None
                                     else noise_seed)
-    standardised, totals = standardise_all(local, seeds, moment_bound=config.moment_bound)
+    standardised, totals = standardise_all(local, seeds, moment_bound=config.moment_bound,
+                                           gone=left_in_phase_one(departures))
     return with_count_l2(config, totals), standardised, totals

@@ -9,6 +9,10 @@ vector seen twice must be the same both times. After D rounds agent i holds all 
 decodes the totals: every agent sums the same n integers, so every agent and the simulator
 (efpsn/standardise.py network_totals) get the same Totals bit for bit.
 
+After a departure in phase I (or during the flood) the flood starts again on the remaining
+graph (StatsFlood's `gone`): the remaining agents' vectors only, in rounds numbered from
+flood_round_base(epoch, n) on the wire, with fresh pads (secure_stats.masked_vector's epoch).
+
 What travels: only masked vectors, each a one-time pad of the agent's local statistics under its
 edges' statistics keys (the disclosure secure_stats.py names); what comes out: the totals.
 A vector on the wire is STAT_BITS/8 bytes per entry, little-endian (encode_vector).
@@ -16,13 +20,13 @@ A vector on the wire is STAT_BITS/8 bytes per entry, little-endian (encode_vecto
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from efpsn.secure_stats import MODULUS, STAT_BITS, Totals, decode_totals, sum_masked
 from efpsn.topology import Graph
 
 __all__ = ["ENTRY_BYTES", "StatsFlood", "ball", "decode_vector", "encode_vector",
-           "flood_rounds"]
+           "flood_round_base", "flood_rounds", "flood_wire_rounds"]
 
 ENTRY_BYTES = STAT_BITS // 8
 """Bytes of one masked entry on the wire (an integer in [0, 2^STAT_BITS), little-endian)."""
@@ -39,16 +43,35 @@ def ball(graph: Graph, agent: int, radius: int) -> frozenset[int]:
     return frozenset(seen)
 
 
-def flood_rounds(graph: Graph) -> int:
-    """D, the graph's diameter in hops (0 for one agent): the flood's rounds."""
-    graph.require_connected()
+def flood_rounds(graph: Graph, gone: Collection[int] = ()) -> int:
+    """D, the graph's diameter in hops (0 for one agent): the flood's rounds. With `gone`
+    (agents that left in phase I, isolated in a reconfigured graph: efpsn.departure's
+    reconfigure), the diameter of the remaining agents' graph."""
+    members = [i for i in range(graph.n) if i not in set(gone)]
+    if not gone:
+        graph.require_connected()
     worst = 0
-    for i in range(graph.n):
+    for i in members:
         radius = 0
-        while len(ball(graph, i, radius)) < graph.n:
+        while len(ball(graph, i, radius)) < len(members):
+            if radius >= graph.n:
+                raise ValueError("the remaining agents' graph is not connected")
             radius += 1
         worst = max(worst, radius)
     return worst
+
+
+def flood_round_base(epoch: int, agents: int) -> int:
+    """The wire round of a flood's round 0 after `epoch` departure decisions: epoch * agents
+    (a flood has fewer than `agents` rounds), so a flood started again after a departure never
+    takes a message of an earlier one."""
+    return epoch * agents
+
+
+def flood_wire_rounds(agents: int) -> int:
+    """The wire rounds any flood of a run of `agents` may use: fewer than `agents` floods (at
+    least one agent remains), each below the next one's base."""
+    return agents * agents
 
 
 def encode_vector(values: Sequence[int]) -> bytes:
@@ -73,15 +96,22 @@ def decode_vector(data: bytes, *, length: int) -> list[int]:
 class StatsFlood:
     """One agent's flood: what it sends in round r, what it accepts, and the totals at the end.
 
-    `own` is this agent's masked vector (secure_stats.masked_vector), of 1 + 2d entries."""
+    `own` is this agent's masked vector (secure_stats.masked_vector), of 1 + 2d entries.
+    `gone`: the agents that left in phase I; `graph` is then the remaining graph (the
+    departed isolated, the pieces joined: efpsn.departure's reconfigure) and the totals are
+    the remaining agents'."""
 
-    def __init__(self, *, graph: Graph, agent: int, own: Sequence[int]) -> None:
-        if not 0 <= agent < graph.n:
-            raise ValueError(f"agent must be in [0, {graph.n}), got {agent}")
+    def __init__(self, *, graph: Graph, agent: int, own: Sequence[int],
+                 gone: Collection[int] = ()) -> None:
+        self.gone = frozenset(gone)
+        if not 0 <= agent < graph.n or agent in self.gone:
+            raise ValueError(f"agent must be a remaining agent of [0, {graph.n}), got {agent}")
+        if any(graph.neighbours(j) for j in self.gone):
+            raise ValueError(f"the departed agents {sorted(self.gone)} still have edges")
         self.graph = graph
         self.agent = agent
         self.length = len(own)
-        self.rounds = flood_rounds(graph)
+        self.rounds = flood_rounds(graph, self.gone)
         encode_vector(own)  # checked: integers mod M
         self.known: dict[int, tuple[int, ...]] = {agent: tuple(own)}
 
@@ -122,9 +152,10 @@ class StatsFlood:
 
     def totals(self) -> Totals:
         """The network's totals, once every agent's vector is known."""
-        if len(self.known) != self.graph.n:
-            raise RuntimeError(f"the flood knows {len(self.known)} of {self.graph.n} vectors")
-        return decode_totals(sum_masked([list(self.known[j]) for j in range(self.graph.n)]))
+        members = [j for j in range(self.graph.n) if j not in self.gone]
+        if sorted(self.known) != members:
+            raise RuntimeError(f"the flood knows {len(self.known)} of {len(members)} vectors")
+        return decode_totals(sum_masked([list(self.known[j]) for j in members]))
 
     def _check_round(self, r: int) -> None:
         if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < self.rounds:

@@ -19,6 +19,7 @@ from efpsn.launch.network import launch_local_network
 from efpsn.launch.summary import load_agent_results
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
+from efpsn.standardise import simulate_standardising
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,14 +27,19 @@ NOISE_SEED, DEADLINE, ROUND_TIMEOUT = 7, 3.0, 30.0
 SURVIVORS = ["agent1", "agent2", "agent4", "agent5"]
 
 
+@pytest.mark.parametrize("standard", [False, True], ids=["public-scale", "scale-standard"])
 def test_an_agent_gone_in_phase_one_is_left_out_and_the_rest_equal_the_replay(
-        tmp_path) -> None:
+        tmp_path, standard) -> None:
     data = tmp_path / "data"
     split_data(source="sklearn:breast_cancer", agents=5, partition_spec="dirichlet:1.0",
-               out=data, test_fraction=0)
-    config = RunConfig(**{**inspect_data_dir(data).run_values(), "l2": 0.01,  # type: ignore[arg-type]
-                          "iterations": 60, "eval_every": 30, "key_bits": 1024,
-                          "topology": "path", "round_timeout_seconds": ROUND_TIMEOUT})
+               out=data, test_fraction=0, raw=standard)
+    values = {**inspect_data_dir(data).run_values(), "l2": 0.01,
+              "iterations": 60, "eval_every": 30, "key_bits": 1024,
+              "topology": "path", "round_timeout_seconds": ROUND_TIMEOUT}
+    if standard:  # l2 left to its default: 1/N_total of the remaining agents' samples
+        del values["l2"]
+    config = RunConfig(**values)  # type: ignore[arg-type]
+    assert config.scale.standard == standard
     with pytest.MonkeyPatch.context() as env:
         for variable, value in crash_at("shares", name="agent3").items():
             env.setenv(variable, value)
@@ -47,9 +53,15 @@ def test_an_agent_gone_in_phase_one_is_left_out_and_the_rest_equal_the_replay(
     assert record["phase_one"] is True
     assert record["new_edges"] == [["agent1", "agent4"]]
     assert summary["remaining"] == SURVIVORS
-    problem = build_problem(config, local=load_data_dir(config, data, holdout=0.0))
-    sim = run_simulation(config, noise_seed=NOISE_SEED, problem=problem,
-                         departures=[parse_leave("agent3@I:5", agents=5)])
+    leave = [parse_leave("agent3@I:5", agents=5)]
+    local = load_data_dir(config, data, holdout=0.0)
+    if standard:  # the secure sum of the remaining four (efpsn/standardise.py)
+        config, local, totals = simulate_standardising(config, local, noise_seed=NOISE_SEED,
+                                                       departures=leave)
+        assert totals.count == sum(len(local[i].train) for i in (0, 1, 3, 4))
+        assert config.l2.weight == 1.0 / totals.count
+    problem = build_problem(config.resolved(), local=local)
+    sim = run_simulation(config, noise_seed=NOISE_SEED, problem=problem, departures=leave)
     _, xs = load_agent_results(tmp_path / "run", SURVIVORS)
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
     assert sim.departures is not None and sim.departures["remaining_masks_sum_to_zero"]

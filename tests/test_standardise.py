@@ -14,10 +14,11 @@ import torch
 from efpsn.cli.main import main
 from efpsn.config import RunConfig
 from efpsn.datadir import load_data_dir, split_data
+from efpsn.departure import parse_leave
 from efpsn.model_io import read_model, save_model
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
-from efpsn.standardise import check_standardisable, simulate_standardising
+from efpsn.standardise import check_standardisable, left_in_phase_one, simulate_standardising
 
 
 def _raw_folder(tmp_path: Path, name: str) -> Path:
@@ -91,6 +92,27 @@ def test_masked_run_ends_where_the_unmasked_one_ends_at_gamma_1e6(tmp_path):
         ends[mask] = sum(result.xs) / 4
     gap = torch.linalg.vector_norm(ends["zero-sum"] - ends["none"])
     assert float(gap / torch.linalg.vector_norm(ends["none"])) < 1e-5
+
+
+def test_an_agent_gone_in_phase_one_is_out_of_the_statistics(tmp_path):
+    """`--leave agent3@I`: the totals, the standardisation and l2 = 1/N_total are the three
+    remaining agents' (agent3's vector unsummed, its edges' pads dropped); a departure after
+    the sum (agent3@40) leaves them the four agents'."""
+    folder = _raw_folder(tmp_path, "wine")
+    config = _config(folder, topology="ring")
+    local = load_data_dir(config, folder, holdout=0)
+    gone = parse_leave("agent3@I", agents=4)
+    assert left_in_phase_one([gone, parse_leave("agent2@40", agents=4)]) == {2}
+    config3, standardised, totals = simulate_standardising(config, local, departures=[gone])
+    kept = [0, 1, 3]
+    pooled = np.concatenate([local[i].train.images.numpy() for i in kept])
+    assert totals.count == len(pooled) and config3.l2.weight == 1.0 / len(pooled)
+    np.testing.assert_allclose(totals.mean(), pooled.mean(axis=0), rtol=1e-12)
+    z = np.concatenate([standardised[i].train.images.numpy() for i in kept])
+    np.testing.assert_allclose(z.mean(axis=0), 0.0, atol=1e-12)
+    _, _, later = simulate_standardising(config, local,
+                                         departures=[parse_leave("agent3@40", agents=4)])
+    assert later.count == sum(len(local[i].train) for i in range(4)) > totals.count
 
 
 def test_refused_without_edge_seeds():

@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from efpsn.secure_stats import MODULUS, masked_vector
+from efpsn.departure import reconfigure
+from efpsn.departure_masks import drop_seeds
+from efpsn.secure_stats import MODULUS, masked_vector, stats_mask
 from efpsn.seeds import exchange_seeds_fast
 from efpsn.standardise import network_totals
 from efpsn.stats_flood import (
@@ -54,6 +56,41 @@ def test_every_agent_gets_the_simulators_totals(spec, n):
     assert expected.count == sum(len(x) for x in features)
     pooled = np.concatenate(features)
     np.testing.assert_allclose(expected.mean(), pooled.mean(axis=0), rtol=1e-12)
+
+
+def test_a_flood_without_an_agent_gone_in_phase_one_sums_the_remaining_statistics():
+    """agent3 of a 5-path left in phase I: the flood runs on the joined path (the new edge
+    agent2-agent4 carries messages, no pad), its neighbours drop the pads of its edges, and
+    every remaining agent gets the remaining agents' totals exactly, as the simulator's."""
+    graph = build_graph("path", 5)
+    recon = reconfigure(graph, {2})
+    full = exchange_seeds_fast(graph, noise_seed=3)
+    seeds = [drop_seeds(s, {2}) for s in full]
+    rng = np.random.default_rng(0)
+    features = [rng.normal(50.0, 20.0, size=(10 + 3 * i, 4)) for i in range(5)]
+    kept = [0, 1, 3, 4]
+    floods = {i: StatsFlood(graph=recon.graph, agent=i, gone={2},  # the flood after decision 1
+                            own=masked_vector(features[i], seeds[i], 1)) for i in kept}
+    # fresh pads: agent2's vectors of the two floods do not differ by the pad of its edge with
+    # agent3 alone (which, with agent4's, would unpad agent3's vector of the first flood)
+    before, after = masked_vector(features[1], full[1]), masked_vector(features[1], seeds[1], 1)
+    edge = drop_seeds(full[1], {0})  # agent2's seeds with agent3 only
+    assert [(a - b) % MODULUS for a, b in zip(before, after, strict=True)] != stats_mask(edge, 9)
+    assert floods[0].rounds == flood_rounds(recon.graph, {2}) == 3
+    for r in range(3):
+        sent = {i: f.outgoing(r) for i, f in floods.items()}
+        for i, f in floods.items():
+            for j in recon.graph.neighbours(i):
+                f.merge(j, r, sent[j])
+    expected = network_totals([features[i] for i in kept], [seeds[i] for i in kept])
+    assert all(f.totals() == expected for f in floods.values())
+    assert expected.count == sum(len(features[i]) for i in kept)
+    pooled = np.concatenate([features[i] for i in kept])
+    np.testing.assert_allclose(expected.mean(), pooled.mean(axis=0), rtol=1e-12)
+    with pytest.raises(ValueError, match="still have edges"):
+        StatsFlood(graph=graph, agent=0, own=floods[0].known[0], gone={2})
+    with pytest.raises(ValueError, match="remaining agent"):
+        StatsFlood(graph=recon.graph, agent=2, own=floods[0].known[0], gone={2})
 
 
 def test_wrong_agents_and_contradicting_copies_are_refused():

@@ -29,7 +29,11 @@ def _simulate(args: argparse.Namespace) -> int:
         local = load_data_dir(config, args.data_dir, holdout=args.holdout,
                               label_column=args.label_column)
         if standardises(config):  # the secure sum of column statistics, after phase I
-            config, local, _ = simulate_standardising(config, local, noise_seed=args.noise_seed)
+            from efpsn.departure import parse_leave
+
+            config, local, _ = simulate_standardising(  # without who left in phase I
+                config, local, noise_seed=args.noise_seed,
+                departures=[parse_leave(text, agents=config.agents) for text in args.leave])
     degree_two = args.mask_degree == 2
     if degree_two:  # simulator-only experiment (issue 26): the step the masked objectives need
         from efpsn.experiments.quadratic_mask import SCALE, masked_config, with_degree_two

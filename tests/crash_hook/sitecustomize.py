@@ -2,7 +2,8 @@
 
 A process started with this folder on PYTHONPATH and CRASH_AT_ROUND=T (or NAME:T, for agent
 NAME only; NAME1,NAME2:T for each of them) dies when it is about to exchange its round-T message, before it sends anything for
-that round (T = keys or shares: in phase I, before it sends its public key or its shares), so a test knows its newest checkpoint exactly (no race between a kill from outside
+that round (T = keys or shares: in phase I, before it sends its public key or its shares; stats:
+before its round-1 message of the secure sum's flood), so a test knows its newest checkpoint exactly (no race between a kill from outside
 and a checkpoint write). The agent's code knows nothing of it: this module wraps
 agent.exchange.RoundLink.exchange as that module is imported (the fork server's children
 inherit the wrapped class). tests/localnet.py's crash_at() gives the environment.
@@ -21,9 +22,26 @@ _SPEC = os.environ.get("CRASH_AT_ROUND", "")
 _MODULE = "agent.exchange"
 
 
+def _wrap_stats(module: Any, who: str) -> None:
+    """`stats`: die before sending round 1 of the secure sum's flood (scale standard: its
+    round-0 message, its masked statistics, went out)."""
+    send = module.Peers.send
+
+    async def crashing(self: Any, name: str, method: str, request: Any, **kwargs: Any) -> Any:
+        if method == "PutStats" and request.header.round == 1 and (
+                not who or self.options.name in who.split(",")):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await send(self, name, method, request, **kwargs)
+
+    module.Peers.send = crashing
+
+
 def _wrap_phase_one(module: Any, who: str, at: str) -> None:
     """`keys`: die before sending the phase I public key; `shares`: before sending the
     shares (its key went out, so the neighbours wait for its shares)."""
+    if at == "stats":
+        _wrap_stats(module, who)
+        return
     method = {"keys": "send_public_key", "shares": "send_shares"}[at]
     send = getattr(module.Peers, method)
 
