@@ -338,3 +338,20 @@ def test_simulate_leave_names_who_left_and_what_the_model_is(wine: Path, tmp_pat
     code = main(["simulate", "--data-dir", str(wine), "--quiet", "--leave", "agent9@40"])
     assert code == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_simulate_with_a_departure_reports_the_remaining_masks_only(tmp_path) -> None:
+    """The all-agents zero-sum line would say '0 periods checked' after a phase I departure;
+    the departures' own line checks the remaining masks every round."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "efpsn", "simulate", "--agents", "5", "--topology", "path",
+         "--iterations", "40", "--leave", "agent3@I", "--task", "logreg", "--key-bits", "512",
+         "--allow-insecure-keys"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "periods checked" not in proc.stdout
+    assert "left in phase I" in proc.stdout
+    assert "remaining masks sum to zero exactly: True" in proc.stdout

@@ -82,11 +82,13 @@ def _simulate(args: argparse.Namespace) -> int:
         f"in {result.timings['phase1_seconds'] + result.timings['phase2_seconds']:.1f}s"
     )
     print("final: " + format_metrics(result.final))
-    if config.mask == "zero-sum" and config.refresh.refreshed:
-        print(f"masks sum to zero exactly: {result.masks_sum_to_zero()} (refreshed {config.refresh}:"
-              f" {result.periods_zero_sum} periods checked, each in integers)")
-    elif config.mask == "zero-sum":
-        print(f"masks sum to zero exactly: {mask_sums_are_zero(result.masks)}")
+    # with departures, their line says whether the remaining masks sum to zero, round by round
+    if result.departures is None and config.mask == "zero-sum":
+        if config.refresh.refreshed:
+            print(f"masks sum to zero exactly: {result.masks_sum_to_zero()} (refreshed "
+                  f"{config.refresh}: {result.periods_zero_sum} periods checked, each in integers)")
+        else:
+            print(f"masks sum to zero exactly: {mask_sums_are_zero(result.masks)}")
     from efpsn.privacy_modes import privacy_statement
 
     privacy = privacy_statement(result.config, problem.graph, messages=args.messages)
