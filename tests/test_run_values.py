@@ -110,3 +110,35 @@ def test_run_config_holds_values_never_text_or_sentinels() -> None:
     resolved = RunConfig().resolved()
     assert RunConfig.from_dict(resolved.to_dict()) == resolved
     assert math.isclose(resolved.refresh.fade or 0.0, 0.99677205)
+
+
+@pytest.mark.parametrize(("make", "error", "words"), [
+    (lambda: BatchSize.parse("abc"), ValueError, r"^batch size must be a positive integer or 'full', got 'abc'$"),
+    (lambda: BatchSize(0), ValueError, r"^batch size "),
+    (lambda: Momentum.parse("1.0"), ValueError, r"^momentum must be a number in \[0, 1\) or 'auto'"),
+    (lambda: Momentum(1.0), ValueError, r"^momentum must be in \[0, 1\)"),
+    (lambda: Momentum("0.5"), TypeError, r"^momentum must be a number, got '0\.5'$"),
+    (lambda: L2("x"), TypeError, r"^l2 must be a number, got 'x'$"),
+    (lambda: L2.of(object()), TypeError, r"^l2 must be a number"),
+    (lambda: L2.of(math.inf), ValueError, r"^l2 must be finite, got inf$"),
+    (lambda: Schedule.parse(3), TypeError, r"^schedule must be a str, got int$"),
+    (lambda: Schedule.parse("warm"), ValueError, r"'paper:LR0' or 'constant:LR'$"),
+    (lambda: StopEvery(5, auto=True), ValueError, r"^stop every is a number of rounds or auto, not both$"),
+    (lambda: StopEvery(0), ValueError, r"^stop every "),
+    (lambda: StopEvery.of(2.5), TypeError, r"^stop_every must be StopEvery, a str or an int, got 2\.5$"),
+])
+def test_a_refusal_names_the_parameter_and_what_it_got(make, error, words) -> None:
+    with pytest.raises(error, match=words):
+        make()
+
+
+def test_a_momentum_keeps_its_beta_as_a_float() -> None:
+    beta = Momentum(0).beta
+    assert beta == 0.0 and type(beta) is float
+
+
+def test_the_declared_schedule_kinds_are_the_parsed_ones() -> None:
+    from efpsn.run_values import ScheduleKind
+
+    kinds = {Schedule.parse(t).kind for t in ("auto", "paper", "constant:0.1")}
+    assert kinds == set(typing.get_args(ScheduleKind))
