@@ -324,3 +324,31 @@ def test_a_missing_measure_certifies_nothing(missing: str, value: float | None) 
     full = certify({"tracker": 1e-12, "gap": 1e-12, "step": 1e-12}, x_bar_norm=5.0,
                    curvature=4.0, l2=1e-2, hops=2, momentum=0.9, rounds=100)
     assert full.converged
+
+
+def test_the_fading_rate_is_the_slower_of_the_average_and_the_mixing_to_six_digits() -> None:
+    """RHO is public: every machine must read the same six significant digits of 1 - RHO."""
+    from efpsn.step_rule import StepRule, fading_rate
+
+    bare = StepRule(step=0.01, momentum=0.5, rounds=100, curvature=1.0, mixing=None)
+    # agt: 1 - sqrt(0.01 * 0.5) = 0.92928932..., 1 - RHO cut to 0.0707106
+    assert fading_rate(bare, algorithm="agt", step=0.01, mu=0.5, rounds=100) == 0.9292894
+    # gt: 1 - 0.01 * 0.5
+    assert fading_rate(bare, algorithm="gt", step=0.01, mu=0.5, rounds=100) == 0.995
+    slow_mixing = StepRule(step=0.01, momentum=0.5, rounds=100, curvature=1.0, mixing=0.99)
+    assert fading_rate(slow_mixing, algorithm="agt", step=0.01, mu=0.5, rounds=100) == 0.99
+    # no contraction rate (DSGD): fades to 1e-9 over the rounds
+    dsgd = fading_rate(bare, algorithm="dsgd", step=None, mu=0.0, rounds=1000)
+    assert dsgd == 0.97949 and dsgd ** 1000 <= 1e-9 * 1.001
+
+
+def test_gradient_tracking_on_a_path_uses_its_smallest_and_second_largest_eigenvalues() -> None:
+    """A path's spectrum has no repeated pairs (a ring's has), so the right eigenvalue counts."""
+    weights = metropolis_weights(build_graph("path", 5))
+    eigenvalues = np.linalg.eigvalsh(weights)
+    gt = step_rule(algorithm="gt", task="logreg", features=13, l2=0.01, weights=weights)
+    assert gt.step == 0.0404691  # 0.9 (1 + lambda_min)^2 / (2 h), rounded
+    assert gt.step < 0.9 * (1 + eigenvalues[1]) ** 2 / (2 * gt.curvature) * 0.99
+    assert gt.mixing == pytest.approx(0.872677996249965, rel=1e-12)
+    agt = step_rule(algorithm="agt", task="logreg", features=13, l2=0.01, weights=weights)
+    assert (agt.step, agt.momentum, agt.rounds) == (0.0591858, 0.952499, 1672)
