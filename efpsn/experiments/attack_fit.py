@@ -23,6 +23,7 @@ the difference of the rounds' fresh parts, if any. The label cancels in d_t.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,7 +200,7 @@ def map_estimate(model: LinearModel, data: Differences | Levels, prior: Prior, *
         variances = _variances(_residual(model, data, mu, torch.ones(len(observed))).numpy(),
                                floor)
     starts = [prior.mean] + ([] if start is None else [start])
-    best, best_x = np.inf, prior.mean
+    best_x = prior.mean  # passes = 0: the prior mean
     for _ in range(passes):
         inv = torch.from_numpy(1.0 / variances)
         rows = torch.from_numpy(variances.mean(axis=1))
@@ -212,23 +213,8 @@ def map_estimate(model: LinearModel, data: Differences | Levels, prior: Prior, *
             gap = x - mu
             return ((inv * resid ** 2).sum() + gap @ precision @ gap) / scale
 
-        best, best_x = np.inf, prior.mean
-        for x0 in starts:
-            x = torch.tensor(x0, dtype=torch.float64, requires_grad=True)
-            opt = torch.optim.LBFGS([x], lr=1.0, max_iter=steps, history_size=50,
-                                    line_search_fn="strong_wolfe", tolerance_grad=1e-14,
-                                    tolerance_change=1e-16)
-
-            def closure(x: torch.Tensor = x, opt: torch.optim.Optimizer = opt) -> torch.Tensor:
-                opt.zero_grad()
-                value = objective(x)
-                value.backward()
-                return value
-
-            opt.step(closure)
-            value = float(objective(x.detach()))
-            if value < best:
-                best, best_x = value, x.detach().numpy().copy()
+        _, best_x = lbfgs_from(objective, starts, steps=steps, history=50,
+                               tolerance_grad=1e-14, tolerance_change=1e-16)
         starts = [best_x]
         if not fixed:
             variances = _variances(
@@ -251,3 +237,28 @@ def profiled_svd_estimate(model: LinearModel, data: Levels) -> np.ndarray:
     if top[-1] == 0.0:
         raise ValueError("the profiled direction has no bias part: no scale")
     return np.asarray(top[:-1] / top[-1])
+
+
+def lbfgs_from(objective: Callable[[torch.Tensor], torch.Tensor], starts: Sequence[np.ndarray],
+               *, steps: int, history: int, tolerance_grad: float, tolerance_change: float
+               ) -> tuple[float, np.ndarray]:
+    """The lowest (objective value, x) that L-BFGS (strong Wolfe line search, float64) reaches
+    from each of `starts`; (inf, the first start) if none is finite."""
+    best, best_x = np.inf, np.asarray(starts[0])
+    for x0 in starts:
+        x = torch.tensor(x0, dtype=torch.float64, requires_grad=True)
+        opt = torch.optim.LBFGS([x], lr=1.0, max_iter=steps, history_size=history,
+                                line_search_fn="strong_wolfe", tolerance_grad=tolerance_grad,
+                                tolerance_change=tolerance_change)
+
+        def closure(x: torch.Tensor = x, opt: torch.optim.Optimizer = opt) -> torch.Tensor:
+            opt.zero_grad()
+            value = objective(x)
+            value.backward()
+            return value
+
+        opt.step(closure)
+        value = float(objective(x.detach()))
+        if value < best:
+            best, best_x = value, x.detach().numpy().copy()
+    return best, best_x

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from efpsn.experiments.attack_fit import LinearModel, Prior
+from efpsn.experiments.attack_fit import LinearModel, Prior, lbfgs_from
 
 __all__ = ["OUTPUT_ATTACKERS", "mean_gradient", "output_estimates", "rank_one_sample",
            "sample_gradients"]
@@ -95,22 +95,10 @@ def _map_fit(model: LinearModel, x_star: np.ndarray, target: np.ndarray, varianc
             gap = x - mu
             return (inv * (pred - goal) ** 2).sum() + gap @ precision @ gap
 
-        for x0 in starts:
-            x = torch.tensor(x0, dtype=torch.float64, requires_grad=True)
-            opt = torch.optim.LBFGS([x], lr=1.0, max_iter=steps, history_size=20,
-                                    line_search_fn="strong_wolfe", tolerance_grad=1e-12,
-                                    tolerance_change=1e-14)
-
-            def closure(x: torch.Tensor = x, opt: torch.optim.Optimizer = opt) -> torch.Tensor:
-                opt.zero_grad()
-                value = objective(x)
-                value.backward()
-                return value
-
-            opt.step(closure)
-            value = float(objective(x.detach()))
-            if value < best:
-                best, best_x = value, x.detach().numpy().copy()
+        value, x = lbfgs_from(objective, starts, steps=steps, history=20,
+                              tolerance_grad=1e-12, tolerance_change=1e-14)
+        if value < best:
+            best, best_x = value, x
     return np.asarray(best_x)
 
 
