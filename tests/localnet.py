@@ -39,6 +39,28 @@ def crash_at(round_: int | str, *, name: str = "") -> dict[str, str]:
     return {"PYTHONPATH": path, "CRASH_AT_ROUND": f"{name}:{round_}" if name else str(round_)}
 
 
+def launch_with_agent_killed(config: RunConfig, *, at: int | str, name: str, results: Path,
+                             data: Path, noise_seed: int, departure_deadline: float) -> dict:
+    """`efpsn up`'s launcher on the data folder `data` (no held-out part, insecure test keys
+    allowed) with agent `name` SIGKILLing itself at `at` (crash_at); the run's summary."""
+    from efpsn.launch.network import launch_local_network
+
+    env = crash_at(at, name=name)
+    saved = {variable: os.environ.get(variable) for variable in env}
+    os.environ.update(env)
+    try:
+        return launch_local_network(
+            config, results=results, data_dir=data, quiet=True, holdout=0.0,
+            insecure_noise_seed=noise_seed, departure_deadline=departure_deadline,
+            allow_insecure_keys=True)
+    finally:
+        for variable, value in saved.items():
+            if value is None:
+                os.environ.pop(variable, None)
+            else:
+                os.environ[variable] = value
+
+
 class LocalNet:
     def __init__(
         self,

@@ -9,12 +9,11 @@ agent3@0:5` bit for bit."""
 from __future__ import annotations
 
 import pytest
-from localnet import crash_at
+from localnet import launch_with_agent_killed
 
 from efpsn.config import RunConfig
 from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
 from efpsn.departure import parse_leave
-from efpsn.launch.network import launch_local_network
 from efpsn.launch.summary import load_agent_results
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
@@ -32,13 +31,9 @@ def test_an_agent_gone_before_round_0_is_left_out_from_the_start(tmp_path) -> No
     config = RunConfig(**{**inspect_data_dir(data).run_values(), "l2": 0.01,  # type: ignore[arg-type]
                           "iterations": 60, "eval_every": 30, "key_bits": 1024,
                           "topology": "path", "round_timeout_seconds": ROUND_TIMEOUT})
-    with pytest.MonkeyPatch.context() as env:
-        for variable, value in crash_at(0, name="agent3").items():
-            env.setenv(variable, value)
-        summary = launch_local_network(
-            config, results=tmp_path / "run", data_dir=data, quiet=True, holdout=0.0,
-            insecure_noise_seed=NOISE_SEED, departure_deadline=DEADLINE,
-            allow_insecure_keys=True)
+    summary = launch_with_agent_killed(config, at=0, name="agent3", results=tmp_path / "run",
+                                       data=data, noise_seed=NOISE_SEED,
+                                       departure_deadline=DEADLINE)
     assert summary["ok"], summary["problems"]
     record = summary["departures"][0]
     assert (record["agent"], record["round"], record["rebase_round"]) == ("agent3", 0, 5)
