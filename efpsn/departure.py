@@ -76,8 +76,14 @@ class Departure:
     rebase_round: int
     late: tuple[int, ...] = ()
     phase_one: bool = False
+    # the run had already stopped at this round on the stop rule's certificate when the
+    # departure was decided (efpsn/last_window.py): nobody re-bases, the others end there
+    stopped: int | None = None
 
     def __post_init__(self) -> None:
+        if self.stopped is not None and not self.round < self.stopped:
+            raise ValueError(f"agent{self.agent + 1} left at round {self.round}: a run that "
+                             f"stopped at round {self.stopped} had stopped before it")
         late = tuple(sorted({int(j) for j in self.late}))
         object.__setattr__(self, "late", late)
         if self.agent in late:
@@ -109,6 +115,8 @@ class Departure:
             "rebase_round": self.rebase_round, "late": [f"agent{j + 1}" for j in self.late]}
         if self.phase_one:
             record["phase_one"] = True  # it never finished phase I with some neighbour
+        if self.stopped is not None:
+            record["stopped"] = self.stopped  # the run had stopped there (last_window.py)
         return record
 
 
