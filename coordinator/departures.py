@@ -27,13 +27,20 @@ The rule, public and deterministic:
   (the stop rule's, efpsn/stopping.py's StopRule.rebased, given as `extend`) extends it here
   too, so a second departure after the original cap is decided like the first;
 - a decision that cuts the graph joins the pieces (efpsn.departure.reconfigure, the rule the
-  agents apply at the re-base round): the ends of each new edge are told each other's address.
+  agents apply at the re-base round): the ends of each new edge are told each other's address;
+- an agent that stopped on the stop rule's certificate reports its stop round S (`finish`):
+  it is accounted for, neither waiting nor silent. A departure decided while some agents
+  finished (agents far from the departed one completed the last window before it mattered,
+  efpsn/last_window.py) is decided as "the run had stopped at S" (Departure.stopped): every
+  finished agent must name the same S, the departure and every report must come before it;
+  nobody re-bases and no edge is added: the others end with their check round's model.
 
 Nothing here sees data: names and round numbers only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -72,6 +79,7 @@ class DepartureBoard:
         self.decided: list[Departure] = []
         self.epoch = 0
         self.failure: str | None = None  # reports that cannot be decided: every waiter stops
+        self.finished: dict[str, int] = {}  # agents that stopped on the certificate: round S
         self._reports: dict[str, Report] = {}
 
     @property
@@ -112,6 +120,22 @@ class DepartureBoard:
                                               report.phase_one)
         return self._decide()
 
+    def finish(self, sender: str, round_: int) -> bool:
+        """`sender` stopped at round `round_` on the stop rule's certificate; True when that
+        made a decision (it was the last agent to account for)."""
+        if sender not in self.names:
+            raise Refused(f"{sender!r} is not an agent of this run")
+        reason = self.refusal(sender)
+        if reason is not None:
+            raise Refused(reason)
+        if round_ < 1:
+            raise Refused(f"{sender} reports it finished at round {round_}")
+        self.finished[sender] = round_
+        self._reports.pop(sender, None)
+        if self.failure is not None or not self._reports:
+            return False
+        return self._decide()
+
     def withdraw(self, sender: str) -> None:
         """The sender stopped waiting (its call ended): its report no longer counts."""
         self._reports.pop(sender, None)
@@ -127,21 +151,24 @@ class DepartureBoard:
                        if e > epoch and me in (a, b)})
 
     def _decide(self) -> bool:
-        live = set(self.names) - self.gone
+        live = set(self.names) - self.gone - set(self.finished)
         reporters = set(self._reports)
-        silent = set().union(*(r.silent for r in self._reports.values())) - reporters
+        silent = (set().union(*(r.silent for r in self._reports.values())) - reporters
+                  - set(self.finished))
         if not silent or reporters | silent != live or not reporters:
             return False
         try:
-            departures = self._check([self._departure(name)
-                                      for name in sorted(silent, key=self.names.index)])
+            departures = [self._departure(name)
+                          for name in sorted(silent, key=self.names.index)]
+            departures = (self._stopped(departures) if self.finished
+                          else self._check(departures))
         except Refused as exc:
             self.failure = str(exc)
             raise
         self.decided.extend(departures)
         self.epoch += 1
         self._reports.clear()
-        if self.graph is not None:
+        if self.graph is not None and not self.finished:  # nobody re-bases after a stop
             recon = reconfigure(self.graph, {d.agent for d in self.decided})
             self.graph = recon.graph
             self.new_edges.extend((self.epoch, a, b) for a, b in recon.new_edges)
@@ -161,6 +188,19 @@ class DepartureBoard:
                               f"re-base before the last round {self.iterations} (needs "
                               f"{d.rebase_round - d.round} more rounds)")
         return departures
+
+    def _stopped(self, departures: list[Departure]) -> list[Departure]:
+        """The departures of a run some agents had finished on the certificate: stopped at
+        their round S (the same at all), each departure and every report before it."""
+        rounds = sorted(set(self.finished.values()))
+        if len(rounds) > 1:
+            raise Refused(f"the finished agents report different stop rounds {rounds}")
+        stop = rounds[0]
+        latest = max(r.round for r in self._reports.values())
+        if latest >= stop or any(d.round >= stop for d in departures):
+            raise Refused(f"an agent waits at round {latest}, but "
+                          f"{', '.join(sorted(self.finished))} finished at round {stop}")
+        return [dataclasses.replace(d, stopped=stop) for d in departures]
 
     def _departure(self, name: str) -> Departure:
         rounds = {s: r.round for s, r in self._reports.items() if name in r.silent}

@@ -125,7 +125,7 @@ class RoundDriver:
         """Consume the neighbours' round-t messages; True when round t + 1 is to be evaluated."""
         t = self.state.t
         before = self.state
-        network = None
+        network, certified = None, math.nan
         if self.sharing is not None and isinstance(inbox, Aggregate):
             network = merge(self.sharing, [_stop_of(j, {STOP_KEY: inbox.stops[j]}
                                                     if j in inbox.stops else {})
@@ -145,11 +145,14 @@ class RoundDriver:
             elif network is not None and s is not None and self.stop.stops(network):
                 self.iterations = t + 1
                 self.stopped_early = True
+                certified = self.stop.bound(network)
         due = (t + 1) % self.eval_every == 0 or t + 1 == self.iterations
         check = self.stop is not None and self.stop.is_check(t + 1) and not self.done
         if due or check:
             self.measures = progress(before, self.state, inbox,
                                      self.algorithm.mixing(ctx))
+        if self.stopped_early and t + 1 == self.iterations:  # the window's bound, of round s
+            self.measures["stop_certificate"] = certified
         if check:
             assert self.stop is not None
             self.check = self.state  # a step makes new tensors: a reference is a copy
