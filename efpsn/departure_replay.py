@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from efpsn.departure import Departure, optimum_of, rebase, reconfigure
+from efpsn.departure import Departure, check_rebase, optimum_of, rebase, reconfigure
 from efpsn.departure import drop_node_weights as _drop_node_weights
 from efpsn.departure_masks import (
     PairShares,
@@ -101,6 +101,8 @@ class DepartureReplay:
     def _leave(self, d: Departure, drivers: Sequence[RoundDriver]) -> None:
         if self.window is None:
             self.window = self._last_window(d, drivers)
+        if self.window is None:  # it re-bases: before the cap as it stands (maybe extended)
+            check_rebase(d, cap=drivers[d.agent].iterations)
         self.departed.add(d.agent)
         touched = [j for j in self.neighbours(d.agent) if j not in self.departed]
         stray = sorted(set(d.late) - set(touched))

@@ -176,7 +176,7 @@ def run_simulation(
     masks = [p.coefficients(0) for p in providers]
     t_phase1 = time.perf_counter() - t0
     zero_sum = ZeroSumCheck(providers)
-    departures = check_departures(departures, agents=problem.n, iterations=config.iterations.total)
+    departures = check_departures(departures, agents=problem.n)
     replay = (DepartureReplay(problem=problem, providers=providers, departures=departures,
                               noise_seed=noise_seed) if departures else None)
 
@@ -241,6 +241,9 @@ def run_simulation(
             on_round(t + 1, record)
     t_phase2 = time.perf_counter() - t1
     rounds = drivers[active[0]].t if window is None else window.stop_round
+    if replay is not None and len(replay.departed) < len(departures):
+        missed = [d.label() for d in departures if d.agent not in replay.departed]
+        raise ValueError(f"the run ended at round {rounds}, before the departures {missed}")
     if any(drivers[i].t != (rounds if window is None else window.ended_at(i)) for i in active):
         raise RuntimeError(f"the agents stopped at different rounds {[d.t for d in drivers]}")
     xs = [drivers[i].state["x"] for i in active]

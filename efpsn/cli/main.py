@@ -51,7 +51,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from efpsn.departure import check_departures, parse_leave
 
     departures = check_departures([parse_leave(text, agents=problem.n) for text in args.leave],
-                                  agents=problem.n, iterations=problem.config.iterations.total)
+                                  agents=problem.n)
     gone = {d.agent for d in departures}
     x_star = None
     if config.task.logreg and not args.no_optimum:
