@@ -119,7 +119,7 @@ def test_the_others_stop_where_the_simulator_stops_bit_for_bit(default_run) -> N
     print(f"\ndefault run, agent3 gone at {first['round']}:{first['rebase_round']}, agent4 at "
           f"{second['round']}: stopped at round {stop} of {sim.config.iterations} "
           f"(agent5 at {stop - 3}), relative distance {distance:.2e} (certified "
-          f"{sim.convergence.bound:.2e}), wall {default_run['wall']:.1f} s")
+          f"{sim.convergence.bound:.2e}), wall {default_run['wall']:.1f} s\n{last}")
 
 
 def test_without_the_departure_the_run_stops_elsewhere(default_run) -> None:
