@@ -251,6 +251,7 @@ def run_simulation(
                             x_bar_norm=float(torch.linalg.vector_norm(average(xs))))
     if window is not None:  # the window's certificate, of round s, for every agent then in
         convergence = window.certificate()
+        history.append({"round": rounds, **evaluate(problem, xs, x_star=x_star, agents=active)})
     return SimulationResult(
         config=config,
         protocol=protocol,

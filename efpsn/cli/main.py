@@ -81,7 +81,18 @@ def _simulate(args: argparse.Namespace) -> int:
         f"messages {args.messages} "
         f"in {result.timings['phase1_seconds'] + result.timings['phase2_seconds']:.1f}s"
     )
-    print("final: " + format_metrics(result.final))
+    final = result.final
+    stop = next((e for e in (result.departures or {}).get("departures", []) if "stopped" in e),
+                None)
+    if stop is not None and x_star is not None:  # stopped in a departure's last window: the
+        from efpsn.metrics import evaluate  # model is certified on every party's objective then
+        from efpsn.tasks.optimum import centralized_optimum
+
+        then = gone - {int(stop["agent"].removeprefix("agent")) - 1}
+        kept = [i for i in range(problem.n) if i not in gone]
+        final = {**final, **evaluate(problem, result.xs, agents=kept, x_star=centralized_optimum(
+            problem.task, [s for i, s in enumerate(problem.shards) if i not in then]).x)}
+    print("final: " + format_metrics(final))
     # with departures, their line says whether the remaining masks sum to zero, round by round
     if result.departures is None and config.mask == "zero-sum":
         if config.refresh.refreshed:
