@@ -135,14 +135,17 @@ async def bootstrap(channel: grpc.aio.Channel, *, options: AgentOptions, address
 
 async def report_silence(channel: grpc.aio.Channel, *, session: Session, name: str,
                          round_: int, silent: list[str], epoch: int, timeout: float,
-                         phase_one: bool = False) -> tuple[list[Departure], dict[int, str],
+                         phase_one: bool = False, last: int = 0
+                         ) -> tuple[list[Departure], dict[int, str],
                                     dict[str, tuple[int, str]]]:
     """Report the silent neighbours and wait for the coordinator's decision: every departure of
     the run so far, the departed agents' names by index, and this agent's new neighbours when
     the decision cut the graph (name -> (index, address)). AgentFailure (naming the silent
-    ones) when it refuses or cannot decide. `phase_one`: this agent is still in phase I."""
+    ones) when it refuses or cannot decide. `phase_one`: this agent is still in phase I;
+    `last`: its last round as it stands (0: not known)."""
     request = coordinator_pb2.SilenceReport(run_id=session.run_id, sender=name, round=round_,
-                                            silent=silent, epoch=epoch, phase_one=phase_one)
+                                            silent=silent, epoch=epoch, phase_one=phase_one,
+                                            last=last)
     try:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         reply = await stub.ReportSilence(request, timeout=timeout)

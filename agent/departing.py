@@ -332,7 +332,8 @@ class Silence:
             try:
                 found, names, joining = await report_silence(
                     self.coordinator, session=session, name=name, round_=t, silent=silent,
-                    epoch=self.departures.epoch, timeout=self.timeout)
+                    epoch=self.departures.epoch, timeout=self.timeout,
+                    last=driver.iterations)
                 stopped = [d for d in found if d.stopped and d.agent not in self.departures.gone]
                 if stopped:  # agents far from it finished the last window: so do I
                     self.departures.stop(stopped, names, driver)

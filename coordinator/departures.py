@@ -23,9 +23,12 @@ The rule, public and deterministic:
 - a report from an agent still in phase I (waiting for a neighbour's key or shares) counts as
   one at round 0: the agent it misses left in phase I (Departure.phase_one), decided as a
   departure at round 0 (R = n: agents far from it may step round 0 before anyone knows);
-- the last round allowed for a re-base follows the decisions: a re-base that extends the cap
-  (the stop rule's, efpsn/stopping.py's StopRule.rebased, given as `extend`) extends it here
-  too, so a second departure after the original cap is decided like the first;
+- the last round allowed for a re-base is the larger of the reporters' cap (Report.last:
+  each agent's, extended by the re-bases it applied) and the coordinator's, which follows
+  the decisions: a re-base that extends the cap (the stop rule's, efpsn/stopping.py's
+  StopRule.rebased, given as `extend`) extends it here too, so a second departure after the
+  original cap is decided like the first (0: not known, with --scale standard's L2 weight
+  from the agents' secure sum: not checked here);
 - a decision that cuts the graph joins the pieces (efpsn.departure.reconfigure, the rule the
   agents apply at the re-base round): the ends of each new edge are told each other's address;
 - an agent that stopped on the stop rule's certificate reports its stop round S (`finish`):
@@ -63,6 +66,7 @@ class Report:
     silent: frozenset[str]
     epoch: int
     phase_one: bool = False  # the sender is still in phase I (round 0)
+    last: int = 0  # the sender's last round as it stands (its extended cap); 0: not known
 
 
 class DepartureBoard:
@@ -115,9 +119,8 @@ class DepartureBoard:
             raise Refused(f"{report.sender} reports unknown agents {unknown} silent")
         if report.phase_one and report.round != 0:
             raise Refused(f"{report.sender} reports from phase I at round {report.round}")
-        self._reports[report.sender] = Report(report.sender, report.round,
-                                              report.silent - self.gone, report.epoch,
-                                              report.phase_one)
+        self._reports[report.sender] = dataclasses.replace(report,
+                                                           silent=report.silent - self.gone)
         return self._decide()
 
     def finish(self, sender: str, round_: int) -> bool:
@@ -179,13 +182,18 @@ class DepartureBoard:
 
     def _check(self, departures: list[Departure]) -> list[Departure]:
         latest = max(r.round for r in self._reports.values())
+        # the cap: the reporters' (each agent's as it stands) or the coordinator's, extended at
+        # each decision (it cannot compute it with --scale standard: 0); the larger of the two
+        # (an agent extends its cap at R only); 0: not known, nothing to check
+        cap = max(self.iterations, min((r.last for r in self._reports.values() if r.last),
+                                       default=0))
         for d in departures:
             if d.rebase_round <= latest:
                 raise Refused(f"{d.label()}: an agent is already at round {latest}, past the "
                               "re-base round")
-            if d.rebase_round >= self.iterations:
+            if cap and d.rebase_round >= cap:
                 raise Refused(f"{self.names[d.agent]} left at round {d.round}: too late to "
-                              f"re-base before the last round {self.iterations} (needs "
+                              f"re-base before the last round {cap} (needs "
                               f"{d.rebase_round - d.round} more rounds)")
         return departures
 

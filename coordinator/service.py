@@ -156,7 +156,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                      request.finished)
             return self._decisions(request.sender, int(request.epoch))
         report = Report(request.sender, int(request.round), frozenset(request.silent),
-                        int(request.epoch), phase_one=request.phase_one)
+                        int(request.epoch), phase_one=request.phase_one, last=int(request.last))
         decided = False
         try:
             try:
@@ -203,8 +203,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def _extended_cap(self, recon: Reconfiguration, origin: int, cap: int) -> int:
         """The cap the agents take at a re-base round (efpsn/stopping.py, StopRule.rebased):
         the same public numbers here, so a later departure is judged against it."""
-        return StopRule.rebased(self.registry.config, recon.remaining_weights(), origin=origin,
-                                until=None, cap=cap).cap
+        try:
+            return StopRule.rebased(self.registry.config, recon.remaining_weights(),
+                                    origin=origin, until=None, cap=cap).cap
+        except ValueError:  # --scale standard: the L2 weight is the agents' (secure sum)
+            return cap  # the reporters give theirs (Report.last)
 
     def _announce(self) -> None:
         """Wake every held ReportSilence call (a decision, or a contradiction)."""

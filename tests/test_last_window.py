@@ -206,3 +206,46 @@ def test_the_coordinator_answers_a_finished_agent_at_once_and_the_stuck_with_the
     assert first.epoch == 0 and list(first.departed) == []
     assert second == fourth and second.epoch == 1 and list(second.joining) == []
     assert [(d.agent, d.round, d.stopped) for d in second.departed] == [("agent3", 101, 102)]
+
+
+def test_the_board_judges_a_rebase_by_the_reporters_cap_when_it_knows_none() -> None:
+    # --scale standard: the coordinator cannot compute the cap (its L2 weight is the agents'),
+    # 0; the reporters give theirs (a second departure after the original cap, say)
+    board = DepartureBoard(NAMES[:3], iterations=0)
+    board.report(Report("agent1", 1500, frozenset({"agent2"}), 0, last=2225))
+    assert board.report(Report("agent3", 1500, frozenset({"agent2"}), 0, last=2225))
+    assert board.decided == [Departure(agent=1, round=1500, rebase_round=1503)]
+    # a re-base past the cap the reporters give is refused
+    late = DepartureBoard(NAMES[:3], iterations=0)
+    late.report(Report("agent1", 1500, frozenset({"agent2"}), 0, last=1502))
+    with pytest.raises(Refused, match="too late to re-base before the last round 1502"):
+        late.report(Report("agent3", 1500, frozenset({"agent2"}), 0, last=1502))
+    # the coordinator's own extended cap counts when it is the larger (an agent extends its
+    # cap only at the re-base round)
+    known = DepartureBoard(NAMES[:3], iterations=2225)
+    known.report(Report("agent1", 1500, frozenset({"agent2"}), 0, last=1354))
+    assert known.report(Report("agent3", 1500, frozenset({"agent2"}), 0, last=1354))
+
+
+def test_a_scale_standard_coordinator_decides_a_departure_with_the_agents_cap() -> None:
+    # its config is not resolved (the L2 weight comes from the agents' secure sum), so it knows
+    # no cap and cannot extend one: the reporters' caps decide
+    registry = Registry(RunConfig(agents=3, scale="standard", input_shape="4", classes=2,
+                                  data="local"), run_id="r1")
+    for i, name in enumerate(NAMES[:3]):
+        registry.register(name, f"127.0.0.1:{5001 + i}")
+    service = CoordinatorService(registry, register_timeout=5.0)
+
+    def call(sender: str) -> Any:
+        return service.ReportSilence(coordinator_pb2.SilenceReport(
+            run_id="r1", sender=sender, round=40, silent=["agent2"], epoch=0, last=900),
+            _Context())
+
+    async def scenario() -> Any:
+        held = asyncio.ensure_future(call("agent1"))
+        await asyncio.sleep(0.05)
+        await call("agent3")
+        return await held
+
+    decision = asyncio.run(scenario())
+    assert [(d.agent, d.round, d.rebase_round) for d in decision.departed] == [("agent2", 40, 43)]

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SilenceReport(_message.Message):
-    __slots__ = ("run_id", "sender", "round", "silent", "epoch", "phase_one", "finished")
+    __slots__ = ("run_id", "sender", "round", "silent", "epoch", "phase_one", "finished", "last")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class SilenceReport(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PHASE_ONE_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     sender: str
     round: int
@@ -22,7 +23,8 @@ class SilenceReport(_message.Message):
     epoch: int
     phase_one: bool
     finished: int
-    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., round: _Optional[int] = ..., silent: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ..., phase_one: _Optional[bool] = ..., finished: _Optional[int] = ...) -> None: ...
+    last: int
+    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., round: _Optional[int] = ..., silent: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ..., phase_one: _Optional[bool] = ..., finished: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
 
 class Departed(_message.Message):
     __slots__ = ("agent", "round", "rebase_round", "late", "index", "late_index", "phase_one", "stopped")
