@@ -158,8 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="replay agent K leaving for good: it sends nothing from round T on, "
                           "its neighbours drop it, and the rest re-base at round R (default "
                           "T + the number of agents) and finish at the optimum of their own "
-                          "data; agentK@I[:R]: it left in phase I, as a network decides it; "
-                          "repeatable")
+                          "data (unless agents far from it had already stopped on the "
+                          "certificate: then the others end at its check round); agentK@I[:R]: "
+                          "it left in phase I, as a network decides it; repeatable")
     sim.add_argument("--messages", choices=("clear", "aggregate"), default="clear",
                      help="clear: each neighbour gets an agent's message; aggregate: secure "
                           "neighbourhood aggregation, each agent learns only the weighted sum of "
