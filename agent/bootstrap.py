@@ -174,7 +174,8 @@ async def report_silence(channel: grpc.aio.Channel, *, session: Session, name: s
                                  rebase_round=int(d.rebase_round),
                                  late=tuple(int(j) for j in d.late_index),
                                  phase_one=bool(d.phase_one),
-                                 stopped=int(d.stopped) or None))
+                                 stopped=int(d.stopped) or None,
+                                 capped=int(d.capped) or None))
     except ValueError as exc:
         raise AgentFailure(f"{name}: the coordinator sent a departure it cannot apply: "
                            f"{exc}") from None
@@ -182,13 +183,14 @@ async def report_silence(channel: grpc.aio.Channel, *, session: Session, name: s
 
 
 async def report_finished(channel: grpc.aio.Channel, *, session: Session, name: str,
-                          round_: int, epoch: int, timeout: float) -> None:
-    """Tell the coordinator this agent stopped at `round_` on the stop rule's certificate, so
-    that a departure decided after it is decided as the stop it was (coordinator/departures.py,
-    efpsn/last_window.py). Bounded by `timeout`; a failure is only logged (the run is over for
+                          round_: int, epoch: int, timeout: float, capped: bool = False
+                          ) -> None:
+    """Tell the coordinator this agent stopped at `round_` on the stop rule's certificate
+    (`capped`: at the run's cap), so that a departure decided after it is decided as the end
+    it was (coordinator/departures.py, efpsn/last_window.py). Bounded by `timeout`; a failure is only logged (the run is over for
     this agent; without the report a neighbour stuck behind a departure exits 2 as before)."""
     request = coordinator_pb2.SilenceReport(run_id=session.run_id, sender=name, round=round_,
-                                            epoch=epoch, finished=round_)
+                                            epoch=epoch, finished=round_, capped=capped)
     try:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         await stub.ReportSilence(request, timeout=timeout)

@@ -21,6 +21,7 @@ from typing import Any
 
 from agent import departure_state
 from agent.bootstrap import report_finished, report_silence
+from agent.ending import end_at_cap, end_in_window
 from agent.exchange import RoundLink
 from agent.fixed_terms import EdgeTerms
 from agent.mailbox import Mailbox
@@ -33,6 +34,7 @@ from efpsn.algorithms.base import Message
 from efpsn.departure import Departure, drop_node_weights, optimum_of, rebase, reconfigure
 from efpsn.departure_masks import add_seeds, drop_seeds, reseeded
 from efpsn.fading import FadingMask
+from efpsn.last_window import CapEnd, capped_model
 from efpsn.masking import Masker
 from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
 from efpsn.rounds import RoundDriver
@@ -64,7 +66,8 @@ class LocalDepartures:
         # what a restart needs again (agent/departure_state.py): every new neighbour and seed
         self.joined_info: dict[str, tuple[int, str, int]] = {}
         self.seed_record: dict[int, tuple[bytes, bytes]] = {}
-        self.window: int | None = None  # who left in the stop's last window (stop())
+        self.window: int | None = None  # who left in the stop's last window (agent/ending.py)
+        self.capped: CapEnd | None = None  # a departure too late to re-base: the run's end
 
     @property
     def me(self) -> int:
@@ -113,28 +116,6 @@ class LocalDepartures:
         log.warning("%s: the coordinator decided: %s", self.session.assignment.name,
                     "; ".join(d.label() for d in new))
         return {name: j for j, (name, _) in given.items()}
-
-    def stop(self, new: list[Departure], names: dict[int, str], driver: RoundDriver) -> None:
-        """The decision says the run had stopped at S on the certificate before these agents
-        left (efpsn/last_window.py): end with the check round's state, S - D."""
-        self.names = {**names, **self.names}
-        stop_round = new[0].stopped
-        assert stop_round is not None
-        try:
-            if driver.stop is None:
-                raise ValueError("this agent runs no stop rule")
-            driver.end_at_check(stop_round - driver.stop.hops)
-        except ValueError as exc:
-            raise AgentFailure(f"{self.session.assignment.name}: {exc}") from None
-        self.decided.extend(new)
-        self.epoch += 1
-        self.window = new[0].agent
-        for d in new:
-            self.events.append({**d.to_json(), "check_round": driver.t, "neighbours": [
-                self._name(j) for j in self.graph.neighbours(d.agent) if j not in self.gone]})
-        log.warning("%s: %s; it ends with its model of round %d", self.session.assignment.name,
-                    "; ".join(d.label() for d in new) + f": the run had stopped at round "
-                    f"{stop_round} on the certificate of round {driver.t}", driver.t)
 
     def add_seeds(self, seeds: dict[int, tuple[bytes, bytes]]) -> None:
         """The new edges' seeds, from their phase I (agent/rejoin.py), until the re-base."""
@@ -266,11 +247,13 @@ class LocalDepartures:
             return None
         remaining = [i for i in range(self.session.config.agents) if i not in self.gone]
         # stopped in a departure's last window: certified on the objective of the agents in
-        # the run at the check round, the one that left then among them
+        # the run at the check round, the one that left then among them; ended at the cap:
+        # that objective's iterate, no optimum
         objective = remaining if self.window is None else sorted([*remaining, self.window])
+        model = (optimum_of(objective) if self.capped is None else
+                 capped_model(sorted([*remaining, self.capped.departure.agent])))
         return {"departures": self.events,
-                "remaining": [self._name(i) for i in remaining],
-                "optimum_of": optimum_of(objective)}
+                "remaining": [self._name(i) for i in remaining], "optimum_of": model}
 
 
 class Silence:
@@ -334,9 +317,12 @@ class Silence:
                     self.coordinator, session=session, name=name, round_=t, silent=silent,
                     epoch=self.departures.epoch, timeout=self.timeout,
                     last=driver.iterations)
-                stopped = [d for d in found if d.stopped and d.agent not in self.departures.gone]
-                if stopped:  # agents far from it finished the last window: so do I
-                    self.departures.stop(stopped, names, driver)
+                ended = [d for d in found if (d.stopped or d.capped)
+                         and d.agent not in self.departures.gone]
+                if ended and ended[0].capped:  # too late to re-base: I end where I wait
+                    there = end_at_cap(self.departures, ended, names, driver)
+                elif ended:  # agents far from it finished the last window: so do I
+                    end_in_window(self.departures, ended, names, driver)
                     return None
                 joiners = self.departures.learn(found, names, driver, joining)
             except AgentFailure as undecided:  # the silence stops this agent, as without
@@ -344,6 +330,8 @@ class Silence:
                                    blame=undecided.blame and failure.blame) from None
             finally:
                 self.rejoin.deciding(False)
+            if ended:  # at the cap: there, or the rounds up to there first
+                return None if there else await link.recollect(t, driver.outbox)
             await self._new_edges(joiners, t)
             # t < R (R = T + n): the new edges join at R, in the loop
             gone, joined = self.departures.before_round(t, driver)
@@ -359,12 +347,14 @@ class Silence:
                 failure = again
 
     async def finished(self, driver: RoundDriver) -> None:
-        """A stop on the certificate: tell the coordinator (a departure it decides later, while
-        this agent is gone home, is then the stop it was: coordinator/departures.py)."""
-        if driver.stopped_early and self.departures.window is None:
+        """A stop on the certificate or at the cap: tell the coordinator (a departure it
+        decides later, while this agent is gone home, is then the end it was:
+        coordinator/departures.py)."""
+        if self.departures.window is None and self.departures.capped is None:
             await report_finished(self.coordinator, session=self.departures.session,
                                   name=self.departures.session.assignment.name,
-                                  round_=driver.t, epoch=self.departures.epoch, timeout=5.0)
+                                  round_=driver.t, epoch=self.departures.epoch, timeout=5.0,
+                                  capped=not driver.stopped_early)
 
     async def adopt(self, decision: PhaseOneDepartures, driver: RoundDriver) -> None:
         """Departures decided while this agent was still in phase I (agent/phase_one_leave.py,

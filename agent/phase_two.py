@@ -92,9 +92,11 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
             if silence is None:
                 raise
             inbox = await silence.recover(t, exc, driver, link)
-            if inbox is None:  # the run had stopped in a departure's last window: at round s
+            if inbox is None:  # the run had ended for the others (agent/ending.py): at
+                # the window's check round s, or where this agent waits before the cap
+                mark = "stopped_at_check" if silence.departures.capped is None else "at_cap"
                 history.append({**evaluate(session.problem, session.index, driver.state,
-                                           status), "stopped_at_check": 1.0})
+                                           status), mark: 1.0})
                 break
         applied = silence is not None and silence.applied == t  # a departure: resume here
         if (t % checkpoint_every == 0 or applied) and t != first:

@@ -36,7 +36,12 @@ The rule, public and deterministic:
   finished (agents far from the departed one completed the last window before it mattered,
   efpsn/last_window.py) is decided as "the run had stopped at S" (Departure.stopped): every
   finished agent must name the same S, the departure and every report must come before it;
-  nobody re-bases and no edge is added: the others end with their check round's model.
+  nobody re-bases and no edge is added: the others end with their check round's model;
+- a departure too late to re-base (R >= the cap N as above) is decided as "the run ended at
+  the cap N" (Departure.capped): an agent that finished N (far from the departed one, it
+  never waited) reports it (`finish` with `capped`), the others end with their iterate of the
+  round they wait at (efpsn/last_window.py, CapEnd). Every finished agent must name N, every
+  report and the departure must come before it; nobody re-bases, no edge is added.
 
 Nothing here sees data: names and round numbers only.
 """
@@ -84,6 +89,7 @@ class DepartureBoard:
         self.epoch = 0
         self.failure: str | None = None  # reports that cannot be decided: every waiter stops
         self.finished: dict[str, int] = {}  # agents that stopped on the certificate: round S
+        self.at_cap: set[str] = set()  # finished agents that ended at the cap (no certificate)
         self._reports: dict[str, Report] = {}
 
     @property
@@ -123,9 +129,10 @@ class DepartureBoard:
                                                            silent=report.silent - self.gone)
         return self._decide()
 
-    def finish(self, sender: str, round_: int) -> bool:
-        """`sender` stopped at round `round_` on the stop rule's certificate; True when that
-        made a decision (it was the last agent to account for)."""
+    def finish(self, sender: str, round_: int, *, capped: bool = False) -> bool:
+        """`sender` stopped at round `round_` on the stop rule's certificate (`capped`: at the
+        run's cap, no certificate); True when that made a decision (it was the last agent to
+        account for)."""
         if sender not in self.names:
             raise Refused(f"{sender!r} is not an agent of this run")
         reason = self.refusal(sender)
@@ -134,6 +141,8 @@ class DepartureBoard:
         if round_ < 1:
             raise Refused(f"{sender} reports it finished at round {round_}")
         self.finished[sender] = round_
+        if capped:
+            self.at_cap.add(sender)
         self._reports.pop(sender, None)
         if self.failure is not None or not self._reports:
             return False
@@ -163,15 +172,20 @@ class DepartureBoard:
         try:
             departures = [self._departure(name)
                           for name in sorted(silent, key=self.names.index)]
-            departures = (self._stopped(departures) if self.finished
-                          else self._check(departures))
+            if self.finished and self.at_cap:
+                departures = self._capped(departures, None)
+            elif self.finished:
+                departures = self._stopped(departures)
+            else:
+                departures = self._check(departures)
         except Refused as exc:
             self.failure = str(exc)
             raise
         self.decided.extend(departures)
         self.epoch += 1
         self._reports.clear()
-        if self.graph is not None and not self.finished:  # nobody re-bases after a stop
+        ended = any(d.stopped is not None or d.capped is not None for d in departures)
+        if self.graph is not None and not ended:  # nobody re-bases after the run ended
             recon = reconfigure(self.graph, {d.agent for d in self.decided})
             self.graph = recon.graph
             self.new_edges.extend((self.epoch, a, b) for a, b in recon.new_edges)
@@ -187,15 +201,29 @@ class DepartureBoard:
         # (an agent extends its cap at R only); 0: not known, nothing to check
         cap = max(self.iterations, min((r.last for r in self._reports.values() if r.last),
                                        default=0))
+        if cap and any(d.rebase_round >= cap for d in departures):
+            return self._capped(departures, cap)  # too late to re-base: the run ends at N
         for d in departures:
             if d.rebase_round <= latest:
                 raise Refused(f"{d.label()}: an agent is already at round {latest}, past the "
                               "re-base round")
-            if cap and d.rebase_round >= cap:
-                raise Refused(f"{self.names[d.agent]} left at round {d.round}: too late to "
-                              f"re-base before the last round {cap} (needs "
-                              f"{d.rebase_round - d.round} more rounds)")
         return departures
+
+    def _capped(self, departures: list[Departure], cap: int | None) -> list[Departure]:
+        """Departures too late to re-base before the cap (`cap`; None: the round the finished
+        agents name, which must be one and the same): the run ended at the cap."""
+        if cap is None:
+            if self.at_cap != set(self.finished):
+                raise Refused(f"{', '.join(sorted(self.finished))} finished, some on the "
+                              "certificate and some at the cap")
+            rounds = sorted(set(self.finished.values()))
+            if len(rounds) > 1:
+                raise Refused(f"the finished agents report different last rounds {rounds}")
+            cap = rounds[0]
+        latest = max(r.round for r in self._reports.values())
+        if latest >= cap or any(d.round >= cap for d in departures):
+            raise Refused(f"an agent waits at round {latest}, but the run's last round is {cap}")
+        return [dataclasses.replace(d, capped=cap) for d in departures]
 
     def _stopped(self, departures: list[Departure]) -> list[Departure]:
         """The departures of a run some agents had finished on the certificate: stopped at

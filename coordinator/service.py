@@ -147,13 +147,14 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         board = self.board
         if request.finished:  # it stopped on the certificate: accounted for, answered at once
             try:
-                if board.finish(request.sender, int(request.finished)):
+                if board.finish(request.sender, int(request.finished),
+                                capped=request.capped):
                     self._announce()
             except Refused as exc:
                 self._announce()
                 raise Reject(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
-            log.info("%s finished at round %d on the stop rule's certificate", request.sender,
-                     request.finished)
+            log.info("%s finished at round %d %s", request.sender, request.finished,
+                     "(its cap)" if request.capped else "on the stop rule's certificate")
             return self._decisions(request.sender, int(request.epoch))
         report = Report(request.sender, int(request.round), frozenset(request.silent),
                         int(request.epoch), phase_one=request.phase_one, last=int(request.last))
@@ -194,7 +195,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             departed=[coordinator_pb2.Departed(
                 agent=board.names[d.agent], round=d.round, rebase_round=d.rebase_round,
                 late=[board.names[j] for j in d.late], index=d.agent, late_index=d.late,
-                phase_one=d.phase_one, stopped=d.stopped or 0)
+                phase_one=d.phase_one, stopped=d.stopped or 0, capped=d.capped or 0)
                 for d in board.since(epoch)],
             joining=[coordinator_pb2.Peer(name=board.names[j], index=j,
                                           address=self.registry.addresses[board.names[j]])

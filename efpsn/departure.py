@@ -79,11 +79,18 @@ class Departure:
     # the run had already stopped at this round on the stop rule's certificate when the
     # departure was decided (efpsn/last_window.py): nobody re-bases, the others end there
     stopped: int | None = None
+    # too late to re-base before the cap N (`--iterations`, no certificate stop): the run
+    # ended at N; agents far from it finished N, the others end where they wait
+    # (efpsn/last_window.py, CapEnd)
+    capped: int | None = None
 
     def __post_init__(self) -> None:
-        if self.stopped is not None and not self.round < self.stopped:
-            raise ValueError(f"agent{self.agent + 1} left at round {self.round}: a run that "
-                             f"stopped at round {self.stopped} had stopped before it")
+        for end, what in ((self.stopped, "stopped"), (self.capped, "ended at the cap")):
+            if end is not None and not self.round < end:
+                raise ValueError(f"agent{self.agent + 1} left at round {self.round}: a run "
+                                 f"that {what} at round {end} had ended before it")
+        if self.stopped is not None and self.capped is not None:
+            raise ValueError("a run stops on its certificate or ends at its cap, not both")
         late = tuple(sorted({int(j) for j in self.late}))
         object.__setattr__(self, "late", late)
         if self.agent in late:
@@ -117,6 +124,8 @@ class Departure:
             record["phase_one"] = True  # it never finished phase I with some neighbour
         if self.stopped is not None:
             record["stopped"] = self.stopped  # the run had stopped there (last_window.py)
+        if self.capped is not None:
+            record["capped"] = self.capped  # the run ended at its cap (last_window.py)
         return record
 
 

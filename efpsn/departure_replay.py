@@ -3,7 +3,9 @@ T the departed agent stops, its neighbours drop it from their weights and masks;
 round R the network is joined where it fell apart, new edges get fresh seeds, every remaining
 agent takes the new graph's Metropolis weights and the trackers restart (efpsn/departure.py).
 A departure in the stop rule's last window whose agents far from it reach the stop round ends
-the run there (efpsn/last_window.py: `window`, `stops_at`, `end`)."""
+the run there (efpsn/last_window.py: `window`, `stops_at`, `end`); one too late to re-base
+before the cap ends it at the cap, each agent at min(reach, cap) (`capped`: their drivers'
+last rounds)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,15 @@ from efpsn.departure_masks import (
     sums_to_zero,
 )
 from efpsn.fading import FadingMask
-from efpsn.last_window import LastWindow, last_window, reach
+from efpsn.last_window import (
+    CapEnd,
+    LastWindow,
+    cap_end,
+    capped_model,
+    capped_words,
+    last_window,
+    reach,
+)
 from efpsn.problem import Problem
 from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
 from efpsn.rounds import RoundDriver
@@ -62,6 +72,7 @@ class DepartureReplay:
         self.rounds_checked = 0
         self.zero_sum = True
         self.window: LastWindow | None = None  # the run stopped in a departure's last window
+        self.capped: CapEnd | None = None  # a departure too late to re-base: the run's end
         zero_sum = problem.config.mask == "zero-sum"
         self.seeds: list[EdgeSeeds] | None = None
         self.shares: list[PairShares] | None = None
@@ -99,10 +110,18 @@ class DepartureReplay:
         return changed
 
     def _leave(self, d: Departure, drivers: Sequence[RoundDriver]) -> None:
-        if self.window is None:
+        ended = self.window is not None or self.capped is not None
+        if not ended:
             self.window = self._last_window(d, drivers)
-        if self.window is None:  # it re-bases: before the cap as it stands (maybe extended)
-            check_rebase(d, cap=drivers[d.agent].iterations)
+        cap = drivers[d.agent].iterations
+        capped = None
+        if not ended and self.window is None and d.rebase_round >= cap:  # too late: the end
+            capped = self.capped = cap_end(reach(self.active, self.neighbours, d),
+                                           departure=d, cap=cap)
+            for i, end in capped.ends.items():
+                drivers[i].iterations = end
+        elif not ended and self.window is None:  # it re-bases: before the cap as it stands
+            check_rebase(d, cap=cap)
         self.departed.add(d.agent)
         touched = [j for j in self.neighbours(d.agent) if j not in self.departed]
         stray = sorted(set(d.late) - set(touched))
@@ -116,7 +135,9 @@ class DepartureReplay:
         for i in self.active:  # no stop from a window that would be decided at round T or later
             stop = drivers[i].stop
             drivers[i].revise_stop(None if stop is None else stop.voided_from(d.round))
-        self.events.append({**d.to_json(), "neighbours": [_name(j) for j in touched]})
+        record = d.to_json() if capped is None else {**dataclasses.replace(
+            d, capped=capped.cap).to_json(), **capped.to_json()}
+        self.events.append({**record, "neighbours": [_name(j) for j in touched]})
 
     def _last_window(self, d: Departure, drivers: Sequence[RoundDriver]) -> LastWindow | None:
         """Whether d leaves inside a window that certifies the target and some agent reaches
@@ -246,12 +267,13 @@ class DepartureReplay:
         of, and whether the remaining masks summed to zero in every round checked."""
         # a run that stopped in a departure's last window: the model is certified at the check
         # round, on the objective of every agent in the run then (the departed one's too)
-        window = self.window
+        window, capped = self.window, self.capped
         objective = self.active if window is None else [*self.active, window.departure.agent]
         return {
             "departures": self.events,
             "remaining": [_name(i) for i in self.active],
-            "optimum_of": optimum_of(objective),
+            "optimum_of": optimum_of(objective) if capped is None
+            else capped_model([*self.active, capped.departure.agent]),
             "rounds_zero_sum_checked": self.rounds_checked,
             "remaining_masks_sum_to_zero": self.zero_sum,
         }
@@ -277,6 +299,8 @@ def _after(event: dict[str, Any]) -> str:
     """What followed a departure: the re-base, or the stop the run had already made."""
     if "stopped" in event:
         return stopped_words(event)
+    if "capped" in event:
+        return capped_words(event)
     return f"re-based at round {event['rebase_round']}{_joined(event)}"
 
 

@@ -22,6 +22,14 @@ hold (reach(i) >= T > s, and the driver keeps the check round's state while a wi
 RoundDriver.check), instead of re-basing (`LastWindow`). Nothing here depends on timing: the
 graph, T, the late neighbours and S fix who ends where, so `efpsn simulate --leave agentK@T`
 replays it (efpsn/departure_replay.py) bit for bit.
+
+A departure too late to re-base before the run's cap N (R = T + n >= N: a fixed
+`--iterations`, or a cap the certificate did not stop before) ends the run at N the same way
+(`CapEnd`): an agent with reach(i) >= N completes N (and tells the coordinator it finished at
+the cap), every other one ends with its iterate of the round it waits at, reach(i) = T + k,
+the last round it completed; nobody re-bases. That model is the iterate of the objective of
+every party in the run at T (the departed one's included), neither certified nor the
+remaining parties' optimum; who ends where again depends on the graph and T only.
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ from dataclasses import dataclass
 from efpsn.certificate import TARGET, Certificate
 from efpsn.departure import Departure
 
-__all__ = ["LastWindow", "certified_line", "last_window", "reach"]
+__all__ = ["CapEnd", "LastWindow", "cap_end", "capped_line", "capped_model", "capped_words", "certified_line",
+           "last_window", "reach"]
 
 
 def reach(agents: Iterable[int], neighbours: Callable[[int], Sequence[int]],
@@ -108,3 +117,60 @@ def last_window(reached: dict[int, int], *, departure: Departure, check_round: i
     return LastWindow(departure=departure, check_round=check_round, stop_round=stop_round,
                       finished=finished, bound=bound,
                       at_check=tuple(sorted(i for i in reached if i not in finished)))
+
+
+@dataclass(frozen=True)
+class CapEnd:
+    """The run ended at its cap `cap` N although `departure` left at T < N too late to re-base:
+    `ends[i]` is the round agent i ends at (min(reach(i), N): N for the agents that finished)."""
+
+    departure: Departure
+    cap: int
+    ends: dict[int, int]
+
+    @property
+    def finished(self) -> tuple[int, ...]:
+        return tuple(sorted(i for i, r in self.ends.items() if r == self.cap))
+
+    def ended_at(self, agent: int) -> int:
+        return self.ends[agent]
+
+    def to_json(self) -> dict[str, object]:
+        return {"capped": self.cap, "finished": [f"agent{i + 1}" for i in self.finished],
+                "ended": {f"agent{i + 1}": r for i, r in sorted(self.ends.items())
+                          if r != self.cap}}
+
+
+def cap_end(reached: dict[int, int], *, departure: Departure, cap: int) -> CapEnd:
+    """Where each agent ends when `departure` came too late to re-base before the cap."""
+    if not departure.round < cap:
+        raise ValueError(f"{departure.label()}: the run had ended at its cap {cap} before")
+    return CapEnd(departure=departure, cap=cap,
+                  ends={i: min(r, cap) for i, r in sorted(reached.items())})
+
+
+def capped_words(event: dict[str, object]) -> str:
+    """A departure too late to re-base before the cap, in words (CapEnd.to_json's keys)."""
+    ended = event.get("ended") or {}
+    assert isinstance(ended, dict)
+    finished = event.get("finished") or []
+    assert isinstance(finished, list)
+    return (f"too late to re-base: the run ended at the cap {event['capped']}: "
+            f"{', '.join(finished) or 'nobody'} finished it"
+            + "".join(f", {name} ended at {r}" for name, r in ended.items()))
+
+
+def capped_model(agents: Iterable[int]) -> str:
+    """What the model of a run that ended at its cap after a late departure is (`agents`: every
+    agent in the run when the departed one left, itself included), in the words the records
+    use after "the model is"."""
+    names = ",".join(str(i + 1) for i in sorted(agents))
+    return (f"the iterate of agents {names}'s objective at the rounds they ended (the departed "
+            "agent's data included), not certified and not the optimum of the remaining "
+            "parties' objective")
+
+
+def capped_line(cap: int) -> str:
+    """The convergence line of a run that ended at its cap after a late departure."""
+    return (f"not certified: the run ended at the cap {cap} after a departure too late to "
+            "re-base, with no certificate of any round")

@@ -21,6 +21,7 @@ from efpsn.departure import Departure, check_departures
 from efpsn.departure_masks import integer_parts
 from efpsn.departure_replay import DepartureReplay
 from efpsn.fading import FadingMask
+from efpsn.last_window import capped_line
 from efpsn.masking import MaskCoefficients, noise_generator
 from efpsn.masks import independent_masks, no_masks, zero_sum_masks, zero_sum_masks_fast
 from efpsn.metrics import evaluate
@@ -203,8 +204,8 @@ def run_simulation(
     active, neighbours = list(range(n)), problem.graph.neighbours
     window = None  # a departure's last window that stopped the run (efpsn/last_window.py)
     for t in itertools.count():  # to the cap, which a departure's re-base may extend
-        if drivers[active[0]].done:  # the stop rule's round, the same at every agent
-            break
+        if all(drivers[i].done for i in active):  # the stop rule's round, the same at every
+            break  # agent (each its own after a departure too late to re-base: replay.capped)
         if replay is not None and replay.stops_at(t):  # a departure in the last window
             replay.end(drivers)
             window = replay.window
@@ -216,13 +217,14 @@ def run_simulation(
                 certifier = Certifier.for_run(config, replay.remaining_weights())
         # round t's messages, sealed for each receiver before anyone steps (a sender is anyone
         # an active agent takes messages from)
+        stepping = [i for i in active if not drivers[i].done]
         receivers: dict[int, list[int]] = {}
-        for i in active:
+        for i in stepping:
             for j in neighbours(i):
                 receivers.setdefault(j, []).append(i)
         sent = {j: channels[j].seal(drivers[j].outbox, t, to) for j, to in receivers.items()}
         due = [drivers[i].step(channels[i].open({j: sent[j][i] for j in neighbours(i)}, t))
-               for i in active]
+               for i in stepping]
         zero_sum.check(t)
         if replay is not None:
             replay.check(t)
@@ -240,17 +242,23 @@ def run_simulation(
         if on_round is not None:
             on_round(t + 1, record)
     t_phase2 = time.perf_counter() - t1
-    rounds = drivers[active[0]].t if window is None else window.stop_round
+    capped = None if replay is None else replay.capped  # each agent ends at its own round
+    rounds = (window.stop_round if window is not None else
+              max(drivers[i].t for i in active) if capped is not None else drivers[active[0]].t)
     if replay is not None and len(replay.departed) < len(departures):
         missed = [d.label() for d in departures if d.agent not in replay.departed]
         raise ValueError(f"the run ended at round {rounds}, before the departures {missed}")
-    if any(drivers[i].t != (rounds if window is None else window.ended_at(i)) for i in active):
+    ended = window if window is not None else capped
+    if any(drivers[i].t != (rounds if ended is None else ended.ended_at(i)) for i in active):
         raise RuntimeError(f"the agents stopped at different rounds {[d.t for d in drivers]}")
     xs = [drivers[i].state["x"] for i in active]
     convergence = certifier(worst([drivers[i].measures for i in active]), rounds=rounds,
                             x_bar_norm=float(torch.linalg.vector_norm(average(xs))))
     if window is not None:  # the window's certificate, of round s, for every agent then in
         convergence = window.certificate()
+        history.append({"round": rounds, **evaluate(problem, xs, x_star=x_star, agents=active)})
+    if capped is not None:  # the iterate of every party's objective, at each agent's end
+        convergence = Certificate(None, False, capped_line(capped.cap))
         history.append({"round": rounds, **evaluate(problem, xs, x_star=x_star, agents=active)})
     return SimulationResult(
         config=config,

@@ -69,7 +69,7 @@ def test_a_departure_record_says_the_run_had_stopped() -> None:
     d = Departure(agent=2, round=101, rebase_round=106, stopped=102)
     assert d.to_json()["stopped"] == 102 and "stopped" not in Departure(
         agent=2, round=101, rebase_round=106).to_json()
-    with pytest.raises(ValueError, match="had stopped before it"):
+    with pytest.raises(ValueError, match="had ended before it"):
         Departure(agent=2, round=102, rebase_round=107, stopped=102)
 
 

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SilenceReport(_message.Message):
-    __slots__ = ("run_id", "sender", "round", "silent", "epoch", "phase_one", "finished", "last")
+    __slots__ = ("run_id", "sender", "round", "silent", "epoch", "phase_one", "finished", "last", "capped")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class SilenceReport(_message.Message):
     PHASE_ONE_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
+    CAPPED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     sender: str
     round: int
@@ -24,10 +25,11 @@ class SilenceReport(_message.Message):
     phase_one: bool
     finished: int
     last: int
-    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., round: _Optional[int] = ..., silent: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ..., phase_one: _Optional[bool] = ..., finished: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
+    capped: bool
+    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., round: _Optional[int] = ..., silent: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ..., phase_one: _Optional[bool] = ..., finished: _Optional[int] = ..., last: _Optional[int] = ..., capped: _Optional[bool] = ...) -> None: ...
 
 class Departed(_message.Message):
-    __slots__ = ("agent", "round", "rebase_round", "late", "index", "late_index", "phase_one", "stopped")
+    __slots__ = ("agent", "round", "rebase_round", "late", "index", "late_index", "phase_one", "stopped", "capped")
     AGENT_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     REBASE_ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +38,7 @@ class Departed(_message.Message):
     LATE_INDEX_FIELD_NUMBER: _ClassVar[int]
     PHASE_ONE_FIELD_NUMBER: _ClassVar[int]
     STOPPED_FIELD_NUMBER: _ClassVar[int]
+    CAPPED_FIELD_NUMBER: _ClassVar[int]
     agent: str
     round: int
     rebase_round: int
@@ -44,7 +47,8 @@ class Departed(_message.Message):
     late_index: _containers.RepeatedScalarFieldContainer[int]
     phase_one: bool
     stopped: int
-    def __init__(self, agent: _Optional[str] = ..., round: _Optional[int] = ..., rebase_round: _Optional[int] = ..., late: _Optional[_Iterable[str]] = ..., index: _Optional[int] = ..., late_index: _Optional[_Iterable[int]] = ..., phase_one: _Optional[bool] = ..., stopped: _Optional[int] = ...) -> None: ...
+    capped: int
+    def __init__(self, agent: _Optional[str] = ..., round: _Optional[int] = ..., rebase_round: _Optional[int] = ..., late: _Optional[_Iterable[str]] = ..., index: _Optional[int] = ..., late_index: _Optional[_Iterable[int]] = ..., phase_one: _Optional[bool] = ..., stopped: _Optional[int] = ..., capped: _Optional[int] = ...) -> None: ...
 
 class Departures(_message.Message):
     __slots__ = ("run_id", "epoch", "departed", "joining")

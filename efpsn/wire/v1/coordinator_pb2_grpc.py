@@ -102,7 +102,8 @@ class CoordinatorServicer:
         FAILED_PRECONDITION and the reason; no decision before the call's deadline:
         DEADLINE_EXCEEDED (the agent then stops, as without departures: no agent goes on with a
         departure the coordinator has not decided). A report with `finished` (an agent that
-        stopped on the certificate) counts that agent as accounted for and is answered at once.
+        stopped on the certificate, or ended at the cap) counts that agent as accounted for and is
+        answered at once.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

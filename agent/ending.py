@@ -1,0 +1,86 @@
+"""A decision that ends the run for this agent instead of a re-base (agent/departing.py): the
+departure came after the run had ended for agents far from it, so the others end too, each
+where the rule says (efpsn/last_window.py), the same as `efpsn simulate --leave` replays:
+
+- the run had stopped at S on the stop rule's certificate (Departure.stopped): end with the
+  check round's state, S - D (`end_in_window`);
+- the departure came too late to re-base before the cap N (Departure.capped): end with the
+  iterate of round min(reach(i), N), the round this agent waits at (`end_at_cap`). An agent
+  that waits at an earlier round (a neighbour's message slower than the deadline) collects
+  the rounds up to it first, so where it ends never depends on timing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from agent.options import AgentFailure
+from efpsn.departure import Departure
+from efpsn.last_window import cap_end, capped_words, reach
+from efpsn.rounds import RoundDriver
+
+if TYPE_CHECKING:
+    from agent.departing import LocalDepartures
+
+__all__ = ["end_at_cap", "end_in_window"]
+
+log = logging.getLogger("efpsn.agent")
+
+
+def end_in_window(local: LocalDepartures, new: list[Departure], names: dict[int, str],
+                  driver: RoundDriver) -> None:
+    """The decision says the run had stopped at S on the certificate before these agents
+    left (efpsn/last_window.py): end with the check round's state, S - D."""
+    local.names = {**names, **local.names}
+    stop_round = new[0].stopped
+    assert stop_round is not None
+    try:
+        if driver.stop is None:
+            raise ValueError("this agent runs no stop rule")
+        driver.end_at_check(stop_round - driver.stop.hops)
+    except ValueError as exc:
+        raise AgentFailure(f"{local.session.assignment.name}: {exc}") from None
+    _record(local, new, check_round=driver.t)
+    local.window = new[0].agent
+    log.warning("%s: %s; it ends with its model of round %d", local.session.assignment.name,
+                "; ".join(d.label() for d in new) + f": the run had stopped at round "
+                f"{stop_round} on the certificate of round {driver.t}", driver.t)
+
+
+def end_at_cap(local: LocalDepartures, new: list[Departure], names: dict[int, str],
+               driver: RoundDriver) -> bool:
+    """The decision says the departure came too late to re-base before the cap N: this agent
+    ends at min(reach, N) (its driver's last round becomes that); True when it is there
+    already, False when it must collect the rounds up to it first."""
+    local.names = {**names, **local.names}
+    d, me, name = new[0], local.me, local.session.assignment.name
+    if len(new) != 1 or d.capped != driver.iterations:
+        raise AgentFailure(f"{name}: the coordinator ended the run at the cap {d.capped} after "
+                           f"{', '.join(x.label() for x in new)}; this agent's last round is "
+                           f"{driver.iterations} (one departure at a time is supported)")
+    gone = local.gone  # the ones that left before: the graph the rounds run on
+
+    def neighbours(i: int) -> list[int]:
+        return [j for j in local.graph.neighbours(i) if j not in gone]
+
+    ends = cap_end(reach([i for i in range(local.session.config.agents) if i not in gone],
+                         neighbours, d), departure=d, cap=d.capped)
+    end = ends.ended_at(me)
+    if driver.t > end:
+        raise AgentFailure(f"{name}: the run ended at the cap {d.capped} after {d.label()}, "
+                           f"which ends this agent at round {end}, but it is at {driver.t}")
+    driver.iterations = end
+    _record(local, new, **ends.to_json())
+    local.capped = ends
+    log.warning("%s: %s left at round %d, %s; it ends with its model of round %d",
+                name, local._name(d.agent), d.round, capped_words(ends.to_json()), end)
+    return driver.done
+
+
+def _record(local: LocalDepartures, new: list[Departure], **extra: object) -> None:
+    local.decided.extend(new)
+    local.epoch += 1
+    for d in new:
+        local.events.append({**d.to_json(), **extra, "neighbours": [
+            local._name(j) for j in local.graph.neighbours(d.agent) if j not in local.gone]})
