@@ -82,10 +82,11 @@ def _simulate(args: argparse.Namespace) -> int:
         f"in {result.timings['phase1_seconds'] + result.timings['phase2_seconds']:.1f}s"
     )
     final = result.final
-    stop = next((e for e in (result.departures or {}).get("departures", []) if "stopped" in e),
-                None)
-    if stop is not None and x_star is not None:  # stopped in a departure's last window: the
-        from efpsn.metrics import evaluate  # model is certified on every party's objective then
+    stop = next((e for e in (result.departures or {}).get("departures", [])
+                 if "stopped" in e or "capped" in e), None)
+    if stop is not None and x_star is not None:  # stopped in a departure's last window (or at
+        # the cap, too late to re-base): the model is of every party's objective then
+        from efpsn.metrics import evaluate
         from efpsn.tasks.optimum import centralized_optimum
 
         then = gone - {int(stop["agent"].removeprefix("agent")) - 1}
@@ -159,7 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "its neighbours drop it, and the rest re-base at round R (default "
                           "T + the number of agents) and finish at the optimum of their own "
                           "data (unless agents far from it had already stopped on the "
-                          "certificate: then the others end at its check round); agentK@I[:R]: "
+                          "certificate: then the others end at its check round; or R is not "
+                          "before the cap: then the run ends there, each agent at the round "
+                          "it waits at); agentK@I[:R]: "
                           "it left in phase I, as a network decides it; repeatable")
     sim.add_argument("--messages", choices=("clear", "aggregate"), default="clear",
                      help="clear: each neighbour gets an agent's message; aggregate: secure "

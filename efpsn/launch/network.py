@@ -350,10 +350,12 @@ def _departures_record(folder: Path, names: list[str]) -> dict[str, Any] | None:
 
 def _departures_line(record: dict[str, Any]) -> str:
     from efpsn.departure_replay import stopped_words
+    from efpsn.last_window import capped_words
 
     gone = "; ".join(f"{e['agent']} left "
                      f"{'in phase I' if e.get('phase_one') else 'at round ' + str(e['round'])}"
                      + (f" ({stopped_words(e)})" if "stopped" in e else
+                        f" ({capped_words(e)})" if "capped" in e else
                         f" (re-based at round {e['rebase_round']}"
                         + "".join(f", new edge {a}-{b}" for a, b in e.get("new_edges") or [])
                         + ")") for e in record["departures"])

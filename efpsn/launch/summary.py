@@ -52,7 +52,8 @@ def check_results(results: list[dict], *, iterations: int, early: bool = False,
     """What is wrong with the agents' results as one run (empty: nothing): every agent must
     report the same run and have finished its last round: `iterations`, or with the stop rule
     (`early`, efpsn/stopping.py) the same round at every agent, at most `iterations`; `ends`:
-    the stop round and the check round of a departure's last window (efpsn/last_window.py)."""
+    the stop round and the check round of a departure's last window, or the cap and the rounds
+    the waiting agents ended at after a departure too late to re-base (efpsn/last_window.py)."""
     problems = []
     runs = sorted({str(r.get("run_id")) for r in results})
     if len(runs) != 1:
@@ -183,9 +184,12 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
                                            for e in r.get("departures", [])])
     window = next((e for r in results for e in r.get("departures", []) if "stopped" in e),
                   None)  # a departure in the stop's last window (efpsn/last_window.py)
+    capped = next((e for r in results for e in r.get("departures", []) if "capped" in e),
+                  None)  # a departure too late to re-base: each agent ended where it waited
+    ends = ({window["stopped"], window["check_round"]} if window is not None else
+            {capped["capped"], *capped.get("ended", {}).values()} if capped is not None else None)
     problems = check_results(results, iterations=cap, early=not config.resolved().stop_every.never,
-                             ends=None if window is None
-                             else {window["stopped"], window["check_round"]})
+                             ends=ends)
     rounds = results[0]["final"].get("round") if results else None
     weights = problem.weights
     if any("departures" in r for r in results):  # the remaining agents' graph, re-based
@@ -204,6 +208,11 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
 
         convergence = Certificate(max(bounds), max(bounds) <= TARGET,
                                   certified_line(max(bounds), window["check_round"]))
+    if capped is not None:  # no certificate of any round: say so, whatever the measures
+        from efpsn.certificate import Certificate
+        from efpsn.last_window import capped_line
+
+        convergence = Certificate(None, False, capped_line(int(capped["capped"])))
     from efpsn.privacy_modes import privacy_statement
 
     return {
