@@ -117,7 +117,8 @@ def test_a_late_report_of_an_older_epoch_gets_the_decision_at_once() -> None:
 
 @pytest.mark.parametrize(("reports", "match"), [
     ([report("agent1", 10, "agent2"), report("agent3", 12, "agent2")], "contradict"),
-    ([report("agent1", 98, "agent2"), report("agent3", 98, "agent2")], "too late to re-base"),
+    ([report("agent1", 100, "agent2"), report("agent3", 100, "agent2")],
+     "waits at round 100, but the run's last round is 100"),
     ([report("agent1", 0, "agent2"), report("agent3", 1, "agent2")], "while sending round 0"),
 ])
 def test_reports_that_cannot_be_decided_stop_every_waiter(reports: list[Report],

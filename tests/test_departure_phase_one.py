@@ -153,10 +153,10 @@ def test_a_second_departure_after_the_original_cap_is_decided() -> None:
               report("agent3", round_=52), report("agent2", round_=52),
               report("agent1", round_=53)):
         old.report(r)
-    with pytest.raises(Refused, match="too late to re-base"):
-        for r in (report("agent2", "agent1", round_=120, epoch=1),
-                  report("agent3", round_=121, epoch=1), report("agent4", round_=121, epoch=1)):
-            old.report(r)
+    old.report(report("agent2", "agent1", round_=120, epoch=1))  # too late: past its cap
+    old.report(report("agent3", round_=121, epoch=1))
+    with pytest.raises(Refused, match="waits at round 121, but the run's last round is 100"):
+        old.report(report("agent4", round_=121, epoch=1))
 
 
 def test_a_restart_reloads_seeds_without_a_neighbour_gone_in_phase_one(tmp_path) -> None:
