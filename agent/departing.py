@@ -251,7 +251,7 @@ class LocalDepartures:
         # that objective's iterate, no optimum
         objective = remaining if self.window is None else sorted([*remaining, self.window])
         model = (optimum_of(objective) if self.capped is None else
-                 capped_model(sorted([*remaining, self.capped.departure.agent])))
+                 capped_model(remaining, self.capped.departure.agent))
         return {"departures": self.events,
                 "remaining": [self._name(i) for i in remaining], "optimum_of": model}
 
@@ -324,7 +324,7 @@ class Silence:
                 elif ended:  # agents far from it finished the last window: so do I
                     end_in_window(self.departures, ended, names, driver)
                     return None
-                joiners = self.departures.learn(found, names, driver, joining)
+                joiners = {} if ended else self.departures.learn(found, names, driver, joining)
             except AgentFailure as undecided:  # the silence stops this agent, as without
                 raise AgentFailure(f"{failure}; {undecided}",
                                    blame=undecided.blame and failure.blame) from None

@@ -273,7 +273,7 @@ class DepartureReplay:
             "departures": self.events,
             "remaining": [_name(i) for i in self.active],
             "optimum_of": optimum_of(objective) if capped is None
-            else capped_model([*self.active, capped.departure.agent]),
+            else capped_model(self.active, capped.departure.agent),
             "rounds_zero_sum_checked": self.rounds_checked,
             "remaining_masks_sum_to_zero": self.zero_sum,
         }

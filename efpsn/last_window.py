@@ -160,14 +160,13 @@ def capped_words(event: dict[str, object]) -> str:
             + "".join(f", {name} ended at {r}" for name, r in ended.items()))
 
 
-def capped_model(agents: Iterable[int]) -> str:
-    """What the model of a run that ended at its cap after a late departure is (`agents`: every
-    agent in the run when the departed one left, itself included), in the words the records
-    use after "the model is"."""
-    names = ",".join(str(i + 1) for i in sorted(agents))
-    return (f"the iterate of agents {names}'s objective at the rounds they ended (the departed "
-            "agent's data included), not certified and not the optimum of the remaining "
-            "parties' objective")
+def capped_model(remaining: Iterable[int], departed: int) -> str:
+    """What the model of a run that ended at its cap after `departed` left too late to re-base
+    is (`remaining`: the agents still in), in the words the records use after "the model is"."""
+    names = ",".join(str(i + 1) for i in sorted({*remaining, departed}))
+    return (f"the iterate of agents {names}'s objective at the rounds they ended (agent"
+            f"{departed + 1}'s data included), not certified and not the optimum of the "
+            "remaining parties' objective")
 
 
 def capped_line(cap: int) -> str:

@@ -168,7 +168,8 @@ def test_the_replay_ends_each_agent_where_the_rule_says_on_the_undeparted_iterat
         assert same == (i in (0, 4)), i
     assert late.timings["rounds"] == 60 and late.final["round"] == 60
     assert not late.convergence.converged and "ended at the cap 60" in late.convergence.line
-    assert late.departures["optimum_of"].startswith("the iterate of agents 1,2,3,4,5's")
+    assert late.departures["optimum_of"].startswith("the iterate of agents 1,2,3,4,5's objective "
+                                                     "at the rounds they ended (agent3's")
     assert "not the optimum of the remaining parties' objective" in \
         late.departures["optimum_of"]
     assert "agent3 left at round 59 (too late to re-base: the run ended at the cap 60: " \
