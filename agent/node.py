@@ -56,10 +56,10 @@ from efpsn.config import RunConfig
 from efpsn.ledger import RoundLedger
 from efpsn.masking import MaskCoefficients, Masker, noise_generator
 from efpsn.refresh import MaskProvider
-from efpsn.rounds import STOP_STATE
+from efpsn.rounds import checkpoint_shapes
 from efpsn.runtime import peak_rss_mb, pss_mb
 from efpsn.seeds import EdgeSeeds, SeedExchange
-from efpsn.stopping import TERMS, StopRule
+from efpsn.stopping import StopRule
 from efpsn.wire.net import (
     Server,
     split_address,
@@ -173,10 +173,10 @@ class AgentNode:
         if config.scale.standard:  # the totals saved before phase II, never summed again
             session = await self._reload_totals(session, prepared)
             config = session.config
-        shapes = {k: tuple(session.problem.initial_params().shape)
-                  for k in make_algorithm(config.algorithm).state_keys}
-        if StopRule.for_run(config, session.problem.weights).active:
-            shapes[STOP_STATE] = (TERMS + 1,)  # the stop rule's window (efpsn/rounds.py)
+        # the state's tensors, the stop rule's window and its check round's state
+        shapes = checkpoint_shapes(make_algorithm(config.algorithm).state_keys,
+                                   tuple(session.problem.initial_params().shape),
+                                   stop=StopRule.for_run(config, session.problem.weights).active)
         checkpoint = reload_checkpoint(self.store, name=name, run_id=session.run_id,
                                        expected=shapes)
         resumed_from = checkpoint.round if checkpoint else 0

@@ -20,9 +20,24 @@ from efpsn.algorithms.base import AgentState, Aggregate, Algorithm, Message, Ste
 from efpsn.schedules import StepSize
 from efpsn.stopping import STOP_KEY, TERMS, StopRule, exponents, merge
 
-__all__ = ["STOP_STATE", "RoundDriver", "progress", "worst"]
+__all__ = ["CHECK_STATE", "STOP_STATE", "RoundDriver", "checkpoint_shapes", "progress", "worst"]
 
 STOP_STATE = "stop_state"  # checkpoint tensor: [1, the 4 integers to send] or [0, 0, 0, 0, 0]
+# checkpoint tensors of the last check round's state (a departure in its window ends the run
+# there: efpsn/last_window.py): [1, its round] or [0, 0], and CHECK_PREFIX + each state key
+CHECK_STATE, CHECK_PREFIX = "check_state", "check_"
+
+
+def checkpoint_shapes(state_keys: Sequence[str], shape: tuple[int, ...], *,
+                      stop: bool) -> dict[str, tuple[int, ...]]:
+    """The tensors of a checkpoint (RoundDriver.checkpoint_tensors), name -> shape: the state's,
+    and with a stop rule its window's integers and the last check round's state."""
+    shapes = {k: shape for k in state_keys}
+    if stop:
+        shapes[STOP_STATE] = (TERMS + 1,)
+        shapes[CHECK_STATE] = (2,)
+        shapes.update({CHECK_PREFIX + k: shape for k in state_keys})
+    return shapes
 
 
 def progress(before: AgentState, state: AgentState, inbox: Mapping[int, Message],
@@ -88,13 +103,18 @@ class RoundDriver:
         self.stopped_early = False
         self.sharing: tuple[int, ...] | None = None  # the stop integers to send with round t
         # the state of the last check round (a departure in its window may end the run there:
-        # efpsn/last_window.py); None after a restart until the next check
+        # efpsn/last_window.py; a checkpoint keeps it: checkpoint_tensors)
         self.check: AgentState | None = None
         if resume_from is not None:
             tensors = dict(resume_from.tensors)
             saved = tensors.pop(STOP_STATE, None)
             if saved is not None and self.stop is not None and int(saved[0]) == 1:
                 self.sharing = tuple(int(v) for v in saved[1:])
+            check = tensors.pop(CHECK_STATE, None)
+            held = {k[len(CHECK_PREFIX):]: tensors.pop(k) for k in list(tensors)
+                    if k.startswith(CHECK_PREFIX)}
+            if check is not None and int(check[0]) == 1:  # restarted inside a window
+                self.check = AgentState(t=int(check[1]), tensors=held)
             resume_from = AgentState(t=resume_from.t, tensors=tensors)
             self.state = resume_from
             # an outbox is the state's message tensors (true of every algorithm's step)
@@ -115,11 +135,17 @@ class RoundDriver:
         return self.state.t >= self.iterations
 
     def checkpoint_tensors(self) -> dict[str, torch.Tensor]:
-        """The state's tensors, and with a stop rule the window's integers (float64, exact)."""
+        """The state's tensors, and with a stop rule the window's integers and the last check
+        round's state (float64, exact: checkpoint_shapes)."""
         if self.stop is None:
             return self.state.tensors
         saved = [1, *self.sharing] if self.sharing is not None else [0] * (TERMS + 1)
-        return {**self.state.tensors, STOP_STATE: torch.tensor(saved, dtype=torch.float64)}
+        check = self.check  # zeros when there is none yet
+        return {**self.state.tensors, STOP_STATE: torch.tensor(saved, dtype=torch.float64),
+                CHECK_STATE: torch.tensor([1, check.t] if check is not None else [0, 0],
+                                          dtype=torch.float64),
+                **{CHECK_PREFIX + k: check[k] if check is not None else torch.zeros_like(v)
+                   for k, v in self.state.tensors.items()}}
 
     def step(self, inbox: Mapping[int, Message]) -> bool:
         """Consume the neighbours' round-t messages; True when round t + 1 is to be evaluated."""

@@ -107,6 +107,57 @@ def test_the_driver_ends_with_its_check_rounds_state() -> None:
     assert driver.sharing is None and set(driver.outbox) == set(driver.algorithm.message_keys)
 
 
+def test_a_driver_restarted_inside_the_window_still_ends_with_its_check_state(tmp_path) -> None:
+    # a checkpoint inside the window (agent/state.py: raw float64 arrays, no pickle) holds the
+    # check round's state, so an agent restarted there can still end at the check round
+    from agent.state import StateStore
+    from efpsn.algorithms import make_algorithm
+    from efpsn.algorithms.base import AgentState, StepContext
+    from efpsn.problem import build_problem
+    from efpsn.rounds import RoundDriver, checkpoint_shapes
+    from efpsn.schedules import make_schedule
+    from efpsn.simulator import make_mask_providers
+    from efpsn.stopping import StopRule
+
+    config = RunConfig(l2=10.0, eval_every=50, refresh="never", key_bits=512).resolved()
+    problem = build_problem(config)
+    rule = StopRule.for_run(config, problem.weights)
+    schedule = make_schedule(config.schedule, iterations=config.iterations.total)
+    algorithm = make_algorithm(config.algorithm, momentum=config.momentum.value)
+    oracle = problem.objective(0, make_mask_providers(problem)[0])
+
+    def driver(**start: Any) -> RoundDriver:
+        return RoundDriver(algorithm=algorithm, schedule=schedule, stop=rule,
+                           context=StepContext(agent=0, weights={0: 0.5, 1: 0.5},
+                                               lr=schedule(0), oracle=oracle),
+                           iterations=config.iterations.total, eval_every=50, **start)
+
+    store = StateStore(tmp_path)
+    shapes = checkpoint_shapes(algorithm.state_keys, tuple(problem.initial_params().shape),
+                               stop=True)
+
+    def restarted(first: RoundDriver) -> RoundDriver:
+        store.save_checkpoint(run_id="r", round_=first.t, tensors=first.checkpoint_tensors(),
+                              history=[])
+        saved = store.load_checkpoint(run_id="r", expected=shapes)
+        assert saved is not None and saved.round == first.t
+        return driver(resume_from=AgentState(t=saved.round, tensors=saved.tensors))
+
+    first = driver(x0=problem.initial_params())
+    while first.t < rule.period - 1:  # before the first check: nothing held, nothing restored
+        first.step({1: dict(first.outbox)})
+    assert set(first.checkpoint_tensors()) == set(shapes)
+    assert restarted(first).check is None
+    first.step({1: dict(first.outbox)})  # the check round
+    snapshot = {k: v.clone() for k, v in first.state.tensors.items()}
+    first.step({1: dict(first.outbox)})  # inside its window
+    again = restarted(first)
+    assert again.t == rule.period + 1 and again.sharing == first.sharing
+    again.end_at_check(rule.period)
+    assert again.t == rule.period and again.done and again.stopped_early
+    assert all(torch.equal(again.state[k], snapshot[k]) for k in snapshot)
+
+
 def report(sender: str, round_: int, *silent: str, epoch: int = 0) -> Report:
     return Report(sender, round_, frozenset(silent), epoch)
 
