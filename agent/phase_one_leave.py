@@ -115,7 +115,8 @@ class PhaseOneDepartures:
         try:
             found, names, joining = await report_silence(
                 self.coordinator, session=self.session, name=name, round_=0, silent=silent,
-                epoch=self.epoch, timeout=self.wait, phase_one=True)
+                epoch=self.epoch, timeout=self.wait, phase_one=True,
+                last=self.session.config.iterations.count or 0)  # 0: --scale standard's
         except AgentFailure as undecided:
             raise AgentFailure(f"{failure}; {undecided}",
                                blame=undecided.blame and failure.blame) from None

@@ -201,12 +201,17 @@ class DepartureBoard:
         # (an agent extends its cap at R only); 0: not known, nothing to check
         cap = max(self.iterations, min((r.last for r in self._reports.values() if r.last),
                                        default=0))
-        if cap and any(d.rebase_round >= cap for d in departures):
-            return self._capped(departures, cap)  # too late to re-base: the run ends at N
+        late = [d for d in departures if cap and d.rebase_round >= cap]
+        if late and all(d.round > 0 for d in departures):  # too late: the run ends at N
+            return self._capped(departures, cap)
         for d in departures:
             if d.rebase_round <= latest:
                 raise Refused(f"{d.label()}: an agent is already at round {latest}, past the "
                               "re-base round")
+        for d in late:  # in phase I or at round 0, with fewer rounds than agents: no end to say
+            raise Refused(f"{self.names[d.agent]} left at round {d.round}: too late to "
+                          f"re-base before the last round {cap} (needs "
+                          f"{d.rebase_round - d.round} more rounds)")
         return departures
 
     def _capped(self, departures: list[Departure], cap: int | None) -> list[Departure]:

@@ -180,3 +180,44 @@ def test_the_replay_ends_each_agent_where_the_rule_says_on_the_undeparted_iterat
                              departures=[parse_leave("agent3@50", agents=5)])
     assert rebased.departures is not None and "capped" not in rebased.departures["departures"][0]
     assert rebased.timings["rounds"] == 60
+
+
+def test_a_phase_one_report_gives_the_agents_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    # as phase II's reports do (SilenceReport.last): the coordinator then judges a re-base by
+    # the agents' cap when it knows none itself (--scale standard: 0 from phase I too)
+    import agent.phase_one_leave as leave
+    from agent.options import AgentFailure
+
+    heard: list[dict[str, Any]] = []
+
+    async def report_silence(channel: Any, **kwargs: Any) -> Any:
+        heard.append(kwargs)
+        raise AgentFailure("no decision")
+
+    class Peers:
+        async def unresponsive(self, names: list[str]) -> list[str]:
+            return names
+
+    monkeypatch.setattr(leave, "report_silence", report_silence)
+    for iterations, last in ((60, 60), (None, 0)):
+        session = type("Session", (), {})()
+        session.assignment = type("Assignment", (), {"name": "agent2"})()
+        session.config = type("Config", (), {})()
+        session.config.iterations = type("Iterations", (), {"count": iterations})()
+        departures = leave.PhaseOneDepartures(
+            session=session, peers=Peers(), mailbox=None, coordinator=None,  # type: ignore[arg-type]
+            deadline=1.0, wait=1.0, deciding=lambda _: None)
+        with pytest.raises(AgentFailure, match="no decision"):
+            asyncio.run(departures.recover(["agent3"], AgentFailure("agent3 is silent")))
+        assert heard[-1]["phase_one"] and heard[-1]["last"] == last
+        assert heard[-1]["silent"] == ["agent3"] and heard[-1]["round_"] == 0
+
+
+def test_a_departure_at_round_0_with_fewer_rounds_than_agents_is_still_refused() -> None:
+    # R = n >= the cap: no end at the cap for phase I (nobody has a round to end at)
+    board = DepartureBoard(NAMES, iterations=4)
+    board.report(Report("agent2", 0, frozenset({"agent3"}), 0, phase_one=True))
+    board.report(Report("agent4", 0, frozenset({"agent3"}), 0, phase_one=True))
+    board.report(Report("agent1", 0, frozenset(), 0, phase_one=True))
+    with pytest.raises(Refused, match="too late to re-base before the last round 4"):
+        board.report(Report("agent5", 0, frozenset(), 0, phase_one=True))
