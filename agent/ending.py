@@ -13,15 +13,15 @@ where the rule says (efpsn/last_window.py), the same as `efpsn simulate --leave`
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Any
 
 from agent.options import AgentFailure
 from efpsn.departure import Departure
 from efpsn.last_window import cap_end, capped_words, reach
 from efpsn.rounds import RoundDriver
 
-if TYPE_CHECKING:
-    from agent.departing import LocalDepartures
+# `local` below is agent/departing.py's LocalDepartures (which imports this module: no cycle)
+LocalDepartures = Any
 
 __all__ = ["end_at_cap", "end_in_window"]
 
