@@ -14,6 +14,7 @@ or later counts). Only names and round numbers go to the coordinator.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from pathlib import Path
@@ -50,8 +51,8 @@ class LocalDepartures:
                  masker: Masker | None = None) -> None:
         self.session = session
         self.masks = masks
-        # the paper's fixed mask: phase I's Masker (this run's process only: it holds the
-        # per-edge shares a departure subtracts; agent/fixed_terms.py)
+        # the paper's fixed mask: phase I's Masker (it holds the per-edge shares a departure
+        # subtracts; saved once one is applied, for a restart: agent/fixed_terms.py)
         self.terms = EdgeTerms(masker) if isinstance(masks, FixedMask) else None
         self.decided: list[Departure] = []
         self.epoch = 0
@@ -86,8 +87,9 @@ class LocalDepartures:
         zero_sum = self.session.config.mask == "zero-sum"
         if zero_sum and self.terms is not None and not self.terms.available:
             raise AgentFailure("a departure with the paper's fixed mask (--refresh never) "
-                               "needs phase I's per-edge shares, which a restarted agent "
-                               "no longer holds (they are kept in memory only)")
+                               "needs phase I's per-edge shares, which an agent restarted "
+                               "before any departure does not hold (they are saved only "
+                               "when it applies one: agent/fixed_terms.py)")
         after = reconfigure(self.graph, self.gone | {d.agent for d in new})
         mine = sorted({b if a == self.me else a for a, b in after.new_edges if self.me in (a, b)})
         given = {index: (name, address) for name, (index, address) in (joining or {}).items()}
@@ -270,8 +272,17 @@ class Silence:
                                           run_id=self.departures.session.run_id)
         except ValueError as exc:
             raise AgentFailure(str(exc)) from None
-        if record is not None:
-            self.departures.restore(record, driver)
+        if record is None:
+            return
+        terms, masks = self.departures.terms, self.departures.masks
+        if terms is not None and isinstance(masks, FixedMask):  # the per-edge terms, saved
+            try:
+                terms.restore(self.store.folder, run_id=self.departures.session.run_id,
+                              mask=masks)
+            except ValueError as exc:
+                raise AgentFailure(f"{self.departures.session.assignment.name} cannot resume "
+                                   f"after its departures: {exc}") from None
+        self.departures.restore(record, driver)
 
     def missing(self, t: int, failure: AgentFailure) -> list[str]:
         """The neighbours whose round-t message is missing, and the one the failure blames."""
@@ -312,7 +323,7 @@ class Silence:
                                    blame=undecided.blame and failure.blame) from None
             finally:
                 self.rejoin.deciding(False)
-            await self._new_edges(joiners, t)
+            await self._new_edges(joiners)
             # t < R (R = T + n): the new edges join at R, in the loop
             gone, joined = self.departures.before_round(t, driver)
             for neighbour in gone:
@@ -334,17 +345,13 @@ class Silence:
         joiners = self.departures.learn(decision.decided, decision.names, driver,
                                         decision.joining)
         self.departures.epoch = decision.epoch  # the coordinator's count of decisions
-        await self._new_edges(joiners, 0)
+        await self._new_edges(joiners)
         self.departures.save(self.store.folder)
 
-    async def _new_edges(self, joiners: dict[str, int], t: int) -> None:
+    async def _new_edges(self, joiners: dict[str, int]) -> None:
         """The new edges' phase I right after a decision (agent/rejoin.py): their seeds, or
         with the paper's fixed mask their shares, added at the re-base round."""
         session, terms = self.departures.session, self.departures.terms
-        if terms is not None:  # its Masker is kept in memory only
-            self.store.mark_unresumable(
-                f"{session.assignment.name} applied a departure at round {t} with the paper's "
-                "fixed mask; its phase I shares are kept in memory only: it cannot resume")
         if joiners and isinstance(self.departures.masks, (FadingMask, RefreshedMask)):
             rebase_round = min(session.joining[n][2] for n in joiners)
             self.departures.add_seeds(await self.rejoin.exchange(
@@ -353,3 +360,5 @@ class Silence:
             rebase_round = min(session.joining[n][2] for n in joiners)
             terms.add(await self.rejoin.exchange_shares(
                 joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
+        if terms is not None:  # what a restart needs (agent/fixed_terms.py), saved first
+            await asyncio.to_thread(terms.save, self.store.folder, run_id=session.run_id)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agent import fixed_terms
 from efpsn.departure import Departure
 from efpsn.jsonfile import read_json, write_json
 
@@ -75,5 +76,7 @@ def load(folder: str | Path, *, run_id: str) -> dict[str, Any] | None:
 
 
 def discard(folder: str | Path) -> None:
-    """The run finished: the new edges' seeds go with the phase I seeds."""
+    """The run finished: the new edges' seeds (the fixed mask's per-edge terms,
+    agent/fixed_terms.py) go with the phase I seeds."""
     _path(folder).unlink(missing_ok=True)
+    (Path(folder) / fixed_terms.FILE).unlink(missing_ok=True)
