@@ -73,6 +73,7 @@ class LocalNet:
         names: list[str] | None = None,
         agent_env: dict[str, dict[str, str]] | None = None,
         own_args: dict[str, tuple[str, ...]] | None = None,
+        coordinator_args: tuple[str, ...] = (),
     ) -> None:
         self.folder = folder
         self.config = config
@@ -93,6 +94,7 @@ class LocalNet:
             self.monitor = None
         self.agent_args = list(agent_args)
         self.own_args = dict(own_args or {})  # per agent, e.g. its own --data
+        self.coordinator_args = list(coordinator_args)  # e.g. --allow-insecure-keys
         self.env = dict(agent_env or {})  # extra environment per process (test hooks)
         debug = ["--debug-expose-mask"]
         if noise_seed is not None:
@@ -129,7 +131,7 @@ class LocalNet:
         self.argv["coordinator"] = [
             "efpsn", "coordinator", "--listen", "127.0.0.1:0", "--keep-serving",
             "--expected-names", ",".join(self.names), *self.tls_args,
-            *run_parameters_args(self.config, self.folder),
+            *run_parameters_args(self.config, self.folder), *self.coordinator_args,
         ]
         self._spawn("coordinator")
         return self.wait_port("coordinator")
