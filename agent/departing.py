@@ -159,7 +159,8 @@ class LocalDepartures:
     def _drop_at(self, t: int) -> list[int]:
         dropped: list[int] = []
         for d in self.decided:
-            first = d.round + 1 if self.me in d.late else d.round
+            # late: it used d's round-T message (one that got d's phase I shares drops at 0)
+            first = d.round + 1 if self.me in d.late and not d.phase_one else d.round
             if t == first and d.agent in self.weights:
                 dropped.append(d.agent)
         if dropped:

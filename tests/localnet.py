@@ -33,7 +33,8 @@ CRASH_HOOK = Path(__file__).parent / "crash_hook"
 def crash_at(round_: int | str, *, name: str = "") -> dict[str, str]:
     """The environment that makes an agent (`name` only, when given; several: "agent2,agent4")
     SIGKILL itself on reaching round `round_`, before it sends anything for it; "keys" or
-    "shares": in phase I, before it sends its public key or its shares
+    "shares": in phase I, before it sends its public key or its shares ("shares1": after its
+    shares reached its first neighbour only)
     (tests/crash_hook/sitecustomize.py)."""
     path = os.pathsep.join([str(CRASH_HOOK), *filter(None, [os.environ.get("PYTHONPATH")])])
     return {"PYTHONPATH": path, "CRASH_AT_ROUND": f"{name}:{round_}" if name else str(round_)}

@@ -23,7 +23,7 @@ from coordinator.registry import Registry
 from coordinator.service import CoordinatorService
 from efpsn import paillier
 from efpsn.config import RunConfig
-from efpsn.departure import Departure, reconfigure
+from efpsn.departure import Departure, parse_leave, reconfigure
 from efpsn.departure_masks import draw_pair_shares, drop_seeds, sums_to_zero
 from efpsn.masking import Masker, MaskingStateError, NoiseSpec, noise_generator
 from efpsn.refresh import FixedMask
@@ -114,13 +114,19 @@ def test_a_departure_in_phase_one_is_one_at_round_0_marked_phase_one() -> None:
     assert board.decided == [Departure(agent=2, round=0, rebase_round=5, phase_one=True)]
     assert board.decided[0].to_json()["phase_one"] is True
     assert board.joining("agent1", 0) == [3]
-    # a neighbour that finished phase I with it reports from round 0 of phase II: the same
-    # departure, still marked (one neighbour never got its shares)
+    # a neighbour that finished phase I with it (it died while sending its shares) reports
+    # from round 0 of phase II: the same departure, still marked (one neighbour never got its
+    # shares), with that neighbour late: its round-0 message held agent3's terms
     mixed = DepartureBoard(NAMES, iterations=60)
     for r in (report("agent2", "agent3"), report("agent4", "agent3", phase_one=True),
-              report("agent1"), report("agent5", round_=1)):
+              report("agent1", round_=1), report("agent5", phase_one=True)):
         mixed.report(r)
-    assert mixed.decided == [Departure(agent=2, round=0, rebase_round=5, phase_one=True)]
+    assert mixed.decided == [Departure(agent=2, round=0, rebase_round=5, late=(1,),
+                                       phase_one=True)]
+    assert mixed.decided[0].label() == "agent3@I:5+agent2"
+    assert parse_leave("agent3@I:5+agent2", agents=5) == mixed.decided[0]
+    with pytest.raises(ValueError, match="re-based after round 0"):
+        Departure(agent=2, round=0, rebase_round=0, late=(1,), phase_one=True)
     with pytest.raises(Refused, match="from phase I at round 3"):
         DepartureBoard(NAMES, iterations=60).report(report("agent1", round_=3, phase_one=True))
     with pytest.raises(ValueError, match="left in phase I"):

@@ -2,7 +2,8 @@
 
 A process started with this folder on PYTHONPATH and CRASH_AT_ROUND=T (or NAME:T, for agent
 NAME only; NAME1,NAME2:T for each of them) dies when it is about to exchange its round-T message, before it sends anything for
-that round (T = keys or shares: in phase I, before it sends its public key or its shares; stats:
+that round (T = keys or shares: in phase I, before it sends its public key or its shares;
+shares1: after its shares reached its first neighbour, before any other got them; stats:
 before its round-1 message of the secure sum's flood), so a test knows its newest checkpoint exactly (no race between a kill from outside
 and a checkpoint write). The agent's code knows nothing of it: this module wraps
 agent.exchange.RoundLink.exchange as that module is imported (the fork server's children
@@ -11,6 +12,7 @@ inherit the wrapped class). tests/localnet.py's crash_at() gives the environment
 
 from __future__ import annotations
 
+import asyncio
 import importlib.abc
 import importlib.util
 import os
@@ -36,11 +38,37 @@ def _wrap_stats(module: Any, who: str) -> None:
     module.Peers.send = crashing
 
 
+def _wrap_shares_to_one(module: Any, who: str) -> None:
+    """`shares1`: deliver the phase I shares to the first neighbour (by name) only, then die
+    before sending them to any other: it dies while sending its shares."""
+    send = module.Peers.send
+    first: list[Any] = []  # the future of the one delivery let through
+
+    async def crashing(self: Any, name: str, method: str, request: Any, **kwargs: Any) -> Any:
+        if method != "PutShares" or (who and self.options.name not in who.split(",")):
+            return await send(self, name, method, request, **kwargs)
+        if name == min(self._session().addresses) and not first:
+            first.append(asyncio.get_running_loop().create_future())
+            try:
+                return await send(self, name, method, request, **kwargs)
+            finally:
+                first[0].set_result(None)
+        while not first:  # the first neighbour's send has not started yet
+            await asyncio.sleep(0.01)
+        await first[0]
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    module.Peers.send = crashing
+
+
 def _wrap_phase_one(module: Any, who: str, at: str) -> None:
     """`keys`: die before sending the phase I public key; `shares`: before sending the
     shares (its key went out, so the neighbours wait for its shares)."""
     if at == "stats":
         _wrap_stats(module, who)
+        return
+    if at == "shares1":
+        _wrap_shares_to_one(module, who)
         return
     method = {"keys": "send_public_key", "shares": "send_shares"}[at]
     send = getattr(module.Peers, method)
