@@ -26,7 +26,7 @@ from agent.exchange import RoundLink
 from agent.fixed_terms import EdgeTerms
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, RefusedByNeighbour
-from agent.phase_one_leave import PhaseOneDepartures
+from agent.phase_one_leave import PhaseOneDecision, PhaseOneDepartures
 from agent.rejoin import Rejoin
 from agent.session import Session
 from agent.state import StateStore
@@ -185,7 +185,8 @@ class LocalDepartures:
         return names, joined
 
     def _rebase(self, t: int, driver: RoundDriver, *, replaying: bool = False) -> list[str]:
-        recon = reconfigure(self.graph, self.gone)
+        # those gone by round t, as the replay has them (a restart knows later ones too)
+        recon = reconfigure(self.graph, {d.agent for d in self.decided if d.round <= t})
         self.graph = recon.graph
         self.weights = recon.agent_weights(self.me)
         new = sorted({b if a == self.me else a for a, b in recon.new_edges if self.me in (a, b)})
@@ -202,14 +203,15 @@ class LocalDepartures:
             driver.state = rebase(driver.state)
             driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
         # the stop rule of the remaining graph, its checks counted from R (efpsn/stopping.py)
-        pending = min((d.round for d in self.decided if d.rebase_round > t), default=None)
+        pending = min((d.round for d in self.decided if d.round <= t < d.rebase_round),
+                      default=None)
         stop = StopRule.rebased(self.session.config, recon.remaining_weights(), origin=t,
                                 until=pending, cap=driver.iterations)
         if stop.active:  # the cap extended by the remaining graph's step rule
             driver.iterations = stop.cap
         driver.revise_stop(stop)
-        for event in [] if replaying else self.events:  # a restart reloads the records
-            if event["rebase_round"] == t:
+        for event in self.events:  # a restart reloads them: those its last save preceded
+            if event["rebase_round"] == t and not (replaying and "new_edges" in event):
                 event.update(epoch=self.epoch, new_edges=[[self._name(a), self._name(b)]
                                                           for a, b in recon.new_edges],
                              cap=driver.iterations)
@@ -266,15 +268,19 @@ class Silence:
         self.timeout = timeout  # how long a report waits for the others to report too
         self.applied: int | None = None  # the round at which a departure was last applied
 
-    def resume(self, driver: RoundDriver) -> None:
-        """A restarted agent: re-apply the departures it had applied (none saved: nothing)."""
+    def resume(self, driver: RoundDriver) -> PhaseOneDecision | None:
+        """A restarted agent: re-apply the departures it had applied (none saved: nothing);
+        departures decided in phase I that phase II had not adopted yet are returned, to adopt
+        again (their neighbours dropped from the session, as phase I had)."""
+        session = self.departures.session
         try:
-            record = departure_state.load(self.store.folder,
-                                          run_id=self.departures.session.run_id)
+            record = departure_state.load(self.store.folder, run_id=session.run_id)
         except ValueError as exc:
             raise AgentFailure(str(exc)) from None
         if record is None:
-            return
+            return None
+        if not record["adopted"]:
+            return self._unadopted(record)
         terms, masks = self.departures.terms, self.departures.masks
         if terms is not None and isinstance(masks, FixedMask):  # the per-edge terms, saved
             try:
@@ -284,6 +290,26 @@ class Silence:
                 raise AgentFailure(f"{self.departures.session.assignment.name} cannot resume "
                                    f"after its departures: {exc}") from None
         self.departures.restore(record, driver)
+        return None
+
+    def _unadopted(self, record: dict[str, Any]) -> PhaseOneDecision:
+        session = self.departures.session
+        name = session.assignment.name
+        if record["joining"]:  # its key pair for the new edge is gone, the other end's not
+            raise AgentFailure(
+                f"{name} was stopped before the phase I of its new edge(s) with "
+                f"{', '.join(sorted(record['joining']))} (after agents left in phase I) was "
+                f"saved; that exchange cannot be run again: this run cannot continue at {name}")
+        for d in record["decided"]:
+            gone = record["names"][d.agent]
+            if gone in session.neighbour_names:
+                session.drop(gone, reason=f"{gone} was declared gone in phase I by the "
+                             "coordinator (silent past the departure deadline); it cannot "
+                             "come back to this run")
+        log.warning("%s resumes with the departures %s decided in phase I", name,
+                    ", ".join(d.label() for d in record["decided"]))
+        return PhaseOneDecision(decided=record["decided"], names=record["names"], joining={},
+                                epoch=record["epoch"])
 
     def missing(self, t: int, failure: AgentFailure) -> list[str]:
         """The neighbours whose round-t message is missing, and the one the failure blames."""
@@ -338,7 +364,8 @@ class Silence:
             except AgentFailure as again:
                 failure = again
 
-    async def adopt(self, decision: PhaseOneDepartures, driver: RoundDriver) -> None:
+    async def adopt(self, decision: PhaseOneDecision | PhaseOneDepartures,
+                    driver: RoundDriver) -> None:
         """Departures decided while this agent was still in phase I (agent/phase_one_leave.py,
         which finished it without them): learn them before round 0 and run the new edges'
         phase I; the loop drops the departed neighbours at round 0 (their edges hold no mask

@@ -30,10 +30,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 
+from agent import departure_state
 from agent.bootstrap import report_silence
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, AgentOptions, RefusedByNeighbour
@@ -44,9 +47,20 @@ from efpsn.departure import Departure
 from efpsn.masking import Masker
 from efpsn.seeds import SeedExchange
 
-__all__ = ["PhaseOneDepartures", "phase_one_departures"]
+__all__ = ["PhaseOneDecision", "PhaseOneDepartures", "phase_one_departures"]
 
 log = logging.getLogger("efpsn.agent")
+
+
+@dataclass
+class PhaseOneDecision:
+    """Departures decided in phase I, as phase II adopts them (agent/departing.py's
+    Silence.adopt): what PhaseOneDepartures collected, or a restart reloaded."""
+
+    decided: list[Departure]
+    names: dict[int, str]
+    joining: dict[str, tuple[int, str]]  # new neighbour -> (index, address)
+    epoch: int
 
 
 class PhaseOneDepartures:
@@ -68,6 +82,16 @@ class PhaseOneDepartures:
         self.names: dict[int, str] = {}
         self.joining: dict[str, tuple[int, str]] = {}
         self.epoch = 0
+
+    def save(self, folder: str | Path) -> None:
+        """The decisions so far (none: nothing), saved before phase I's result and the totals
+        of the secure sum are, so that a restart before phase II adopted them knows who left
+        (agent/departure_state.py, `adopted` False; agent/departing.py re-adopts them)."""
+        if self.decided:
+            departure_state.save(
+                folder, run_id=self.session.run_id, decided=self.decided, epoch=self.epoch,
+                events=[], names=self.names, seeds={}, adopted=False,
+                joining={n: self.session.joining[n] for n in self.joining})
 
     async def send_all(self, method: str, make: Callable[[str], Any], *,
                        timeout: float | None = None) -> None:

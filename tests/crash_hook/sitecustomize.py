@@ -3,7 +3,8 @@
 A process started with this folder on PYTHONPATH and CRASH_AT_ROUND=T (or NAME:T, for agent
 NAME only; NAME1,NAME2:T for each of them) dies when it is about to exchange its round-T message, before it sends anything for
 that round (T = keys or shares: in phase I, before it sends its public key or its shares;
-shares1: after its shares reached its first neighbour, before any other got them; stats:
+shares1: after its shares reached its first neighbour, before any other got them; adopt: after
+phase I and its departures were saved, before phase II adopts them; stats:
 before its round-1 message of the secure sum's flood), so a test knows its newest checkpoint exactly (no race between a kill from outside
 and a checkpoint write). The agent's code knows nothing of it: this module wraps
 agent.exchange.RoundLink.exchange as that module is imported (the fork server's children
@@ -21,6 +22,9 @@ import sys
 from typing import Any
 
 _SPEC = os.environ.get("CRASH_AT_ROUND", "")
+# this process's agent name (`adopt` has no object that knows it); a forked agent (efpsn up's
+# fork server) has the server's command line: give that hook to `efpsn agent` processes only
+_NAME = next((b for a, b in zip(sys.argv, sys.argv[1:]) if a == "--name"), "")
 _MODULE = "agent.exchange"
 
 
@@ -81,7 +85,24 @@ def _wrap_phase_one(module: Any, who: str, at: str) -> None:
     setattr(module.Peers, method, crashing)
 
 
+def _wrap_adopt(module: Any, who: str) -> None:
+    """`adopt`: die when phase II is about to save the departures decided in phase I as
+    adopted (agent/departing.py's Silence.adopt): after phase I's result and its decisions
+    were saved, before its first round."""
+    save = module.save
+
+    def crashing(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("adopted", True) and (not who or _NAME in who.split(",")):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return save(*args, **kwargs)
+
+    module.save = crashing
+
+
 def _wrap(module: Any, who: str, at: int | str) -> None:
+    if at == "adopt":
+        _wrap_adopt(module, who)
+        return
     if isinstance(at, str):
         _wrap_phase_one(module, who, at)
         return
@@ -125,7 +146,7 @@ if _SPEC:
     _who, _, _at_text = _SPEC.rpartition(":")
     _at: int | str = int(_at_text) if _at_text.isdigit() else _at_text
     if isinstance(_at, str):  # a phase I step (keys, shares): the client side's method
-        _MODULE = "agent.peers"
+        _MODULE = "agent.departure_state" if _at == "adopt" else "agent.peers"
     if _MODULE in sys.modules:
         _wrap(sys.modules[_MODULE], _who, _at)
     else:
