@@ -1,14 +1,16 @@
 """A party that leaves in phase I itself, through real processes: a 5-path on breast-cancer
 folders of unequal size; agent3 sends its public key, then kills itself (SIGKILL,
-tests/crash_hook) while sending its shares: its shares reach agent2 only (`shares1`), or with
-`--scale standard` nobody (`shares`). A neighbour that waits for its shares (agent1 and agent5
-wait for theirs) reports from phase I; agent2, which got them, finished phase I, sent round 0
-with agent3's terms and reports from round 0. The coordinator decides agent3@I:5 (round 0,
-marked phase I; agent2 late when it got the shares); agent4 (and agent2 when it did not get
-them) finish phase I without it (its seed drawn, never sent nor awaited), agent2 with them
-drops agent3 at round 0, the new edge agent1-agent4 runs phase I's seed exchange, and from the
-re-base round 5 the four mix on the joined path. They exit 0 and equal `efpsn simulate --leave
-agent3@I:5[+agent2]` bit for bit (agent/phase_one_leave.py)."""
+tests/crash_hook) while sending its shares: they reach agent2 only (`shares1`). A neighbour
+that waits for its shares (agent1 and agent5 wait for theirs) reports from phase I; agent2,
+which got them, finished phase I, sent round 0 with agent3's terms and reports from round 0.
+The coordinator decides agent3@I:5+agent2 (round 0, marked phase I, agent2 late); agent4
+finishes phase I without it (its seed drawn, never sent nor awaited), agent2 drops agent3 at
+round 0, the new edge agent1-agent4 runs phase I's seed exchange, and from the re-base round 5
+the four mix on the joined path. With `--scale standard` agent3 finishes phase I and dies
+during the secure sum's flood, after its round-0 message (`stats`): every agent reports from
+the flood, the flood starts again without it (agent/secure_sum.py) and the totals are the four
+others'. They exit 0 and equal `efpsn simulate --leave agent3@I:5[+agent2]` bit for bit
+(agent/phase_one_leave.py)."""
 
 from __future__ import annotations
 
@@ -30,8 +32,8 @@ SURVIVORS = ["agent1", "agent2", "agent4", "agent5"]
 
 
 @pytest.mark.parametrize(("standard", "at", "late"), [(False, "shares1", ["agent2"]),
-                                                      (True, "shares", [])],
-                         ids=["public-scale-shares-to-agent2", "scale-standard"])
+                                                      (True, "stats", [])],
+                         ids=["public-scale-shares-to-agent2", "scale-standard-in-the-flood"])
 def test_an_agent_gone_in_phase_one_is_left_out_and_the_rest_equal_the_replay(
         tmp_path, standard, at, late) -> None:
     data = tmp_path / "data"
