@@ -15,7 +15,9 @@ import pytest
 
 from agent import departure_state
 from agent.fixed_terms import EdgeTerms
+from agent.departing import Silence
 from agent.options import AgentFailure
+from agent.phase_one_leave import PhaseOneDepartures
 from agent.resume import reload_phase_one
 from agent.state import StateStore
 from coordinator.departures import DepartureBoard, Refused, Report
@@ -189,6 +191,35 @@ def test_a_restart_reloads_seeds_without_a_neighbour_gone_in_phase_one(tmp_path)
     got, _, _ = reload_phase_one(store, name="agent2", session=session)  # type: ignore[arg-type]
     assert got == seeds
     assert departure_state.load(tmp_path, run_id="r")["decided"][0].phase_one
+
+
+def test_a_restart_before_phase_two_adopted_a_phase_one_departure_adopts_it_again(
+        tmp_path) -> None:
+    # prepare: agent2 of a 5-path saved agent3@I:5 before its phase I result (adopted false)
+    left = SimpleNamespace(session=SimpleNamespace(run_id="r", joining={}), epoch=1,
+                           decided=[Departure(agent=GONE, round=0, rebase_round=5,
+                                              phase_one=True)], names={GONE: "agent3"},
+                           joining={})
+    PhaseOneDepartures.save(left, tmp_path)  # type: ignore[arg-type]
+    dropped: list[str] = []
+    session = SimpleNamespace(run_id="r", assignment=SimpleNamespace(name="agent2"),
+                              neighbour_names={"agent1", "agent3"},
+                              drop=lambda name, reason: dropped.append(name))
+    silence = Silence(departures=SimpleNamespace(session=session),  # type: ignore[arg-type]
+                      coordinator=None, mailbox=None, store=StateStore(tmp_path),
+                      timeout=1.0, rejoin=None)  # type: ignore[arg-type]
+    # execute: the restart's resume finds the decision not adopted
+    decision = silence.resume(driver=None)  # type: ignore[arg-type]
+    # assert: returned to adopt again, agent3 out of the session as phase I had it
+    assert decision is not None and decision.decided == left.decided
+    assert (decision.epoch, decision.joining, dropped) == (1, {}, ["agent3"])
+    assert departure_state.load(tmp_path, run_id="r")["adopted"] is False
+    # an end of a new edge cannot run that edge's phase I again: refused with the reason
+    left.joining = {"agent4": (3, "127.0.0.1:9")}
+    left.session.joining = {"agent4": (3, "127.0.0.1:9", 5)}
+    PhaseOneDepartures.save(left, tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(AgentFailure, match="new edge.*with agent4.*cannot continue"):
+        silence.resume(driver=None)  # type: ignore[arg-type]
 
 
 def test_the_coordinators_cap_is_the_one_the_agents_extend_to() -> None:
