@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from agent import departure_state
-from agent.fixed_terms import EdgeTerms
 from agent.departing import Silence
+from agent.fixed_terms import EdgeTerms
 from agent.options import AgentFailure
 from agent.phase_one_leave import PhaseOneDepartures
 from agent.resume import reload_phase_one
