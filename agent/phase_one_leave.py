@@ -47,7 +47,7 @@ from efpsn.departure import Departure
 from efpsn.masking import Masker
 from efpsn.seeds import SeedExchange
 
-__all__ = ["PhaseOneDecision", "PhaseOneDepartures", "phase_one_departures"]
+__all__ = ["Decided", "PhaseOneDecision", "PhaseOneDepartures", "phase_one_departures"]
 
 log = logging.getLogger("efpsn.agent")
 
@@ -61,6 +61,29 @@ class PhaseOneDecision:
     names: dict[int, str]
     joining: dict[str, tuple[int, str]]  # new neighbour -> (index, address)
     epoch: int
+
+    @classmethod
+    def reloaded(cls, record: dict[str, Any], session: Session) -> PhaseOneDecision:
+        """A restart before phase II adopted them (agent/departure_state.py's record, not
+        adopted): the departed neighbours dropped from the session again, as phase I had.
+        AgentFailure for an end of a new edge: its key pair for that edge's phase I is gone,
+        and the other end will not run it again."""
+        name = session.assignment.name
+        if record["joining"]:
+            raise AgentFailure(
+                f"{name} was stopped before the phase I of its new edge(s) with "
+                f"{', '.join(sorted(record['joining']))} (after agents left in phase I) was "
+                f"saved; that exchange cannot be run again: this run cannot continue at {name}")
+        for d in record["decided"]:
+            gone = record["names"][d.agent]
+            if gone in session.neighbour_names:
+                session.drop(gone, reason=f"{gone} was declared gone in phase I by the "
+                             "coordinator (silent past the departure deadline); it cannot "
+                             "come back to this run")
+        log.warning("%s resumes with the departures %s decided in phase I", name,
+                    ", ".join(d.label() for d in record["decided"]))
+        return cls(decided=record["decided"], names=record["names"], joining={},
+                   epoch=record["epoch"])
 
 
 class PhaseOneDepartures:
@@ -168,6 +191,9 @@ class PhaseOneDepartures:
                     "; ".join(d.label() for d in new),
                     f"going on without {', '.join(names[j] for j in gone)}" if gone
                     else "no neighbour of mine left")
+
+
+Decided = PhaseOneDecision | PhaseOneDepartures  # what phase II adopts (Silence.adopt)
 
 
 def phase_one_departures(session: Session, *, options: AgentOptions, peers: Peers,
