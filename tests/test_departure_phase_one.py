@@ -205,7 +205,7 @@ def test_a_restart_before_phase_two_adopted_a_phase_one_departure_adopts_it_agai
     session = SimpleNamespace(run_id="r", assignment=SimpleNamespace(name="agent2"),
                               neighbour_names={"agent1", "agent3"},
                               drop=lambda name, reason: dropped.append(name))
-    silence = Silence(departures=SimpleNamespace(session=session),  # type: ignore[arg-type]
+    silence = Silence(departures=SimpleNamespace(session=session, terms=None, masks=None),
                       coordinator=None, mailbox=None, store=StateStore(tmp_path),
                       timeout=1.0, rejoin=None)  # type: ignore[arg-type]
     # execute: the restart's resume finds the decision not adopted
