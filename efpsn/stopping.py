@@ -31,7 +31,9 @@ the re-base round R, and from R on the rule is the remaining graph's (its diamet
 certificate's numbers for its weights), with checks at R + k period, k >= 1 (`origin`). An agent
 learns of the departure before it can decide a window that opens after T - D: it is then
 waiting for the departed agent's neighbours (StopRule.voided_from, StopRule.rebased). The fading mask's fresh part (efpsn/fading.py) never rounds away: it sits in every
-agent's tracker, so the tracker term holds the stop back until it has faded below the target.
+agent's tracker and drives the agents apart, so the tracker and (at the stop, four times larger
+on the main job) the gap term hold the stop back until it has faded below the target
+(efpsn/experiments/consensus_tail.py measures what mixing it away first would save).
 """
 
 from __future__ import annotations
