@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import departure_state
-from agent.bootstrap import report_silence
+from agent.bootstrap import report_finished, report_silence
 from agent.exchange import RoundLink
 from agent.fixed_terms import EdgeTerms
 from agent.mailbox import Mailbox
@@ -64,6 +64,7 @@ class LocalDepartures:
         # what a restart needs again (agent/departure_state.py): every new neighbour and seed
         self.joined_info: dict[str, tuple[int, str, int]] = {}
         self.seed_record: dict[int, tuple[bytes, bytes]] = {}
+        self.window: int | None = None  # who left in the stop's last window (stop())
 
     @property
     def me(self) -> int:
@@ -112,6 +113,28 @@ class LocalDepartures:
         log.warning("%s: the coordinator decided: %s", self.session.assignment.name,
                     "; ".join(d.label() for d in new))
         return {name: j for j, (name, _) in given.items()}
+
+    def stop(self, new: list[Departure], names: dict[int, str], driver: RoundDriver) -> None:
+        """The decision says the run had stopped at S on the certificate before these agents
+        left (efpsn/last_window.py): end with the check round's state, S - D."""
+        self.names = {**names, **self.names}
+        stop_round = new[0].stopped
+        assert stop_round is not None
+        try:
+            if driver.stop is None:
+                raise ValueError("this agent runs no stop rule")
+            driver.end_at_check(stop_round - driver.stop.hops)
+        except ValueError as exc:
+            raise AgentFailure(f"{self.session.assignment.name}: {exc}") from None
+        self.decided.extend(new)
+        self.epoch += 1
+        self.window = new[0].agent
+        for d in new:
+            self.events.append({**d.to_json(), "check_round": driver.t, "neighbours": [
+                self._name(j) for j in self.graph.neighbours(d.agent) if j not in self.gone]})
+        log.warning("%s: %s; it ends with its model of round %d", self.session.assignment.name,
+                    "; ".join(d.label() for d in new) + f": the run had stopped at round "
+                    f"{stop_round} on the certificate of round {driver.t}", driver.t)
 
     def add_seeds(self, seeds: dict[int, tuple[bytes, bytes]]) -> None:
         """The new edges' seeds, from their phase I (agent/rejoin.py), until the re-base."""
@@ -242,9 +265,12 @@ class LocalDepartures:
         if not self.decided:
             return None
         remaining = [i for i in range(self.session.config.agents) if i not in self.gone]
+        # stopped in a departure's last window: certified on the objective of the agents in
+        # the run at the check round, the one that left then among them
+        objective = remaining if self.window is None else sorted([*remaining, self.window])
         return {"departures": self.events,
                 "remaining": [self._name(i) for i in remaining],
-                "optimum_of": optimum_of(remaining)}
+                "optimum_of": optimum_of(objective)}
 
 
 class Silence:
@@ -284,9 +310,10 @@ class Silence:
         return sorted(missing)
 
     async def recover(self, t: int, failure: AgentFailure, driver: RoundDriver,
-                      link: RoundLink) -> dict[int, Message]:
+                      link: RoundLink) -> dict[int, Message] | None:
         """Round t's inbox after the departures the coordinator decides; `failure` (or a later
-        one) when there is none to decide."""
+        one) when there is none to decide; None when the run had stopped (the driver ends at
+        the check round: LocalDepartures.stop)."""
         session = self.departures.session
         while True:
             missing = self.missing(t, failure)
@@ -305,7 +332,12 @@ class Silence:
             try:
                 found, names, joining = await report_silence(
                     self.coordinator, session=session, name=name, round_=t, silent=silent,
-                    epoch=self.departures.epoch, timeout=self.timeout)
+                    epoch=self.departures.epoch, timeout=self.timeout,
+                    last=driver.iterations)
+                stopped = [d for d in found if d.stopped and d.agent not in self.departures.gone]
+                if stopped:  # agents far from it finished the last window: so do I
+                    self.departures.stop(stopped, names, driver)
+                    return None
                 joiners = self.departures.learn(found, names, driver, joining)
             except AgentFailure as undecided:  # the silence stops this agent, as without
                 raise AgentFailure(f"{failure}; {undecided}",
@@ -325,6 +357,14 @@ class Silence:
                 return await link.recollect(t, driver.outbox)
             except AgentFailure as again:
                 failure = again
+
+    async def finished(self, driver: RoundDriver) -> None:
+        """A stop on the certificate: tell the coordinator (a departure it decides later, while
+        this agent is gone home, is then the stop it was: coordinator/departures.py)."""
+        if driver.stopped_early and self.departures.window is None:
+            await report_finished(self.coordinator, session=self.departures.session,
+                                  name=self.departures.session.assignment.name,
+                                  round_=driver.t, epoch=self.departures.epoch, timeout=5.0)
 
     async def adopt(self, decision: PhaseOneDepartures, driver: RoundDriver) -> None:
         """Departures decided while this agent was still in phase I (agent/phase_one_leave.py,

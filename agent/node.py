@@ -248,6 +248,11 @@ class AgentNode:
         (Path(self.store.folder) / TOTALS_FILE).unlink(missing_ok=True)  # with the seeds
         departure_state.discard(self.store.folder)  # the new edges' seeds, likewise
         self.life.done()
+        if silence is not None and silence.departures.window is not None:
+            await link.abandon()  # the run had stopped: no neighbour needs a message of mine
+            return result
+        if silence is not None:  # a stop on the certificate: a departure after it is a stop
+            await silence.finished(driver)
         await link.finish(done.state.t, done.final_outbox)
         return result
 

@@ -76,8 +76,14 @@ class Departure:
     rebase_round: int
     late: tuple[int, ...] = ()
     phase_one: bool = False
+    # the run had already stopped at this round on the stop rule's certificate when the
+    # departure was decided (efpsn/last_window.py): nobody re-bases, the others end there
+    stopped: int | None = None
 
     def __post_init__(self) -> None:
+        if self.stopped is not None and not self.round < self.stopped:
+            raise ValueError(f"agent{self.agent + 1} left at round {self.round}: a run that "
+                             f"stopped at round {self.stopped} had stopped before it")
         late = tuple(sorted({int(j) for j in self.late}))
         object.__setattr__(self, "late", late)
         if self.agent in late:
@@ -109,6 +115,8 @@ class Departure:
             "rebase_round": self.rebase_round, "late": [f"agent{j + 1}" for j in self.late]}
         if self.phase_one:
             record["phase_one"] = True  # it never finished phase I with some neighbour
+        if self.stopped is not None:
+            record["stopped"] = self.stopped  # the run had stopped there (last_window.py)
         return record
 
 
@@ -139,10 +147,13 @@ def parse_leave(text: str, *, agents: int, lag: int | None = None) -> Departure:
                      late=tuple(j - 1 for j in late), phase_one=phase_one)
 
 
-def check_departures(departures: Sequence[Departure], *, agents: int,
-                     iterations: int) -> tuple[Departure, ...]:
-    """The departures sorted by round; ValueError when an agent leaves twice, when everyone
-    leaves, or when a departure or re-base falls outside the run's rounds."""
+def check_departures(departures: Sequence[Departure], *, agents: int
+                     ) -> tuple[Departure, ...]:
+    """The departures sorted by round; ValueError when an agent leaves twice or when everyone
+    leaves. A departure's rounds are checked when it is replayed (DepartureReplay), against
+    the cap then (a departure the run never reached is an error of the simulator): an earlier
+    re-base may have extended it (StopRule.rebased), and a departure in the stop's last
+    window may end the run before any re-base (efpsn/last_window.py)."""
     ordered = tuple(sorted(departures, key=lambda d: (d.round, d.agent)))
     seen = [d.agent for d in ordered]
     if len(set(seen)) != len(seen):
@@ -152,10 +163,14 @@ def check_departures(departures: Sequence[Departure], *, agents: int,
     for d in ordered:
         if d.agent >= agents:
             raise ValueError(f"{d.label()}: there is no agent{d.agent + 1} (1..{agents})")
-        if d.rebase_round >= iterations:
-            raise ValueError(f"{d.label()}: the re-base round {d.rebase_round} must come before "
-                             f"the last round ({iterations} rounds)")
     return ordered
+
+
+def check_rebase(departure: Departure, *, cap: int) -> None:
+    """ValueError when the departure's re-base round is not before the run's last round."""
+    if departure.rebase_round >= cap:
+        raise ValueError(f"{departure.label()}: the re-base round {departure.rebase_round} must "
+                         f"come before the last round ({cap} rounds)")
 
 
 def drop_node_weights(weights: Mapping[int, float], *, agent: int,

@@ -39,6 +39,14 @@ def crash_at(round_: int | str, *, name: str = "") -> dict[str, str]:
     return {"PYTHONPATH": path, "CRASH_AT_ROUND": f"{name}:{round_}" if name else str(round_)}
 
 
+def crash_each(rounds: dict[str, int | str]) -> dict[str, str]:
+    """crash_at with a round of its own for each agent named (e.g. {"agent3": "600!"}; "T!":
+    once its neighbours' round-T messages came, so the departure round is T exactly)."""
+    env = crash_at(0)
+    env["CRASH_AT_ROUND"] = ";".join(f"{name}:{at}" for name, at in rounds.items())
+    return env
+
+
 def launch_with_agent_killed(config: RunConfig, *, at: int | str, name: str, results: Path,
                              data: Path, noise_seed: int, departure_deadline: float) -> dict:
     """`efpsn up`'s launcher on the data folder `data` (no held-out part, insecure test keys

@@ -1,16 +1,24 @@
 """Tests only: make an agent SIGKILL itself on reaching a round, like a power cut.
 
 A process started with this folder on PYTHONPATH and CRASH_AT_ROUND=T (or NAME:T, for agent
-NAME only; NAME1,NAME2:T for each of them) dies when it is about to exchange its round-T message, before it sends anything for
+NAME only; NAME1,NAME2:T for each of them; several such specs joined by ";", e.g.
+"agent3:600!;agent4:1482!", each agent its own round) dies when it is about to exchange its
+round-T message, before it sends anything for
 that round (T = keys or shares: in phase I, before it sends its public key or its shares; stats:
 before its round-1 message of the secure sum's flood), so a test knows its newest checkpoint exactly (no race between a kill from outside
 and a checkpoint write). The agent's code knows nothing of it: this module wraps
 agent.exchange.RoundLink.exchange as that module is imported (the fork server's children
 inherit the wrapped class). tests/localnet.py's crash_at() gives the environment.
+
+T! (a round followed by "!"): it dies only once every neighbour's round-T message has come
+(each of them then holds its round T-1 message, without which it could not have computed
+round T): the departure round is T whatever the timing, where plain T leaves T-1 when a
+message of round T-1 written to a stream had not reached a neighbour yet.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.abc
 import importlib.util
 import os
@@ -54,13 +62,19 @@ def _wrap_phase_one(module: Any, who: str, at: str) -> None:
 
 
 def _wrap(module: Any, who: str, at: int | str) -> None:
-    if isinstance(at, str):
+    if isinstance(at, str) and not at.endswith("!"):
         _wrap_phase_one(module, who, at)
         return
+    settled = isinstance(at, str)  # T!: after the neighbours' round-T messages
+    round_ = int(str(at).rstrip("!"))
     exchange = module.RoundLink.exchange
 
     async def crashing(self: Any, t: int, message: Any, *, final: bool = False) -> Any:
-        if not final and t == at and (not who or self.name in who.split(",")):
+        if not final and t == round_ and (not who or self.name in who.split(",")):
+            if settled:
+                with contextlib.suppress(Exception):  # it dies all the same
+                    await self.delivered()
+                    await self.peers.collect("round", t, timeout=self.timeout)
             os.kill(os.getpid(), signal.SIGKILL)  # no handler runs, nothing is flushed
         return await exchange(self, t, message, final=final)
 
@@ -70,8 +84,8 @@ def _wrap(module: Any, who: str, at: int | str) -> None:
 class _Wrapper(importlib.abc.MetaPathFinder):
     """Finds agent.exchange (agent.peers) as usual, then wraps it right after it is executed."""
 
-    def __init__(self, who: str, at: int | str) -> None:
-        self.who, self.at = who, at
+    def __init__(self, specs: list[tuple[str, int | str]]) -> None:
+        self.specs = specs
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name != _MODULE:
@@ -87,18 +101,24 @@ class _Wrapper(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             run(module)
-            _wrap(module, self.who, self.at)
+            for who, at in self.specs:
+                _wrap(module, who, at)
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
+def _parse(text: str) -> tuple[str, int | str]:
+    who, _, at = text.rpartition(":")
+    return who, int(at) if at.isdigit() else at
+
+
 if _SPEC:
-    _who, _, _at_text = _SPEC.rpartition(":")
-    _at: int | str = int(_at_text) if _at_text.isdigit() else _at_text
-    if isinstance(_at, str):  # a phase I step (keys, shares): the client side's method
-        _MODULE = "agent.peers"
+    _specs = [_parse(part) for part in _SPEC.split(";")]
+    if any(isinstance(at, str) and not at.endswith("!") for _, at in _specs):
+        _MODULE = "agent.peers"  # a phase I step (keys, shares): the client side's method
     if _MODULE in sys.modules:
-        _wrap(sys.modules[_MODULE], _who, _at)
+        for _who, _at in _specs:
+            _wrap(sys.modules[_MODULE], _who, _at)
     else:
-        sys.meta_path.insert(0, _Wrapper(_who, _at))
+        sys.meta_path.insert(0, _Wrapper(_specs))
