@@ -37,8 +37,8 @@ every party's integers, d's too, and when they certify it stops, exits and tells
 coordinator, whose decision is then "the run had stopped at s + D" instead of a re-base; the
 agents that could not get that far end with their state of the check round s, which the
 driver keeps (RoundDriver.check; efpsn/last_window.py). The fading mask's fresh part (efpsn/fading.py) never rounds away: it sits in every
-agent's tracker and drives the agents apart, so the tracker and (at the stop, four times larger
-on the main job) the gap term hold the stop back until it has faded below the target
+agent's tracker and drives the agents apart, so the tracker and (at the stop, two to four times
+larger on the main job) the gap term hold the stop back until it has faded below the target
 (efpsn/experiments/consensus_tail.py measures what mixing it away first would save).
 """
 
