@@ -23,6 +23,8 @@ The rule, public and deterministic:
 - a report from an agent still in phase I (waiting for a neighbour's key or shares) counts as
   one at round 0: the agent it misses left in phase I (Departure.phase_one), decided as a
   departure at round 0 (R = n: agents far from it may step round 0 before anyone knows);
+  its neighbours that report it from round 0 of phase II got its shares (it died while
+  sending them) and sent their round-0 message with its terms: they are its `late` ones;
 - the last round allowed for a re-base is the larger of the reporters' cap (Report.last:
   each agent's, extended by the re-bases it applied) and the coordinator's, which follows
   the decisions: a re-base that extends the cap (the stop rule's, efpsn/stopping.py's
@@ -215,9 +217,12 @@ class DepartureBoard:
         phase_one = any(r.phase_one for r in self._reports.values() if name in r.silent)
         first = min(rounds.values())
         late = sorted(s for s, t in rounds.items() if t == first + 1)
-        if first == 0 and late:
+        if first == 0 and late and not phase_one:
             raise Refused(f"{name} sent its round-0 message to {', '.join(late)} only: a "
                           "departure while sending round 0 is not supported")
+        if phase_one:  # the neighbours that got its shares finished phase I and sent round 0
+            late = sorted(s for s, r in self._reports.items() if name in r.silent
+                          and not r.phase_one)
         ahead = sorted(s for s, t in rounds.items() if t > first + 1)
         if ahead:
             raise Refused(f"the reports contradict each other: {', '.join(ahead)} miss {name} "

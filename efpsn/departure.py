@@ -69,7 +69,12 @@ class Departure:
     neighbour never got its key or its shares). Its neighbours finish phase I without it, its
     seeds (shares) drawn but never sent, so every other edge's are the replay's, and their
     round-0 state and message hold no term of its edges (the replay restarts their round 0,
-    RoundDriver.restart); the rest is a departure at round 0 with re-base round R."""
+    RoundDriver.restart); the rest is a departure at round 0 with re-base round R. Its `late`
+    neighbours (`agentK@I:R+agentJ`: it died while sending its shares, and they got them) had
+    finished phase I with its terms and sent their round-0 message before anyone knew: their
+    round 0 is not restarted (their message holds its terms, as for a departure at round 0),
+    they drop it at round 0 like the others, and round 0's masks do not cancel (the re-base at
+    R makes that harmless)."""
 
     agent: int
     round: int
@@ -88,13 +93,15 @@ class Departure:
         object.__setattr__(self, "late", late)
         if self.agent in late:
             raise ValueError(f"agent{self.agent + 1} cannot be late for its own departure")
-        if late and (self.round == 0 or self.rebase_round < self.round + 2):
+        if late and not self.phase_one and (self.round == 0
+                                            or self.rebase_round < self.round + 2):
             raise ValueError(f"{self.label()}: neighbours that used agent{self.agent + 1}'s "
                              f"round-{self.round} message drop it at round {self.round + 1}; "
                              "the re-base must come after that")
-        if self.phase_one and (self.round != 0 or late):
+        if self.phase_one and (self.round != 0 or (late and self.rebase_round < 1)):
             raise ValueError(f"agent{self.agent + 1} left in phase I: its departure is at "
-                             f"round 0 with no late neighbour, got {self.label()}")
+                             "round 0, re-based after round 0 when a neighbour got its "
+                             f"shares, got {self.label()}")
         for name in ("agent", "round", "rebase_round"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
@@ -133,7 +140,8 @@ def parse_leave(text: str, *, agents: int, lag: int | None = None) -> Departure:
     if match is None:
         raise ValueError(f"--leave expects agentK@T or agentK@T:R (K = 1..{agents}, T the first "
                          f"round without agent K or I for phase I, R the re-base round; "
-                         f"+agentJ: a neighbour that used K's round-T message), got {text!r}")
+                         f"+agentJ: a neighbour that used K's round-T message, or with I got "
+                         f"its phase I shares), got {text!r}")
     k, phase_one = int(match.group(1)), match.group(2) == "I"
     t = 0 if phase_one else int(match.group(2))
     if not 1 <= k <= agents:

@@ -90,7 +90,8 @@ class DepartureReplay:
             if d.round == t:
                 self._leave(d, drivers)
                 changed = True
-            elif d.late and d.round + 1 == t:  # they used its round-T message; drop it now
+            elif d.late and not d.phase_one and d.round + 1 == t:  # they used its round-T
+                # message; drop it now
                 self._drop(d.agent, d.late, drivers)
                 changed = True
         if any(d.rebase_round == t for d in self.departures):
@@ -109,10 +110,11 @@ class DepartureReplay:
         if stray:
             raise ValueError(f"{d.label()}: {[_name(j) for j in stray]} are not neighbours of "
                              f"{_name(d.agent)} at round {d.round}")
-        self._drop(d.agent, [j for j in touched if j not in d.late], drivers)
+        self._drop(d.agent, [j for j in touched if d.phase_one or j not in d.late], drivers)
         if d.phase_one:  # they finished phase I without it: round 0 never held its terms
-            for j in touched:
-                drivers[j].restart()
+            for j in touched:  # but those that got its shares sent round 0 with them
+                if j not in d.late:
+                    drivers[j].restart()
         for i in self.active:  # no stop from a window that would be decided at round T or later
             stop = drivers[i].stop
             drivers[i].revise_stop(None if stop is None else stop.voided_from(d.round))

@@ -33,7 +33,8 @@ CRASH_HOOK = Path(__file__).parent / "crash_hook"
 def crash_at(round_: int | str, *, name: str = "") -> dict[str, str]:
     """The environment that makes an agent (`name` only, when given; several: "agent2,agent4")
     SIGKILL itself on reaching round `round_`, before it sends anything for it; "keys" or
-    "shares": in phase I, before it sends its public key or its shares
+    "shares": in phase I, before it sends its public key or its shares ("shares1": after its
+    shares reached its first neighbour only)
     (tests/crash_hook/sitecustomize.py)."""
     path = os.pathsep.join([str(CRASH_HOOK), *filter(None, [os.environ.get("PYTHONPATH")])])
     return {"PYTHONPATH": path, "CRASH_AT_ROUND": f"{name}:{round_}" if name else str(round_)}
@@ -81,6 +82,7 @@ class LocalNet:
         names: list[str] | None = None,
         agent_env: dict[str, dict[str, str]] | None = None,
         own_args: dict[str, tuple[str, ...]] | None = None,
+        coordinator_args: tuple[str, ...] = (),
     ) -> None:
         self.folder = folder
         self.config = config
@@ -101,6 +103,7 @@ class LocalNet:
             self.monitor = None
         self.agent_args = list(agent_args)
         self.own_args = dict(own_args or {})  # per agent, e.g. its own --data
+        self.coordinator_args = list(coordinator_args)  # e.g. --allow-insecure-keys
         self.env = dict(agent_env or {})  # extra environment per process (test hooks)
         debug = ["--debug-expose-mask"]
         if noise_seed is not None:
@@ -137,7 +140,7 @@ class LocalNet:
         self.argv["coordinator"] = [
             "efpsn", "coordinator", "--listen", "127.0.0.1:0", "--keep-serving",
             "--expected-names", ",".join(self.names), *self.tls_args,
-            *run_parameters_args(self.config, self.folder),
+            *run_parameters_args(self.config, self.folder), *self.coordinator_args,
         ]
         self._spawn("coordinator")
         return self.wait_port("coordinator")

@@ -4,7 +4,9 @@ A process started with this folder on PYTHONPATH and CRASH_AT_ROUND=T (or NAME:T
 NAME only; NAME1,NAME2:T for each of them; several such specs joined by ";", e.g.
 "agent3:600!;agent4:1482!", each agent its own round) dies when it is about to exchange its
 round-T message, before it sends anything for
-that round (T = keys or shares: in phase I, before it sends its public key or its shares; stats:
+that round (T = keys or shares: in phase I, before it sends its public key or its shares;
+shares1: after its shares reached its first neighbour, before any other got them; adopt: after
+phase I and its departures were saved, before phase II adopts them; stats:
 before its round-1 message of the secure sum's flood), so a test knows its newest checkpoint exactly (no race between a kill from outside
 and a checkpoint write). The agent's code knows nothing of it: this module wraps
 agent.exchange.RoundLink.exchange as that module is imported (the fork server's children
@@ -18,6 +20,7 @@ message of round T-1 written to a stream had not reached a neighbour yet.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.abc
 import importlib.util
@@ -28,6 +31,9 @@ from typing import Any
 
 _SPEC = os.environ.get("CRASH_AT_ROUND", "")
 _MODULE = "agent.exchange"
+# this process's agent name (`adopt` has no object that knows it); a forked agent (efpsn up's
+# fork server) has the server's command line: give that hook to `efpsn agent` processes only
+_NAME = next((b for a, b in zip(sys.argv, sys.argv[1:]) if a == "--name"), "")
 
 
 def _wrap_stats(module: Any, who: str) -> None:
@@ -44,11 +50,54 @@ def _wrap_stats(module: Any, who: str) -> None:
     module.Peers.send = crashing
 
 
+def _wrap_shares_to_one(module: Any, who: str) -> None:
+    """`shares1`: deliver the phase I shares to the first neighbour (by name) only, then die
+    before sending them to any other: it dies while sending its shares."""
+    send = module.Peers.send
+    first: list[Any] = []  # the future of the one delivery let through
+
+    async def crashing(self: Any, name: str, method: str, request: Any, **kwargs: Any) -> Any:
+        if method != "PutShares" or (who and self.options.name not in who.split(",")):
+            return await send(self, name, method, request, **kwargs)
+        if name == min(self._session().addresses) and not first:
+            first.append(asyncio.get_running_loop().create_future())
+            try:
+                return await send(self, name, method, request, **kwargs)
+            finally:
+                first[0].set_result(None)
+        while not first:  # the first neighbour's send has not started yet
+            await asyncio.sleep(0.01)
+        await first[0]
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    module.Peers.send = crashing
+
+
+def _wrap_adopt(module: Any, who: str) -> None:
+    """`adopt`: die when phase II is about to save the departures decided in phase I as
+    adopted (agent/departing.py's Silence.adopt): after phase I's result and its decisions
+    were saved, before its first round."""
+    save = module.save
+
+    def crashing(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("adopted", True) and (not who or _NAME in who.split(",")):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return save(*args, **kwargs)
+
+    module.save = crashing
+
+
 def _wrap_phase_one(module: Any, who: str, at: str) -> None:
     """`keys`: die before sending the phase I public key; `shares`: before sending the
     shares (its key went out, so the neighbours wait for its shares)."""
     if at == "stats":
         _wrap_stats(module, who)
+        return
+    if at == "shares1":
+        _wrap_shares_to_one(module, who)
+        return
+    if at == "adopt":
+        _wrap_adopt(module, who)
         return
     method = {"keys": "send_public_key", "shares": "send_shares"}[at]
     send = getattr(module.Peers, method)
@@ -115,7 +164,9 @@ def _parse(text: str) -> tuple[str, int | str]:
 
 if _SPEC:
     _specs = [_parse(part) for part in _SPEC.split(";")]
-    if any(isinstance(at, str) and not at.endswith("!") for _, at in _specs):
+    if any(at == "adopt" for _, at in _specs):  # phase I's departures saved
+        _MODULE = "agent.departure_state"
+    elif any(isinstance(at, str) and not at.endswith("!") for _, at in _specs):
         _MODULE = "agent.peers"  # a phase I step (keys, shares): the client side's method
     if _MODULE in sys.modules:
         for _who, _at in _specs:
