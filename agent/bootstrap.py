@@ -135,14 +135,17 @@ async def bootstrap(channel: grpc.aio.Channel, *, options: AgentOptions, address
 
 async def report_silence(channel: grpc.aio.Channel, *, session: Session, name: str,
                          round_: int, silent: list[str], epoch: int, timeout: float,
-                         phase_one: bool = False) -> tuple[list[Departure], dict[int, str],
+                         phase_one: bool = False, last: int = 0
+                         ) -> tuple[list[Departure], dict[int, str],
                                     dict[str, tuple[int, str]]]:
     """Report the silent neighbours and wait for the coordinator's decision: every departure of
     the run so far, the departed agents' names by index, and this agent's new neighbours when
     the decision cut the graph (name -> (index, address)). AgentFailure (naming the silent
-    ones) when it refuses or cannot decide. `phase_one`: this agent is still in phase I."""
+    ones) when it refuses or cannot decide. `phase_one`: this agent is still in phase I;
+    `last`: its last round as it stands (0: not known)."""
     request = coordinator_pb2.SilenceReport(run_id=session.run_id, sender=name, round=round_,
-                                            silent=silent, epoch=epoch, phase_one=phase_one)
+                                            silent=silent, epoch=epoch, phase_one=phase_one,
+                                            last=last)
     try:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         reply = await stub.ReportSilence(request, timeout=timeout)
@@ -170,8 +173,25 @@ async def report_silence(channel: grpc.aio.Channel, *, session: Session, name: s
             out.append(Departure(agent=int(d.index), round=int(d.round),
                                  rebase_round=int(d.rebase_round),
                                  late=tuple(int(j) for j in d.late_index),
-                                 phase_one=bool(d.phase_one)))
+                                 phase_one=bool(d.phase_one),
+                                 stopped=int(d.stopped) or None))
     except ValueError as exc:
         raise AgentFailure(f"{name}: the coordinator sent a departure it cannot apply: "
                            f"{exc}") from None
     return out, names, joining
+
+
+async def report_finished(channel: grpc.aio.Channel, *, session: Session, name: str,
+                          round_: int, epoch: int, timeout: float) -> None:
+    """Tell the coordinator this agent stopped at `round_` on the stop rule's certificate, so
+    that a departure decided after it is decided as the stop it was (coordinator/departures.py,
+    efpsn/last_window.py). Bounded by `timeout`; a failure is only logged (the run is over for
+    this agent; without the report a neighbour stuck behind a departure exits 2 as before)."""
+    request = coordinator_pb2.SilenceReport(run_id=session.run_id, sender=name, round=round_,
+                                            epoch=epoch, finished=round_)
+    try:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        await stub.ReportSilence(request, timeout=timeout)
+    except grpc.aio.AioRpcError as exc:  # e.g. a coordinator that stopped serving (--linger)
+        log.info("%s could not tell the coordinator it finished at round %d: %s: %s", name,
+                 round_, exc.code().name, exc.details())

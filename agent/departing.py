@@ -14,18 +14,19 @@ or later counts). Only names and round numbers go to the coordinator.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
 
 from agent import departure_state
-from agent.bootstrap import report_silence
+from agent.bootstrap import report_finished, report_silence
 from agent.exchange import RoundLink
 from agent.fixed_terms import EdgeTerms
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, RefusedByNeighbour
-from agent.phase_one_leave import PhaseOneDepartures
+from agent.phase_one_leave import Decided, PhaseOneDecision
 from agent.rejoin import Rejoin
 from agent.session import Session
 from agent.state import StateStore
@@ -50,8 +51,7 @@ class LocalDepartures:
                  masker: Masker | None = None) -> None:
         self.session = session
         self.masks = masks
-        # the paper's fixed mask: phase I's Masker (this run's process only: it holds the
-        # per-edge shares a departure subtracts; agent/fixed_terms.py)
+        # the paper's fixed mask: phase I's per-edge shares a departure subtracts (fixed_terms)
         self.terms = EdgeTerms(masker) if isinstance(masks, FixedMask) else None
         self.decided: list[Departure] = []
         self.epoch = 0
@@ -64,6 +64,7 @@ class LocalDepartures:
         # what a restart needs again (agent/departure_state.py): every new neighbour and seed
         self.joined_info: dict[str, tuple[int, str, int]] = {}
         self.seed_record: dict[int, tuple[bytes, bytes]] = {}
+        self.window: int | None = None  # who left in the stop's last window (stop())
 
     @property
     def me(self) -> int:
@@ -85,9 +86,9 @@ class LocalDepartures:
                                "holds no new departure")
         zero_sum = self.session.config.mask == "zero-sum"
         if zero_sum and self.terms is not None and not self.terms.available:
-            raise AgentFailure("a departure with the paper's fixed mask (--refresh never) "
-                               "needs phase I's per-edge shares, which a restarted agent "
-                               "no longer holds (they are kept in memory only)")
+            raise AgentFailure("a departure with the paper's fixed mask (--refresh never) needs "
+                               "phase I's per-edge shares, which an agent restarted before any "
+                               "departure does not hold (agent/fixed_terms.py)")
         after = reconfigure(self.graph, self.gone | {d.agent for d in new})
         mine = sorted({b if a == self.me else a for a, b in after.new_edges if self.me in (a, b)})
         given = {index: (name, address) for name, (index, address) in (joining or {}).items()}
@@ -112,6 +113,28 @@ class LocalDepartures:
         log.warning("%s: the coordinator decided: %s", self.session.assignment.name,
                     "; ".join(d.label() for d in new))
         return {name: j for j, (name, _) in given.items()}
+
+    def stop(self, new: list[Departure], names: dict[int, str], driver: RoundDriver) -> None:
+        """The decision says the run had stopped at S on the certificate before these agents
+        left (efpsn/last_window.py): end with the check round's state, S - D."""
+        self.names = {**names, **self.names}
+        stop_round = new[0].stopped
+        assert stop_round is not None
+        try:
+            if driver.stop is None:
+                raise ValueError("this agent runs no stop rule")
+            driver.end_at_check(stop_round - driver.stop.hops)
+        except ValueError as exc:
+            raise AgentFailure(f"{self.session.assignment.name}: {exc}") from None
+        self.decided.extend(new)
+        self.epoch += 1
+        self.window = new[0].agent
+        for d in new:
+            self.events.append({**d.to_json(), "check_round": driver.t, "neighbours": [
+                self._name(j) for j in self.graph.neighbours(d.agent) if j not in self.gone]})
+        log.warning("%s: %s; it ends with its model of round %d", self.session.assignment.name,
+                    "; ".join(d.label() for d in new) + f": the run had stopped at round "
+                    f"{stop_round} on the certificate of round {driver.t}", driver.t)
 
     def add_seeds(self, seeds: dict[int, tuple[bytes, bytes]]) -> None:
         """The new edges' seeds, from their phase I (agent/rejoin.py), until the re-base."""
@@ -157,7 +180,7 @@ class LocalDepartures:
     def _drop_at(self, t: int) -> list[int]:
         dropped: list[int] = []
         for d in self.decided:
-            first = d.round + 1 if self.me in d.late else d.round
+            first = d.round + int(self.me in d.late and not d.phase_one)  # used round T
             if t == first and d.agent in self.weights:
                 dropped.append(d.agent)
         if dropped:
@@ -182,7 +205,8 @@ class LocalDepartures:
         return names, joined
 
     def _rebase(self, t: int, driver: RoundDriver, *, replaying: bool = False) -> list[str]:
-        recon = reconfigure(self.graph, self.gone)
+        # those gone by round t, as the replay has them (a restart knows later ones too)
+        recon = reconfigure(self.graph, {d.agent for d in self.decided if d.round <= t})
         self.graph = recon.graph
         self.weights = recon.agent_weights(self.me)
         new = sorted({b if a == self.me else a for a, b in recon.new_edges if self.me in (a, b)})
@@ -199,14 +223,14 @@ class LocalDepartures:
             driver.state = rebase(driver.state)
             driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
         # the stop rule of the remaining graph, its checks counted from R (efpsn/stopping.py)
-        pending = min((d.round for d in self.decided if d.rebase_round > t), default=None)
+        pending = min((d.round for d in self.decided if d.round <= t < d.rebase_round), default=None)
         stop = StopRule.rebased(self.session.config, recon.remaining_weights(), origin=t,
                                 until=pending, cap=driver.iterations)
         if stop.active:  # the cap extended by the remaining graph's step rule
             driver.iterations = stop.cap
         driver.revise_stop(stop)
-        for event in [] if replaying else self.events:  # a restart reloads the records
-            if event["rebase_round"] == t:
+        for event in self.events:  # a restart reloads them: those its last save preceded
+            if event["rebase_round"] == t and not (replaying and "new_edges" in event):
                 event.update(epoch=self.epoch, new_edges=[[self._name(a), self._name(b)]
                                                           for a, b in recon.new_edges],
                              cap=driver.iterations)
@@ -242,9 +266,12 @@ class LocalDepartures:
         if not self.decided:
             return None
         remaining = [i for i in range(self.session.config.agents) if i not in self.gone]
+        # stopped in a departure's last window: certified on the objective of the agents in
+        # the run at the check round, the one that left then among them
+        objective = remaining if self.window is None else sorted([*remaining, self.window])
         return {"departures": self.events,
                 "remaining": [self._name(i) for i in remaining],
-                "optimum_of": optimum_of(remaining)}
+                "optimum_of": optimum_of(objective)}
 
 
 class Silence:
@@ -263,15 +290,21 @@ class Silence:
         self.timeout = timeout  # how long a report waits for the others to report too
         self.applied: int | None = None  # the round at which a departure was last applied
 
-    def resume(self, driver: RoundDriver) -> None:
-        """A restarted agent: re-apply the departures it had applied (none saved: nothing)."""
+    def resume(self, driver: RoundDriver) -> PhaseOneDecision | None:
+        """A restarted agent: re-apply the departures it had applied (none saved: nothing);
+        those decided in phase I and not adopted yet are returned, to adopt again."""
+        session, terms, masks = self.departures.session, self.departures.terms, self.departures.masks
         try:
-            record = departure_state.load(self.store.folder,
-                                          run_id=self.departures.session.run_id)
+            record = departure_state.load(self.store.folder, run_id=session.run_id)
+            if record and record["adopted"] and terms is not None and isinstance(masks, FixedMask):
+                terms.restore(self.store.folder, run_id=session.run_id, mask=masks)  # saved
         except ValueError as exc:
-            raise AgentFailure(str(exc)) from None
+            raise AgentFailure(f"{session.assignment.name} cannot resume: {exc}") from None
+        if record is not None and not record["adopted"]:
+            return PhaseOneDecision.reloaded(record, session)
         if record is not None:
             self.departures.restore(record, driver)
+        return None
 
     def missing(self, t: int, failure: AgentFailure) -> list[str]:
         """The neighbours whose round-t message is missing, and the one the failure blames."""
@@ -284,9 +317,10 @@ class Silence:
         return sorted(missing)
 
     async def recover(self, t: int, failure: AgentFailure, driver: RoundDriver,
-                      link: RoundLink) -> dict[int, Message]:
+                      link: RoundLink) -> dict[int, Message] | None:
         """Round t's inbox after the departures the coordinator decides; `failure` (or a later
-        one) when there is none to decide."""
+        one) when there is none to decide; None when the run had stopped (the driver ends at
+        the check round: LocalDepartures.stop)."""
         session = self.departures.session
         while True:
             missing = self.missing(t, failure)
@@ -305,14 +339,19 @@ class Silence:
             try:
                 found, names, joining = await report_silence(
                     self.coordinator, session=session, name=name, round_=t, silent=silent,
-                    epoch=self.departures.epoch, timeout=self.timeout)
+                    epoch=self.departures.epoch, timeout=self.timeout,
+                    last=driver.iterations)
+                stopped = [d for d in found if d.stopped and d.agent not in self.departures.gone]
+                if stopped:  # agents far from it finished the last window: so do I
+                    self.departures.stop(stopped, names, driver)
+                    return None
                 joiners = self.departures.learn(found, names, driver, joining)
             except AgentFailure as undecided:  # the silence stops this agent, as without
                 raise AgentFailure(f"{failure}; {undecided}",
                                    blame=undecided.blame and failure.blame) from None
             finally:
                 self.rejoin.deciding(False)
-            await self._new_edges(joiners, t)
+            await self._new_edges(joiners)
             # t < R (R = T + n): the new edges join at R, in the loop
             gone, joined = self.departures.before_round(t, driver)
             for neighbour in gone:
@@ -326,7 +365,15 @@ class Silence:
             except AgentFailure as again:
                 failure = again
 
-    async def adopt(self, decision: PhaseOneDepartures, driver: RoundDriver) -> None:
+    async def finished(self, driver: RoundDriver) -> None:
+        """A stop on the certificate: tell the coordinator (a departure it decides later, while
+        this agent is gone home, is then the stop it was: coordinator/departures.py)."""
+        if driver.stopped_early and self.departures.window is None:
+            await report_finished(self.coordinator, session=self.departures.session,
+                                  name=self.departures.session.assignment.name,
+                                  round_=driver.t, epoch=self.departures.epoch, timeout=5.0)
+
+    async def adopt(self, decision: Decided, driver: RoundDriver) -> None:
         """Departures decided while this agent was still in phase I (agent/phase_one_leave.py,
         which finished it without them): learn them before round 0 and run the new edges'
         phase I; the loop drops the departed neighbours at round 0 (their edges hold no mask
@@ -334,17 +381,13 @@ class Silence:
         joiners = self.departures.learn(decision.decided, decision.names, driver,
                                         decision.joining)
         self.departures.epoch = decision.epoch  # the coordinator's count of decisions
-        await self._new_edges(joiners, 0)
+        await self._new_edges(joiners)
         self.departures.save(self.store.folder)
 
-    async def _new_edges(self, joiners: dict[str, int], t: int) -> None:
+    async def _new_edges(self, joiners: dict[str, int]) -> None:
         """The new edges' phase I right after a decision (agent/rejoin.py): their seeds, or
         with the paper's fixed mask their shares, added at the re-base round."""
         session, terms = self.departures.session, self.departures.terms
-        if terms is not None:  # its Masker is kept in memory only
-            self.store.mark_unresumable(
-                f"{session.assignment.name} applied a departure at round {t} with the paper's "
-                "fixed mask; its phase I shares are kept in memory only: it cannot resume")
         if joiners and isinstance(self.departures.masks, (FadingMask, RefreshedMask)):
             rebase_round = min(session.joining[n][2] for n in joiners)
             self.departures.add_seeds(await self.rejoin.exchange(
@@ -353,3 +396,5 @@ class Silence:
             rebase_round = min(session.joining[n][2] for n in joiners)
             terms.add(await self.rejoin.exchange_shares(
                 joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
+        if terms is not None:  # what a restart needs (agent/fixed_terms.py), saved first
+            await asyncio.to_thread(terms.save, self.store.folder, run_id=session.run_id)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agent import fixed_terms
 from efpsn.departure import Departure
 from efpsn.jsonfile import read_json, write_json
 
@@ -37,9 +38,12 @@ def _path(folder: str | Path) -> Path:
 def save(folder: str | Path, *, run_id: str, decided: list[Departure], epoch: int,
          events: list[dict[str, Any]], names: dict[int, str],
          joining: dict[str, tuple[int, str, int]],
-         seeds: dict[int, tuple[bytes, bytes]]) -> None:
+         seeds: dict[int, tuple[bytes, bytes]], adopted: bool = True) -> None:
+    """`adopted` False: decisions taken in phase I, saved before phase I's result (so that a
+    restart knows them), not yet adopted by phase II (agent/phase_one_leave.py)."""
     write_json(_path(folder), {
         "format": FORMAT, "run_id": run_id, "epoch": epoch, "events": events,
+        "adopted": adopted,
         "decided": [[d.agent, d.round, d.rebase_round, list(d.late), d.phase_one]
                     for d in decided],
         "names": {str(i): n for i, n in names.items()},
@@ -60,6 +64,7 @@ def load(folder: str | Path, *, run_id: str) -> dict[str, Any] | None:
             raise ValueError(f"it belongs to run {payload.get('run_id')!r}, not {run_id!r}")
         return {
             "epoch": int(payload["epoch"]), "events": list(payload["events"]),
+            "adopted": bool(payload.get("adopted", True)),
             "decided": [Departure(agent=int(a), round=int(t), rebase_round=int(r),
                                   late=tuple(int(j) for j in late),
                                   phase_one=bool(rest and rest[0]))
@@ -75,5 +80,7 @@ def load(folder: str | Path, *, run_id: str) -> dict[str, Any] | None:
 
 
 def discard(folder: str | Path) -> None:
-    """The run finished: the new edges' seeds go with the phase I seeds."""
+    """The run finished: the new edges' seeds (the fixed mask's per-edge terms,
+    agent/fixed_terms.py) go with the phase I seeds."""
     _path(folder).unlink(missing_ok=True)
+    (Path(folder) / fixed_terms.FILE).unlink(missing_ok=True)

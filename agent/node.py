@@ -148,6 +148,8 @@ class AgentNode:
         self.service.phase_one.close()
         self.timings["phase1_seconds"] = time.perf_counter() - start
         received = self.service.phase_one.received()
+        if self._left is not None:  # before the result: a restart must know who left
+            self._left.save(self.store.folder)
         if isinstance(result, EdgeSeeds):
             self.store.save_seeds(result.to_json(), run_id=assignment.run_id,
                                   stats=dict(self.timings), received=received)
@@ -202,10 +204,13 @@ class AgentNode:
         first = driver.t
         silence = self._silence(session, masks)
         if silence is not None:  # a restart after a departure re-applies it (departing.py)
-            silence.resume(driver)
-            replay = set(session.neighbour_names) if replay else replay
             if self._left is not None and self._left.decided:  # agent/phase_one_leave.py
                 await silence.adopt(self._left, driver)
+            else:  # a restart: what it applied, or what phase I decided and it had not adopted
+                unadopted = silence.resume(driver)
+                replay = set(session.neighbour_names) if replay else replay
+                if unadopted is not None:
+                    await silence.adopt(unadopted, driver)
         deadline = opts.departure_deadline or cfg.round_timeout_seconds
         link = RoundLink(
             peers=self.peers, outbox=self.outbox, run_id=session.run_id, name=opts.name,
@@ -248,6 +253,11 @@ class AgentNode:
         (Path(self.store.folder) / TOTALS_FILE).unlink(missing_ok=True)  # with the seeds
         departure_state.discard(self.store.folder)  # the new edges' seeds, likewise
         self.life.done()
+        if silence is not None and silence.departures.window is not None:
+            await link.abandon()  # the run had stopped: no neighbour needs a message of mine
+            return result
+        if silence is not None:  # a stop on the certificate: a departure after it is a stop
+            await silence.finished(driver)
         await link.finish(done.state.t, done.final_outbox)
         return result
 
@@ -300,6 +310,8 @@ class AgentNode:
         if seeds is not None:
             phase_one = seeds
         self.service.stats.close()
+        if self._left is not None:  # those who left during the sum, before the totals
+            self._left.save(self.store.folder)
         save_totals(self.store.folder, totals, run_id=session.run_id)
         self.timings["stats_seconds"] = time.perf_counter() - start
         session = await asyncio.to_thread(standardised_session, session, prepared, totals,

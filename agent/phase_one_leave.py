@@ -30,10 +30,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 
+from agent import departure_state
 from agent.bootstrap import report_silence
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, AgentOptions, RefusedByNeighbour
@@ -44,9 +47,43 @@ from efpsn.departure import Departure
 from efpsn.masking import Masker
 from efpsn.seeds import SeedExchange
 
-__all__ = ["PhaseOneDepartures", "phase_one_departures"]
+__all__ = ["Decided", "PhaseOneDecision", "PhaseOneDepartures", "phase_one_departures"]
 
 log = logging.getLogger("efpsn.agent")
+
+
+@dataclass
+class PhaseOneDecision:
+    """Departures decided in phase I, as phase II adopts them (agent/departing.py's
+    Silence.adopt): what PhaseOneDepartures collected, or a restart reloaded."""
+
+    decided: list[Departure]
+    names: dict[int, str]
+    joining: dict[str, tuple[int, str]]  # new neighbour -> (index, address)
+    epoch: int
+
+    @classmethod
+    def reloaded(cls, record: dict[str, Any], session: Session) -> PhaseOneDecision:
+        """A restart before phase II adopted them (agent/departure_state.py's record, not
+        adopted): the departed neighbours dropped from the session again, as phase I had.
+        AgentFailure for an end of a new edge: its key pair for that edge's phase I is gone,
+        and the other end will not run it again."""
+        name = session.assignment.name
+        if record["joining"]:
+            raise AgentFailure(
+                f"{name} was stopped before the phase I of its new edge(s) with "
+                f"{', '.join(sorted(record['joining']))} (after agents left in phase I) was "
+                f"saved; that exchange cannot be run again: this run cannot continue at {name}")
+        for d in record["decided"]:
+            gone = record["names"][d.agent]
+            if gone in session.neighbour_names:
+                session.drop(gone, reason=f"{gone} was declared gone in phase I by the "
+                             "coordinator (silent past the departure deadline); it cannot "
+                             "come back to this run")
+        log.warning("%s resumes with the departures %s decided in phase I", name,
+                    ", ".join(d.label() for d in record["decided"]))
+        return cls(decided=record["decided"], names=record["names"], joining={},
+                   epoch=record["epoch"])
 
 
 class PhaseOneDepartures:
@@ -68,6 +105,16 @@ class PhaseOneDepartures:
         self.names: dict[int, str] = {}
         self.joining: dict[str, tuple[int, str]] = {}
         self.epoch = 0
+
+    def save(self, folder: str | Path) -> None:
+        """The decisions so far (none: nothing), saved before phase I's result and the totals
+        of the secure sum are, so that a restart before phase II adopted them knows who left
+        (agent/departure_state.py, `adopted` False; agent/departing.py re-adopts them)."""
+        if self.decided:
+            departure_state.save(
+                folder, run_id=self.session.run_id, decided=self.decided, epoch=self.epoch,
+                events=[], names=self.names, seeds={}, adopted=False,
+                joining={n: self.session.joining[n] for n in self.joining})
 
     async def send_all(self, method: str, make: Callable[[str], Any], *,
                        timeout: float | None = None) -> None:
@@ -144,6 +191,9 @@ class PhaseOneDepartures:
                     "; ".join(d.label() for d in new),
                     f"going on without {', '.join(names[j] for j in gone)}" if gone
                     else "no neighbour of mine left")
+
+
+Decided = PhaseOneDecision | PhaseOneDepartures  # what phase II adopts (Silence.adopt)
 
 
 def phase_one_departures(session: Session, *, options: AgentOptions, peers: Peers,

@@ -92,6 +92,10 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
             if silence is None:
                 raise
             inbox = await silence.recover(t, exc, driver, link)
+            if inbox is None:  # the run had stopped in a departure's last window: at round s
+                history.append({**evaluate(session.problem, session.index, driver.state,
+                                           status), "stopped_at_check": 1.0})
+                break
         applied = silence is not None and silence.applied == t  # a departure: resume here
         if (t % checkpoint_every == 0 or applied) and t != first:
             # A checkpoint at round t promises that every neighbour holds my round t-1 message
@@ -108,7 +112,8 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
             history.append({**record, **driver.measures})
             if on_evaluation is not None:
                 on_evaluation(history[-1])
-    life.advance(driver.t)  # the stop rule's round (efpsn/stopping.py), at most the rounds
+    if driver.t >= life.round:  # the stop rule's round (efpsn/stopping.py), at most the
+        life.advance(driver.t)  # rounds (the check round's, below it, after a last window)
     return PhaseTwoResult(state=driver.state, final_outbox=driver.outbox, history=history)
 
 

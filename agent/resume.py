@@ -20,6 +20,7 @@ from agent.options import AgentFailure, RefusedByNeighbour
 from agent.peers import Peers
 from agent.session import Session
 from agent.state import Checkpoint, SavedAssignment, StateError, StateStore
+from efpsn.departure_masks import drop_seeds
 from efpsn.fading import FadingMask
 from efpsn.ledger import Verdict
 from efpsn.masking import MaskCoefficients
@@ -76,12 +77,14 @@ def reload_phase_one(store: StateStore, *, name: str, session: Session
             seeds = EdgeSeeds.from_json(text, agent=session.index)
             # a neighbour that left in phase I (agent/phase_one_leave.py) has no seeds here
             record = departure_state.load(store.folder, run_id=session.run_id)
-            left = {d.agent for d in record["decided"] if d.phase_one} if record else set()
+            left = {d.agent for d in record["decided"] if d.phase_one  # not a late one:
+                    and session.index not in d.late} if record else set()  # it had its seed
             if seeds.neighbours not in (tuple(sorted(session.names)),
                                         tuple(sorted(set(session.names) - left))):
                 raise ValueError(f"edge seeds are for neighbours {list(seeds.neighbours)}, "
                                  f"expected {sorted(session.names)}")
-            return seeds, stats, received
+            # one that left during the secure sum after phase I: phase II ran without its seed
+            return drop_seeds(seeds, left), stats, received
         saved = store.load_mask(run_id=session.run_id)
     except (StateError, ValueError) as exc:
         raise AgentFailure(f"{name} cannot resume: {exc}") from None

@@ -17,7 +17,7 @@ Layout of the state folder (default RESULTS/NAME/state; mode 0700, every file 06
                                     served to neighbours that replay from an older checkpoint
     unresumable.json                why this run can never resume here (written when it fails)
     departures.json                 the departures this agent applied and its new edges' seeds
-                                    (agent/departure_state.py)
+    edge_terms.json                 (agent/departure_state.py), the fixed mask's edge terms
 
 Every file is written to a temporary name, flushed, fsync'ed and renamed, and a checkpoint folder
 is renamed into place only when complete, so a crash (even SIGKILL) leaves either the old or the

@@ -23,17 +23,29 @@ The rule, public and deterministic:
 - a report from an agent still in phase I (waiting for a neighbour's key or shares) counts as
   one at round 0: the agent it misses left in phase I (Departure.phase_one), decided as a
   departure at round 0 (R = n: agents far from it may step round 0 before anyone knows);
-- the last round allowed for a re-base follows the decisions: a re-base that extends the cap
-  (the stop rule's, efpsn/stopping.py's StopRule.rebased, given as `extend`) extends it here
-  too, so a second departure after the original cap is decided like the first;
+  its neighbours that report it from round 0 of phase II got its shares (it died while
+  sending them) and sent their round-0 message with its terms: they are its `late` ones;
+- the last round allowed for a re-base is the larger of the reporters' cap (Report.last:
+  each agent's, extended by the re-bases it applied) and the coordinator's, which follows
+  the decisions: a re-base that extends the cap (the stop rule's, efpsn/stopping.py's
+  StopRule.rebased, given as `extend`) extends it here too, so a second departure after the
+  original cap is decided like the first (0: not known, with --scale standard's L2 weight
+  from the agents' secure sum: not checked here);
 - a decision that cuts the graph joins the pieces (efpsn.departure.reconfigure, the rule the
-  agents apply at the re-base round): the ends of each new edge are told each other's address.
+  agents apply at the re-base round): the ends of each new edge are told each other's address;
+- an agent that stopped on the stop rule's certificate reports its stop round S (`finish`):
+  it is accounted for, neither waiting nor silent. A departure decided while some agents
+  finished (agents far from the departed one completed the last window before it mattered,
+  efpsn/last_window.py) is decided as "the run had stopped at S" (Departure.stopped): every
+  finished agent must name the same S, the departure and every report must come before it;
+  nobody re-bases and no edge is added: the others end with their check round's model.
 
 Nothing here sees data: names and round numbers only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -56,6 +68,7 @@ class Report:
     silent: frozenset[str]
     epoch: int
     phase_one: bool = False  # the sender is still in phase I (round 0)
+    last: int = 0  # the sender's last round as it stands (its extended cap); 0: not known
 
 
 class DepartureBoard:
@@ -72,6 +85,7 @@ class DepartureBoard:
         self.decided: list[Departure] = []
         self.epoch = 0
         self.failure: str | None = None  # reports that cannot be decided: every waiter stops
+        self.finished: dict[str, int] = {}  # agents that stopped on the certificate: round S
         self._reports: dict[str, Report] = {}
 
     @property
@@ -107,9 +121,24 @@ class DepartureBoard:
             raise Refused(f"{report.sender} reports unknown agents {unknown} silent")
         if report.phase_one and report.round != 0:
             raise Refused(f"{report.sender} reports from phase I at round {report.round}")
-        self._reports[report.sender] = Report(report.sender, report.round,
-                                              report.silent - self.gone, report.epoch,
-                                              report.phase_one)
+        self._reports[report.sender] = dataclasses.replace(report,
+                                                           silent=report.silent - self.gone)
+        return self._decide()
+
+    def finish(self, sender: str, round_: int) -> bool:
+        """`sender` stopped at round `round_` on the stop rule's certificate; True when that
+        made a decision (it was the last agent to account for)."""
+        if sender not in self.names:
+            raise Refused(f"{sender!r} is not an agent of this run")
+        reason = self.refusal(sender)
+        if reason is not None:
+            raise Refused(reason)
+        if round_ < 1:
+            raise Refused(f"{sender} reports it finished at round {round_}")
+        self.finished[sender] = round_
+        self._reports.pop(sender, None)
+        if self.failure is not None or not self._reports:
+            return False
         return self._decide()
 
     def withdraw(self, sender: str) -> None:
@@ -127,21 +156,24 @@ class DepartureBoard:
                        if e > epoch and me in (a, b)})
 
     def _decide(self) -> bool:
-        live = set(self.names) - self.gone
+        live = set(self.names) - self.gone - set(self.finished)
         reporters = set(self._reports)
-        silent = set().union(*(r.silent for r in self._reports.values())) - reporters
+        silent = (set().union(*(r.silent for r in self._reports.values())) - reporters
+                  - set(self.finished))
         if not silent or reporters | silent != live or not reporters:
             return False
         try:
-            departures = self._check([self._departure(name)
-                                      for name in sorted(silent, key=self.names.index)])
+            departures = [self._departure(name)
+                          for name in sorted(silent, key=self.names.index)]
+            departures = (self._stopped(departures) if self.finished
+                          else self._check(departures))
         except Refused as exc:
             self.failure = str(exc)
             raise
         self.decided.extend(departures)
         self.epoch += 1
         self._reports.clear()
-        if self.graph is not None:
+        if self.graph is not None and not self.finished:  # nobody re-bases after a stop
             recon = reconfigure(self.graph, {d.agent for d in self.decided})
             self.graph = recon.graph
             self.new_edges.extend((self.epoch, a, b) for a, b in recon.new_edges)
@@ -152,24 +184,45 @@ class DepartureBoard:
 
     def _check(self, departures: list[Departure]) -> list[Departure]:
         latest = max(r.round for r in self._reports.values())
+        # the cap: the reporters' (each agent's as it stands) or the coordinator's, extended at
+        # each decision (it cannot compute it with --scale standard: 0); the larger of the two
+        # (an agent extends its cap at R only); 0: not known, nothing to check
+        cap = max(self.iterations, min((r.last for r in self._reports.values() if r.last),
+                                       default=0))
         for d in departures:
             if d.rebase_round <= latest:
                 raise Refused(f"{d.label()}: an agent is already at round {latest}, past the "
                               "re-base round")
-            if d.rebase_round >= self.iterations:
+            if cap and d.rebase_round >= cap:
                 raise Refused(f"{self.names[d.agent]} left at round {d.round}: too late to "
-                              f"re-base before the last round {self.iterations} (needs "
+                              f"re-base before the last round {cap} (needs "
                               f"{d.rebase_round - d.round} more rounds)")
         return departures
+
+    def _stopped(self, departures: list[Departure]) -> list[Departure]:
+        """The departures of a run some agents had finished on the certificate: stopped at
+        their round S (the same at all), each departure and every report before it."""
+        rounds = sorted(set(self.finished.values()))
+        if len(rounds) > 1:
+            raise Refused(f"the finished agents report different stop rounds {rounds}")
+        stop = rounds[0]
+        latest = max(r.round for r in self._reports.values())
+        if latest >= stop or any(d.round >= stop for d in departures):
+            raise Refused(f"an agent waits at round {latest}, but "
+                          f"{', '.join(sorted(self.finished))} finished at round {stop}")
+        return [dataclasses.replace(d, stopped=stop) for d in departures]
 
     def _departure(self, name: str) -> Departure:
         rounds = {s: r.round for s, r in self._reports.items() if name in r.silent}
         phase_one = any(r.phase_one for r in self._reports.values() if name in r.silent)
         first = min(rounds.values())
         late = sorted(s for s, t in rounds.items() if t == first + 1)
-        if first == 0 and late:
+        if first == 0 and late and not phase_one:
             raise Refused(f"{name} sent its round-0 message to {', '.join(late)} only: a "
                           "departure while sending round 0 is not supported")
+        if phase_one:  # the neighbours that got its shares finished phase I and sent round 0
+            late = sorted(s for s, r in self._reports.items() if name in r.silent
+                          and not r.phase_one)
         ahead = sorted(s for s, t in rounds.items() if t > first + 1)
         if ahead:
             raise Refused(f"the reports contradict each other: {', '.join(ahead)} miss {name} "

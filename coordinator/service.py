@@ -145,8 +145,18 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                                         iterations=self.registry.config.iterations.count or 0,
                                         graph=self.registry.graph, extend=self._extended_cap)
         board = self.board
+        if request.finished:  # it stopped on the certificate: accounted for, answered at once
+            try:
+                if board.finish(request.sender, int(request.finished)):
+                    self._announce()
+            except Refused as exc:
+                self._announce()
+                raise Reject(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
+            log.info("%s finished at round %d on the stop rule's certificate", request.sender,
+                     request.finished)
+            return self._decisions(request.sender, int(request.epoch))
         report = Report(request.sender, int(request.round), frozenset(request.silent),
-                        int(request.epoch), phase_one=request.phase_one)
+                        int(request.epoch), phase_one=request.phase_one, last=int(request.last))
         decided = False
         try:
             try:
@@ -172,22 +182,32 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         finally:
             if not decided:
                 board.withdraw(request.sender)
+        return self._decisions(request.sender, report.epoch)
+
+    def _decisions(self, sender: str, epoch: int) -> coordinator_pb2.Departures:
+        """Every departure decided (when `sender` lacks some: it applied `epoch` of them) and
+        `sender`'s new neighbours."""
+        board = self.board
+        assert board is not None
         return coordinator_pb2.Departures(
             run_id=self.registry.run_id, epoch=board.epoch,
             departed=[coordinator_pb2.Departed(
                 agent=board.names[d.agent], round=d.round, rebase_round=d.rebase_round,
                 late=[board.names[j] for j in d.late], index=d.agent, late_index=d.late,
-                phase_one=d.phase_one)
-                for d in board.since(report.epoch)],
+                phase_one=d.phase_one, stopped=d.stopped or 0)
+                for d in board.since(epoch)],
             joining=[coordinator_pb2.Peer(name=board.names[j], index=j,
                                           address=self.registry.addresses[board.names[j]])
-                     for j in board.joining(request.sender, report.epoch)])
+                     for j in board.joining(sender, epoch)])
 
     def _extended_cap(self, recon: Reconfiguration, origin: int, cap: int) -> int:
         """The cap the agents take at a re-base round (efpsn/stopping.py, StopRule.rebased):
         the same public numbers here, so a later departure is judged against it."""
-        return StopRule.rebased(self.registry.config, recon.remaining_weights(), origin=origin,
-                                until=None, cap=cap).cap
+        try:
+            return StopRule.rebased(self.registry.config, recon.remaining_weights(),
+                                    origin=origin, until=None, cap=cap).cap
+        except ValueError:  # --scale standard: the L2 weight is the agents' (secure sum)
+            return cap  # the reporters give theirs (Report.last)
 
     def _announce(self) -> None:
         """Wake every held ReportSilence call (a decision, or a contradiction)."""

@@ -69,26 +69,39 @@ class Departure:
     neighbour never got its key or its shares). Its neighbours finish phase I without it, its
     seeds (shares) drawn but never sent, so every other edge's are the replay's, and their
     round-0 state and message hold no term of its edges (the replay restarts their round 0,
-    RoundDriver.restart); the rest is a departure at round 0 with re-base round R."""
+    RoundDriver.restart); the rest is a departure at round 0 with re-base round R. Its `late`
+    neighbours (`agentK@I:R+agentJ`: it died while sending its shares, and they got them) had
+    finished phase I with its terms and sent their round-0 message before anyone knew: their
+    round 0 is not restarted (their message holds its terms, as for a departure at round 0),
+    they drop it at round 0 like the others, and round 0's masks do not cancel (the re-base at
+    R makes that harmless)."""
 
     agent: int
     round: int
     rebase_round: int
     late: tuple[int, ...] = ()
     phase_one: bool = False
+    # the run had already stopped at this round on the stop rule's certificate when the
+    # departure was decided (efpsn/last_window.py): nobody re-bases, the others end there
+    stopped: int | None = None
 
     def __post_init__(self) -> None:
+        if self.stopped is not None and not self.round < self.stopped:
+            raise ValueError(f"agent{self.agent + 1} left at round {self.round}: a run that "
+                             f"stopped at round {self.stopped} had stopped before it")
         late = tuple(sorted({int(j) for j in self.late}))
         object.__setattr__(self, "late", late)
         if self.agent in late:
             raise ValueError(f"agent{self.agent + 1} cannot be late for its own departure")
-        if late and (self.round == 0 or self.rebase_round < self.round + 2):
+        if late and not self.phase_one and (self.round == 0
+                                            or self.rebase_round < self.round + 2):
             raise ValueError(f"{self.label()}: neighbours that used agent{self.agent + 1}'s "
                              f"round-{self.round} message drop it at round {self.round + 1}; "
                              "the re-base must come after that")
-        if self.phase_one and (self.round != 0 or late):
+        if self.phase_one and (self.round != 0 or (late and self.rebase_round < 1)):
             raise ValueError(f"agent{self.agent + 1} left in phase I: its departure is at "
-                             f"round 0 with no late neighbour, got {self.label()}")
+                             "round 0, re-based after round 0 when a neighbour got its "
+                             f"shares, got {self.label()}")
         for name in ("agent", "round", "rebase_round"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
@@ -109,6 +122,8 @@ class Departure:
             "rebase_round": self.rebase_round, "late": [f"agent{j + 1}" for j in self.late]}
         if self.phase_one:
             record["phase_one"] = True  # it never finished phase I with some neighbour
+        if self.stopped is not None:
+            record["stopped"] = self.stopped  # the run had stopped there (last_window.py)
         return record
 
 
@@ -125,7 +140,8 @@ def parse_leave(text: str, *, agents: int, lag: int | None = None) -> Departure:
     if match is None:
         raise ValueError(f"--leave expects agentK@T or agentK@T:R (K = 1..{agents}, T the first "
                          f"round without agent K or I for phase I, R the re-base round; "
-                         f"+agentJ: a neighbour that used K's round-T message), got {text!r}")
+                         f"+agentJ: a neighbour that used K's round-T message, or with I got "
+                         f"its phase I shares), got {text!r}")
     k, phase_one = int(match.group(1)), match.group(2) == "I"
     t = 0 if phase_one else int(match.group(2))
     if not 1 <= k <= agents:
@@ -139,10 +155,13 @@ def parse_leave(text: str, *, agents: int, lag: int | None = None) -> Departure:
                      late=tuple(j - 1 for j in late), phase_one=phase_one)
 
 
-def check_departures(departures: Sequence[Departure], *, agents: int,
-                     iterations: int) -> tuple[Departure, ...]:
-    """The departures sorted by round; ValueError when an agent leaves twice, when everyone
-    leaves, or when a departure or re-base falls outside the run's rounds."""
+def check_departures(departures: Sequence[Departure], *, agents: int
+                     ) -> tuple[Departure, ...]:
+    """The departures sorted by round; ValueError when an agent leaves twice or when everyone
+    leaves. A departure's rounds are checked when it is replayed (DepartureReplay), against
+    the cap then (a departure the run never reached is an error of the simulator): an earlier
+    re-base may have extended it (StopRule.rebased), and a departure in the stop's last
+    window may end the run before any re-base (efpsn/last_window.py)."""
     ordered = tuple(sorted(departures, key=lambda d: (d.round, d.agent)))
     seen = [d.agent for d in ordered]
     if len(set(seen)) != len(seen):
@@ -152,10 +171,14 @@ def check_departures(departures: Sequence[Departure], *, agents: int,
     for d in ordered:
         if d.agent >= agents:
             raise ValueError(f"{d.label()}: there is no agent{d.agent + 1} (1..{agents})")
-        if d.rebase_round >= iterations:
-            raise ValueError(f"{d.label()}: the re-base round {d.rebase_round} must come before "
-                             f"the last round ({iterations} rounds)")
     return ordered
+
+
+def check_rebase(departure: Departure, *, cap: int) -> None:
+    """ValueError when the departure's re-base round is not before the run's last round."""
+    if departure.rebase_round >= cap:
+        raise ValueError(f"{departure.label()}: the re-base round {departure.rebase_round} must "
+                         f"come before the last round ({cap} rounds)")
 
 
 def drop_node_weights(weights: Mapping[int, float], *, agent: int,

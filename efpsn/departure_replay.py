@@ -1,7 +1,9 @@
 """Departures replayed in the in-process simulator (`efpsn simulate --leave agentK@T`): at round
 T the departed agent stops, its neighbours drop it from their weights and masks; at the re-base
 round R the network is joined where it fell apart, new edges get fresh seeds, every remaining
-agent takes the new graph's Metropolis weights and the trackers restart (efpsn/departure.py)."""
+agent takes the new graph's Metropolis weights and the trackers restart (efpsn/departure.py).
+A departure in the stop rule's last window whose agents far from it reach the stop round ends
+the run there (efpsn/last_window.py: `window`, `stops_at`, `end`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from efpsn.departure import Departure, optimum_of, rebase, reconfigure
+from efpsn.departure import Departure, check_rebase, optimum_of, rebase, reconfigure
 from efpsn.departure import drop_node_weights as _drop_node_weights
 from efpsn.departure_masks import (
     PairShares,
@@ -22,14 +24,15 @@ from efpsn.departure_masks import (
     sums_to_zero,
 )
 from efpsn.fading import FadingMask
+from efpsn.last_window import LastWindow, last_window, reach
 from efpsn.problem import Problem
 from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
 from efpsn.rounds import RoundDriver
 from efpsn.seeds import EdgeSeeds
-from efpsn.stopping import StopRule
+from efpsn.stopping import StopRule, merge
 from efpsn.topology import Graph
 
-__all__ = ["DepartureReplay", "departures_line"]
+__all__ = ["DepartureReplay", "departures_line", "stopped_words"]
 
 
 def _name(i: int) -> str:
@@ -58,6 +61,7 @@ class DepartureReplay:
         self.events: list[dict[str, Any]] = []
         self.rounds_checked = 0
         self.zero_sum = True
+        self.window: LastWindow | None = None  # the run stopped in a departure's last window
         zero_sum = problem.config.mask == "zero-sum"
         self.seeds: list[EdgeSeeds] | None = None
         self.shares: list[PairShares] | None = None
@@ -86,7 +90,8 @@ class DepartureReplay:
             if d.round == t:
                 self._leave(d, drivers)
                 changed = True
-            elif d.late and d.round + 1 == t:  # they used its round-T message; drop it now
+            elif d.late and not d.phase_one and d.round + 1 == t:  # they used its round-T
+                # message; drop it now
                 self._drop(d.agent, d.late, drivers)
                 changed = True
         if any(d.rebase_round == t for d in self.departures):
@@ -95,20 +100,58 @@ class DepartureReplay:
         return changed
 
     def _leave(self, d: Departure, drivers: Sequence[RoundDriver]) -> None:
+        if self.window is None:
+            self.window = self._last_window(d, drivers)
+        if self.window is None:  # it re-bases: before the cap as it stands (maybe extended)
+            check_rebase(d, cap=drivers[d.agent].iterations)
         self.departed.add(d.agent)
         touched = [j for j in self.neighbours(d.agent) if j not in self.departed]
         stray = sorted(set(d.late) - set(touched))
         if stray:
             raise ValueError(f"{d.label()}: {[_name(j) for j in stray]} are not neighbours of "
                              f"{_name(d.agent)} at round {d.round}")
-        self._drop(d.agent, [j for j in touched if j not in d.late], drivers)
+        self._drop(d.agent, [j for j in touched if d.phase_one or j not in d.late], drivers)
         if d.phase_one:  # they finished phase I without it: round 0 never held its terms
-            for j in touched:
-                drivers[j].restart()
+            for j in touched:  # but those that got its shares sent round 0 with them
+                if j not in d.late:
+                    drivers[j].restart()
         for i in self.active:  # no stop from a window that would be decided at round T or later
             stop = drivers[i].stop
             drivers[i].revise_stop(None if stop is None else stop.voided_from(d.round))
         self.events.append({**d.to_json(), "neighbours": [_name(j) for j in touched]})
+
+    def _last_window(self, d: Departure, drivers: Sequence[RoundDriver]) -> LastWindow | None:
+        """Whether d leaves inside a window that certifies the target and some agent reaches
+        its stop round all the same (efpsn/last_window.py). Every agent's integers of round T
+        (`sharing`) are maxima over some of the round-s integers, each its own among them, so
+        their maximum is the network's, which an agent that completes the window holds."""
+        stop = drivers[d.agent].stop
+        s = None if stop is None else stop.window(d.round)
+        if stop is None or s is None:
+            return None
+        shared = [drivers[i].sharing for i in self.active]
+        if any(x is None for x in shared):
+            return None
+        network = merge(shared[0], shared[1:])
+        if not stop.stops(network):
+            return None
+        reached = reach(self.active, self.neighbours, d)
+        return last_window(reached, departure=d, check_round=s, hops=stop.hops,
+                           bound=stop.bound(network))
+
+    def stops_at(self, t: int) -> bool:
+        """Whether the run ends before round t (a departure's last window stopped it at t)."""
+        return self.window is not None and t == self.window.stop_round
+
+    def end(self, drivers: Sequence[RoundDriver]) -> None:
+        """The run stopped in a departure's last window: the agents that did not reach the
+        stop round end with their check round's state (RoundDriver.end_at_check)."""
+        assert self.window is not None
+        for i in self.window.at_check:
+            drivers[i].end_at_check(self.window.check_round)
+        for event in self.events:
+            if event["agent"] == _name(self.window.departure.agent):
+                event.update(self.window.to_json())
 
     def _drop(self, agent: int, neighbours: Sequence[int],
               drivers: Sequence[RoundDriver]) -> None:
@@ -203,10 +246,14 @@ class DepartureReplay:
     def to_json(self) -> dict[str, Any]:
         """What the records say: who left, when, what changed, what the model is the optimum
         of, and whether the remaining masks summed to zero in every round checked."""
+        # a run that stopped in a departure's last window: the model is certified at the check
+        # round, on the objective of every agent in the run then (the departed one's too)
+        window = self.window
+        objective = self.active if window is None else [*self.active, window.departure.agent]
         return {
             "departures": self.events,
             "remaining": [_name(i) for i in self.active],
-            "optimum_of": optimum_of(self.active),
+            "optimum_of": optimum_of(objective),
             "rounds_zero_sum_checked": self.rounds_checked,
             "remaining_masks_sum_to_zero": self.zero_sum,
         }
@@ -215,8 +262,7 @@ class DepartureReplay:
 def departures_line(record: dict[str, Any]) -> str:
     """One line of the command's output from DepartureReplay.to_json: who left, when, and what
     the model is the optimum of."""
-    gone = "; ".join(f"{e['agent']} left {_when(e)} (re-based at round "
-                     f"{e['rebase_round']}{_joined(e)})" for e in record["departures"])
+    gone = "; ".join(f"{e['agent']} left {_when(e)} ({_after(e)})" for e in record["departures"])
     return (f"{gone}; the model is {record['optimum_of']}; remaining masks sum to zero "
             f"exactly: {record['remaining_masks_sum_to_zero']} "
             f"({record['rounds_zero_sum_checked']} rounds checked)")
@@ -227,6 +273,21 @@ def _joined(event: dict[str, Any]) -> str:
     lonely = event.get("one_neighbour") or []
     return "".join(f", new edge {a}-{b}" for a, b in edges) + "".join(
         f", {name} has one neighbour left" for name in lonely)
+
+
+def _after(event: dict[str, Any]) -> str:
+    """What followed a departure: the re-base, or the stop the run had already made."""
+    if "stopped" in event:
+        return stopped_words(event)
+    return f"re-based at round {event['rebase_round']}{_joined(event)}"
+
+
+def stopped_words(event: dict[str, Any]) -> str:
+    """A departure in the stop rule's last window, in words (efpsn/last_window.py)."""
+    return (f"the run had stopped at round {event['stopped']} on the certificate of round "
+            f"{event['check_round']}: {', '.join(event.get('finished', [])) or 'nobody'} "
+            f"ended at {event['stopped']}, "
+            f"{', '.join(event.get('at_check', [])) or 'nobody'} at {event['check_round']}")
 
 
 def _when(event: dict[str, Any]) -> str:

@@ -87,6 +87,9 @@ class RoundDriver:
         self.stop = stop if stop is not None and stop.active else None
         self.stopped_early = False
         self.sharing: tuple[int, ...] | None = None  # the stop integers to send with round t
+        # the state of the last check round (a departure in its window may end the run there:
+        # efpsn/last_window.py); None after a restart until the next check
+        self.check: AgentState | None = None
         if resume_from is not None:
             tensors = dict(resume_from.tensors)
             saved = tensors.pop(STOP_STATE, None)
@@ -122,7 +125,7 @@ class RoundDriver:
         """Consume the neighbours' round-t messages; True when round t + 1 is to be evaluated."""
         t = self.state.t
         before = self.state
-        network = None
+        network, certified = None, math.nan
         if self.sharing is not None and isinstance(inbox, Aggregate):
             network = merge(self.sharing, [_stop_of(j, {STOP_KEY: inbox.stops[j]}
                                                     if j in inbox.stops else {})
@@ -142,17 +145,36 @@ class RoundDriver:
             elif network is not None and s is not None and self.stop.stops(network):
                 self.iterations = t + 1
                 self.stopped_early = True
+                certified = self.stop.bound(network)
         due = (t + 1) % self.eval_every == 0 or t + 1 == self.iterations
         check = self.stop is not None and self.stop.is_check(t + 1) and not self.done
         if due or check:
             self.measures = progress(before, self.state, inbox,
                                      self.algorithm.mixing(ctx))
+        if self.stopped_early and t + 1 == self.iterations:  # the window's bound, of round s
+            self.measures["stop_certificate"] = certified
         if check:
             assert self.stop is not None
+            self.check = self.state  # a step makes new tensors: a reference is a copy
             self.sharing = exponents(self.measures, momentum=self.stop.momentum,
                                      x_norm=float(torch.linalg.vector_norm(self.state["x"])))
         self._attach_stop()
         return due
+
+    def end_at_check(self, check_round: int) -> None:
+        """End with the state of check round `check_round`: the run stopped on its window's
+        certificate while a departure kept this agent from reaching the stop round
+        (efpsn/last_window.py). ValueError when it does not hold that round's state (restarted
+        inside the window, or a round that was no check)."""
+        if self.check is None or self.check.t != check_round or self.state.t < check_round:
+            held = None if self.check is None else self.check.t
+            raise ValueError(f"the run stopped on the certificate of round {check_round}, but "
+                             f"this agent holds the state of check round {held} only")
+        self.state = self.check
+        self.outbox = {k: self.state[k] for k in self.algorithm.message_keys}
+        self.sharing = None
+        self.iterations = check_round
+        self.stopped_early = True
 
     def restart(self) -> None:
         """Round 0 afresh under the current context: the state and message the algorithm's

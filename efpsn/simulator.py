@@ -176,7 +176,7 @@ def run_simulation(
     masks = [p.coefficients(0) for p in providers]
     t_phase1 = time.perf_counter() - t0
     zero_sum = ZeroSumCheck(providers)
-    departures = check_departures(departures, agents=problem.n, iterations=config.iterations.total)
+    departures = check_departures(departures, agents=problem.n)
     replay = (DepartureReplay(problem=problem, providers=providers, departures=departures,
                               noise_seed=noise_seed) if departures else None)
 
@@ -201,8 +201,13 @@ def run_simulation(
     history = [{"round": 0, **evaluate(problem, [d.state["x"] for d in drivers], x_star=x_star)}]
     t1 = time.perf_counter()
     active, neighbours = list(range(n)), problem.graph.neighbours
+    window = None  # a departure's last window that stopped the run (efpsn/last_window.py)
     for t in itertools.count():  # to the cap, which a departure's re-base may extend
         if drivers[active[0]].done:  # the stop rule's round, the same at every agent
+            break
+        if replay is not None and replay.stops_at(t):  # a departure in the last window
+            replay.end(drivers)
+            window = replay.window
             break
         if replay is not None and replay.apply(t, drivers):
             active, neighbours = replay.active, replay.neighbours
@@ -235,12 +240,18 @@ def run_simulation(
         if on_round is not None:
             on_round(t + 1, record)
     t_phase2 = time.perf_counter() - t1
-    rounds = drivers[active[0]].t
-    if any(drivers[i].t != rounds for i in active):
+    rounds = drivers[active[0]].t if window is None else window.stop_round
+    if replay is not None and len(replay.departed) < len(departures):
+        missed = [d.label() for d in departures if d.agent not in replay.departed]
+        raise ValueError(f"the run ended at round {rounds}, before the departures {missed}")
+    if any(drivers[i].t != (rounds if window is None else window.ended_at(i)) for i in active):
         raise RuntimeError(f"the agents stopped at different rounds {[d.t for d in drivers]}")
     xs = [drivers[i].state["x"] for i in active]
     convergence = certifier(worst([drivers[i].measures for i in active]), rounds=rounds,
                             x_bar_norm=float(torch.linalg.vector_norm(average(xs))))
+    if window is not None:  # the window's certificate, of round s, for every agent then in
+        convergence = window.certificate()
+        history.append({"round": rounds, **evaluate(problem, xs, x_star=x_star, agents=active)})
     return SimulationResult(
         config=config,
         protocol=protocol,

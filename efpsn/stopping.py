@@ -28,8 +28,14 @@ round T or later (s + D > T: the departed agent's integers, and its relaying, ar
 some agent's maximum, and the remaining graph's diameter may be longer), opens no window until
 the re-base round R, and from R on the rule is the remaining graph's (its diameter D' and the
 certificate's numbers for its weights), with checks at R + k period, k >= 1 (`origin`). An agent
-learns of the departure before it can decide a window that opens after T - D: it is then
-waiting for the departed agent's neighbours (StopRule.voided_from, StopRule.rebased). The fading mask's fresh part (efpsn/fading.py) never rounds away: it sits in every
+close to the departed one learns of the departure before it can decide a window that opens
+after T - D: it is then waiting for the departed agent's neighbours (StopRule.voided_from,
+StopRule.rebased). An agent far from it (k hops from its nearest neighbour, with T + k >=
+s + D) can complete the window of a check s < T before anyone knows: its maximum then holds
+every party's integers, d's too, and when they certify it stops, exits and tells the
+coordinator, whose decision is then "the run had stopped at s + D" instead of a re-base; the
+agents that could not get that far end with their state of the check round s, which the
+driver keeps (RoundDriver.check; efpsn/last_window.py). The fading mask's fresh part (efpsn/fading.py) never rounds away: it sits in every
 agent's tracker, so the tracker term holds the stop back until it has faded below the target.
 """
 

@@ -33,10 +33,19 @@ CRASH_HOOK = Path(__file__).parent / "crash_hook"
 def crash_at(round_: int | str, *, name: str = "") -> dict[str, str]:
     """The environment that makes an agent (`name` only, when given; several: "agent2,agent4")
     SIGKILL itself on reaching round `round_`, before it sends anything for it; "keys" or
-    "shares": in phase I, before it sends its public key or its shares
+    "shares": in phase I, before it sends its public key or its shares ("shares1": after its
+    shares reached its first neighbour only)
     (tests/crash_hook/sitecustomize.py)."""
     path = os.pathsep.join([str(CRASH_HOOK), *filter(None, [os.environ.get("PYTHONPATH")])])
     return {"PYTHONPATH": path, "CRASH_AT_ROUND": f"{name}:{round_}" if name else str(round_)}
+
+
+def crash_each(rounds: dict[str, int | str]) -> dict[str, str]:
+    """crash_at with a round of its own for each agent named (e.g. {"agent3": "600!"}; "T!":
+    once its neighbours' round-T messages came, so the departure round is T exactly)."""
+    env = crash_at(0)
+    env["CRASH_AT_ROUND"] = ";".join(f"{name}:{at}" for name, at in rounds.items())
+    return env
 
 
 def launch_with_agent_killed(config: RunConfig, *, at: int | str, name: str, results: Path,
@@ -73,6 +82,7 @@ class LocalNet:
         names: list[str] | None = None,
         agent_env: dict[str, dict[str, str]] | None = None,
         own_args: dict[str, tuple[str, ...]] | None = None,
+        coordinator_args: tuple[str, ...] = (),
     ) -> None:
         self.folder = folder
         self.config = config
@@ -93,6 +103,7 @@ class LocalNet:
             self.monitor = None
         self.agent_args = list(agent_args)
         self.own_args = dict(own_args or {})  # per agent, e.g. its own --data
+        self.coordinator_args = list(coordinator_args)  # e.g. --allow-insecure-keys
         self.env = dict(agent_env or {})  # extra environment per process (test hooks)
         debug = ["--debug-expose-mask"]
         if noise_seed is not None:
@@ -129,7 +140,7 @@ class LocalNet:
         self.argv["coordinator"] = [
             "efpsn", "coordinator", "--listen", "127.0.0.1:0", "--keep-serving",
             "--expected-names", ",".join(self.names), *self.tls_args,
-            *run_parameters_args(self.config, self.folder),
+            *run_parameters_args(self.config, self.folder), *self.coordinator_args,
         ]
         self._spawn("coordinator")
         return self.wait_port("coordinator")

@@ -149,6 +149,30 @@ def test_a_departure_in_phase_one_starts_phase_two_without_it(wine: Path) -> Non
     assert record["departures"][0]["new_edges"] == [["agent1", "agent4"]]
 
 
+@pytest.mark.parametrize("refresh", ["fading", "never"])
+def test_a_death_while_sending_phase_one_shares_is_replayed_per_neighbour(
+        wine: Path, refresh: str) -> None:
+    """agent3 of a path died while sending its shares: agent2 got them (it finished phase I
+    and sent round 0 with agent3's terms: `+agent2`, not restarted), agent4 did not (phase I
+    without it, its round 0 restarted). With every neighbour late it is the departure at
+    round 0; with none, the one in phase I; in between, a run of its own that still reaches
+    the four's optimum and whose masks cancel from round 1 on."""
+    def xs(leave: str, iterations: int = 40) -> list:
+        return _simulate(wine, [leave], topology="path", iterations=iterations,
+                         refresh=refresh).xs
+
+    def same(a: list, b: list) -> bool:
+        return all(bool((x == y).all()) for x, y in zip(a, b, strict=True))
+
+    assert same(xs("agent3@I:5+agent2+agent4"), xs("agent3@0:5"))
+    one, none = xs("agent3@I:5+agent2"), xs("agent3@I:5")
+    assert not same(one, none) and not same(one, xs("agent3@0:5"))
+    deviation, record = _run(wine, ["agent3@I:5+agent2"], topology="path", iterations=2500,
+                             refresh=refresh)
+    assert deviation < 1e-6
+    assert record["departures"][0]["late"] == ["agent2"] and record["departures"][0]["phase_one"]
+
+
 def test_the_papers_fixed_mask_drops_its_shares_exactly() -> None:
     shares = draw_pair_shares(path(5), SPEC, noise_seed=4)
     n = SPEC.num_coefficients

@@ -84,3 +84,55 @@ def test_terms_need_a_finished_phase_one_and_a_neighbour() -> None:
     assert not EdgeTerms(None).available  # a restarted agent: refused with the reason
     with pytest.raises(ValueError, match="shares no mask terms"):
         EdgeTerms(maskers[2])._terms(0)
+
+
+def test_the_terms_saved_for_a_restart_drop_and_join_as_the_maskers_do(tmp_path) -> None:
+    """agent 1 of a 5-path applies agent 2's departure and saves its terms; after a restart
+    (no Masker), the reloaded terms drop and join the same integers, and the file is private,
+    holds only ints, and is refused when it does not belong to the saved mask."""
+    graph = path(5)
+    maskers, masks = _phase_one(graph, None, {i: noise_generator(SEED, i) for i in range(5)},
+                                list(range(5)))
+    live = EdgeTerms(maskers[3])
+    edge, _ = _phase_one(Graph(5, ((0, 3),)), None,
+                         {i: rejoin_generator(SEED, i, 1) for i in (0, 3)}, [0, 3], key_offset=1)
+    live.add(edge[3])
+    live.save(tmp_path, run_id="r1")
+    path_ = tmp_path / "edge_terms.json"
+    assert path_.stat().st_mode & 0o777 == 0o600
+    text = path_.read_text()
+    assert paillier.fingerprint(maskers[3].public_key).hex() in text
+    restarted = EdgeTerms(None)
+    assert not restarted.available
+    restarted.restore(tmp_path, run_id="r1", mask=masks[3])
+    assert restarted.available
+    for gone, new in (([2], [0]), ([2, 4], [0])):
+        expected = live.joined(live.dropped(masks[3], gone), new).mask.numerators
+        got = restarted.joined(restarted.dropped(masks[3], gone), new).mask.numerators
+        assert got == expected != masks[3].mask.numerators
+    with pytest.raises(ValueError, match="belongs to run .r1., not .r2."):
+        EdgeTerms(None).restore(tmp_path, run_id="r2", mask=masks[3])
+    with pytest.raises(ValueError, match="do not add up to the saved mask"):
+        EdgeTerms(None).restore(tmp_path, run_id="r1", mask=masks[1])
+    path_.write_text(text.replace('"terms"', '"trems"'))
+    with pytest.raises(ValueError, match="damaged"):
+        EdgeTerms(None).restore(tmp_path, run_id="r1", mask=masks[3])
+    path_.unlink()
+    with pytest.raises(ValueError, match="no per-edge terms"):
+        EdgeTerms(None).restore(tmp_path, run_id="r1", mask=masks[3])
+
+
+def test_a_neighbour_that_left_in_phase_one_is_saved_as_such(tmp_path) -> None:
+    graph = path(3)  # agent 0 leaves in phase I: agent 1's mask holds only its edge with 2
+    maskers = {i: Masker(agent=i, neighbours=graph.neighbours(i), spec=SPEC,
+                         rng=noise_generator(SEED, i), layout=None, keypair=keys()[i],
+                         allow_insecure=True) for i in (1, 2)}
+    public = {i: m.public_key for i, m in maskers.items()} | {0: keys()[0][0]}
+    sent = {i: m.outgoing(public) for i, m in maskers.items()}
+    maskers[1].drop([0])
+    mask = FixedMask(maskers[1].finish({2: sent[2][1]}))
+    EdgeTerms(maskers[1]).save(tmp_path, run_id="r")
+    restarted = EdgeTerms(None)
+    restarted.restore(tmp_path, run_id="r", mask=mask)
+    assert restarted.dropped(mask, [0]).mask == mask.mask  # never held its terms
+    assert restarted.dropped(mask, [2]).mask.numerators == (0,) * SPEC.num_coefficients

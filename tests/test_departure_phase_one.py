@@ -14,8 +14,10 @@ from types import SimpleNamespace
 import pytest
 
 from agent import departure_state
+from agent.departing import Silence
 from agent.fixed_terms import EdgeTerms
 from agent.options import AgentFailure
+from agent.phase_one_leave import PhaseOneDepartures
 from agent.resume import reload_phase_one
 from agent.state import StateStore
 from coordinator.departures import DepartureBoard, Refused, Report
@@ -23,7 +25,7 @@ from coordinator.registry import Registry
 from coordinator.service import CoordinatorService
 from efpsn import paillier
 from efpsn.config import RunConfig
-from efpsn.departure import Departure, reconfigure
+from efpsn.departure import Departure, parse_leave, reconfigure
 from efpsn.departure_masks import draw_pair_shares, drop_seeds, sums_to_zero
 from efpsn.masking import Masker, MaskingStateError, NoiseSpec, noise_generator
 from efpsn.refresh import FixedMask
@@ -114,13 +116,19 @@ def test_a_departure_in_phase_one_is_one_at_round_0_marked_phase_one() -> None:
     assert board.decided == [Departure(agent=2, round=0, rebase_round=5, phase_one=True)]
     assert board.decided[0].to_json()["phase_one"] is True
     assert board.joining("agent1", 0) == [3]
-    # a neighbour that finished phase I with it reports from round 0 of phase II: the same
-    # departure, still marked (one neighbour never got its shares)
+    # a neighbour that finished phase I with it (it died while sending its shares) reports
+    # from round 0 of phase II: the same departure, still marked (one neighbour never got its
+    # shares), with that neighbour late: its round-0 message held agent3's terms
     mixed = DepartureBoard(NAMES, iterations=60)
     for r in (report("agent2", "agent3"), report("agent4", "agent3", phase_one=True),
-              report("agent1"), report("agent5", round_=1)):
+              report("agent1", round_=1), report("agent5", phase_one=True)):
         mixed.report(r)
-    assert mixed.decided == [Departure(agent=2, round=0, rebase_round=5, phase_one=True)]
+    assert mixed.decided == [Departure(agent=2, round=0, rebase_round=5, late=(1,),
+                                       phase_one=True)]
+    assert mixed.decided[0].label() == "agent3@I:5+agent2"
+    assert parse_leave("agent3@I:5+agent2", agents=5) == mixed.decided[0]
+    with pytest.raises(ValueError, match="re-based after round 0"):
+        Departure(agent=2, round=0, rebase_round=0, late=(1,), phase_one=True)
     with pytest.raises(Refused, match="from phase I at round 3"):
         DepartureBoard(NAMES, iterations=60).report(report("agent1", round_=3, phase_one=True))
     with pytest.raises(ValueError, match="left in phase I"):
@@ -183,6 +191,35 @@ def test_a_restart_reloads_seeds_without_a_neighbour_gone_in_phase_one(tmp_path)
     got, _, _ = reload_phase_one(store, name="agent2", session=session)  # type: ignore[arg-type]
     assert got == seeds
     assert departure_state.load(tmp_path, run_id="r")["decided"][0].phase_one
+
+
+def test_a_restart_before_phase_two_adopted_a_phase_one_departure_adopts_it_again(
+        tmp_path) -> None:
+    # prepare: agent2 of a 5-path saved agent3@I:5 before its phase I result (adopted false)
+    left = SimpleNamespace(session=SimpleNamespace(run_id="r", joining={}), epoch=1,
+                           decided=[Departure(agent=GONE, round=0, rebase_round=5,
+                                              phase_one=True)], names={GONE: "agent3"},
+                           joining={})
+    PhaseOneDepartures.save(left, tmp_path)  # type: ignore[arg-type]
+    dropped: list[str] = []
+    session = SimpleNamespace(run_id="r", assignment=SimpleNamespace(name="agent2"),
+                              neighbour_names={"agent1", "agent3"},
+                              drop=lambda name, reason: dropped.append(name))
+    silence = Silence(departures=SimpleNamespace(session=session, terms=None, masks=None),
+                      coordinator=None, mailbox=None, store=StateStore(tmp_path),
+                      timeout=1.0, rejoin=None)  # type: ignore[arg-type]
+    # execute: the restart's resume finds the decision not adopted
+    decision = silence.resume(driver=None)  # type: ignore[arg-type]
+    # assert: returned to adopt again, agent3 out of the session as phase I had it
+    assert decision is not None and decision.decided == left.decided
+    assert (decision.epoch, decision.joining, dropped) == (1, {}, ["agent3"])
+    assert departure_state.load(tmp_path, run_id="r")["adopted"] is False
+    # an end of a new edge cannot run that edge's phase I again: refused with the reason
+    left.joining = {"agent4": (3, "127.0.0.1:9")}
+    left.session.joining = {"agent4": (3, "127.0.0.1:9", 5)}
+    PhaseOneDepartures.save(left, tmp_path)  # type: ignore[arg-type]
+    with pytest.raises(AgentFailure, match="new edge.*with agent4.*cannot continue"):
+        silence.resume(driver=None)  # type: ignore[arg-type]
 
 
 def test_the_coordinators_cap_is_the_one_the_agents_extend_to() -> None:

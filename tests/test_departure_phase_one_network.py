@@ -1,11 +1,16 @@
 """A party that leaves in phase I itself, through real processes: a 5-path on breast-cancer
 folders of unequal size; agent3 sends its public key, then kills itself (SIGKILL,
-tests/crash_hook) before sending its shares. Its neighbours wait for its shares (agent1 and
-agent5 wait for theirs), report from phase I, and the coordinator decides agent3@I:5 (round 0,
-marked phase I); agent2 and agent4 finish phase I without it (its seed drawn, never sent nor
-awaited), the new edge agent1-agent4 runs phase I's seed exchange, and from the re-base round 5
-the four mix on the joined path. They exit 0 and equal `efpsn simulate --leave agent3@I:5` bit
-for bit (agent/phase_one_leave.py)."""
+tests/crash_hook) while sending its shares: they reach agent2 only (`shares1`). A neighbour
+that waits for its shares (agent1 and agent5 wait for theirs) reports from phase I; agent2,
+which got them, finished phase I, sent round 0 with agent3's terms and reports from round 0.
+The coordinator decides agent3@I:5+agent2 (round 0, marked phase I, agent2 late); agent4
+finishes phase I without it (its seed drawn, never sent nor awaited), agent2 drops agent3 at
+round 0, the new edge agent1-agent4 runs phase I's seed exchange, and from the re-base round 5
+the four mix on the joined path. With `--scale standard` agent3 finishes phase I and dies
+during the secure sum's flood, after its round-0 message (`stats`): every agent reports from
+the flood, the flood starts again without it (agent/secure_sum.py) and the totals are the four
+others'. They exit 0 and equal `efpsn simulate --leave agent3@I:5[+agent2]` bit for bit
+(agent/phase_one_leave.py)."""
 
 from __future__ import annotations
 
@@ -26,9 +31,11 @@ NOISE_SEED, DEADLINE, ROUND_TIMEOUT = 7, 3.0, 30.0
 SURVIVORS = ["agent1", "agent2", "agent4", "agent5"]
 
 
-@pytest.mark.parametrize("standard", [False, True], ids=["public-scale", "scale-standard"])
+@pytest.mark.parametrize(("standard", "at", "late"), [(False, "shares1", ["agent2"]),
+                                                      (True, "stats", [])],
+                         ids=["public-scale-shares-to-agent2", "scale-standard-in-the-flood"])
 def test_an_agent_gone_in_phase_one_is_left_out_and_the_rest_equal_the_replay(
-        tmp_path, standard) -> None:
+        tmp_path, standard, at, late) -> None:
     data = tmp_path / "data"
     split_data(source="sklearn:breast_cancer", agents=5, partition_spec="dirichlet:1.0",
                out=data, test_fraction=0, raw=standard)
@@ -39,16 +46,16 @@ def test_an_agent_gone_in_phase_one_is_left_out_and_the_rest_equal_the_replay(
         del values["l2"]
     config = RunConfig(**values)  # type: ignore[arg-type]
     assert config.scale.standard == standard
-    summary = launch_with_agent_killed(config, at="shares", name="agent3", results=tmp_path / "run",
+    summary = launch_with_agent_killed(config, at=at, name="agent3", results=tmp_path / "run",
                                        data=data, noise_seed=NOISE_SEED,
                                        departure_deadline=DEADLINE)
     assert summary["ok"], summary["problems"]
     record = summary["departures"][0]
     assert (record["agent"], record["round"], record["rebase_round"]) == ("agent3", 0, 5)
-    assert record["phase_one"] is True
+    assert record["phase_one"] is True and record["late"] == late
     assert record["new_edges"] == [["agent1", "agent4"]]
     assert summary["remaining"] == SURVIVORS
-    leave = [parse_leave("agent3@I:5", agents=5)]
+    leave = [parse_leave("agent3@I:5" + "".join(f"+{n}" for n in late), agents=5)]
     local = load_data_dir(config, data, holdout=0.0)
     if standard:  # the secure sum of the remaining four (efpsn/standardise.py)
         config, local, totals = simulate_standardising(config, local, noise_seed=NOISE_SEED,

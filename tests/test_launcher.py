@@ -118,6 +118,11 @@ def test_check_results_names_what_is_wrong() -> None:
     bad[3] = {**bad[3], "final": {"round": 7}}
     assert check_results(bad, iterations=10) == [
         "the agents report different runs: r1, r2", "agent4 stopped at round 7 of 10"]
+    # a departure in the stop's last window: each agent ends at the stop or the check round
+    window = [{**r, "final": {"round": t}} for r, t in zip(good, (10, 10, 8, 8, 9),
+                                                            strict=False)]
+    assert check_results(window, iterations=20, early=True, ends={10, 8}) == [
+        "agent5 stopped at round 9, neither of [8, 10]"]
 
 
 # ------------------------------------------------------------------------ runs that fail

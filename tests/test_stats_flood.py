@@ -18,6 +18,7 @@ from efpsn.stats_flood import (
     ball,
     decode_vector,
     encode_vector,
+    flood_round_base,
     flood_rounds,
 )
 from efpsn.topology import build_graph
@@ -91,6 +92,58 @@ def test_a_flood_without_an_agent_gone_in_phase_one_sums_the_remaining_statistic
         StatsFlood(graph=graph, agent=0, own=floods[0].known[0], gone={2})
     with pytest.raises(ValueError, match="remaining agent"):
         StatsFlood(graph=recon.graph, agent=2, own=floods[0].known[0], gone={2})
+
+
+def test_a_death_during_the_flood_starts_it_again_without_it():
+    """agent3 of a 5-path sends its round-0 message of the flood (its masked vector), then
+    dies (crash_at("stats")): the flood cannot finish anywhere. After the decision (epoch 1)
+    it starts again on the joined path, on wire rounds above the first flood's, with fresh pads
+    and without agent3's vector and the pads of its edges: every remaining agent gets the
+    remaining agents' totals, and agent3's vector of the first flood, which its neighbours
+    hold, cannot be unpadded from their vectors of the two floods."""
+    graph = build_graph("path", 5)
+    full = exchange_seeds_fast(graph, noise_seed=3)
+    rng = np.random.default_rng(0)
+    features = [rng.normal(50.0, 20.0, size=(10 + 3 * i, 4)) for i in range(5)]
+    kept = [0, 1, 3, 4]
+    first = [StatsFlood(graph=graph, agent=i, own=masked_vector(features[i], full[i]))
+             for i in range(5)]
+    sent = [f.outgoing(0) for f in first]
+    for i, f in enumerate(first):
+        for j in graph.neighbours(i):
+            f.merge(j, 0, sent[j])
+    later = {i: first[i].outgoing(1) for i in kept}  # agent3 never sends its round 1
+    for i in kept:
+        for j in graph.neighbours(i):
+            if j != 2:
+                first[i].merge(j, 1, later[j])
+        with pytest.raises(RuntimeError, match="the flood knows"):
+            first[i].totals()
+    assert 2 in first[1].known and 2 in first[3].known  # its masked vector of flood 0
+    recon = reconfigure(graph, {2})
+    seeds = {i: drop_seeds(full[i], {2}) for i in kept}
+    second = {i: StatsFlood(graph=recon.graph, agent=i, gone={2},
+                            own=masked_vector(features[i], seeds[i], 1)) for i in kept}
+    assert flood_round_base(1, 5) >= flood_round_base(0, 5) + first[0].rounds
+    for r in range(second[0].rounds):
+        out = {i: f.outgoing(r) for i, f in second.items()}
+        for i, f in second.items():
+            for j in recon.graph.neighbours(i):
+                f.merge(j, r, out[j])
+    expected = network_totals([features[i] for i in kept], [seeds[i] for i in kept])
+    assert all(f.totals() == expected for f in second.values())
+    assert expected.count == sum(len(features[i]) for i in kept)
+
+    def unpadded(nonce: int) -> bool:  # agent3's vector from agents 2 and 4's of both floods
+        plain = masked_vector(features[2], None)
+        moves = [[(a - b) % MODULUS for a, b in zip(
+            first[i].known[i], masked_vector(features[i], seeds[i], nonce), strict=True)]
+            for i in (1, 3)]
+        return any([(v + s * (m2 + m4)) % MODULUS for v, m2, m4 in zip(
+            first[2].known[2], *moves, strict=True)] == plain for s in (1, -1))
+
+    assert unpadded(0)  # control: pads without nonce would give it away
+    assert not unpadded(1)  # the second flood's fresh pads (epoch 1) do not
 
 
 def test_wrong_agents_and_contradicting_copies_are_refused():

@@ -111,8 +111,13 @@ def fast_problem():  # type: ignore[no-untyped-def]
     return build_problem(FAST.resolved())
 
 
-def test_the_simulator_stops_at_the_target_before_the_cap(fast_problem) -> None:
-    run = run_simulation(FAST, problem=fast_problem)
+@pytest.fixture(scope="module")
+def whole_run(fast_problem):  # type: ignore[no-untyped-def]
+    return run_simulation(FAST, problem=fast_problem)
+
+
+def test_the_simulator_stops_at_the_target_before_the_cap(whole_run) -> None:
+    run = whole_run
     cap, rounds = run.config.iterations.total, run.timings["rounds"]
     assert run.config.stop_every.rounds == STOP_EVERY and rounds < cap
     # a check round plus the diameter (2 on the 5-ring)
@@ -169,16 +174,43 @@ def test_a_driver_under_a_voided_window_sends_no_integers(fast_problem) -> None:
     assert driver.sharing is None and not driver.stopped_early
 
 
-def test_a_departure_in_the_last_window_moves_the_stop_to_the_remaining_graphs_rule(
-        fast_problem) -> None:
+def test_a_departure_at_the_last_windows_check_moves_the_stop_to_the_remaining_graphs_rule(
+        fast_problem, whole_run) -> None:
     from efpsn.departure import parse_leave
 
-    whole = run_simulation(FAST, problem=fast_problem)
-    stop = whole.timings["rounds"]  # a check round + 2 (the 5-ring's diameter)
-    leave = parse_leave(f"agent3@{stop - 1}", agents=5)  # inside that check's window
+    stop = whole_run.timings["rounds"]  # a check round + 2 (the 5-ring's diameter)
+    # agent3 sends nothing from the check round s on: its neighbours wait at s, the agents two
+    # hops away at s + 1, nobody reaches the stop round s + 2 (efpsn/last_window.py)
+    leave = parse_leave(f"agent3@{stop - 2}", agents=5)
     run = run_simulation(FAST, problem=fast_problem, departures=[leave])
     rounds = run.timings["rounds"]
     # the 4-path's diameter is 3; its checks are counted from the re-base round R = T + 5
     assert rounds > leave.rebase_round and (rounds - 3 - leave.rebase_round) % STOP_EVERY == 0
     assert rounds < run.config.iterations.total
     assert run.convergence is not None and run.convergence.converged
+
+
+def test_a_departure_inside_the_last_window_ends_the_run_where_the_far_agents_stopped(
+        fast_problem, whole_run) -> None:
+    from efpsn.departure import parse_leave
+
+    stop = whole_run.timings["rounds"]
+    # agent3 sends nothing from s + 1 on: agents 1 and 5, two hops away, complete s + 2 on
+    # the whole ring's certificate before anyone can know; agents 2 and 4 end at s
+    leave = parse_leave(f"agent3@{stop - 1}", agents=5)
+    run = run_simulation(FAST, problem=fast_problem, departures=[leave])
+    assert run.timings["rounds"] == stop
+    assert run.departures is not None
+    event = run.departures["departures"][0]
+    assert (event["stopped"], event["check_round"]) == (stop, stop - 2)
+    assert event["finished"] == ["agent1", "agent5"]
+    assert event["at_check"] == ["agent2", "agent4"]
+    assert run.departures["optimum_of"] == "the optimum of agents 1,2,3,4,5's objective"
+    # the finished agents hold the whole run's models bit for bit, the others their round-s
+    # iterates (one step short of the stop round's: not the same)
+    survivors = [0, 1, 3, 4]
+    same = [bool(torch.equal(x, whole_run.xs[i])) for x, i in zip(run.xs, survivors,
+                                                                 strict=True)]
+    assert same == [True, False, False, True]
+    assert run.convergence is not None and run.convergence.converged
+    assert "at round" in run.convergence.line and run.convergence.bound <= TARGET

@@ -51,7 +51,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from efpsn.departure import check_departures, parse_leave
 
     departures = check_departures([parse_leave(text, agents=problem.n) for text in args.leave],
-                                  agents=problem.n, iterations=problem.config.iterations.total)
+                                  agents=problem.n)
     gone = {d.agent for d in departures}
     x_star = None
     if config.task.logreg and not args.no_optimum:
@@ -81,7 +81,18 @@ def _simulate(args: argparse.Namespace) -> int:
         f"messages {args.messages} "
         f"in {result.timings['phase1_seconds'] + result.timings['phase2_seconds']:.1f}s"
     )
-    print("final: " + format_metrics(result.final))
+    final = result.final
+    stop = next((e for e in (result.departures or {}).get("departures", []) if "stopped" in e),
+                None)
+    if stop is not None and x_star is not None:  # stopped in a departure's last window: the
+        from efpsn.metrics import evaluate  # model is certified on every party's objective then
+        from efpsn.tasks.optimum import centralized_optimum
+
+        then = gone - {int(stop["agent"].removeprefix("agent")) - 1}
+        kept = [i for i in range(problem.n) if i not in gone]
+        final = {**final, **evaluate(problem, result.xs, agents=kept, x_star=centralized_optimum(
+            problem.task, [s for i, s in enumerate(problem.shards) if i not in then]).x)}
+    print("final: " + format_metrics(final))
     # with departures, their line says whether the remaining masks sum to zero, round by round
     if result.departures is None and config.mask == "zero-sum":
         if config.refresh.refreshed:
@@ -147,8 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="replay agent K leaving for good: it sends nothing from round T on, "
                           "its neighbours drop it, and the rest re-base at round R (default "
                           "T + the number of agents) and finish at the optimum of their own "
-                          "data; agentK@I[:R]: it left in phase I, as a network decides it; "
-                          "repeatable")
+                          "data (unless agents far from it had already stopped on the "
+                          "certificate: then the others end at its check round); agentK@I[:R]: "
+                          "it left in phase I, as a network decides it; repeatable")
     sim.add_argument("--messages", choices=("clear", "aggregate"), default="clear",
                      help="clear: each neighbour gets an agent's message; aggregate: secure "
                           "neighbourhood aggregation, each agent learns only the weighted sum of "

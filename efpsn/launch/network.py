@@ -335,14 +335,26 @@ def _departures_record(folder: Path, names: list[str]) -> dict[str, Any] | None:
     records = [read_json(folder / n / "result.json") for n in names]
     seen = [{k: r[k] for k in ("departures", "remaining", "optimum_of")}
             for r in records if "departures" in r]
-    return seen[0] if seen else None
+    if not seen:
+        return None
+    # the agents that finished a departure's last window never heard of that departure: the
+    # others' records hold it (efpsn/last_window.py), with who ended where
+    record = max(seen, key=lambda r: len(r["departures"]))
+    last = record["departures"][-1]
+    if "stopped" in last:
+        ends = {r["name"]: r["final"]["round"] for r in records}
+        last["finished"] = sorted(n for n, t in ends.items() if t == last["stopped"])
+        last["at_check"] = sorted(n for n, t in ends.items() if t == last["check_round"])
+    return record
 
 
 def _departures_line(record: dict[str, Any]) -> str:
+    from efpsn.departure_replay import stopped_words
+
     gone = "; ".join(f"{e['agent']} left "
                      f"{'in phase I' if e.get('phase_one') else 'at round ' + str(e['round'])}"
-                     f" (re-based at round "
-                     f"{e['rebase_round']}"
-                     + "".join(f", new edge {a}-{b}" for a, b in e.get("new_edges") or [])
-                     + ")" for e in record["departures"])
+                     + (f" ({stopped_words(e)})" if "stopped" in e else
+                        f" (re-based at round {e['rebase_round']}"
+                        + "".join(f", new edge {a}-{b}" for a, b in e.get("new_edges") or [])
+                        + ")") for e in record["departures"])
     return f"{gone}; the model is {record['optimum_of']}"

@@ -47,15 +47,20 @@ def load_agent_results(folder: Path, names: list[str]) -> tuple[list[dict], list
     return results, xs
 
 
-def check_results(results: list[dict], *, iterations: int, early: bool = False) -> list[str]:
+def check_results(results: list[dict], *, iterations: int, early: bool = False,
+                  ends: set[int] | None = None) -> list[str]:
     """What is wrong with the agents' results as one run (empty: nothing): every agent must
     report the same run and have finished its last round: `iterations`, or with the stop rule
-    (`early`, efpsn/stopping.py) the same round at every agent, at most `iterations`."""
+    (`early`, efpsn/stopping.py) the same round at every agent, at most `iterations`; `ends`:
+    the stop round and the check round of a departure's last window (efpsn/last_window.py)."""
     problems = []
     runs = sorted({str(r.get("run_id")) for r in results})
     if len(runs) != 1:
         problems.append(f"the agents report different runs: {', '.join(runs)}")
     rounds = [r.get("final", {}).get("round") for r in results]
+    if ends is not None:
+        return problems + [f"{r.get('name')} stopped at round {t}, neither of {sorted(ends)}"
+                           for r, t in zip(results, rounds, strict=True) if t not in ends]
     last = rounds[0] if early and results else iterations
     if early and not (isinstance(last, int) and 1 <= last <= iterations):
         last = iterations
@@ -176,7 +181,11 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     # a departure's re-base may have extended the cap (StopRule.rebased): the agents say so
     cap = max([config.iterations.total] + [int(e.get("cap", 0)) for r in results
                                            for e in r.get("departures", [])])
-    problems = check_results(results, iterations=cap, early=not config.resolved().stop_every.never)
+    window = next((e for r in results for e in r.get("departures", []) if "stopped" in e),
+                  None)  # a departure in the stop's last window (efpsn/last_window.py)
+    problems = check_results(results, iterations=cap, early=not config.resolved().stop_every.never,
+                             ends=None if window is None
+                             else {window["stopped"], window["check_round"]})
     rounds = results[0]["final"].get("round") if results else None
     weights = problem.weights
     if any("departures" in r for r in results):  # the remaining agents' graph, re-based
@@ -187,6 +196,14 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     convergence = Certifier.for_run(config, weights)(
         worst([r["final"] for r in results]), x_bar_norm=float(torch.linalg.vector_norm(x_bar)),
         rounds=int(rounds) if isinstance(rounds, int | float) else None)
+    bounds = [r["final"]["stop_certificate"] for r in results
+              if "stop_certificate" in r["final"]]
+    if window is not None and bounds:  # the window's certificate, which the finished hold
+        from efpsn.certificate import TARGET, Certificate
+        from efpsn.last_window import certified_line
+
+        convergence = Certificate(max(bounds), max(bounds) <= TARGET,
+                                  certified_line(max(bounds), window["check_round"]))
     from efpsn.privacy_modes import privacy_statement
 
     return {

@@ -7,23 +7,27 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SilenceReport(_message.Message):
-    __slots__ = ("run_id", "sender", "round", "silent", "epoch", "phase_one")
+    __slots__ = ("run_id", "sender", "round", "silent", "epoch", "phase_one", "finished", "last")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     SILENT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PHASE_ONE_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     sender: str
     round: int
     silent: _containers.RepeatedScalarFieldContainer[str]
     epoch: int
     phase_one: bool
-    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., round: _Optional[int] = ..., silent: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ..., phase_one: _Optional[bool] = ...) -> None: ...
+    finished: int
+    last: int
+    def __init__(self, run_id: _Optional[str] = ..., sender: _Optional[str] = ..., round: _Optional[int] = ..., silent: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ..., phase_one: _Optional[bool] = ..., finished: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
 
 class Departed(_message.Message):
-    __slots__ = ("agent", "round", "rebase_round", "late", "index", "late_index", "phase_one")
+    __slots__ = ("agent", "round", "rebase_round", "late", "index", "late_index", "phase_one", "stopped")
     AGENT_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     REBASE_ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +35,7 @@ class Departed(_message.Message):
     INDEX_FIELD_NUMBER: _ClassVar[int]
     LATE_INDEX_FIELD_NUMBER: _ClassVar[int]
     PHASE_ONE_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
     agent: str
     round: int
     rebase_round: int
@@ -38,7 +43,8 @@ class Departed(_message.Message):
     index: int
     late_index: _containers.RepeatedScalarFieldContainer[int]
     phase_one: bool
-    def __init__(self, agent: _Optional[str] = ..., round: _Optional[int] = ..., rebase_round: _Optional[int] = ..., late: _Optional[_Iterable[str]] = ..., index: _Optional[int] = ..., late_index: _Optional[_Iterable[int]] = ..., phase_one: _Optional[bool] = ...) -> None: ...
+    stopped: int
+    def __init__(self, agent: _Optional[str] = ..., round: _Optional[int] = ..., rebase_round: _Optional[int] = ..., late: _Optional[_Iterable[str]] = ..., index: _Optional[int] = ..., late_index: _Optional[_Iterable[int]] = ..., phase_one: _Optional[bool] = ..., stopped: _Optional[int] = ...) -> None: ...
 
 class Departures(_message.Message):
     __slots__ = ("run_id", "epoch", "departed", "joining")

@@ -101,7 +101,8 @@ class CoordinatorServicer:
         gone, a report of another run, or reports that contradict each other are refused with
         FAILED_PRECONDITION and the reason; no decision before the call's deadline:
         DEADLINE_EXCEEDED (the agent then stops, as without departures: no agent goes on with a
-        departure the coordinator has not decided).
+        departure the coordinator has not decided). A report with `finished` (an agent that
+        stopped on the certificate) counts that agent as accounted for and is answered at once.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
