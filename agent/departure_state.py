@@ -49,7 +49,7 @@ def save(folder: str | Path, *, run_id: str, decided: list[Departure], epoch: in
         "names": {str(i): n for i, n in names.items()},
         "joining": {n: [j, address, r] for n, (j, address, r) in joining.items()},
         "seeds": {str(j): [a.hex(), b.hex()] for j, (a, b) in seeds.items()},
-    }, mode=0o600)
+    }, mode=0o600, sync=True)
 
 
 def load(folder: str | Path, *, run_id: str) -> dict[str, Any] | None:

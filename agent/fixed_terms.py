@@ -105,7 +105,7 @@ class EdgeTerms:
             "phase_one": sorted(self._phase_one), "left_in_phase_one": sorted(left),
             "terms": {str(j): [list(out), list(back)] for j, (out, back) in
                       sorted(self._known.items())},
-        }, mode=0o600)
+        }, mode=0o600, sync=True)
 
     def restore(self, folder: str | Path, *, run_id: str, mask: FixedMask) -> None:
         """The terms saved before a restart; ValueError when missing, another run's, damaged or

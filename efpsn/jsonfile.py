@@ -37,19 +37,29 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     return json_numbers(json.loads(Path(path).read_text()))
 
 
-def write_json(path: str | os.PathLike[str], payload: Any, *, mode: int | None = None) -> None:
+def write_json(path: str | os.PathLike[str], payload: Any, *, mode: int | None = None,
+               sync: bool = False) -> None:
     """Write strict JSON atomically (temp file then rename): a crash never leaves half a file.
-    With `mode` (e.g. 0o600 for private results) the file never exists with wider rights."""
+    With `mode` (e.g. 0o600 for private results) the file never exists with wider rights; with
+    `sync` (state a restart reads) the file and its folder are fsync'ed before and after the
+    rename, so a power loss leaves the old file or the new one."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".part")
     text = json.dumps(json_safe(payload), indent=2, allow_nan=False) + "\n"
-    if mode is None:
-        tmp.write_text(text)
-    else:
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+        if sync:
+            fh.flush()
+            os.fsync(fh.fileno())
+    if mode is not None:
         os.chmod(tmp, mode)
     os.replace(tmp, target)
+    if sync:
+        folder = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)

@@ -16,9 +16,10 @@ element-wise maximum of its own and of what its neighbours sent in the previous 
 after round s + D - 1 every agent holds the network's maximum (the max over D hops reaches
 everyone). At round s + D all of them evaluate the same function of the same integers:
 
-    B = (2^T + L D 2^G) / mu + beta 2^S,    n = 2^-N - D 2^G - 2 beta 2^S <= ||x_bar||,
+    B = (2^T + L M 2^G) / mu + beta 2^S,    n = 2^-N - M 2^G - 2 beta 2^S <= ||x_bar||,
 
-(||x_i - x_bar|| <= ||z_i - z_bar|| + beta ||(x_i - x_i^-) - mean|| <= D gap + 2 beta step),
+(M the graph's mean distance, efpsn.certificate.mean_distance, or the spread S of an aggregated
+gap; ||x_i - x_bar|| <= ||z_i - z_bar|| + beta ||(x_i - x_i^-) - mean|| <= M gap + 2 beta step),
 and stop there when B / (n - B) <= target (an upper bound on the certificate of round s).
 Otherwise the run goes on to the next check, and at the latest to the step rule's rounds (the
 cap).
@@ -36,7 +37,9 @@ every party's integers, d's too, and when they certify it stops, exits and tells
 coordinator, whose decision is then "the run had stopped at s + D" instead of a re-base; the
 agents that could not get that far end with their state of the check round s, which the
 driver keeps (RoundDriver.check; efpsn/last_window.py). The fading mask's fresh part (efpsn/fading.py) never rounds away: it sits in every
-agent's tracker, so the tracker term holds the stop back until it has faded below the target.
+agent's tracker and drives the agents apart, so the tracker and (at the stop, two to four times
+larger on the main job) the gap term hold the stop back until it has faded below the target
+(efpsn/experiments/consensus_tail.py measures what mixing it away first would save).
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ class StopRule:
     l2: float
     momentum: float
     target: float
-    factor: float | None = None  # the gap's factor in the bound (None: hops; aggregated: S)
+    factor: float | None = None  # the gap's factor in the bound (None: hops; for_run: M or S)
     origin: int = 0  # checks at origin + k period, k >= 1 (a departure's re-base round)
     until: int | None = None  # a departure's round T: no window decided at T or later
 
@@ -122,7 +125,7 @@ class StopRule:
         certifier = Certifier.for_run(c, weights, aggregate=aggregate)
         return cls(every=c.stop_every.rounds or 0, hops=diameter(weights), cap=c.iterations.total,
                    curvature=certifier.curvature, l2=certifier.l2, momentum=certifier.momentum,
-                   target=TARGET, factor=certifier.hops if aggregate else None,
+                   target=TARGET, factor=certifier.hops,
                    origin=origin, until=until)
 
     @classmethod

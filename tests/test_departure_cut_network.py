@@ -104,6 +104,8 @@ def test_two_non_adjacent_agents_of_a_ring_gone(data: Path, tmp_path: Path) -> N
     run = _run(data, tmp_path / "run", topology="ring", victims=["agent2", "agent4"])
     records = run["summary"]["departures"]
     assert sorted(r["agent"] for r in records) == ["agent2", "agent4"]
-    assert records[-1]["new_edges"] == [["agent1", "agent3"]]
+    # the two may be decided together or one round apart (crash_at lets a victim die at T - 1):
+    # the rejoining edge is on whichever record cut the graph
+    assert [edge for r in records for edge in r["new_edges"]] == [["agent1", "agent3"]]
     assert run["survivors"] == ["agent1", "agent3", "agent5"]
     _equal_to_the_simulator(run)

@@ -12,7 +12,7 @@ import torch
 
 from efpsn.algorithms import make_algorithm
 from efpsn.algorithms.base import StepContext
-from efpsn.certificate import TARGET, Certifier, certify, diameter
+from efpsn.certificate import TARGET, Certifier, certify, diameter, mean_distance
 from efpsn.config import RunConfig
 from efpsn.schedules import make_schedule
 from efpsn.step_rule import (
@@ -119,6 +119,18 @@ def test_diameter_counts_hops() -> None:
         diameter(np.eye(3))
 
 
+def test_the_mean_distance_is_the_largest_average_hop_count() -> None:
+    # the 5-ring: every agent is 0, 1, 1, 2, 2 hops from the five agents, (0+1+1+2+2)/5 = 1.2
+    assert mean_distance(ring(5)) == pytest.approx(1.2)
+    # the 7-path: its ends are 0..6 hops from the others, 21/7 = 3 (the diameter is 6)
+    assert mean_distance(metropolis_weights(build_graph("path", 7, seed=0))) == pytest.approx(3)
+    # the complete 4-graph: 3 neighbours one hop away, 3/4; one agent alone: 0
+    assert mean_distance(metropolis_weights(build_graph("complete", 4, seed=0))) == 0.75
+    assert mean_distance(metropolis_weights(build_graph("complete", 1, seed=0))) == 0.0
+    with pytest.raises(ValueError, match="disconnected"):
+        mean_distance(np.eye(3))
+
+
 def test_certify_computes_the_documented_bound() -> None:
     # B = (tracker + L D gap) / mu + beta step; certificate B / (||x_bar|| - B)
     measures = {"tracker": 1e-6, "gap": 1e-8, "step": 1e-4}
@@ -190,7 +202,7 @@ def test_the_certificate_is_never_below_the_true_distance() -> None:
         # z_bar, so allow for this round's move in the comparison (measures on one round)
         x_bar = sum(s["x"] for s in states) / n
         out = certify(measures, x_bar_norm=float(norm(x_bar)), curvature=big_l, l2=mu,
-                      hops=diameter(weights), momentum=momentum, rounds=t + 1)
+                      hops=mean_distance(weights), momentum=momentum, rounds=t + 1)
         true = float(norm(x_bar - x_star) / norm(x_star))
         assert out.bound >= true * 0.999, (t, out.bound, true)
         checked += 1
@@ -200,7 +212,8 @@ def test_the_certificate_is_never_below_the_true_distance() -> None:
 def test_a_certifier_for_a_run_uses_its_public_numbers() -> None:
     config = RunConfig().resolved()
     certifier = Certifier.for_run(config, ring(5))
-    assert certifier.curvature == 392.51 and certifier.l2 == 0.01 and certifier.hops == 2
+    assert certifier.curvature == 392.51 and certifier.l2 == 0.01
+    assert certifier.hops == pytest.approx(1.2)  # the 5-ring's mean distance (diameter 2)
     assert certifier.momentum == 0.993565 and certifier.rounds == 6502
     assert certifier.rate == pytest.approx(1 - math.sqrt(0.00104197 * 0.01))
     gt_config = RunConfig(algorithm="gt", iterations=100).resolved()

@@ -108,6 +108,7 @@ class ManyRoundSettings:
     messages: str = "clear"  # or "aggregate": the neighbour sees its neighbourhood's sum
     quadratic: float = 0.0  # > 0: a degree-2 zero-sum mask, ||A_i|| <= this times L
     others: str = "data"  # aggregate: the neighbour knows its other neighbours' data, or "pooled"
+    stopped: bool = False  # attack the rounds the stop rule gives (the run as it ends), not the cap
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.image_modes) - {name for name, _ in self.modes})
@@ -157,6 +158,13 @@ def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset]
     if settings.quadratic > 0:
         config = masked_config(config, scale=settings.quadratic)
     problem = one_sample_problem(config, sample=data.subset([index]), others=others)
+    if settings.stopped:  # the rounds this run's stop rule ends it at, then exactly those
+        from efpsn.run_values import Rounds
+        from efpsn.simulator import run_simulation
+
+        ended = run_simulation(problem.config, problem=problem, noise_seed=noise_seed)
+        config = config.replace(iterations=Rounds(int(ended.timings["rounds"])))
+        problem = one_sample_problem(config, sample=data.subset([index]), others=others)
     if settings.quadratic > 0:
         quadratic = quadratic_masks(problem.graph, len(problem.initial_params()),
                                     bound=settings.quadratic * masked_rule(config, scale=0).curvature,
