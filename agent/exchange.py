@@ -42,7 +42,10 @@ class RoundLink:
         self.name = name
         self.neighbours = sorted(neighbours)
         self.timeout = timeout
-        self._sending: asyncio.Future[Any] | None = None
+        # my last round's deliveries, one task per neighbour, and the deadline that bounds
+        # them (None: the final round's PutRound calls, bounded by their own deadlines)
+        self._sending: dict[str, asyncio.Future[Any]] = {}
+        self._sent: tuple[int, float | None] = (-1, None)
 
     async def exchange(self, t: int, message: Message, *, final: bool = False
                        ) -> dict[int, Message]:
@@ -54,11 +57,13 @@ class RoundLink:
         data = encode_round(message, run_id=self.run_id, sender=self.name, round_=t)
         self.outbox.remember(t, data)
         if final:
-            sends = (self.peers.put_round(n, data, timeout=self.timeout) for n in self.neighbours)
-        else:
-            sends = (self.peers.send_round(n, t, data, timeout=self.timeout)
-                     for n in self.neighbours)
-        self._sending = asyncio.ensure_future(all_or_first_error(sends))
+            self._sending = {n: asyncio.ensure_future(self.peers.put_round(
+                n, data, timeout=self.timeout)) for n in self.neighbours}
+            self._sent = (t, None)
+        else:  # no timer per write: `delivered` checks them all against the deadline at once
+            self._sending = {n: asyncio.ensure_future(self.peers.send_round(
+                n, t, data, timeout=self.timeout, timed=False)) for n in self.neighbours}
+            self._sent = (t, deadline)
         try:
             await self.replay.fill(t, deadline=deadline)
             return await self._collect(t, deadline)
@@ -110,17 +115,39 @@ class RoundLink:
     async def delivered(self) -> None:
         """Wait until my last round message is written to every neighbour's stream (or, by
         PutRound, acknowledged); AgentFailure if a neighbour refused it or stayed unreachable
-        until the deadline."""
-        sending, self._sending = self._sending, None
-        if sending is not None:
-            await sending
+        until the deadline, or if a write was still under way at the deadline (the neighbour
+        took no more data). Usually every write is done by the time the next round starts:
+        then nothing waits and no timer is armed."""
+        sending, self._sending = self._sending, {}
+        tasks = list(sending.values())
+        if all(task.done() for task in tasks):  # the common case: nothing waits, nothing armed
+            for task in tasks:
+                if not task.cancelled():
+                    task.exception()  # every outcome retrieved before the first is raised
+            for task in tasks:
+                task.result()
+            return
+        t, deadline = self._sent
+        if deadline is None:  # the final round's PutRound calls, bounded by their deadlines
+            await all_or_first_error(tasks)
+            return
+        try:
+            async with asyncio.timeout_at(deadline):
+                await all_or_first_error(tasks)
+            return
+        except TimeoutError:
+            # all_or_first_error has cancelled the writes: the cancellation reaches each at
+            # its next step, so a write still under way still says so here
+            late = sorted(name for name, task in sending.items() if not task.done())
+        stuck = [name for name in late if self.peers.writing(name)] or late
+        raise await self.peers.stalled(stuck[0], t)
 
     async def abandon(self) -> None:
         """Cancel a delivery still under way and collect its outcome, so that no task is left
         with an exception nobody retrieved."""
-        sending, self._sending = self._sending, None
-        if sending is not None:
-            await settle(sending)
+        sending, self._sending = self._sending, {}
+        for task in sending.values():
+            await settle(task)
 
     async def finish(self, t: int, message: Message) -> None:
         """Push my final message (round t, the run's last) and wait, still serving GetRound,

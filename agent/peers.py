@@ -159,10 +159,14 @@ class Peers:
             raise AgentFailure(f"neighbour {name} ({self._session().address_of(name)}) refused "
                                f"{what}: {ack.detail}", blame=name)
 
-    async def send_round(self, name: str, t: int, data: bytes, *, timeout: float) -> None:
+    async def send_round(self, name: str, t: int, data: bytes, *, timeout: float,
+                         timed: bool = True) -> None:
         """Write my round-t message (`data`, its serialized bytes) on my round stream to a
         neighbour; if that stream has ended, deliver it with PutRound, which retries and names
-        every failure as `send` does. A stream that ends later is mended by `repair`."""
+        every failure as `send` does. A stream that ends later is mended by `repair`.
+        `timed=False`: no timer of its own for the write; the caller bounds the wait and calls
+        `stalled` at the deadline (RoundLink: one check per round for all neighbours, instead
+        of a timer armed and cancelled for every message)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         self.unacknowledged[name] += 1
@@ -172,21 +176,35 @@ class Peers:
                 stream = self._streams[name] = RoundStream(self._channel(name),
                                                            on_break=self.mailbox.interrupt)
             try:
-                async with asyncio.timeout_at(deadline):
+                if timed:
+                    async with asyncio.timeout_at(deadline):
+                        await stream.send(data, t)
+                else:
                     await stream.send(data, t)
                 return
             except TimeoutError:
-                await stream.close()  # a write may have been cut short: start afresh
-                raise AgentFailure(
-                    f"timed out sending OPTIMIZE round {t} to neighbour {name} "
-                    f"({self._session().address_of(name)}): it accepted no more data before the "
-                    "round deadline (neighbour stopped, frozen or overloaded?)",
-                    blame=name) from None
+                raise await self.stalled(name, t) from None
             except StreamBroken:
                 pass  # the unary call below gets the neighbour's answer for this message
         finally:
             self._done_sending(name)
         await self.put_round(name, data, timeout=max(0.1, deadline - loop.time()))
+
+    def writing(self, name: str) -> bool:
+        """Whether a write on my round stream to `name` is under way (not taken by gRPC)."""
+        stream = self._streams.get(name)
+        return stream is not None and stream.writing
+
+    async def stalled(self, name: str, t: int) -> AgentFailure:
+        """The failure of a round-t write to `name` still under way at the round deadline;
+        its stream is closed (a write may have been cut short: the next round starts afresh)."""
+        stream = self._streams.get(name)
+        if stream is not None:
+            await stream.close()
+        return AgentFailure(
+            f"timed out sending OPTIMIZE round {t} to neighbour {name} "
+            f"({self._session().address_of(name)}): it accepted no more data before the "
+            "round deadline (neighbour stopped, frozen or overloaded?)", blame=name)
 
     async def put_round(self, name: str, data: bytes, *, timeout: float) -> None:
         """Deliver one serialized round message with PutRound, acknowledged."""

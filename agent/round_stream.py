@@ -42,6 +42,7 @@ class RoundStream:
         self._on_break = on_break
         self.written: collections.deque[int] = collections.deque(maxlen=UNCONFIRMED)
         self.broken: BaseException | None = None
+        self.writing = False  # a write is under way (gRPC has not taken all of it yet)
         self._watcher = asyncio.ensure_future(self._watch())
 
     async def send(self, data: bytes, round_: int) -> None:
@@ -49,11 +50,14 @@ class RoundStream:
         if self.broken is not None:
             raise StreamBroken("the stream has ended") from self.broken
         self.written.append(round_)  # before the write: a write cut short may have gone out
+        self.writing = True
         try:
             await self._call.write(data)
         except Exception as exc:  # the call ended (refusal, reset, cancelled)
             self._fail(exc)
             raise StreamBroken(str(exc) or type(exc).__name__) from exc
+        finally:
+            self.writing = False
 
     async def _watch(self) -> None:
         """Wait for the end of the call: it only ends early, with the neighbour's status."""

@@ -22,8 +22,10 @@ import pytest
 import torch
 from harness import InProcessAgent, assigned_agents
 
-from agent.options import RefusedByNeighbour
+from agent.exchange import RoundLink
+from agent.options import AgentFailure, RefusedByNeighbour
 from agent.outbox import Outbox
+from agent.resume import Replay
 from agent.round_stream import METHOD, RoundStream, StreamBroken
 from efpsn.config import RunConfig
 from efpsn.wire import guard, records, rounds
@@ -261,6 +263,55 @@ async def test_a_write_on_an_ended_stream_goes_by_put_round(pair: Pair) -> None:
     message = pair.message(START)
     await peers.send_round("agent1", START, message.SerializeToString(), timeout=10.0)
     assert pair.receiver.mailbox.has("round", START, "agent2")
+
+
+class _StuckStream:
+    """A round stream whose neighbour takes no more data: a write never ends."""
+
+    def __init__(self) -> None:
+        self.broken: BaseException | None = None
+        self.writing = False
+        self.written: list[int] = []
+        self.closed = False
+
+    async def send(self, data: bytes, round_: int) -> None:
+        self.written.append(round_)
+        self.writing = True
+        await asyncio.Event().wait()
+
+    async def close(self) -> None:
+        self.closed = True
+        self.broken = StreamBroken("the stream was closed")
+
+
+@in_pair
+async def test_a_write_still_under_way_at_the_deadline_fails_the_next_round(pair: Pair) -> None:
+    """No timer per write: the round's writes are checked at the next round's start, and one
+    still under way at the deadline fails the round, naming the neighbour; its stream is
+    closed (the next round starts afresh)."""
+    sender = pair.sender
+    stuck = _StuckStream()
+    sender.peers._streams["agent1"] = stuck  # type: ignore[assignment]
+    replay = Replay(peers=sender.peers, intake=sender.intake, mailbox=sender.mailbox,
+                    neighbours=set(), describe_loss=lambda *a: "", on_loss=lambda n: None)
+    link = RoundLink(peers=sender.peers, outbox=Outbox(keep=8), replay=replay, run_id=RUN,
+                     name="agent2", neighbours=["agent1"], timeout=0.5)
+    for neighbour in sender.session.neighbour_names:  # their round START is already here
+        sender.mailbox.put("round", START, neighbour, {"x": torch.zeros(pair.shape)})
+    x = torch.ones(pair.shape, dtype=torch.float64)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    inbox = await link.exchange(START, {"x": x})
+    assert len(inbox) == len(sender.session.neighbour_names)
+    with pytest.raises(AgentFailure) as info:
+        await link.delivered()
+    assert 0.4 < loop.time() - start < 5.0
+    assert stuck.written == [START] and stuck.closed
+    assert info.value.blame == "agent1", info.value
+    assert str(info.value).startswith(
+        f"timed out sending OPTIMIZE round {START} to neighbour agent1 ({pair.address}): it "
+        "accepted no more data before the round deadline"), info.value
+    await link.delivered()  # nothing left behind
 
 
 async def _until(done: Callable[[], bool], *, timeout: float) -> None:
