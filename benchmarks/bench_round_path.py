@@ -18,6 +18,13 @@ thread, from /proc), wall ms, and ours / bare, with the machine's load at both e
 machine one pair moves by tens of percent with the load, so each pair's ratio is taken while
 the load is about the same, and the medians (of the CPU figures and of the pairs' ratios) are
 the figures to quote.
+
+Trying gRPC's own settings (issue 29): `--option KEY=VALUE` (repeatable; an integer value is
+passed as one) adds a channel and server argument to every channel and server of both ends, in
+both paths; `--env KEY=VALUE` (repeatable) sets an environment variable of both processes (e.g.
+GRPC_POLL_STRATEGY=poll). With either, each of the R repeats runs the path(s) of `--paths`
+twice, as they are and with the variant, alternating which goes first, and prints the
+variant's CPU against the default's per pair and their median ratio.
 """
 
 from __future__ import annotations
@@ -67,6 +74,31 @@ def _message(name: str) -> dict[str, torch.Tensor]:
     return {k: torch.randn(7850, generator=gen, dtype=torch.float64) for k in ("y", "z")}
 
 
+def _apply_options(extra: list[tuple[str, int | str]]) -> None:
+    """Add `extra` to every channel's and server's gRPC arguments in this process."""
+    if not extra:
+        return
+    from efpsn.wire import limits
+    channel_options, server_options = limits.channel_options, limits.server_options
+    keys = {k for k, _ in extra}
+
+    def merged(base: Any) -> Any:
+        return lambda **kw: [o for o in base(**kw) if o[0] not in keys] + list(extra)
+
+    limits.channel_options = merged(channel_options)  # type: ignore[assignment]
+    limits.server_options = merged(server_options)  # type: ignore[assignment]
+
+
+def _parse_pairs(items: list[str], *, numbers: bool) -> list[tuple[str, Any]]:
+    pairs: list[tuple[str, Any]] = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"expected KEY=VALUE, got {item!r}")
+        pairs.append((key, int(value) if numbers and value.lstrip("-").isdigit() else value))
+    return pairs
+
+
 async def _ours(me: str, other: str, folder: Path, ports: dict[str, int], rounds: int,
                 ready: Path) -> dict[str, float]:
     from agent.assembly import local_agents
@@ -101,7 +133,8 @@ async def _bare(me: str, other: str, folder: Path, ports: dict[str, int], rounds
             queue.put_nowait(request)
         return b""
 
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1 << 26)])
+    from efpsn.wire import limits
+    server = grpc.aio.server(options=[*limits.server_options(max_message_bytes=1 << 26)])
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         "bench.Bare", {"Sink": grpc.stream_unary_rpc_method_handler(sink)}),))
     tls = TlsConfig.from_dir(folder / "tls", me)
@@ -140,6 +173,7 @@ async def _rounds(one: Any, rounds: int, ready: Path) -> dict[str, float]:
 
 def _child(args: argparse.Namespace) -> None:
     configure_threads()
+    _apply_options(_parse_pairs(args.option, numbers=True))
     ports = json.loads(args.ports)
     other = "agent2" if args.name == "agent1" else "agent1"
     run = _ours if args.mode == "ours" else _bare
@@ -147,12 +181,16 @@ def _child(args: argparse.Namespace) -> None:
                     Path(args.folder) / f"{args.mode}-{args.name}.json"))
 
 
-def _pair(mode: str, folder: Path, rounds: int) -> dict[str, float]:
+def _pair(mode: str, folder: Path, rounds: int, options: tuple[str, ...] = (),
+          env: tuple[tuple[str, str], ...] = ()) -> dict[str, float]:
     """Both ends as separate processes; their CPU seconds added, the slower wall time."""
     ports = dict(zip(("agent1", "agent2"), _free_ports(2), strict=True))
+    extra = [a for o in options for a in ("--option", o)]
+    child_env = {**os.environ, **dict(env)}
     procs = [subprocess.Popen([sys.executable, __file__, "--child", "--mode", mode, "--name",
                                name, "--folder", str(folder), "--ports", json.dumps(ports),
-                               "--rounds", str(rounds)]) for name in ports]
+                               "--rounds", str(rounds), *extra], env=child_env)
+             for name in ports]
     for p in procs:
         if p.wait(timeout=900) != 0:
             raise RuntimeError(f"{mode}: a process failed ({p.returncode})")
@@ -165,6 +203,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3, help="pairs of runs (bare, ours)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a gRPC channel/server argument to try against the default")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="an environment variable of both processes to try")
+    parser.add_argument("--paths", default="bare,ours",
+                        help="with --option/--env: which paths to compare (bare, ours)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=("ours", "bare"), help=argparse.SUPPRESS)
     parser.add_argument("--name", help=argparse.SUPPRESS)
@@ -176,6 +220,9 @@ def main() -> None:
         return
     if args.repeat < 1 or args.rounds < 1:
         parser.error("--rounds and --repeat must be >= 1")
+    if args.option or args.env:
+        _variants(args)
+        return
     with tempfile.TemporaryDirectory(prefix="efpsn-bench-round-path-") as tmp:
         folder = Path(tmp)
         generate_certificates(folder / "tls", ["agent1", "agent2"])
@@ -198,6 +245,39 @@ def main() -> None:
              ratio=ratio if mode == "ours" else 1.0)
     print(f"median of the pairs' ratios: ours {ratio:.2f}x bare (CPU); machine: {machine_load()}; "
           f"pid {os.getpid()}")
+
+
+def _variants(args: argparse.Namespace) -> None:
+    """Each path as it is against the same with args.option/args.env, alternating the order."""
+    _parse_pairs(args.option, numbers=True)
+    env = tuple(_parse_pairs(args.env, numbers=False))
+    paths = [p for p in args.paths.split(",") if p]
+    if not paths or any(p not in ("bare", "ours") for p in paths):
+        raise SystemExit(f"--paths: expected bare and/or ours, got {args.paths!r}")
+    variant = " ".join([*args.option, *(f"{k}={v}" for k, v in env)])
+    ratios: dict[str, list[float]] = {p: [] for p in paths}
+    with tempfile.TemporaryDirectory(prefix="efpsn-bench-round-path-") as tmp:
+        folder = Path(tmp)
+        generate_certificates(folder / "tls", ["agent1", "agent2"])
+        print(f"variant: {variant}; {args.rounds} rounds; {args.repeat} repeats; "
+              f"{machine_load()}")
+        print(f"{'rep':<4} {'path':<5} {'default CPU ms/agent':>20} {'variant':>8} {'ratio':>6}")
+        for i in range(args.repeat):
+            for path in paths:
+                runs = {}
+                order = ("default", "variant") if i % 2 == 0 else ("variant", "default")
+                for which in order:
+                    runs[which] = (_pair(path, folder, args.rounds, tuple(args.option), env)
+                                   if which == "variant" else _pair(path, folder, args.rounds))
+                ratio = runs["variant"]["cpu_ms"] / runs["default"]["cpu_ms"]
+                ratios[path].append(ratio)
+                print(f"{i + 1:<4} {path:<5} {runs['default']['cpu_ms'] / 2:>20.3f} "
+                      f"{runs['variant']['cpu_ms'] / 2:>8.3f} {ratio:>6.3f}", flush=True)
+    for path in paths:
+        r = ratios[path]
+        print(f"{path}: variant / default, median {statistics.median(r):.3f} "
+              f"(range {min(r):.3f}-{max(r):.3f}, {len(r)} pairs)")
+    print(f"machine: {machine_load()}")
 
 
 LABELS = (("bare", "bare grpc.aio, same bytes"), ("ours", "ours (RoundLink.exchange)"))
