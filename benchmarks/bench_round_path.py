@@ -56,6 +56,7 @@ RUN = "bench-round-path"
 CONFIG = RunConfig(agents=2, topology="path", iterations=1_000_000, key_bits=2048, round_timeout_seconds=30.0)
 WARMUP = 30
 SINK = "/bench.Bare/Sink"
+EXTRA: list[tuple[str, int | str]] = []  # --option's arguments, in a child process
 
 
 def _free_ports(count: int) -> list[int]:
@@ -78,6 +79,7 @@ def _apply_options(extra: list[tuple[str, int | str]]) -> None:
     """Add `extra` to every channel's and server's gRPC arguments in this process."""
     if not extra:
         return
+    EXTRA.extend(extra)  # for bare's server
     from efpsn.wire import limits
     channel_options, server_options = limits.channel_options, limits.server_options
     keys = {k for k, _ in extra}
@@ -133,8 +135,7 @@ async def _bare(me: str, other: str, folder: Path, ports: dict[str, int], rounds
             queue.put_nowait(request)
         return b""
 
-    from efpsn.wire import limits
-    server = grpc.aio.server(options=[*limits.server_options(max_message_bytes=1 << 26)])
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1 << 26), *EXTRA])
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         "bench.Bare", {"Sink": grpc.stream_unary_rpc_method_handler(sink)}),))
     tls = TlsConfig.from_dir(folder / "tls", me)
