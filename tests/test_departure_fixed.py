@@ -9,7 +9,7 @@ from functools import cache
 
 import pytest
 
-from agent.fixed_terms import EdgeTerms
+from agent.fixed_terms import EdgeTerms, save_phase_one
 from efpsn import paillier
 from efpsn.departure_masks import draw_pair_shares, new_edge_shares, rejoin_generator, sums_to_zero
 from efpsn.encoding import SlotLayout
@@ -136,3 +136,27 @@ def test_a_neighbour_that_left_in_phase_one_is_saved_as_such(tmp_path) -> None:
     restarted.restore(tmp_path, run_id="r", mask=mask)
     assert restarted.dropped(mask, [0]).mask == mask.mask  # never held its terms
     assert restarted.dropped(mask, [2]).mask.numerators == (0,) * SPEC.num_coefficients
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_phase_one_saves_every_edges_terms_for_a_restart_before_any_departure(
+        tmp_path, packed) -> None:
+    """Departures on: when phase I ends, agent 1 of a 5-path decrypts each edge's terms alone
+    (deg * ceil(N / slots) decryptions) and saves them; restarted before any departure, it
+    drops agent 2 from the reloaded terms exactly as the live Masker does."""
+    graph = path(5)
+    layout = SlotLayout.plan(precision=6, gamma=1e3, max_terms=2, key_bits=512) if packed else None
+    maskers, masks = _phase_one(graph, layout, {i: noise_generator(SEED, i) for i in range(5)},
+                                list(range(5)))
+    live, cost = save_phase_one(maskers[1], tmp_path, run_id="r")
+    per_edge = maskers[1].ciphertexts_per_neighbour
+    assert per_edge == (1 if packed else SPEC.num_coefficients)
+    assert cost["edge_terms_decryptions"] == 2 * per_edge and cost["edge_terms_seconds"] > 0
+    assert (tmp_path / "edge_terms.json").stat().st_mode & 0o777 == 0o600
+    before = maskers[1].decryptions
+    dropped = live.dropped(masks[1], [2]).mask.numerators
+    assert maskers[1].decryptions == before  # the departure decrypts nothing more
+    assert EdgeTerms(maskers[1]).dropped(masks[1], [2]).mask.numerators == dropped
+    restarted = EdgeTerms(None)
+    restarted.restore(tmp_path, run_id="r", mask=masks[1])
+    assert restarted.dropped(masks[1], [2]).mask.numerators == dropped != masks[1].mask.numerators
