@@ -283,6 +283,9 @@ class Silence:
             if (saved or record and record["adopted"]) and terms is not None \
                     and isinstance(masks, FixedMask):
                 terms.restore(self.store.folder, run_id=session.run_id, mask=masks)
+            if record and record["adopted"]:  # each new edge's seeds (terms) were saved
+                departure_state.check_new_edges(record, held=set(record["seeds"]) if
+                                                terms is None else terms.held)
         except ValueError as exc:
             raise AgentFailure(f"{session.assignment.name} cannot resume: {exc}") from None
         if record is not None and not record["adopted"]:
@@ -341,6 +344,8 @@ class Silence:
                 self.rejoin.deciding(False)
             if ended:  # at the cap: there, or the rounds up to there first
                 return None if there else await link.recollect(t, driver.outbox)
+            if joiners:  # a restart before their phase I is saved is refused (resume)
+                self.departures.save(self.store.folder)
             await self._new_edges(joiners)
             # t < R (R = T + n): the new edges join at R, in the loop
             gone, joined = self.departures.before_round(t, driver)

@@ -59,6 +59,11 @@ class EdgeTerms:
     def available(self) -> bool:
         return bool(self._maskers or self._known)
 
+    @property
+    def held(self) -> set[int]:
+        """The neighbours whose edge's terms this agent holds (in a Masker, or reloaded)."""
+        return set(self._known).union(*(m.neighbours for m in self._maskers))
+
     def add(self, masker: Masker) -> None:
         """A new edge's phase I (finished): its terms are added at the re-base round."""
         self._maskers.append(masker)
