@@ -20,7 +20,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from agent import departure_state
+from agent import departure_state, fixed_terms
 from agent.bootstrap import report_finished, report_silence
 from agent.ending import end_at_cap, end_in_window
 from agent.exchange import RoundLink
@@ -36,7 +36,6 @@ from efpsn.departure import Departure, drop_node_weights, optimum_of, rebase, re
 from efpsn.departure_masks import add_seeds, drop_seeds, reseeded
 from efpsn.fading import FadingMask
 from efpsn.last_window import CapEnd, capped_model
-from efpsn.masking import Masker
 from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
 from efpsn.rounds import RoundDriver
 from efpsn.stopping import StopRule
@@ -50,11 +49,12 @@ class LocalDepartures:
     """The departures this agent knows and what they change for it, round by round."""
 
     def __init__(self, session: Session, masks: MaskProvider,
-                 masker: Masker | None = None) -> None:
+                 terms: EdgeTerms | None = None) -> None:
         self.session = session
         self.masks = masks
-        # the paper's fixed mask: phase I's per-edge shares a departure subtracts (fixed_terms)
-        self.terms = EdgeTerms(masker) if isinstance(masks, FixedMask) else None
+        # the paper's fixed mask: phase I's per-edge shares a departure subtracts (fixed_terms;
+        # a restarted agent's: reloaded by Silence.resume)
+        self.terms = (terms or EdgeTerms(None)) if isinstance(masks, FixedMask) else None
         self.decided: list[Departure] = []
         self.epoch = 0
         self.graph = session.problem.graph
@@ -90,8 +90,8 @@ class LocalDepartures:
         zero_sum = self.session.config.mask == "zero-sum"
         if zero_sum and self.terms is not None and not self.terms.available:
             raise AgentFailure("a departure with the paper's fixed mask (--refresh never) needs "
-                               "phase I's per-edge shares, which an agent restarted before any "
-                               "departure does not hold (agent/fixed_terms.py)")
+                               "phase I's per-edge shares, which this agent does not hold (its "
+                               "phase I ran with departures off?): agent/fixed_terms.py")
         after = reconfigure(self.graph, self.gone | {d.agent for d in new})
         mine = sorted({b if a == self.me else a for a, b in after.new_edges if self.me in (a, b)})
         given = {index: (name, address) for name, (index, address) in (joining or {}).items()}
@@ -279,8 +279,13 @@ class Silence:
         session, terms, masks = self.departures.session, self.departures.terms, self.departures.masks
         try:
             record = departure_state.load(self.store.folder, run_id=session.run_id)
-            if record and record["adopted"] and terms is not None and isinstance(masks, FixedMask):
-                terms.restore(self.store.folder, run_id=session.run_id, mask=masks)  # saved
+            saved = (Path(self.store.folder) / fixed_terms.FILE).exists()  # since phase I
+            if (saved or record and record["adopted"]) and terms is not None \
+                    and isinstance(masks, FixedMask):
+                terms.restore(self.store.folder, run_id=session.run_id, mask=masks)
+            if record and record["adopted"]:  # each new edge's seeds (terms) were saved
+                departure_state.check_new_edges(record, held=set(record["seeds"]) if
+                                                terms is None else terms.held)
         except ValueError as exc:
             raise AgentFailure(f"{session.assignment.name} cannot resume: {exc}") from None
         if record is not None and not record["adopted"]:
@@ -339,6 +344,8 @@ class Silence:
                 self.rejoin.deciding(False)
             if ended:  # at the cap: there, or the rounds up to there first
                 return None if there else await link.recollect(t, driver.outbox)
+            if joiners:  # a restart before their phase I is saved is refused (resume)
+                self.departures.save(self.store.folder)
             await self._new_edges(joiners)
             # t < R (R = T + n): the new edges join at R, in the loop
             gone, joined = self.departures.before_round(t, driver)

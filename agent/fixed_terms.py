@@ -12,20 +12,22 @@ edge (a departure that cut the graph) runs the paper's phase I for that edge alo
 A neighbour that left in phase I itself (Masker.drop) never had terms in the mask: dropping
 it subtracts nothing.
 
-A restart after a departure: when the agent applies its first departure it decrypts every
-edge's terms alone (deg * ceil(N / slots) decryptions, once) and saves them, with the new
-edges' terms, in STATE/edge_terms.json (0600, written atomically, deleted with the phase I
-seeds and departures.json when the run ends; agent/departure_state.py): integers only, z_ij
-and z_ji per edge, with the fingerprints of the Paillier keys they were received under. They
-are mask shares, random integers drawn for the run: nothing derived from the agent's data, and
-nothing the agent could not read (the same secrets as the seeds a refreshed mask saves). A
-restarted agent reloads them (`restore`: their phase I edges must add up to its saved mask) and
-re-applies the departures (agent/departing.py). One that restarts before any departure keeps
-no terms (none were saved): a departure after that restart is refused with the reason.
+A restart: when departures are on (--departure-deadline > 0), the agent decrypts every edge's
+terms alone as soon as phase I ends (`save_phase_one`: deg * ceil(N / slots) decryptions, once)
+and saves them in STATE/edge_terms.json before its mask (0600, written atomically and synced,
+deleted with the phase I seeds and departures.json when the run ends;
+agent/departure_state.py); each departure's new edges' terms are added to it. Integers only,
+z_ij and z_ji per edge, with the fingerprints of the Paillier keys they were received under:
+mask shares, random integers drawn for the run, nothing derived from the agent's data, and
+nothing the agent could not read (the same secrets as the seeds a refreshed mask saves); never
+the private key. A restarted agent reloads them (`restore`: their phase I edges must add up to
+its saved mask), so a departure after the restart, or one before it that it re-applies
+(agent/departing.py), subtracts the same integers as the replay.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -35,7 +37,7 @@ from efpsn.jsonfile import read_json, write_json
 from efpsn.masking import MaskCoefficients, Masker
 from efpsn.refresh import FixedMask
 
-__all__ = ["FILE", "EdgeTerms"]
+__all__ = ["FILE", "EdgeTerms", "save_phase_one"]
 
 FILE = "edge_terms.json"
 FORMAT = 1
@@ -56,6 +58,11 @@ class EdgeTerms:
     @property
     def available(self) -> bool:
         return bool(self._maskers or self._known)
+
+    @property
+    def held(self) -> set[int]:
+        """The neighbours whose edge's terms this agent holds (in a Masker, or reloaded)."""
+        return set(self._known).union(*(m.neighbours for m in self._maskers))
 
     def add(self, masker: Masker) -> None:
         """A new edge's phase I (finished): its terms are added at the re-base round."""
@@ -136,3 +143,15 @@ class EdgeTerms:
             raise ValueError(f"the terms in {path} do not add up to the saved mask")
         self._known.update(known)
         self._phase_one, self._left, self._keys = phase_one, left, keys
+
+
+def save_phase_one(masker: Masker, folder: str | Path, *, run_id: str
+                   ) -> tuple[EdgeTerms, dict[str, float]]:
+    """Phase I just ended with departures on: every edge's terms, decrypted alone and saved
+    for a restart (before the mask is saved, so a saved mask always has its terms); the terms
+    and what it cost phase I (seconds, decryptions: deg * ceil(N / slots))."""
+    start, before = time.perf_counter(), masker.decryptions
+    terms = EdgeTerms(masker)
+    terms.save(folder, run_id=run_id)
+    return terms, {"edge_terms_seconds": time.perf_counter() - start,
+                   "edge_terms_decryptions": masker.decryptions - before}

@@ -25,6 +25,7 @@ from agent.bootstrap import bootstrap
 from agent.concurrency import to_completion
 from agent.departing import LocalDepartures, Silence
 from agent.exchange import RoundLink
+from agent.fixed_terms import EdgeTerms, save_phase_one
 from agent.options import AgentFailure, AgentOptions
 from agent.phase_one import run_phase_one, shares_packed
 from agent.phase_one_leave import PhaseOneDepartures, phase_one_departures
@@ -86,6 +87,7 @@ class AgentNode:
         self.server: Server | None = None
         self._keypair: asyncio.Future[Any] | None = None
         self._masker: Masker | None = None  # the fixed mask's per-edge terms (departures)
+        self._terms: EdgeTerms | None = None  # ... decrypted and saved when phase I ends
         self._left: PhaseOneDepartures | None = None  # departures decided in phase I
 
     async def run(self) -> dict[str, Any]:
@@ -150,6 +152,10 @@ class AgentNode:
         received = self.service.phase_one.received()
         if self._left is not None:  # before the result: a restart must know who left
             self._left.save(self.store.folder)
+            if self._masker is not None:  # the fixed mask's per-edge terms too (fixed_terms)
+                self._terms, cost = await asyncio.to_thread(
+                    save_phase_one, self._masker, self.store.folder, run_id=assignment.run_id)
+                self.timings.update(cost)
         if isinstance(result, EdgeSeeds):
             self.store.save_seeds(result.to_json(), run_id=assignment.run_id,
                                   stats=dict(self.timings), received=received)
@@ -271,7 +277,7 @@ class AgentNode:
         channel = self.peers.coordinator()
         deadline = opts.departure_deadline or session.config.round_timeout_seconds
         # the others report up to a few rounds later: wait for their deadline too
-        return Silence(departures=LocalDepartures(session, masks, self._masker),
+        return Silence(departures=LocalDepartures(session, masks, self._terms),
                        coordinator=channel,
                        mailbox=self.mailbox, store=self.store,
                        timeout=deadline + session.config.round_timeout_seconds,

@@ -6,11 +6,17 @@ simulator's PairShares (efpsn/departure_masks.py), so the remaining masks sum to
 from __future__ import annotations
 
 from functools import cache
+from types import SimpleNamespace
 
 import pytest
 
-from agent.fixed_terms import EdgeTerms
+from agent import departure_state
+from agent.departing import Silence
+from agent.fixed_terms import EdgeTerms, save_phase_one
+from agent.options import AgentFailure
+from agent.state import StateStore
 from efpsn import paillier
+from efpsn.departure import Departure
 from efpsn.departure_masks import draw_pair_shares, new_edge_shares, rejoin_generator, sums_to_zero
 from efpsn.encoding import SlotLayout
 from efpsn.masking import Masker, MaskingStateError, NoiseSpec, noise_generator
@@ -136,3 +142,70 @@ def test_a_neighbour_that_left_in_phase_one_is_saved_as_such(tmp_path) -> None:
     restarted.restore(tmp_path, run_id="r", mask=mask)
     assert restarted.dropped(mask, [0]).mask == mask.mask  # never held its terms
     assert restarted.dropped(mask, [2]).mask.numerators == (0,) * SPEC.num_coefficients
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_phase_one_saves_every_edges_terms_for_a_restart_before_any_departure(
+        tmp_path, packed) -> None:
+    """Departures on: when phase I ends, agent 1 of a 5-path decrypts each edge's terms alone
+    (deg * ceil(N / slots) decryptions) and saves them; restarted before any departure, it
+    drops agent 2 from the reloaded terms exactly as the live Masker does."""
+    graph = path(5)
+    layout = SlotLayout.plan(precision=6, gamma=1e3, max_terms=2, key_bits=512) if packed else None
+    maskers, masks = _phase_one(graph, layout, {i: noise_generator(SEED, i) for i in range(5)},
+                                list(range(5)))
+    live, cost = save_phase_one(maskers[1], tmp_path, run_id="r")
+    per_edge = maskers[1].ciphertexts_per_neighbour
+    assert per_edge == (1 if packed else SPEC.num_coefficients)
+    assert cost["edge_terms_decryptions"] == 2 * per_edge and cost["edge_terms_seconds"] > 0
+    assert (tmp_path / "edge_terms.json").stat().st_mode & 0o777 == 0o600
+    before = maskers[1].decryptions
+    dropped = live.dropped(masks[1], [2]).mask.numerators
+    assert maskers[1].decryptions == before  # the departure decrypts nothing more
+    assert EdgeTerms(maskers[1]).dropped(masks[1], [2]).mask.numerators == dropped
+    restarted = EdgeTerms(None)
+    restarted.restore(tmp_path, run_id="r", mask=masks[1])
+    assert restarted.dropped(masks[1], [2]).mask.numerators == dropped != masks[1].mask.numerators
+
+
+@pytest.mark.parametrize("fixed", [True, False])
+def test_an_end_of_a_new_edge_restarted_before_its_phase_one_was_saved_is_refused(
+        tmp_path, fixed) -> None:
+    """agent1 of a 5-path is given the new edge agent1-agent4 when agent3 leaves; the decision
+    is saved before that edge's phase I. Restarted before the edge's seeds (terms) are saved,
+    it is refused with the reason; restarted after, it re-applies the decision."""
+    # prepare: the decision saved as Silence.recover saves it before the new edge's phase I
+    maskers, masks = _phase_one(path(5), None, {i: noise_generator(SEED, i) for i in range(5)},
+                                list(range(5)))
+    if fixed:
+        save_phase_one(maskers[0], tmp_path, run_id="r")  # when its phase I ended
+    session = SimpleNamespace(run_id="r", assignment=SimpleNamespace(name="agent1"))
+    restored: list[object] = []
+    departures = SimpleNamespace(session=session, terms=EdgeTerms(None) if fixed else None,
+                                 masks=masks[0] if fixed else None,
+                                 restore=lambda record, driver: restored.append(record))
+    silence = Silence(departures=departures, coordinator=None, mailbox=None,  # type: ignore[arg-type]
+                      store=StateStore(tmp_path), timeout=1.0, rejoin=None)  # type: ignore[arg-type]
+
+    def save(seeds: dict[int, tuple[bytes, bytes]]) -> None:
+        departure_state.save(tmp_path, run_id="r", epoch=1, events=[], names={2: "agent3"},
+                             decided=[Departure(agent=2, round=41, rebase_round=46)],
+                             joining={"agent4": (3, "127.0.0.1:9", 46)}, seeds=seeds)
+
+    save({})
+    # execute / assert: its key pair for the edge is gone: refused, nothing re-applied
+    with pytest.raises(AgentFailure, match="agent1 cannot resume: it was stopped before the "
+                       "phase I of its new edge.s. with agent4 was saved"):
+        silence.resume(driver=None)  # type: ignore[arg-type]
+    assert restored == []
+    # the edge's phase I saved (its seeds, or its terms beside phase I's): resumed
+    if fixed:
+        live = EdgeTerms(maskers[0])
+        edge, _ = _phase_one(Graph(5, ((0, 3),)), None,
+                             {i: rejoin_generator(SEED, i, 1) for i in (0, 3)}, [0, 3],
+                             key_offset=1)
+        live.add(edge[0])
+        live.save(tmp_path, run_id="r")
+    save({} if fixed else {3: (b"\x01" * 16, b"\x02" * 16)})
+    assert silence.resume(driver=None) is None  # type: ignore[arg-type]
+    assert len(restored) == 1 and restored[0]["joining"]["agent4"][0] == 3  # type: ignore[index]

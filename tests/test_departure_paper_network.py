@@ -1,6 +1,9 @@
 """The paper's fixed mask (`--refresh never`, `--preset paper`'s) across a departure and a
 restart, through real processes (agent/fixed_terms.py): a 5-path on breast-cancer folders of
-unequal size; agent3 kills itself (SIGKILL, tests/crash_hook) on reaching round 41, never back.
+unequal size. First agent2 kills itself (SIGKILL, tests/crash_hook) on reaching round 25, before
+any departure, and is started again with the same command: it reloads the per-edge terms it
+saved when phase I ended (STATE/edge_terms.json). Then agent3 kills itself on reaching round
+41, never back.
 Its neighbours agent2 and agent4 decrypt agent3's phase I shares alone and subtract the terms
 they share with it; the path falls in two and the new edge agent1-agent4 runs the paper's
 phase I for that edge (fresh Paillier keys, a Masker on the one edge). agent4 saves its
@@ -31,6 +34,7 @@ pytestmark = pytest.mark.timeout(300)
 # the deadline is longer than agent4's restart (a few seconds to start python and torch): an
 # agent silent past it is declared gone, and a restarted one must come back before that
 NOISE_SEED, CRASH_AT, RESTART_AT, DEADLINE, ROUND_TIMEOUT = 7, 41, 55, 15.0, 30.0
+EARLY = 25  # agent2's restart, before any departure (its checkpoint of round 20)
 SURVIVORS = ["agent1", "agent2", "agent4", "agent5"]
 
 
@@ -52,9 +56,15 @@ def paper_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "--allow-insecure-keys")
     with LocalNet(run, config, noise_seed=NOISE_SEED, agent_args=args, own_args=own,
                   coordinator_args=("--allow-insecure-keys",),
-                  agent_env={"agent3": crash_at(CRASH_AT), "agent4": crash_at(RESTART_AT)},
+                  agent_env={"agent2": crash_at(EARLY), "agent3": crash_at(CRASH_AT),
+                             "agent4": crash_at(RESTART_AT)},
                   ) as net:
         net.start_all()
+        net.procs["agent2"].wait(timeout=240)  # killed itself at EARLY: nobody left yet
+        early = run / "agent2" / "state"
+        early_saved = {f: (early / f).exists() and (early / f).stat().st_mode & 0o777
+                       for f in ("edge_terms.json", "departures.json")}
+        net.restart("agent2")
         net.procs["agent4"].wait(timeout=240)  # killed itself at RESTART_AT
         terms = run / "agent4" / "state" / "edge_terms.json"
         saved = terms.exists() and terms.stat().st_mode & 0o777
@@ -62,7 +72,8 @@ def paper_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         codes = net.wait_agents(timeout=240)
         logs = {n: net.log(n) for n in SURVIVORS}
     return {"root": root, "data": data, "config": config, "run": run, "codes": codes,
-            "logs": logs, "saved": saved, "terms_left": terms.exists()}
+            "logs": logs, "saved": saved, "terms_left": terms.exists(),
+            "early_saved": early_saved}
 
 
 def test_the_four_others_finish_with_the_fixed_mask_one_restarted(paper_run) -> None:
@@ -82,6 +93,11 @@ def test_the_four_others_finish_with_the_fixed_mask_one_restarted(paper_run) -> 
     assert paper_run["saved"] == 0o600
     assert record["rebase_round"] < results[2]["resumed_from_round"] == 50
     assert "resumed with the departures agent3@" in logs["agent4"]
+    # agent2 came back before any departure, with the terms saved when phase I ended, and
+    # subtracted agent3's edge from them
+    assert paper_run["early_saved"] == {"edge_terms.json": 0o600, "departures.json": False}
+    assert results[1]["resumed_from_round"] == 20 < record["round"]
+    assert "resumes run" in logs["agent2"] and "edge_terms_decryptions" in results[1]["timings"]
     assert all("Traceback" not in log for log in logs.values())
     assert not paper_run["terms_left"]  # the finished run keeps no secret
 
