@@ -54,7 +54,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from efpsn.departure import Departure, Reconfiguration, reconfigure
+from efpsn.departure import MIN_PARTIES, Departure, Reconfiguration, reconfigure
 from efpsn.topology import Graph
 
 __all__ = ["DepartureBoard", "Refused", "Report"]
@@ -172,6 +172,11 @@ class DepartureBoard:
         if not silent or reporters | silent != live or not reporters:
             return False
         try:
+            staying = live - silent
+            if len(staying) + len(self.finished) < MIN_PARTIES:
+                raise Refused(f"{', '.join(sorted(silent, key=self.names.index))} silent: "
+                              f"only {', '.join(sorted(staying)) or 'nobody'} would stay, and a "
+                              f"run goes on with at least {MIN_PARTIES} parties")
             departures = [self._departure(name)
                           for name in sorted(silent, key=self.names.index)]
             if self.finished and self.at_cap:

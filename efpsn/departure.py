@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the coordinator decides departures and imports no torch
     from efpsn.algorithms.base import AgentState
 
 __all__ = [
+    "MIN_PARTIES",
     "Departure",
     "Reconfiguration",
     "active_components",
@@ -50,6 +51,7 @@ __all__ = [
     "rejoin_edges",
 ]
 
+MIN_PARTIES = 2  # a run goes on after departures with at least this many parties
 _LEAVE = re.compile(r"^agent(\d+)@(\d+|I)(?::(\d+))?((?:\+agent\d+)*)$")
 
 
@@ -166,8 +168,8 @@ def parse_leave(text: str, *, agents: int, lag: int | None = None) -> Departure:
 
 def check_departures(departures: Sequence[Departure], *, agents: int
                      ) -> tuple[Departure, ...]:
-    """The departures sorted by round; ValueError when an agent leaves twice or when everyone
-    leaves. A departure's rounds are checked when it is replayed (DepartureReplay), against
+    """The departures sorted by round; ValueError when an agent leaves twice or when fewer
+    than MIN_PARTIES would stay. A departure's rounds are checked when it is replayed (DepartureReplay), against
     the cap then (a departure the run never reached is an error of the simulator): an earlier
     re-base may have extended it (StopRule.rebased), and a departure in the stop's last
     window may end the run before any re-base (efpsn/last_window.py)."""
@@ -175,8 +177,9 @@ def check_departures(departures: Sequence[Departure], *, agents: int
     seen = [d.agent for d in ordered]
     if len(set(seen)) != len(seen):
         raise ValueError(f"an agent can leave once; got {[d.label() for d in ordered]}")
-    if len(seen) >= agents:
-        raise ValueError(f"{len(seen)} of {agents} agents leave: at least one must stay")
+    if len(seen) > agents - MIN_PARTIES:
+        raise ValueError(f"{len(seen)} of {agents} agents leave: at least {MIN_PARTIES} must "
+                         "stay (one party alone has nobody to mix with)")
     for d in ordered:
         if d.agent >= agents:
             raise ValueError(f"{d.label()}: there is no agent{d.agent + 1} (1..{agents})")

@@ -21,6 +21,7 @@ from efpsn.config import RunConfig
 from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
 from efpsn.departure import (
     Departure,
+    check_departures,
     drop_node_weights,
     parse_leave,
     rebase,
@@ -62,6 +63,13 @@ def test_leave_flag_parses_one_based_with_a_default_rebase_round() -> None:
                 "agent3@10:11+agent2", "agent3@10+agent3", "agent3@10+agent9"):
         with pytest.raises(ValueError):
             parse_leave(bad, agents=5)
+
+
+def test_departures_that_would_leave_one_party_are_refused() -> None:
+    leaves = [parse_leave(f"agent{i}@{10 * i}", agents=3) for i in (2, 3)]
+    with pytest.raises(ValueError, match="2 of 3 agents leave: at least 2 must stay"):
+        check_departures(leaves, agents=3)
+    assert [d.agent for d in check_departures(leaves[::-1][:1], agents=3)] == [2]
 
 
 def test_a_cut_path_is_joined_between_the_pieces_smallest_agents() -> None:

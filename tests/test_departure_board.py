@@ -73,11 +73,18 @@ def test_two_neighbours_that_blame_each_other_never_both_go_on() -> None:
     assert not board.report(report("agent2", 10, "agent1"))
     assert not board.report(report("agent3", 11, "agent1"))
     assert board.decided == [] and board.epoch == 0
-    # two agents: the first report decides, the other one is refused, never both go on
-    pair = DepartureBoard(NAMES[:2], iterations=100)
-    assert pair.report(report("agent1", 10, "agent2"))
+    # four agents, two pairs blaming each other across: the first two reports decide (agent2
+    # and agent3 gone, 1 and 4 stay), the blamed ones are refused: never both sides go on
+    four = DepartureBoard(NAMES[:4], iterations=100)
+    assert not four.report(report("agent1", 10, "agent2"))
+    assert four.report(report("agent4", 10, "agent3"))
+    assert four.gone == {"agent2", "agent3"}
     with pytest.raises(Refused, match="agent2 was declared gone"):
-        pair.report(report("agent2", 10, "agent1"))
+        four.report(report("agent2", 10, "agent1"))
+    # two agents: one alone cannot go on (test_a_decision_that_would_leave_one_party_is_refused)
+    pair = DepartureBoard(NAMES[:2], iterations=100)
+    with pytest.raises(Refused, match="only agent1 would stay"):
+        pair.report(report("agent1", 10, "agent2"))
 
 
 def test_a_withdrawn_report_does_not_count() -> None:
@@ -95,6 +102,21 @@ def test_a_party_declared_gone_is_refused_with_the_reason() -> None:
     board.report(report("agent3", 10, "agent2"))
     with pytest.raises(Refused, match="agent2 was declared gone at round 10.*cannot come back"):
         board.report(report("agent2", 11, "agent1"))
+
+
+def test_a_decision_that_would_leave_one_party_is_refused() -> None:
+    # three agents on a ring; agent2 and agent3 never came back from phase I: agent1 alone
+    # would train on its own data only (nobody to mix with), so nobody goes on
+    board = DepartureBoard(NAMES[:3], iterations=10, graph=ring(3))
+    with pytest.raises(Refused, match="agent2, agent3 silent: only agent1 would stay, and a run "
+                                      "goes on with at least 2 parties"):
+        board.report(report("agent1", 0, "agent2", "agent3"))
+    assert board.decided == [] and board.failure is not None
+    # one of three silent: two stay, decided as usual
+    two = DepartureBoard(NAMES[:3], iterations=4000, graph=ring(3))
+    two.report(report("agent1", 201, "agent3"))
+    assert two.report(report("agent2", 201, "agent3"))
+    assert [d.agent for d in two.decided] == [2]
 
 
 def test_an_agent_silent_from_round_0_leaves_and_the_rebase_comes_later() -> None:
