@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_context import FakeContext
 
 from coordinator.departures import DepartureBoard, Refused, Report
 from coordinator.registry import Registry
@@ -92,30 +93,6 @@ def test_the_board_refuses_an_end_at_the_cap_it_cannot_explain() -> None:
         apart.report(report("agent4", 59, "agent3"))
 
 
-class _Context:
-    """Enough of grpc.aio.ServicerContext for an insecure coordinator."""
-
-    async def abort(self, code: Any, details: str = "", trailing_metadata: Any = ()) -> None:
-        import grpc
-
-        raise grpc.aio.AbortError()
-
-    def set_trailing_metadata(self, metadata: Any) -> None:
-        pass
-
-    def time_remaining(self) -> float:
-        return 5.0
-
-    def auth_context(self) -> dict:
-        return {}
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:1"
-
-    def invocation_metadata(self) -> tuple:
-        return ()
-
-
 def test_the_coordinator_tells_the_waiting_agents_the_run_ended_at_the_cap() -> None:
     registry = Registry(RunConfig(agents=5, iterations=60), run_id="r1")
     for i, name in enumerate(NAMES):
@@ -125,7 +102,7 @@ def test_the_coordinator_tells_the_waiting_agents_the_run_ended_at_the_cap() -> 
     def call(sender: str, round_: int, *silent: str, finished: int = 0) -> Any:
         return service.ReportSilence(coordinator_pb2.SilenceReport(
             run_id="r1", sender=sender, round=round_, silent=silent, epoch=0,
-            finished=finished, capped=bool(finished)), _Context())
+            finished=finished, capped=bool(finished)), FakeContext())
 
     async def scenario() -> tuple[Any, Any]:
         first = await call("agent1", 60, finished=60)  # answered at once

@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
+from fake_context import FakeContext
 
 from coordinator.departures import DepartureBoard, Refused, Report
 from coordinator.registry import Registry
@@ -157,27 +158,6 @@ def test_reports_that_cannot_be_decided_stop_every_waiter(reports: list[Report],
 # ------------------------------------------------------------------ the coordinator's servicer
 
 
-class _Context:
-    """Just enough of grpc.aio.ServicerContext for an insecure coordinator."""
-
-    def __init__(self) -> None:
-        self.code: grpc.StatusCode | None = None
-        self.details = ""
-
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
-        self.code, self.details = code, details
-        raise grpc.aio.AbortError(details)
-
-    def time_remaining(self) -> float:
-        return 5.0
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:1"
-
-    def invocation_metadata(self) -> tuple:
-        return ()
-
-
 def test_the_coordinator_answers_every_held_report_with_one_decision() -> None:
     # prepare: a 3-ring, assigned; agent2 is silent
     registry = Registry(RunConfig(agents=3, iterations=100), run_id="r1")
@@ -187,7 +167,7 @@ def test_the_coordinator_answers_every_held_report_with_one_decision() -> None:
 
     def silence(sender: str, round_: int, *silent: str, run_id: str = "r1") -> Any:
         return service.ReportSilence(coordinator_pb2.SilenceReport(
-            run_id=run_id, sender=sender, round=round_, silent=silent, epoch=0), _Context())
+            run_id=run_id, sender=sender, round=round_, silent=silent, epoch=0), FakeContext())
 
     async def scenario() -> tuple[Any, ...]:
         held = asyncio.ensure_future(silence("agent1", 10, "agent2"))
@@ -195,11 +175,11 @@ def test_the_coordinator_answers_every_held_report_with_one_decision() -> None:
         assert not held.done()  # held until every live agent reported
         second = await silence("agent3", 10, "agent2")
         first = await held
-        refused = _Context()
+        refused = FakeContext()
         with pytest.raises(grpc.aio.AbortError):
             await service.ReportSilence(coordinator_pb2.SilenceReport(
                 run_id="r1", sender="agent2", round=11, silent=["agent1"]), refused)
-        other = _Context()
+        other = FakeContext()
         with pytest.raises(grpc.aio.AbortError):
             await service.ReportSilence(coordinator_pb2.SilenceReport(
                 run_id="r2", sender="agent1", round=11, silent=["agent3"]), other)

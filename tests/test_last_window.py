@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from fake_context import FakeContext
 
 from coordinator.departures import DepartureBoard, Refused, Report
 from coordinator.registry import Registry
@@ -203,34 +204,6 @@ def test_the_board_refuses_a_stop_it_cannot_explain() -> None:
         gone.finish("agent2", 20)
 
 
-class _Context:
-    """Enough of grpc.aio.ServicerContext for the servicer's guard."""
-
-    code: Any = None
-    details: str = ""
-
-    async def abort(self, code: Any, details: str = "", trailing_metadata: Any = ()) -> None:
-        import grpc
-
-        self.code, self.details = code, details
-        raise grpc.aio.AbortError()
-
-    def set_trailing_metadata(self, metadata: Any) -> None:
-        pass
-
-    def time_remaining(self) -> float:
-        return 5.0
-
-    def auth_context(self) -> dict:
-        return {}
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:1"
-
-    def invocation_metadata(self) -> tuple:
-        return ()
-
-
 def test_the_coordinator_answers_a_finished_agent_at_once_and_the_stuck_with_the_stop() -> None:
     # a 5-ring stopped at 102 (check 100): agents 1 and 5 finished there, agent3 left at 101,
     # agents 2 and 4 wait for it at 101
@@ -242,7 +215,7 @@ def test_the_coordinator_answers_a_finished_agent_at_once_and_the_stuck_with_the
     def call(sender: str, round_: int, *silent: str, finished: int = 0) -> Any:
         return service.ReportSilence(coordinator_pb2.SilenceReport(
             run_id="r1", sender=sender, round=round_, silent=silent, epoch=0,
-            finished=finished), _Context())
+            finished=finished), FakeContext())
 
     async def scenario() -> tuple[Any, ...]:
         first = await call("agent1", 102, finished=102)  # answered at once
@@ -290,7 +263,7 @@ def test_a_scale_standard_coordinator_decides_a_departure_with_the_agents_cap() 
     def call(sender: str) -> Any:
         return service.ReportSilence(coordinator_pb2.SilenceReport(
             run_id="r1", sender=sender, round=40, silent=["agent2"], epoch=0, last=900),
-            _Context())
+            FakeContext())
 
     async def scenario() -> Any:
         held = asyncio.ensure_future(call("agent1"))

@@ -29,6 +29,7 @@ import grpc
 import numpy as np
 import pytest
 import torch
+from fake_context import FakeContext
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness import assigned_agents
 from hypothesis import HealthCheck, given, settings
@@ -69,35 +70,6 @@ CODES: dict[str, collections.Counter[str]] = collections.defaultdict(collections
 
 
 # ----------------------------------------------------------------------------- fake context
-
-
-class FakeContext:
-    """Just enough of grpc.aio.ServicerContext: auth context, abort, deadline."""
-
-    def __init__(self, auth: dict[str, list[bytes]]) -> None:
-        self._auth = auth
-        self.code: grpc.StatusCode | None = None
-        self.details = ""
-        self.trailing: tuple = ()
-
-    def auth_context(self) -> dict[str, list[bytes]]:
-        return self._auth
-
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
-        self.code, self.details = code, details
-        raise grpc.aio.AbortError(details)
-
-    def time_remaining(self) -> float:
-        return 0.0
-
-    def peer(self) -> str:
-        return "ipv4:127.0.0.1:1"
-
-    def invocation_metadata(self) -> tuple:
-        return ()
-
-    def set_trailing_metadata(self, metadata: tuple) -> None:
-        self.trailing = tuple(metadata)
 
 
 def _auth(identity: str, pems: dict[str, bytes]) -> dict[str, list[bytes]]:
@@ -167,7 +139,7 @@ class Harness:
         self.loop.close()
 
     def call(self, service: str, method: Any, request: Any, identity: str) -> Any:
-        context = FakeContext(_auth(identity, self.pems))
+        context = FakeContext(_auth(identity, self.pems), remaining=0.0)
         COUNTS[service] += 1
         gate = method.__self__.gatekeeper()  # the servicer's admission
 
@@ -376,7 +348,7 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
     ]
     got = []
     for method, request, who, _, _ in cases:
-        context = FakeContext(_auth(who, h.pems))
+        context = FakeContext(_auth(who, h.pems), remaining=0.0)
         try:
             h.loop.run_until_complete(method(request, context))
             got.append(("OK", ""))
@@ -387,15 +359,15 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
     # pulls: a round it holds, a round it has not reached, garbage bytes
     reply = h.loop.run_until_complete(a.GetRound(agent_pb2.RoundRequest(
         header=records.make_header(run_id=RUN, sender="agent2", round=2, phase=Phase.OPTIMIZE)),
-        FakeContext(_auth("agent2", h.pems))))
+        FakeContext(_auth("agent2", h.pems), remaining=0.0)))
     assert reply.available and reply.message.header.round == 2
     reply = h.loop.run_until_complete(a.GetRound(agent_pb2.RoundRequest(
         header=records.make_header(run_id=RUN, sender="agent2", round=7, phase=Phase.OPTIMIZE)),
-        FakeContext(_auth("agent2", h.pems))))
+        FakeContext(_auth("agent2", h.pems), remaining=0.0)))
     assert not reply.available and reply.latest_round == CURRENT_ROUND
     from efpsn.wire.guard import Undecodable
 
-    context = FakeContext(_auth("agent2", h.pems))
+    context = FakeContext(_auth("agent2", h.pems), remaining=0.0)
     with pytest.raises(grpc.aio.AbortError):
         h.loop.run_until_complete(a.PutRound(Undecodable("efpsn.v1.RoundMessage", "bad"),
                                              context))
@@ -416,7 +388,7 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
     h.parts.status.life = h.parts.intake.life = h.parts.peers.life = life  # one per process
 
     def outcome(method: Any, request: Any) -> tuple[str, str]:
-        context = FakeContext(_auth("agent2", h.pems))
+        context = FakeContext(_auth("agent2", h.pems), remaining=0.0)
         try:
             ack = h.loop.run_until_complete(method(request, context))
             return "OK", ack.detail
