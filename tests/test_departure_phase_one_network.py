@@ -2,7 +2,9 @@
 folders of unequal size; agent3 sends its public key, then kills itself (SIGKILL,
 tests/crash_hook) while sending its shares: they reach agent2 only (`shares1`). A neighbour
 that waits for its shares (agent1 and agent5 wait for theirs) reports from phase I; agent2,
-which got them, finished phase I, sent round 0 with agent3's terms and reports from round 0.
+which got them, finished phase I, sent round 0 with agent3's terms and reports from round 0
+(when its own shares reached agent3 before the kill; otherwise their send fails and it
+reports from phase I too, and nobody is late: a race the test accepts both ways).
 The coordinator decides agent3@I:5+agent2 (round 0, marked phase I, agent2 late); agent4
 finishes phase I without it (its seed drawn, never sent nor awaited), agent2 drops agent3 at
 round 0, the new edge agent1-agent4 runs phase I's seed exchange, and from the re-base round 5
@@ -52,7 +54,12 @@ def test_an_agent_gone_in_phase_one_is_left_out_and_the_rest_equal_the_replay(
     assert summary["ok"], summary["problems"]
     record = summary["departures"][0]
     assert (record["agent"], record["round"], record["rebase_round"]) == ("agent3", 0, 5)
-    assert record["phase_one"] is True and record["late"] == late
+    # agent2 is late when its own shares reached agent3 before the kill (it then finishes phase
+    # I and reports from round 0); when agent3 died first, agent2's send of its shares fails and
+    # it reports from phase I like agent4: not late. Both are decisions the replay knows; which
+    # one came depends on that race only, and the run must equal the replay of the one decided
+    assert record["phase_one"] is True and record["late"] in (late, [])
+    late = record["late"]
     assert record["new_edges"] == [["agent1", "agent4"]]
     assert summary["remaining"] == SURVIVORS
     leave = [parse_leave("agent3@I:5" + "".join(f"+{n}" for n in late), agents=5)]
