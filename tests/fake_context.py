@@ -3,6 +3,8 @@ auth context, deadline and metadata, and an abort that records the code and deta
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 
@@ -37,3 +39,15 @@ class FakeContext:
 
     def set_trailing_metadata(self, metadata: tuple) -> None:
         self.trailing = tuple(metadata)
+
+
+def assigned_coordinator(config: Any, *, run_id: str = "r1") -> Any:
+    """A coordinator service (no server) whose run `config` has every agent registered
+    (agent1..agentN at 127.0.0.1:5001..), so its methods can be called with a FakeContext."""
+    from coordinator.registry import Registry
+    from coordinator.service import CoordinatorService
+
+    registry = Registry(config, run_id=run_id)
+    for i in range(config.agents):
+        registry.register(f"agent{i + 1}", f"127.0.0.1:{5001 + i}")
+    return CoordinatorService(registry, register_timeout=5.0)

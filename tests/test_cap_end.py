@@ -11,11 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_context import FakeContext
+from fake_context import FakeContext, assigned_coordinator
 
 from coordinator.departures import DepartureBoard, Refused, Report
-from coordinator.registry import Registry
-from coordinator.service import CoordinatorService
 from efpsn.config import RunConfig
 from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
 from efpsn.departure import Departure, parse_leave
@@ -94,10 +92,7 @@ def test_the_board_refuses_an_end_at_the_cap_it_cannot_explain() -> None:
 
 
 def test_the_coordinator_tells_the_waiting_agents_the_run_ended_at_the_cap() -> None:
-    registry = Registry(RunConfig(agents=5, iterations=60), run_id="r1")
-    for i, name in enumerate(NAMES):
-        registry.register(name, f"127.0.0.1:{5001 + i}")
-    service = CoordinatorService(registry, register_timeout=5.0)
+    service = assigned_coordinator(RunConfig(agents=5, iterations=60))
 
     def call(sender: str, round_: int, *silent: str, finished: int = 0) -> Any:
         return service.ReportSilence(coordinator_pb2.SilenceReport(

@@ -9,11 +9,9 @@ from typing import Any
 
 import grpc
 import pytest
-from fake_context import FakeContext
+from fake_context import FakeContext, assigned_coordinator
 
 from coordinator.departures import DepartureBoard, Refused, Report
-from coordinator.registry import Registry
-from coordinator.service import CoordinatorService
 from efpsn.config import RunConfig
 from efpsn.departure import Departure
 from efpsn.topology import path, ring
@@ -160,10 +158,7 @@ def test_reports_that_cannot_be_decided_stop_every_waiter(reports: list[Report],
 
 def test_the_coordinator_answers_every_held_report_with_one_decision() -> None:
     # prepare: a 3-ring, assigned; agent2 is silent
-    registry = Registry(RunConfig(agents=3, iterations=100), run_id="r1")
-    for i, name in enumerate(NAMES[:3]):
-        registry.register(name, f"127.0.0.1:{5001 + i}")
-    service = CoordinatorService(registry, register_timeout=5.0)
+    service = assigned_coordinator(RunConfig(agents=3, iterations=100))
 
     def silence(sender: str, round_: int, *silent: str, run_id: str = "r1") -> Any:
         return service.ReportSilence(coordinator_pb2.SilenceReport(

@@ -10,11 +10,9 @@ from typing import Any
 
 import pytest
 import torch
-from fake_context import FakeContext
+from fake_context import FakeContext, assigned_coordinator
 
 from coordinator.departures import DepartureBoard, Refused, Report
-from coordinator.registry import Registry
-from coordinator.service import CoordinatorService
 from efpsn.config import RunConfig
 from efpsn.departure import Departure
 from efpsn.last_window import LastWindow, last_window, reach
@@ -207,10 +205,7 @@ def test_the_board_refuses_a_stop_it_cannot_explain() -> None:
 def test_the_coordinator_answers_a_finished_agent_at_once_and_the_stuck_with_the_stop() -> None:
     # a 5-ring stopped at 102 (check 100): agents 1 and 5 finished there, agent3 left at 101,
     # agents 2 and 4 wait for it at 101
-    registry = Registry(RunConfig(agents=5, iterations=300), run_id="r1")
-    for i, name in enumerate(NAMES):
-        registry.register(name, f"127.0.0.1:{5001 + i}")
-    service = CoordinatorService(registry, register_timeout=5.0)
+    service = assigned_coordinator(RunConfig(agents=5, iterations=300))
 
     def call(sender: str, round_: int, *silent: str, finished: int = 0) -> Any:
         return service.ReportSilence(coordinator_pb2.SilenceReport(
@@ -254,11 +249,8 @@ def test_the_board_judges_a_rebase_by_the_reporters_cap_when_it_knows_none() -> 
 def test_a_scale_standard_coordinator_decides_a_departure_with_the_agents_cap() -> None:
     # its config is not resolved (the L2 weight comes from the agents' secure sum), so it knows
     # no cap and cannot extend one: the reporters' caps decide
-    registry = Registry(RunConfig(agents=3, scale="standard", input_shape="4", classes=2,
-                                  data="local"), run_id="r1")
-    for i, name in enumerate(NAMES[:3]):
-        registry.register(name, f"127.0.0.1:{5001 + i}")
-    service = CoordinatorService(registry, register_timeout=5.0)
+    service = assigned_coordinator(RunConfig(agents=3, scale="standard", input_shape="4", classes=2,
+                                  data="local"))
 
     def call(sender: str) -> Any:
         return service.ReportSilence(coordinator_pb2.SilenceReport(
