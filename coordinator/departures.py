@@ -228,27 +228,30 @@ class DepartureBoard:
             if self.at_cap != set(self.finished):
                 raise Refused(f"{', '.join(sorted(self.finished))} finished, some on the "
                               "certificate and some at the cap")
-            rounds = sorted(set(self.finished.values()))
-            if len(rounds) > 1:
-                raise Refused(f"the finished agents report different last rounds {rounds}")
-            cap = rounds[0]
-        latest = max(r.round for r in self._reports.values())
-        if latest >= cap or any(d.round >= cap for d in departures):
-            raise Refused(f"an agent waits at round {latest}, but the run's last round is {cap}")
+            cap = self._finished_round("last rounds")
+        self._all_before(departures, cap, f"the run's last round is {cap}")
         return [dataclasses.replace(d, capped=cap) for d in departures]
 
     def _stopped(self, departures: list[Departure]) -> list[Departure]:
         """The departures of a run some agents had finished on the certificate: stopped at
         their round S (the same at all), each departure and every report before it."""
+        stop = self._finished_round("stop rounds")
+        self._all_before(departures, stop, f"{', '.join(sorted(self.finished))} finished at "
+                         f"round {stop}")
+        return [dataclasses.replace(d, stopped=stop) for d in departures]
+
+    def _finished_round(self, what: str) -> int:
+        """The one round every finished agent names (Refused when they differ)."""
         rounds = sorted(set(self.finished.values()))
         if len(rounds) > 1:
-            raise Refused(f"the finished agents report different stop rounds {rounds}")
-        stop = rounds[0]
+            raise Refused(f"the finished agents report different {what} {rounds}")
+        return rounds[0]
+
+    def _all_before(self, departures: list[Departure], end: int, why: str) -> None:
+        """Every report and departure comes before the run's end `end` (Refused otherwise)."""
         latest = max(r.round for r in self._reports.values())
-        if latest >= stop or any(d.round >= stop for d in departures):
-            raise Refused(f"an agent waits at round {latest}, but "
-                          f"{', '.join(sorted(self.finished))} finished at round {stop}")
-        return [dataclasses.replace(d, stopped=stop) for d in departures]
+        if latest >= end or any(d.round >= end for d in departures):
+            raise Refused(f"an agent waits at round {latest}, but {why}")
 
     def _departure(self, name: str) -> Departure:
         rounds = {s: r.round for s, r in self._reports.items() if name in r.silent}
