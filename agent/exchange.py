@@ -29,6 +29,15 @@ __all__ = ["RoundLink"]
 log = logging.getLogger("efpsn.agent")
 
 
+def _outcomes(tasks: list[asyncio.Future[Any]]) -> None:
+    """Raise the first failure of finished `tasks`, every outcome retrieved before it is."""
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()
+    for task in tasks:
+        task.result()
+
+
 class RoundLink:
     """Moves one agent's round messages: `exchange(t, outbox)` sends mine while collecting the
     neighbours' round-t messages (keyed by neighbour index)."""
@@ -121,11 +130,7 @@ class RoundLink:
         sending, self._sending = self._sending, {}
         tasks = list(sending.values())
         if all(task.done() for task in tasks):  # the common case: nothing waits, nothing armed
-            for task in tasks:
-                if not task.cancelled():
-                    task.exception()  # every outcome retrieved before the first is raised
-            for task in tasks:
-                task.result()
+            _outcomes(tasks)
             return
         t, deadline = self._sent
         if deadline is None:  # the final round's PutRound calls, bounded by their deadlines
@@ -139,6 +144,11 @@ class RoundLink:
             # all_or_first_error has cancelled the writes: the cancellation reaches each at
             # its next step, so a write still under way still says so here
             late = sorted(name for name, task in sending.items() if not task.done())
+        if not late:
+            # every write ended in the very turn the deadline fired (a process woken from a
+            # SIGSTOP past it): their outcomes decide, as if they had ended in time
+            _outcomes(tasks)
+            return
         stuck = [name for name in late if self.peers.writing(name)] or late
         raise await self.peers.stalled(stuck[0], t)
 

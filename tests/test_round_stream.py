@@ -334,3 +334,30 @@ def test_transport_benchmark_runs_every_path() -> None:
     assert rows["bare grpc.aio unary, same bytes"][1] == "1.00", out
     for label, (cpu, ratio, wall, wall_ratio) in rows.items():
         assert float(cpu) > 0 and float(wall) > 0 and float(ratio) > 0, (label, out)
+
+
+@pytest.mark.parametrize("outcome", ["written", "refused"])
+def test_writes_that_end_as_the_deadline_passes_decide_the_round(outcome: str) -> None:
+    """A process frozen past the round deadline (SIGSTOP) wakes to find its writes ending in
+    the same turn of the loop as the deadline: then no write is late, and their outcomes
+    decide the round (a finished write passes, a refusal is raised), never an IndexError."""
+    async def write() -> None:
+        await asyncio.sleep(0)  # ends in the turn the deadline fires
+        if outcome == "refused":
+            raise AgentFailure("refused by agent1", blame="agent1")
+
+    async def scenario() -> None:
+        link = RoundLink(peers=None, outbox=Outbox(keep=8),  # type: ignore[arg-type]
+                         replay=None, run_id=RUN, name="agent2",  # type: ignore[arg-type]
+                         neighbours=["agent1"], timeout=0.5)
+        loop = asyncio.get_running_loop()
+        link._sending = {"agent1": asyncio.ensure_future(write())}
+        link._sent = (START, loop.time() - 1.0)  # the deadline passed while we were frozen
+        if outcome == "written":
+            await link.delivered()
+        else:
+            with pytest.raises(AgentFailure, match="refused by agent1"):
+                await link.delivered()
+        assert link._sending == {}
+
+    asyncio.run(scenario())
