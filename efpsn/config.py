@@ -41,6 +41,7 @@ from efpsn.run_values import L2, BatchSize, Momentum, Rounds, Schedule, StopEver
 from efpsn.schedules import make_schedule
 from efpsn.schema import Scale, TaskSpec, parse_shape
 from efpsn.selection import Selection, check_indices_fit, default_basis_size, implied_count
+from efpsn.tail import TAIL_HELP, TAIL_MODES
 
 MASK_MODES = ("zero-sum", "independent", "none")
 ALGORITHM_NAMES = ("agt", "gt", "dsgd")
@@ -94,8 +95,7 @@ class RunConfig:
     m = 0 and N = 0 mean "derived from the model" (Problem.m, Problem.N hold the values used).
     """
 
-    agents: int = param(5, help="number of agents n", check=at_least("agents", 2),
-                        structural=True)
+    agents: int = param(5, help="number of agents n", check=at_least("agents", 2), structural=True)
     topology: str = param("ring", structural=True,
                           help="communication graph: ring, path, star, complete, grid[:RxC], "
                                "erdos-renyi[:P] or edges:FILE")
@@ -111,8 +111,7 @@ class RunConfig:
     mask: str = param("zero-sum", choices=MASK_MODES, check=one_of("mask", MASK_MODES),
                       help="zero-sum (EFPSN), independent (the non-zero-sum baseline) or none")
     # phase I: sigma_k^2 = gamma / k^p, fixed-point precision 10^-P, Paillier key size
-    gamma: float = param(1e3, check=positive("gamma"),
-                         help="noise level: sigma_k^2 = gamma / k^p")
+    gamma: float = param(1e3, check=positive("gamma"), help="noise level: sigma_k^2 = gamma / k^p")
     p: float = param(1.0, check=check_p, help="noise decay exponent p (> 1/2)")
     precision: int = param(6, check=check_precision,
                            help="fixed-point precision P: noise travels as floor(10^P eta)")
@@ -192,6 +191,7 @@ class RunConfig:
                                        "when the rounds are the step rule's (--iterations auto) "
                                        "and the model has a certificate, never otherwise: an "
                                        "explicit --iterations N runs N rounds")
+    tail: str = param("auto", choices=TAIL_MODES, check=one_of("tail", TAIL_MODES), help=TAIL_HELP)
 
     def __post_init__(self) -> None:
         for name, kind in value_types().items():  # text or the wire's scalar: parsed here, once

@@ -162,7 +162,13 @@ class RoundDriver:
             # the stop integers are no algorithm's input (of a window a departure voided too)
             inbox = {j: {k: v for k, v in m.items() if k != STOP_KEY} for j, m in inbox.items()}
         ctx = dataclasses.replace(self.context, lr=self.schedule(t))
-        self.state, self.outbox = self.algorithm.step(self.state, inbox, ctx)
+        kind = "agt" if self.stop is None else self.stop.kind(t)
+        if kind == "agt":
+            self.state, self.outbox = self.algorithm.step(self.state, inbox, ctx)
+        else:  # a consensus tail's step (efpsn/tail.py; the stop rule has tails for agt only)
+            assert self.stop is not None and self.stop.tail is not None
+            self.state, self.outbox = self.algorithm.tail_step(  # type: ignore[attr-defined]
+                kind, self.state, inbox, ctx, lazy_mixing=self.stop.tail.lazy)
         self.sharing = None
         if self.stop is not None:
             s = self.stop.window(t)

@@ -52,6 +52,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from efpsn.tail import TailSchedule, wanted
+
 if TYPE_CHECKING:
     from efpsn.config import RunConfig
 
@@ -110,23 +112,30 @@ class StopRule:
     factor: float | None = None  # the gap's factor in the bound (None: hops; for_run: M or S)
     origin: int = 0  # checks at origin + k period, k >= 1 (a departure's re-base round)
     until: int | None = None  # a departure's round T: no window decided at T or later
+    tail: TailSchedule | None = None  # the consensus tails (efpsn/tail.py), agt's only
 
     @classmethod
     def for_run(cls, config: RunConfig, weights: np.ndarray, *, aggregate: bool = False,
-                origin: int = 0, until: int | None = None) -> StopRule:
+                origin: int = 0, until: int | None = None, cap: int | None = None,
+                rounds: int | None = None) -> StopRule:
         """The run's rule: its resolved `stop_every`, the certificate's public numbers
-        (Certifier.for_run) and target, and the cap `iterations`; `weights` and `origin` those
-        of a re-base after a departure (`until`: another departure still to be re-based)."""
-        from efpsn.certificate import TARGET, Certifier
+        (Certifier.for_run) and target, the cap (`iterations`) and the consensus tails of
+        `tail` (efpsn/tail.py: agt's, at fractions of the step rule's `rounds`, the cap by
+        default); `weights` and `origin` those of a re-base after a departure (`until`: another
+        departure still to be re-based)."""
+        from efpsn.certificate import TARGET, Certifier, diameter
 
         c = config.resolved()
-        from efpsn.certificate import diameter
-
         certifier = Certifier.for_run(c, weights, aggregate=aggregate)
-        return cls(every=c.stop_every.rounds or 0, hops=diameter(weights), cap=c.iterations.total,
+        cap = c.iterations.total if cap is None else cap
+        rule = cls(every=c.stop_every.rounds or 0, hops=diameter(weights), cap=cap,
                    curvature=certifier.curvature, l2=certifier.l2, momentum=certifier.momentum,
-                   target=TARGET, factor=certifier.hops,
-                   origin=origin, until=until)
+                   target=TARGET, factor=certifier.hops, origin=origin, until=until)
+        if not rule.active or not wanted(c.tail, algorithm=c.algorithm):
+            return rule
+        return dataclasses.replace(rule, tail=TailSchedule.for_graph(
+            weights, origin=origin, rounds=c.iterations.total if rounds is None else rounds,
+            hops=rule.hops, cap=cap, aggregate=aggregate))
 
     @classmethod
     def rebased(cls, config: RunConfig, weights: np.ndarray, *, origin: int,
@@ -139,14 +148,15 @@ class StopRule:
         from efpsn.schema import parse_shape
         from efpsn.step_rule import step_rule
 
-        rule = cls.for_run(config, weights, origin=origin, until=until)
+        rule = cls.for_run(config, weights, origin=origin, until=until, cap=cap)
         if not rule.active:
-            return dataclasses.replace(rule, cap=cap)
+            return rule
         c = config.resolved()
         rounds = step_rule(algorithm=c.algorithm, task=c.task,
                            features=math.prod(parse_shape(c.input_shape)), l2=c.l2,
                            weights=weights).rounds
-        return dataclasses.replace(rule, cap=max(cap, origin + rounds))
+        return cls.for_run(config, weights, origin=origin, until=until,
+                           cap=max(cap, origin + rounds), rounds=rounds)
 
     def voided_from(self, round_: int) -> StopRule:
         """This rule once an agent left at `round_`: no window decided at that round or later
@@ -170,17 +180,32 @@ class StopRule:
 
     def is_check(self, t: int) -> bool:
         """Whether round t opens a check (its stop round t + hops before the cap, and before
-        a departure's round `until`)."""
-        return (self.active and t > self.origin and (t - self.origin) % self.period == 0
-                and t + self.hops < self.cap
-                and (self.until is None or t + self.hops <= self.until))
+        a departure's round `until`): every period rounds from the origin, and at every
+        tail's check round; a regular check whose steps (t - 1 .. t + hops - 1) meet a tail's
+        is none (mid-tail sum y = sum g holds at the old points, not the sent ones)."""
+        if not (self.active and t > self.origin and t + self.hops < self.cap
+                and (self.until is None or t + self.hops <= self.until)):
+            return False
+        if self.tail is not None and self.tail.is_check(t):
+            return True
+        return (t - self.origin) % self.period == 0 and (
+            self.tail is None or not self.tail.overlaps(t - 1, t + self.hops - 1))
 
     def window(self, t: int) -> int | None:
         """The check round s whose integers round t's messages carry (s <= t < s + hops)."""
         if not self.active or t < self.origin:
             return None
-        s = t - (t - self.origin) % self.period
-        return s if self.is_check(s) and t < s + self.hops else None
+        candidates = [t - (t - self.origin) % self.period]
+        a = None if self.tail is None else self.tail.attempt(t)
+        if a is not None:
+            candidates.append(self.tail.check_round(a))  # type: ignore[union-attr]
+        return next((s for s in candidates if s <= t < s + self.hops and self.is_check(s)),
+                    None)
+
+    def kind(self, t: int) -> str:
+        """The kind of step round t's messages go to (efpsn/tail.py): agt's own step, or a
+        tail's mix, gradient or track. A function of public numbers only (never `until`)."""
+        return "agt" if self.tail is None or not self.active else self.tail.kind(t)
 
     def bound(self, network: Sequence[int]) -> float:
         """The certificate's upper bound from the network's integers (inf: none)."""

@@ -66,3 +66,28 @@ class AcceleratedTracking:
         nxt = AgentState(t=state.t + 1, tensors={"x": x_next, "z": z_next, "y": y_next,
                                                  "g": g_next})
         return nxt, {"y": y_next, "z": z_next}
+
+    def tail_step(self, kind: str, state: AgentState, inbox: Mapping[int, Message],
+                  ctx: StepContext, *, lazy_mixing: bool) -> tuple[AgentState, Message]:
+        """One step of a consensus tail (efpsn/tail.py), mixing with W (W' when
+        `lazy_mixing`); every kind keeps sum_i y_i = sum_i g_i:
+
+            mix:      z <- sum_j w_ij z_j, x = z, y <- sum_j w_ij y_j   (g unchanged)
+            gradient: y <- sum_j w_ij y_j + g(z) - g, g <- g(z)         (x, z unchanged)
+            track:    y <- sum_j w_ij y_j                               (x, z, g unchanged)
+
+        the gradient at the mixed points z with round t + 1's mask, as agt's step."""
+        check_inbox(inbox, ctx, self.message_keys)
+        w = lazy(ctx) if lazy_mixing else ctx
+        own = {"z": state["z"], "y": state["y"]}
+        x, z, g = state["x"], state["z"], state["g"]
+        y = mix("y", own, inbox, w)
+        if kind == "mix":
+            x = z = mix("z", own, inbox, w)
+        elif kind == "gradient":
+            g_next = ctx.oracle(z, state.t + 1)
+            y, g = y + (g_next - g), g_next
+        elif kind != "track":
+            raise ValueError(f"a tail step is mix, gradient or track, got {kind!r}")
+        nxt = AgentState(t=state.t + 1, tensors={"x": x, "z": z, "y": y, "g": g})
+        return nxt, {"y": y, "z": z}
