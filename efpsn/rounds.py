@@ -178,6 +178,8 @@ class RoundDriver:
                 self.iterations = t + 1
                 self.stopped_early = True
                 certified = self.stop.bound(network)
+                if self.stop.tail is not None and self.stop.tail.is_check(s):
+                    self.state = _tail_model(self.state)  # what the tail certified: x = z
         due = (t + 1) % self.eval_every == 0 or t + 1 == self.iterations
         check = self.stop is not None and self.stop.is_check(t + 1) and not self.done
         if due or check:
@@ -188,8 +190,10 @@ class RoundDriver:
         if check:
             assert self.stop is not None
             self.check = self.state  # a step makes new tensors: a reference is a copy
+            if self.stop.tail is not None and self.stop.tail.is_check(t + 1):
+                self.check = _tail_model(self.state)  # a tail certifies its points z
             self.sharing = exponents(self.measures, momentum=self.stop.momentum,
-                                     x_norm=float(torch.linalg.vector_norm(self.state["x"])))
+                                     x_norm=float(torch.linalg.vector_norm(self.check["x"])))
         self._attach_stop()
         return due
 
@@ -230,6 +234,12 @@ class RoundDriver:
         """Put the integers to send with round t into the outbox (RoundMessage.stop)."""
         if self.sharing is not None:
             self.outbox = {**self.outbox, STOP_KEY: stop_tensor(self.sharing)}
+
+
+def _tail_model(state: AgentState) -> AgentState:
+    """A consensus tail's model: its mixed points z as x (efpsn/tail.py; during a tail x
+    differs from z by the momentum of the round before it)."""
+    return AgentState(t=state.t, tensors={**state.tensors, "x": state["z"]})
 
 
 def _stop_of(sender: int, message: Message) -> tuple[int, ...]:

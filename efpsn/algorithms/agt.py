@@ -72,18 +72,23 @@ class AcceleratedTracking:
         """One step of a consensus tail (efpsn/tail.py), mixing with W (W' when
         `lazy_mixing`); every kind keeps sum_i y_i = sum_i g_i:
 
-            mix:      z <- sum_j w_ij z_j, x = z, y <- sum_j w_ij y_j   (g unchanged)
-            gradient: y <- sum_j w_ij y_j + g(z) - g, g <- g(z)         (x, z unchanged)
-            track:    y <- sum_j w_ij y_j                               (x, z, g unchanged)
+            mix:      z' = sum_j w_ij z_j, x' = x + (z' - z), y' = sum_j w_ij y_j
+            gradient: y' = sum_j w_ij y_j + g(z) - g, g' = g(z)     (x, z unchanged)
+            track:    y' = sum_j w_ij y_j                           (x, z, g unchanged)
 
-        the gradient at the mixed points z with round t + 1's mask, as agt's step."""
+        the gradient at the mixed points z with round t + 1's mask, as agt's step. x moves
+        with z, so z - x keeps the momentum beta (x^a - x^{a-1}) of the round before the
+        tail: after a tail that certified nothing agt resumes with its velocity (a restart
+        from zero cost more rounds than the tails saved). The tail's model is z
+        (RoundDriver ends a certified tail with x = z)."""
         check_inbox(inbox, ctx, self.message_keys)
         w = lazy(ctx) if lazy_mixing else ctx
         own = {"z": state["z"], "y": state["y"]}
         x, z, g = state["x"], state["z"], state["g"]
         y = mix("y", own, inbox, w)
         if kind == "mix":
-            x = z = mix("z", own, inbox, w)
+            mixed = mix("z", own, inbox, w)
+            x, z = x + (mixed - z), mixed
         elif kind == "gradient":
             g_next = ctx.oracle(z, state.t + 1)
             y, g = y + (g_next - g), g_next
