@@ -1,6 +1,7 @@
 """The defaults keep the first promise on data nobody here made: a masked run ends where the
-unmasked run ends, at any gamma, and a run says whether it converged (issue: noise-free accuracy
-by default).
+unmasked run ends, at any gamma, when both stop by the same rule (without the consensus tails,
+which certify a masked run at a round of its own: efpsn/tail.py), and a run says whether it
+converged (issue: noise-free accuracy by default).
 
 Data: scikit-learn's packaged tables, split by `efpsn data split --data sklearn:NAME` into
 private folders with a public per-column scale in schema.json. Logistic regression is the
@@ -20,7 +21,7 @@ import pytest
 from efpsn.config import PRESETS, RunConfig
 from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
 from efpsn.problem import build_problem
-from efpsn.simulator import run_simulation
+from efpsn.simulator import SimulationResult, run_simulation
 from efpsn.tasks.optimum import centralized_optimum
 
 GAMMAS = (1.0, 1e3, 1e6)
@@ -34,15 +35,19 @@ def folders(root: Path, name: str, *, agents: int, partition: str = "iid") -> Pa
     return out
 
 
-def distance(folder: Path, **changes: object) -> float:
-    """Relative distance ||x_bar - x*|| / ||x*|| of a simulated run with the defaults (the
-    folder gives the data, its agent count and schema; `changes` on top)."""
+def simulated(folder: Path, **changes: object) -> SimulationResult:
+    """A simulated run with the defaults (the folder gives the data, its agent count and
+    schema; `changes` on top), its final record's relative_deviation ||x_bar - x*|| / ||x*||."""
     config = RunConfig(**{**inspect_data_dir(folder).run_values(), **changes})  # type: ignore[arg-type]
     local = load_data_dir(config, folder, holdout=0.0)
     problem = build_problem(config, local=local)
     x_star = centralized_optimum(problem.task, problem.shards).x
-    return float(run_simulation(config, problem=problem, x_star=x_star)
-                 .final["relative_deviation"])
+    return run_simulation(config, problem=problem, x_star=x_star)
+
+
+def distance(folder: Path, **changes: object) -> float:
+    """The relative distance to x* of `simulated`."""
+    return float(simulated(folder, **changes).final["relative_deviation"])
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +62,19 @@ def test_masked_runs_end_where_the_unmasked_run_ends_with_the_defaults(
         data_root: Path, name: str, agents: int, partition: str) -> None:
     # prepare: private folders of a packaged data set
     folder = folders(data_root, name, agents=agents, partition=partition)
-    # execute: the defaults, unmasked and masked at every gamma
-    unmasked = distance(folder, mask="none")
-    masked = {gamma: distance(folder, gamma=gamma) for gamma in GAMMAS}
+    # execute: the defaults, unmasked and masked at every gamma, stopped by the same rule
+    # without consensus tails (a tail certifies the masked run at a round of its own:
+    # efpsn/tail.py); and the defaults themselves
+    unmasked = distance(folder, mask="none", tail="off")
+    masked = {gamma: distance(folder, gamma=gamma, tail="off") for gamma in GAMMAS}
+    defaults = simulated(folder)
     # assert: the unmasked run is at x*, and the masks change nothing measurable
     assert unmasked <= 1e-3
     for gamma, value in masked.items():
         assert value <= 1.1 * unmasked + 1e-6, (gamma, value, unmasked)
+    # ... and the defaults end certified within the target, never closer than they claim
+    assert defaults.convergence is not None and defaults.convergence.converged
+    assert defaults.final["relative_deviation"] <= defaults.final["certificate"] <= 1e-3
 
 
 def test_the_paper_s_dsgd_would_not_keep_the_promise(data_root: Path) -> None:
@@ -108,18 +119,23 @@ def test_wine_in_four_folders_with_no_other_flag(tmp_path: Path) -> None:
                   str(folder))
     assert split.returncode == 0, split.stderr
     assert (folder / "schema.json").read_text().startswith('{"input_shape": "13", "classes": 3')
-    # execute: the must-show command, unmasked, and at gamma 1e6
+    # execute: the must-show command, unmasked, and at gamma 1e6; each also without the
+    # consensus tails (efpsn/tail.py: a tail certifies a masked run at a round of its own)
     runs = {extra: efpsn("simulate", "--data-dir", str(folder), "--agents", "4", "--holdout",
                          "0", "--quiet", *extra)
-            for extra in ((), ("--mask", "none"), ("--gamma", "1e6"))}
-    # assert: masked within 1.1x of unmasked, which is within 1e-3 of x*; each run's last line
-    # says it converged
+            for mask in ((), ("--mask", "none"), ("--gamma", "1e6"))
+            for extra in (mask, (*mask, "--tail", "off"))}
+    # assert: each run's last line says it converged, within the bound it states; stopped by
+    # the same rule without tails, masked within 1.1x of unmasked, which is within 1e-3 of x*
     for proc in runs.values():
         assert proc.returncode == 0, proc.stderr
-        assert proc.stdout.strip().splitlines()[-1].startswith("converged:"), proc.stdout
-    unmasked = relative(runs[("--mask", "none")].stdout)
+        last = proc.stdout.strip().splitlines()[-1]
+        assert last.startswith("converged:"), proc.stdout
+        stated = re.search(r"<= ([0-9.e+-]+) \|\|x\*\|\|", last)
+        assert stated and relative(proc.stdout) <= float(stated.group(1)) <= 1e-3, last
+    unmasked = relative(runs[("--mask", "none", "--tail", "off")].stdout)
     assert unmasked <= 1e-3
-    for extra in ((), ("--gamma", "1e6")):
+    for extra in (("--tail", "off"), ("--gamma", "1e6", "--tail", "off")):
         assert relative(runs[extra].stdout) <= 1.1 * unmasked + 1e-6
 
 
