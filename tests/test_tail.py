@@ -42,14 +42,14 @@ def test_the_mixes_come_from_the_graph_s_public_mixing_rate() -> None:
 def test_the_schedule_s_kinds_are_a_pure_function_of_the_round() -> None:
     tail = TailSchedule(origin=100, rounds=1000, hops=2, mixes=5, lazy=False, cap=1100)
     assert tail.length == 13
-    assert tail.starts == (450, 550, 650, 750, 900)  # origin + fractions of K
-    kinds = [tail.kind(t) for t in range(440, 470)]
+    assert tail.starts == (540, 580, 630, 700, 800, 920)  # origin + FRACTIONS of K
+    kinds = [tail.kind(t) for t in range(530, 560)]
     assert kinds == ["agt"] * 10 + ["mix"] * 5 + ["gradient"] + ["track"] * 7 + ["agt"] * 7
-    assert tail.check_round(450) == 461 and tail.is_check(461) and not tail.is_check(460)
+    assert tail.check_round(540) == 551 and tail.is_check(551) and not tail.is_check(550)
     assert set(tail.kind(t) for t in range(1200)) == set(KINDS)
     # an attempt that would not end before the cap is none
     assert TailSchedule(origin=0, rounds=1000, hops=2, mixes=5, lazy=False,
-                        cap=810).starts == (350, 450, 550, 650)
+                        cap=710).starts == (440, 480, 530, 600)
 
 
 def test_a_graph_whose_tail_is_long_against_its_rounds_gets_none() -> None:
@@ -68,15 +68,17 @@ def _rule(**kw: object) -> StopRule:
 
 def test_regular_checks_that_meet_a_tail_are_none_and_the_tail_s_check_is_one() -> None:
     rule = _rule()
-    # tails after rounds 70, 90, 110, 130, 160 (length 11: steps a .. a + 10), checks at a + 9
-    assert rule.tail is not None and rule.tail.starts == (70, 90, 110, 130, 160)
+    # tails after rounds 88, 106, 120, 140, 164 (96 would meet the first: length 11, steps
+    # a .. a + 10), checks at a + 9; a regular check s uses steps s - 1 .. s + 1
+    assert rule.tail is not None and rule.tail.starts == (88, 106, 120, 140, 164)
     checks = [t for t in range(200) if rule.is_check(t)]
-    assert checks == [10, 20, 30, 40, 50, 60, 79, 99, 119, 139, 150, 169, 180, 190]
+    assert checks == [10, 20, 30, 40, 50, 60, 70, 80, 97, 100, 115, 129, 149, 160, 173, 180,
+                      190]
     windows = [t for t in range(200) if rule.window(t) is not None]
     assert windows == [u for s in checks for u in (s, s + 1)]
     # a departure voids windows but never changes a step's kind
     cut = rule.voided_from(100)
-    assert [t for t in range(200) if cut.is_check(t)] == [10, 20, 30, 40, 50, 60, 79]
+    assert [t for t in range(200) if cut.is_check(t)] == [10, 20, 30, 40, 50, 60, 70, 80, 97]
     assert [cut.kind(t) for t in range(200)] == [rule.kind(t) for t in range(200)]
 
 
@@ -172,7 +174,7 @@ def test_agt_stays_exact_after_tails_that_certify_nothing() -> None:
     distances = []
     for tail in (True, False):  # (the mask, 100 RHO^t, fades for 3,000 rounds)
         rule = _quadratic_rule(target=1e-30, cap=3000)
-        assert rule.tail is not None and len(rule.tail.starts) == 5
+        assert rule.tail is not None and len(rule.tail.starts) == 6
         drivers, x_star = _network(rule if tail else dataclasses.replace(rule, tail=None))
         while not drivers[0].done:
             _round(drivers)

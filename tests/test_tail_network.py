@@ -22,13 +22,13 @@ pytestmark = pytest.mark.timeout(900)
 NOISE_SEED = 5
 # l2 = 10 converges in about 250 rounds; 1,200 rounds make the tails fit (one is 49 rounds on
 # the 5-ring, at most 5% of K) and a check period of 1,200 leaves no regular check: the first
-# tail (after round 432: mixes in rounds 432-454, the gradient in 455, tracking in 456-480,
-# its check round 479) ends the run at 481. The fixed mask keeps the simulator fast.
+# tail (after round 0.44 K = 528: mixes in rounds 528-550, the gradient in 551, tracking in
+# 552-576, its check round 575) ends the run at 577. The fixed mask keeps the simulator fast.
 CONFIG = RunConfig(l2=10.0, eval_every=50, key_bits=2048, refresh="never", iterations=1200,
                    stop_every=1200, round_timeout_seconds=60.0)
 NAMES = [f"agent{i}" for i in range(1, CONFIG.agents + 1)]
-# a checkpoint at round 450 (inside the tail's mixes), killed in its tracking rounds
-VICTIM, CRASH_AT, CHECKPOINT_EVERY = "agent3", 462, 25
+# a checkpoint at round 550 (inside the tail's mixes), killed in its tracking rounds
+VICTIM, CRASH_AT, CHECKPOINT_EVERY = "agent3", 562, 25
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +55,12 @@ def test_every_agent_and_the_simulator_stop_on_the_same_tail_bit_for_bit(tail_ru
     rule = StopRule.for_run(sim.config, build_problem(sim.config.resolved()).weights)
     rounds = sim.timings["rounds"]
     # the run ended on the first tail: its check round plus the diameter
-    assert rule.tail is not None and rule.tail.starts[0] == 432
-    assert rounds == rule.tail.check_round(432) + rule.hops == 481
+    assert rule.tail is not None and rule.tail.starts[0] == 528
+    assert rounds == rule.tail.check_round(528) + rule.hops == 577
     assert {r["final"]["round"] for r in results} == {rounds}
     assert {r["timings"]["rounds"] for r in results} == {rounds}
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
     assert sim.convergence is not None and sim.convergence.bound <= TARGET
     victim = next(r for r in results if r["name"] == VICTIM)
-    assert victim["resumed_from_round"] == 450 and rule.kind(450) == "mix"
+    assert victim["resumed_from_round"] == 550 and rule.kind(550) == "mix"
     assert rule.kind(CRASH_AT) == "track"
