@@ -83,6 +83,10 @@ class RoundDriver:
     integers (under STOP_KEY), the neighbours' are merged, and `iterations` drops to the stop
     round when the network's integers certify the target; `stopped_early` then says so.
     `checkpoint_tensors()` adds what a window needs to resume (STOP_STATE).
+
+    The stop rule's kind of round t (StopRule.kind: efpsn/tail.py) picks the step: agt's own,
+    or a consensus tail's mix, gradient or track step (the algorithm's tail_step); a run that
+    stops on a tail's check ends with the tail's points (x = z).
     """
 
     def __init__(self, *, algorithm: Algorithm, context: StepContext, schedule: StepSize,
@@ -179,7 +183,8 @@ class RoundDriver:
                 self.stopped_early = True
                 certified = self.stop.bound(network)
                 if self.stop.tail is not None and self.stop.tail.is_check(s):
-                    self.state = _tail_model(self.state)  # what the tail certified: x = z
+                    # what the tail certified: x = z (its points, unmoved in the window)
+                    self.state, before = _tail_model(self.state), _tail_model(before)
         due = (t + 1) % self.eval_every == 0 or t + 1 == self.iterations
         check = self.stop is not None and self.stop.is_check(t + 1) and not self.done
         if due or check:

@@ -116,6 +116,7 @@ class SimulationResult:
     every_period_zero_sum: bool = True  # ... and whether each summed to zero exactly
     convergence: Certificate | None = None  # efpsn/certificate.py, from the last round
     departures: dict[str, Any] | None = None  # DepartureReplay.to_json, when anyone left
+    tails: dict[str, Any] | None = None  # the consensus tails' schedule (TailSchedule.to_json)
 
     def masks_sum_to_zero(self) -> bool:
         """Phase I's masks, and with refreshed masks every period's, sum to zero exactly (after
@@ -131,6 +132,7 @@ class SimulationResult:
             "timings": self.timings,
             "convergence": None if self.convergence is None else self.convergence.to_json(),
             **({} if self.departures is None else self.departures),
+            **({} if self.tails is None else {"tails": self.tails}),
             # A simulation is not private: the masks are reported so users can inspect them.
             "masks": {
                 "precision": self.config.precision,
@@ -271,6 +273,7 @@ def run_simulation(
         every_period_zero_sum=zero_sum.ok,
         convergence=convergence,
         departures=None if replay is None else replay.to_json(),
+        tails=None if stop.tail is None else stop.tail.to_json(),
         timings={
             "phase1_seconds": t_phase1,
             "phase2_seconds": t_phase2,

@@ -149,3 +149,11 @@ class TailSchedule:
     def overlaps(self, first: int, last: int) -> bool:
         """Whether any attempt's steps meet the steps first .. last."""
         return any(a <= last and first < a + self.length for a in self.starts)
+
+    def to_json(self) -> dict[str, object]:
+        """The record's form: the attempts' starts, the mixes and the matrix, or why none."""
+        if self.reason is not None:
+            return {"none": self.reason}
+        return {"starts": list(self.starts), "mixes": self.mixes, "rounds": self.length,
+                "mixing": "lazy (I + W) / 2" if self.lazy else "W"}
+

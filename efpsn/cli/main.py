@@ -108,6 +108,10 @@ def _simulate(args: argparse.Namespace) -> int:
         write_json(args.json, {**result.to_json(), "privacy": privacy.to_json()})
         print(f"wrote {args.json}")
     print(privacy.line())
+    if result.tails is not None:
+        print(result.tails.get("none") or "consensus tails: after rounds "
+              + ", ".join(map(str, result.tails["starts"])) + f" ({result.tails['rounds']} "
+              f"rounds each, {result.tails['mixes']} mixes with {result.tails['mixing']})")
     if result.departures is not None:
         from efpsn.departure_replay import departures_line
 

@@ -214,9 +214,12 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
 
         convergence = Certificate(None, False, capped_line(int(capped["capped"])))
     from efpsn.privacy_modes import privacy_statement
+    from efpsn.stopping import StopRule
 
+    tail = StopRule.for_run(config, problem.weights).tail  # the run's graph's (efpsn/tail.py)
     return {
         "convergence": convergence.to_json(),
+        **({} if tail is None else {"tails": tail.to_json()}),
         "privacy": privacy_statement(problem.config, problem.graph).to_json(),
         "ok": not problems,
         "problems": problems,
