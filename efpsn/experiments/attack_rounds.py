@@ -147,7 +147,7 @@ def _config(base: RunConfig, overrides: tuple[tuple[str, Any], ...], **data: Any
 
 
 def _signature(config: RunConfig) -> tuple[Any, ...]:
-    return (config.selection, config.refresh, config.algorithm, config.K)
+    return (config.selection, config.refresh, config.algorithm, config.K, config.tail)
 
 
 def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset], *,
@@ -158,19 +158,24 @@ def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset]
     if settings.quadratic > 0:
         config = masked_config(config, scale=settings.quadratic)
     problem = one_sample_problem(config, sample=data.subset([index]), others=others)
+    stopped_at = None
     if settings.stopped:  # the rounds this run's stop rule ends it at, then exactly those
         from efpsn.run_values import Rounds
         from efpsn.simulator import run_simulation
 
         ended = run_simulation(problem.config, problem=problem, noise_seed=noise_seed)
-        config = config.replace(iterations=Rounds(int(ended.timings["rounds"])))
-        problem = one_sample_problem(config, sample=data.subset([index]), others=others)
+        if ended.tails is not None and "starts" in ended.tails:  # the same run, its tails too
+            stopped_at = int(ended.timings["rounds"])
+        else:
+            config = config.replace(iterations=Rounds(int(ended.timings["rounds"])))
+            problem = one_sample_problem(config, sample=data.subset([index]), others=others)
     if settings.quadratic > 0:
         quadratic = quadratic_masks(problem.graph, len(problem.initial_params()),
                                     bound=settings.quadratic * masked_rule(config, scale=0).curvature,
                                     seed=noise_seed)
     view = record_view(problem, noise_seed=noise_seed, pairs=settings.pairs,
-                       messages=settings.messages, others=settings.others, quadratic=quadratic)
+                       messages=settings.messages, others=settings.others, quadratic=quadratic,
+                       stopped_at=stopped_at)
     run_seconds = time.perf_counter() - started
     task = problem.task
     model = LinearModel(classes=task.classes, features=task.features, l2=task.l2)
@@ -190,7 +195,8 @@ def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset]
              "messages": settings.messages if settings.messages == "clear"
              else f"{settings.messages} ({settings.others})", "gamma": c.gamma,
              "quadratic": settings.quadratic,
-             "rounds": c.iterations.total, "sample": int(index),
+             "rounds": c.iterations.total if stopped_at is None else stopped_at,
+             "tail": c.tail, "sample": int(index),
              "label": int(data.labels[index]), "run_seconds": run_seconds, **r}
             for r in records]
 

@@ -137,13 +137,15 @@ def one_sample_problem(config: RunConfig, *, sample: Dataset, others: list[Datas
 
 def record_view(problem: Problem, *, noise_seed: int, pairs: int = 400,
                 messages: str = "clear", others: str = "data",
-                quadratic: tuple[np.ndarray, ...] = ()) -> RoundView:
+                quadratic: tuple[np.ndarray, ...] = (), stopped_at: int | None = None
+                ) -> RoundView:
     """Run the simulation of the problem's settings (its messages in the clear or aggregated;
     `quadratic`: a degree-2 mask's A_i added to every agent's oracle) and return what a curious
     neighbour of agent 0 gets: agent 0's kept oracle calls, or under aggregation the
-    neighbour's `aggregate_view`."""
+    neighbour's `aggregate_view`. `stopped_at`: the run keeps its stop rule (and its consensus
+    tails, efpsn/tail.py), which ends it at this round (a first run of the same settings)."""
     config = problem.config
-    horizon = config.iterations.total
+    horizon = config.iterations.total if stopped_at is None else stopped_at
     attacker = min(problem.graph.neighbours(0))
     watch = (0, *problem.graph.neighbours(attacker)) if messages == "aggregate" else (0,)
     watched = _WatchedProblem(**{f.name: getattr(problem, f.name)
@@ -152,8 +154,11 @@ def record_view(problem: Problem, *, noise_seed: int, pairs: int = 400,
                               quadratic=quadratic)
     # every round of the step rule's (no early stop at the certificate's target): the attacker
     # sees the longest run the settings allow, and the view's rounds are the ones planned
-    run_simulation(config.replace(eval_every=max(1, horizon), stop_every=StopEvery(None)), problem=watched,
-                   noise_seed=noise_seed, messages=messages)
+    stop = {} if stopped_at is not None else {"stop_every": StopEvery(None)}
+    ended = run_simulation(config.replace(eval_every=max(1, horizon), **stop), problem=watched,
+                           noise_seed=noise_seed, messages=messages)
+    if ended.timings["rounds"] != horizon:
+        raise RuntimeError(f"the watched run ended at {ended.timings['rounds']}, not {horizon}")
     if messages == "aggregate":
         return aggregate_view(problem, attacker, watched.watched, horizon=horizon,
                               others=others)
