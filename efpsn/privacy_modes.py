@@ -215,6 +215,8 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
         warnings.append(STANDARD_DISCLOSURE)
     if messages == "aggregate":
         warnings.append(_aggregate_warning(graph))
+    if mode != "none" and _has_tails(config, graph):
+        warnings.append(TAIL_WARNING)
     epsilon, note = _epsilon(config) if with_epsilon else (None, "not computed")
     return PrivacyStatement(
         mode=mode, name=measured.name,
@@ -223,6 +225,22 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
         worst=measured.worst(config.gamma), attackers=measured.attackers,
         source=measured.source, epsilon=epsilon, epsilon_note=note,
         warnings=tuple(warnings))
+
+
+TAIL_WARNING = ("consensus tails (efpsn/tail.py): in a tail's mixing rounds a neighbour also "
+                "learns the tracker of each agent two hops away, as that agent's own neighbours "
+                "do every round; measured on wine, the many-round regressions gain nothing at "
+                "gamma 1e3 over the same rounds without tails, but reach 0.16 against 0.24 at "
+                "gamma 1e6 (docs/RESULTS.md, 'The consensus tail in the protocol'; --tail off)")
+
+
+def _has_tails(config: RunConfig, graph: Graph) -> bool:
+    """Whether the run tries consensus tails (agt under the stop rule, on a graph with room)."""
+    from efpsn.stopping import StopRule
+    from efpsn.topology import metropolis_weights
+
+    tail = StopRule.for_run(config, metropolis_weights(graph)).tail
+    return tail is not None and bool(tail.starts)
 
 
 def _aggregate_warning(graph: Graph) -> str:

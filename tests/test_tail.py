@@ -254,3 +254,12 @@ def test_gt_takes_no_tail_bit_for_bit(wine) -> None:
     runs = [_simulate(wine, algorithm="gt", tail=tail, **short) for tail in ("on", "off")]
     assert runs[0].timings["rounds"] == runs[1].timings["rounds"]
     assert all(torch.equal(a, b) for a, b in zip(runs[0].xs, runs[1].xs, strict=True))
+
+
+def test_the_privacy_line_names_the_tails_when_the_run_takes_them() -> None:
+    from efpsn.privacy_modes import TAIL_WARNING, privacy_statement
+
+    ring5 = build_graph("ring", 5, seed=0)
+    assert TAIL_WARNING in privacy_statement(RunConfig().resolved(), ring5).line()
+    for quiet in (RunConfig(tail="off"), RunConfig(mask="none"), RunConfig(iterations=300)):
+        assert "consensus tails" not in privacy_statement(quiet.resolved(), ring5).line()
