@@ -38,8 +38,9 @@ coordinator, whose decision is then "the run had stopped at s + D" instead of a 
 agents that could not get that far end with their state of the check round s, which the
 driver keeps (RoundDriver.check; efpsn/last_window.py). The fading mask's fresh part (efpsn/fading.py) never rounds away: it sits in every
 agent's tracker and drives the agents apart, so the tracker and (at the stop, two to four times
-larger on the main job) the gap term hold the stop back until it has faded below the target
-(efpsn/experiments/consensus_tail.py measures what mixing it away first would save).
+larger on the main job) the gap term hold the stop back until it has faded below the target;
+agt's consensus tails (efpsn/tail.py, `tail`) mix it away first: each ends in a check of this
+rule at a public round (is_check), and a regular check whose rounds meet a tail is none.
 """
 
 from __future__ import annotations

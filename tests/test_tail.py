@@ -46,7 +46,7 @@ def test_the_schedule_s_kinds_are_a_pure_function_of_the_round() -> None:
     kinds = [tail.kind(t) for t in range(530, 560)]
     assert kinds == ["agt"] * 10 + ["mix"] * 5 + ["gradient"] + ["track"] * 7 + ["agt"] * 7
     assert tail.check_round(540) == 551 and tail.is_check(551) and not tail.is_check(550)
-    assert set(tail.kind(t) for t in range(1200)) == set(KINDS)
+    assert {tail.kind(t) for t in range(1200)} == set(KINDS)
     # an attempt that would not end before the cap is none
     assert TailSchedule(origin=0, rounds=1000, hops=2, mixes=5, lazy=False,
                         cap=710).starts == (440, 480, 530, 600)

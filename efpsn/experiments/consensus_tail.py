@@ -14,8 +14,9 @@ changed): `mixes` rounds mixing the points x with W (points p_i, p_bar = x_bar),
 round at p_i with round t + 1's mask (y_i += g_i(p_i) - g_i(z_i): the trackers' sum is then
 sum_i grad f_i(p_i), the masks summing to zero), `mixes` rounds mixing the trackers with W. The
 certificate of p_bar is then (max ||y_i|| + L M max_edge ||p_i - p_j||) / mu, the same bound as
-the run's with the points p_i and no momentum term. Nothing of this is in the network protocol
-yet (it would add 2 mixes + 1 rounds of messages per attempt, and one masked gradient round).
+the run's with the points p_i and no momentum term. The protocol's own tail (efpsn/tail.py, the
+default for agt under the stop rule) follows this with the stop rule's rounded integers and a
+public schedule of attempts; this experiment stays the exact-bound reference.
 """
 
 from __future__ import annotations
