@@ -263,3 +263,26 @@ def test_the_privacy_line_names_the_tails_when_the_run_takes_them() -> None:
     assert TAIL_WARNING in privacy_statement(RunConfig().resolved(), ring5).line()
     for quiet in (RunConfig(tail="off"), RunConfig(mask="none"), RunConfig(iterations=300)):
         assert "consensus tails" not in privacy_statement(quiet.resolved(), ring5).line()
+
+
+def test_a_rebase_restarts_the_schedule_and_abandons_a_tail_it_cuts() -> None:
+    # prepare: the defaults' rule on the 5-ring, and the 4 agents left after agent 4 went
+    w = ring(5)
+    config = RunConfig()
+    rule = StopRule.for_run(config, w)
+    assert rule.tail is not None
+    a = rule.tail.starts[0]
+    rebase_round = a + 5  # inside the first tail's mixes
+    remaining = np.delete(np.delete(w, 4, axis=0), 4, axis=1)
+    remaining[np.arange(4), np.arange(4)] += 1 - remaining.sum(axis=1)
+    # execute
+    rebased = StopRule.rebased(config, remaining, origin=rebase_round, until=None, cap=rule.cap)
+    # assert: the cut tail's remaining steps are plain agt; the new tails count from R
+    assert rule.kind(rebase_round) == "mix" and rebased.kind(rebase_round) == "agt"
+    assert rebased.tail is not None and rebased.tail.origin == rebase_round
+    assert rebased.tail.starts[0] == rebase_round + round(0.44 * rebased.tail.rounds)
+    assert not rebased.is_check(rule.tail.check_round(a))
+    # the remaining graph's schedule is public: every agent derives the same one
+    again = StopRule.rebased(config, remaining.copy(), origin=rebase_round, until=a + 9,
+                             cap=rule.cap)
+    assert again.tail == rebased.tail
