@@ -230,7 +230,7 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
 TAIL_WARNING = ("consensus tails (efpsn/tail.py): in a tail's mixing rounds a neighbour also "
                 "learns the tracker of each agent two hops away, as that agent's own neighbours "
                 "do every round; measured on wine, the many-round regressions gain nothing at "
-                "gamma 1e3 over the same rounds without tails, but reach 0.16 against 0.24 at "
+                "gamma 1e3 over the same rounds without tails, but reach 0.16 against 0.19-0.24 at "
                 "gamma 1e6 (docs/RESULTS.md, 'The consensus tail in the protocol'; --tail off)")
 
 
