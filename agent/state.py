@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agent.durable import fsync_dir, write_new, write_private
+from agent.durable import fsync_dir, write_all, write_private
 from efpsn.config import RunConfig
 from efpsn.masking import MaskCoefficients
 from efpsn.wire import records
@@ -310,24 +310,33 @@ class StateStore:
                                      keep=keep)
 
     def write_checkpoint(self, prepared: PreparedCheckpoint, *, keep: int = 2) -> Path:
-        """Put a prepared checkpoint on disk (files, fsyncs, the folder's rename), then prune
-        to the newest `keep`. Touches nothing but the files: safe on a thread of its own."""
+        """put_checkpoint, then prune_checkpoints."""
+        final = self.put_checkpoint(prepared)
+        self.prune_checkpoints(keep=keep)
+        return final
+
+    def put_checkpoint(self, prepared: PreparedCheckpoint) -> Path:
+        """Put a prepared checkpoint on disk: its files and their folder, flushed and renamed
+        into place. Touches nothing but the files: safe on a thread of its own."""
         parent = self._ensure(self.checkpoint_folder)
         name = f"round-{prepared.round:08d}"
         final = parent / name
         tmp = parent / f".{name}.part"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(mode=0o700)
-        for file, data in prepared.files:
-            write_new(tmp / file, data)
+        write_all(tmp, prepared.files)  # every file flushed to disk (at once)
         fsync_dir(tmp)  # its entries, before the folder is renamed into place
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
         fsync_dir(parent)
+        return final
+
+    def prune_checkpoints(self, *, keep: int = 2) -> None:
+        """Delete all but the newest `keep` checkpoints (deleting a folder's files waits on the
+        file system's journal: 44 ms at load 9, more than writing one)."""
         for old in self._checkpoint_dirs()[keep:]:
             shutil.rmtree(old, ignore_errors=True)
-        return final
 
     def _checkpoint_dirs(self) -> list[Path]:
         """Complete checkpoint folders, newest first."""

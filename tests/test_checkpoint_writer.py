@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from agent.checkpoint_writer import LAG, CheckpointWriter
+from agent.durable import write_all
 from agent.state import PreparedCheckpoint, StateStore
 
 SHAPES = {"x": (3, 2)}
@@ -28,7 +29,7 @@ class GatedStore(StateStore):
         self.most = 0
         self.fail: Exception | None = None
 
-    def write_checkpoint(self, prepared: PreparedCheckpoint, *, keep: int = 2) -> Path:
+    def put_checkpoint(self, prepared: PreparedCheckpoint) -> Path:
         self.running += 1
         self.most = max(self.most, self.running)
         self.started.set()
@@ -36,7 +37,7 @@ class GatedStore(StateStore):
             assert self.gate.wait(10), "the test never opened the gate"
             if self.fail is not None:
                 raise self.fail
-            return super().write_checkpoint(prepared, keep=keep)
+            return super().put_checkpoint(prepared)
         finally:
             self.running -= 1
 
@@ -120,3 +121,33 @@ def test_a_failed_write_is_raised_and_only_logged_when_phase_two_fails_anyway(
 
     asyncio.run(body())
     assert store.load_checkpoint(run_id="r", expected=SHAPES) is None
+
+
+def test_the_older_checkpoints_are_deleted_once_the_new_one_is_written(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    writer = CheckpointWriter(store, run_id="r", keep=2)
+
+    async def body() -> None:
+        for r in (5, 10, 15):
+            await writer.save(round_=r, tensors={"x": torch.full((3, 2), float(r),
+                                                                 dtype=torch.float64)},
+                              history=[])
+            await writer.before_round(r + LAG)
+        await writer.close()
+
+    asyncio.run(body())
+    names = sorted(p.name for p in store.checkpoint_folder.iterdir())
+    assert names == ["round-00000010", "round-00000015"]
+    saved = store.load_checkpoint(run_id="r", expected=SHAPES)
+    assert saved is not None and saved.round == 15 and float(saved.tensors["x"][0, 0]) == 15.0
+
+
+def test_write_all_puts_every_file_private_and_never_over_one(tmp_path: Path) -> None:
+    files = [(f"t{i}.npy", bytes([i]) * (1000 + i)) for i in range(11)]
+    write_all(tmp_path, files)
+    for name, data in files:
+        assert (tmp_path / name).read_bytes() == data
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o600
+    with pytest.raises(FileExistsError):
+        write_all(tmp_path, [("new.npy", b"1"), ("t3.npy", b"2")])
+    assert (tmp_path / "t3.npy").read_bytes() == files[3][1]
