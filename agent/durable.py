@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 __all__ = ["fsync_dir", "write_all", "write_private"]
@@ -57,7 +57,11 @@ def write_all(folder: Path, files: Sequence[tuple[str, bytes]]) -> None:
         if len(fds) == 1:
             os.fsync(fds[0])
         else:
-            list(_fsync_pool().map(os.fsync, fds))  # the first error is raised here
+            pool = _fsync_pool()
+            flushing = [pool.submit(os.fsync, fd) for fd in fds]
+            wait(flushing)  # every one ended before any file is closed
+            for each in flushing:
+                each.result()  # the first error is raised here
     finally:
         for fd in fds:
             os.close(fd)
