@@ -11,14 +11,15 @@ waited on the file system's journal as long as writing: that part delays no roun
 
 What a checkpoint of round t holds and promises is unchanged: the state after t rounds, taken
 after every neighbour's round-t message came (so each of them holds my round t - 1 message).
-What changes is when it is on disk: before this agent sends its round t + 2 message (`LAG`),
-instead of before its round t + 1 message. A process killed before that resumes from the
-checkpoint before, as one killed during a synchronous write did. The neighbours' logs cover it
-within the rule they already keep (--keep-rounds >= --checkpoint-every + 3, agent/options.py):
-killed while the write of checkpoint c + every is pending, this agent sent at most round
-c + every + 1 and its neighbours at most c + every + 2, so a restart from c needs their rounds
-c .. c + every + 2: every + 3 rounds. A checkpoint a departure asks for (its round is where a
-restart must resume) is awaited at once, as before.
+When it is on disk is unchanged too: before this agent sends its round t + 1 message (`LAG`).
+What runs meanwhile is the step of round t (and its evaluation), and the deletion of the older
+checkpoint waits for no round at all. A process killed before the write is done resumes from
+the checkpoint before, as one killed during a synchronous write did; a process about to send
+round t + 1 holds round t's on disk, so a kill there (tests/crash_hook) resumes from exactly it.
+(LAG = 2 would overlap a whole round more and still fit the neighbours' logs, --keep-rounds >=
+--checkpoint-every + 3, but it uses up that rule's slack and makes the round a kill resumes
+from depend on the disk's timing; not taken.) A checkpoint a departure asks for (its round is
+where a restart must resume) is awaited at once, as before.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ __all__ = ["LAG", "CheckpointWriter"]
 log = logging.getLogger("efpsn.agent")
 
 # rounds between a checkpoint's round t and the round whose message waits for it on disk
-LAG = 2
+LAG = 1
 
 
 class CheckpointWriter:

@@ -128,7 +128,7 @@ async def _rounds(*, session: Session, driver: RoundDriver, link: RoundLink, led
             # A checkpoint at round t promises that every neighbour holds my round t-1 message
             # (a process restarted from it resends rounds from t on only): their round-t
             # messages, just collected, prove it (none can compute round t without mine).
-            # Written by a thread, on disk before my round t + 2 message (agent/
+            # Written by a thread, on disk before my round t + 1 message (agent/
             # checkpoint_writer.py); a departure's round at once: a restart resumes there.
             await checkpoints.save(round_=t, tensors=driver.checkpoint_tensors(),
                                    history=history, durable=applied)

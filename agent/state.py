@@ -23,7 +23,7 @@ Every file is written to a temporary name, flushed, fsync'ed and renamed, and a 
 is renamed into place only when complete (its files fsync'ed at once, then the folder), so a
 crash (even SIGKILL) leaves either the old or the new version, never half of one. Phase II
 writes its checkpoints on a thread while the rounds go on (agent/checkpoint_writer.py): a
-checkpoint of round t is on disk before the agent sends its round t + 2 message. Nothing is pickled; arrays are read with allow_pickle=False and
+checkpoint of round t is on disk before the agent sends its round t + 1 message. Nothing is pickled; arrays are read with allow_pickle=False and
 checked against their sha256. When the run finishes, the mask and the checkpoints (both private:
 they reveal this agent's perturbation and iterates) are deleted and assignment.json is marked
 finished.
