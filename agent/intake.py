@@ -33,7 +33,7 @@ class Intake:
         if session is None or ledger is None:
             raise RuntimeError(f"round messages taken in stage {self.life.stage.value}")
         record = parse_round(message, run_id=session.run_id, senders=senders,
-                             shapes=session.message_shapes, round_=round_)
+                             shapes=session.message_shapes, seed=ledger.seed, round_=round_)
         judgement = ledger.judge(record.sender, record.round, record.digest)
         if judgement.verdict == Verdict.ACCEPT:
             self.mailbox.put("round", record.round, record.sender, record.tensors)

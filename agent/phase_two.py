@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from agent.checkpoint_writer import CheckpointWriter
 from agent.departing import Silence
 from agent.exchange import RoundLink
 from agent.mailbox import Mailbox
@@ -76,6 +77,29 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
         evaluate(session.problem, session.index, driver.state, status)
     life = status.life
     life.optimizing(driver.t)
+    checkpoints = CheckpointWriter(store, run_id=session.run_id)
+    try:
+        await _rounds(session=session, driver=driver, link=link, ledger=ledger,
+                      mailbox=mailbox, status=status, checkpoints=checkpoints,
+                      checkpoint_every=checkpoint_every, history=history,
+                      on_evaluation=on_evaluation, silence=silence)
+    except BaseException:
+        await checkpoints.close(failing=True)
+        raise
+    await checkpoints.close()
+    if driver.t >= life.round:  # the stop rule's round (efpsn/stopping.py), at most the
+        life.advance(driver.t)  # rounds (the check round's, below it, after a last window)
+    return PhaseTwoResult(state=driver.state, final_outbox=driver.outbox, history=history)
+
+
+async def _rounds(*, session: Session, driver: RoundDriver, link: RoundLink, ledger: RoundLedger,
+                  mailbox: Mailbox, status: Status, checkpoints: CheckpointWriter,
+                  checkpoint_every: int, history: list[dict[str, float]],
+                  on_evaluation: Callable[[dict[str, float]], None] | None,
+                  silence: Silence | None) -> None:
+    """run_phase_two's rounds, to the driver's last or to the run's end decided for the
+    others."""
+    life = status.life
     first = driver.t
     while not driver.done:
         t = driver.t
@@ -86,6 +110,7 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
                 await link.drop(neighbour)
             for neighbour in joined:
                 link.join(neighbour)
+        await checkpoints.before_round(t)
         try:
             inbox = await link.exchange(t, driver.outbox)
         except AgentFailure as exc:
@@ -103,8 +128,10 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
             # A checkpoint at round t promises that every neighbour holds my round t-1 message
             # (a process restarted from it resends rounds from t on only): their round-t
             # messages, just collected, prove it (none can compute round t without mine).
-            store.save_checkpoint(run_id=session.run_id, round_=t,
-                                  tensors=driver.checkpoint_tensors(), history=history)
+            # Written by a thread, on disk before my round t + 1 message (agent/
+            # checkpoint_writer.py); a departure's round at once: a restart resumes there.
+            await checkpoints.save(round_=t, tensors=driver.checkpoint_tensors(),
+                                   history=history, durable=applied)
         due = driver.step(inbox)
         life.advance(t + 1)
         ledger.advance(t + 1)
@@ -114,9 +141,6 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
             history.append({**record, **driver.measures})
             if on_evaluation is not None:
                 on_evaluation(history[-1])
-    if driver.t >= life.round:  # the stop rule's round (efpsn/stopping.py), at most the
-        life.advance(driver.t)  # rounds (the check round's, below it, after a last window)
-    return PhaseTwoResult(state=driver.state, final_outbox=driver.outbox, history=history)
 
 
 def evaluate(problem: Problem, index: int, state: AgentState, status: Status

@@ -20,12 +20,13 @@ import math
 from pathlib import Path
 from typing import Any, Protocol
 
+from agent.durable import write_private
 from agent.life import Life
 from agent.options import AgentFailure, RefusedByNeighbour
 from agent.peers import Peers
 from agent.prepare import Prepared
 from agent.session import Session
-from agent.state import StateError, write_private
+from agent.state import StateError
 from efpsn.departure import Departure, reconfigure
 from efpsn.departure_masks import drop_seeds
 from efpsn.ledger import Judgement, Verdict

@@ -61,7 +61,7 @@ _IDLE = re.compile(r"^(epoll_wait|epoll_pwait|poll|ppoll|select|pselect6?|nanosl
                    r"select_epoll_poll\w*|time_sleep|fsync|fdatasync|EpollSelector\.select) ")
 # The checkpoint's file writes, fsyncs and removals (agent/state.py, shutil): a leaf there waits
 # on the disk (py-spy sees no system call without --native).
-_DISK = re.compile(r"^(_write_new|_fsync_dir|rmtree|_rmtree_safe_fd|_rmtree_unsafe) ")
+_DISK = re.compile(r"^(_?write_new|write_all|_?fsync_dir|rmtree|_rmtree_safe_fd|_rmtree_unsafe) ")
 POLLER = "(_poll_wrapper)"  # the name of grpc.aio's completion-queue thread
 _THREAD = re.compile(r"^thread \((\d+)\)")
 

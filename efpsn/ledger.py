@@ -11,6 +11,7 @@ asks for a verdict on every message that passed the wire checks; the client side
 from __future__ import annotations
 
 import enum
+import secrets
 from dataclasses import dataclass
 
 __all__ = ["Judgement", "PhaseOneLedger", "RoundLedger", "Verdict"]
@@ -43,12 +44,20 @@ class RoundLedger:
     remembered for them (the newest `keep` rounds), or acknowledged blindly when they predate
     the round this process resumed at (its previous process consumed them). Rounds past
     `last` (the run's final round) are refused.
+
+    seed: the secret key of the digests this ledger compares (efpsn/wire/rounds.py's
+    round_digest), drawn anew for every ledger unless given (tests). The digests live in
+    memory only, with the ledger: a restarted agent's ledger starts empty (rounds before
+    `resumed_from` are acknowledged blindly), so the seed is never saved or sent.
     """
 
     def __init__(self, *, last: int, keep: int, position: int = 0,
-                 resumed_from: int | None = None) -> None:
+                 resumed_from: int | None = None, seed: int | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
+        if seed is not None and not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+        self.seed = secrets.randbits(64) if seed is None else seed
         self.last = last
         self.keep = keep
         self.position = position

@@ -140,6 +140,12 @@ class FunctionalPerturbation:
             self._linear_rows = np.flatnonzero(degree == 1)
             self._linear_vars = variables[self._linear_rows, 0]
             self._distinct = np.unique(self._linear_vars).size == self._linear_vars.size
+            # every variable in exactly one linear monomial (the defaults: K = 1, all
+            # parameters): g[v] = coeffs[row of v], one gather instead of zeros and a scatter
+            self._linear_order: np.ndarray | None = None
+            if self._distinct and self._linear_vars.size == system.m:
+                self._linear_order = np.empty(system.m, dtype=np.int64)
+                self._linear_order[self._linear_vars] = self._linear_rows
         self._set_eta(eta)
 
     def _set_eta(self, eta: np.ndarray | Sequence[float]) -> None:
@@ -160,10 +166,14 @@ class FunctionalPerturbation:
         if self._affine:
             # Phi(x_S) = p_const + sum_v g_v x_S[v]: split constant and linear parts once.
             self._constant = float(coeffs[self._constant_rows].sum())
-            g = np.zeros(system.m, dtype=np.float64)
-            if self._distinct:  # 0 + c, as np.add.at gives it (-0.0 becomes 0.0)
+            if self._linear_order is not None:  # the same values as the scatter below
+                g = coeffs[self._linear_order]
+                np.add(g, 0.0, out=g)  # c + 0, as np.add.at gives it (-0.0 becomes 0.0)
+            elif self._distinct:  # 0 + c, as np.add.at gives it (-0.0 becomes 0.0)
+                g = np.zeros(system.m, dtype=np.float64)
                 g[self._linear_vars] = coeffs[self._linear_rows] + 0.0
             else:
+                g = np.zeros(system.m, dtype=np.float64)
                 np.add.at(g, self._linear_vars, coeffs[self._linear_rows])
             self._linear = torch.from_numpy(g)
         self._grad_cache: dict[tuple[int, torch.device], torch.Tensor] = {}

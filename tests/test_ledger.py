@@ -70,6 +70,17 @@ def test_rounds_beyond_the_run_are_refused_and_the_window_only_moves_forward() -
         RoundLedger(last=5, keep=0)
 
 
+def test_every_ledger_draws_its_own_secret_digest_seed() -> None:
+    """The key of the digests a ledger compares (efpsn/wire/rounds.py's round_digest) is drawn
+    per ledger, in memory only like the digests; a given one must fit 64 bits unsigned."""
+    seeds = {RoundLedger(last=10, keep=2).seed for _ in range(8)}
+    assert len(seeds) == 8 and all(0 <= seed < 2**64 for seed in seeds)
+    assert RoundLedger(last=10, keep=2, seed=2**64 - 1).seed == 2**64 - 1
+    for bad in (-1, 2**64):
+        with pytest.raises(ValueError, match="seed must be in"):
+            RoundLedger(last=10, keep=2, seed=bad)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["judge", "advance"]), st.sampled_from(["a", "b"]),
                           st.integers(0, 40), st.sampled_from([b"1", b"2"])), max_size=80))

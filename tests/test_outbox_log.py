@@ -5,6 +5,7 @@ start, its older records still behind the new ones) and when the last record was
 from __future__ import annotations
 
 import os
+import zlib
 from pathlib import Path
 
 from agent.outbox import Outbox, OutboxLog
@@ -85,3 +86,26 @@ def test_a_recycled_segments_older_records_are_not_loaded(tmp_path: Path) -> Non
     recycled = tmp_path / "outbox" / "rounds-00000015.log"
     assert recycled.stat().st_size == 5 * (20 + 64)  # rounds 15, 16, then old 2, 3, 4
     assert list(log.load()) == list(range(5, 17))
+
+
+def test_a_changed_byte_ends_the_segment_and_earlier_crc_records_still_load(
+        tmp_path: Path) -> None:
+    """A record whose data changed (its length intact) fails its check; a segment an earlier
+    version wrote (records under magic EFO2, checked by CRC-32) loads, and a restarted agent
+    appends its own records after it."""
+    folder = tmp_path / "outbox"
+    folder.mkdir(mode=0o700)
+    old = b"".join(b"EFO2" + t.to_bytes(8, "big") + len(_data(t)).to_bytes(4, "big")
+                   + zlib.crc32(_data(t)).to_bytes(4, "big") + _data(t) for t in range(3))
+    (folder / "rounds-00000000.log").write_bytes(old)
+    log = _log(tmp_path)
+    assert list(log.load()) == [0, 1, 2]
+    _append(log, range(3, 5))  # written after the old records, as this version writes them
+    log.close()
+    blob = (folder / "rounds-00000000.log").read_bytes()
+    assert blob.count(b"EFO2") == 3 and blob.count(b"EFO3") == 2
+    assert log.load() == {t: _data(t) for t in range(5)}
+    at = len(old) + 20 + len(_data(3)) + 20 + 5  # a byte of round 4's data
+    (folder / "rounds-00000000.log").write_bytes(blob[:at] + bytes([blob[at] ^ 1])
+                                                 + blob[at + 1:])
+    assert list(log.load()) == [0, 1, 2, 3]

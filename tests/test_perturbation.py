@@ -271,3 +271,24 @@ def test_with_eta_equals_a_new_perturbation_bit_for_bit() -> None:
             system=system, indices=indices, eta=first).gradient(x))
         with pytest.raises(ValueError, match="expected eta of shape"):
             old.with_eta(second[:-1])
+
+
+def test_linear_part_by_one_gather_equals_the_scatter_bit_for_bit() -> None:
+    """Every variable in one linear monomial (the defaults: K = 1, N = m + 1): the linear part
+    is one gather of the monomial coefficients; it must equal the zeros-and-scatter it replaced,
+    -0.0 turned into 0.0 as before. A system with a variable left out keeps the scatter."""
+    rng = np.random.default_rng(11)
+    for m, N, covered in ((6, 7, True), (6, 5, False)):
+        system = OrthonormalSystem.from_monomials(choose_monomials(m=m, K=1, N=N, seed=3),
+                                                  measure="uniform")
+        pert = FunctionalPerturbation(system=system, indices=np.arange(m), eta=np.ones(N))
+        assert (pert._linear_order is not None) is covered
+        eta = rng.normal(size=N)
+        eta[1] = -0.0
+        new = pert.with_eta(eta)
+        coeffs = system.monomial_coefficients(eta)
+        variables, exponents = system.exponent_slots
+        rows = np.flatnonzero(exponents.sum(axis=1) == 1)
+        expected = np.zeros(m)
+        np.add.at(expected, variables[rows, 0], coeffs[rows])
+        assert new._linear.numpy().tobytes() == expected.tobytes()

@@ -111,7 +111,8 @@ class Harness:
                     run_id=RUN, sender=sender, round=t, phase=Phase.OPTIMIZE))
                 self.valid_rounds.append(pb)
                 if t < CURRENT_ROUND:
-                    self.parts.ledger.judge(sender, t, wire_rounds.round_digest(pb))
+                    self.parts.ledger.judge(sender, t, wire_rounds.round_digest(
+                        pb, seed=self.parts.ledger.seed))
             if t < CURRENT_ROUND:
                 self.parts.ledger.advance(t + 1)
         self.valid_rounds.sort(key=lambda pb: (pb.header.sender, pb.header.round))

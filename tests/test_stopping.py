@@ -93,17 +93,18 @@ def test_stop_integers_on_the_wire() -> None:
     data = encode_round(message, run_id="r", sender="a", round_=4)
     pb = agent_pb2.RoundMessage.FromString(data)
     assert list(pb.stop) == [FLOOR, -3, 5, CEILING]
-    record = parse_round(pb, run_id="r", senders={"a"}, shapes={"y": (3,), "z": (3,)})
+    record = parse_round(pb, run_id="r", senders={"a"}, shapes={"y": (3,), "z": (3,)},
+                         seed=7)
     assert record.tensors["stop:"].tolist() == [FLOOR, -3, 5, CEILING]
     plain = parse_round(agent_pb2.RoundMessage.FromString(encode_round(
         {k: v for k, v in message.items() if k != "stop:"}, run_id="r", sender="a",
-        round_=4)), run_id="r", senders={"a"}, shapes={"y": (3,), "z": (3,)})
+        round_=4)), run_id="r", senders={"a"}, shapes={"y": (3,), "z": (3,)}, seed=7)
     assert "stop:" not in plain.tensors and plain.digest != record.digest
     for bad in ([1, 2, 3], [0, 0, 0, CEILING + 1]):
         pb.ClearField("stop")
         pb.stop.extend(bad)
         with pytest.raises(WireError, match="stop must be empty or 4 integers"):
-            parse_round(pb, run_id="r", senders={"a"}, shapes={"y": (3,), "z": (3,)})
+            parse_round(pb, run_id="r", senders={"a"}, shapes={"y": (3,), "z": (3,)}, seed=7)
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 ROOT = Path(__file__).resolve().parents[1]
 STUB_DIR = ROOT / "efpsn" / "wire" / "v1"
 PROTO_DIR = ROOT / "proto"
+SEED = 0x5EED_0F_E1F5  # a round digest's key (an agent draws its own: RoundLedger.seed)
 GENERATED = ("*_pb2.py", "*_pb2.pyi", "*_pb2_grpc.py")
 
 _ITEMSIZE = {"float64": 8, "float32": 4, "int64": 8}
@@ -356,15 +357,16 @@ def test_received_header_checks() -> None:
 
 def test_round_digest_is_the_content_not_the_header() -> None:
     """decode_round_message's digest (filed with a received message) equals round_digest (what a
-    retry is compared with); it ignores the header and changes with any name, dtype, shape or
-    byte of the tensors."""
+    retry is compared with) under the same seed; it ignores the header and changes with any
+    name, dtype, shape or byte of the tensors."""
     x = torch.arange(6, dtype=torch.float64)
     base = rounds.message_to_proto({"x": x}, header=_header())
-    tensors, digest = rounds.decode_round_message(base)
-    assert digest == rounds.round_digest(base) and torch.equal(tensors["x"], x)
+    tensors, digest = rounds.decode_round_message(base, seed=SEED)
+    assert digest == rounds.round_digest(base, seed=SEED) and torch.equal(tensors["x"], x)
+    assert len(digest) == 16
     other_header = rounds.message_to_proto({"x": x}, header=records.make_header(
         run_id="another-run", sender="agent9", round=77, phase=Phase.OPTIMIZE))
-    assert rounds.round_digest(other_header) == digest
+    assert rounds.round_digest(other_header, seed=SEED) == digest
     variants = [
         {"y": x},  # name
         {"x": x.reshape(2, 3)},  # shape (same bytes)
@@ -374,7 +376,8 @@ def test_round_digest_is_the_content_not_the_header() -> None:
     ]
     seen = {digest}
     for variant in variants:
-        digest_of = rounds.round_digest(rounds.message_to_proto(variant, header=_header()))
+        digest_of = rounds.round_digest(rounds.message_to_proto(variant, header=_header()),
+                                        seed=SEED)
         assert digest_of not in seen, variant
         seen.add(digest_of)
     # length-prefixed fields: moving bytes between name and dtype changes the digest
@@ -382,7 +385,17 @@ def test_round_digest_is_the_content_not_the_header() -> None:
         name="xf", tensor=common_pb2.Tensor(dtype="loat64", shape=[0]))])
     b = agent_pb2.RoundMessage(tensors=[agent_pb2.NamedTensor(
         name="x", tensor=common_pb2.Tensor(dtype="float64", shape=[0]))])
-    assert rounds.round_digest(a) != rounds.round_digest(b)
+    assert rounds.round_digest(a, seed=SEED) != rounds.round_digest(b, seed=SEED)
+
+
+def test_round_digest_is_keyed_by_a_secret_seed() -> None:
+    """The same message digests differently under another seed (a neighbour that does not know
+    the receiver's seed, RoundLedger.seed, cannot compute, so cannot aim at, its digests)."""
+    x = torch.linspace(-1, 1, 7850, dtype=torch.float64)
+    pb = rounds.message_to_proto({"y": x, "z": -x}, header=_header())
+    under = {seed: rounds.round_digest(pb, seed=seed) for seed in (0, 1, SEED, 2**64 - 1)}
+    assert len(set(under.values())) == len(under)
+    assert rounds.round_digest(pb, seed=SEED) == under[SEED]  # deterministic under one seed
 
 
 def test_round_message_round_trip_sorted_by_name() -> None:

@@ -9,7 +9,6 @@ it (window, duplicates) is efpsn/ledger.py's to decide.
 from __future__ import annotations
 
 import collections
-import hashlib
 import itertools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import xxhash
 
 from efpsn.stopping import CEILING, FLOOR, STOP_KEY, TERMS
 from efpsn.wire import limits
@@ -40,7 +40,7 @@ __all__ = [
 @dataclass(frozen=True)
 class RoundRecord:
     """A neighbour's round message that passed every wire check: who sent it, for which round,
-    its float64 tensors by name, and the digest of its content (header excluded)."""
+    its float64 tensors by name, and the keyed digest of its content (header excluded)."""
 
     sender: str
     round: int
@@ -127,13 +127,15 @@ def _varint(value: int) -> bytes:
 
 
 def parse_round(pb: agent_pb2.RoundMessage, *, run_id: str, senders: Collection[str],
-                shapes: Mapping[str, Sequence[int]], round_: int | None = None) -> RoundRecord:
+                shapes: Mapping[str, Sequence[int]], seed: int,
+                round_: int | None = None) -> RoundRecord:
     """Every wire check of a neighbour's round message, in one pass over its bytes: header
     (this run, phase OPTIMIZE, a sender in `senders`, round `round_` if given), exactly the
-    tensors of `shapes` with those shapes, float64, finite. WireError says what is wrong."""
+    tensors of `shapes` with those shapes, float64, finite; its digest keyed by `seed` (the
+    receiving ledger's, RoundLedger.seed). WireError says what is wrong."""
     header = validate_header(pb.header, run_id=run_id, phase=Phase.OPTIMIZE, senders=senders,
                              round=round_)
-    tensors, digest = decode_round_message(pb, expected_shapes=shapes)
+    tensors, digest = decode_round_message(pb, seed=seed, expected_shapes=shapes)
     for name, tensor in tensors.items():
         if tensor.dtype != torch.float64:
             raise WireError(f"tensor {name!r} must be float64, got {tensor.dtype}")
@@ -169,11 +171,12 @@ def message_from_proto(
 def decode_round_message(
     pb: agent_pb2.RoundMessage,
     *,
+    seed: int,
     max_elements: int = limits.MAX_TENSOR_ELEMENTS,
     expected_shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> tuple[dict[str, torch.Tensor], bytes]:
-    """message_from_proto and round_digest in one pass over the tensors' bytes."""
-    digest = hashlib.sha256()
+    """message_from_proto and round_digest(pb, seed=seed) in one pass over the tensors' bytes."""
+    digest = _digester(seed)
     tensors = _decode_round(pb, max_elements=max_elements, expected_shapes=expected_shapes,
                             digest=digest)
     return tensors, digest.digest()
@@ -222,17 +225,36 @@ def _few(names: Sequence[str], shown: int = 8) -> str:
     return f"{list(names[:shown])}{more}"
 
 
-def round_digest(pb: agent_pb2.RoundMessage) -> bytes:
-    """sha256 of a RoundMessage's tensors (names, dtypes, shapes, bytes), header excluded: two
-    copies of one (run, sender, round) message are the same message iff their digests agree."""
+def round_digest(pb: agent_pb2.RoundMessage, *, seed: int) -> bytes:
+    """The digest of a RoundMessage's tensors (names, dtypes, shapes, bytes) and stop integers,
+    header excluded, keyed by `seed`: two copies of one (run, sender, round) message are taken
+    for the same message iff their digests under one seed agree.
+
+    XXH3-128 with the receiving agent's secret 64-bit seed (RoundLedger.seed), not sha256
+    (61 us per 126 KB message; this, 2 us): the ledger only compares a copy with the first
+    copy of the same (sender, round) it received, and a collision would only let a
+    conflicting copy from that (authenticated) sender be acknowledged as a duplicate and
+    dropped, the first copy being what the agent uses either way. The seed, drawn per ledger
+    and never sent or saved, keeps a neighbour from choosing colliding copies by the hash's
+    structure; the fixed 256-byte prefix puts every digest on XXH3's long-input path (its
+    17-240-byte path has published seed-independent near-collisions, a tiny model's message
+    would be that short)."""
     if not isinstance(pb, agent_pb2.RoundMessage):
         raise TypeError(f"expected efpsn.v1.RoundMessage, got {type(pb).__name__}")
-    h = hashlib.sha256()
+    h = _digester(seed)
     for named in pb.tensors:
         tensor = named.tensor
         _digest_tensor(h, named.name, tensor.dtype, tensor.shape, tensor.data)
     _digest_stop(h, pb.stop)
     return h.digest()
+
+
+_PREFIX = b"efpsn.v1.RoundMessage digest".ljust(256, b"\0")
+
+
+def _digester(seed: int) -> Any:
+    """A fresh keyed XXH3-128 state, the prefix fed (see round_digest)."""
+    return xxhash.xxh3_128(_PREFIX, seed=seed)
 
 
 def _digest_stop(h: Any, stop: Sequence[int]) -> None:
