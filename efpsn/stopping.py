@@ -132,7 +132,7 @@ class StopRule:
         rule = cls(every=c.stop_every.rounds or 0, hops=diameter(weights), cap=cap,
                    curvature=certifier.curvature, l2=certifier.l2, momentum=certifier.momentum,
                    target=TARGET, factor=certifier.hops, origin=origin, until=until)
-        if not rule.active or not wanted(c.tail, algorithm=c.algorithm):
+        if not rule.active or not wanted(c.tail, algorithm=c.algorithm, gamma=c.gamma):
             return rule
         return dataclasses.replace(rule, tail=TailSchedule.for_graph(
             weights, origin=origin, rounds=c.iterations.total if rounds is None else rounds,

@@ -38,13 +38,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["AUTO_ON", "FRACTIONS", "KINDS", "MAX_SHARE", "SHRINK", "TAIL_HELP", "TAIL_MODES", "TailSchedule",
-           "mixing_rate", "wanted"]
+__all__ = ["AUTO_MAX_GAMMA", "AUTO_ON", "FRACTIONS", "KINDS", "MAX_SHARE", "SHRINK",
+           "TAIL_HELP", "TAIL_MODES", "TailSchedule", "mixing_rate", "wanted"]
 
 AUTO_ON = True  # what --tail auto means for agt under an active stop rule: the one place to flip
+# ... up to this gamma: measured on wine (docs/RESULTS.md, "The consensus tail in the protocol"),
+# the many-round regressions gain nothing from the tails at gamma 1e3 but reach 0.16 against
+# 0.19-0.24 at gamma 1e6, where a user asked for more noise: there auto means off (--tail on
+# still takes them, and its privacy line says what was measured)
+AUTO_MAX_GAMMA = 1e3
 TAIL_MODES = ("auto", "on", "off")
 TAIL_HELP = (f"consensus tails before some of the stop rule's checks (agt; efpsn/tail.py): auto "
-             f"({'on' if AUTO_ON else 'off'}), on or off")
+             f"({'on' if AUTO_ON else 'off'} up to gamma {AUTO_MAX_GAMMA:g}, off above), on or "
+             f"off")
 # where attempts start, as fractions of K: at the defaults the first attempt that certifies
 # has run 0.42-0.47 K of agt (wine, breast cancer, digits, the main job; docs/RESULTS.md);
 # each failed attempt costs its 2m + 1 + D rounds, so none earlier, and sparser later (gamma 1e6)
@@ -54,12 +60,13 @@ MAX_SHARE = 0.05  # no tails when one (2m + 1 + D rounds) takes more than this s
 KINDS = ("agt", "mix", "gradient", "track")
 
 
-def wanted(mode: str, *, algorithm: str) -> bool:
-    """Whether the run asks for tails: --tail on, or auto (AUTO_ON), and agt (gt and dsgd have
-    none); the stop rule must still be active (StopRule.for_run)."""
+def wanted(mode: str, *, algorithm: str, gamma: float) -> bool:
+    """Whether the run asks for tails: --tail on, or auto (AUTO_ON, at gamma <= AUTO_MAX_GAMMA),
+    and agt (gt and dsgd have none); the stop rule must still be active (StopRule.for_run)."""
     if mode not in TAIL_MODES:
         raise ValueError(f"tail must be one of {TAIL_MODES}, got {mode!r}")
-    return algorithm == "agt" and (mode == "on" or (mode == "auto" and AUTO_ON))
+    auto = AUTO_ON and gamma <= AUTO_MAX_GAMMA
+    return algorithm == "agt" and (mode == "on" or (mode == "auto" and auto))
 
 
 def mixing_rate(weights: np.ndarray, *, lazy: bool) -> float:

@@ -88,9 +88,14 @@ def test_tails_only_for_agt_under_an_active_stop_rule_and_not_when_off() -> None
     assert StopRule.for_run(RunConfig(tail="off"), w).tail is None
     assert StopRule.for_run(RunConfig(algorithm="gt", tail="on"), w).tail is None
     assert StopRule.for_run(RunConfig(iterations=300), w).tail is None  # no stop rule
-    assert not wanted("on", algorithm="dsgd") and wanted("on", algorithm="agt")
+    assert not wanted("on", algorithm="dsgd", gamma=1e3)
+    assert wanted("on", algorithm="agt", gamma=1e3)
     with pytest.raises(ValueError, match="tail must be one of"):
-        wanted("sometimes", algorithm="agt")
+        wanted("sometimes", algorithm="agt", gamma=1e3)
+    # auto stops at the gamma where the tails were measured to help the regressions (1e6)
+    assert StopRule.for_run(RunConfig(gamma=1e3), w).tail is not None
+    assert StopRule.for_run(RunConfig(gamma=1e6), w).tail is None
+    assert StopRule.for_run(RunConfig(gamma=1e6, tail="on"), w).tail is not None
     with pytest.raises(ValueError, match="tail"):
         RunConfig(tail="sometimes")
 
