@@ -32,6 +32,7 @@ from efpsn.rounds import RoundDriver, worst
 from efpsn.schedules import make_schedule
 from efpsn.seeds import exchange_seeds, exchange_seeds_fast
 from efpsn.stopping import StopRule
+from efpsn.tail import record as tail_record
 
 PROTOCOLS = ("fast", "paillier")
 
@@ -273,7 +274,8 @@ def run_simulation(
         every_period_zero_sum=zero_sum.ok,
         convergence=convergence,
         departures=None if replay is None else replay.to_json(),
-        tails=None if stop.tail is None else stop.tail.to_json(),
+        tails=tail_record(stop.tail, mode=config.tail, algorithm=config.algorithm,
+                          gamma=config.gamma, active=stop.active),
         timings={
             "phase1_seconds": t_phase1,
             "phase2_seconds": t_phase2,

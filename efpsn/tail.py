@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["AUTO_MAX_GAMMA", "AUTO_ON", "FRACTIONS", "KINDS", "MAX_SHARE", "SHRINK",
-           "TAIL_HELP", "TAIL_MODES", "TailSchedule", "mixing_rate", "wanted"]
+           "TAIL_HELP", "TAIL_MODES", "TailSchedule", "mixing_rate", "record", "wanted"]
 
 AUTO_ON = True  # what --tail auto means for agt under an active stop rule: the one place to flip
 # ... up to this gamma: measured on wine (docs/RESULTS.md, "The consensus tail in the protocol"),
@@ -67,6 +67,20 @@ def wanted(mode: str, *, algorithm: str, gamma: float) -> bool:
         raise ValueError(f"tail must be one of {TAIL_MODES}, got {mode!r}")
     auto = AUTO_ON and gamma <= AUTO_MAX_GAMMA
     return algorithm == "agt" and (mode == "on" or (mode == "auto" and auto))
+
+
+def record(schedule: TailSchedule | None, *, mode: str, algorithm: str, gamma: float,
+           active: bool) -> dict[str, object] | None:
+    """What a run's record says of its tails: the schedule's (to_json), or why `--tail auto`
+    took none on an agt run under an active stop rule (gamma above AUTO_MAX_GAMMA); None where
+    tails are not a question (off, gt, dsgd, a forced --iterations)."""
+    if schedule is not None:
+        return schedule.to_json()
+    if active and mode == "auto" and AUTO_ON and algorithm == "agt" and gamma > AUTO_MAX_GAMMA:
+        return {"none": f"no consensus tails: --tail auto takes none above gamma "
+                        f"{AUTO_MAX_GAMMA:g} (at 1e6 they were measured to help a many-round "
+                        "attacker, docs/RESULTS.md; --tail on asks for them)"}
+    return None
 
 
 def mixing_rate(weights: np.ndarray, *, lazy: bool) -> float:

@@ -18,7 +18,7 @@ from efpsn.config import RunConfig
 from efpsn.rounds import RoundDriver
 from efpsn.schedules import make_schedule
 from efpsn.stopping import StopRule
-from efpsn.tail import KINDS, TailSchedule, mixing_rate, wanted
+from efpsn.tail import KINDS, TailSchedule, mixing_rate, record, wanted
 from efpsn.topology import build_graph, metropolis_weights
 
 
@@ -96,6 +96,15 @@ def test_tails_only_for_agt_under_an_active_stop_rule_and_not_when_off() -> None
     assert StopRule.for_run(RunConfig(gamma=1e3), w).tail is not None
     assert StopRule.for_run(RunConfig(gamma=1e6), w).tail is None
     assert StopRule.for_run(RunConfig(gamma=1e6, tail="on"), w).tail is not None
+    # and the run's record says why it took none (nothing to say when off or without a rule)
+    def said(**kw: object) -> object:
+        c = RunConfig(**kw).resolved()  # type: ignore[arg-type]
+        rule = StopRule.for_run(c, w)
+        return record(rule.tail, mode=c.tail, algorithm=c.algorithm, gamma=c.gamma,
+                      active=rule.active)
+    assert "above gamma 1000" in str(said(gamma=1e6)["none"])  # type: ignore[index]
+    assert said(gamma=1e3)["starts"]  # type: ignore[index]
+    assert said(gamma=1e6, tail="off") is None and said(gamma=1e6, iterations=300) is None
     with pytest.raises(ValueError, match="tail"):
         RunConfig(tail="sometimes")
 

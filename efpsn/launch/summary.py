@@ -215,11 +215,14 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
         convergence = Certificate(None, False, capped_line(int(capped["capped"])))
     from efpsn.privacy_modes import privacy_statement
     from efpsn.stopping import StopRule
+    from efpsn.tail import record
 
-    tail = StopRule.for_run(config, problem.weights).tail  # the run's graph's (efpsn/tail.py)
+    rule = StopRule.for_run(config, problem.weights)  # the run's graph's (efpsn/tail.py)
+    tail = record(rule.tail, mode=config.tail, algorithm=config.algorithm, gamma=config.gamma,
+                  active=rule.active)
     return {
         "convergence": convergence.to_json(),
-        **({} if tail is None else {"tails": tail.to_json()}),
+        **({} if tail is None else {"tails": tail}),
         "privacy": privacy_statement(problem.config, problem.graph).to_json(),
         "ok": not problems,
         "problems": problems,
