@@ -22,7 +22,7 @@ from typing import Any
 
 from agent import departure_state, fixed_terms
 from agent.bootstrap import report_finished, report_silence
-from agent.ending import end_at_cap, end_in_window
+from agent.ending import end_at_cap, end_in_window, records
 from agent.exchange import RoundLink
 from agent.fixed_terms import EdgeTerms
 from agent.mailbox import Mailbox
@@ -35,7 +35,7 @@ from efpsn.algorithms.base import Message
 from efpsn.departure import Departure, drop_node_weights, optimum_of, rebase, reconfigure
 from efpsn.departure_masks import add_seeds, drop_seeds, reseeded
 from efpsn.fading import FadingMask
-from efpsn.last_window import CapEnd, capped_model
+from efpsn.last_window import CapEnd
 from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
 from efpsn.rounds import RoundDriver
 from efpsn.stopping import StopRule
@@ -243,18 +243,8 @@ class LocalDepartures:
         return ", ".join(self._name(j) for j in agents)
 
     def to_json(self) -> dict[str, Any] | None:
-        """What the records say (None when nobody left)."""
-        if not self.decided:
-            return None
-        remaining = [i for i in range(self.session.config.agents) if i not in self.gone]
-        # stopped in a departure's last window: certified on the objective of the agents in
-        # the run at the check round, the one that left then among them; ended at the cap:
-        # that objective's iterate, no optimum
-        objective = remaining if self.window is None else sorted([*remaining, self.window])
-        model = (optimum_of(objective) if self.capped is None else
-                 capped_model(remaining, self.capped.departure.agent))
-        return {"departures": self.events,
-                "remaining": [self._name(i) for i in remaining], "optimum_of": model}
+        """What the records say (None when nobody left): agent/ending.py's `records`."""
+        return records(self)
 
 
 class Silence:
@@ -272,6 +262,7 @@ class Silence:
         self.store = store
         self.timeout = timeout  # how long a report waits for the others to report too
         self.applied: int | None = None  # the round at which a departure was last applied
+        self.unfinished: dict[str, int] = {}  # new neighbours whose exchange a restart resumes
 
     def resume(self, driver: RoundDriver) -> PhaseOneDecision | None:
         """A restarted agent: re-apply the departures it had applied (none saved: nothing);
@@ -283,16 +274,25 @@ class Silence:
             if (saved or record and record["adopted"]) and terms is not None \
                     and isinstance(masks, FixedMask):
                 terms.restore(self.store.folder, run_id=session.run_id, mask=masks)
-            if record and record["adopted"]:  # each new edge's seeds (terms) were saved
-                departure_state.check_new_edges(record, held=set(record["seeds"]) if
-                                                terms is None else terms.held)
+            if record and terms is not None:  # the fixed mask: each new edge's terms saved
+                departure_state.check_new_edges(record, held=terms.held)
         except ValueError as exc:
             raise AgentFailure(f"{session.assignment.name} cannot resume: {exc}") from None
         if record is not None and not record["adopted"]:
             return PhaseOneDecision.reloaded(record, session)
         if record is not None:
-            self.departures.restore(record, driver)
+            self.departures.restore(record, driver)  # a new edge's exchange not finished:
+            held = record["seeds"] if terms is None else terms.held  # `restart` finishes it
+            self.unfinished = {n: j for n, (j, _, _) in record["joining"].items() if j not in held}
         return None
+
+    async def restart(self, driver: RoundDriver) -> None:
+        """A restart: `resume`, then adopt what phase I decided or finish a new edge's exchange."""
+        unadopted = self.resume(driver)
+        if unadopted is not None:
+            await self.adopt(unadopted, driver)
+        elif self.unfinished:
+            await self._new_edges(self.unfinished)
 
     def missing(self, t: int, failure: AgentFailure) -> list[str]:
         """The neighbours whose round-t message is missing, and the one the failure blames."""
@@ -395,3 +395,6 @@ class Silence:
                 joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
         if terms is not None:  # what a restart needs (agent/fixed_terms.py), saved first
             await asyncio.to_thread(terms.save, self.store.folder, run_id=session.run_id)
+        if joiners:  # the seeds in departures.json, then the exchange's state goes
+            self.departures.save(self.store.folder)
+            self.rejoin.done()

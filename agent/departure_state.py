@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agent import fixed_terms
+from agent import fixed_terms, rejoin_state
 from efpsn.departure import Departure
 from efpsn.jsonfile import read_json, write_json
 
@@ -98,3 +98,4 @@ def discard(folder: str | Path) -> None:
     agent/fixed_terms.py) go with the phase I seeds."""
     _path(folder).unlink(missing_ok=True)
     (Path(folder) / fixed_terms.FILE).unlink(missing_ok=True)
+    rejoin_state.discard(folder)

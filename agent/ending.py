@@ -16,14 +16,14 @@ import logging
 from typing import Any
 
 from agent.options import AgentFailure
-from efpsn.departure import Departure
-from efpsn.last_window import cap_end, capped_words, reach
+from efpsn.departure import Departure, optimum_of
+from efpsn.last_window import cap_end, capped_model, capped_words, reach
 from efpsn.rounds import RoundDriver
 
 # `local` below is agent/departing.py's LocalDepartures (which imports this module: no cycle)
 LocalDepartures = Any
 
-__all__ = ["end_at_cap", "end_in_window"]
+__all__ = ["end_at_cap", "end_in_window", "records"]
 
 log = logging.getLogger("efpsn.agent")
 
@@ -84,3 +84,19 @@ def _record(local: LocalDepartures, new: list[Departure], **extra: object) -> No
     for d in new:
         local.events.append({**d.to_json(), **extra, "neighbours": [
             local._name(j) for j in local.graph.neighbours(d.agent) if j not in local.gone]})
+
+
+def records(local: LocalDepartures) -> dict[str, Any] | None:
+    """What the records of `local`'s departures say (None when nobody left)."""
+    if not local.decided:
+        return None
+    remaining = [i for i in range(local.session.config.agents) if i not in local.gone]
+    # stopped in a departure's last window: certified on the objective of the agents in
+    # the run at the check round, the one that left then among them; ended at the cap:
+    # that objective's iterate, no optimum
+    objective = remaining if local.window is None else sorted([*remaining, local.window])
+    model = (optimum_of(objective) if local.capped is None else
+             capped_model(remaining, local.capped.departure.agent))
+    return {"departures": local.events,
+            "remaining": [local.names.get(i, f"agent{i + 1}") for i in remaining],
+            "optimum_of": model}

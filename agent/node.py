@@ -213,10 +213,8 @@ class AgentNode:
             if self._left is not None and self._left.decided:  # agent/phase_one_leave.py
                 await silence.adopt(self._left, driver)
             else:  # a restart: what it applied, or what phase I decided and it had not adopted
-                unadopted = silence.resume(driver)
+                await silence.restart(driver)
                 replay = set(session.neighbour_names) if replay else replay
-                if unadopted is not None:
-                    await silence.adopt(unadopted, driver)
         deadline = opts.departure_deadline or cfg.round_timeout_seconds
         link = RoundLink(
             peers=self.peers, outbox=self.outbox, run_id=session.run_id, name=opts.name,
@@ -283,7 +281,8 @@ class AgentNode:
                        timeout=deadline + session.config.round_timeout_seconds,
                        rejoin=Rejoin(session=session, peers=self.peers, mailbox=self.mailbox,
                                      service=self.service, noise_seed=opts.insecure_noise_seed,
-                                     allow_insecure_keys=opts.allow_insecure_keys))
+                                     allow_insecure_keys=opts.allow_insecure_keys,
+                                     folder=self.store.folder))
 
     def _progress(self, iterations: int) -> Any:
         """A progress line per evaluation, for this agent's own operator (its log)."""

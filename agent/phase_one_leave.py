@@ -65,15 +65,10 @@ class PhaseOneDecision:
     @classmethod
     def reloaded(cls, record: dict[str, Any], session: Session) -> PhaseOneDecision:
         """A restart before phase II adopted them (agent/departure_state.py's record, not
-        adopted): the departed neighbours dropped from the session again, as phase I had.
-        AgentFailure for an end of a new edge: its key pair for that edge's phase I is gone,
-        and the other end will not run it again."""
+        adopted): the departed neighbours dropped from the session again, as phase I had. An
+        end of a new edge adopts it again: its seed exchange resumes from what it saved
+        (agent/rejoin_state.py), or starts, when nothing of it was saved, hence sent."""
         name = session.assignment.name
-        if record["joining"]:
-            raise AgentFailure(
-                f"{name} was stopped before the phase I of its new edge(s) with "
-                f"{', '.join(sorted(record['joining']))} (after agents left in phase I) was "
-                f"saved; that exchange cannot be run again: this run cannot continue at {name}")
         for d in record["decided"]:
             gone = record["names"][d.agent]
             if gone in session.neighbour_names:
@@ -82,8 +77,8 @@ class PhaseOneDecision:
                              "come back to this run")
         log.warning("%s resumes with the departures %s decided in phase I", name,
                     ", ".join(d.label() for d in record["decided"]))
-        return cls(decided=record["decided"], names=record["names"], joining={},
-                   epoch=record["epoch"])
+        return cls(decided=record["decided"], names=record["names"], epoch=record["epoch"],
+                   joining={n: (j, address) for n, (j, address, _) in record["joining"].items()})
 
 
 class PhaseOneDepartures:

@@ -17,19 +17,22 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from agent import rejoin_state
 from agent.concurrency import all_or_first_error
 from agent.mailbox import Interrupted, Mailbox, NeighbourTimeout
 from agent.options import AgentFailure
 from agent.peers import Peers
 from agent.phase_one import shares_packed
+from agent.rejoin_state import ExchangeState
 from agent.servicer import AgentService, ShareCheck
 from agent.session import Session
 from efpsn import paillier
 from efpsn.departure_masks import rejoin_generator
 from efpsn.masking import Masker
-from efpsn.seeds import EdgeSeeds, SeedExchange
+from efpsn.seeds import EdgeSeeds, SeedExchange, draw_seeds
 from efpsn.wire import serde
 from efpsn.wire.records import Phase
 
@@ -41,37 +44,56 @@ log = logging.getLogger("efpsn.agent")
 async def exchange_new_seeds(*, session: Session, peers: Peers, mailbox: Mailbox,
                              service: AgentService, joiners: Mapping[str, int], rebase_round: int,
                              epoch: int, noise_seed: int | None, allow_insecure_keys: bool,
-                             timeout: float, fixed: bool = False,
+                             timeout: float, folder: str | Path, fixed: bool = False,
                              ) -> dict[int, tuple[bytes, bytes]] | Masker:
     """This agent's seeds with each new neighbour (name -> index in `joiners`): index ->
     (s_ij, s_ji); with the paper's fixed mask (`fixed`), the finished Masker of the new edges
     (its shares drawn as efpsn/departure_masks.py's new_edge_shares draws them). `service` is
-    told the key the new neighbours' shares must be under."""
+    told the key the new neighbours' shares must be under. With seeds, the exchange is saved in
+    `folder` before anything is sent (agent/rejoin_state.py) and resumed from there."""
     cfg = session.config
-    pair = await asyncio.to_thread(paillier.generate_keypair, cfg.key_bits,
-                                   allow_insecure=allow_insecure_keys)
-    rng = None if noise_seed is None else rejoin_generator(noise_seed, session.index, epoch)
+    names, neighbours = sorted(joiners), sorted(joiners.values())
     exchange: SeedExchange | Masker
+    state: ExchangeState | None = None
     if fixed:
-        exchange = Masker(agent=session.index, neighbours=sorted(joiners.values()),
+        pair = await asyncio.to_thread(paillier.generate_keypair, cfg.key_bits,
+                                       allow_insecure=allow_insecure_keys)
+        exchange = Masker(agent=session.index, neighbours=neighbours,
                           spec=session.problem.noise_spec,
                           rng=rejoin_generator(noise_seed, session.index, epoch),
                           layout=session.problem.layout, keypair=pair,
                           allow_insecure=allow_insecure_keys)
     else:
-        exchange = SeedExchange(agent=session.index, neighbours=sorted(joiners.values()),
-                                keypair=pair, rng=rng, allow_insecure=allow_insecure_keys)
+        state = await asyncio.to_thread(_state, session, folder, joiners, rebase_round=rebase_round,
+                                        epoch=epoch, noise_seed=noise_seed,
+                                        allow_insecure=allow_insecure_keys)
+        exchange = SeedExchange(agent=session.index, neighbours=neighbours,
+                                keypair=state.keypair(allow_insecure=allow_insecure_keys),
+                                seeds=state.seeds(), allow_insecure=allow_insecure_keys)
+        got = state.received()  # what the other ends sent before a restart, acknowledged
+        for n, modulus in got["key"].items():
+            mailbox.put("key", rebase_round, n, paillier.public_key_from_n(modulus))
+        for n, ciphertexts in got["shares"].items():
+            mailbox.put("shares", rebase_round, n, ciphertexts)
+    for n in names:  # from now on the new neighbours' messages are taken (and kept)
+        service.rejoin_keep[n] = _ignore if state is None else state.keep
     packed = shares_packed(cfg)
     service.rejoin_shares = ShareCheck(public_key=exchange.public_key,
                                        count=exchange.ciphertexts_per_neighbour, packed=packed)
-    names = sorted(joiners)
     key = serde.public_key_message(header=peers.header(Phase.KEYS, rebase_round),
                                    n=exchange.public_key.n)
     await all_or_first_error(peers.send(n, "PutPublicKey", key, timeout=timeout)
                              for n in names)
     keys = {joiners[n]: k for n, k in (await _collect(mailbox, "key", rebase_round, names,
                                                       timeout=timeout)).items()}
-    outgoing = await asyncio.to_thread(exchange.outgoing, keys)
+    sent = {} if state is None else state.sent()
+    if sent and isinstance(exchange, SeedExchange):  # a restart: the very same ciphertexts
+        exchange.restore_outgoing(keys, sent)
+        outgoing = sent
+    else:
+        outgoing = await asyncio.to_thread(exchange.outgoing, keys)
+        if state is not None:  # on disk before the first of them goes out
+            await asyncio.to_thread(state.save_sent, outgoing)
     header = peers.header(Phase.SHARES, rebase_round)
     await all_or_first_error(
         peers.send(n, "PutShares", serde.shares_message(
@@ -87,6 +109,32 @@ async def exchange_new_seeds(*, session: Session, peers: Peers, mailbox: Mailbox
     assert isinstance(finished, EdgeSeeds)
     received = dict(finished.received)
     return {j: (s, received[j]) for j, s in finished.sent}
+
+
+def _state(session: Session, folder: str | Path, joiners: Mapping[str, int], *,
+           rebase_round: int, epoch: int, noise_seed: int | None,
+           allow_insecure: bool) -> ExchangeState:
+    """The exchange saved before a restart, or a new one (a fresh key pair, the seeds drawn
+    as the replay draws them given a noise seed), saved before anything is sent."""
+    where = {"run_id": session.run_id, "epoch": epoch, "rebase_round": rebase_round,
+             "joiners": joiners}
+    try:
+        state = ExchangeState.load(folder, allow_insecure=allow_insecure, **where)
+    except ValueError as exc:
+        raise AgentFailure(f"{session.assignment.name} cannot resume its new edge's seed "
+                           f"exchange: {exc}") from None
+    if state is not None:
+        log.warning("%s resumes the seed exchange of its new edge(s) with %s (saved before it "
+                    "was stopped)", session.assignment.name, ", ".join(sorted(joiners)))
+        return state
+    pair = paillier.generate_keypair(session.config.key_bits, allow_insecure=allow_insecure)
+    rng = None if noise_seed is None else rejoin_generator(noise_seed, session.index, epoch)
+    return ExchangeState.create(folder, keypair=pair,
+                                seeds=draw_seeds(sorted(joiners.values()), rng), **where)
+
+
+def _ignore(kind: str, sender: str, payload: object) -> None:
+    """The fixed mask's new edges are not saved while they run (a restart is refused)."""
 
 
 async def _collect(mailbox: Mailbox, kind: str, round_: int, names: list[str], *,
@@ -113,8 +161,9 @@ class Rejoin:
 
     def __init__(self, *, session: Session, peers: Peers, mailbox: Mailbox,
                  service: AgentService, noise_seed: int | None,
-                 allow_insecure_keys: bool) -> None:
+                 allow_insecure_keys: bool, folder: str | Path) -> None:
         self.session = session
+        self.folder = folder  # the state folder: the exchange while it runs (rejoin_state)
         self.peers = peers
         self.mailbox = mailbox
         self.service = service
@@ -123,6 +172,13 @@ class Rejoin:
 
     def deciding(self, awaited: bool) -> None:
         self.service.deciding = awaited
+
+    def done(self) -> None:
+        """The new edges' seeds are saved with the departures: their exchange's state goes
+        (a copy of a message of it is still acknowledged: the ledger's duplicate rule)."""
+        for name in self.service.rejoin_keep:
+            self.service.rejoin_keep[name] = _ignore
+        rejoin_state.discard(self.folder)
 
     async def exchange(self, joiners: Mapping[str, int], *, rebase_round: int,
                        epoch: int) -> dict[int, tuple[bytes, bytes]]:
@@ -146,7 +202,7 @@ class Rejoin:
             session=self.session, peers=self.peers, mailbox=self.mailbox, service=self.service,
             joiners=joiners, rebase_round=rebase_round, epoch=epoch, noise_seed=self.noise_seed,
             allow_insecure_keys=self.allow_insecure_keys,
-            timeout=self.session.config.round_timeout_seconds, fixed=fixed)
+            timeout=self.session.config.round_timeout_seconds, folder=self.folder, fixed=fixed)
         log.warning("%s: phase I on the new edge(s) with %s done in %.2f s (seeds under "
                     "Paillier); they mix from round %d", self.session.assignment.name,
                     ", ".join(sorted(joiners)), time.perf_counter() - start, rebase_round)

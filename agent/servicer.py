@@ -11,6 +11,7 @@ the mailbox it fills.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -93,6 +94,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         # a new edge's seed exchange after a departure cut the graph (agent/rejoin.py)
         self.rejoin = PhaseOneLedger()
         self.rejoin_shares: ShareCheck | None = None
+        # per new neighbour: its message on disk before the ack (agent/rejoin_state.py)
+        self.rejoin_keep: dict[str, Callable[[str, str, object], None]] = {}
         self.deciding = False  # a departure decision is awaited: unknown callers may be new
         self._in_flight: Counter[str] = Counter()
 
@@ -226,6 +229,12 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return common_pb2.Ack(accepted=True,
                               detail=self._obey(self.phase_one.judge(kind, sender, digest)))
 
+    def _rejoin_keep(self, sender: str) -> Callable[[str, str, object], None]:
+        keep = self.rejoin_keep.get(sender)
+        if keep is None:  # this end's exchange is not saved yet: the sender retries
+            raise Reject(StatusCode.UNAVAILABLE, "its new edge's key is not ready", early=True)
+        return keep
+
     @guarded
     async def PutPublicKey(
         self, request: agent_pb2.PublicKeyMessage, context: grpc.aio.ServicerContext
@@ -234,8 +243,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             _, sender = self._rejoin_header(request.header, context, Phase.KEYS)
             key = paillier.public_key_from_n(serde.public_key_from_proto(request.key))
             paillier.check_key_size(key, allow_insecure=self.identity.allow_insecure_keys)
+            keep = self._rejoin_keep(sender)
             judgement = self.rejoin.judge("key", sender, serde.key_fingerprint(key.n))
             if judgement.verdict == Verdict.ACCEPT:
+                await asyncio.to_thread(keep, "key", sender, key)
                 self.mailbox.put("key", request.header.round, sender, key)
             return common_pb2.Ack(accepted=True, detail=self._obey(judgement))
         _, sender = self._phase_one_header(request.header, context, Phase.KEYS)
@@ -263,6 +274,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if self.phase_one.closed and not rejoin:
             return self._late_phase_one("shares", sender, digest)
         expected = self.rejoin_shares if rejoin else self.shares
+        keep = self._rejoin_keep(sender) if rejoin else None
         if expected is None:
             raise Reject(StatusCode.UNAVAILABLE, "phase I key not ready yet", early=True)
         batch = serde.ciphertexts_from_proto(
@@ -277,6 +289,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 raise WireError(f"ciphertext {i}: {exc}") from None
         judgement = (self.rejoin if rejoin else self.phase_one).judge("shares", sender, digest)
         if judgement.verdict == Verdict.ACCEPT:
+            if keep is not None:
+                await asyncio.to_thread(keep, "shares", sender, list(batch.ciphertexts))
             self.mailbox.put("shares", request.header.round, sender, list(batch.ciphertexts))
         return common_pb2.Ack(accepted=True, detail=self._obey(judgement))
 

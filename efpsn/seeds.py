@@ -196,6 +196,7 @@ class SeedExchange:
         keypair: tuple[paillier.PublicKey, paillier.PrivateKey],
         rng: np.random.Generator | None = None,
         allow_insecure: bool = False,
+        seeds: Mapping[int, bytes] | None = None,
     ) -> None:
         self.neighbours = sorted_neighbours(neighbours, agent=agent)
         self.agent = sorted_neighbours([agent])[0]  # a non-negative int
@@ -205,7 +206,12 @@ class SeedExchange:
             raise ValueError("keypair's private key does not belong to its public key")
         self._public_key, self._private_key = public_key, private_key
         self._check_key(self._public_key, f"agent {self.agent}")
-        self._seeds = draw_seeds(self.neighbours, rng)
+        # `seeds` (a restart, agent/rejoin_state.py): the ones drawn before it, not new ones
+        self._seeds = draw_seeds(self.neighbours, rng) if seeds is None else dict(
+            _check_seed_map("seeds", seeds))
+        if sorted(self._seeds) != list(self.neighbours):
+            raise ValueError(f"seeds are for neighbours {sorted(self._seeds)}, expected "
+                             f"{list(self.neighbours)}")
         self._sent: dict[int, list[int]] | None = None
         self._sent_to: dict[int, bytes] = {}
         self._result: EdgeSeeds | None = None
@@ -251,6 +257,26 @@ class SeedExchange:
             raise MaskingStateError(f"agent {self.agent}: outgoing() was already called with "
                                     "different neighbour keys")
         return {j: list(cs) for j, cs in self._sent.items()}
+
+    @property
+    def seeds(self) -> dict[int, bytes]:
+        """s_ij per neighbour j, as drawn (secret: what a restart must draw again)."""
+        return dict(self._seeds)
+
+    def restore_outgoing(self, public_keys: Mapping[int, paillier.PublicKey],
+                         sent: Mapping[int, Sequence[int]]) -> None:
+        """A restart: the ciphertexts outgoing() gave before it (already sent, perhaps
+        received), so that a retransmission repeats them exactly; they must be one per
+        neighbour, under its key."""
+        if self._sent is not None:
+            raise MaskingStateError(f"agent {self.agent}: outgoing() was already called")
+        for j in self.neighbours:
+            self._check_key(public_keys[j], f"neighbour {j}")
+            if len(sent[j]) != 1:
+                raise ValueError(f"expected 1 ciphertext for neighbour {j}, got {len(sent[j])}")
+            paillier.validate_ciphertext(public_keys[j], sent[j][0])
+        self._sent = {j: [int(sent[j][0])] for j in self.neighbours}
+        self._sent_to = {j: paillier.fingerprint(public_keys[j]) for j in self.neighbours}
 
     def drop(self, gone: Iterable[int]) -> None:
         """Neighbours that left in phase I (before finish): their seeds were drawn (so the

@@ -76,7 +76,8 @@ def test_two_strangers_become_neighbours_with_the_simulators_seeds(tmp_path: Pat
                 exchange_new_seeds(session=a.session, peers=a.peers, mailbox=a.mailbox,
                                    service=a.service, joiners={other: index},
                                    rebase_round=REBASE, epoch=EPOCH, noise_seed=NOISE_SEED,
-                                   allow_insecure_keys=False, timeout=20.0)
+                                   allow_insecure_keys=False, timeout=20.0,
+                                   folder=tmp_path / a.name)
                 for a, other, index in ((one, "agent3", 2), (three, "agent1", 0))))
             # assert: the pairs the simulator draws for the new edge (0, 2), both ends agreeing
             expected = new_edge_seeds([(0, 2)], noise_seed=NOISE_SEED, epoch=EPOCH)

@@ -7,7 +7,9 @@ round-T message, before it sends anything for
 that round (T = keys or shares: in phase I, before it sends its public key or its shares;
 shares1: after its shares reached its first neighbour, before any other got them; adopt: after
 phase I and its departures were saved, before phase II adopts them; stats:
-before its round-1 message of the secure sum's flood), so a test knows its newest checkpoint exactly (no race between a kill from outside
+before its round-1 message of the secure sum's flood; rejoin-keys, rejoin-shares: in a new
+edge's seed exchange after a departure, before it sends its key or its shares for the edge),
+so a test knows its newest checkpoint exactly (no race between a kill from outside
 and a checkpoint write). The agent's code knows nothing of it: this module wraps
 agent.exchange.RoundLink.exchange as that module is imported (the fork server's children
 inherit the wrapped class). tests/localnet.py's crash_at() gives the environment.
@@ -73,6 +75,21 @@ def _wrap_shares_to_one(module: Any, who: str) -> None:
     module.Peers.send = crashing
 
 
+def _wrap_rejoin(module: Any, who: str, at: str) -> None:
+    """`rejoin-keys` / `rejoin-shares`: die before sending a new edge's key / shares (a
+    phase I message with the re-base round in its header, agent/rejoin.py)."""
+    send = module.Peers.send
+    method = {"rejoin-keys": "PutPublicKey", "rejoin-shares": "PutShares"}[at]
+
+    async def crashing(self: Any, name: str, called: str, request: Any, **kwargs: Any) -> Any:
+        if called == method and request.header.round > 0 and (
+                not who or self.options.name in who.split(",")):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await send(self, name, called, request, **kwargs)
+
+    module.Peers.send = crashing
+
+
 def _wrap_adopt(module: Any, who: str) -> None:
     """`adopt`: die when phase II is about to save the departures decided in phase I as
     adopted (agent/departing.py's Silence.adopt): after phase I's result and its decisions
@@ -98,6 +115,9 @@ def _wrap_phase_one(module: Any, who: str, at: str) -> None:
         return
     if at == "adopt":
         _wrap_adopt(module, who)
+        return
+    if at.startswith("rejoin-"):
+        _wrap_rejoin(module, who, at)
         return
     method = {"keys": "send_public_key", "shares": "send_shares"}[at]
     send = getattr(module.Peers, method)

@@ -1,0 +1,132 @@
+"""A new edge's seed exchange, on disk while it runs, so that an end killed in the middle of it
+and restarted (the same command) finishes it instead of stopping: STATE/rejoin.json (0600,
+written atomically and synced, deleted once the edge's seeds are in departures.json).
+
+agent/rejoin.py writes it before it sends anything for the edge: this end's Paillier key pair
+for the exchange (its primes p and q), the seeds it drew (s_ij, hex), the run, the decision
+epoch, the re-base round and the new neighbours. Then, each before it is used or acknowledged:
+the ciphertexts it sends (before the first PutShares, so a retransmission repeats them exactly
+and the other end's ledger acknowledges it as a duplicate), and what the other end sent (its
+public key's modulus, its ciphertexts: the servicer acknowledges a message of a new edge only
+after it is here, agent/servicer.py's `rejoin_keep`). A restart reloads it, sends its own
+messages again and awaits only what is not in the file, so neither end has to run anything
+twice: the exchange's messages are the same, and the seeds are the ones drawn before.
+
+What it holds is secret like the seeds it becomes (the private key decrypts only the other
+end's seed for this edge, which departures.json then keeps anyway); JSON integers and hex, with
+the fingerprint of the key pair; never pickle, nothing of the agent's data.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from efpsn import paillier
+from efpsn.jsonfile import read_json, write_json
+
+__all__ = ["FILE", "ExchangeState", "discard"]
+
+FILE = "rejoin.json"
+FORMAT = 1
+
+
+def _path(folder: str | Path) -> Path:
+    return Path(folder) / FILE
+
+
+class ExchangeState:
+    """One end's exchange for the new edges of one decision (`epoch`), as saved."""
+
+    def __init__(self, folder: str | Path, payload: dict[str, Any]) -> None:
+        self.folder = Path(folder)
+        self._payload = payload
+        self._lock = threading.Lock()  # the servicer's threads and the exchange write it
+
+    @classmethod
+    def create(cls, folder: str | Path, *, run_id: str, epoch: int, rebase_round: int,
+               joiners: Mapping[str, int],
+               keypair: tuple[paillier.PublicKey, paillier.PrivateKey],
+               seeds: Mapping[int, bytes]) -> ExchangeState:
+        """Saved (synced) before anything of the exchange is sent."""
+        public, private = keypair
+        state = cls(folder, {
+            "format": FORMAT, "run_id": run_id, "epoch": int(epoch),
+            "rebase_round": int(rebase_round),
+            "joiners": {str(n): int(j) for n, j in sorted(joiners.items())},
+            "key": {"p": int(private.p), "q": int(private.q),
+                    "fingerprint": paillier.fingerprint(public).hex()},
+            "seeds": {str(j): s.hex() for j, s in sorted(seeds.items())},
+            "sent": {}, "received": {"key": {}, "shares": {}},
+        })
+        state._write()
+        return state
+
+    @classmethod
+    def load(cls, folder: str | Path, *, run_id: str, epoch: int, rebase_round: int,
+             joiners: Mapping[str, int], allow_insecure: bool) -> ExchangeState | None:
+        """The exchange saved for these new neighbours (None: none was started, so nothing of
+        it was sent, and it starts afresh). ValueError when the file is damaged or another's."""
+        path = _path(folder)
+        if not path.exists():
+            return None
+        try:
+            payload = read_json(path)
+            if payload.get("format") != FORMAT or payload.get("run_id") != run_id:
+                raise ValueError(f"it belongs to run {payload.get('run_id')!r}, not {run_id!r}")
+            state = cls(folder, payload)
+            if (int(payload["epoch"]) != epoch or int(payload["rebase_round"]) != rebase_round
+                    or payload["joiners"] != {str(n): int(j) for n, j in joiners.items()}):
+                return None  # another decision's (it gave no edge to finish here)
+            keypair = state.keypair(allow_insecure=allow_insecure)
+            if paillier.fingerprint(keypair[0]).hex() != payload["key"]["fingerprint"]:
+                raise ValueError("its key pair does not match its fingerprint")
+            state.seeds()
+            state.received()
+            state.sent()
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"{path} is damaged: {exc}") from None
+        return state
+
+    def keypair(self, *, allow_insecure: bool) -> tuple[paillier.PublicKey, paillier.PrivateKey]:
+        key = self._payload["key"]
+        return paillier.keypair_from_primes(int(key["p"]), int(key["q"]),
+                                            allow_insecure=allow_insecure)
+
+    def seeds(self) -> dict[int, bytes]:
+        return {int(j): bytes.fromhex(s) for j, s in self._payload["seeds"].items()}
+
+    def sent(self) -> dict[int, list[int]]:
+        """The ciphertexts sent to each new neighbour (by index); {} before the first send."""
+        return {int(j): [int(c) for c in cs] for j, cs in self._payload["sent"].items()}
+
+    def received(self) -> dict[str, dict[str, Any]]:
+        """kind ("key": the modulus n; "shares": the ciphertexts) -> sender -> what it sent."""
+        got = self._payload["received"]
+        return {"key": {str(n): int(v) for n, v in got["key"].items()},
+                "shares": {str(n): [int(c) for c in cs] for n, cs in got["shares"].items()}}
+
+    def save_sent(self, sent: Mapping[int, list[int]]) -> None:
+        """Before they are sent: a restart sends these again, never new ones."""
+        with self._lock:
+            self._payload["sent"] = {str(j): [int(c) for c in cs]
+                                     for j, cs in sorted(sent.items())}
+            self._write()
+
+    def keep(self, kind: str, sender: str, payload: Any) -> None:
+        """A new neighbour's message, on disk before it is acknowledged (a thread of the
+        servicer calls it): its key (a PublicKey) or its ciphertexts."""
+        value: Any = payload.n if kind == "key" else [int(c) for c in payload]
+        with self._lock:
+            self._payload["received"][kind][sender] = value
+            self._write()
+
+    def _write(self) -> None:
+        write_json(_path(self.folder), self._payload, mode=0o600, sync=True)
+
+
+def discard(folder: str | Path) -> None:
+    """The exchange's seeds are in departures.json (or the run ended): nothing to resume."""
+    _path(folder).unlink(missing_ok=True)
