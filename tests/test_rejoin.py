@@ -3,21 +3,28 @@
 the decision, the other is refused as a stranger (or asked to retry while a decision is
 awaited); once both know, they exchange seeds under fresh Paillier keys and get exactly the
 simulator's (efpsn/departure_masks.py, new_edge_seeds); a new neighbour's round messages are
-taken from the re-base round on only."""
+taken from the re-base round on only. An end stopped in the middle of the exchange resumes it
+from its state folder (agent/rejoin_state.py) and both ends still get the simulator's seeds."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from harness import InProcessAgent, assigned_agents, message
 
+from agent import rejoin_state
+from agent.mailbox import Mailbox
 from agent.rejoin import exchange_new_seeds
+from agent.rejoin_state import ExchangeState
 from efpsn import paillier
 from efpsn.config import RunConfig
 from efpsn.departure_masks import new_edge_seeds
+from efpsn.ledger import PhaseOneLedger
 from efpsn.wire import records, serde
 from efpsn.wire.records import Phase
 from efpsn.wire.tls import TlsConfig
@@ -91,3 +98,81 @@ def test_two_strangers_become_neighbours_with_the_simulators_seeds(tmp_path: Pat
             assert one.session.names[2] == "agent3" and "agent3" in one.session.neighbour_names
 
     asyncio.run(main())
+
+
+def test_an_end_stopped_in_its_exchange_resumes_it_from_its_state_folder(tmp_path: Path) -> None:
+    """agent1 saves its exchange before sending anything (rejoin_state), keeps agent3's key on
+    disk before acknowledging it and its own ciphertext before sending it, then dies before
+    its shares go out (here: its PutShares raises). A new process (a fresh mailbox and
+    ledger, nothing in memory) reloads the exchange from its folder, sends its key again (a
+    duplicate agent3 acknowledges) and the saved ciphertext, and both ends get the
+    simulator's seeds, agent3 having waited in its own exchange throughout."""
+    async def main() -> None:
+        async with assigned_agents(tmp_path, CONFIG, run_id=RUN, names=("agent1", "agent3"),
+                                   serve=("agent1", "agent3"), round_=10) as agents:
+            one, three = agents["agent1"], agents["agent3"]
+            one.session.joining["agent3"] = (2, three.address, REBASE)
+            three.session.joining["agent1"] = (0, one.address, REBASE)
+            folder = tmp_path / "agent1-state"
+
+            def run(a: InProcessAgent, other: str, index: int, mailbox: Mailbox,
+                    where: Path) -> Any:
+                return exchange_new_seeds(
+                    session=a.session, peers=a.peers, mailbox=mailbox, service=a.service,
+                    joiners={other: index}, rebase_round=REBASE, epoch=EPOCH,
+                    noise_seed=NOISE_SEED, allow_insecure_keys=False, timeout=30.0,
+                    folder=where)
+
+            send = one.peers.send
+
+            async def killed(name: str, method: str, request: Any, **kw: Any) -> None:
+                if method == "PutShares":
+                    raise RuntimeError("killed before its shares went out")
+                await send(name, method, request, **kw)
+
+            one.peers.send = killed  # type: ignore[method-assign]
+            waiting = asyncio.create_task(run(three, "agent1", 0, three.mailbox,
+                                              tmp_path / "agent3-state"))
+            with pytest.raises(RuntimeError, match="killed"):
+                await run(one, "agent3", 2, one.mailbox, folder)
+            saved = json.loads((folder / rejoin_state.FILE).read_text())
+            assert (folder / rejoin_state.FILE).stat().st_mode & 0o777 == 0o600
+            assert saved["joiners"] == {"agent3": 2} and list(saved["sent"]) == ["2"]
+            assert list(saved["received"]["key"]) == ["agent3"]
+            # a new process: nothing of the exchange in memory
+            one.peers.send = send  # type: ignore[method-assign]
+            fresh = Mailbox()
+            one.service.mailbox, one.peers.mailbox = fresh, fresh
+            one.service.rejoin, one.service.rejoin_keep = PhaseOneLedger(), {}
+            one.service.rejoin_shares = None
+            resumed = await run(one, "agent3", 2, fresh, folder)
+            other = await waiting
+            expected = new_edge_seeds([(0, 2)], noise_seed=NOISE_SEED, epoch=EPOCH)
+            assert resumed == expected[0] and other == expected[2]
+
+    asyncio.run(main())
+
+
+def test_the_saved_exchange_reloads_only_for_its_own_decision(tmp_path: Path) -> None:
+    # prepare: an exchange saved for agent4 at epoch 1, re-base round 46
+    pair = paillier.generate_keypair(1024, allow_insecure=True)
+    where = {"run_id": "r", "epoch": 1, "rebase_round": 46, "joiners": {"agent4": 3}}
+    state = ExchangeState.create(tmp_path, keypair=pair, seeds={3: b"\x05" * 32}, **where)
+    state.keep("key", "agent4", pair[0])
+    state.save_sent({3: [12345]})
+    # execute / assert: reloaded, the same key pair, seeds and messages (JSON integers)
+    again = ExchangeState.load(tmp_path, allow_insecure=True, **where)
+    assert again is not None and again.keypair(allow_insecure=True)[0] == pair[0]
+    assert again.seeds() == {3: b"\x05" * 32} and again.sent() == {3: [12345]}
+    assert again.received() == {"key": {"agent4": pair[0].n}, "shares": {}}
+    assert (tmp_path / rejoin_state.FILE).stat().st_mode & 0o777 == 0o600
+    # another decision's exchange is not this one: it starts afresh
+    assert ExchangeState.load(tmp_path, allow_insecure=True, **{**where, "epoch": 2}) is None
+    with pytest.raises(ValueError, match="belongs to run"):
+        ExchangeState.load(tmp_path, allow_insecure=True, **{**where, "run_id": "other"})
+    text = (tmp_path / rejoin_state.FILE).read_text()
+    (tmp_path / rejoin_state.FILE).write_text(text.replace('"fingerprint": "', '"fingerprint": "00'))
+    with pytest.raises(ValueError, match="damaged"):
+        ExchangeState.load(tmp_path, allow_insecure=True, **where)
+    rejoin_state.discard(tmp_path)
+    assert ExchangeState.load(tmp_path, allow_insecure=True, **where) is None
