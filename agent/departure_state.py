@@ -81,10 +81,10 @@ def load(folder: str | Path, *, run_id: str) -> dict[str, Any] | None:
 
 def check_new_edges(record: dict[str, Any], *, held: set[int]) -> None:
     """ValueError unless this agent holds what each new edge of the record needs (`held`: the
-    new neighbours whose seeds, or fixed-mask terms, it saved). A decision that gives it a new
-    edge is saved before that edge's phase I (agent/departing.py), so a restart in between
-    finds the edge without its seeds: its key pair for that edge is gone, and the other end
-    does not run the exchange again."""
+    new neighbours whose fixed-mask terms it saved). With the paper's fixed mask a new edge's
+    phase I is not saved while it runs (with seeds it is, and resumes: agent/rejoin_state.py),
+    so a restart in between finds the edge without its terms: its key pair for that edge is
+    gone, and the other end does not run the exchange again."""
     lost = sorted(name for name, (j, _, _) in record["joining"].items() if j not in held)
     if lost:
         raise ValueError(

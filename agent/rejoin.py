@@ -8,7 +8,9 @@ efpsn/departure_masks.py's `new_edge_seeds` draws in the simulator from the same
 (`rejoin_generator`, given a test noise seed; the OS otherwise). The messages are phase I's
 (PutPublicKey, PutShares) with the re-base round in their header; the two ends learned each
 other's name and address from the coordinator's decision, and mutual TLS checks the names as
-for any neighbour. Nothing of either end's data is involved.
+for any neighbour. Nothing of either end's data is involved. With seeds, the exchange is saved
+before anything of it is sent and resumed after a restart (agent/rejoin_state.py): the same
+messages again, the other end acknowledging copies.
 """
 
 from __future__ import annotations
