@@ -274,8 +274,6 @@ class Silence:
             if (saved or record and record["adopted"]) and terms is not None \
                     and isinstance(masks, FixedMask):
                 terms.restore(self.store.folder, run_id=session.run_id, mask=masks)
-            if record and terms is not None:  # the fixed mask: each new edge's terms saved
-                departure_state.check_new_edges(record, held=terms.held)
         except ValueError as exc:
             raise AgentFailure(f"{session.assignment.name} cannot resume: {exc}") from None
         if record is not None and not record["adopted"]:

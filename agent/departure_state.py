@@ -25,7 +25,7 @@ from agent import fixed_terms, rejoin_state
 from efpsn.departure import Departure
 from efpsn.jsonfile import read_json, write_json
 
-__all__ = ["FILE", "check_new_edges", "discard", "load", "save"]
+__all__ = ["FILE", "discard", "load", "save"]
 
 FILE = "departures.json"
 FORMAT = 1
@@ -77,20 +77,6 @@ def load(folder: str | Path, *, run_id: str) -> dict[str, Any] | None:
         }
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path} is damaged: {exc}") from None
-
-
-def check_new_edges(record: dict[str, Any], *, held: set[int]) -> None:
-    """ValueError unless this agent holds what each new edge of the record needs (`held`: the
-    new neighbours whose fixed-mask terms it saved). With the paper's fixed mask a new edge's
-    phase I is not saved while it runs (with seeds it is, and resumes: agent/rejoin_state.py),
-    so a restart in between finds the edge without its terms: its key pair for that edge is
-    gone, and the other end does not run the exchange again."""
-    lost = sorted(name for name, (j, _, _) in record["joining"].items() if j not in held)
-    if lost:
-        raise ValueError(
-            f"it was stopped before the phase I of its new edge(s) with {', '.join(lost)} was "
-            "saved: its key pair for that exchange is gone and it cannot be run again; this "
-            "run cannot continue here")
 
 
 def discard(folder: str | Path) -> None:

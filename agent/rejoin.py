@@ -8,7 +8,7 @@ efpsn/departure_masks.py's `new_edge_seeds` draws in the simulator from the same
 (`rejoin_generator`, given a test noise seed; the OS otherwise). The messages are phase I's
 (PutPublicKey, PutShares) with the re-base round in their header; the two ends learned each
 other's name and address from the coordinator's decision, and mutual TLS checks the names as
-for any neighbour. Nothing of either end's data is involved. With seeds, the exchange is saved
+for any neighbour. Nothing of either end's data is involved. The exchange is saved
 before anything of it is sent and resumed after a restart (agent/rejoin_state.py): the same
 messages again, the other end acknowledging copies.
 """
@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from agent import rejoin_state
 from agent.concurrency import all_or_first_error
@@ -51,34 +54,32 @@ async def exchange_new_seeds(*, session: Session, peers: Peers, mailbox: Mailbox
     """This agent's seeds with each new neighbour (name -> index in `joiners`): index ->
     (s_ij, s_ji); with the paper's fixed mask (`fixed`), the finished Masker of the new edges
     (its shares drawn as efpsn/departure_masks.py's new_edge_shares draws them). `service` is
-    told the key the new neighbours' shares must be under. With seeds, the exchange is saved in
-    `folder` before anything is sent (agent/rejoin_state.py) and resumed from there."""
+    told the key the new neighbours' shares must be under. The exchange is saved in `folder`
+    before anything is sent (agent/rejoin_state.py) and resumed from there."""
     cfg = session.config
     names, neighbours = sorted(joiners), sorted(joiners.values())
+    state = await asyncio.to_thread(_state, session, folder, joiners, rebase_round=rebase_round,
+                                    epoch=epoch, noise_seed=noise_seed, fixed=fixed,
+                                    allow_insecure=allow_insecure_keys)
+    pair = state.keypair(allow_insecure=allow_insecure_keys)
     exchange: SeedExchange | Masker
-    state: ExchangeState | None = None
-    if fixed:
-        pair = await asyncio.to_thread(paillier.generate_keypair, cfg.key_bits,
-                                       allow_insecure=allow_insecure_keys)
+    if fixed:  # its shares drawn again from the saved generator seed after a restart
+        rng = (rejoin_generator(noise_seed, session.index, epoch) if noise_seed is not None
+               else np.random.default_rng(state.entropy))
         exchange = Masker(agent=session.index, neighbours=neighbours,
-                          spec=session.problem.noise_spec,
-                          rng=rejoin_generator(noise_seed, session.index, epoch),
+                          spec=session.problem.noise_spec, rng=rng,
                           layout=session.problem.layout, keypair=pair,
                           allow_insecure=allow_insecure_keys)
     else:
-        state = await asyncio.to_thread(_state, session, folder, joiners, rebase_round=rebase_round,
-                                        epoch=epoch, noise_seed=noise_seed,
-                                        allow_insecure=allow_insecure_keys)
-        exchange = SeedExchange(agent=session.index, neighbours=neighbours,
-                                keypair=state.keypair(allow_insecure=allow_insecure_keys),
+        exchange = SeedExchange(agent=session.index, neighbours=neighbours, keypair=pair,
                                 seeds=state.seeds(), allow_insecure=allow_insecure_keys)
-        got = state.received()  # what the other ends sent before a restart, acknowledged
-        for n, modulus in got["key"].items():
-            mailbox.put("key", rebase_round, n, paillier.public_key_from_n(modulus))
-        for n, ciphertexts in got["shares"].items():
-            mailbox.put("shares", rebase_round, n, ciphertexts)
+    got = state.received()  # what the other ends sent before a restart, acknowledged
+    for n, modulus in got["key"].items():
+        mailbox.put("key", rebase_round, n, paillier.public_key_from_n(modulus))
+    for n, ciphertexts in got["shares"].items():
+        mailbox.put("shares", rebase_round, n, ciphertexts)
     for n in names:  # from now on the new neighbours' messages are taken (and kept)
-        service.rejoin_keep[n] = _ignore if state is None else state.keep
+        service.rejoin_keep[n] = state.keep
     packed = shares_packed(cfg)
     service.rejoin_shares = ShareCheck(public_key=exchange.public_key,
                                        count=exchange.ciphertexts_per_neighbour, packed=packed)
@@ -88,14 +89,15 @@ async def exchange_new_seeds(*, session: Session, peers: Peers, mailbox: Mailbox
                              for n in names)
     keys = {joiners[n]: k for n, k in (await _collect(mailbox, "key", rebase_round, names,
                                                       timeout=timeout)).items()}
-    sent = {} if state is None else state.sent()
-    if sent and isinstance(exchange, SeedExchange):  # a restart: the very same ciphertexts
-        exchange.restore_outgoing(keys, sent)
-        outgoing = sent
-    else:
-        outgoing = await asyncio.to_thread(exchange.outgoing, keys)
-        if state is not None:  # on disk before the first of them goes out
-            await asyncio.to_thread(state.save_sent, outgoing)
+    outgoing = state.sent()  # a restart sends the very same ciphertexts again
+    if outgoing and isinstance(exchange, SeedExchange):
+        exchange.restore_outgoing(keys, outgoing)
+    else:  # a Masker draws its shares here (a restarted one: the same shares, and its own
+        # encryption of them is not sent: the saved ciphertexts are, as before the restart)
+        fresh = await asyncio.to_thread(exchange.outgoing, keys)
+        if not outgoing:  # on disk before the first of them goes out
+            await asyncio.to_thread(state.save_sent, fresh)
+            outgoing = fresh
     header = peers.header(Phase.SHARES, rebase_round)
     await all_or_first_error(
         peers.send(n, "PutShares", serde.shares_message(
@@ -114,10 +116,11 @@ async def exchange_new_seeds(*, session: Session, peers: Peers, mailbox: Mailbox
 
 
 def _state(session: Session, folder: str | Path, joiners: Mapping[str, int], *,
-           rebase_round: int, epoch: int, noise_seed: int | None,
+           rebase_round: int, epoch: int, noise_seed: int | None, fixed: bool,
            allow_insecure: bool) -> ExchangeState:
-    """The exchange saved before a restart, or a new one (a fresh key pair, the seeds drawn
-    as the replay draws them given a noise seed), saved before anything is sent."""
+    """The exchange saved before a restart, or a new one (a fresh key pair; the seeds drawn as
+    the replay draws them given a noise seed; the fixed mask's generator seed, from the OS
+    as rejoin_generator's, none given a noise seed), saved before anything is sent."""
     where = {"run_id": session.run_id, "epoch": epoch, "rebase_round": rebase_round,
              "joiners": joiners}
     try:
@@ -130,13 +133,16 @@ def _state(session: Session, folder: str | Path, joiners: Mapping[str, int], *,
                     "was stopped)", session.assignment.name, ", ".join(sorted(joiners)))
         return state
     pair = paillier.generate_keypair(session.config.key_bits, allow_insecure=allow_insecure)
+    if fixed:
+        entropy = None if noise_seed is not None else secrets.randbits(128)
+        return ExchangeState.create(folder, keypair=pair, seeds={}, entropy=entropy, **where)
     rng = None if noise_seed is None else rejoin_generator(noise_seed, session.index, epoch)
     return ExchangeState.create(folder, keypair=pair,
                                 seeds=draw_seeds(sorted(joiners.values()), rng), **where)
 
 
 def _ignore(kind: str, sender: str, payload: object) -> None:
-    """The fixed mask's new edges are not saved while they run (a restart is refused)."""
+    """A finished exchange keeps nothing more (its state went with Rejoin.done)."""
 
 
 async def _collect(mailbox: Mailbox, kind: str, round_: int, names: list[str], *,

@@ -3,8 +3,10 @@ and restarted (the same command) finishes it instead of stopping: STATE/rejoin.j
 written atomically and synced, deleted once the edge's seeds are in departures.json).
 
 agent/rejoin.py writes it before it sends anything for the edge: this end's Paillier key pair
-for the exchange (its primes p and q), the seeds it drew (s_ij, hex), the run, the decision
-epoch, the re-base round and the new neighbours. Then, each before it is used or acknowledged:
+for the exchange (its primes p and q), the seeds it drew (s_ij, hex; with the paper's fixed
+mask, the 128-bit seed of the generator its shares z_ij are drawn from, or none given a test
+noise seed, which draws them again), the run, the decision epoch, the re-base round and the
+new neighbours. Then, each before it is used or acknowledged:
 the ciphertexts it sends (before the first PutShares, so a retransmission repeats them exactly
 and the other end's ledger acknowledges it as a duplicate), and what the other end sent (its
 public key's modulus, its ciphertexts: the servicer acknowledges a message of a new edge only
@@ -13,7 +15,7 @@ messages again and awaits only what is not in the file, so neither end has to ru
 twice: the exchange's messages are the same, and the seeds are the ones drawn before.
 
 What it holds is secret like the seeds it becomes (the private key decrypts only the other
-end's seed for this edge, which departures.json then keeps anyway); JSON integers and hex, with
+end's seed or shares for this edge, which departures.json or edge_terms.json then keep anyway); JSON integers and hex, with
 the fingerprint of the key pair; never pickle, nothing of the agent's data.
 """
 
@@ -49,8 +51,9 @@ class ExchangeState:
     def create(cls, folder: str | Path, *, run_id: str, epoch: int, rebase_round: int,
                joiners: Mapping[str, int],
                keypair: tuple[paillier.PublicKey, paillier.PrivateKey],
-               seeds: Mapping[int, bytes]) -> ExchangeState:
-        """Saved (synced) before anything of the exchange is sent."""
+               seeds: Mapping[int, bytes], entropy: int | None = None) -> ExchangeState:
+        """Saved (synced) before anything of the exchange is sent (`entropy`: the fixed
+        mask's generator seed, with no `seeds`)."""
         public, private = keypair
         state = cls(folder, {
             "format": FORMAT, "run_id": run_id, "epoch": int(epoch),
@@ -58,7 +61,7 @@ class ExchangeState:
             "joiners": {str(n): int(j) for n, j in sorted(joiners.items())},
             "key": {"p": int(private.p), "q": int(private.q),
                     "fingerprint": paillier.fingerprint(public).hex()},
-            "seeds": {str(j): s.hex() for j, s in sorted(seeds.items())},
+            "seeds": {str(j): s.hex() for j, s in sorted(seeds.items())}, "entropy": entropy,
             "sent": {}, "received": {"key": {}, "shares": {}},
         })
         state._write()
@@ -84,6 +87,7 @@ class ExchangeState:
             if paillier.fingerprint(keypair[0]).hex() != payload["key"]["fingerprint"]:
                 raise ValueError("its key pair does not match its fingerprint")
             state.seeds()
+            _ = state.entropy
             state.received()
             state.sent()
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -97,6 +101,11 @@ class ExchangeState:
 
     def seeds(self) -> dict[int, bytes]:
         return {int(j): bytes.fromhex(s) for j, s in self._payload["seeds"].items()}
+
+    @property
+    def entropy(self) -> int | None:
+        value = self._payload["entropy"]
+        return None if value is None else int(value)
 
     def sent(self) -> dict[int, list[int]]:
         """The ciphertexts sent to each new neighbour (by index); {} before the first send."""

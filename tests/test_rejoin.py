@@ -23,7 +23,7 @@ from agent.rejoin import exchange_new_seeds
 from agent.rejoin_state import ExchangeState
 from efpsn import paillier
 from efpsn.config import RunConfig
-from efpsn.departure_masks import new_edge_seeds
+from efpsn.departure_masks import new_edge_seeds, new_edge_shares
 from efpsn.ledger import PhaseOneLedger
 from efpsn.wire import records, serde
 from efpsn.wire.records import Phase
@@ -34,6 +34,8 @@ pytestmark = pytest.mark.timeout(300)
 
 RUN = "rejoin-run-0001"
 CONFIG = RunConfig(iterations=40, eval_every=20, key_bits=2048, round_timeout_seconds=10.0)
+FIXED = RunConfig(iterations=40, eval_every=20, key_bits=2048, round_timeout_seconds=10.0,
+                  refresh="never")  # the paper's fixed mask
 REBASE, NOISE_SEED, EPOCH = 11, 7, 1  # the agents are at round 10
 
 
@@ -100,15 +102,20 @@ def test_two_strangers_become_neighbours_with_the_simulators_seeds(tmp_path: Pat
     asyncio.run(main())
 
 
-def test_an_end_stopped_in_its_exchange_resumes_it_from_its_state_folder(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fixed", [False, True], ids=["seeds", "fixed-mask"])
+def test_an_end_stopped_in_its_exchange_resumes_it_from_its_state_folder(
+        tmp_path: Path, fixed: bool) -> None:
     """agent1 saves its exchange before sending anything (rejoin_state), keeps agent3's key on
-    disk before acknowledging it and its own ciphertext before sending it, then dies before
+    disk before acknowledging it and its own ciphertexts before sending them, then dies before
     its shares go out (here: its PutShares raises). A new process (a fresh mailbox and
     ledger, nothing in memory) reloads the exchange from its folder, sends its key again (a
-    duplicate agent3 acknowledges) and the saved ciphertext, and both ends get the
-    simulator's seeds, agent3 having waited in its own exchange throughout."""
+    duplicate agent3 acknowledges) and the saved ciphertexts, and both ends get the
+    simulator's seeds (with the paper's fixed mask, its shares z_13 and z_31), agent3 having
+    waited in its own exchange throughout."""
+    config = FIXED if fixed else CONFIG
+
     async def main() -> None:
-        async with assigned_agents(tmp_path, CONFIG, run_id=RUN, names=("agent1", "agent3"),
+        async with assigned_agents(tmp_path, config, run_id=RUN, names=("agent1", "agent3"),
                                    serve=("agent1", "agent3"), round_=10) as agents:
             one, three = agents["agent1"], agents["agent3"]
             one.session.joining["agent3"] = (2, three.address, REBASE)
@@ -121,7 +128,7 @@ def test_an_end_stopped_in_its_exchange_resumes_it_from_its_state_folder(tmp_pat
                     session=a.session, peers=a.peers, mailbox=mailbox, service=a.service,
                     joiners={other: index}, rebase_round=REBASE, epoch=EPOCH,
                     noise_seed=NOISE_SEED, allow_insecure_keys=False, timeout=30.0,
-                    folder=where)
+                    folder=where, fixed=fixed)
 
             send = one.peers.send
 
@@ -147,8 +154,14 @@ def test_an_end_stopped_in_its_exchange_resumes_it_from_its_state_folder(tmp_pat
             one.service.rejoin_shares = None
             resumed = await run(one, "agent3", 2, fresh, folder)
             other = await waiting
-            expected = new_edge_seeds([(0, 2)], noise_seed=NOISE_SEED, epoch=EPOCH)
-            assert resumed == expected[0] and other == expected[2]
+            if fixed:  # the shares z_13, z_31 both ends hold: the replay's
+                shares = new_edge_shares([(0, 2)], one.session.problem.noise_spec,
+                                         noise_seed=NOISE_SEED, epoch=EPOCH)
+                assert resumed.edge_terms(2) == shares[0][2]
+                assert other.edge_terms(0) == shares[2][0]
+            else:
+                expected = new_edge_seeds([(0, 2)], noise_seed=NOISE_SEED, epoch=EPOCH)
+                assert resumed == expected[0] and other == expected[2]
 
     asyncio.run(main())
 
@@ -176,3 +189,7 @@ def test_the_saved_exchange_reloads_only_for_its_own_decision(tmp_path: Path) ->
         ExchangeState.load(tmp_path, allow_insecure=True, **where)
     rejoin_state.discard(tmp_path)
     assert ExchangeState.load(tmp_path, allow_insecure=True, **where) is None
+    # the fixed mask's: the generator seed its shares are drawn from (none: a noise seed's)
+    ExchangeState.create(tmp_path, keypair=pair, seeds={}, entropy=2**127 + 5, **where)
+    fixed = ExchangeState.load(tmp_path, allow_insecure=True, **where)
+    assert fixed is not None and fixed.entropy == 2**127 + 5 and fixed.seeds() == {}
