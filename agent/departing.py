@@ -96,7 +96,7 @@ class LocalDepartures:
         mine = sorted({b if a == self.me else a for a, b in after.new_edges if self.me in (a, b)})
         given = {index: (name, address) for name, (index, address) in (joining or {}).items()}
         if sorted(given) != mine:
-            raise AgentFailure(f"the departure of {self._names(d.agent for d in new)} gives "
+            raise AgentFailure(f"the departure of {', '.join(self._name(d.agent) for d in new)} gives "
                                f"{self.session.assignment.name} the new neighbours "
                                f"{[f'agent{j + 1}' for j in mine]}, the coordinator named "
                                f"{sorted(n for n, _ in given.values())}")
@@ -239,9 +239,6 @@ class LocalDepartures:
     def _name(self, j: int) -> str:
         return self.names.get(j, f"agent{j + 1}")
 
-    def _names(self, agents: Any) -> str:
-        return ", ".join(self._name(j) for j in agents)
-
     def to_json(self) -> dict[str, Any] | None:
         """What the records say (None when nobody left): agent/ending.py's `records`."""
         return records(self)
@@ -262,7 +259,7 @@ class Silence:
         self.store = store
         self.timeout = timeout  # how long a report waits for the others to report too
         self.applied: int | None = None  # the round at which a departure was last applied
-        self.unfinished: dict[str, int] = {}  # new neighbours whose exchange a restart resumes
+        self.unfinished: dict[str, int] = {}  # new neighbours whose exchange is still to run
 
     def resume(self, driver: RoundDriver) -> PhaseOneDecision | None:
         """A restarted agent: re-apply the departures it had applied (none saved: nothing);
@@ -289,8 +286,15 @@ class Silence:
         unadopted = self.resume(driver)
         if unadopted is not None:
             await self.adopt(unadopted, driver)
-        elif self.unfinished:
-            await self._new_edges(self.unfinished)
+        else:
+            await self.finish_edges()
+
+    async def finish_edges(self) -> None:
+        """The new edges' exchange of the last decision, run once the round it was applied at
+        is checkpointed (agent/phase_two.py): a restart resumes there and finishes it."""
+        joiners, self.unfinished = self.unfinished, {}
+        if joiners:
+            await self._new_edges(joiners)
 
     def missing(self, t: int, failure: AgentFailure) -> list[str]:
         """The neighbours whose round-t message is missing, and the one the failure blames."""
@@ -309,6 +313,7 @@ class Silence:
         the check round: LocalDepartures.stop)."""
         session = self.departures.session
         while True:
+            await self.finish_edges()  # a pending one first: it is of the previous decision
             missing = self.missing(t, failure)
             if not missing:
                 raise failure
@@ -342,10 +347,7 @@ class Silence:
                 self.rejoin.deciding(False)
             if ended:  # at the cap: there, or the rounds up to there first
                 return None if there else await link.recollect(t, driver.outbox)
-            if joiners:  # a restart before their phase I is saved is refused (resume)
-                self.departures.save(self.store.folder)
-            await self._new_edges(joiners)
-            # t < R (R = T + n): the new edges join at R, in the loop
+            self.unfinished = joiners  # their exchange, after round t's checkpoint (<= R)
             gone, joined = self.departures.before_round(t, driver)
             for neighbour in gone:
                 await link.drop(neighbour)

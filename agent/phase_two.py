@@ -132,6 +132,8 @@ async def _rounds(*, session: Session, driver: RoundDriver, link: RoundLink, led
             # checkpoint_writer.py); a departure's round at once: a restart resumes there.
             await checkpoints.save(round_=t, tensors=driver.checkpoint_tensors(),
                                    history=history, durable=applied)
+        if silence is not None:  # a new edge's exchange, once the round is saved (departing)
+            await silence.finish_edges()
         due = driver.step(inbox)
         life.advance(t + 1)
         ledger.advance(t + 1)
