@@ -382,7 +382,7 @@ class Silence:
         self.departures.save(self.store.folder)
 
     async def _new_edges(self, joiners: dict[str, int]) -> None:
-        """The new edges' phase I right after a decision (agent/rejoin.py): their seeds, or
+        """The new edges' phase I after a decision (agent/rejoin.py): their seeds, or
         with the paper's fixed mask their shares, added at the re-base round."""
         session, terms = self.departures.session, self.departures.terms
         if joiners and isinstance(self.departures.masks, (FadingMask, RefreshedMask)):
