@@ -28,8 +28,6 @@ import os
 import time
 from pathlib import Path
 
-import torch
-
 from efpsn.algorithms import make_algorithm
 from efpsn.algorithms.base import StepContext
 from efpsn.cli.common import add_data_dir_arguments

@@ -80,14 +80,15 @@ class LocalObjective:
         self.sampler = sampler
         self.clip = clip
         # full batch: every round reads the whole shard in order, so the task prepares it
-        # once (the logistic task keeps the features in the layouts its products want)
-        self._full = (task.fixed_batch(shard.images.contiguous(), shard.labels, clip=clip)
+        # once (the logistic task keeps the features in the layouts its products want, and
+        # skips the loss, which only the evaluation reads)
+        self._full = (task.fixed_gradient(shard.images.contiguous(), shard.labels, clip=clip)
                       if sampler.full_batch else None)
 
     def __call__(self, x: torch.Tensor, t: int) -> torch.Tensor:
         """The masked mini-batch gradient for round t (the oracle the algorithms call)."""
         if self._full is not None:
-            _, grad = self._full(x)
+            grad = self._full(x)
         else:
             images, labels = self.shard.batch(self.sampler.indices(t))
             if self.clip > 0:
