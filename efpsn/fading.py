@@ -139,6 +139,8 @@ class FadingMask:
     ValueError when the refresh is not a resolved `fading:RHO`, or when the sum could
     leave int64 (3 deg(i) max|z| < 2^63 is checked)."""
 
+    new_values = True  # values(t) is a new array at every call (a round's perturbation keeps it)
+
     def __init__(self, *, seeds: EdgeSeeds, spec: NoiseSpec, refresh: Refresh,
                  blocks: NoiseBlocks | None = None) -> None:
         # two fixed streams and one fresh stream per neighbour

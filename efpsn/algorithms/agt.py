@@ -6,9 +6,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
-from efpsn.algorithms.base import AgentState, Message, StepContext, check_inbox, mix
+from efpsn.algorithms.base import (
+    AgentState,
+    Message,
+    StepContext,
+    check_inbox,
+    float64_arrays,
+    mix,
+)
 
 
 def lazy(ctx: StepContext) -> StepContext:
@@ -59,10 +67,25 @@ class AcceleratedTracking:
         check_inbox(inbox, ctx, self.message_keys)
         w = self.mixing(ctx)
         own = {"z": state["z"], "y": state["y"]}
-        x_next = mix("z", own, inbox, w) - ctx.lr * state["y"]
-        z_next = x_next + self.momentum * (x_next - state["x"])
-        g_next = ctx.oracle(z_next, state.t + 1)
-        y_next = mix("y", own, inbox, w) + (g_next - state["g"])
+        x_next = mix("z", own, inbox, w)
+        arrays = float64_arrays([x_next, state["x"], state["y"], state["g"]])
+        if arrays is None:  # torch's operations (not float64 vectors)
+            x_next = x_next - ctx.lr * state["y"]
+            z_next = x_next + self.momentum * (x_next - state["x"])
+            g_next = ctx.oracle(z_next, state.t + 1)
+            y_next = mix("y", own, inbox, w) + (g_next - state["g"])
+        else:  # the same operations in place, numpy (base.float64_arrays: the same bits)
+            xn, x, y, g = arrays
+            scratch = np.multiply(y, ctx.lr)
+            np.subtract(xn, scratch, out=xn)  # x' = mix(z) - lr y
+            zn = np.subtract(xn, x)
+            zn *= self.momentum
+            np.add(xn, zn, out=zn)  # z' = x' + beta (x' - x)
+            z_next = torch.from_numpy(zn)
+            g_next = ctx.oracle(z_next, state.t + 1)
+            y_next = mix("y", own, inbox, w)
+            np.subtract(g_next.numpy(), g, out=scratch)
+            np.add(y_next.numpy(), scratch, out=y_next.numpy())  # y' = mix(y) + (g' - g)
         nxt = AgentState(t=state.t + 1, tensors={"x": x_next, "z": z_next, "y": y_next,
                                                  "g": g_next})
         return nxt, {"y": y_next, "z": z_next}

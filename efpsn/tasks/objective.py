@@ -214,7 +214,8 @@ class Task:
         self, images: torch.Tensor, labels: torch.Tensor, *, clip: float = 0.0
     ) -> Callable[[torch.Tensor], torch.Tensor]:
         """x -> fixed_batch's gradient alone (the round oracle's: the loss is for the
-        evaluation only). A task may skip computing the loss; the default does not."""
+        evaluation only), a new tensor at every call (the caller may change it in place). A
+        task may skip computing the loss; the default does not."""
         fixed = self.fixed_batch(images, labels, clip=clip)
         return lambda x: fixed(x)[1]
 
