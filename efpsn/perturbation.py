@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -160,7 +161,8 @@ class FunctionalPerturbation:
                 f"expected eta of shape ({system.size},) (one per basis function), "
                 f"got {eta_arr.shape}"
             )
-        if not np.isfinite(eta_arr).all():
+        # max and min propagate NaN and show +-inf: two reductions, no array of flags
+        if eta_arr.size and not (math.isfinite(eta_arr.max()) and math.isfinite(eta_arr.min())):
             raise ValueError("eta must be finite")
         self._eta = eta_arr if owned and eta_arr is eta else eta_arr.copy()
         self._eta.setflags(write=False)
@@ -169,7 +171,8 @@ class FunctionalPerturbation:
             # C^T a scaled permutation on the constant and linear monomials (the defaults):
             # p_r = 0 + C_kr eta_k, as the sparse product adds it; then + 0.0, as below
             sources, scales, constant = self._direct
-            g = np.multiply(self._eta[sources], scales)
+            g = np.take(self._eta, sources)
+            np.multiply(g, scales, out=g)
             np.add(g, 0.0, out=g)
             self._constant = 0.0 if constant is None else float(
                 0.0 + constant[1] * self._eta[constant[0]])

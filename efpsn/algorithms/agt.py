@@ -50,10 +50,21 @@ class AcceleratedTracking:
         if not (math.isfinite(momentum) and 0.0 <= momentum < 1.0):
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         self.momentum = momentum
+        # lazy(ctx) of the contexts seen last (a RoundDriver passes one object while its
+        # context and step size hold), by identity: id -> (ctx, lazy(ctx)); a few agents share
+        # one algorithm in the simulator
+        self._lazy: dict[int, tuple[StepContext, StepContext]] = {}
 
     def mixing(self, ctx: StepContext) -> StepContext:
-        """The weights the step mixes with."""
-        return lazy(ctx)
+        """The weights the step mixes with (lazy(ctx), built once per context object: a
+        context's weights are never changed in place, a new context is made instead)."""
+        held = self._lazy.get(id(ctx))
+        if held is None or held[0] is not ctx:
+            if len(self._lazy) >= 256:
+                self._lazy.clear()
+            held = (ctx, lazy(ctx))
+            self._lazy[id(ctx)] = held
+        return held[1]
 
     def init(self, x0: torch.Tensor, ctx: StepContext) -> tuple[AgentState, Message]:
         x = x0.clone()
@@ -105,7 +116,7 @@ class AcceleratedTracking:
         from zero cost more rounds than the tails saved). The tail's model is z
         (RoundDriver ends a certified tail with x = z)."""
         check_inbox(inbox, ctx, self.message_keys)
-        w = lazy(ctx) if lazy_mixing else ctx
+        w = self.mixing(ctx) if lazy_mixing else ctx
         own = {"z": state["z"], "y": state["y"]}
         x, z, g = state["x"], state["z"], state["g"]
         y = mix("y", own, inbox, w)
