@@ -293,3 +293,23 @@ def test_numpy_mixing_and_agt_step_equal_torchs_operations_bit_for_bit() -> None
     for key, value in (("x", x_next), ("z", z_next), ("y", y_next)):
         assert nxt[key].numpy().tobytes() == value.numpy().tobytes()
     assert out["z"] is nxt["z"] and out["y"] is nxt["y"]
+
+
+def test_agt_step_takes_torchs_operations_for_an_oracle_that_gives_no_float64_vector() -> None:
+    from efpsn.algorithms.agt import lazy
+    from efpsn.algorithms.base import AgentState
+
+    def oracle(x: torch.Tensor, t: int) -> torch.Tensor:
+        return (x * 2.0).float()  # float32: torch's promotion, as before
+
+    ctx = StepContext(agent=0, weights={0: 0.5, 1: 0.5}, lr=0.1, oracle=oracle)
+    x = torch.linspace(-1, 1, 5, dtype=torch.float64)
+    state = AgentState(t=0, tensors={"x": x, "z": x, "y": x * 0.5, "g": x * 0.25})
+    inbox = {1: {"z": x + 1.0, "y": x - 1.0}}
+    nxt, _ = AcceleratedTracking(momentum=0.5).step(state, inbox, ctx)
+    w = lazy(ctx).weights
+    x_next = (x * w[0] + (x + 1.0) * w[1]) - 0.1 * (x * 0.5)
+    z_next = x_next + 0.5 * (x_next - x)
+    y_next = (x * 0.5 * w[0] + (x - 1.0) * w[1]) + (oracle(z_next, 1) - x * 0.25)
+    assert nxt["y"].dtype == torch.float64 and torch.equal(nxt["y"], y_next)
+    assert torch.equal(nxt["z"], z_next)

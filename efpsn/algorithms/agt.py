@@ -95,8 +95,12 @@ class AcceleratedTracking:
             z_next = torch.from_numpy(zn)
             g_next = ctx.oracle(z_next, state.t + 1)
             y_next = mix("y", own, inbox, w)
-            np.subtract(g_next.numpy(), g, out=scratch)
-            np.add(y_next.numpy(), scratch, out=y_next.numpy())  # y' = mix(y) + (g' - g)
+            fresh = float64_arrays([y_next, g_next, state["g"]])
+            if fresh is None:  # an oracle that gives something else: torch's operations
+                y_next = y_next + (g_next - state["g"])
+            else:
+                np.subtract(fresh[1], g, out=scratch)
+                np.add(fresh[0], scratch, out=fresh[0])  # y' = mix(y) + (g' - g)
         nxt = AgentState(t=state.t + 1, tensors={"x": x_next, "z": z_next, "y": y_next,
                                                  "g": g_next})
         return nxt, {"y": y_next, "z": z_next}
