@@ -112,17 +112,23 @@ class _Scratch:
         self.weights = np.empty(count)
         self.term = np.empty(count, dtype=np.int64)
 
-    def term_of(self, seed: bytes, t: int, scales: np.ndarray, factor: float) -> np.ndarray:
-        """trunc(scales (b - 32) factor) as int64 (a view of the scratch: use it at once):
-        the same operations as binomial_noise then FadingMask.fresh's, element by element."""
+    def truncated(self, seed: bytes, t: int, scales: np.ndarray, factor: float) -> np.ndarray:
+        """trunc(scales (b - 32) factor) as float64 integers (a view of the scratch: use it at
+        once): the same operations as binomial_noise then FadingMask.fresh's, element by
+        element. b - 32 is formed in the popcounts' own bytes (b <= 64: b - 32 wraps to the
+        same int8), which the product converts exactly."""
         Cipher(algorithms.ChaCha20(seed, _nonce(t)), mode=None).encryptor().update_into(
             self.zeros, self.stream)
         np.bitwise_count(self.words, out=self.bits)
-        np.subtract(self.bits, float(_BINOMIAL_MAX), out=self.weights)  # b - 32, exact
-        self.weights *= scales
+        np.subtract(self.bits, _BINOMIAL_MAX, out=self.bits)  # b - 32 mod 256
+        np.multiply(self.bits.view(np.int8), scales, out=self.weights)  # (b - 32) scales
         self.weights *= factor
         np.trunc(self.weights, out=self.weights)
-        np.copyto(self.term, self.weights, casting="unsafe")  # |.| < 2^52: exact
+        return self.weights
+
+    def term_of(self, seed: bytes, t: int, scales: np.ndarray, factor: float) -> np.ndarray:
+        """truncated(...) as int64 (a view of the scratch: use it at once); |.| < 2^52: exact."""
+        np.copyto(self.term, self.truncated(seed, t, scales, factor), casting="unsafe")
         return self.term
 
 
@@ -138,6 +144,8 @@ class FadingMask:
 
     ValueError when the refresh is not a resolved `fading:RHO`, or when the sum could
     leave int64 (3 deg(i) max|z| < 2^63 is checked)."""
+
+    new_values = True  # values(t) is a new array at every call (a round's perturbation keeps it)
 
     def __init__(self, *, seeds: EdgeSeeds, spec: NoiseSpec, refresh: Refresh,
                  blocks: NoiseBlocks | None = None) -> None:
@@ -164,6 +172,13 @@ class FadingMask:
         self._t: int | None = None
         self._fresh = np.zeros_like(self.fixed)
         self._exponent = 0
+        # the fresh sum in float64 is exact while every partial sum stays below 2^53: then
+        # values() adds the edges' truncated terms as floats, without int64 conversions
+        self._float_exact = (len(self.edges) * 2.0 * _BINOMIAL_MAX
+                             * float(np.max(self.scales, initial=0.0)) < 2.0**52)
+        self._float_t: int | None = None
+        self._float_fresh = np.zeros(spec.num_coefficients)
+        self._float_exponent = 0
 
     def exponent(self, t: int) -> int:
         """k(t): fade(RHO, t) 2^k(t) lies in [1/2, 1] (k = 0 while fade > 1/2)."""
@@ -201,11 +216,35 @@ class FadingMask:
         return MaskCoefficients(tuple((self.fixed + fresh).tolist()), self.spec.precision)
 
     def values(self, t: int) -> np.ndarray:
-        """eta_bar_i(t) = (fixed + ldexp(fresh, -k)) / 10^P as float64 (|integers| < 2^53)."""
-        fresh, exponent = self.fresh(t)
-        total = fresh.astype(np.float64)
-        if exponent:
-            np.ldexp(total, -exponent, out=total)
+        """eta_bar_i(t) = (fixed + ldexp(fresh, -k)) / 10^P as float64 (|integers| < 2^53), a
+        new array at every call."""
+        if self._float_exact:
+            fresh_values, exponent = self._fresh_values(t)
+            total = (np.ldexp(fresh_values, -exponent) if exponent
+                     else fresh_values.copy())
+        else:
+            fresh, exponent = self.fresh(t)
+            total = fresh.astype(np.float64)
+            if exponent:
+                np.ldexp(total, -exponent, out=total)
         total += self._fixed_values
         total /= self._divisor
         return total
+
+    def _fresh_values(self, t: int) -> tuple[np.ndarray, int]:
+        """Round t's fresh integers as float64 (a reused buffer) and k(t): the edges' truncated
+        terms summed as floats, in fresh()'s order. Every partial sum is an integer below
+        2^53 (_float_exact), so each addition is exact and the total is fresh()'s, converted;
+        0 - 0 and x - x are +0.0, as the conversion of an int64 0 gives."""
+        if t != self._float_t:
+            exponent = self.exponent(t)
+            factor = math.ldexp(fade(self.rate, t), exponent)  # exact: a power of two
+            total = self._float_fresh
+            for e, (sign, seed) in enumerate(self.edges):
+                term = self._scratch.truncated(seed, t, self.scales, factor)
+                base = 0.0 if e == 0 else total  # the first edge: 0 + term, 0 - term
+                (np.add if sign > 0 else np.subtract)(base, term, out=total)
+            if not self.edges:
+                total.fill(0.0)
+            self._float_t, self._float_exponent = t, exponent
+        return self._float_fresh, self._float_exponent

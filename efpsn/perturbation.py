@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -134,6 +135,7 @@ class FunctionalPerturbation:
         self._variables = torch.from_numpy(variables.copy())
         self._exponents = torch.from_numpy(exponents.copy()).to(torch.float64)
         self._affine = system.max_degree <= 1
+        self._direct: tuple[np.ndarray, np.ndarray, tuple[int, float] | None] | None = None
         if self._affine:  # where Phi's constant and linear parts sit among the monomials
             degree = exponents.sum(axis=1)
             self._constant_rows = np.flatnonzero(degree == 0)
@@ -146,10 +148,12 @@ class FunctionalPerturbation:
             if self._distinct and self._linear_vars.size == system.m:
                 self._linear_order = np.empty(system.m, dtype=np.int64)
                 self._linear_order[self._linear_vars] = self._linear_rows
+            self._direct = _direct_map(system, self._constant_rows, self._linear_order)
         self._set_eta(eta)
 
-    def _set_eta(self, eta: np.ndarray | Sequence[float]) -> None:
-        """Check eta and derive what depends on it (the rest depends on system and indices)."""
+    def _set_eta(self, eta: np.ndarray | Sequence[float], *, owned: bool = False) -> None:
+        """Check eta and derive what depends on it (the rest depends on system and indices).
+        `owned`: eta is a float64 array nobody else holds, kept without a copy."""
         system = self._system
         eta_arr = np.asarray(eta, dtype=np.float64)
         if eta_arr.shape != (system.size,):
@@ -157,12 +161,26 @@ class FunctionalPerturbation:
                 f"expected eta of shape ({system.size},) (one per basis function), "
                 f"got {eta_arr.shape}"
             )
-        if not np.isfinite(eta_arr).all():
+        # max and min propagate NaN and show +-inf: two reductions, no array of flags
+        if eta_arr.size and not (math.isfinite(eta_arr.max()) and math.isfinite(eta_arr.min())):
             raise ValueError("eta must be finite")
-        self._eta = eta_arr.copy()
+        self._eta = eta_arr if owned and eta_arr is eta else eta_arr.copy()
         self._eta.setflags(write=False)
+        self._grad_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
+        if self._affine and self._direct is not None:
+            # C^T a scaled permutation on the constant and linear monomials (the defaults):
+            # p_r = 0 + C_kr eta_k, as the sparse product adds it; then + 0.0, as below
+            sources, scales, constant = self._direct
+            g = np.take(self._eta, sources)
+            np.multiply(g, scales, out=g)
+            np.add(g, 0.0, out=g)
+            self._constant = 0.0 if constant is None else float(
+                0.0 + constant[1] * self._eta[constant[0]])
+            self._linear = torch.from_numpy(g)
+            self._p_tensor: torch.Tensor | None = None  # the monomial coefficients, if asked
+            return
         coeffs = system.monomial_coefficients(eta_arr)  # a new array: no copy needed
-        self._p = torch.from_numpy(coeffs)
+        self._p_tensor = torch.from_numpy(coeffs)
         if self._affine:
             # Phi(x_S) = p_const + sum_v g_v x_S[v]: split constant and linear parts once.
             self._constant = float(coeffs[self._constant_rows].sum())
@@ -176,13 +194,22 @@ class FunctionalPerturbation:
                 g = np.zeros(system.m, dtype=np.float64)
                 np.add.at(g, self._linear_vars, coeffs[self._linear_rows])
             self._linear = torch.from_numpy(g)
-        self._grad_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
 
-    def with_eta(self, eta: np.ndarray | Sequence[float]) -> FunctionalPerturbation:
+    @property
+    def _p(self) -> torch.Tensor:
+        """The monomial coefficients p = C^T eta (computed when first asked on the direct
+        path, which never needs them)."""
+        if self._p_tensor is None:
+            self._p_tensor = torch.from_numpy(self._system.monomial_coefficients(self._eta))
+        return self._p_tensor
+
+    def with_eta(self, eta: np.ndarray | Sequence[float], *,
+                 owned: bool = False) -> FunctionalPerturbation:
         """The same system and indices with other coefficients (a refreshed mask's next period),
-        without checking and converting the indices again."""
+        without checking and converting the indices again. `owned`: eta is a new float64
+        array the caller gives away (kept without a copy)."""
         other = copy.copy(self)
-        other._set_eta(eta)
+        other._set_eta(eta, owned=owned)
         return other
 
     @property
@@ -242,6 +269,17 @@ class FunctionalPerturbation:
             return grad + self._linear.to(grad.device).view(grad.shape)
         return grad + self.gradient(x)
 
+    def add_gradient_(self, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """add_gradient into `grad` itself (a gradient its caller owns), returned: the same
+        bits without a new vector."""
+        if (self._affine and self._slice == (0, x.numel()) and grad.dtype == torch.float64
+                and x.dtype == torch.float64 and grad.shape == x.shape
+                and grad.device.type == "cpu" and not grad.requires_grad):
+            values = grad.numpy()
+            np.add(values, self._linear.numpy().reshape(values.shape), out=values)
+            return grad
+        return self.add_gradient(grad, x)
+
     def gradient(self, x: torch.Tensor) -> torch.Tensor:
         """d Phi / dx: float64, same shape as x, zero off the selected indices (no autograd)."""
         numel = x.numel()
@@ -281,3 +319,27 @@ class FunctionalPerturbation:
             f"FunctionalPerturbation(m={self._system.m}, N={self._system.size}, "
             f"affine={self._affine})"
         )
+
+
+def _direct_map(system: OrthonormalSystem, constant_rows: np.ndarray,
+                linear_order: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray, tuple[int, float] | None] | None:
+    """When every variable has one linear monomial (linear_order) and every column of C that
+    the constant and linear parts read holds one non-zero (so p_r = 0 + C_kr eta_k exactly,
+    one product: a scaled permutation, as Legendre's K = 1 system is), the linear part's
+    sources k and scales C_kr in variable order, and the constant's (k, C_kr) (None: it has
+    no monomial, or its column is empty); else None (the sparse product C^T eta is used)."""
+    if linear_order is None or constant_rows.size > 1:
+        return None
+    columns = system.coefficient_matrix().tocsc()
+    counts = np.diff(columns.indptr)
+    if np.any(counts[linear_order] != 1) or np.any(counts[constant_rows] > 1):
+        return None
+    starts = columns.indptr[linear_order]
+    sources = columns.indices[starts].astype(np.int64)
+    scales = np.ascontiguousarray(columns.data[starts], dtype=np.float64)
+    constant = None
+    if constant_rows.size and counts[constant_rows[0]] == 1:
+        at = columns.indptr[constant_rows[0]]
+        constant = (int(columns.indices[at]), float(columns.data[at]))
+    return sources, scales, constant

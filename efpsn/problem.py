@@ -54,8 +54,10 @@ class MaskedPerturbation:
                 self._template = FunctionalPerturbation(system=self.system,
                                                         indices=self.indices, eta=values)
                 self._current = self._template
-            else:  # the same system and indices, the new period's coefficients
-                self._current = self._template.with_eta(values)
+            else:  # the same system and indices, the new period's coefficients (kept
+                # without a copy from a provider whose values are a new array at every call)
+                self._current = self._template.with_eta(
+                    values, owned=getattr(self.masks, "new_values", False))
             self._period = period
         return self._current
 
@@ -80,20 +82,22 @@ class LocalObjective:
         self.sampler = sampler
         self.clip = clip
         # full batch: every round reads the whole shard in order, so the task prepares it
-        # once (the logistic task keeps the features in the layouts its products want)
-        self._full = (task.fixed_batch(shard.images.contiguous(), shard.labels, clip=clip)
+        # once (the logistic task keeps the features in the layouts its products want, and
+        # skips the loss, which only the evaluation reads)
+        self._full = (task.fixed_gradient(shard.images.contiguous(), shard.labels, clip=clip)
                       if sampler.full_batch else None)
 
     def __call__(self, x: torch.Tensor, t: int) -> torch.Tensor:
         """The masked mini-batch gradient for round t (the oracle the algorithms call)."""
         if self._full is not None:
-            _, grad = self._full(x)
+            grad = self._full(x)  # a new tensor (Task.fixed_gradient): the mask adds in place
+            perturbation = self.perturbation.at(t)
+            return grad if perturbation is None else perturbation.add_gradient_(grad, x)
+        images, labels = self.shard.batch(self.sampler.indices(t))
+        if self.clip > 0:
+            _, grad = self.task.clipped_loss_and_grad(x, images, labels, clip=self.clip)
         else:
-            images, labels = self.shard.batch(self.sampler.indices(t))
-            if self.clip > 0:
-                _, grad = self.task.clipped_loss_and_grad(x, images, labels, clip=self.clip)
-            else:
-                _, grad = self.task.loss_and_grad(x, images, labels)
+            _, grad = self.task.loss_and_grad(x, images, labels)
         perturbation = self.perturbation.at(t)
         if perturbation is not None:
             grad = perturbation.add_gradient(grad, x)

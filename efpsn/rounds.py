@@ -109,6 +109,7 @@ class RoundDriver:
         # the state of the last check round (a departure in its window may end the run there:
         # efpsn/last_window.py; a checkpoint keeps it: checkpoint_tensors)
         self.check: AgentState | None = None
+        self._context: tuple[StepContext, StepContext] | None = None  # (base, round's)
         if resume_from is not None:
             tensors = dict(resume_from.tensors)
             saved = tensors.pop(STOP_STATE, None)
@@ -165,7 +166,7 @@ class RoundDriver:
         if not isinstance(inbox, Aggregate) and any(STOP_KEY in m for m in inbox.values()):
             # the stop integers are no algorithm's input (of a window a departure voided too)
             inbox = {j: {k: v for k, v in m.items() if k != STOP_KEY} for j, m in inbox.items()}
-        ctx = dataclasses.replace(self.context, lr=self.schedule(t))
+        ctx = self._round_context(t)
         kind = "agt" if self.stop is None else self.stop.kind(t)
         if kind == "agt":
             self.state, self.outbox = self.algorithm.step(self.state, inbox, ctx)
@@ -201,6 +202,18 @@ class RoundDriver:
                                      x_norm=float(torch.linalg.vector_norm(self.check["x"])))
         self._attach_stop()
         return due
+
+    def _round_context(self, t: int) -> StepContext:
+        """The context with round t's step size: the last round's object again while the
+        context and the step size (its bits) are unchanged, so that a step's derived
+        contexts (agt's lazy weights) are built once, not every round."""
+        lr = self.schedule(t)
+        held = self._context
+        if (held is None or held[0] is not self.context or held[1].lr != lr
+                or math.copysign(1.0, held[1].lr) != math.copysign(1.0, lr)):
+            held = (self.context, dataclasses.replace(self.context, lr=lr))
+            self._context = held
+        return held[1]
 
     def end_at_check(self, check_round: int) -> None:
         """End with the state of check round `check_round`: the run stopped on its window's

@@ -259,3 +259,57 @@ def test_accelerated_tracking_by_default_is_gradient_tracking_on_the_lazy_matrix
     for fast, plain in zip(accelerated, states, strict=True):
         assert torch.equal(fast["x"], plain["x"]) and torch.equal(fast["z"], plain["x"])
         assert torch.equal(fast["y"], plain["y"])
+
+
+def test_numpy_mixing_and_agt_step_equal_torchs_operations_bit_for_bit() -> None:
+    """mix and agt's step run float64 vectors through numpy (base.float64_arrays): the same
+    products, sums and differences as torch's, so the same bits as the torch expressions."""
+    from efpsn.algorithms.agt import lazy
+    from efpsn.algorithms.base import AgentState
+
+    rng = np.random.default_rng(21)
+    weights = {0: 0.35, 2: 0.4, 5: 0.25}
+    grads = {1: torch.from_numpy(rng.normal(size=300))}
+    ctx = StepContext(agent=2, weights=weights, lr=0.037,
+                      oracle=lambda x, t: grads[t] * x.sum())
+    def vec() -> torch.Tensor:
+        return torch.from_numpy(rng.normal(size=300) * 10.0 ** rng.integers(-8, 8, 300))
+
+    own = {"z": vec(), "y": vec()}
+    inbox = {j: {"z": vec(), "y": vec()} for j in (0, 5)}
+    expected = inbox[0]["y"] * 0.35 + own["y"] * 0.4 + inbox[5]["y"] * 0.25
+    got = mix("y", own, inbox, ctx)
+    assert got.numpy().tobytes() == expected.numpy().tobytes()
+    as_float32 = {j: {k: v.float() for k, v in m.items()} for j, m in inbox.items()}
+    assert mix("y", {k: v.float() for k, v in own.items()}, as_float32, ctx).dtype == torch.float32
+    algo, w = AcceleratedTracking(momentum=0.6), lazy(ctx)
+    state = AgentState(t=0, tensors={"x": vec(), "z": own["z"], "y": own["y"], "g": vec()})
+    nxt, out = algo.step(state, inbox, ctx)
+    x_next = (inbox[0]["z"] * w.weights[0] + own["z"] * w.weights[2]
+              + inbox[5]["z"] * w.weights[5]) - 0.037 * own["y"]
+    z_next = x_next + 0.6 * (x_next - state["x"])
+    y_next = (inbox[0]["y"] * w.weights[0] + own["y"] * w.weights[2]
+              + inbox[5]["y"] * w.weights[5]) + (ctx.oracle(z_next, 1) - state["g"])
+    for key, value in (("x", x_next), ("z", z_next), ("y", y_next)):
+        assert nxt[key].numpy().tobytes() == value.numpy().tobytes()
+    assert out["z"] is nxt["z"] and out["y"] is nxt["y"]
+
+
+def test_agt_step_takes_torchs_operations_for_an_oracle_that_gives_no_float64_vector() -> None:
+    from efpsn.algorithms.agt import lazy
+    from efpsn.algorithms.base import AgentState
+
+    def oracle(x: torch.Tensor, t: int) -> torch.Tensor:
+        return (x * 2.0).float()  # float32: torch's promotion, as before
+
+    ctx = StepContext(agent=0, weights={0: 0.5, 1: 0.5}, lr=0.1, oracle=oracle)
+    x = torch.linspace(-1, 1, 5, dtype=torch.float64)
+    state = AgentState(t=0, tensors={"x": x, "z": x, "y": x * 0.5, "g": x * 0.25})
+    inbox = {1: {"z": x + 1.0, "y": x - 1.0}}
+    nxt, _ = AcceleratedTracking(momentum=0.5).step(state, inbox, ctx)
+    w = lazy(ctx).weights
+    x_next = (x * w[0] + (x + 1.0) * w[1]) - 0.1 * (x * 0.5)
+    z_next = x_next + 0.5 * (x_next - x)
+    y_next = (x * 0.5 * w[0] + (x - 1.0) * w[1]) + (oracle(z_next, 1) - x * 0.25)
+    assert nxt["y"].dtype == torch.float64 and torch.equal(nxt["y"], y_next)
+    assert torch.equal(nxt["z"], z_next)

@@ -166,3 +166,25 @@ def test_the_defaults_resolve_to_every_parameter_and_a_fading_rate() -> None:
     with pytest.raises(ValueError, match="never converge"):
         RunConfig(refresh="every:2")
     assert RunConfig(refresh="every:2", algorithm="dsgd").refresh == Refresh.parse("every:2")
+
+
+def test_values_summed_as_floats_equal_the_integer_path_bit_for_bit() -> None:
+    """values() adds the edges' truncated terms as float64 (exact below 2^53) instead of as
+    int64: the same bytes as the integers' conversion, every round, in rounds where the fade's
+    exponent k(t) is 0 and where it is not, and fresh() still gives the integers."""
+    graph = build_graph("ring", 5, seed=0)
+    fast = masks(graph, noise_seed=7)
+    slow = masks(graph, noise_seed=7)
+    for mask in slow:
+        mask._float_exact = False
+    assert all(m._float_exact for m in fast)
+    rounds = [0, 1, 2, 3, 50, 400, 3000, 3001]
+    assert any(fast[0].exponent(t) for t in rounds) and not fast[0].exponent(0)
+    for t in rounds:
+        for a, b in zip(fast, slow, strict=True):
+            va, vb = a.values(t), b.values(t)
+            assert va.tobytes() == vb.tobytes() and va is not a.values(t)
+            assert np.array_equal(a.fresh(t)[0], b.fresh(t)[0])
+            integers, k = b.fresh(t)
+            assert np.array_equal(a._fresh_values(t)[0], integers.astype(np.float64))
+            assert a._fresh_values(t)[1] == k

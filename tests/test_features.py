@@ -95,3 +95,37 @@ def test_the_default_fixed_batch_is_the_tasks_gradient():
     value, grad = task.fixed_batch(images, labels)(x)
     ref_value, ref_grad = task.loss_and_grad(x, images, labels)
     assert value == ref_value and torch.equal(grad, ref_grad)
+
+
+@pytest.mark.parametrize("density", [0.19, 0.9])
+@pytest.mark.parametrize("clip", [0.0, 0.5])
+def test_fixed_gradient_is_fixed_batchs_gradient_bit_for_bit(density, clip):
+    task = make_task("logreg", l2=1e-2)
+    images, labels = batch(density, n=90, seed=6)
+    x = point(task.num_params, seed=7)
+    grad = task.fixed_gradient(images, labels, clip=clip)(x)
+    value, ref = task.fixed_batch(images, labels, clip=clip)(x)
+    assert torch.equal(grad, ref) and np.isfinite(value)
+    lenet, few = LeNetTask(), batch(0.5, n=4)  # the default: fixed_batch's second item
+    at = point(lenet.num_params)
+    assert torch.equal(lenet.fixed_gradient(*few)(at), lenet.fixed_batch(*few)(at)[1])
+
+
+def test_sparse_features_use_int32_indices_and_the_int64_products_bits():
+    images, _ = batch(0.19, n=200, seed=8)
+    flat = images.reshape(200, -1).numpy()
+    features = Features(flat, prepared=True)
+    assert features.sparse
+    for csr in (features._rows, features._cols):
+        assert csr.crow_indices().dtype == torch.int32 and csr.col_indices().dtype == torch.int32
+    rng = np.random.default_rng(9)
+    weight, residual = rng.normal(size=(10, 784)), rng.normal(size=(10, 200))
+    wide = torch.from_numpy(flat).to_sparse_csr()  # int64 indices, as before
+    assert wide.crow_indices().dtype == torch.int64
+    expected = torch.sparse.mm(wide, torch.from_numpy(np.ascontiguousarray(weight.T))).numpy().T
+    assert np.array_equal(features.scores(weight), expected)
+    out = np.empty((10, 784))
+    features.weigh(residual, out=out)
+    cols = torch.from_numpy(np.ascontiguousarray(flat.T)).to_sparse_csr()
+    expected = torch.sparse.mm(cols, torch.from_numpy(np.ascontiguousarray(residual.T))).numpy().T
+    assert np.array_equal(out, expected)

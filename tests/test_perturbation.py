@@ -292,3 +292,33 @@ def test_linear_part_by_one_gather_equals_the_scatter_bit_for_bit() -> None:
         expected = np.zeros(m)
         np.add.at(expected, variables[rows, 0], coeffs[rows])
         assert new._linear.numpy().tobytes() == expected.tobytes()
+
+
+def test_direct_linear_part_equals_the_sparse_product_bit_for_bit() -> None:
+    """Legendre's K = 1 system is a scaled permutation: the linear part and the constant come
+    from one product per coefficient (p_r = 0 + C_kr eta_k); they must equal the sparse product
+    C^T eta's, -0.0 turned into 0.0 as before, and the monomial coefficients stay available."""
+    rng = np.random.default_rng(12)
+    system = OrthonormalSystem.from_monomials(choose_monomials(m=40, K=1, N=41, seed=4),
+                                              measure="uniform")
+    pert = FunctionalPerturbation(system=system, indices=np.arange(40), eta=np.ones(41))
+    assert pert._direct is not None
+    for _ in range(5):
+        eta = rng.normal(size=41) * 10.0 ** rng.integers(-12, 12, size=41)
+        eta[rng.integers(0, 41, size=4)] = -0.0
+        given = eta.copy()
+        new = pert.with_eta(given, owned=True)
+        assert new.eta is given and not new.eta.flags.writeable
+        coeffs = system.monomial_coefficients(eta)
+        order = pert._linear_order
+        assert new._linear.numpy().tobytes() == (coeffs[order] + 0.0).tobytes()
+        assert new._constant == float(coeffs[pert._constant_rows].sum())
+        assert new._p.numpy().tobytes() == coeffs.tobytes()
+        x = torch.from_numpy(rng.uniform(-1, 1, 40))
+        grad = torch.from_numpy(rng.normal(size=40))
+        expected = new.add_gradient(grad, x)
+        assert new.add_gradient_(grad, x) is grad and torch.equal(grad, expected)
+    other = OrthonormalSystem.from_monomials(choose_monomials(m=6, K=1, N=5, seed=3),
+                                             measure="uniform")
+    assert FunctionalPerturbation(system=other, indices=np.arange(6),
+                                  eta=np.ones(5))._direct is None  # a variable left out

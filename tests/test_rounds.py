@@ -118,3 +118,25 @@ def test_the_worst_of_measures_nobody_could_compute_is_nan() -> None:
     merged = worst([{"step": 0.5, "tracker": math.nan}, {"step": 2.0, "tracker": math.nan},
                     {"step": 1.0}])
     assert merged["step"] == 2.0 and math.isnan(merged["tracker"])
+
+
+def test_a_rounds_context_is_reused_while_context_and_step_size_hold() -> None:
+    """RoundDriver builds round t's context once per (context, step size): the same object
+    while they hold (so agt's lazy weights are built once), a new one for a new step size, a
+    new context (a departure's) or a step size of the other sign of zero."""
+    import dataclasses
+
+    sizes = {0: 0.1, 1: 0.1, 2: 0.2, 3: 0.0, 4: -0.0, 5: -0.0}
+    driver = _driver("agt", iterations=8)
+    driver.schedule = lambda t: sizes.get(t, 0.3)
+    seen = [driver._round_context(t) for t in range(6)]
+    assert seen[0] is seen[1] and seen[1] is not seen[2] and seen[3] is not seen[4]
+    assert seen[4] is seen[5] and [c.lr for c in seen] == [sizes[t] for t in range(6)]
+    assert math.copysign(1.0, seen[4].lr) == -1.0
+    driver.context = dataclasses.replace(driver.context, weights={0: 0.25, 1: 0.75})
+    again = driver._round_context(5)
+    assert again is not seen[5] and again.weights == {0: 0.25, 1: 0.75}
+    algorithm = driver.algorithm
+    assert algorithm.mixing(again) is algorithm.mixing(again)
+    assert algorithm.mixing(again).weights == {0: 0.625, 1: 0.375}
+    assert algorithm.mixing(seen[0]).weights == {0: 0.75, 1: 0.25}

@@ -6,9 +6,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
-from efpsn.algorithms.base import AgentState, Message, StepContext, check_inbox, mix
+from efpsn.algorithms.base import (
+    AgentState,
+    Message,
+    StepContext,
+    check_inbox,
+    float64_arrays,
+    mix,
+)
 
 
 def lazy(ctx: StepContext) -> StepContext:
@@ -42,10 +50,21 @@ class AcceleratedTracking:
         if not (math.isfinite(momentum) and 0.0 <= momentum < 1.0):
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         self.momentum = momentum
+        # lazy(ctx) of the contexts seen last (a RoundDriver passes one object while its
+        # context and step size hold), by identity: id -> (ctx, lazy(ctx)); a few agents share
+        # one algorithm in the simulator
+        self._lazy: dict[int, tuple[StepContext, StepContext]] = {}
 
     def mixing(self, ctx: StepContext) -> StepContext:
-        """The weights the step mixes with."""
-        return lazy(ctx)
+        """The weights the step mixes with (lazy(ctx), built once per context object: a
+        context's weights are never changed in place, a new context is made instead)."""
+        held = self._lazy.get(id(ctx))
+        if held is None or held[0] is not ctx:
+            if len(self._lazy) >= 256:
+                self._lazy.clear()
+            held = (ctx, lazy(ctx))
+            self._lazy[id(ctx)] = held
+        return held[1]
 
     def init(self, x0: torch.Tensor, ctx: StepContext) -> tuple[AgentState, Message]:
         x = x0.clone()
@@ -59,10 +78,29 @@ class AcceleratedTracking:
         check_inbox(inbox, ctx, self.message_keys)
         w = self.mixing(ctx)
         own = {"z": state["z"], "y": state["y"]}
-        x_next = mix("z", own, inbox, w) - ctx.lr * state["y"]
-        z_next = x_next + self.momentum * (x_next - state["x"])
-        g_next = ctx.oracle(z_next, state.t + 1)
-        y_next = mix("y", own, inbox, w) + (g_next - state["g"])
+        x_next = mix("z", own, inbox, w)
+        arrays = float64_arrays([x_next, state["x"], state["y"], state["g"]])
+        if arrays is None:  # torch's operations (not float64 vectors)
+            x_next = x_next - ctx.lr * state["y"]
+            z_next = x_next + self.momentum * (x_next - state["x"])
+            g_next = ctx.oracle(z_next, state.t + 1)
+            y_next = mix("y", own, inbox, w) + (g_next - state["g"])
+        else:  # the same operations in place, numpy (base.float64_arrays: the same bits)
+            xn, x, y, g = arrays
+            scratch = np.multiply(y, ctx.lr)
+            np.subtract(xn, scratch, out=xn)  # x' = mix(z) - lr y
+            zn = np.subtract(xn, x)
+            zn *= self.momentum
+            np.add(xn, zn, out=zn)  # z' = x' + beta (x' - x)
+            z_next = torch.from_numpy(zn)
+            g_next = ctx.oracle(z_next, state.t + 1)
+            y_next = mix("y", own, inbox, w)
+            fresh = float64_arrays([y_next, g_next, state["g"]])
+            if fresh is None:  # an oracle that gives something else: torch's operations
+                y_next = y_next + (g_next - state["g"])
+            else:
+                np.subtract(fresh[1], g, out=scratch)
+                np.add(fresh[0], scratch, out=fresh[0])  # y' = mix(y) + (g' - g)
         nxt = AgentState(t=state.t + 1, tensors={"x": x_next, "z": z_next, "y": y_next,
                                                  "g": g_next})
         return nxt, {"y": y_next, "z": z_next}
@@ -82,7 +120,7 @@ class AcceleratedTracking:
         from zero cost more rounds than the tails saved). The tail's model is z
         (RoundDriver ends a certified tail with x = z)."""
         check_inbox(inbox, ctx, self.message_keys)
-        w = lazy(ctx) if lazy_mixing else ctx
+        w = self.mixing(ctx) if lazy_mixing else ctx
         own = {"z": state["z"], "y": state["y"]}
         x, z, g = state["x"], state["z"], state["g"]
         y = mix("y", own, inbox, w)

@@ -135,19 +135,43 @@ def check_inbox(inbox: Mapping[int, Message], ctx: StepContext, keys: tuple[str,
 def mix(
     key: str, own: Message, inbox: Mapping[int, Message], ctx: StepContext
 ) -> torch.Tensor:
-    """sum_j w_ij v_j over j in N_i and i itself, always in ascending agent order.
+    """sum_j w_ij v_j over j in N_i and i itself, always in ascending agent order: a new
+    tensor, the caller's to change in place.
 
     The fixed order makes the floating-point result identical wherever the step runs
     (in-process simulator or networked agent), so both give bitwise-equal iterates. An
-    Aggregate inbox (secure aggregation) gives Aggregate.mixed.
-    """
+    Aggregate inbox (secure aggregation) gives Aggregate.mixed. float64 vectors are mixed by
+    numpy into one new array and one scratch array (the same products and sums, rounded the
+    same way, as torch's, without a tensor per term: float64_arrays)."""
     if isinstance(inbox, Aggregate):
         return inbox.mixed(key, own[key], ctx)
     messages = dict(inbox)
     messages[ctx.agent] = own
-    total: torch.Tensor | None = None
-    for j in sorted(messages):
-        term = messages[j][key] * ctx.weights[j]
-        total = term if total is None else total + term
-    assert total is not None
-    return total
+    order = sorted(messages)
+    arrays = float64_arrays([messages[j][key] for j in order])
+    if arrays is None:
+        total: torch.Tensor | None = None
+        for j in order:
+            term = messages[j][key] * ctx.weights[j]
+            total = term if total is None else total + term
+        assert total is not None
+        return total
+    mixed = np.multiply(arrays[0], ctx.weights[order[0]])
+    scratch = np.empty_like(mixed)
+    for j, values in zip(order[1:], arrays[1:], strict=True):
+        np.multiply(values, ctx.weights[j], out=scratch)
+        np.add(mixed, scratch, out=mixed)
+    return torch.from_numpy(mixed)
+
+
+def float64_arrays(tensors: list[torch.Tensor]) -> list[np.ndarray] | None:
+    """The tensors' numpy views when every one is a float64 CPU tensor of one shape without
+    autograd (a step's vectors), else None (the caller keeps torch's operations). numpy's and
+    torch's elementwise float64 products, sums and differences are the same IEEE operations,
+    so the bits agree; numpy's cost less per call and write into given arrays."""
+    first = tensors[0]
+    for t in tensors:
+        if (t.dtype != torch.float64 or t.device.type != "cpu" or t.requires_grad
+                or t.shape != first.shape):
+            return None
+    return [t.numpy() for t in tensors]

@@ -51,10 +51,7 @@ class Features:
             return
         density = np.count_nonzero(features) / max(1, features.size)
         if density <= SPARSE_DENSITY:
-            with warnings.catch_warnings():  # torch calls its sparse CSR support a beta
-                warnings.simplefilter("ignore", UserWarning)
-                self._rows = torch.from_numpy(np.ascontiguousarray(features)).to_sparse_csr()
-                self._cols = torch.from_numpy(np.ascontiguousarray(features.T)).to_sparse_csr()
+            self._rows, self._cols = _csr(features), _csr(features.T)
             self.sparse = True
         else:
             self._transposed = np.ascontiguousarray(features.T)
@@ -82,3 +79,18 @@ class Features:
         if self._norms is None:
             self._norms = np.sqrt((self.dense * self.dense).sum(axis=1) + 1.0)
         return self._norms
+
+
+def _csr(matrix: np.ndarray) -> torch.Tensor:
+    """`matrix` as a torch CSR tensor, with int32 row and column indices when they fit: MKL's
+    sparse product then reads 12 bytes a non-zero instead of 16 (800 x 784 at 19%: 0.20 against
+    0.22 ms for W X^T, 0.21 against 0.29 ms for R^T X, with the five agents' features evicting
+    each other from the caches), in the same order, so the same bits (tests/test_features.py)."""
+    with warnings.catch_warnings():  # torch calls its sparse CSR support a beta
+        warnings.simplefilter("ignore", UserWarning)
+        full = torch.from_numpy(np.ascontiguousarray(matrix)).to_sparse_csr()
+        if full.values().numel() >= 2**31 or max(full.shape) >= 2**31:
+            return full
+        return torch.sparse_csr_tensor(full.crow_indices().to(torch.int32),
+                                       full.col_indices().to(torch.int32), full.values(),
+                                       full.shape)

@@ -99,36 +99,61 @@ class LogisticRegressionTask(Task):
         """Task.fixed_batch with the features prepared once (efpsn/tasks/features.py: sparse
         rows and columns, or a contiguous X^T): the same values as loss_and_grad up to the
         rounding of the two products, and the same bits at every call and in every process."""
+        batch = self._prepared(images, labels, clip)
+        return lambda x: self._loss_and_grad(x, *batch, clip=clip)
+
+    def fixed_gradient(
+        self, images: torch.Tensor, labels: torch.Tensor, *, clip: float = 0.0
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Task.fixed_gradient: fixed_batch's gradient, the same bits, without the loss (its
+        logarithms, the labels' scores and ||x||^2 are skipped)."""
+        batch = self._prepared(images, labels, clip)
+        return lambda x: self._loss_and_grad(x, *batch, clip=clip, loss=False)[1]
+
+    def _prepared(self, images: torch.Tensor, labels: torch.Tensor,
+                  clip: float) -> tuple[Features, np.ndarray, np.ndarray]:
+        """The batch's features prepared once, its labels, and where each sample's label sits
+        in the flattened (C, B) scores (one 1-D gather instead of a 2-D one at every call)."""
         self._check_batch(images, labels)
         if clip > 0:
             check_clip(clip)
         flat = images.detach().reshape(images.shape[0], self.features).contiguous().numpy()
-        features, rows = Features(flat, prepared=True), labels.numpy().copy()
-        return lambda x: self._loss_and_grad(x, features, rows, clip=clip)
+        rows = labels.numpy().copy()
+        return (Features(flat, prepared=True), rows,
+                rows * len(rows) + np.arange(len(rows), dtype=rows.dtype))
 
-    def _loss_and_grad(self, x: torch.Tensor, features: Features, rows: np.ndarray, *,
-                       clip: float) -> tuple[float, torch.Tensor]:
+    def _loss_and_grad(self, x: torch.Tensor, features: Features, rows: np.ndarray,
+                       at: np.ndarray | None = None, *, clip: float,
+                       loss: bool = True) -> tuple[float, torch.Tensor]:
+        """The loss (NaN when not `loss`) and the gradient; `at`: the labels' places in the
+        flattened (C, B) scores (rows * B + column), when the caller prepared them."""
         zt = self._shifted_scores(x, features)
         batch = zt.shape[1]
-        cols = np.arange(batch)
-        picked = zt[rows, cols].sum()  # sum_r (z_r[y_r] - max_r)
+        flat = zt.reshape(-1)  # a view: zt is C-contiguous
+        if at is None:
+            at = rows * batch + np.arange(batch)
+        ce = math.nan
+        if loss:
+            picked = flat[at].sum()  # sum_r (z_r[y_r] - max_r)
         np.exp(zt, out=zt)
         norm = zt.sum(axis=0)
-        ce = (np.log(norm).sum() - picked) / batch  # lse_r - z_r[y_r] = log(norm_r) - picked_r
+        if loss:  # lse_r - z_r[y_r] = log(norm_r) - picked_r
+            ce = (np.log(norm).sum() - picked) / batch
         if clip > 0:
             zt /= norm  # softmax, then the residual P - Y
-            zt[rows, cols] -= 1.0
+            flat[at] -= 1.0
             sizes = np.sqrt((zt * zt).sum(axis=0)) * features.norms_with_bias()
             zt *= np.minimum(1.0, clip / np.maximum(sizes, 1e-300)) / batch
         else:  # residual R^T = (softmax(Z) - Y)^T / B, in place
-            zt /= norm * batch
-            zt[rows, cols] -= 1.0 / batch
-        return self._assemble(x, zt, features, ce)
+            norm *= batch
+            zt /= norm
+            flat[at] -= 1.0 / batch
+        return self._assemble(x, zt, features, ce, loss=loss)
 
     def _assemble(self, x: torch.Tensor, residual: np.ndarray, features: Features,
-                  ce: float) -> tuple[float, torch.Tensor]:
+                  ce: float, *, loss: bool = True) -> tuple[float, torch.Tensor]:
         """The loss and gradient from the (scaled) residual R^T: weights R^T X, biases R^T 1,
-        plus the l2 term."""
+        plus the l2 term (its value only with `loss`)."""
         grad = np.empty(self.num_params, dtype=np.float64)
         k = self._split
         features.weigh(residual, out=grad[:k].reshape(self.classes, self.features))
@@ -137,7 +162,8 @@ class LogisticRegressionTask(Task):
         if self.l2:
             x_np = x.detach().numpy()
             grad += self.l2 * x_np
-            value += 0.5 * self.l2 * float(x_np @ x_np)
+            if loss:
+                value += 0.5 * self.l2 * float(x_np @ x_np)
         return value, torch.from_numpy(grad)
 
     def hessian_vector_product(

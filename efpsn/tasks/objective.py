@@ -210,6 +210,15 @@ class Task:
             return lambda x: self.clipped_loss_and_grad(x, images, labels, clip=clip)
         return lambda x: self.loss_and_grad(x, images, labels)
 
+    def fixed_gradient(
+        self, images: torch.Tensor, labels: torch.Tensor, *, clip: float = 0.0
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """x -> fixed_batch's gradient alone (the round oracle's: the loss is for the
+        evaluation only), a new tensor at every call (the caller may change it in place). A
+        task may skip computing the loss; the default does not."""
+        fixed = self.fixed_batch(images, labels, clip=clip)
+        return lambda x: fixed(x)[1]
+
     def clipped_loss_and_grad(
         self, x: torch.Tensor, images: torch.Tensor, labels: torch.Tensor, *, clip: float
     ) -> tuple[float, torch.Tensor]:
