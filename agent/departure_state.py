@@ -23,7 +23,7 @@ from typing import Any
 
 from agent import fixed_terms, rejoin_state
 from efpsn.departure import Departure
-from efpsn.jsonfile import read_json, write_json
+from efpsn.jsonfile import read_run_json, write_json
 
 __all__ = ["FILE", "discard", "load", "save"]
 
@@ -59,9 +59,7 @@ def load(folder: str | Path, *, run_id: str) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        payload = read_json(path)
-        if payload.get("format") != FORMAT or payload.get("run_id") != run_id:
-            raise ValueError(f"it belongs to run {payload.get('run_id')!r}, not {run_id!r}")
+        payload = read_run_json(path, fmt=FORMAT, run_id=run_id)
         return {
             "epoch": int(payload["epoch"]), "events": list(payload["events"]),
             "adopted": bool(payload.get("adopted", True)),

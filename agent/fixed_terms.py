@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from efpsn import paillier
-from efpsn.jsonfile import read_json, write_json
+from efpsn.jsonfile import read_run_json, write_json
 from efpsn.masking import MaskCoefficients, Masker
 from efpsn.refresh import FixedMask
 
@@ -121,9 +121,7 @@ class EdgeTerms:
         if not path.exists():
             raise ValueError(f"no per-edge terms of the fixed mask in {path}")
         try:
-            payload: dict[str, Any] = read_json(path)
-            if payload.get("format") != FORMAT or payload.get("run_id") != run_id:
-                raise ValueError(f"it belongs to run {payload.get('run_id')!r}, not {run_id!r}")
+            payload: dict[str, Any] = read_run_json(path, fmt=FORMAT, run_id=run_id)
             known = {int(j): (tuple(int(z) for z in out), tuple(int(z) for z in back))
                      for j, (out, back) in payload["terms"].items()}
             phase_one = {int(j) for j in payload["phase_one"]}

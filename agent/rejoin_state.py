@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from efpsn import paillier
-from efpsn.jsonfile import read_json, write_json
+from efpsn.jsonfile import read_run_json, write_json
 
 __all__ = ["FILE", "ExchangeState", "discard"]
 
@@ -76,9 +76,7 @@ class ExchangeState:
         if not path.exists():
             return None
         try:
-            payload = read_json(path)
-            if payload.get("format") != FORMAT or payload.get("run_id") != run_id:
-                raise ValueError(f"it belongs to run {payload.get('run_id')!r}, not {run_id!r}")
+            payload = read_run_json(path, fmt=FORMAT, run_id=run_id)
             state = cls(folder, payload)
             if (int(payload["epoch"]) != epoch or int(payload["rebase_round"]) != rebase_round
                     or payload["joiners"] != {str(n): int(j) for n, j in joiners.items()}):

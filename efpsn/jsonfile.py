@@ -37,6 +37,15 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     return json_numbers(json.loads(Path(path).read_text()))
 
 
+def read_run_json(path: str | os.PathLike[str], *, fmt: int | str, run_id: str) -> Any:
+    """A state file of one run (an agent's departures, new edges, per-edge terms): read_json's
+    payload, ValueError when its "format" is not `fmt` or it belongs to another run."""
+    payload = read_json(path)
+    if payload.get("format") != fmt or payload.get("run_id") != run_id:
+        raise ValueError(f"it belongs to run {payload.get('run_id')!r}, not {run_id!r}")
+    return payload
+
+
 def write_json(path: str | os.PathLike[str], payload: Any, *, mode: int | None = None,
                sync: bool = False) -> None:
     """Write strict JSON atomically (temp file then rename): a crash never leaves half a file.

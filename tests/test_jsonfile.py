@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from efpsn.jsonfile import read_json, write_json
+from efpsn.jsonfile import read_json, read_run_json, write_json
 
 
 def test_non_finite_numbers_round_trip_as_strict_json(tmp_path: Path) -> None:
@@ -43,3 +43,13 @@ def test_sync_fsyncs_the_file_and_its_folder(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(os, "fsync", spy)
     write_json(tmp_path / "d.json", {"v": 1}, mode=0o600, sync=sync)
     assert synced == ([False, True] if sync else [])
+
+
+def test_a_run_state_file_is_read_only_for_its_own_run_and_format(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    write_json(path, {"format": 2, "run_id": "run-a", "v": 1})
+    assert read_run_json(path, fmt=2, run_id="run-a")["v"] == 1
+    with pytest.raises(ValueError, match="belongs to run 'run-a', not 'run-b'"):
+        read_run_json(path, fmt=2, run_id="run-b")
+    with pytest.raises(ValueError, match="belongs to run"):
+        read_run_json(path, fmt=3, run_id="run-a")  # another format of the same name
