@@ -95,19 +95,41 @@ def encode_round(message: Mapping[str, torch.Tensor], *, run_id: str, sender: st
         if not isinstance(name, str) or not name:
             raise WireError(f"tensor names must be non-empty strings, got {name!r}")
         dtype, array = wire_array(message[name])
-        tensor: list[bytes | memoryview] = []
-        _put(tensor, 1, [dtype.encode()])
-        if array.ndim:  # proto3: a repeated field is packed, an empty one absent
-            _put(tensor, 2, [b"".join(_varint(d) for d in array.shape)])
+        key = (name, dtype, array.shape)
+        head = _HEADS.get(key)
+        if head is None:
+            head = _named_tensor_head(name, dtype, array.shape, array.nbytes)
+            if len(_HEADS) >= 256:  # bounded: a run's messages have a few fixed tensors
+                _HEADS.clear()
+            _HEADS[key] = head
+        parts.append(head)
         if array.size:
-            _put(tensor, 3, [memoryview(array).cast("B")])
-        named: list[bytes | memoryview] = []
-        _put(named, 1, [name.encode()])
-        _put(named, 2, tensor)
-        _put(parts, 2, named)
+            parts.append(memoryview(array).cast("B"))
     if stop:  # packed sint32: zigzag varints
         _put(parts, 3, [b"".join(_varint((v << 1) ^ (v >> 31)) for v in stop)])
     return b"".join(parts)
+
+
+# (name, dtype, shape) -> the bytes of a NamedTensor field up to its data: the same every round
+_HEADS: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
+
+
+def _named_tensor_head(name: str, dtype: str, shape: tuple[int, ...], nbytes: int) -> bytes:
+    """A RoundMessage's tensors field (2) holding NamedTensor(name, Tensor(dtype, shape,
+    data of `nbytes`)), written up to where the data's bytes go (none: an empty data field is
+    absent in proto3)."""
+    tensor = _field(1, dtype.encode())
+    if shape:  # proto3: a repeated field is packed, an empty one absent
+        tensor += _field(2, b"".join(_varint(d) for d in shape))
+    if nbytes:
+        tensor += _varint(3 << 3 | 2) + _varint(nbytes)
+    named = _field(1, name.encode()) + _varint(2 << 3 | 2) + _varint(len(tensor) + nbytes) + tensor
+    return _varint(2 << 3 | 2) + _varint(len(named) + nbytes) + named
+
+
+def _field(field: int, value: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return _varint(field << 3 | 2) + _varint(len(value)) + value
 
 
 def _put(out: list[bytes | memoryview], field: int, value: list[bytes | memoryview]) -> None:
