@@ -38,7 +38,7 @@ class Mailbox:
 
     def __init__(self) -> None:
         self._boxes: dict[tuple[str, int], dict[str, Any]] = {}
-        self._changed = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None  # what a waiting `collect` awaits
         self._interrupt: BaseException | None = None
         self._awaited: tuple[tuple[str, int], frozenset[str]] | None = None  # what collect waits for
 
@@ -58,8 +58,8 @@ class Mailbox:
         box = self._boxes.setdefault(key, {})
         box[sender] = payload
         awaited = self._awaited
-        if awaited is None or (awaited[0] == key and awaited[1] <= box.keys()):
-            self._changed.set()
+        if awaited is not None and awaited[0] == key and awaited[1] <= box.keys():
+            self._wake()
 
     def has(self, kind: str, round_: int, sender: str) -> bool:
         return sender in self._boxes.get((kind, round_), {})
@@ -74,7 +74,12 @@ class Mailbox:
         stream to a neighbour broke, so messages it carried may have to be sent again before
         the neighbours can answer."""
         self._interrupt = reason
-        self._changed.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def size(self) -> int:
         """Number of buffered payloads (for tests of bounded memory)."""
@@ -106,12 +111,22 @@ class Mailbox:
             self._awaited = None
 
     async def _wait(self, remaining: float) -> None:
-        """Until the next put (or `remaining` seconds)."""
-        self._changed.clear()
-        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
-        # lands in the same loop iteration as a message, so a signalled agent would run on
+        """Until a put completes what `collect` waits for, an interrupt, or `remaining` seconds:
+        one future and one timer handle, no timeout context and no Event (not wait_for: on
+        Python 3.11 it swallows a cancellation that lands in the same loop iteration as a
+        message, so a signalled agent would run on; a cancellation here cancels the future
+        and propagates)."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(remaining, _release, waiter)
         try:
-            async with asyncio.timeout(remaining):
-                await self._changed.wait()
-        except TimeoutError:
-            pass
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+
+def _release(waiter: asyncio.Future[None]) -> None:
+    """The deadline of a wait: let `collect` look again (and name who is missing)."""
+    if not waiter.done():
+        waiter.set_result(None)

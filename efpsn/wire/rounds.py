@@ -169,10 +169,12 @@ def parse_round(pb: agent_pb2.RoundMessage, *, run_id: str, senders: Collection[
 
 
 def _all_finite(values: np.ndarray) -> bool:
-    """No NaN or infinity: a finite sum proves it in one cheap pass (NaN and infinities
-    propagate into the sum); an overflowing sum of finite values gets the full check."""
+    """No NaN or infinity: a finite sum of squares proves it in one pass (BLAS's dot, faster
+    than numpy's pairwise sum: a NaN or an infinity makes the dot NaN or infinite); a dot that
+    overflows on finite values (beyond about 1e154) gets the full check."""
+    flat = values.reshape(-1)
     with np.errstate(over="ignore", invalid="ignore"):
-        return bool(np.isfinite(values.sum())) or bool(np.isfinite(values).all())
+        return bool(np.isfinite(np.dot(flat, flat))) or bool(np.isfinite(values).all())
 
 
 def message_from_proto(
