@@ -672,3 +672,17 @@ def test_grpc_server_rejects_oversize_message() -> None:
             await server.stop(None)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("value", "finite"), [
+    (1.0, True), (1e200, True), (-1.7e308, True),  # a dot of squares that overflows: full check
+    (math.nan, False), (math.inf, False), (-math.inf, False)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_finiteness_check_of_a_received_tensor(value: float, finite: bool, dtype: type) -> None:
+    values = np.full(7850, 0.5, dtype=dtype)
+    with np.errstate(over="ignore"):
+        values[1234] = dtype(value)
+    if dtype is np.float32 and math.isfinite(value) and abs(value) > 3.4e38:
+        finite = False  # out of float32's range: stored as an infinity
+    assert rounds._all_finite(values) is finite
+    assert rounds._all_finite(values.reshape(2, 3925)) is finite
