@@ -1,7 +1,7 @@
 """Departures that cut the graph, through real processes (agent/rejoin.py, coordinator/
 departures.py): a path of 5 losing its middle agent, and a 5-ring losing two non-adjacent
 agents at once (killed -9 by tests/crash_hook (localnet.crash_at) on reaching round 201,
-never back). The coordinator's decision names the new edge's ends to each other (the rule of
+never back); and a party withdrawn on purpose (its agent stopped by SIGTERM there). The coordinator's decision names the new edge's ends to each other (the rule of
 efpsn.departure.rejoin_edges), they open a channel (mutual TLS names checked), run phase I's
 seed exchange for that edge under fresh Paillier keys before the re-base round, and mix from
 it on. The others exit 0 within 1e-6 of the remaining folders' optimum, and their iterates
@@ -40,7 +40,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _run(data: Path, out: Path, *, topology: str, victims: list[str]) -> dict[str, Any]:
+def _run(data: Path, out: Path, *, topology: str, victims: list[str],
+         at: int | str = CRASH_AT) -> dict[str, Any]:
     config = RunConfig(**{**inspect_data_dir(data).run_values(), "l2": 0.01,  # type: ignore[arg-type]
                           "iterations": 2000, "eval_every": 500, "key_bits": 2048,
                           "topology": topology, "round_timeout_seconds": ROUND_TIMEOUT})
@@ -48,7 +49,7 @@ def _run(data: Path, out: Path, *, topology: str, victims: list[str]) -> dict[st
     # the fork server's children inherit the crash hook from its environment (forked, not
     # started: a per-agent environment would not load it)
     with pytest.MonkeyPatch.context() as env:
-        for variable, value in crash_at(CRASH_AT, name=",".join(victims)).items():
+        for variable, value in crash_at(at, name=",".join(victims)).items():
             env.setenv(variable, value)
         summary = launch_local_network(
             config, results=out, data_dir=data, quiet=True, holdout=0.0,
@@ -110,3 +111,16 @@ def test_two_non_adjacent_agents_of_a_ring_gone(data: Path, tmp_path: Path) -> N
         == {(("agent1", "agent3"),)}
     assert run["survivors"] == ["agent1", "agent3", "agent5"]
     _equal_to_the_simulator(run)
+
+
+def test_a_party_withdrawn_on_purpose_leaves_like_a_silent_one(data: Path, tmp_path: Path) -> None:
+    # its operator stops agent3 (SIGTERM, as `kill` or Ctrl-C) before its round-201 message:
+    # its own handler stops it (exit 130, "interrupted"), nothing more is sent, its neighbours
+    # report it after the departure deadline and the other four finish on their optimum
+    run = _run(data, tmp_path / "run", topology="ring", victims=["agent3"], at=f"{CRASH_AT}~")
+    record = run["summary"]["departures"][0]
+    assert record["agent"] == "agent3" and record["new_edges"] == []
+    assert run["survivors"] == ["agent1", "agent2", "agent4", "agent5"]
+    assert run["summary"]["optimum_of"] == "the optimum of agents 1,2,4,5's objective"
+    _equal_to_the_simulator(run)
+    assert "interrupted" in (run["out"] / "logs" / "agent3.log").read_text()

@@ -14,6 +14,10 @@ and a checkpoint write). The agent's code knows nothing of it: this module wraps
 agent.exchange.RoundLink.exchange as that module is imported (the fork server's children
 inherit the wrapped class). tests/localnet.py's crash_at() gives the environment.
 
+T~ (a round followed by "~"): instead of dying, it sends itself SIGTERM there, as an operator
+who withdraws the party on purpose does (its own signal handling stops it, exit 130), and
+sends nothing more.
+
 T! (a round followed by "!"): it dies only once every neighbour's round-T message has come
 (each of them then holds its round T-1 message, without which it could not have computed
 round T): the departure round is T whatever the timing, where plain T leaves T-1 when a
@@ -131,15 +135,19 @@ def _wrap_phase_one(module: Any, who: str, at: str) -> None:
 
 
 def _wrap(module: Any, who: str, at: int | str) -> None:
-    if isinstance(at, str) and not at.endswith("!"):
+    if isinstance(at, str) and not at.endswith(("!", "~")):
         _wrap_phase_one(module, who, at)
         return
-    settled = isinstance(at, str)  # T!: after the neighbours' round-T messages
-    round_ = int(str(at).rstrip("!"))
+    settled = isinstance(at, str) and at.endswith("!")  # after the neighbours' round-T messages
+    stopped = isinstance(at, str) and at.endswith("~")  # SIGTERM: the operator stops it
+    round_ = int(str(at).rstrip("!~"))
     exchange = module.RoundLink.exchange
 
     async def crashing(self: Any, t: int, message: Any, *, final: bool = False) -> Any:
         if not final and t == round_ and (not who or self.name in who.split(",")):
+            if stopped:  # the agent's own handler stops it; nothing of round t is sent
+                os.kill(os.getpid(), signal.SIGTERM)
+                await asyncio.sleep(3600)
             if settled:
                 with contextlib.suppress(Exception):  # it dies all the same
                     await self.delivered()
@@ -186,7 +194,7 @@ if _SPEC:
     _specs = [_parse(part) for part in _SPEC.split(";")]
     if any(at == "adopt" for _, at in _specs):  # phase I's departures saved
         _MODULE = "agent.departure_state"
-    elif any(isinstance(at, str) and not at.endswith("!") for _, at in _specs):
+    elif any(isinstance(at, str) and not at.endswith(("!", "~")) for _, at in _specs):
         _MODULE = "agent.peers"  # a phase I step (keys, shares): the client side's method
     if _MODULE in sys.modules:
         for _who, _at in _specs:
