@@ -187,17 +187,23 @@ class FadingMask:
 
     def fresh(self, t: int) -> tuple[np.ndarray, int]:
         """Round t's fresh integers (int64, read-only) and k(t): the fresh part is
-        fresh / (10^P 2^k). Cached for the last round asked."""
+        fresh / (10^P 2^k). Cached for the last round asked. While the float sum is exact
+        (_float_exact) they are values()'s fresh floats converted, so a round whose integers
+        are checked too (the simulator's zero sum) runs each edge's keystream once."""
         if t != self._t:
-            exponent = self.exponent(t)
-            factor = math.ldexp(fade(self.rate, t), exponent)  # exact: a power of two
-            fresh = np.zeros(self.spec.num_coefficients, dtype=np.int64)
-            for sign, seed in self.edges:  # binomial_noise's words, weighted and truncated
-                term = self._scratch.term_of(seed, t, self.scales, factor)
-                if sign > 0:
-                    fresh += term
-                else:
-                    fresh -= term
+            if self._float_exact:  # values()'s exact float sum, converted: one keystream pass
+                values, exponent = self._fresh_values(t)
+                fresh = values.astype(np.int64)
+            else:
+                exponent = self.exponent(t)
+                factor = math.ldexp(fade(self.rate, t), exponent)  # exact: a power of two
+                fresh = np.zeros(self.spec.num_coefficients, dtype=np.int64)
+                for sign, seed in self.edges:  # binomial_noise's words, weighted, truncated
+                    term = self._scratch.term_of(seed, t, self.scales, factor)
+                    if sign > 0:
+                        fresh += term
+                    else:
+                        fresh -= term
             fresh.setflags(write=False)
             self._t, self._fresh, self._exponent = t, fresh, exponent
         return self._fresh, self._exponent
