@@ -135,16 +135,9 @@ async def _bare(me: str, other: str, folder: Path, ports: dict[str, int], rounds
             queue.put_nowait(request)
         return b""
 
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1 << 26), *EXTRA])
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "bench.Bare", {"Sink": grpc.stream_unary_rpc_method_handler(sink)}),))
     tls = TlsConfig.from_dir(folder / "tls", me)
-    server.add_secure_port(f"127.0.0.1:{ports[me]}", tls.server_credentials())
-    await server.start()
-    channel = open_channel(f"127.0.0.1:{ports[other]}", credentials=tls.channel_credentials(),
-                           server_name=other)
-    await channel.channel_ready()
-    stream = channel.stream_unary(SINK)()
+    server = await start_bare_server(tls, ports[me], sink)
+    channel, stream = await open_bare_stream(tls, other, ports[other])
     message = _message(me)
 
     async def one(t: int) -> None:
@@ -158,6 +151,27 @@ async def _bare(me: str, other: str, folder: Path, ports: dict[str, int], rounds
         stream.cancel()
         await channel.close()
         await server.stop(0)
+
+
+async def start_bare_server(tls: TlsConfig, port: int, sink: Any) -> grpc.aio.Server:
+    """A started grpc.aio server on 127.0.0.1:`port`, mutual TLS, with one client-stream method
+    (SINK) served by `sink(requests, context)`; the requests are raw bytes (no deserializer)."""
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1 << 26), *EXTRA])
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "bench.Bare", {"Sink": grpc.stream_unary_rpc_method_handler(sink)}),))
+    server.add_secure_port(f"127.0.0.1:{port}", tls.server_credentials())
+    await server.start()
+    return server
+
+
+async def open_bare_stream(tls: TlsConfig, other: str, port: int,
+                           metadata: tuple[tuple[str, str], ...] = ()) -> tuple[Any, Any]:
+    """A channel to `other`'s bare server (the project's channel options, mutual TLS) and a
+    client stream of raw bytes to its SINK, the channel ready."""
+    channel = open_channel(f"127.0.0.1:{port}", credentials=tls.channel_credentials(),
+                           server_name=other)
+    await channel.channel_ready()
+    return channel, channel.stream_unary(SINK)(metadata=metadata or None)
 
 
 async def _rounds(one: Any, rounds: int, ready: Path) -> dict[str, float]:

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from efpsn.algorithms import make_algorithm
@@ -41,12 +42,14 @@ from efpsn.simulator import make_mask_providers
 from efpsn.stopping import StopRule
 
 
-def drivers_for(data_dir: Path, agents: int) -> list[RoundDriver]:
-    """Every agent's RoundDriver of `efpsn up --data-dir D` (the defaults, resolved)."""
-    flags = argparse.ArgumentParser()
-    add_run_arguments(flags)
-    add_data_dir_arguments(flags)
-    args = flags.parse_args(["--data-dir", str(data_dir), "--agents", str(agents)])
+def drivers_for(data_dir: Path, agents: int, *, flags: Sequence[str] = (),
+                only: int | None = None) -> list[RoundDriver]:
+    """Every agent's RoundDriver of `efpsn up --data-dir D [flags]` (the defaults, resolved);
+    with `only`, that agent's alone (benchmarks/bench_ring_floor.py: one per process)."""
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    add_data_dir_arguments(parser)
+    args = parser.parse_args(["--data-dir", str(data_dir), "--agents", str(agents), *flags])
     config = config_from_args(args, resolve=False)
     local = load_data_dir(config, data_dir)
     config = config.resolved()
@@ -61,7 +64,7 @@ def drivers_for(data_dir: Path, agents: int) -> list[RoundDriver]:
                         context=StepContext(agent=i, weights=problem.agent_weights(i),
                                             lr=schedule(0),
                                             oracle=problem.objective(i, providers[i])))
-            for i in range(problem.n)]
+            for i in (range(problem.n) if only is None else [only])]
 
 
 def lockstep(drivers: list[RoundDriver], rounds: int) -> int:
