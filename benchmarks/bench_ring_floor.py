@@ -24,8 +24,9 @@ the same N rounds each (`--iterations`):
 (a) and (b) first run `--warmup` rounds of transport alone (not timed). CPU is every thread's of
 each process (time.process_time, CLOCK_PROCESS_CPUTIME_ID: what agent/node.py measures for
 (c)), per agent per round (the processes' mean); the phase's wall time is the slowest process's.
-Also measured, in this process: the step alone (bench_step's lockstep of every driver, N rounds
-from round 0) and the parse of one message. (b) is checked to compute the method: agent1's final
+Also measured: the step inside (b) (the CPU of the thread that calls RoundDriver.step, around
+it), and in this process the step alone (bench_step's lockstep of every driver, N rounds from
+round 0) and the parse of one message. (b) is checked to compute the method: agent1's final
 x after N rounds (sha256 of its float64 bytes) equals the lockstep's.
 """
 
@@ -114,18 +115,21 @@ async def _ring(args: argparse.Namespace) -> dict[str, Any]:
     first = encode_round(driver.outbox, run_id=RUN, sender=name, round_=0)
     for _ in range(args.warmup):
         await exchange(first)
-    step = args.variant == "b"
+    step, in_step = args.variant == "b", 0.0
+    clock = time.thread_time  # this thread's CPU: the step's, not gRPC's threads'
     cpu, wall = time.process_time(), time.perf_counter()
     for t in range(args.iterations):
         if step:
             received = await exchange(encode_round(driver.outbox, run_id=RUN, sender=name,
                                                    round_=t))
-            driver.step({j: inbox_entry(raw) for j, raw in zip(neighbours, received,
-                                                               strict=True)})
+            inbox = {j: inbox_entry(raw) for j, raw in zip(neighbours, received, strict=True)}
+            started = clock()
+            driver.step(inbox)
+            in_step += clock() - started
         else:
             await exchange(encode_round(driver.outbox, run_id=RUN, sender=name, round_=t))
     out = {"cpu": time.process_time() - cpu, "wall": time.perf_counter() - wall,
-           "t": driver.t, "sha256": x_sha256(driver)}
+           "in_step": in_step, "t": driver.t, "sha256": x_sha256(driver)}
     for stream in streams:  # the neighbours have read everything once their handlers return
         await stream.done_writing()
     for stream in streams:
@@ -166,7 +170,8 @@ def _ring_run(args: argparse.Namespace, variant: str, folder: Path, tag: str) ->
     if any(e["t"] != (args.iterations if variant == "b" else 0) for e in ends):
         raise RuntimeError(f"({variant}): rounds stepped {[e['t'] for e in ends]}")
     return {"cpu_ms": statistics.fmean(e["cpu"] for e in ends) * 1e3 / args.iterations,
-            "wall_s": max(e["wall"] for e in ends), "sha256": ends[0]["sha256"]}
+            "wall_s": max(e["wall"] for e in ends), "sha256": ends[0]["sha256"],
+            "step_ms": statistics.fmean(e["in_step"] for e in ends) * 1e3 / args.iterations}
 
 
 def _agents_run(args: argparse.Namespace, folder: Path, tag: str) -> dict[str, Any]:
@@ -231,6 +236,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if hi in variants and lo in variants:
             per_rep = [by_rep[(k, hi)] / by_rep[(k, lo)] for k in range(1, args.repeat + 1)]
             out[f"{hi}/{lo}"] = statistics.median(per_rep)
+    if "b" in variants:
+        out["step_in_ring_ms"] = statistics.median(r["step_ms"] for r in runs
+                                                   if r["variant"] == "b")
     if "a" in variants and "b" in variants:
         out["b_minus_a_ms"] = statistics.median(
             by_rep[(k, "b")] - by_rep[(k, "a")] for k in range(1, args.repeat + 1))
@@ -257,6 +265,9 @@ def report(out: dict[str, Any]) -> None:
         print(f"(b) - (a): {out['b_minus_a_ms']:.3f} ms per agent per round; the step alone "
               f"(lockstep, this process): {out['step_alone_ms']:.3f} ms; parse of one "
               f"{out['message_bytes']:,}-byte message {out['parse_us']:.1f} us")
+    if "step_in_ring_ms" in out:
+        print(f"the step inside (b) (its thread's CPU around RoundDriver.step): "
+              f"{out['step_in_ring_ms']:.3f} ms per agent per round")
     if "sha256" in out:
         s = out["sha256"]
         print(f"agent1's x after {out['rounds']} rounds: ring {', '.join(s['ring'])}; lockstep "

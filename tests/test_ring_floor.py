@@ -32,7 +32,7 @@ def test_ring_floor_benchmark_steps_the_method_and_measures_every_variant(tmp_pa
     assert sorted(r["variant"] for r in out["runs"]) == ["a", "b", "c"]
     for variant, row in out["median"].items():
         assert row["cpu_ms"] > 0 and row["wall_s"] > 0 and row["wall_ms"] > 0, (variant, row)
-    assert out["step_alone_ms"] > 0 and out["parse_us"] > 0
+    assert out["step_alone_ms"] > 0 and out["step_in_ring_ms"] > 0 and out["parse_us"] > 0
     assert out["message_bytes"] > 2 * 7850 * 8  # y and z, float64
     for key in ("c/b", "c/a", "b/a"):
         assert out[key] > 0, (key, out[key])
