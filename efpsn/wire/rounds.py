@@ -21,7 +21,7 @@ import xxhash
 from efpsn.stopping import CEILING, FLOOR, STOP_KEY, TERMS
 from efpsn.wire import limits
 from efpsn.wire.records import Phase, WireError, make_header, validate_header
-from efpsn.wire.serde import tensor_from_parts, tensor_to_proto, wire_array
+from efpsn.wire.serde import array_from_parts, tensor_to_proto, wire_array
 from efpsn.wire.v1 import agent_pb2
 
 __all__ = [
@@ -40,11 +40,13 @@ __all__ = [
 @dataclass(frozen=True)
 class RoundRecord:
     """A neighbour's round message that passed every wire check: who sent it, for which round,
-    its float64 tensors by name, and the keyed digest of its content (header excluded)."""
+    its float64 tensors by name as READ-ONLY arrays over the received bytes (no copy: a write
+    raises ValueError; the stop integers, under STOP_KEY, a read-only int64 array), and the
+    keyed digest of its content (header excluded)."""
 
     sender: str
     round: int
-    tensors: dict[str, torch.Tensor]
+    tensors: dict[str, np.ndarray]
     digest: bytes
 
 
@@ -154,18 +156,21 @@ def parse_round(pb: agent_pb2.RoundMessage, *, run_id: str, senders: Collection[
     """Every wire check of a neighbour's round message, in one pass over its bytes: header
     (this run, phase OPTIMIZE, a sender in `senders`, round `round_` if given), exactly the
     tensors of `shapes` with those shapes, float64, finite; its digest keyed by `seed` (the
-    receiving ledger's, RoundLedger.seed). WireError says what is wrong."""
+    receiving ledger's, RoundLedger.seed). WireError says what is wrong. The tensors are
+    read-only views of the received bytes (RoundRecord)."""
     header = validate_header(pb.header, run_id=run_id, phase=Phase.OPTIMIZE, senders=senders,
                              round=round_)
-    tensors, digest = decode_round_message(pb, seed=seed, expected_shapes=shapes)
-    for name, tensor in tensors.items():
-        if tensor.dtype != torch.float64:
-            raise WireError(f"tensor {name!r} must be float64, got {tensor.dtype}")
-        if not _all_finite(tensor.numpy()):
+    arrays, digest = decode_round_message(pb, seed=seed, expected_shapes=shapes)
+    for name, array in arrays.items():
+        if array.dtype != np.float64:
+            raise WireError(f"tensor {name!r} must be float64, got {array.dtype}")
+        if not _all_finite(array):
             raise WireError(f"tensor {name!r} has non-finite entries")
     if pb.stop:
-        tensors[STOP_KEY] = torch.tensor(list(pb.stop), dtype=torch.int64)
-    return RoundRecord(sender=header.sender, round=header.round, tensors=tensors, digest=digest)
+        stop = np.array(pb.stop, dtype=np.int64)
+        stop.setflags(write=False)
+        arrays[STOP_KEY] = stop
+    return RoundRecord(sender=header.sender, round=header.round, tensors=arrays, digest=digest)
 
 
 def _all_finite(values: np.ndarray) -> bool:
@@ -186,10 +191,11 @@ def message_from_proto(
     """Decode a RoundMessage's tensors into {name: tensor} ordered by name.
 
     Names must be non-empty, unique and sorted. With expected_shapes, the names must be exactly
-    its keys and every tensor must have the given shape.
+    its keys and every tensor must have the given shape. The tensors are fresh and writable.
     """
-    return _decode_round(pb, max_elements=max_elements, expected_shapes=expected_shapes,
-                         digest=None)
+    arrays = _decode_round(pb, max_elements=max_elements, expected_shapes=expected_shapes,
+                           digest=None, view=False)
+    return {name: torch.from_numpy(array) for name, array in arrays.items()}
 
 
 def decode_round_message(
@@ -198,17 +204,20 @@ def decode_round_message(
     seed: int,
     max_elements: int = limits.MAX_TENSOR_ELEMENTS,
     expected_shapes: Mapping[str, Sequence[int]] | None = None,
-) -> tuple[dict[str, torch.Tensor], bytes]:
-    """message_from_proto and round_digest(pb, seed=seed) in one pass over the tensors' bytes."""
+) -> tuple[dict[str, np.ndarray], bytes]:
+    """message_from_proto's checks and round_digest(pb, seed=seed) in one pass over the tensors'
+    bytes; the tensors as read-only arrays over the bytes read from `pb` (no copy:
+    serde.array_from_parts)."""
     digest = _digester(seed)
-    tensors = _decode_round(pb, max_elements=max_elements, expected_shapes=expected_shapes,
-                            digest=digest)
-    return tensors, digest.digest()
+    arrays = _decode_round(pb, max_elements=max_elements, expected_shapes=expected_shapes,
+                           digest=digest, view=True)
+    return arrays, digest.digest()
 
 
 def _decode_round(pb: agent_pb2.RoundMessage, *, max_elements: int,
                   expected_shapes: Mapping[str, Sequence[int]] | None,
-                  digest: Any) -> dict[str, torch.Tensor]:
+                  digest: Any, view: bool) -> dict[str, np.ndarray]:
+    """The tensors as arrays: read-only views of their bytes (`view`), else fresh copies."""
     if not isinstance(pb, agent_pb2.RoundMessage):
         raise TypeError(f"expected efpsn.v1.RoundMessage, got {type(pb).__name__}")
     _check_stop(pb.stop)
@@ -226,14 +235,15 @@ def _decode_round(pb: agent_pb2.RoundMessage, *, max_elements: int,
         raise WireError(f"tensors must be sorted by name, got {_few(names)}")
     if expected_shapes is not None and set(names) != set(expected_shapes):
         raise WireError(f"message must carry tensors {sorted(expected_shapes)}, got {names}")
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, np.ndarray] = {}
     for named in pb.tensors:
         shape = None if expected_shapes is None else expected_shapes[named.name]
         tensor = named.tensor
         dtype, dims, data = tensor.dtype, tensor.shape, tensor.data
         try:
-            out[named.name] = tensor_from_parts(dtype, dims, data, max_elements=max_elements,
-                                                 expected_shape=shape)
+            array = array_from_parts(dtype, dims, data, max_elements=max_elements,
+                                     expected_shape=shape)
+            out[named.name] = array if view else array.copy()
         except WireError as exc:
             raise WireError(f"tensor {named.name!r}: {exc}") from None
         if digest is not None:
