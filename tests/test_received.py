@@ -14,7 +14,7 @@ from efpsn.algorithms import make_algorithm
 from efpsn.algorithms.base import StepContext, as_tensor, difference, float64_arrays
 from efpsn.rounds import progress
 from efpsn.stopping import CEILING, FLOOR, STOP_KEY
-from efpsn.wire.rounds import encode_round, parse_round
+from efpsn.wire.rounds import encode_round, parse_round, round_digest
 from efpsn.wire.v1 import agent_pb2
 
 SHAPES = {"y": (4,), "z": (4,)}
@@ -69,6 +69,18 @@ def test_a_received_tensor_is_a_read_only_view_and_a_write_raises() -> None:
     copied = as_tensor(got["y"])
     copied.add_(1.0)  # torch has no read-only tensors: as_tensor copies
     assert got["y"].tolist() == y.tolist()
+
+
+def test_a_received_digest_is_round_digest_of_the_message() -> None:
+    """parse_round's digest (its tensors' heads kept per run name and shape) is round_digest
+    of the same message, for one message, the next with the same names, and another."""
+    for round_, (a, b) in enumerate([("y", "z"), ("y", "z"), ("u", "v")]):
+        values = torch.arange(5, dtype=torch.float64) * (round_ + 1)
+        data = encode_round({a: values, b: -values}, run_id="r", sender="a", round_=round_)
+        pb = agent_pb2.RoundMessage.FromString(data)
+        record = parse_round(pb, run_id="r", senders={"a"}, shapes={a: (5,), b: (5,)}, seed=9)
+        assert record.digest == round_digest(pb, seed=9)
+        assert record.digest != round_digest(pb, seed=10)
 
 
 def test_the_received_bytes_live_as_long_as_the_views() -> None:

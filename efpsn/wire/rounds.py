@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -161,11 +162,12 @@ def parse_round(pb: agent_pb2.RoundMessage, *, run_id: str, senders: Collection[
     header = validate_header(pb.header, run_id=run_id, phase=Phase.OPTIMIZE, senders=senders,
                              round=round_)
     arrays, digest = decode_round_message(pb, seed=seed, expected_shapes=shapes)
-    for name, array in arrays.items():
-        if array.dtype != np.float64:
-            raise WireError(f"tensor {name!r} must be float64, got {array.dtype}")
-        if not _all_finite(array):
-            raise WireError(f"tensor {name!r} has non-finite entries")
+    with np.errstate(over="ignore", invalid="ignore"):  # once for the message's tensors
+        for name, array in arrays.items():
+            if array.dtype != np.float64:
+                raise WireError(f"tensor {name!r} must be float64, got {array.dtype}")
+            if not _finite(array):
+                raise WireError(f"tensor {name!r} has non-finite entries")
     if pb.stop:
         stop = np.array(pb.stop, dtype=np.int64)
         stop.setflags(write=False)
@@ -177,9 +179,14 @@ def _all_finite(values: np.ndarray) -> bool:
     """No NaN or infinity: a finite sum of squares proves it in one pass (BLAS's dot, faster
     than numpy's pairwise sum: a NaN or an infinity makes the dot NaN or infinite); a dot that
     overflows on finite values (beyond about 1e154) gets the full check."""
-    flat = values.reshape(-1)
     with np.errstate(over="ignore", invalid="ignore"):
-        return bool(np.isfinite(np.dot(flat, flat))) or bool(np.isfinite(values).all())
+        return _finite(values)
+
+
+def _finite(values: np.ndarray) -> bool:
+    """_all_finite, called where numpy's overflow and invalid warnings are off (np.errstate)."""
+    flat = values.reshape(-1)
+    return math.isfinite(np.dot(flat, flat)) or bool(np.isfinite(values).all())
 
 
 def message_from_proto(
@@ -246,7 +253,10 @@ def _decode_round(pb: agent_pb2.RoundMessage, *, max_elements: int,
             out[named.name] = array if view else array.copy()
         except WireError as exc:
             raise WireError(f"tensor {named.name!r}: {exc}") from None
-        if digest is not None:
+        if digest is not None and expected_shapes is not None:  # the run's names and shapes
+            digest.update(_digest_head(named.name, dtype, array.shape, len(data)))
+            digest.update(data)
+        elif digest is not None:
             _digest_tensor(digest, named.name, dtype, dims, data)
     if digest is not None:
         _digest_stop(digest, pb.stop)
@@ -300,10 +310,32 @@ def _digest_stop(h: Any, stop: Sequence[int]) -> None:
 def _digest_tensor(h: Any, name: str, dtype: str, dims: Sequence[int], data: bytes) -> None:
     """Feed one named tensor to a round digest: every field length-prefixed, so no two
     different messages feed the same bytes (the small fields in one update, then the data)."""
-    fields = [name.encode(), dtype.encode(), b",".join(b"%d" % d for d in dims)]
-    h.update(b"".join(len(part).to_bytes(8, "big") + part for part in fields)
-             + len(data).to_bytes(8, "big"))
+    h.update(_head_of(name, dtype, dims, len(data)))
     h.update(data)
+
+
+def _head_of(name: str, dtype: str, dims: Sequence[int], nbytes: int) -> bytes:
+    """What _digest_tensor feeds before a tensor's data: its name, dtype and dimensions, each
+    length-prefixed, and the data's length."""
+    fields = [name.encode(), dtype.encode(), b",".join(b"%d" % d for d in dims)]
+    return (b"".join(len(part).to_bytes(8, "big") + part for part in fields)
+            + nbytes.to_bytes(8, "big"))
+
+
+def _digest_head(name: str, dtype: str, shape: tuple[int, ...], nbytes: int) -> bytes:
+    """_head_of, kept for (name, dtype, shape): the same every round of a run, whose names and
+    shapes are its own (decode with expected shapes only: no outsider fills this; bounded)."""
+    key = (name, dtype, shape, nbytes)
+    head = _DIGEST_HEADS.get(key)
+    if head is None:
+        head = _head_of(name, dtype, shape, nbytes)
+        if len(_DIGEST_HEADS) >= 256:
+            _DIGEST_HEADS.clear()
+        _DIGEST_HEADS[key] = head
+    return head
+
+
+_DIGEST_HEADS: dict[tuple[str, str, tuple[int, ...], int], bytes] = {}
 
 
 def round_request(*, header: Any) -> agent_pb2.RoundRequest:
