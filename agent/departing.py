@@ -31,7 +31,7 @@ from agent.phase_one_leave import Decided, PhaseOneDecision
 from agent.rejoin import Rejoin
 from agent.session import Session
 from agent.state import StateStore
-from efpsn.algorithms.base import Message
+from efpsn.algorithms.base import Received
 from efpsn.departure import Departure, drop_node_weights, optimum_of, rebase, reconfigure
 from efpsn.departure_masks import add_seeds, drop_seeds, reseeded
 from efpsn.fading import FadingMask
@@ -307,7 +307,7 @@ class Silence:
         return sorted(missing)
 
     async def recover(self, t: int, failure: AgentFailure, driver: RoundDriver,
-                      link: RoundLink) -> dict[int, Message] | None:
+                      link: RoundLink) -> dict[int, Received] | None:
         """Round t's inbox after the departures the coordinator decides; `failure` (or a later
         one) when there is none to decide; None when the run had stopped (the driver ends at
         the check round: LocalDepartures.stop)."""

@@ -21,7 +21,7 @@ from agent.options import AgentFailure
 from agent.outbox import Outbox
 from agent.peers import Peers
 from agent.resume import Replay
-from efpsn.algorithms.base import Message
+from efpsn.algorithms.base import Message, Received
 from efpsn.wire.rounds import encode_round
 
 __all__ = ["RoundLink"]
@@ -57,7 +57,7 @@ class RoundLink:
         self._sent: tuple[int, float | None] = (-1, None)
 
     async def exchange(self, t: int, message: Message, *, final: bool = False
-                       ) -> dict[int, Message]:
+                       ) -> dict[int, Received]:
         """Send my round-t message to every neighbour while collecting theirs."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
@@ -91,7 +91,7 @@ class RoundLink:
         """A new neighbour (a departure cut the graph): my round messages go to it too."""
         self.neighbours = sorted({*self.neighbours, name})
 
-    async def recollect(self, t: int, message: Message) -> dict[int, Message]:
+    async def recollect(self, t: int, message: Message) -> dict[int, Received]:
         """After a departure was decided during round t: deliver my rounds t - 1 and t again to
         the remaining neighbours, acknowledged (a delivery cut short by the silent neighbour's
         failure may have missed one; a copy already received is acknowledged as a duplicate),
@@ -110,7 +110,7 @@ class RoundLink:
                                          for n in self.neighbours)
         return await self._collect(t, deadline)
 
-    async def _collect(self, t: int, deadline: float) -> dict[int, Message]:
+    async def _collect(self, t: int, deadline: float) -> dict[int, Received]:
         """The neighbours' round-t messages by `deadline` (the loop's clock), mending a stream
         that breaks while we wait."""
         loop = asyncio.get_running_loop()

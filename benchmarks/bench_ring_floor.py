@@ -16,9 +16,10 @@ the same N rounds each (`--iterations`):
   (b) transport + the real step: each process owns its agent's RoundDriver of
       `efpsn up --data-dir D --iterations N` (benchmarks/bench_step.py's drivers_for: the
       defaults, masks from make_mask_providers with noise seed 0), and per round encodes its
-      outbox once, writes it to every neighbour, waits for theirs, parses them (protobuf,
-      tensors: message_from_proto, the stop integers) into the driver's inbox and steps. No
-      checks, ledger, log, checkpoints, evaluation;
+      outbox once, writes it to every neighbour, waits for theirs, parses them (protobuf, each
+      tensor a read-only array over its bytes as the agent's parse_round makes it, the stop
+      integers) into the driver's inbox and steps. No checks, ledger, log, checkpoints,
+      evaluation;
   (c) our agents: `efpsn up --data-dir D --quiet --iterations N --results TMP`, its summary.json
       (timings.agents_cpu_seconds_per_round / n, phase2_seconds).
 (a) and (b) first run `--warmup` rounds of transport alone (not timed). CPU is every thread's of
@@ -45,14 +46,16 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import torch
+import numpy as np
 from bench_round_path import _free_ports, open_bare_stream, start_bare_server
 from bench_step import drivers_for, lockstep
 
-from efpsn.rounds import RoundDriver, stop_tensor
+from efpsn.rounds import RoundDriver
 from efpsn.runtime import configure_threads, machine_load
 from efpsn.stopping import STOP_KEY
-from efpsn.wire.rounds import encode_round, message_from_proto
+from efpsn.wire.limits import MAX_TENSOR_ELEMENTS as MAX_ELEMENTS
+from efpsn.wire.rounds import encode_round
+from efpsn.wire.serde import array_from_parts
 from efpsn.wire.tls import TlsConfig, generate_certificates
 from efpsn.wire.v1 import agent_pb2
 
@@ -61,13 +64,18 @@ LABELS = {"a": "(a) bare ring, transport only", "b": "(b) bare ring + the real s
           "c": "(c) our agents (efpsn up)"}
 
 
-def inbox_entry(raw: bytes) -> dict[str, torch.Tensor]:
-    """A neighbour's round message as the driver takes it: protobuf parse, tensors, stop ints."""
+def inbox_entry(raw: bytes) -> dict[str, np.ndarray]:
+    """A neighbour's round message as the driver takes it, the minimum the agent's parse_round
+    also makes: protobuf's parse, each tensor a read-only array over its bytes
+    (serde.array_from_parts: no copy), the stop integers. None of parse_round's checks."""
     pb = agent_pb2.RoundMessage.FromString(raw)
-    tensors = message_from_proto(pb)
+    arrays = {named.name: array_from_parts(named.tensor.dtype, named.tensor.shape,
+                                           named.tensor.data, max_elements=MAX_ELEMENTS,
+                                           expected_shape=None)
+              for named in pb.tensors}
     if pb.stop:
-        tensors[STOP_KEY] = stop_tensor(pb.stop)
-    return tensors
+        arrays[STOP_KEY] = np.array(pb.stop, dtype=np.int64)
+    return arrays
 
 
 def x_sha256(driver: RoundDriver) -> str:

@@ -16,7 +16,15 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from efpsn.algorithms.base import AgentState, Aggregate, Algorithm, Message, StepContext
+from efpsn.algorithms.base import (
+    AgentState,
+    Aggregate,
+    Algorithm,
+    Message,
+    Received,
+    StepContext,
+    difference,
+)
 from efpsn.schedules import StepSize
 from efpsn.stopping import STOP_KEY, TERMS, StopRule, exponents, merge
 
@@ -40,7 +48,7 @@ def checkpoint_shapes(state_keys: Sequence[str], shape: tuple[int, ...], *,
     return shapes
 
 
-def progress(before: AgentState, state: AgentState, inbox: Mapping[int, Message],
+def progress(before: AgentState, state: AgentState, inbox: Mapping[int, Received],
              ctx: StepContext | None = None) -> dict[str, float]:
     """Convergence measures of one agent after a round, from what it holds:
 
@@ -63,7 +71,8 @@ def progress(before: AgentState, state: AgentState, inbox: Mapping[int, Message]
             raise ValueError("an aggregated inbox's gap needs the mixing weights")
         gaps = [float(torch.linalg.vector_norm(inbox.mean(key, ctx) - before[key]))]
     else:
-        gaps = [float(torch.linalg.vector_norm(m[key] - before[key])) for m in inbox.values()]
+        gaps = [float(torch.linalg.vector_norm(difference(m[key], before[key])))
+                for m in inbox.values()]
     out["gap"] = max(gaps) if gaps else 0.0
     if "y" in state.tensors:
         out["tracker"] = float(torch.linalg.vector_norm(state["y"]))
@@ -152,7 +161,7 @@ class RoundDriver:
                 **{CHECK_PREFIX + k: check[k] if check is not None else torch.zeros_like(v)
                    for k, v in self.state.tensors.items()}}
 
-    def step(self, inbox: Mapping[int, Message]) -> bool:
+    def step(self, inbox: Mapping[int, Received]) -> bool:
         """Consume the neighbours' round-t messages; True when round t + 1 is to be evaluated."""
         t = self.state.t
         before = self.state
@@ -260,13 +269,15 @@ def _tail_model(state: AgentState) -> AgentState:
     return AgentState(t=state.t, tensors={**state.tensors, "x": state["z"]})
 
 
-def _stop_of(sender: int, message: Message) -> tuple[int, ...]:
-    """A neighbour's stop integers of a check window (ValueError when it sent none)."""
+def _stop_of(sender: int, message: Received) -> tuple[int, ...]:
+    """A neighbour's stop integers of a check window (ValueError when it sent none): a tensor
+    in the simulator, a received read-only int64 array in the networked agent."""
     values = message.get(STOP_KEY)
-    if values is None or values.numel() != TERMS:
+    listed = [] if values is None else values.reshape(-1).tolist()
+    if len(listed) != TERMS:
         raise ValueError(f"neighbour {sender}'s message of a check window carries no stop "
                          "integers: the agents disagree on the run's stop rule")
-    return tuple(int(v) for v in values.tolist())
+    return tuple(int(v) for v in listed)
 
 
 def worst(measures: list[dict[str, float]]) -> dict[str, float]:

@@ -12,6 +12,7 @@ import torch
 from efpsn.algorithms.base import (
     AgentState,
     Message,
+    Received,
     StepContext,
     check_inbox,
     float64_arrays,
@@ -73,7 +74,7 @@ class AcceleratedTracking:
         return state, {"y": state["y"], "z": x}
 
     def step(
-        self, state: AgentState, inbox: Mapping[int, Message], ctx: StepContext
+        self, state: AgentState, inbox: Mapping[int, Received], ctx: StepContext
     ) -> tuple[AgentState, Message]:
         check_inbox(inbox, ctx, self.message_keys)
         w = self.mixing(ctx)
@@ -105,7 +106,7 @@ class AcceleratedTracking:
                                                  "g": g_next})
         return nxt, {"y": y_next, "z": z_next}
 
-    def tail_step(self, kind: str, state: AgentState, inbox: Mapping[int, Message],
+    def tail_step(self, kind: str, state: AgentState, inbox: Mapping[int, Received],
                   ctx: StepContext, *, lazy_mixing: bool) -> tuple[AgentState, Message]:
         """One step of a consensus tail (efpsn/tail.py), mixing with W (W' when
         `lazy_mixing`); every kind keeps sum_i y_i = sum_i g_i:

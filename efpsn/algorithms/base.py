@@ -14,6 +14,12 @@ from efpsn.aggregation import FRACTION_BITS, dequantise, quantise
 Message = dict[str, torch.Tensor]
 """What one agent sends its neighbours in one round: named flat tensors (e.g. "x", "y")."""
 
+Received = Mapping[str, "torch.Tensor | np.ndarray"]
+"""A neighbour's message as a step receives it: in the simulator the sender's own tensors, in
+the networked agent read-only float64 arrays over the received bytes (efpsn/wire/rounds.py,
+RoundRecord). A step reads them (mix, float64_arrays, difference) and never writes into them:
+a write into a received array raises."""
+
 GradientOracle = Callable[[torch.Tensor, int], torch.Tensor]
 """oracle(x, t) -> the agent's (masked, possibly stochastic) gradient at x for round t."""
 
@@ -63,9 +69,10 @@ class Algorithm(Protocol):
         ...
 
     def step(
-        self, state: AgentState, inbox: Mapping[int, Message], ctx: StepContext
+        self, state: AgentState, inbox: Mapping[int, Received], ctx: StepContext
     ) -> tuple[AgentState, Message]:
-        """Consume the neighbours' round-t messages; return the state at t + 1 and its message."""
+        """Consume the neighbours' round-t messages (read, never written into); return the
+        state at t + 1 and its message."""
         ...
 
 
@@ -109,7 +116,7 @@ class Aggregate(Mapping[int, Message]):
         return self.sums[key] / sum(ctx.weights[j] for j in self.neighbours)
 
 
-def check_inbox(inbox: Mapping[int, Message], ctx: StepContext, keys: tuple[str, ...]) -> None:
+def check_inbox(inbox: Mapping[int, Received], ctx: StepContext, keys: tuple[str, ...]) -> None:
     """Raise ValueError unless the inbox holds exactly one well-formed message per neighbour
     (or, aggregated, the sum of every neighbour's)."""
     expected = set(ctx.neighbours)
@@ -133,7 +140,7 @@ def check_inbox(inbox: Mapping[int, Message], ctx: StepContext, keys: tuple[str,
 
 
 def mix(
-    key: str, own: Message, inbox: Mapping[int, Message], ctx: StepContext
+    key: str, own: Message, inbox: Mapping[int, Received], ctx: StepContext
 ) -> torch.Tensor:
     """sum_j w_ij v_j over j in N_i and i itself, always in ascending agent order: a new
     tensor, the caller's to change in place.
@@ -145,14 +152,14 @@ def mix(
     same way, as torch's, without a tensor per term: float64_arrays)."""
     if isinstance(inbox, Aggregate):
         return inbox.mixed(key, own[key], ctx)
-    messages = dict(inbox)
+    messages: dict[int, Received] = dict(inbox)
     messages[ctx.agent] = own
     order = sorted(messages)
     arrays = float64_arrays([messages[j][key] for j in order])
     if arrays is None:
         total: torch.Tensor | None = None
         for j in order:
-            term = messages[j][key] * ctx.weights[j]
+            term = as_tensor(messages[j][key]) * ctx.weights[j]
             total = term if total is None else total + term
         assert total is not None
         return total
@@ -164,14 +171,39 @@ def mix(
     return torch.from_numpy(mixed)
 
 
-def float64_arrays(tensors: list[torch.Tensor]) -> list[np.ndarray] | None:
-    """The tensors' numpy views when every one is a float64 CPU tensor of one shape without
-    autograd (a step's vectors), else None (the caller keeps torch's operations). numpy's and
-    torch's elementwise float64 products, sums and differences are the same IEEE operations,
-    so the bits agree; numpy's cost less per call and write into given arrays."""
-    first = tensors[0]
+def float64_arrays(tensors: list[torch.Tensor | np.ndarray]) -> list[np.ndarray] | None:
+    """The tensors' numpy views when every one is a float64 CPU tensor without autograd, or a
+    native float64 array (a received message's, read-only), all of one shape (a step's
+    vectors), else None (the caller keeps torch's operations). numpy's and torch's elementwise
+    float64 products, sums and differences are the same IEEE operations, so the bits agree;
+    numpy's cost less per call and write into given arrays."""
+    shape = tuple(tensors[0].shape)
+    out = []
     for t in tensors:
-        if (t.dtype != torch.float64 or t.device.type != "cpu" or t.requires_grad
-                or t.shape != first.shape):
+        if isinstance(t, np.ndarray):
+            if t.dtype != np.float64 or t.shape != shape:
+                return None
+            out.append(t)
+        elif (t.dtype != torch.float64 or t.device.type != "cpu" or t.requires_grad
+                or tuple(t.shape) != shape):
             return None
-    return [t.numpy() for t in tensors]
+        else:
+            out.append(t.numpy())
+    return out
+
+
+def as_tensor(value: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """A tensor as is; an array (a received message's) as a fresh tensor, copied (torch has
+    no read-only tensors: a view would let torch write into the received bytes)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.from_numpy(np.array(value, dtype=value.dtype.newbyteorder("=")))
+
+
+def difference(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """a - b as a new tensor (numpy's subtraction for float64 vectors: the same IEEE bits as
+    torch's, float64_arrays), whether a and b are tensors or received arrays."""
+    arrays = float64_arrays([a, b])
+    if arrays is None:
+        return as_tensor(a) - as_tensor(b)
+    return torch.from_numpy(np.subtract(arrays[0], arrays[1]))

@@ -6,7 +6,14 @@ from collections.abc import Mapping
 
 import torch
 
-from efpsn.algorithms.base import AgentState, Message, StepContext, check_inbox, mix
+from efpsn.algorithms.base import (
+    AgentState,
+    Message,
+    Received,
+    StepContext,
+    check_inbox,
+    mix,
+)
 
 
 class DSGD:
@@ -29,7 +36,7 @@ class DSGD:
         return AgentState(t=0, tensors={"x": x}), {"x": x}
 
     def step(
-        self, state: AgentState, inbox: Mapping[int, Message], ctx: StepContext
+        self, state: AgentState, inbox: Mapping[int, Received], ctx: StepContext
     ) -> tuple[AgentState, Message]:
         check_inbox(inbox, ctx, self.message_keys)
         x = state["x"]

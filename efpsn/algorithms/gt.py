@@ -6,7 +6,14 @@ from collections.abc import Mapping
 
 import torch
 
-from efpsn.algorithms.base import AgentState, Message, StepContext, check_inbox, mix
+from efpsn.algorithms.base import (
+    AgentState,
+    Message,
+    Received,
+    StepContext,
+    check_inbox,
+    mix,
+)
 
 
 class GradientTracking:
@@ -35,7 +42,7 @@ class GradientTracking:
         return state, {"x": x, "y": state["y"]}
 
     def step(
-        self, state: AgentState, inbox: Mapping[int, Message], ctx: StepContext
+        self, state: AgentState, inbox: Mapping[int, Received], ctx: StepContext
     ) -> tuple[AgentState, Message]:
         check_inbox(inbox, ctx, self.message_keys)
         own = {"x": state["x"], "y": state["y"]}

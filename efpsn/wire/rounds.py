@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ import xxhash
 from efpsn.stopping import CEILING, FLOOR, STOP_KEY, TERMS
 from efpsn.wire import limits
 from efpsn.wire.records import Phase, WireError, make_header, validate_header
-from efpsn.wire.serde import tensor_from_parts, tensor_to_proto, wire_array
+from efpsn.wire.serde import array_from_parts, tensor_to_proto, wire_array
 from efpsn.wire.v1 import agent_pb2
 
 __all__ = [
@@ -40,11 +41,13 @@ __all__ = [
 @dataclass(frozen=True)
 class RoundRecord:
     """A neighbour's round message that passed every wire check: who sent it, for which round,
-    its float64 tensors by name, and the keyed digest of its content (header excluded)."""
+    its float64 tensors by name as READ-ONLY arrays over the received bytes (no copy: a write
+    raises ValueError; the stop integers, under STOP_KEY, a read-only int64 array), and the
+    keyed digest of its content (header excluded)."""
 
     sender: str
     round: int
-    tensors: dict[str, torch.Tensor]
+    tensors: dict[str, np.ndarray]
     digest: bytes
 
 
@@ -154,27 +157,36 @@ def parse_round(pb: agent_pb2.RoundMessage, *, run_id: str, senders: Collection[
     """Every wire check of a neighbour's round message, in one pass over its bytes: header
     (this run, phase OPTIMIZE, a sender in `senders`, round `round_` if given), exactly the
     tensors of `shapes` with those shapes, float64, finite; its digest keyed by `seed` (the
-    receiving ledger's, RoundLedger.seed). WireError says what is wrong."""
+    receiving ledger's, RoundLedger.seed). WireError says what is wrong. The tensors are
+    read-only views of the received bytes (RoundRecord)."""
     header = validate_header(pb.header, run_id=run_id, phase=Phase.OPTIMIZE, senders=senders,
                              round=round_)
-    tensors, digest = decode_round_message(pb, seed=seed, expected_shapes=shapes)
-    for name, tensor in tensors.items():
-        if tensor.dtype != torch.float64:
-            raise WireError(f"tensor {name!r} must be float64, got {tensor.dtype}")
-        if not _all_finite(tensor.numpy()):
-            raise WireError(f"tensor {name!r} has non-finite entries")
+    arrays, digest = decode_round_message(pb, seed=seed, expected_shapes=shapes)
+    with np.errstate(over="ignore", invalid="ignore"):  # once for the message's tensors
+        for name, array in arrays.items():
+            if array.dtype != np.float64:
+                raise WireError(f"tensor {name!r} must be float64, got {array.dtype}")
+            if not _finite(array):
+                raise WireError(f"tensor {name!r} has non-finite entries")
     if pb.stop:
-        tensors[STOP_KEY] = torch.tensor(list(pb.stop), dtype=torch.int64)
-    return RoundRecord(sender=header.sender, round=header.round, tensors=tensors, digest=digest)
+        stop = np.array(pb.stop, dtype=np.int64)
+        stop.setflags(write=False)
+        arrays[STOP_KEY] = stop
+    return RoundRecord(sender=header.sender, round=header.round, tensors=arrays, digest=digest)
 
 
 def _all_finite(values: np.ndarray) -> bool:
     """No NaN or infinity: a finite sum of squares proves it in one pass (BLAS's dot, faster
     than numpy's pairwise sum: a NaN or an infinity makes the dot NaN or infinite); a dot that
     overflows on finite values (beyond about 1e154) gets the full check."""
-    flat = values.reshape(-1)
     with np.errstate(over="ignore", invalid="ignore"):
-        return bool(np.isfinite(np.dot(flat, flat))) or bool(np.isfinite(values).all())
+        return _finite(values)
+
+
+def _finite(values: np.ndarray) -> bool:
+    """_all_finite, called where numpy's overflow and invalid warnings are off (np.errstate)."""
+    flat = values.reshape(-1)
+    return math.isfinite(np.dot(flat, flat)) or bool(np.isfinite(values).all())
 
 
 def message_from_proto(
@@ -186,10 +198,11 @@ def message_from_proto(
     """Decode a RoundMessage's tensors into {name: tensor} ordered by name.
 
     Names must be non-empty, unique and sorted. With expected_shapes, the names must be exactly
-    its keys and every tensor must have the given shape.
+    its keys and every tensor must have the given shape. The tensors are fresh and writable.
     """
-    return _decode_round(pb, max_elements=max_elements, expected_shapes=expected_shapes,
-                         digest=None)
+    arrays = _decode_round(pb, max_elements=max_elements, expected_shapes=expected_shapes,
+                           digest=None, view=False)
+    return {name: torch.from_numpy(array) for name, array in arrays.items()}
 
 
 def decode_round_message(
@@ -198,17 +211,20 @@ def decode_round_message(
     seed: int,
     max_elements: int = limits.MAX_TENSOR_ELEMENTS,
     expected_shapes: Mapping[str, Sequence[int]] | None = None,
-) -> tuple[dict[str, torch.Tensor], bytes]:
-    """message_from_proto and round_digest(pb, seed=seed) in one pass over the tensors' bytes."""
+) -> tuple[dict[str, np.ndarray], bytes]:
+    """message_from_proto's checks and round_digest(pb, seed=seed) in one pass over the tensors'
+    bytes; the tensors as read-only arrays over the bytes read from `pb` (no copy:
+    serde.array_from_parts)."""
     digest = _digester(seed)
-    tensors = _decode_round(pb, max_elements=max_elements, expected_shapes=expected_shapes,
-                            digest=digest)
-    return tensors, digest.digest()
+    arrays = _decode_round(pb, max_elements=max_elements, expected_shapes=expected_shapes,
+                           digest=digest, view=True)
+    return arrays, digest.digest()
 
 
 def _decode_round(pb: agent_pb2.RoundMessage, *, max_elements: int,
                   expected_shapes: Mapping[str, Sequence[int]] | None,
-                  digest: Any) -> dict[str, torch.Tensor]:
+                  digest: Any, view: bool) -> dict[str, np.ndarray]:
+    """The tensors as arrays: read-only views of their bytes (`view`), else fresh copies."""
     if not isinstance(pb, agent_pb2.RoundMessage):
         raise TypeError(f"expected efpsn.v1.RoundMessage, got {type(pb).__name__}")
     _check_stop(pb.stop)
@@ -226,17 +242,21 @@ def _decode_round(pb: agent_pb2.RoundMessage, *, max_elements: int,
         raise WireError(f"tensors must be sorted by name, got {_few(names)}")
     if expected_shapes is not None and set(names) != set(expected_shapes):
         raise WireError(f"message must carry tensors {sorted(expected_shapes)}, got {names}")
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, np.ndarray] = {}
     for named in pb.tensors:
         shape = None if expected_shapes is None else expected_shapes[named.name]
         tensor = named.tensor
         dtype, dims, data = tensor.dtype, tensor.shape, tensor.data
         try:
-            out[named.name] = tensor_from_parts(dtype, dims, data, max_elements=max_elements,
-                                                 expected_shape=shape)
+            array = array_from_parts(dtype, dims, data, max_elements=max_elements,
+                                     expected_shape=shape)
+            out[named.name] = array if view else array.copy()
         except WireError as exc:
             raise WireError(f"tensor {named.name!r}: {exc}") from None
-        if digest is not None:
+        if digest is not None and expected_shapes is not None:  # the run's names and shapes
+            digest.update(_digest_head(named.name, dtype, array.shape, len(data)))
+            digest.update(data)
+        elif digest is not None:
             _digest_tensor(digest, named.name, dtype, dims, data)
     if digest is not None:
         _digest_stop(digest, pb.stop)
@@ -290,10 +310,32 @@ def _digest_stop(h: Any, stop: Sequence[int]) -> None:
 def _digest_tensor(h: Any, name: str, dtype: str, dims: Sequence[int], data: bytes) -> None:
     """Feed one named tensor to a round digest: every field length-prefixed, so no two
     different messages feed the same bytes (the small fields in one update, then the data)."""
-    fields = [name.encode(), dtype.encode(), b",".join(b"%d" % d for d in dims)]
-    h.update(b"".join(len(part).to_bytes(8, "big") + part for part in fields)
-             + len(data).to_bytes(8, "big"))
+    h.update(_head_of(name, dtype, dims, len(data)))
     h.update(data)
+
+
+def _head_of(name: str, dtype: str, dims: Sequence[int], nbytes: int) -> bytes:
+    """What _digest_tensor feeds before a tensor's data: its name, dtype and dimensions, each
+    length-prefixed, and the data's length."""
+    fields = [name.encode(), dtype.encode(), b",".join(b"%d" % d for d in dims)]
+    return (b"".join(len(part).to_bytes(8, "big") + part for part in fields)
+            + nbytes.to_bytes(8, "big"))
+
+
+def _digest_head(name: str, dtype: str, shape: tuple[int, ...], nbytes: int) -> bytes:
+    """_head_of, kept for (name, dtype, shape): the same every round of a run, whose names and
+    shapes are its own (decode with expected shapes only: no outsider fills this; bounded)."""
+    key = (name, dtype, shape, nbytes)
+    head = _DIGEST_HEADS.get(key)
+    if head is None:
+        head = _head_of(name, dtype, shape, nbytes)
+        if len(_DIGEST_HEADS) >= 256:
+            _DIGEST_HEADS.clear()
+        _DIGEST_HEADS[key] = head
+    return head
+
+
+_DIGEST_HEADS: dict[tuple[str, str, tuple[int, ...], int], bytes] = {}
 
 
 def round_request(*, header: Any) -> agent_pb2.RoundRequest:

@@ -75,7 +75,20 @@ def tensor_from_proto(
 
 def tensor_from_parts(dtype: str, dims: Sequence[int], data: bytes, *, max_elements: int,
                        expected_shape: Sequence[int] | None) -> torch.Tensor:
-    """tensor_from_proto on fields already read (each read of a bytes field copies it)."""
+    """tensor_from_proto on fields already read (each read of a bytes field copies it): a
+    fresh, writable tensor (array_from_parts's checks, then one copy)."""
+    view = array_from_parts(dtype, dims, data, max_elements=max_elements,
+                            expected_shape=expected_shape)
+    return torch.from_numpy(view.copy())  # a copy of a read-only array is writable
+
+
+def array_from_parts(dtype: str, dims: Sequence[int], data: bytes, *, max_elements: int,
+                     expected_shape: Sequence[int] | None) -> np.ndarray:
+    """A tensor's fields checked (dtype, dimensions, element cap, expected shape, byte count)
+    and its values as a READ-ONLY array in native byte order over `data` itself: no copy on a
+    little-endian host (a copy, made read-only too, where bytes must be swapped). The array
+    holds a reference to `data`, so the bytes live as long as the array; a write into it
+    raises ValueError (a received message is the sender's, read and never changed)."""
     if dtype not in _DTYPES:
         raise WireError(f"tensor dtype must be one of {WIRE_DTYPES}, got {dtype!r}")
     wire_dtype = _DTYPES[dtype][0]
@@ -101,9 +114,11 @@ def tensor_from_parts(dtype: str, dims: Sequence[int], data: bytes, *, max_eleme
     if count == 0:
         array = np.empty(shape, dtype=native)
     else:
-        # astype copies out of the (read-only) bytes buffer, swapping bytes on big-endian hosts.
-        array = np.frombuffer(data, dtype=wire_dtype).reshape(shape).astype(native, copy=True)
-    return torch.from_numpy(array)
+        array = np.frombuffer(data, dtype=wire_dtype).reshape(shape)
+        if wire_dtype != native:  # a big-endian host: swapped into a native copy
+            array = array.astype(native)
+    array.setflags(write=False)
+    return array
 
 
 # ---------------------------------------------------------------------------------- big integers
