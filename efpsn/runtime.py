@@ -65,3 +65,19 @@ def pss_mb(pid: int | str = "self") -> float | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def thread_cpus() -> list[int] | None:
+    """Every CPU any thread of this process may run on (the union of their affinities), sorted;
+    None where the system does not say. An agent records it in its result.json: one placed by
+    `efpsn up` (efpsn/launch/placement.py) whose gRPC threads escaped its CPUs would show them."""
+    cpus: set[int] = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                cpus |= os.sched_getaffinity(int(tid))
+            except (ProcessLookupError, ValueError):  # that thread ended meanwhile
+                continue
+    except (AttributeError, OSError):  # not Linux
+        return None
+    return sorted(cpus) or None
