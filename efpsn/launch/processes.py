@@ -4,13 +4,12 @@ until they serve, and stopped (SIGTERM, then SIGKILL) with everything they start
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -66,20 +65,17 @@ def child_files(name: str, folder: Path) -> tuple[Path, Path]:
 
 def spawn(name: str, module_args: Sequence[str], folder: Path, *,
           env: Mapping[str, str] | None = None, append_log: bool = False,
-          pass_fds: Sequence[int] = (), cpus: Collection[int] | None = None) -> Child:
+          pass_fds: Sequence[int] = ()) -> Child:
     """`python -m MODULE ARGS --port-file FOLDER/ports/NAME`, output to FOLDER/logs/NAME.log, in a
     session of its own (our Ctrl-C is handled by the caller, which then stops it), with `env` on
-    top of this environment and the descriptors `pass_fds` (the lifeline: efpsn/lifeline.py), on
-    the CPUs `cpus` (None: this process's), set between the fork and the exec, before the new
-    interpreter starts any thread."""
+    top of this environment and the descriptors `pass_fds` (the lifeline: efpsn/lifeline.py)."""
     log_path, port_file = child_files(name, folder)
-    place = None if not cpus else functools.partial(os.sched_setaffinity, 0, frozenset(cpus))
     with open(log_path, "ab" if append_log else "wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", *module_args, "--port-file", str(port_file)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=None if env is None else {**os.environ, **env},
-            pass_fds=tuple(pass_fds), preexec_fn=place,
+            pass_fds=tuple(pass_fds),
         )
     return Child(name=name, process=process, log_path=log_path, port_file=port_file)
 
