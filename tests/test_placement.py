@@ -64,7 +64,7 @@ def test_one_cpu_or_none_places_nothing() -> None:
 
 
 def test_bad_placements_are_refused() -> None:
-    with pytest.raises(ValueError, match="one of spread, blocks, none, got 'ring'"):
+    with pytest.raises(ValueError, match="one of blocks, spread, none, got 'ring'"):
         assign_cpus("ring", 5, {0, 1})
     with pytest.raises(ValueError, match="agents must be >= 0"):
         assign_cpus("spread", -1, {0, 1})
@@ -140,3 +140,12 @@ def test_an_agent_started_by_hand_is_placed_only_if_the_variable_says_so(
         place_from_environment()
     # (the variable's effect, on a real agent started as its own interpreter:
     # test_each_agent_ran_on_the_cpus_it_was_given[blocks-no-fork])
+
+
+def test_efpsn_up_places_blocks_unless_told() -> None:
+    from efpsn.cli.up import parse_up
+
+    assert parse_up([]).cpu_placement == "blocks"  # the measured default
+    assert parse_up(["--cpu-placement", "none"]).cpu_placement == "none"
+    with pytest.raises(ValueError, match="invalid choice: 'ring'"):
+        parse_up(["--cpu-placement", "ring"])

@@ -98,10 +98,11 @@ def add_launch_flags(parser: argparse.ArgumentParser, *, ignored: bool = False) 
                          "one process that loaded Python, torch, numpy and phe once, so that "
                          "memory is shared)")
     up.add_argument("--cpu-placement", choices=PLACEMENTS, default=DEFAULT_PLACEMENT,
-                    help="each agent's CPUs, out of efpsn up's own: spread (agent k on CPU k mod "
-                         "m: ring neighbours apart), blocks (consecutive agents on one CPU), none "
-                         "(not placed); fewer agents than CPUs: each its own share; one CPU: "
-                         f"none (default {DEFAULT_PLACEMENT}: fewer switches between CPUs)")
+                    help="each agent's CPUs, out of efpsn up's own: blocks (consecutive agents, "
+                         "ring neighbours, on one CPU), spread (agent k on CPU k mod m: ring "
+                         "neighbours apart), none (not placed); fewer agents than CPUs: each its "
+                         f"own share; one CPU: none (default {DEFAULT_PLACEMENT}: an agent's "
+                         "threads and its neighbours' wake each other on one CPU, not across)")
     up.add_argument("--checkpoint-every", type=int, default=50,
                     help="agents save their phase II state every this many rounds")
     add_departure_flag(up)

@@ -6,12 +6,16 @@ An agent runs a main thread, grpc.aio's poller and gRPC's EventEngine threads: a
 them some twenty times, and an unplaced agent's threads wander across the machine's CPUs, each
 wake-up on another CPU an interrupt between CPUs (dear in a virtual machine). Kept on one CPU
 (or on its own few, with fewer agents than CPUs), an agent's threads hand work to each other
-there.
+there; with blocks, so do most ring neighbours (a message between them need not wake a thread
+on the other CPU).
 
+    blocks  (default) agents in m consecutive blocks, one CPU each (ring neighbours mostly on
+            one CPU): n = 5, m = 2 puts agents 1-3 on the first CPU, 4-5 on the second
     spread  agent k on CPU k mod m (ring neighbours on different CPUs): m CPUs, n >= m agents
-    blocks  agents in m consecutive blocks, one CPU each (ring neighbours mostly on one CPU):
-            n = 5, m = 2 puts agents 1-3 on the first CPU, 4-5 on the second
     none    no placement: the kernel moves every thread where it likes
+
+On 2 cores under load the main job's CPU per agent per round was 0.96x unplaced with blocks
+(median of 9 alternating pairs) and 1.04x with spread (6 pairs), phase II 0.98x and 1.29x.
 
 With fewer agents than CPUs both give each agent its own consecutive share of the CPUs; with one
 CPU (or none known) nothing is placed. Containers (compose, swarm) and `efpsn agent` started by
@@ -26,8 +30,8 @@ from efpsn.runtime import CPUS_ENV
 
 __all__ = ["DEFAULT_PLACEMENT", "PLACEMENTS", "assign_cpus", "cpus_env", "launcher_cpus"]
 
-PLACEMENTS = ("spread", "blocks", "none")
-DEFAULT_PLACEMENT = "spread"
+PLACEMENTS = ("blocks", "spread", "none")
+DEFAULT_PLACEMENT = "blocks"  # measured on the main job: docs/RESULTS.md, issue 29, seventh pass
 
 
 def assign_cpus(mode: str, agents: int, cpus: Iterable[int]) -> list[frozenset[int] | None]:
