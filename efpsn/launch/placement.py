@@ -14,8 +14,8 @@ on the other CPU).
     spread  agent k on CPU k mod m (ring neighbours on different CPUs): m CPUs, n >= m agents
     none    no placement: the kernel moves every thread where it likes
 
-On 2 cores under load the main job's CPU per agent per round was 0.96x unplaced with blocks
-(median of 9 alternating pairs) and 1.04x with spread (6 pairs), phase II 0.98x and 1.29x.
+On 2 cores under load the main job's CPU per agent per round was 0.97x unplaced with blocks
+(median of 12 alternating pairs) and 1.04x with spread (6 pairs), phase II 1.00x and 1.29x.
 
 With fewer agents than CPUs both give each agent its own consecutive share of the CPUs; with one
 CPU (or none known) nothing is placed. Containers (compose, swarm) and `efpsn agent` started by
