@@ -2,6 +2,10 @@
 
 import sys
 
+from efpsn.runtime import place_from_environment
+
+place_from_environment()  # efpsn up --no-fork's CPUs for it, before any import starts a thread
+
 from agent.cli import build_parser
 from efpsn.cli.common import run_command
 

@@ -5,7 +5,8 @@ instead of loaded by each (as multiprocessing's forkserver does).
     python -m agent.forkserver --folder RESULTS [--data SPEC]
 
 Requests come as JSON lines on standard input, one per agent:
-{"name": NAME, "argv": [...], "env": {...}, "log": PATH, "append_log": false}; each is answered
+{"name": NAME, "argv": [...], "env": {...}, "log": PATH, "append_log": false, "cpus": [K, ...]
+or null}; each is answered
 with one JSON line on standard output, {"pid": PID} or {"error": "..."}. At the end of its input
 the server exits: its agents (each in a session of its own, as `efpsn agent` processes started
 by `efpsn up` always were) are then adopted by the launcher, which waits for them.
@@ -73,9 +74,10 @@ def check_forkable() -> None:
 
 
 def fork_agent(argv: Sequence[str], *, env: Mapping[str, str], log: Path, append_log: bool,
-               control: Sequence[int]) -> int:
+               control: Sequence[int], cpus: Sequence[int] | None = None) -> int:
     """Fork one agent (`python -m agent ARGV`): a session of its own, standard output and error
-    to `log`, no standard input, `env` on top of this environment. Returns its pid."""
+    to `log`, no standard input, `env` on top of this environment, on the CPUs `cpus` (None:
+    this server's; efpsn/launch/placement.py). Returns its pid."""
     check_forkable()
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append_log else os.O_TRUNC)
     log_fd = os.open(log, flags, 0o644)
@@ -88,6 +90,8 @@ def fork_agent(argv: Sequence[str], *, env: Mapping[str, str], log: Path, append
         return pid
     code = 1
     try:  # the agent, to its end: it never returns into the server's loop
+        if cpus:  # its one thread now: every thread it starts (gRPC's, torch's) inherits them
+            os.sched_setaffinity(0, cpus)
         os.setsid()
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -130,7 +134,8 @@ def serve(requests: TextIO, replies: TextIO, *, control: Sequence[int]) -> None:
             pid = fork_agent([str(a) for a in request["argv"]],
                              env={str(k): str(v) for k, v in request.get("env", {}).items()},
                              log=Path(request["log"]), append_log=bool(request.get("append_log")),
-                             control=control)
+                             control=control,
+                             cpus=[int(c) for c in request.get("cpus") or ()] or None)
             reply: dict[str, object] = {"pid": pid}
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
             reply = {"error": f"{type(exc).__name__}: {exc}"}

@@ -17,6 +17,7 @@ from efpsn.jsonfile import write_json
 from efpsn.masking import MaskCoefficients
 from efpsn.model_io import MODEL_FILE, save_model
 from efpsn.privacy_modes import privacy_statement
+from efpsn.runtime import thread_cpus
 
 __all__ = ["failure_record", "write_failure", "write_results"]
 
@@ -49,6 +50,8 @@ def write_results(folder: Path, *, session: Session, name: str, x: torch.Tensor,
         "history": history,
         "final": history[-1],
         "timings": timings,
+        # the CPUs its threads may run on, gRPC's too (placed by efpsn up: one CPU, or a few)
+        "cpus": thread_cpus(),
         "resumed_from_round": resumed_from,
         "rejections": rejections,
         "model": MODEL_FILE,  # the named state dict; model.npy: the same, flat

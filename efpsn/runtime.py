@@ -65,3 +65,38 @@ def pss_mb(pid: int | str = "self") -> float | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+CPUS_ENV = "EFPSN_AGENT_CPUS"  # "K,L,...": the CPUs `efpsn up --no-fork` gives an agent
+
+
+def place_from_environment() -> frozenset[int] | None:
+    """Run this process on the CPUs EFPSN_AGENT_CPUS names, if set (and take the variable out of
+    the environment); return them. `python -m agent` calls it first of all, before any import
+    starts a thread: every thread it starts then inherits them (efpsn/launch/placement.py)."""
+    text = os.environ.pop(CPUS_ENV, "")
+    if not text.strip():
+        return None
+    try:
+        cpus = frozenset(int(c) for c in text.split(","))
+    except ValueError:
+        raise ValueError(f"{CPUS_ENV} must be CPU numbers separated by commas, got {text!r}"
+                         ) from None
+    os.sched_setaffinity(0, cpus)
+    return cpus
+
+
+def thread_cpus() -> list[int] | None:
+    """Every CPU any thread of this process may run on (the union of their affinities), sorted;
+    None where the system does not say. An agent records it in its result.json: one placed by
+    `efpsn up` (efpsn/launch/placement.py) whose gRPC threads escaped its CPUs would show them."""
+    cpus: set[int] = set()
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                cpus |= os.sched_getaffinity(int(tid))
+            except (ProcessLookupError, ValueError):  # that thread ended meanwhile
+                continue
+    except (AttributeError, OSError):  # not Linux
+        return None
+    return sorted(cpus) or None

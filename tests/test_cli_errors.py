@@ -241,7 +241,8 @@ def test_privacy_takes_the_runs_own_flags(tmp_path: Path,
     data = str(tmp_path / "D")
     # the run's command line as it is, efpsn up's own flags accepted and ignored
     assert main(["privacy", "--data-dir", data, "--algorithm", "gt", "--holdout", "0.1",
-                 "--results", "R", "--quiet", "--no-fork", "--checkpoint-every", "5"]) == 0
+                 "--results", "R", "--quiet", "--no-fork", "--checkpoint-every", "5",
+                 "--cpu-placement", "blocks"]) == 0
     lines = capsys.readouterr().out.splitlines()
     # a folder of tables with no public scale runs scale standard: its rounds wait for the
     # network's sample count, and the statement names what the secure sum discloses

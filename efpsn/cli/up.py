@@ -12,6 +12,7 @@ from typing import Any
 from efpsn.cli.common import OneLineParser, add_data_dir_arguments
 from efpsn.cli.flags import add_run_arguments, network_config
 from efpsn.cli.services import add_debug_flags, add_departure_flag
+from efpsn.launch.placement import DEFAULT_PLACEMENT, PLACEMENTS
 from efpsn.launch.signals import StopSignals
 
 __all__ = ["add_launch_flags", "add_parser", "parse_up", "run_up"]
@@ -37,6 +38,7 @@ def run_up(args: argparse.Namespace) -> dict[str, Any]:
         "data_dir": Path(args.data_dir) if args.data_dir else None, "holdout": args.holdout,
         "label_column": args.label_column, "quiet": args.quiet, "insecure": args.insecure,
         "checkpoint_every": args.checkpoint_every, "fork_agents": not args.no_fork,
+        "cpu_placement": args.cpu_placement,
         "departure_deadline": args.departure_deadline,
         "insecure_noise_seed": args.insecure_noise_seed,
         "debug_expose_mask": args.debug_expose_mask,
@@ -95,6 +97,12 @@ def add_launch_flags(parser: argparse.ArgumentParser, *, ignored: bool = False) 
                     help="start every agent as its own interpreter (default: fork them all from "
                          "one process that loaded Python, torch, numpy and phe once, so that "
                          "memory is shared)")
+    up.add_argument("--cpu-placement", choices=PLACEMENTS, default=DEFAULT_PLACEMENT,
+                    help="each agent's CPUs, out of efpsn up's own: blocks (consecutive agents, "
+                         "ring neighbours, on one CPU), spread (agent k on CPU k mod m: ring "
+                         "neighbours apart), none (not placed); fewer agents than CPUs: each its "
+                         f"own share; one CPU: none (default {DEFAULT_PLACEMENT}: an agent's "
+                         "threads and its neighbours' wake each other on one CPU, not across)")
     up.add_argument("--checkpoint-every", type=int, default=50,
                     help="agents save their phase II state every this many rounds")
     add_departure_flag(up)

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Self
 
@@ -108,14 +108,17 @@ class ForkServer:
         self.close()
 
     def spawn(self, name: str, module_args: Sequence[str], folder: Path, *,
-              env: Mapping[str, str] | None = None) -> Child:
+              env: Mapping[str, str] | None = None, cpus: Collection[int] | None = None
+              ) -> Child:
         """What processes.spawn("agent", ...) starts, forked: `python -m agent ARGS --port-file
-        FOLDER/ports/NAME`, output to FOLDER/logs/NAME.log, in a session of its own."""
+        FOLDER/ports/NAME`, output to FOLDER/logs/NAME.log, in a session of its own, on the CPUs
+        `cpus` (None: the server's, which are this process's)."""
         if not module_args or module_args[0] != "agent":
             raise ValueError(f"the fork server starts agents only, got {list(module_args)[:1]}")
         log_path, port_file = child_files(name, folder)
         request = {"name": name, "argv": [*module_args[1:], "--port-file", str(port_file)],
-                   "env": dict(env or {}), "log": str(log_path)}
+                   "env": dict(env or {}), "log": str(log_path),
+                   "cpus": None if cpus is None else sorted(cpus)}
         reply = self._ask(request)
         if "pid" not in reply:
             raise RuntimeError(f"the fork server could not start {name}: {reply.get('error')}")

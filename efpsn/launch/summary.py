@@ -229,7 +229,8 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
         "settings": problem.config.to_dict(),
         "run_id": results[0]["run_id"],
         "final": final,
-        "agents": {r["name"]: {"final": r["final"], "timings": r["timings"]} for r in results},
+        "agents": {r["name"]: {"final": r["final"], "timings": r["timings"],
+                               "cpus": r.get("cpus")} for r in results},
     }
 
 
