@@ -29,7 +29,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("checkpoint", ("save_checkpoint", "StateStore.")),
     ("outbox log", ("OutboxLog.",)),
     ("checks and digests", (
-        "_digest_tensor", "_all_finite", "round_digest", "validate_header", "_check_header",
+        "_digest_tensor", "_digest_head", "_finite (", "round_digest", "validate_header", "_check_header",
         "header_from_proto", "RoundLedger.judge", "._authenticate", ".admit", "caller_names",
         "AgentService._obey", "_admit")),
     ("receive and decode", (

@@ -175,16 +175,11 @@ def parse_round(pb: agent_pb2.RoundMessage, *, run_id: str, senders: Collection[
     return RoundRecord(sender=header.sender, round=header.round, tensors=arrays, digest=digest)
 
 
-def _all_finite(values: np.ndarray) -> bool:
+def _finite(values: np.ndarray) -> bool:
     """No NaN or infinity: a finite sum of squares proves it in one pass (BLAS's dot, faster
     than numpy's pairwise sum: a NaN or an infinity makes the dot NaN or infinite); a dot that
-    overflows on finite values (beyond about 1e154) gets the full check."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return _finite(values)
-
-
-def _finite(values: np.ndarray) -> bool:
-    """_all_finite, called where numpy's overflow and invalid warnings are off (np.errstate)."""
+    overflows on finite values (beyond about 1e154) gets the full check. Call it where numpy's
+    overflow and invalid warnings are off (np.errstate, once per message in parse_round)."""
     flat = values.reshape(-1)
     return math.isfinite(np.dot(flat, flat)) or bool(np.isfinite(values).all())
 
