@@ -283,7 +283,7 @@ async def serve(
              registry.run_id, server.port, "mutual TLS" if tls else "PLAINTEXT, --insecure",
              config.agents, config.topology, ", ".join(sorted(registry.expected_names or ())))
     stop = stop or asyncio.Event()
-    install_stop_signals(stop)
+    install_stop_signals(stop, what="coordinator")
     try:
         if linger is None:
             await stop.wait()

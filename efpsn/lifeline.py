@@ -20,16 +20,18 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import stat
 import sys
 import threading
 import time
 
-__all__ = ["ENV", "Lifeline", "hold_to_launcher", "set_parent_death_signal"]
+__all__ = ["ENV", "Lifeline", "hold_to_launcher", "launcher_gone", "set_parent_death_signal"]
 
 ENV = "EFPSN_LIFELINE"  # "FD PID": the pipe's read end, and the launcher's pid for its children
 PR_SET_PDEATHSIG = 1
+_HELD: list[tuple[int, int]] = []  # (pipe, launcher pid or 0) once hold_to_launcher found them
 
 
 def set_parent_death_signal(sig: int) -> bool:
@@ -91,6 +93,7 @@ def hold_to_launcher(*, watch: bool = True, grace: float = 5.0) -> bool:
     if found is None:
         return False
     fd, launcher = found
+    _HELD[:] = [(fd, launcher)]
     if launcher:  # a direct child: the launcher's death signals it
         set_parent_death_signal(signal.SIGTERM)
         if os.getppid() != launcher:  # it died before the signal was asked for
@@ -101,6 +104,22 @@ def hold_to_launcher(*, watch: bool = True, grace: float = 5.0) -> bool:
     threading.Thread(target=_watch, args=(fd, grace), name="efpsn-lifeline",
                      daemon=True).start()
     return True
+
+
+def launcher_gone() -> bool:
+    """Whether this process holds a lifeline (hold_to_launcher) and its launcher has ended: the
+    pipe's write end is closed (poll reports a hang-up), or a direct child has a new parent."""
+    if not _HELD:
+        return False
+    fd, launcher = _HELD[0]
+    if launcher and os.getppid() != launcher:
+        return True
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return any(events & select.POLLHUP for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 def _watch(fd: int, grace: float) -> None:

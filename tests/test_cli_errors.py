@@ -1,8 +1,10 @@
 """What a user sees when a command cannot run: a missing optional package is one line, not a
-traceback; `python -m efpsn.wire.healthcheck` answers with its documented exit codes."""
+traceback; a crash in C code leaves the Python stacks; `python -m efpsn.wire.healthcheck`
+answers with its documented exit codes."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -23,6 +25,27 @@ MISSING_MLXTEND = (
 )
 
 
+CRASH_IN_C = (
+    "import ctypes, sys\n"
+    "from efpsn.cli.common import OneLineParser, run_command\n"
+    "parser = OneLineParser(prog='crash')\n"
+    "def read_address_zero(args): return ctypes.string_at(0)  # as a bug in C code would\n"
+    "parser.set_defaults(handler=read_address_zero)\n"
+    "sys.exit(run_command(parser, [], numeric=False))\n"
+)
+
+
+def test_a_crash_in_c_code_leaves_the_python_stacks_on_stderr() -> None:
+    """Every command (agents and coordinator included, whose stderr is their log) turns
+    faulthandler on: a segfault is not a silent end."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
+    out = subprocess.run([sys.executable, "-c", CRASH_IN_C], check=False, capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.returncode == -signal.SIGSEGV, out
+    assert "Fatal Python error: Segmentation fault" in out.stderr, out.stderr
+    assert "in read_address_zero" in out.stderr, out.stderr
+
+
 def test_missing_mlxtend_is_a_one_line_error() -> None:
     out = subprocess.run(
         [sys.executable, "-c", MISSING_MLXTEND, "simulate", "--iterations", "1", "--quiet"],
@@ -34,8 +57,6 @@ def test_missing_mlxtend_is_a_one_line_error() -> None:
 
 
 def test_missing_mlxtend_with_efpsn_debug_shows_the_traceback() -> None:
-    import os
-
     out = subprocess.run(
         [sys.executable, "-c", MISSING_MLXTEND, "simulate", "--iterations", "1", "--quiet"],
         check=False, capture_output=True, text=True, timeout=120,

@@ -6,11 +6,13 @@ alone writes to, and for its direct children the parent-death signal) and stop.
 Real processes, a long run (20,000 rounds on wine in 4 private folders: about a minute and a
 half here) signalled in the middle; every process of the run, found by walking /proc from the
 launcher and by the run's folder on the command lines, must be gone within 10 s. Whatever a
-test started is killed at its end, also when it fails.
+test started is killed at its end, also when it fails. After kill -9 the test is the orphans'
+subreaper, so a failure says how each process of the run ended (exit code or signal).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -23,12 +25,13 @@ from test_launcher import efpsn, leftovers, stop
 
 from efpsn.datadir import split_data
 from efpsn.launch.signals import Stopped, StopSignals, signals_held
-from efpsn.lifeline import ENV, Lifeline
+from efpsn.lifeline import ENV, Lifeline, launcher_gone
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc: Linux")]
 
 AGENTS = [f"agent{k}" for k in range(1, 5)]
+PR_SET_CHILD_SUBREAPER = 36
 LONG = ("--iterations", "20000", "--key-bits", "512", "--allow-insecure-keys", "--quiet")
 GONE_WITHIN = 10.0
 
@@ -91,6 +94,42 @@ def kill_all(pids: set[int]) -> None:
             pass
 
 
+def subreaper(on: bool) -> None:
+    """Orphans of what this test started become its children (so their ends can be read)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0, ctypes.get_errno()
+
+
+def label(line: bytes) -> str:
+    """A process of the run by its command line: the agent it runs, else its module."""
+    words = line.decode(errors="replace").split("\0")
+    named = [n for n in AGENTS if any(w.endswith(f"/ports/{n}") for w in words)]
+    modules = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "-m"]
+    return (named or modules or words)[0]
+
+
+def reap(pids: set[int], timeout: float = 5.0) -> dict[int, str]:
+    """pid -> how it ended (exit code or signal), for those of `pids` that are this process's
+    children, each waited for up to `timeout` seconds in all (none is left a zombie)."""
+    ends, todo = {}, set(pids)
+    deadline = time.monotonic() + timeout
+    while todo:
+        for pid in list(todo):
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not ours (or already reaped)
+                todo.discard(pid)
+                continue
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                ends[pid] = f"exit {code}" if code >= 0 else signal.Signals(-code).name
+                todo.discard(pid)
+        if not todo or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return ends
+
+
 def wait_mid_run(run: Path, proc: subprocess.Popen, timeout: float = 240.0) -> None:
     """Until every agent logged a phase II round (the network is training)."""
     deadline = time.monotonic() + timeout
@@ -130,13 +169,16 @@ def assert_all_gone(pids: set[int], marker: str, signalled: float) -> None:
 def test_nothing_of_a_run_outlives_efpsn_up(sig: int, fork: bool, wine: Path,
                                             tmp_path: Path) -> None:
     # prepare: a run well under way
+    subreaper(True)  # the run's orphans become this test's children
     proc, run = start_up(wine, tmp_path, *(() if fork else ("--no-fork",)))
     seen: set[int] = set()
+    named: dict[int, str] = {}
     try:
         wait_mid_run(run, proc)
         seen = descendants(proc.pid) | marked(str(tmp_path))
         seen.discard(proc.pid)
         agents = {pid for pid in seen if b"agent" in cmdline(pid)}
+        named = {pid: label(cmdline(pid)) for pid in seen}
         assert len(agents) >= 4, (seen, leftovers(str(tmp_path)))  # every agent is seen
         # execute
         proc.send_signal(sig)
@@ -147,14 +189,18 @@ def test_nothing_of_a_run_outlives_efpsn_up(sig: int, fork: bool, wine: Path,
     finally:
         stop(proc)
         kill_all(seen | marked(str(tmp_path)))
+        ends = reap(seen)
+        subreaper(False)
     err = (tmp_path / "stderr").read_text()
     if sig == signal.SIGKILL:
         assert code == -signal.SIGKILL
         for name in AGENTS:  # each noticed (forked: through the pipe alone; with --no-fork
-            # the parent-death signal may come first and stop it in order)
+            # the parent-death signal may come first, said at once by its stop handler)
             log = (run / "logs" / f"{name}.log").read_text()
             noticed = "the launcher (efpsn up) is gone" in log
-            assert noticed or (not fork and "python -m agent: interrupted" in log), log[-1000:]
+            assert noticed or (not fork and f"{name}: SIGTERM: stopping" in log), (
+                f"{name}: {log[-1000:]}\nends: "
+                f"{ {named.get(pid, pid): end for pid, end in ends.items()} }")
     else:
         assert code == 128 + sig, err
         name = signal.Signals(sig).name
@@ -237,6 +283,36 @@ def test_a_child_stops_when_its_lifeline_ends(mode: str, ends_by: int) -> None:
         assert child.wait(timeout=20) == ends_by
         elapsed = time.monotonic() - started
         assert elapsed < 3.0 if mode == "obey" else 0.9 < elapsed < 10.0, elapsed
+    finally:
+        lifeline.close()
+        stop(child)
+
+
+TOLD = """
+import os, signal, sys, time
+from efpsn.lifeline import hold_to_launcher, launcher_gone
+def told(signum, frame):
+    print("SIGTERM", launcher_gone(), flush=True)
+    os._exit(0)
+signal.signal(signal.SIGTERM, told)
+print(hold_to_launcher(grace=5.0), launcher_gone(), flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_child_knows_its_launcher_is_gone_when_its_stop_signal_comes() -> None:
+    """What the agents' stop line says (efpsn.wire.net.install_stop_signals): False while the
+    launcher lives, True in the handler of the SIGTERM its end brings."""
+    assert not launcher_gone()  # no lifeline held here
+    lifeline = Lifeline()
+    env = {**os.environ, ENV: lifeline.env()[ENV].split()[0]}
+    child = subprocess.Popen([sys.executable, "-c", TOLD], env=env, text=True,
+                             stdout=subprocess.PIPE, pass_fds=lifeline.pass_fds)
+    try:
+        assert child.stdout is not None and child.stdout.readline().split() == ["True", "False"]
+        lifeline.close()
+        assert child.stdout.readline().split() == ["SIGTERM", "True"]
+        assert child.wait(timeout=20) == 0
     finally:
         lifeline.close()
         stop(child)

@@ -39,7 +39,8 @@ def test_a_cancellation_arriving_with_a_message_is_not_swallowed() -> None:
     assert asyncio.run(main()) == "cancelled"
 
 
-def test_until_signalled_repeats_a_swallowed_cancellation() -> None:
+def test_until_signalled_repeats_a_swallowed_cancellation(
+        capsys: pytest.CaptureFixture[str]) -> None:
     async def stubborn() -> str:
         try:
             await asyncio.sleep(30)
@@ -56,6 +57,8 @@ def test_until_signalled_repeats_a_swallowed_cancellation() -> None:
     with pytest.raises(KeyboardInterrupt, match="stopped by a signal"):
         asyncio.run(main())
     assert time.monotonic() - started < 5
+    # the signal is said at once, before the stop (no launcher here: no reason given)
+    assert capsys.readouterr().err.splitlines()[0] == "test: SIGTERM: stopping"
 
 
 def test_failed_and_abandoned_tasks_are_always_observed(

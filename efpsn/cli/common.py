@@ -4,6 +4,7 @@ flags, and how a command's errors and stops become its exit code."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import sys
 from collections.abc import Sequence
@@ -39,11 +40,14 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None, *,
                 numeric: bool = True) -> int:
     """Parse argv and run the chosen handler: errors become one line on stderr and exit code 2
     (EFPSN_DEBUG=1 re-raises them with the traceback), Ctrl-C exit code 130 (Stopped: 128 + its
-    signal, with its own line).
+    signal, with its own line). A fatal signal in C code (gRPC, torch) leaves every thread's
+    Python stack on stderr (faulthandler), so a service's log tells a crash from a stop.
 
     numeric: cap torch's and BLAS's threads first (efpsn.runtime); False for commands that
     never compute (the coordinator, `efpsn certs`), which then never import torch. A
     subcommand says so with set_defaults(numeric=False)."""
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
     args = parser.parse_args(argv)
     handler = args.handler
     try:

@@ -85,7 +85,7 @@ async def until_signalled(work: Coroutine[Any, Any, T], *, what: str,
 
     task = asyncio.ensure_future(work)
     stop = asyncio.Event()
-    install_stop_signals(stop)
+    install_stop_signals(stop, what=what)
     stopper = asyncio.ensure_future(stop.wait())
     signalled = False
     try:

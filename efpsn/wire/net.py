@@ -9,6 +9,7 @@ import logging
 import random
 import signal
 import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 
+from efpsn.lifeline import launcher_gone
 from efpsn.wire import limits
 from efpsn.wire.guard import (
     RejectionLog,
@@ -180,14 +182,24 @@ def write_port_file(path: str | None, port: int) -> None:
         tmp.replace(path)
 
 
-def install_stop_signals(stop: asyncio.Event) -> None:
-    """SIGINT/SIGTERM set `stop` (so containers and `efpsn up` can shut us down cleanly)."""
+def install_stop_signals(stop: asyncio.Event, *, what: str = "") -> None:
+    """SIGINT/SIGTERM set `stop` (so containers and `efpsn up` can shut us down cleanly). With
+    `what`, each such signal is also said at once on stderr, before anything stops ("WHAT:
+    SIGTERM: stopping"), and why when the launcher (`efpsn up`) that started us is gone: the
+    log then tells a stop from a crash."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, _on_stop_signal, stop, sig, what)
         except (NotImplementedError, RuntimeError):  # not the main thread
             pass
+
+
+def _on_stop_signal(stop: asyncio.Event, sig: int, what: str) -> None:
+    if what:
+        why = "; the launcher (efpsn up) is gone" if launcher_gone() else ""
+        print(f"{what}: {signal.Signals(sig).name}: stopping{why}", file=sys.stderr, flush=True)
+    stop.set()
 
 
 class Patience:
