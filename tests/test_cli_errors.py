@@ -46,6 +46,20 @@ def test_a_crash_in_c_code_leaves_the_python_stacks_on_stderr() -> None:
     assert "in read_address_zero" in out.stderr, out.stderr
 
 
+def test_a_stderr_without_a_descriptor_still_runs_the_command() -> None:
+    """As in a notebook: faulthandler cannot write there, and the command runs anyway."""
+    code = ("import io, sys\n"
+            "sys.stderr = io.StringIO()\n"
+            "from efpsn.cli.common import OneLineParser, run_command\n"
+            "parser = OneLineParser(prog='ok')\n"
+            "parser.set_defaults(handler=lambda args: 7)\n"
+            "sys.exit(run_command(parser, [], numeric=False))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.returncode == 7, out
+
+
 def test_missing_mlxtend_is_a_one_line_error() -> None:
     out = subprocess.run(
         [sys.executable, "-c", MISSING_MLXTEND, "simulate", "--iterations", "1", "--quiet"],

@@ -47,7 +47,10 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None, *,
     never compute (the coordinator, `efpsn certs`), which then never import torch. A
     subcommand says so with set_defaults(numeric=False)."""
     if not faulthandler.is_enabled():
-        faulthandler.enable()
+        try:
+            faulthandler.enable()
+        except (AttributeError, ValueError, OSError):  # stderr without a descriptor (notebooks)
+            pass
     args = parser.parse_args(argv)
     handler = args.handler
     try:
