@@ -19,6 +19,8 @@ import grpc
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message_factory import GetMessageClass
 
+from efpsn.wire import calls
+
 log = logging.getLogger("efpsn.wire.net")
 T = TypeVar("T")
 
@@ -242,7 +244,8 @@ def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescript
                              "client-streaming methods are served")
         # unary and client-streaming alike: gRPC hands over the call, the handler reads it
         handlers[method.name] = grpc.stream_unary_rpc_method_handler(
-            unread_handler(getattr(servicer, method.name), GetMessageClass(method.input_type)),
+            unread_handler(getattr(servicer, method.name), GetMessageClass(method.input_type),
+                           tasks=calls.track(server)),
             request_deserializer=None,
             response_serializer=GetMessageClass(method.output_type).SerializeToString)
     server.add_generic_rpc_handlers(
@@ -251,12 +254,17 @@ def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescript
     return service.full_name
 
 
-def unread_handler(bound: Callable[[Any, Any], Awaitable[T]],
-                   message_class: Any) -> Callable[[Any, Any], Awaitable[T]]:
-    """A gRPC handler that passes `bound` the call with its request still unread."""
+def unread_handler(bound: Callable[[Any, Any], Awaitable[T]], message_class: Any, *,
+                   tasks: Any = None) -> Callable[[Any, Any], Awaitable[T]]:
+    """A gRPC handler that passes `bound` the call with its request still unread; `tasks`
+    (efpsn.wire.calls.track of its server) gets the task of each call, which the server's stop
+    waits for."""
     unread = Unread(message_class)
 
     async def handle(_requests: Any, context: Any) -> T:
+        task = asyncio.current_task()
+        if tasks is not None and task is not None:
+            tasks.add(task)
         return await bound(unread, context)
 
     return handle

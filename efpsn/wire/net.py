@@ -21,7 +21,7 @@ from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 
 from efpsn.lifeline import launcher_gone
-from efpsn.wire import limits
+from efpsn.wire import calls, limits
 from efpsn.wire.guard import (
     RejectionLog,
 )
@@ -81,8 +81,11 @@ class Server:
         await self.health.set("", status)
 
     async def stop(self, grace: float = 1.0) -> None:
+        """Stop serving: calls still open after `grace` seconds are cancelled, and every
+        call's tasks have ended when this returns (efpsn/wire/calls.py)."""
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+        await calls.ended(self.server)
 
 
 async def start_server(

@@ -12,7 +12,7 @@ from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 from grpc_reflection.v1alpha._async import ReflectionServicer
 
-from efpsn.wire import limits
+from efpsn.wire import calls, limits
 from efpsn.wire.guard import (
     Admission,
     Gatekeeper,
@@ -62,7 +62,8 @@ class GuardedHealth:
         serialize = health_pb2.HealthCheckResponse.SerializeToString
         handlers = {
             "Check": grpc.stream_unary_rpc_method_handler(
-                unread_handler(self.Check, health_pb2.HealthCheckRequest),
+                unread_handler(self.Check, health_pb2.HealthCheckRequest,
+                               tasks=calls.track(server)),
                 request_deserializer=None, response_serializer=serialize),
             "Watch": grpc.unary_stream_rpc_method_handler(
                 self.Watch, request_deserializer=tolerant_parser(health_pb2.HealthCheckRequest),
