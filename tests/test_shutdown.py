@@ -5,6 +5,7 @@ agent is named by every agent that fails because of it."""
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import signal
 import time
@@ -19,6 +20,29 @@ from efpsn.cli.services import until_signalled
 from efpsn.config import RunConfig
 
 pytestmark = pytest.mark.timeout(300)
+
+
+class BrokenStderr(io.StringIO):
+    """stderr as a pipe whose reader is gone (`efpsn agent ... | tee`, tee stopped first)."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_stop_signal_stops_even_when_it_cannot_be_said(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    async def forever() -> None:
+        await asyncio.sleep(30)
+
+    async def main() -> None:
+        asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), signal.SIGTERM)
+        await until_signalled(forever(), what="test")
+
+    monkeypatch.setattr("sys.stderr", BrokenStderr())
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt, match="stopped by a signal"):
+        asyncio.run(main())
+    assert time.monotonic() - started < 5
 
 
 def test_a_cancellation_arriving_with_a_message_is_not_swallowed() -> None:

@@ -199,10 +199,14 @@ def install_stop_signals(stop: asyncio.Event, *, what: str = "") -> None:
 
 
 def _on_stop_signal(stop: asyncio.Event, sig: int, what: str) -> None:
+    stop.set()  # first: saying it may fail (a closed pipe as stderr), stopping must not
     if what:
         why = "; the launcher (efpsn up) is gone" if launcher_gone() else ""
-        print(f"{what}: {signal.Signals(sig).name}: stopping{why}", file=sys.stderr, flush=True)
-    stop.set()
+        try:
+            print(f"{what}: {signal.Signals(sig).name}: stopping{why}", file=sys.stderr,
+                  flush=True)
+        except (OSError, ValueError):
+            pass
 
 
 class Patience:
