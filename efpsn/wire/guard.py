@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from weakref import WeakSet
 
 import grpc
 from google.protobuf.descriptor import ServiceDescriptor
@@ -255,7 +256,8 @@ def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescript
 
 
 def unread_handler(bound: Callable[[Any, Any], Awaitable[T]], message_class: Any, *,
-                   tasks: Any = None) -> Callable[[Any, Any], Awaitable[T]]:
+                   tasks: WeakSet[asyncio.Task[Any]] | None = None,
+                   ) -> Callable[[Any, Any], Awaitable[T]]:
     """A gRPC handler that passes `bound` the call with its request still unread; `tasks`
     (efpsn.wire.calls.track of its server) gets the task of each call, which the server's stop
     waits for."""
