@@ -65,7 +65,8 @@ def _agent(args: argparse.Namespace) -> int:
         label_column=args.label_column, quiet=args.quiet,
         departure_deadline=args.departure_deadline,
     )
-    result = asyncio.run(until_signalled(AgentNode(options).run(), what=args.name))
+    result = asyncio.run(until_signalled(AgentNode(options).run(), what=args.name,
+                                         final=True))  # the process ends with the run
     final = result["final"]
     print(f"{args.name}: done; local loss {final['loss']:.4f}, accuracy {final['accuracy']:.4f}")
     print(f"{args.name}: {result['privacy']['line']}")

@@ -39,7 +39,7 @@ def _coordinator(args: argparse.Namespace) -> int:
     asyncio.run(serve(
         config, listen=args.listen, run_id=args.run_id, port_file=args.port_file,
         register_timeout=args.register_timeout, expected_names=expected, tls=tls,
-        linger=None if args.keep_serving else args.linger,
+        linger=None if args.keep_serving else args.linger, final=True,
     ))
     return 0
 

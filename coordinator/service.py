@@ -256,12 +256,15 @@ async def serve(
     tls: TlsConfig | None = None,
     stop: asyncio.Event | None = None,
     linger: float | None = 10.0,
+    final: bool = False,
 ) -> None:
     """Serve until stopped (SIGINT/SIGTERM or `stop`), or `linger` seconds after the run's
     bootstrap ended (every agent has its assignment, or the run was cancelled): the agents
     never need the coordinator again. linger=None serves until stopped.
 
-    expected_names defaults to agent1..agentN; tls=None serves plaintext (--insecure)."""
+    expected_names defaults to agent1..agentN; tls=None serves plaintext (--insecure); final:
+    the process ends with this call and ignores stop signals once one has come
+    (efpsn.wire.net.install_stop_signals)."""
     registry = Registry(config, run_id=run_id or uuid.uuid4().hex[:16],
                         expected_names=expected_names or default_names(config.agents))
     service = CoordinatorService(registry, register_timeout=register_timeout,
@@ -283,7 +286,7 @@ async def serve(
              registry.run_id, server.port, "mutual TLS" if tls else "PLAINTEXT, --insecure",
              config.agents, config.topology, ", ".join(sorted(registry.expected_names or ())))
     stop = stop or asyncio.Event()
-    install_stop_signals(stop, what="coordinator")
+    install_stop_signals(stop, what="coordinator", final=final)
     try:
         if linger is None:
             await stop.wait()

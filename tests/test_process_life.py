@@ -194,6 +194,11 @@ def test_nothing_of_a_run_outlives_efpsn_up(sig: int, fork: bool, wine: Path,
     err = (tmp_path / "stderr").read_text()
     if sig == signal.SIGKILL:
         assert code == -signal.SIGKILL
+        # each ended in order (coordinator 0, agents 130) or by the lifeline's grace SIGKILL;
+        # never by a later SIGTERM halfway through its exit, nor by a crash
+        odd = {named.get(pid, pid): end for pid, end in ends.items()
+               if end not in ("exit 0", "exit 130", "SIGKILL")}
+        assert not odd, odd
         for name in AGENTS:  # each noticed (forked: through the pipe alone; with --no-fork
             # the parent-death signal may come first, said at once by its stop handler)
             log = (run / "logs" / f"{name}.log").read_text()

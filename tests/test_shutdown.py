@@ -8,6 +8,8 @@ import asyncio
 import io
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -43,6 +45,41 @@ def test_a_stop_signal_stops_even_when_it_cannot_be_said(
     with pytest.raises(KeyboardInterrupt, match="stopped by a signal"):
         asyncio.run(main())
     assert time.monotonic() - started < 5
+
+
+LATE_SIGTERM = """
+import asyncio, os, signal, sys, time
+from efpsn.cli.services import until_signalled
+
+async def forever():
+    await asyncio.sleep(30)
+
+async def main():
+    asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), signal.SIGTERM)
+    await until_signalled(forever(), what="svc", final=sys.argv[1] == "final")
+
+try:
+    asyncio.run(main())
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+os.kill(os.getpid(), signal.SIGTERM)  # a late one, after the loop closed
+time.sleep(0.3)
+print("exited in order", flush=True)
+"""
+
+
+@pytest.mark.parametrize("final", [True, False])
+def test_a_service_stopping_is_not_killed_by_a_later_sigterm(final: bool) -> None:
+    """Linux repeats the parent-death signal as each thread of a killed `efpsn up` ends, and
+    the lifeline sends its own: a service already stopping ignores them (final=True, as the
+    agent's and the coordinator's processes run); a library user's loop keeps the default."""
+    out = subprocess.run([sys.executable, "-c", LATE_SIGTERM, "final" if final else "not"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert "svc: SIGTERM: stopping" in out.stderr and "interrupted" in out.stdout, out
+    if final:
+        assert out.returncode == 0 and "exited in order" in out.stdout, out
+    else:  # the check can fail: the default action ends the process at the late signal
+        assert out.returncode == -signal.SIGTERM, out
 
 
 def test_a_cancellation_arriving_with_a_message_is_not_swallowed() -> None:

@@ -72,20 +72,22 @@ def parse_names(text: str) -> set[str]:
 
 
 async def until_signalled(work: Coroutine[Any, Any, T], *, what: str,
-                          recancel_every: float = 1.0) -> T:
+                          recancel_every: float = 1.0, final: bool = False) -> T:
     """Run `work`; SIGTERM/SIGINT cancel it, so `finally` blocks run and the process exits soon.
 
     The cancellation is repeated at every further signal and every `recancel_every` seconds
     until the work has ended: library code can swallow one (asyncio.wait_for on Python 3.11
     does when it lands with a result), and the agent must still stop.
     Orchestrators (docker stop, Kubernetes, `efpsn up`) send SIGTERM; an agent stopped this way
-    keeps its state folder and resumes when started again with the same command.
+    keeps its state folder and resumes when started again with the same command. final: the
+    process ends with this work, and ignores stop signals once one has come
+    (efpsn.wire.net.install_stop_signals); then only the timer re-cancels.
     """
     from efpsn.wire.net import install_stop_signals
 
     task = asyncio.ensure_future(work)
     stop = asyncio.Event()
-    install_stop_signals(stop, what=what)
+    install_stop_signals(stop, what=what, final=final)
     stopper = asyncio.ensure_future(stop.wait())
     signalled = False
     try:

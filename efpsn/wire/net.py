@@ -185,21 +185,33 @@ def write_port_file(path: str | None, port: int) -> None:
         tmp.replace(path)
 
 
-def install_stop_signals(stop: asyncio.Event, *, what: str = "") -> None:
+def install_stop_signals(stop: asyncio.Event, *, what: str = "", final: bool = False) -> None:
     """SIGINT/SIGTERM set `stop` (so containers and `efpsn up` can shut us down cleanly). With
     `what`, each such signal is also said at once on stderr, before anything stops ("WHAT:
     SIGTERM: stopping"), and why when the launcher (`efpsn up`) that started us is gone: the
-    log then tells a stop from a crash."""
+    log then tells a stop from a crash.
+
+    final (a service process that ends with this loop: an agent's, the coordinator's): once a
+    stop signal has come, later ones are ignored. The stop is under way (until_signalled
+    re-cancels it every second; under `efpsn up` the lifeline's SIGKILL bounds it), and a later
+    SIGTERM must not kill the process halfway through its exit: Linux repeats the parent-death
+    signal as each thread of a killed launcher ends, and the lifeline sends its own, also after
+    the loop has closed and put back the default action."""
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(sig, _on_stop_signal, stop, sig, what)
+            loop.add_signal_handler(sig, _on_stop_signal, stop, sig, what, final)
         except (NotImplementedError, RuntimeError):  # not the main thread
             pass
 
 
-def _on_stop_signal(stop: asyncio.Event, sig: int, what: str) -> None:
+def _on_stop_signal(stop: asyncio.Event, sig: int, what: str, final: bool) -> None:
     stop.set()  # first: saying it may fail (a closed pipe as stderr), stopping must not
+    if final:
+        loop = asyncio.get_running_loop()
+        for each in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(each)  # so closing the loop restores nothing
+            signal.signal(each, signal.SIG_IGN)
     if what:
         why = "; the launcher (efpsn up) is gone" if launcher_gone() else ""
         try:
