@@ -12,7 +12,6 @@ subreaper, so a failure says how each process of the run ended (exit code or sig
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ import pytest
 from test_launcher import efpsn, leftovers, stop
 
 from efpsn.datadir import split_data
+from efpsn.launch.forking import set_subreaper, subreaper
 from efpsn.launch.signals import Stopped, StopSignals, signals_held
 from efpsn.lifeline import ENV, Lifeline, launcher_gone
 
@@ -31,7 +31,6 @@ pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc: Linux")]
 
 AGENTS = [f"agent{k}" for k in range(1, 5)]
-PR_SET_CHILD_SUBREAPER = 36
 LONG = ("--iterations", "20000", "--key-bits", "512", "--allow-insecure-keys", "--quiet")
 GONE_WITHIN = 10.0
 
@@ -92,12 +91,6 @@ def kill_all(pids: set[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def subreaper(on: bool) -> None:
-    """Orphans of what this test started become its children (so their ends can be read)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0, ctypes.get_errno()
 
 
 def label(line: bytes) -> str:
@@ -169,11 +162,13 @@ def assert_all_gone(pids: set[int], marker: str, signalled: float) -> None:
 def test_nothing_of_a_run_outlives_efpsn_up(sig: int, fork: bool, wine: Path,
                                             tmp_path: Path) -> None:
     # prepare: a run well under way
-    subreaper(True)  # the run's orphans become this test's children
-    proc, run = start_up(wine, tmp_path, *(() if fork else ("--no-fork",)))
+    was = subreaper()
+    assert was is not None and set_subreaper(1)  # the run's orphans become this test's children
     seen: set[int] = set()
     named: dict[int, str] = {}
+    proc: subprocess.Popen | None = None
     try:
+        proc, run = start_up(wine, tmp_path, *(() if fork else ("--no-fork",)))
         wait_mid_run(run, proc)
         seen = descendants(proc.pid) | marked(str(tmp_path))
         seen.discard(proc.pid)
@@ -187,10 +182,11 @@ def test_nothing_of_a_run_outlives_efpsn_up(sig: int, fork: bool, wine: Path,
         # assert: every process of the run is gone within 10 s of the signal
         assert_all_gone(seen, str(tmp_path), signalled)
     finally:
-        stop(proc)
+        if proc is not None:
+            stop(proc)
         kill_all(seen | marked(str(tmp_path)))
         ends = reap(seen)
-        subreaper(False)
+        set_subreaper(was)
     err = (tmp_path / "stderr").read_text()
     if sig == signal.SIGKILL:
         assert code == -signal.SIGKILL

@@ -18,7 +18,7 @@ from typing import IO, Any, Self
 
 from efpsn.launch.processes import Child, child_files
 
-__all__ = ["Adopted", "ForkServer", "can_fork_agents"]
+__all__ = ["Adopted", "ForkServer", "can_fork_agents", "set_subreaper", "subreaper"]
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_GET_CHILD_SUBREAPER = 37
@@ -32,15 +32,21 @@ def _prctl(option: int, value: Any) -> bool:
         return False
 
 
-def _subreaper() -> int | None:
+def subreaper() -> int | None:
     """Whether this process adopts its orphaned descendants (None where that cannot be)."""
     flag = ctypes.c_int(0)
     return flag.value if _prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag)) else None
 
 
+def set_subreaper(flag: int) -> bool:
+    """Adopt this process's orphaned descendants (1), or no longer (0); False where that cannot
+    be (not Linux)."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, flag)
+
+
 def can_fork_agents() -> bool:
     """Whether agents can be forked and adopted here (Linux, with fork)."""
-    return hasattr(os, "fork") and _subreaper() is not None
+    return hasattr(os, "fork") and subreaper() is not None
 
 
 class Adopted:
@@ -87,8 +93,8 @@ class ForkServer:
 
     def __init__(self, folder: Path, *, data: str | None = None,
                  env: Mapping[str, str] | None = None, pass_fds: Sequence[int] = ()) -> None:
-        self._was_subreaper = _subreaper()
-        if self._was_subreaper is None or not _prctl(PR_SET_CHILD_SUBREAPER, 1):
+        self._was_subreaper = subreaper()
+        if self._was_subreaper is None or not set_subreaper(1):
             raise OSError("this system cannot adopt forked agents (Linux only)")
         self.log_path, _ = child_files("forkserver", folder)
         with open(self.log_path, "wb") as log:
@@ -158,4 +164,4 @@ class ForkServer:
             self.process.kill()
             self.process.wait()
         stdout.close()
-        _prctl(PR_SET_CHILD_SUBREAPER, self._was_subreaper or 0)
+        set_subreaper(self._was_subreaper or 0)
