@@ -28,8 +28,8 @@ from agent.servicer import AgentService, Identity
 from agent.session import Session, open_session
 from agent.state import StateStore
 from agent.status import Status
-from efpsn.config import RunConfig
 from efpsn.ledger import RoundLedger
+from efpsn.params.config import RunConfig
 from efpsn.wire.guard import RejectionLog, add_service
 from efpsn.wire.net import Server, start_server
 from efpsn.wire.records import Assignment

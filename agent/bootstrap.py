@@ -13,8 +13,8 @@ import grpc
 from agent.options import AgentFailure, AgentOptions, Cancelled
 from agent.prepare import Prepared, failure_category, prepare
 from agent.session import Session
-from efpsn.config import RunConfig
-from efpsn.departure import Departure
+from efpsn.departure.membership import Departure
+from efpsn.params.config import RunConfig
 from efpsn.wire import records
 from efpsn.wire.net import Patience, call_with_retry
 from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
@@ -187,7 +187,7 @@ async def report_finished(channel: grpc.aio.Channel, *, session: Session, name: 
                           ) -> None:
     """Tell the coordinator this agent stopped at `round_` on the stop rule's certificate
     (`capped`: at the run's cap), so that a departure decided after it is decided as the end
-    it was (coordinator/departures.py, efpsn/last_window.py). Bounded by `timeout`; a failure is only logged (the run is over for
+    it was (coordinator/departures.py, efpsn/departure/last_window.py). Bounded by `timeout`; a failure is only logged (the run is over for
     this agent; without the report a neighbour stuck behind a departure exits 2 as before)."""
     request = coordinator_pb2.SilenceReport(run_id=session.run_id, sender=name, round=round_,
                                             epoch=epoch, finished=round_, capped=capped)

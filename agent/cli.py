@@ -11,8 +11,8 @@ import asyncio
 import time
 from pathlib import Path
 
-from efpsn.cli.common import OneLineParser
-from efpsn.cli.services import (
+from efpsn.flags.parser import OneLineParser
+from efpsn.flags.services import (
     add_debug_flags,
     add_departure_flag,
     add_tls_flags,
@@ -20,7 +20,7 @@ from efpsn.cli.services import (
     tls_from_args,
     until_signalled,
 )
-from efpsn.lifeline import hold_to_launcher
+from efpsn.process.lifeline import hold_to_launcher
 
 
 def _coordinator_address(args: argparse.Namespace) -> str:

@@ -1,14 +1,14 @@
 """A neighbour that left for good, at one agent: ask the coordinator who left (it decides, the
 same for everyone: coordinator/departures.py), then apply the decision with the pure core's
-functions (efpsn/departure.py, efpsn/departure_masks.py), round by round as the simulator's
-replay does (efpsn/departure_replay.py), so that the network equals `efpsn simulate --leave`.
+functions (efpsn/departure/membership.py, efpsn/departure/remask.py), round by round as the simulator's
+replay does (efpsn/departure/replay.py), so that the network equals `efpsn simulate --leave`.
 
 At round T each neighbour of the departed agent d (at T + 1 a neighbour that used d's round-T
 message, Departure.late) mixes with the drop-node weights and drops the mask terms it shares
 with d; at the re-base round R every remaining agent takes the Metropolis weights of the graph
 without d (joined where it fell apart: the ends of a new edge exchange seeds right after the
 decision, agent/rejoin.py, and add them at R), restarts its tracker from its local gradient
-and, with the stop rule, the remaining graph's rule (efpsn/stopping.py; no window decided at T
+and, with the stop rule, the remaining graph's rule (efpsn/optimize/stopping.py; no window decided at T
 or later counts). Only names and round numbers go to the coordinator.
 """
 
@@ -32,13 +32,13 @@ from agent.rejoin import Rejoin
 from agent.session import Session
 from agent.state import StateStore
 from efpsn.algorithms.base import Received
-from efpsn.departure import Departure, drop_node_weights, optimum_of, rebase, reconfigure
-from efpsn.departure_masks import add_seeds, drop_seeds, reseeded
-from efpsn.fading import FadingMask
-from efpsn.last_window import CapEnd
-from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
-from efpsn.rounds import RoundDriver
-from efpsn.stopping import StopRule
+from efpsn.departure.last_window import CapEnd
+from efpsn.departure.membership import Departure, drop_node_weights, optimum_of, rebase, reconfigure
+from efpsn.departure.remask import add_seeds, drop_seeds, reseeded
+from efpsn.masks.fading import FadingMask
+from efpsn.masks.refresh import FixedMask, MaskProvider, RefreshedMask
+from efpsn.optimize.driver import RoundDriver
+from efpsn.optimize.stopping import StopRule
 
 __all__ = ["LocalDepartures", "Silence"]
 
@@ -203,7 +203,7 @@ class LocalDepartures:
         if not replaying:  # a restart's checkpoint after R holds the re-based trackers
             driver.state = rebase(driver.state)
             driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
-        # the stop rule of the remaining graph, its checks counted from R (efpsn/stopping.py)
+        # the stop rule of the remaining graph, its checks counted from R (efpsn/optimize/stopping.py)
         pending = min((d.round for d in self.decided if d.round <= t < d.rebase_round), default=None)
         stop = StopRule.rebased(self.session.config, recon.remaining_weights(), origin=t,
                                 until=pending, cap=driver.iterations)

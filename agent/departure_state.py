@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import fixed_terms, rejoin_state
-from efpsn.departure import Departure
+from efpsn.departure.membership import Departure
 from efpsn.jsonfile import read_run_json, write_json
 
 __all__ = ["FILE", "discard", "load", "save"]

@@ -1,6 +1,6 @@
 """A decision that ends the run for this agent instead of a re-base (agent/departing.py): the
 departure came after the run had ended for agents far from it, so the others end too, each
-where the rule says (efpsn/last_window.py), the same as `efpsn simulate --leave` replays:
+where the rule says (efpsn/departure/last_window.py), the same as `efpsn simulate --leave` replays:
 
 - the run had stopped at S on the stop rule's certificate (Departure.stopped): end with the
   check round's state, S - D (`end_in_window`);
@@ -16,9 +16,9 @@ import logging
 from typing import Any
 
 from agent.options import AgentFailure
-from efpsn.departure import Departure, optimum_of
-from efpsn.last_window import cap_end, capped_model, capped_words, reach
-from efpsn.rounds import RoundDriver
+from efpsn.departure.last_window import cap_end, capped_model, capped_words, reach
+from efpsn.departure.membership import Departure, optimum_of
+from efpsn.optimize.driver import RoundDriver
 
 # `local` below is agent/departing.py's LocalDepartures (which imports this module: no cycle)
 LocalDepartures = Any
@@ -31,7 +31,7 @@ log = logging.getLogger("efpsn.agent")
 def end_in_window(local: LocalDepartures, new: list[Departure], names: dict[int, str],
                   driver: RoundDriver) -> None:
     """The decision says the run had stopped at S on the certificate before these agents
-    left (efpsn/last_window.py): end with the check round's state, S - D."""
+    left (efpsn/departure/last_window.py): end with the check round's state, S - D."""
     local.names = {**names, **local.names}
     stop_round = new[0].stopped
     assert stop_round is not None

@@ -4,8 +4,8 @@ Agent i's fixed mask is numerator_i = sum_j (z_ij - z_ji) over its neighbours j:
 z_ji came encrypted under its own key. Phase I's Masker decrypts only the sum of the z_ji (one
 decryption per plaintext), so the agent keeps its Masker in memory and, when neighbour d leaves
 for good, decrypts d's ciphertexts alone and subtracts z_id - z_di
-(efpsn.masking.Masker.edge_terms): exactly the terms it shares with d, which it could always
-read, and what the simulator's replay does with efpsn/departure_masks.py's PairShares. A new
+(efpsn.masks.zero_sum.Masker.edge_terms): exactly the terms it shares with d, which it could always
+read, and what the simulator's replay does with efpsn/departure/remask.py's PairShares. A new
 edge (a departure that cut the graph) runs the paper's phase I for that edge alone
 (agent/rejoin.py, a Masker on the new neighbours), whose terms are added at the re-base round.
 
@@ -32,10 +32,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from efpsn import paillier
+from efpsn.crypto import paillier
 from efpsn.jsonfile import read_run_json, write_json
-from efpsn.masking import MaskCoefficients, Masker
-from efpsn.refresh import FixedMask
+from efpsn.masks.refresh import FixedMask
+from efpsn.masks.zero_sum import MaskCoefficients, Masker
 
 __all__ = ["FILE", "EdgeTerms", "save_phase_one"]
 

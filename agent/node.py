@@ -51,16 +51,16 @@ from agent.secure_sum import (
 from agent.servicer import ShareCheck
 from agent.session import Session, open_session
 from agent.state import SavedAssignment, StateError
-from efpsn import paillier
 from efpsn.algorithms import make_algorithm
-from efpsn.config import RunConfig
+from efpsn.crypto import paillier
 from efpsn.ledger import RoundLedger
-from efpsn.masking import MaskCoefficients, Masker, noise_generator
-from efpsn.refresh import MaskProvider
-from efpsn.rounds import checkpoint_shapes
-from efpsn.runtime import peak_rss_mb, pss_mb
-from efpsn.seeds import EdgeSeeds, SeedExchange
-from efpsn.stopping import StopRule
+from efpsn.masks.refresh import MaskProvider
+from efpsn.masks.seeds import EdgeSeeds, SeedExchange
+from efpsn.masks.zero_sum import MaskCoefficients, Masker, noise_generator
+from efpsn.optimize.driver import checkpoint_shapes
+from efpsn.optimize.stopping import StopRule
+from efpsn.params.config import RunConfig
+from efpsn.process.runtime import peak_rss_mb, pss_mb
 from efpsn.wire.net import (
     Server,
     split_address,
@@ -288,7 +288,7 @@ class AgentNode:
         """A progress line per evaluation, for this agent's own operator (its log)."""
         def say(record: dict[str, float]) -> None:
             # its own loss and accuracy, and how far it still moves and disagrees with its
-            # neighbours (efpsn.rounds.progress; relative to max(1, ||x||))
+            # neighbours (efpsn.optimize.driver.progress; relative to max(1, ||x||))
             figures = ", ".join(f"{k.replace('relative_', '')} {record[k]:.4g}"
                                 for k in ("loss", "accuracy", "relative_step", "relative_gap")
                                 if k in record)

@@ -19,7 +19,7 @@ from agent.options import AgentFailure, AgentOptions, RefusedByNeighbour
 from agent.outbox import Outbox
 from agent.round_stream import RoundStream, StreamBroken
 from agent.session import Session
-from efpsn import paillier
+from efpsn.crypto import paillier
 from efpsn.ledger import RoundLedger
 from efpsn.wire import records, serde
 from efpsn.wire.net import Patience, call_with_retry, open_channel

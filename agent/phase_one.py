@@ -1,7 +1,7 @@
 """Phase I at one agent: keys to the neighbours, encrypted shares both ways, the exact mask (or,
 with refreshed masks, one encrypted seed each way: the edge seeds every period's noise comes from).
 
-The math is efpsn/masking.py's Masker (efpsn/seeds.py's SeedExchange); this module only moves
+The math is efpsn/masks/zero_sum.py's Masker (efpsn/masks/seeds.py's SeedExchange); this module only moves
 their keys and ciphertexts through the client side (agent/peers.py) and times each step."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from agent.life import Life
 from agent.peers import Peers
 from agent.phase_one_leave import PhaseOneDepartures
 from agent.session import Session
-from efpsn import paillier
-from efpsn.config import RunConfig
-from efpsn.masking import MaskCoefficients, Masker, independent_mask
-from efpsn.seeds import EdgeSeeds, SeedExchange
+from efpsn.crypto import paillier
+from efpsn.masks.seeds import EdgeSeeds, SeedExchange
+from efpsn.masks.zero_sum import MaskCoefficients, Masker, independent_mask
+from efpsn.params.config import RunConfig
 
 __all__ = ["run_phase_one", "shares_packed"]
 

@@ -43,9 +43,9 @@ from agent.options import AgentFailure, AgentOptions, RefusedByNeighbour
 from agent.peers import Peers
 from agent.servicer import AgentService
 from agent.session import Session
-from efpsn.departure import Departure
-from efpsn.masking import Masker
-from efpsn.seeds import SeedExchange
+from efpsn.departure.membership import Departure
+from efpsn.masks.seeds import SeedExchange
+from efpsn.masks.zero_sum import Masker
 
 __all__ = ["Decided", "PhaseOneDecision", "PhaseOneDepartures", "phase_one_departures"]
 

@@ -1,4 +1,4 @@
-"""Phase II at one agent: the shared round driver (efpsn/rounds.py) fed by the round exchange
+"""Phase II at one agent: the shared round driver (efpsn/optimize/driver.py) fed by the round exchange
 (agent/exchange.py), with checkpoints and the agent's own evaluations.
 
 The same RoundDriver runs in the in-process simulator; only the message moving differs, which is
@@ -22,12 +22,12 @@ from agent.status import Status
 from efpsn.algorithms import make_algorithm
 from efpsn.algorithms.base import AgentState, Message, StepContext
 from efpsn.ledger import RoundLedger
-from efpsn.param_checks import LOCAL_DATA
+from efpsn.masks.refresh import MaskProvider
+from efpsn.optimize.driver import RoundDriver
+from efpsn.optimize.stopping import StopRule
+from efpsn.params.checks import LOCAL_DATA
+from efpsn.params.schedules import make_schedule
 from efpsn.problem import Problem
-from efpsn.refresh import MaskProvider
-from efpsn.rounds import RoundDriver
-from efpsn.schedules import make_schedule
-from efpsn.stopping import StopRule
 
 __all__ = ["PhaseTwoResult", "evaluate", "run_phase_two"]
 
@@ -87,7 +87,7 @@ async def run_phase_two(*, session: Session, driver: RoundDriver, link: RoundLin
         await checkpoints.close(failing=True)
         raise
     await checkpoints.close()
-    if driver.t >= life.round:  # the stop rule's round (efpsn/stopping.py), at most the
+    if driver.t >= life.round:  # the stop rule's round (efpsn/optimize/stopping.py), at most the
         life.advance(driver.t)  # rounds (the check round's, below it, after a last window)
     return PhaseTwoResult(state=driver.state, final_outbox=driver.outbox, history=history)
 

@@ -7,11 +7,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from agent.options import AgentOptions
-from efpsn.config import RunConfig
-from efpsn.param_checks import LOCAL_DATA
+from efpsn.data.local import DataError, LocalData, load_local_data
+from efpsn.params.checks import LOCAL_DATA
+from efpsn.params.config import RunConfig
+from efpsn.params.schema import parse_shape
 from efpsn.problem import Problem, build_problem, build_task
-from efpsn.schema import parse_shape
-from efpsn.tasks.local import DataError, LocalData, load_local_data
 from efpsn.tasks.objective import Task
 
 __all__ = ["Prepared", "failure_category", "prepare"]
@@ -61,7 +61,7 @@ def prepare(config: RunConfig, options: AgentOptions) -> Prepared:
         raise ValueError(f"{who}: scale standard needs agent-local data (run the coordinator "
                          "with --data local)")
     if standard:
-        from efpsn.standardise import check_standardisable
+        from efpsn.stats.standardise import check_standardisable
 
         try:
             check_standardisable(config)

@@ -1,10 +1,10 @@
 """A new edge after a departure cut the graph: phase I's seed exchange for it, between its two
-ends, before the re-base round (efpsn/seeds.py's SeedExchange, as agent/phase_one.py runs it;
-with the paper's fixed mask, efpsn/masking.py's Masker on the new edges, agent/fixed_terms.py).
+ends, before the re-base round (efpsn/masks/seeds.py's SeedExchange, as agent/phase_one.py runs it;
+with the paper's fixed mask, efpsn/masks/zero_sum.py's Masker on the new edges, agent/fixed_terms.py).
 
 Each end makes a fresh Paillier key pair, sends its public key and then its seed for the edge,
 encrypted under the other end's key, and decrypts the other end's: the pair (s_ij, s_ji) that
-efpsn/departure_masks.py's `new_edge_seeds` draws in the simulator from the same generator
+efpsn/departure/remask.py's `new_edge_seeds` draws in the simulator from the same generator
 (`rejoin_generator`, given a test noise seed; the OS otherwise). The messages are phase I's
 (PutPublicKey, PutShares) with the re-base round in their header; the two ends learned each
 other's name and address from the coordinator's decision, and mutual TLS checks the names as
@@ -34,10 +34,10 @@ from agent.phase_one import shares_packed
 from agent.rejoin_state import ExchangeState
 from agent.servicer import AgentService, ShareCheck
 from agent.session import Session
-from efpsn import paillier
-from efpsn.departure_masks import rejoin_generator
-from efpsn.masking import Masker
-from efpsn.seeds import EdgeSeeds, SeedExchange, draw_seeds
+from efpsn.crypto import paillier
+from efpsn.departure.remask import rejoin_generator
+from efpsn.masks.seeds import EdgeSeeds, SeedExchange, draw_seeds
+from efpsn.masks.zero_sum import Masker
 from efpsn.wire import serde
 from efpsn.wire.records import Phase
 
@@ -53,7 +53,7 @@ async def exchange_new_seeds(*, session: Session, peers: Peers, mailbox: Mailbox
                              ) -> dict[int, tuple[bytes, bytes]] | Masker:
     """This agent's seeds with each new neighbour (name -> index in `joiners`): index ->
     (s_ij, s_ji); with the paper's fixed mask (`fixed`), the finished Masker of the new edges
-    (its shares drawn as efpsn/departure_masks.py's new_edge_shares draws them). `service` is
+    (its shares drawn as efpsn/departure/remask.py's new_edge_shares draws them). `service` is
     told the key the new neighbours' shares must be under. The exchange is saved in `folder`
     before anything is sent (agent/rejoin_state.py) and resumed from there."""
     cfg = session.config

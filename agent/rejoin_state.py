@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from efpsn import paillier
+from efpsn.crypto import paillier
 from efpsn.jsonfile import read_run_json, write_json
 
 __all__ = ["FILE", "ExchangeState", "discard"]

@@ -14,10 +14,10 @@ import torch
 
 from agent.session import Session
 from efpsn.jsonfile import write_json
-from efpsn.masking import MaskCoefficients
-from efpsn.model_io import MODEL_FILE, save_model
-from efpsn.privacy_modes import privacy_statement
-from efpsn.runtime import thread_cpus
+from efpsn.masks.zero_sum import MaskCoefficients
+from efpsn.privacy.modes import privacy_statement
+from efpsn.process.runtime import thread_cpus
+from efpsn.tasks.model_io import MODEL_FILE, save_model
 
 __all__ = ["failure_record", "write_failure", "write_results"]
 

@@ -20,12 +20,12 @@ from agent.options import AgentFailure, RefusedByNeighbour
 from agent.peers import Peers
 from agent.session import Session
 from agent.state import Checkpoint, SavedAssignment, StateError, StateStore
-from efpsn.departure_masks import drop_seeds
-from efpsn.fading import FadingMask
+from efpsn.departure.remask import drop_seeds
 from efpsn.ledger import Verdict
-from efpsn.masking import MaskCoefficients
-from efpsn.refresh import FixedMask, MaskProvider, RefreshedMask
-from efpsn.seeds import EdgeSeeds
+from efpsn.masks.factory import mask_of
+from efpsn.masks.refresh import MaskProvider
+from efpsn.masks.seeds import EdgeSeeds
+from efpsn.masks.zero_sum import MaskCoefficients
 
 __all__ = ["Replay", "check_address", "check_resumable", "mask_provider", "reload_checkpoint",
            "reload_phase_one"]
@@ -97,12 +97,7 @@ def reload_phase_one(store: StateStore, *, name: str, session: Session
 def mask_provider(session: Session, phase_one: MaskCoefficients | EdgeSeeds) -> MaskProvider:
     """This agent's mask of every round: phase I's fixed mask, or the masks its edge seeds give
     (fading, or refreshed with period floor(t / R))."""
-    if isinstance(phase_one, EdgeSeeds):
-        refresh = session.config.refresh
-        if refresh.fading:
-            return FadingMask(seeds=phase_one, spec=session.problem.noise_spec, refresh=refresh)
-        return RefreshedMask(seeds=phase_one, spec=session.problem.noise_spec, refresh=refresh)
-    return FixedMask(phase_one)
+    return mask_of(phase_one, spec=session.problem.noise_spec, refresh=session.config.refresh)
 
 
 def reload_checkpoint(store: StateStore, *, name: str, run_id: str,

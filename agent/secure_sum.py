@@ -1,5 +1,5 @@
 """Between phase I and phase II of a `scale standard` run: the secure sum of column statistics
-over the network (efpsn/stats_flood.py's flood, efpsn/secure_stats.py's masked vectors), its
+over the network (efpsn/stats/flood.py's flood, efpsn/stats/column_sums.py's masked vectors), its
 receive rules, the totals saved for a restart, and the session standardised with them.
 
 Order at an agent: phase I's edge seeds saved -> the flood (every round's message delivered to
@@ -27,14 +27,14 @@ from agent.peers import Peers
 from agent.prepare import Prepared
 from agent.session import Session
 from agent.state import StateError
-from efpsn.departure import Departure, reconfigure
-from efpsn.departure_masks import drop_seeds
+from efpsn.departure.membership import Departure, reconfigure
+from efpsn.departure.remask import drop_seeds
 from efpsn.ledger import Judgement, Verdict
+from efpsn.masks.seeds import EdgeSeeds
 from efpsn.problem import build_problem, build_task
-from efpsn.secure_stats import Totals, masked_vector
-from efpsn.seeds import EdgeSeeds
-from efpsn.standardise import standardise_local, with_count_l2
-from efpsn.stats_flood import StatsFlood, flood_round_base
+from efpsn.stats.column_sums import Totals, masked_vector
+from efpsn.stats.flood import StatsFlood, flood_round_base
+from efpsn.stats.standardise import standardise_local, with_count_l2
 from efpsn.topology import Graph
 from efpsn.wire.records import Phase
 from efpsn.wire.stats import stats_message
@@ -107,7 +107,7 @@ async def run_secure_sum(*, session: Session, peers: Peers, life: Life,
     With departures on (`leave`, agent/phase_one_leave.py): a neighbour silent past the
     departure deadline is reported as in phase I (a departure there or during this flood is
     one in phase I: round 0, re-base round n), and once the coordinator decides, the flood
-    starts again on the remaining graph (efpsn.departure's reconfigure: the new edges carry
+    starts again on the remaining graph (efpsn.departure.membership's reconfigure: the new edges carry
     messages, no pad) with rounds and fresh pads of its own (the decisions' epoch), every
     departed neighbour's seeds dropped from this agent's pad and from phase II's masks (as if
     it had left in phase I), so the remaining pads cancel and the totals are the remaining
@@ -220,7 +220,7 @@ def load_totals(folder: Path, *, run_id: str) -> Totals | None:
 def standardised_session(session: Session, prepared: Prepared, totals: Totals, *,
                          who: str) -> Session:
     """The session phase II runs: l2 from the total count (when left to its default) and the
-    step rule resolved with it, exactly as the simulator does (efpsn/standardise.py), and this
+    step rule resolved with it, exactly as the simulator does (efpsn/stats/standardise.py), and this
     agent's data standardised with the totals (its training part checked against the step
     rule's curvature bound)."""
     if len(totals.sums) != stats_length(session) // 2:

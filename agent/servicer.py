@@ -3,7 +3,7 @@
 Every handler checks, before it touches any state: the caller's certificate names the claimed
 sender (mutual TLS), the sender is a neighbour, and the message passes the wire checks (run,
 phase, round, tensors: efpsn/wire/rounds.py; keys and ciphertexts: efpsn/wire/serde.py and
-efpsn/paillier.py). Whether a valid message is taken (window, duplicates) is the ledger's
+efpsn/crypto/paillier.py). Whether a valid message is taken (window, duplicates) is the ledger's
 verdict (efpsn/ledger.py). Refusals are counted (GetStatus.rejections) and logged; no
 exception escapes as UNKNOWN (efpsn/wire/guard.py). It never drives the run: the phases wait on
 the mailbox it fills.
@@ -26,9 +26,9 @@ from agent.outbox import Outbox
 from agent.secure_sum import StatsLedger, stats_length
 from agent.session import Session
 from agent.status import Status
-from efpsn import paillier
+from efpsn.crypto import paillier
 from efpsn.ledger import Judgement, PhaseOneLedger, Verdict
-from efpsn.stats_flood import flood_wire_rounds
+from efpsn.stats.flood import flood_wire_rounds
 from efpsn.wire import limits, records, serde
 from efpsn.wire.guard import (
     Admission,

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 from agent.options import AgentFailure
 from agent.prepare import Prepared
 from efpsn.algorithms import make_algorithm
-from efpsn.config import RunConfig
+from efpsn.params.config import RunConfig
 from efpsn.problem import Problem
-from efpsn.stats_flood import ENTRY_BYTES
+from efpsn.stats.flood import ENTRY_BYTES
 from efpsn.wire import limits
 from efpsn.wire.records import Assignment
 

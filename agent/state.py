@@ -47,8 +47,8 @@ import numpy as np
 import torch
 
 from agent.durable import fsync_dir, write_all, write_private
-from efpsn.config import RunConfig
-from efpsn.masking import MaskCoefficients
+from efpsn.masks.zero_sum import MaskCoefficients
+from efpsn.params.config import RunConfig
 from efpsn.wire import records
 
 log = logging.getLogger("agent.state")
@@ -264,7 +264,7 @@ class StateStore:
 
     def save_seeds(self, seeds_json: str, *, run_id: str, stats: dict[str, float],
                    received: dict[str, dict[str, bytes]] | None = None) -> None:
-        """Refreshed masks: the edge seeds (efpsn/seeds.py EdgeSeeds.to_json), with phase I's
+        """Refreshed masks: the edge seeds (efpsn/masks/seeds.py EdgeSeeds.to_json), with phase I's
         statistics and received digests as for a mask. Secret like the mask: 0600, deleted when
         the run finishes."""
         self._ensure()

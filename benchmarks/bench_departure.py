@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from localnet import crash_at
 
-from efpsn.config import RunConfig
-from efpsn.datadir import load_data_dir
+from efpsn.data.folders import load_data_dir
 from efpsn.launch.summary import load_agent_results
+from efpsn.params.config import RunConfig
 from efpsn.problem import average, build_problem
 from efpsn.tasks.optimum import centralized_optimum
 

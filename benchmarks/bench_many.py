@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from efpsn.runtime import machine_load
+from efpsn.process.runtime import machine_load
 
 GOAL_TOTAL_GB = 16.0
 

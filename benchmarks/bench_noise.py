@@ -37,13 +37,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from efpsn.config import RunConfig
-from efpsn.masking import NoiseSpec
+from efpsn.masks.refresh import FixedMask, RefreshedMask
+from efpsn.masks.seeds import exchange_seeds_fast
+from efpsn.masks.zero_sum import NoiseSpec
+from efpsn.params.config import RunConfig
+from efpsn.params.refresh_setting import Refresh
 from efpsn.problem import MaskedPerturbation, build_problem
-from efpsn.refresh import FixedMask, RefreshedMask
-from efpsn.refresh_value import Refresh
-from efpsn.runtime import configure_threads, machine_load
-from efpsn.seeds import exchange_seeds_fast
+from efpsn.process.runtime import configure_threads, machine_load
 from efpsn.simulator import run_simulation
 from efpsn.tasks.batches import BatchSampler
 

@@ -12,12 +12,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-import gmpy2  # only for the raw powmod floor; the protocol itself goes through efpsn.paillier
+import gmpy2  # only for the raw powmod floor; the protocol itself goes through efpsn.crypto.paillier
 import numpy as np
 
-from efpsn import paillier
-from efpsn.encoding import SlotLayout
-from efpsn.masking import Masker, NoiseSpec
+from efpsn.crypto import paillier
+from efpsn.crypto.encoding import SlotLayout
+from efpsn.masks.zero_sum import Masker, NoiseSpec
 
 # The two settings the brief asks for: the paper's experiments ((K, m, N) = (1, 10, 10)) and
 # masking every coefficient of the 784 -> 10 logistic regression (7,850 weights and biases + the
@@ -28,7 +28,7 @@ LOGREG_N = 7851
 LOGREG_SQUARES_N = 2 * 7850 + 1
 DEFAULT_GAMMA = 1e3
 DEFAULT_P = 1.0
-DEFAULT_PRECISION = 6  # efpsn.config.RunConfig's default
+DEFAULT_PRECISION = 6  # efpsn.params.config.RunConfig's default
 
 # Phase I is single-threaded; CPU time of this process is its cost and, unlike wall time, is not
 # inflated when other jobs share the cores. --clock wall switches every measurement to wall time.

@@ -3,8 +3,8 @@
     python benchmarks/bench_phase1_seeds.py [--key-bits 3072] [--degree 2] [--json OUT]
 
 For one agent with `degree` neighbours and N = 7,851 coefficients (every logistic-regression
-parameter, K = 1): the packed Paillier protocol of efpsn.masking (bench_phase1.run_agent) and
-efpsn.seeds.SeedExchange, each timed from outgoing() to finish() (draw, encrypt for every
+parameter, K = 1): the packed Paillier protocol of efpsn.masks.zero_sum (bench_phase1.run_agent) and
+efpsn.masks.seeds.SeedExchange, each timed from outgoing() to finish() (draw, encrypt for every
 neighbour, validate, decrypt), plus, for the seeds, the first period's mask derived from them.
 CPU seconds of this process (the protocol is single-threaded); the load is printed.
 """
@@ -17,13 +17,13 @@ import time
 
 import bench_phase1  # this folder's phase I benchmark (scripts run with it on sys.path)
 
-from efpsn import paillier
-from efpsn.encoding import SlotLayout
-from efpsn.masking import NoiseSpec
-from efpsn.refresh import RefreshedMask
-from efpsn.refresh_value import Refresh
-from efpsn.runtime import machine_load
-from efpsn.seeds import SeedExchange
+from efpsn.crypto import paillier
+from efpsn.crypto.encoding import SlotLayout
+from efpsn.masks.refresh import RefreshedMask
+from efpsn.masks.seeds import SeedExchange
+from efpsn.masks.zero_sum import NoiseSpec
+from efpsn.params.refresh_setting import Refresh
+from efpsn.process.runtime import machine_load
 
 
 def seeds_agent(*, degree: int, keypairs: list, spec: NoiseSpec) -> dict[str, float]:

@@ -58,17 +58,17 @@ from agent.options import AgentOptions
 from agent.state import StateStore
 from efpsn.algorithms import make_algorithm
 from efpsn.algorithms.base import StepContext
-from efpsn.cli.common import add_data_dir_arguments
-from efpsn.cli.flags import add_run_arguments, config_from_args
-from efpsn.config import RunConfig
-from efpsn.datadir import inspect_data_dir, load_data_dir
+from efpsn.data.folders import inspect_data_dir, load_data_dir
+from efpsn.flags.arguments import add_run_arguments, config_from_args
+from efpsn.flags.parser import add_data_dir_arguments
+from efpsn.optimize.driver import RoundDriver
+from efpsn.params.config import RunConfig
+from efpsn.params.schedules import make_schedule
 from efpsn.problem import build_problem
-from efpsn.rounds import RoundDriver
-from efpsn.runtime import configure_threads, machine_load
-from efpsn.schedules import make_schedule
+from efpsn.process.runtime import configure_threads, machine_load
 from efpsn.simulator import make_mask_providers
 from efpsn.wire.rounds import encode_round
-from efpsn.wire.status import StatusPoller
+from efpsn.wire.status_client import StatusPoller
 from efpsn.wire.tls import TlsConfig, generate_certificates
 
 TICK = os.sysconf("SC_CLK_TCK")

@@ -52,9 +52,9 @@ import numpy as np
 from bench_round_path import _free_ports, open_bare_stream, start_bare_server
 from bench_step import drivers_for, lockstep
 
-from efpsn.rounds import RoundDriver
-from efpsn.runtime import configure_threads, machine_load
-from efpsn.stopping import STOP_KEY
+from efpsn.optimize.driver import RoundDriver
+from efpsn.optimize.stopping import STOP_KEY
+from efpsn.process.runtime import configure_threads, machine_load
 from efpsn.wire.limits import MAX_TENSOR_ELEMENTS as MAX_ELEMENTS
 from efpsn.wire.rounds import encode_round
 from efpsn.wire.serde import array_from_parts

@@ -46,8 +46,8 @@ from typing import Any
 import grpc
 import torch
 
-from efpsn.config import RunConfig
-from efpsn.runtime import configure_threads, machine_load
+from efpsn.params.config import RunConfig
+from efpsn.process.runtime import configure_threads, machine_load
 from efpsn.wire.net import open_channel
 from efpsn.wire.rounds import encode_round
 from efpsn.wire.tls import TlsConfig, generate_certificates

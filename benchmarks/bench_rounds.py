@@ -38,11 +38,11 @@ from typing import Any
 
 import bench_transport  # this folder's transport benchmark (scripts run with it on sys.path)
 
-from efpsn.config import RunConfig
 from efpsn.launch.network import launch_local_network
 from efpsn.launch.summary import load_agent_results
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
-from efpsn.runtime import configure_threads, machine_load
+from efpsn.process.runtime import configure_threads, machine_load
 from efpsn.simulator import run_simulation
 
 

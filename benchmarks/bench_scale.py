@@ -25,11 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from efpsn.config import RunConfig
-from efpsn.datadir import read_schema, split_data
+from efpsn.data.folders import read_schema, split_data
 from efpsn.launch.network import launch_local_network
 from efpsn.launch.summary import load_agent_results
-from efpsn.runtime import configure_threads
+from efpsn.params.config import RunConfig
+from efpsn.process.runtime import configure_threads
 
 FASHION = "idx:/usr/share/datasets/fashion-mnist"
 

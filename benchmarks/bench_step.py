@@ -31,15 +31,15 @@ from pathlib import Path
 
 from efpsn.algorithms import make_algorithm
 from efpsn.algorithms.base import StepContext
-from efpsn.cli.common import add_data_dir_arguments
-from efpsn.cli.flags import add_run_arguments, config_from_args
-from efpsn.datadir import load_data_dir
+from efpsn.data.folders import load_data_dir
+from efpsn.flags.arguments import add_run_arguments, config_from_args
+from efpsn.flags.parser import add_data_dir_arguments
+from efpsn.optimize.driver import RoundDriver
+from efpsn.optimize.stopping import StopRule
+from efpsn.params.schedules import make_schedule
 from efpsn.problem import build_problem
-from efpsn.rounds import RoundDriver
-from efpsn.runtime import configure_threads, machine_load
-from efpsn.schedules import make_schedule
+from efpsn.process.runtime import configure_threads, machine_load
 from efpsn.simulator import make_mask_providers
-from efpsn.stopping import StopRule
 
 
 def drivers_for(data_dir: Path, agents: int, *, flags: Sequence[str] = (),

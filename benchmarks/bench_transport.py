@@ -40,8 +40,8 @@ import torch
 
 from agent.assembly import local_agents
 from coordinator.registry import local_assignments
-from efpsn.config import RunConfig
-from efpsn.runtime import configure_threads, machine_load
+from efpsn.params.config import RunConfig
+from efpsn.process.runtime import configure_threads, machine_load
 from efpsn.wire import records, rounds
 from efpsn.wire.net import open_channel
 from efpsn.wire.records import Phase

@@ -24,18 +24,18 @@ from pathlib import Path
 # (file suffix, function name) of each grammar's parse: the values' parse today, and the
 # functions that parsed the same text before they became values (so one script measures both)
 PARSERS = {
-    "selection": [("efpsn/selection.py", "parse_selection")],
-    "refresh": [("efpsn/refresh_value.py", "parse")],
-    "schedule": [("efpsn/schedules.py", "make_schedule"), ("efpsn/run_values.py", "parse:Schedule")],
-    "iterations": [("efpsn/param_checks.py", "parse_rounds"), ("efpsn/run_values.py", "parse:Rounds")],
-    "batch_size": [("efpsn/param_checks.py", "parse_batch"),
-                   ("efpsn/run_values.py", "parse:BatchSize")],
-    "momentum": [("efpsn/param_checks.py", "parse_momentum"),
-                 ("efpsn/run_values.py", "parse:Momentum")],
-    "task": [("efpsn/schema.py", "check_task_spec"), ("efpsn/schema.py", "parse:TaskSpec")],
-    "scale": [("efpsn/schema.py", "scale_divisor"), ("efpsn/schema.py", "parse:Scale")],
-    "stop_every": [("efpsn/param_checks.py", "parse_stop_every"),
-                   ("efpsn/run_values.py", "parse:StopEvery")],
+    "selection": [("efpsn/perturbation/selection.py", "parse_selection")],
+    "refresh": [("efpsn/params/refresh_setting.py", "parse")],
+    "schedule": [("efpsn/params/schedules.py", "make_schedule"), ("efpsn/params/values.py", "parse:Schedule")],
+    "iterations": [("efpsn/params/checks.py", "parse_rounds"), ("efpsn/params/values.py", "parse:Rounds")],
+    "batch_size": [("efpsn/params/checks.py", "parse_batch"),
+                   ("efpsn/params/values.py", "parse:BatchSize")],
+    "momentum": [("efpsn/params/checks.py", "parse_momentum"),
+                 ("efpsn/params/values.py", "parse:Momentum")],
+    "task": [("efpsn/params/schema.py", "check_task_spec"), ("efpsn/params/schema.py", "parse:TaskSpec")],
+    "scale": [("efpsn/params/schema.py", "scale_divisor"), ("efpsn/params/schema.py", "parse:Scale")],
+    "stop_every": [("efpsn/params/checks.py", "parse_stop_every"),
+                   ("efpsn/params/values.py", "parse:StopEvery")],
 }
 
 _HOOK = '''

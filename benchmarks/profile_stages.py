@@ -39,7 +39,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("step (gradient and mixing)", (
         "RoundDriver.step", "DSGD.step", "GradientTracking.step", "loss_and_grad",
         "LocalObjective", " mix (", "FunctionalPerturbation", "MaskedPerturbation",
-        "BatchSampler", "Dataset.batch", "check_inbox", "progress (efpsn/rounds.py")),
+        "BatchSampler", "Dataset.batch", "check_inbox", "progress (efpsn/optimize/driver.py")),
     ("encode and send", (
         "encode_round", "message_to_proto", "tensor_to_proto", "make_header", "RoundStream.",
         "Peers.send_round", "Peers.put_round", "Peers.send ", "all_or_first_error",

@@ -11,12 +11,12 @@ import asyncio
 import logging
 import os
 
-from efpsn.cli.common import OneLineParser
-from efpsn.cli.flags import add_run_arguments, apply_environment, network_config
-from efpsn.cli.services import add_tls_flags, parse_names, setup_logging, tls_from_args
-from efpsn.config import RunConfig, declarations
-from efpsn.lifeline import hold_to_launcher
-from efpsn.run_flags import check_key_policy, flag_of, network_resolved
+from efpsn.flags.arguments import add_run_arguments, apply_environment, network_config
+from efpsn.flags.names import check_key_policy, flag_of, network_resolved
+from efpsn.flags.parser import OneLineParser
+from efpsn.flags.services import add_tls_flags, parse_names, setup_logging, tls_from_args
+from efpsn.params.config import RunConfig, declarations
+from efpsn.process.lifeline import hold_to_launcher
 
 
 def _coordinator(args: argparse.Namespace) -> int:
@@ -29,7 +29,7 @@ def _coordinator(args: argparse.Namespace) -> int:
         used = apply_environment(args, os.environ)
         logging.getLogger("efpsn.coordinator").info(
             "run parameters from the environment: %s", ", ".join(used) or "none (defaults)")
-    config = coordinator_config(args)  # validated here, once, torch-free (efpsn/config.py)
+    config = coordinator_config(args)  # validated here, once, torch-free (efpsn/params/config.py)
     check_key_policy(config, allow_insecure_keys=args.allow_insecure_keys)
     tls = tls_from_args(args, args.tls_name)
     expected = (parse_names(args.expected_names) if args.expected_names

@@ -15,7 +15,7 @@ The rule, public and deterministic:
   both go on: both wait, and nothing is decided until the deadline;
 - agent d left at round T = the smallest round a report names it silent at; the reporters that
   name it one round later used its round-T message (Departure.late); the re-base round is
-  R = T + the number of agents at the start (efpsn.departure.parse_leave's rule), which no
+  R = T + the number of agents at the start (efpsn.departure.membership.parse_leave's rule), which no
   agent can have reached: every one is waiting at T + 2 at most (T = 0 too: d finished phase I
   and sent no round message);
 - reports are counted per decision (`epoch`); a report of an older epoch is answered with the
@@ -27,22 +27,22 @@ The rule, public and deterministic:
   sending them) and sent their round-0 message with its terms: they are its `late` ones;
 - the last round allowed for a re-base is the larger of the reporters' cap (Report.last:
   each agent's, extended by the re-bases it applied) and the coordinator's, which follows
-  the decisions: a re-base that extends the cap (the stop rule's, efpsn/stopping.py's
+  the decisions: a re-base that extends the cap (the stop rule's, efpsn/optimize/stopping.py's
   StopRule.rebased, given as `extend`) extends it here too, so a second departure after the
   original cap is decided like the first (0: not known, with --scale standard's L2 weight
   from the agents' secure sum: not checked here);
-- a decision that cuts the graph joins the pieces (efpsn.departure.reconfigure, the rule the
+- a decision that cuts the graph joins the pieces (efpsn.departure.membership.reconfigure, the rule the
   agents apply at the re-base round): the ends of each new edge are told each other's address;
 - an agent that stopped on the stop rule's certificate reports its stop round S (`finish`):
   it is accounted for, neither waiting nor silent. A departure decided while some agents
   finished (agents far from the departed one completed the last window before it mattered,
-  efpsn/last_window.py) is decided as "the run had stopped at S" (Departure.stopped): every
+  efpsn/departure/last_window.py) is decided as "the run had stopped at S" (Departure.stopped): every
   finished agent must name the same S, the departure and every report must come before it;
   nobody re-bases and no edge is added: the others end with their check round's model;
 - a departure too late to re-base (R >= the cap N as above) is decided as "the run ended at
   the cap N" (Departure.capped): an agent that finished N (far from the departed one, it
   never waited) reports it (`finish` with `capped`), the others end with their iterate of the
-  round they wait at (efpsn/last_window.py, CapEnd). Every finished agent must name N, every
+  round they wait at (efpsn/departure/last_window.py, CapEnd). Every finished agent must name N, every
   report and the departure must come before it; nobody re-bases, no edge is added.
 
 Nothing here sees data: names and round numbers only.
@@ -54,7 +54,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from efpsn.departure import MIN_PARTIES, Departure, Reconfiguration, reconfigure
+from efpsn.departure.membership import MIN_PARTIES, Departure, Reconfiguration, reconfigure
 from efpsn.topology import Graph
 
 __all__ = ["DepartureBoard", "Refused", "Report"]

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from efpsn.config import RunConfig
+from efpsn.params.config import RunConfig
 from efpsn.topology import build_graph, metropolis_weights
 from efpsn.wire.records import Assignment, Peer
 

@@ -10,9 +10,9 @@ import grpc
 
 from coordinator.departures import DepartureBoard, Refused, Report
 from coordinator.registry import Declaration, NotExpected, Registry, RunCancelled, default_names
-from efpsn.config import RunConfig
-from efpsn.departure import Reconfiguration
-from efpsn.stopping import StopRule
+from efpsn.departure.membership import Reconfiguration
+from efpsn.optimize.stopping import StopRule
+from efpsn.params.config import RunConfig
 from efpsn.wire import limits, records
 from efpsn.wire.guard import Admission, Gatekeeper, Reject, RejectionLog, add_service, guarded
 from efpsn.wire.net import Server, install_stop_signals, start_server, write_port_file
@@ -202,7 +202,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                      for j in board.joining(sender, epoch)])
 
     def _extended_cap(self, recon: Reconfiguration, origin: int, cap: int) -> int:
-        """The cap the agents take at a re-base round (efpsn/stopping.py, StopRule.rebased):
+        """The cap the agents take at a re-base round (efpsn/optimize/stopping.py, StopRule.rebased):
         the same public numbers here, so a later departure is judged against it."""
         try:
             return StopRule.rebased(self.registry.config, recon.remaining_weights(),

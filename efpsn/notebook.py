@@ -28,7 +28,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from efpsn.model_io import MODEL_FILE, ModelMetadata, SavedModel, read_model, task_for, vector_of
+from efpsn.tasks.model_io import (
+    MODEL_FILE,
+    ModelMetadata,
+    SavedModel,
+    read_model,
+    task_for,
+    vector_of,
+)
 
 __all__ = ["TrainedModel", "train"]
 
@@ -87,7 +94,7 @@ def train(data_dir: str | Path, *, results: str | Path | None = None, quiet: boo
     summary: summary.json as a dict). results: the run's folder (default results/run-TIME, as
     the command)."""
     from efpsn.cli.up import parse_up, run_up
-    from efpsn.launch.signals import StopSignals
+    from efpsn.process.signals import StopSignals
 
     folder = Path(results) if results is not None else (
         Path("results") / time.strftime("run-%Y%m%d-%H%M%S"))

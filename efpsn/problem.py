@@ -9,32 +9,32 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from efpsn.basis import OrthonormalSystem
-from efpsn.config import RunConfig
-from efpsn.encoding import SlotLayout
-from efpsn.masking import MaskCoefficients, NoiseSpec
-from efpsn.monomials import (
+from efpsn.crypto.encoding import SlotLayout
+from efpsn.data.images import Dataset, load_data, partition
+from efpsn.data.local import LocalData
+from efpsn.masks.refresh import FixedMask, MaskProvider
+from efpsn.masks.zero_sum import MaskCoefficients, NoiseSpec
+from efpsn.params.checks import LOCAL_DATA
+from efpsn.params.config import RunConfig
+from efpsn.params.schema import parse_shape
+from efpsn.perturbation.basis import OrthonormalSystem
+from efpsn.perturbation.function import FunctionalPerturbation, select_indices
+from efpsn.perturbation.monomials import (
     MAX_CANDIDATES,
     Monomials,
     choose_monomials,
     count_monomials,
     power_monomials,
 )
-from efpsn.param_checks import LOCAL_DATA
-from efpsn.perturbation import FunctionalPerturbation, select_indices
-from efpsn.refresh import FixedMask, MaskProvider
-from efpsn.schema import parse_shape
 from efpsn.tasks.batches import BatchSampler
 from efpsn.tasks.catalog import make_task
-from efpsn.tasks.data import Dataset, load_data, partition
-from efpsn.tasks.local import LocalData
 from efpsn.tasks.objective import Task
 from efpsn.topology import Graph, build_graph, metropolis_weights
 
 
 class MaskedPerturbation:
     """Phi(eta_bar_i(t)) of round t: the perturbation of the mask a MaskProvider gives for the
-    round (efpsn/refresh.py), built once per refresh period (once for a fixed mask)."""
+    round (efpsn/masks/refresh.py), built once per refresh period (once for a fixed mask)."""
 
     def __init__(self, *, system: OrthonormalSystem, indices: np.ndarray,
                  masks: MaskProvider) -> None:

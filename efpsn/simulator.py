@@ -14,25 +14,26 @@ import torch
 
 from efpsn.algorithms import make_algorithm
 from efpsn.algorithms.base import StepContext
-from efpsn.certificate import Certificate, Certifier
-from efpsn.channels import MESSAGE_MODES, simulated_channels
-from efpsn.config import RunConfig
-from efpsn.departure import Departure, check_departures
-from efpsn.departure_masks import integer_parts
-from efpsn.departure_replay import DepartureReplay
-from efpsn.fading import FadingMask
-from efpsn.last_window import capped_line
-from efpsn.masking import MaskCoefficients, noise_generator
-from efpsn.masks import independent_masks, no_masks, zero_sum_masks, zero_sum_masks_fast
+from efpsn.crypto.paillier import generate_keypair
+from efpsn.departure.last_window import capped_line
+from efpsn.departure.membership import Departure, check_departures
+from efpsn.departure.remask import integer_parts
+from efpsn.departure.replay import DepartureReplay
+from efpsn.masks.factory import seeded_blocks, seeded_mask
+from efpsn.masks.fading import FadingMask
+from efpsn.masks.network import independent_masks, no_masks, zero_sum_masks, zero_sum_masks_fast
+from efpsn.masks.refresh import FixedMask, MaskProvider, RefreshedMask
+from efpsn.masks.seeds import exchange_seeds, exchange_seeds_fast
+from efpsn.masks.zero_sum import MaskCoefficients, noise_generator
 from efpsn.metrics import evaluate
-from efpsn.paillier import generate_keypair
+from efpsn.optimize.certificate import Certificate, Certifier
+from efpsn.optimize.channels import MESSAGE_MODES, simulated_channels
+from efpsn.optimize.driver import RoundDriver, worst
+from efpsn.optimize.stopping import StopRule
+from efpsn.params.config import RunConfig
+from efpsn.params.schedules import make_schedule
+from efpsn.params.tail import record as tail_record
 from efpsn.problem import Problem, average, build_problem
-from efpsn.refresh import FixedMask, MaskProvider, NoiseBlocks, RefreshedMask
-from efpsn.rounds import RoundDriver, worst
-from efpsn.schedules import make_schedule
-from efpsn.seeds import exchange_seeds, exchange_seeds_fast
-from efpsn.stopping import StopRule
-from efpsn.tail import record as tail_record
 
 PROTOCOLS = ("fast", "paillier")
 
@@ -75,7 +76,7 @@ def make_mask_providers(
     allow_insecure_keys: bool = False,
 ) -> list[MaskProvider]:
     """Every agent's masks of every round: phase I's fixed mask (refresh never), the fading
-    masks (efpsn/fading.py), or masks refreshed every R rounds from the seeds phase I shares (by real Paillier between in-process
+    masks (efpsn/masks/fading.py), or masks refreshed every R rounds from the seeds phase I shares (by real Paillier between in-process
     agents, or the fast path that yields the same seeds). The refreshed masks share one
     NoiseBlocks: each edge's stream is derived once per period, not at both ends."""
     c = problem.config
@@ -93,12 +94,8 @@ def make_mask_providers(
                     for _ in range(problem.n)]
         seeds = exchange_seeds(problem.graph, keypairs, noise_seed=noise_seed,
                                allow_insecure=allow_insecure_keys)
-    if refresh.fading:
-        blocks = NoiseBlocks(problem.noise_spec, periods=1)
-        return [FadingMask(seeds=s, spec=problem.noise_spec, refresh=refresh, blocks=blocks)
-                for s in seeds]
-    blocks = NoiseBlocks(problem.noise_spec)
-    return [RefreshedMask(seeds=s, spec=problem.noise_spec, refresh=refresh, blocks=blocks)
+    blocks = seeded_blocks(problem.noise_spec, refresh)
+    return [seeded_mask(s, spec=problem.noise_spec, refresh=refresh, blocks=blocks)
             for s in seeds]
 
 
@@ -115,7 +112,7 @@ class SimulationResult:
     timings: dict[str, float] = field(default_factory=dict)
     periods_zero_sum: int = 0  # refreshed masks: how many periods were checked, every round
     every_period_zero_sum: bool = True  # ... and whether each summed to zero exactly
-    convergence: Certificate | None = None  # efpsn/certificate.py, from the last round
+    convergence: Certificate | None = None  # efpsn/optimize/certificate.py, from the last round
     departures: dict[str, Any] | None = None  # DepartureReplay.to_json, when anyone left
     tails: dict[str, Any] | None = None  # the consensus tails' schedule (TailSchedule.to_json)
 
@@ -160,11 +157,11 @@ def run_simulation(
     """Run phase I then `config.iterations.total` synchronous phase II rounds for every agent (the
     step rule's numbers where the config asks for them: RunConfig.resolved).
 
-    `departures` replays agents that leave for good (efpsn/departure_replay.py): the metrics
+    `departures` replays agents that leave for good (efpsn/departure/replay.py): the metrics
     are then the remaining agents' (and x_star should be their optimum).
 
     `messages`: "clear" (every neighbour gets the message) or "aggregate" (secure neighbourhood
-    aggregation, efpsn/channels.py: each agent learns only the weighted sum of its neighbours'
+    aggregation, efpsn/optimize/channels.py: each agent learns only the weighted sum of its neighbours'
     messages; simulator only, no departures)."""
     if messages not in MESSAGE_MODES:
         raise ValueError(f"messages must be one of {MESSAGE_MODES}, got {messages!r}")
@@ -189,7 +186,7 @@ def run_simulation(
     n = problem.n
     x0 = problem.initial_params()
     # the stop rule agrees over the run's graph; a replayed departure voids the windows it
-    # cuts and re-bases the rule on the remaining graph (efpsn/stopping.py)
+    # cuts and re-bases the rule on the remaining graph (efpsn/optimize/stopping.py)
     aggregate = messages == "aggregate"
     stop = StopRule.for_run(config, problem.weights, aggregate=aggregate)
     drivers = [
@@ -205,7 +202,7 @@ def run_simulation(
     history = [{"round": 0, **evaluate(problem, [d.state["x"] for d in drivers], x_star=x_star)}]
     t1 = time.perf_counter()
     active, neighbours = list(range(n)), problem.graph.neighbours
-    window = None  # a departure's last window that stopped the run (efpsn/last_window.py)
+    window = None  # a departure's last window that stopped the run (efpsn/departure/last_window.py)
     for t in itertools.count():  # to the cap, which a departure's re-base may extend
         if all(drivers[i].done for i in active):  # the stop rule's round, the same at every
             break  # agent (each its own after a departure too late to re-base: replay.capped)

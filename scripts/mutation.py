@@ -1,6 +1,6 @@
 """Mutation testing of one pure module against its own test files (scripts/mutation.sh runs it).
 
-For MODULE (a path like efpsn/encoding.py, a dotted name, or `all` for every mapped module):
+For MODULE (a path like efpsn/crypto/encoding.py, a dotted name, or `all` for every mapped module):
 
 1. copy the tree git knows (tracked and untracked-but-not-ignored files, as they are now) into
    a scratch folder outside the repository, removed at the end whatever happens;
@@ -327,7 +327,7 @@ HEADER = ("| module | mutants (in functions + at import) | sampled | killed | su
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("module", help="a mapped module (efpsn/encoding.py, efpsn.encoding, "
+    parser.add_argument("module", help="a mapped module (efpsn/crypto/encoding.py, efpsn.crypto.encoding, "
                         "encoding) or 'all'")
     parser.add_argument("--sample", type=int, default=60,
                         help="how many evenly spaced mutants per module (default 60)")

@@ -1,4 +1,4 @@
-"""Shared test setup: one torch thread per process (see efpsn.runtime), and the fixtures the
+"""Shared test setup: one torch thread per process (see efpsn.process.runtime), and the fixtures the
 tests share: `processes` (service processes started, waited for and always stopped),
 `in_process_agents` (agents of a run built from public constructors: tests/harness.py), and the
 Docker tests' session fixtures (tests/docker_fixtures.py), with the tests that use them run
@@ -14,7 +14,7 @@ from docker_fixtures import docker_engine, efpsn_images  # noqa: F401  (session 
 from harness import assigned_agents
 
 from efpsn.launch.processes import Child, spawn, stop_children, wait_port
-from efpsn.runtime import configure_threads
+from efpsn.process.runtime import configure_threads
 
 configure_threads()
 

@@ -19,7 +19,7 @@ import torch
 
 from agent.assembly import EXTRA_NAMES, AgentParts, local_agents
 from coordinator.registry import local_assignments
-from efpsn.config import RunConfig
+from efpsn.params.config import RunConfig
 from efpsn.wire.records import Phase, make_header
 from efpsn.wire.rounds import message_to_proto
 from efpsn.wire.v1 import agent_pb2

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import Self
 
-from efpsn.config import RunConfig
+from efpsn.flags.names import run_parameters_args
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
-from efpsn.run_flags import run_parameters_args
-from efpsn.wire.status import AgentStatus, fetch_status
+from efpsn.params.config import RunConfig
+from efpsn.wire.status_client import AgentStatus, fetch_status
 from efpsn.wire.tls import TlsConfig, generate_certificates
 
 CRASH_HOOK = Path(__file__).parent / "crash_hook"

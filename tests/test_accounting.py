@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from efpsn.accounting import (
+from efpsn.params.refresh_setting import Refresh
+from efpsn.perturbation.basis import OrthonormalSystem
+from efpsn.perturbation.monomials import choose_monomials
+from efpsn.privacy.accounting import (
     account_refreshed,
     compose_gaussian,
     gamma_for_refreshed_epsilon,
     gradient_noise_scale,
     uncancelled_streams,
 )
-from efpsn.basis import OrthonormalSystem
-from efpsn.monomials import choose_monomials
-from efpsn.refresh_value import Refresh
 from efpsn.topology import Graph, build_graph
 
 RING = build_graph("ring", 5)

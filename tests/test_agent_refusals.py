@@ -19,8 +19,8 @@ import pytest
 from agent.state import StateStore
 from coordinator.registry import Registry, default_names
 from efpsn.cli.main import main
-from efpsn.config import RunConfig
-from efpsn.masking import MaskCoefficients
+from efpsn.masks.zero_sum import MaskCoefficients
+from efpsn.params.config import RunConfig
 
 pytestmark = pytest.mark.timeout(120)
 

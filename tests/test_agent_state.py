@@ -19,8 +19,8 @@ from agent.state import StateError, StateStore
 from coordinator.registry import NotExpected, Registry, default_names
 from efpsn.algorithms import make_algorithm
 from efpsn.algorithms.base import StepContext
-from efpsn.config import RunConfig
-from efpsn.masking import MaskCoefficients
+from efpsn.masks.zero_sum import MaskCoefficients
+from efpsn.params.config import RunConfig
 
 CONFIG = RunConfig(agents=3, iterations=10, key_bits=2048)
 

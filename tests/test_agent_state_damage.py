@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from agent.state import StateError, StateStore
-from efpsn.masking import MaskCoefficients
+from efpsn.masks.zero_sum import MaskCoefficients
 
 EXPECTED = {"x": (4,)}
 X = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)

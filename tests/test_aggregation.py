@@ -1,4 +1,4 @@
-"""Secure neighbourhood aggregation (efpsn/aggregation.py, efpsn/channels.py): pinned fixed-point
+"""Secure neighbourhood aggregation (efpsn/masks/aggregation.py, efpsn/optimize/channels.py): pinned fixed-point
 integers, exact zero-sum masks at every receiver, the round trip, and the mass it keeps."""
 
 from __future__ import annotations
@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from efpsn.aggregation import (
+from efpsn.algorithms import make_algorithm
+from efpsn.algorithms.base import Aggregate, StepContext, mix
+from efpsn.masks.aggregation import (
     agree_seeds,
     decode,
     dequantise,
@@ -19,10 +21,8 @@ from efpsn.aggregation import (
     sum_words,
     unprotected,
 )
-from efpsn.algorithms import make_algorithm
-from efpsn.algorithms.base import Aggregate, StepContext, mix
-from efpsn.certificate import diameter, spread
-from efpsn.channels import AggregateChannel, ClearChannel, simulated_channels
+from efpsn.optimize.certificate import diameter, spread
+from efpsn.optimize.channels import AggregateChannel, ClearChannel, simulated_channels
 from efpsn.topology import build_graph, metropolis_weights
 
 
@@ -192,7 +192,7 @@ def test_aggregated_wine_run_is_as_exact_as_the_unmasked_one(tmp_path, gamma: st
     import json
 
     from efpsn.cli.main import main
-    from efpsn.datadir import split_data
+    from efpsn.data.folders import split_data
 
     split_data(source="sklearn:wine", agents=4, partition_spec="iid", out=tmp_path / "wine")
 
@@ -222,8 +222,8 @@ def test_aggregated_wine_run_is_as_exact_as_the_unmasked_one(tmp_path, gamma: st
 
 
 def test_the_privacy_line_names_messages_sent_unmasked() -> None:
-    from efpsn.config import RunConfig
-    from efpsn.privacy_modes import privacy_statement
+    from efpsn.params.config import RunConfig
+    from efpsn.privacy.modes import privacy_statement
 
     config = RunConfig(agents=4, topology="path").resolved()
     line = privacy_statement(config, build_graph("path", 4), with_epsilon=False,

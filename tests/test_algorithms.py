@@ -13,7 +13,7 @@ from efpsn.algorithms.agt import AcceleratedTracking
 from efpsn.algorithms.base import StepContext, mix
 from efpsn.algorithms.dsgd import DSGD
 from efpsn.algorithms.gt import GradientTracking
-from efpsn.schedules import Constant, PaperSchedule, make_schedule
+from efpsn.params.schedules import Constant, PaperSchedule, make_schedule
 
 RING5 = {i: ((i - 1) % 5, (i + 1) % 5) for i in range(5)}
 # Metropolis weights on a 5-ring: every degree is 2, so w_ij = 1/3 and w_ii = 1/3.

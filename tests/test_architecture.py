@@ -1,7 +1,7 @@
 """The layout's rules, checked on the source: what each layer may import, module size, no cycles.
 
 - efpsn/ is the pure core plus its command line. Only efpsn.wire (the contract's Python side:
-  generated stubs, serde, channels, servers, TLS) imports grpc; only efpsn/paillier.py imports phe.
+  generated stubs, serde, channels, servers, TLS) imports grpc; only efpsn/crypto/paillier.py imports phe.
 - agent/ and coordinator/ are the services. They may import the core; the core never imports them
   (the CLI front ends efpsn/cli/main.py and efpsn/experiments/network_check.py start them). Neither
   service imports the other: `efpsn up` starts the coordinator as a process.
@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("efpsn", "agent", "coordinator")
-MAX_LINES = 400  # a module a reader can hold in mind
+MAX_LINES = 600  # a smell: past it, look for where the responsibilities part
 # Front ends of the core that start the services (never imported by the core itself).
 SERVICE_FRONT_ENDS = {"efpsn/cli/main.py"}
 
@@ -82,13 +82,13 @@ def test_only_wire_records_serde_and_services_import_the_stubs() -> None:
                    if any(n.startswith("efpsn.wire.v1") for n in _imports(f)))
     core = [u for u in users if u.startswith("efpsn/")]
     assert core == ["efpsn/wire/records.py", "efpsn/wire/rounds.py", "efpsn/wire/serde.py",
-                    "efpsn/wire/stats.py", "efpsn/wire/status.py"]
+                    "efpsn/wire/stats.py", "efpsn/wire/status_client.py"]
     assert all(u.startswith(("agent/", "coordinator/")) for u in users if u not in core)
 
 
 def test_only_paillier_imports_phe() -> None:
     users = [_rel(f) for f in _sources() if "phe" in _top(_imports(f))]
-    assert users == ["efpsn/paillier.py"]
+    assert users == ["efpsn/crypto/paillier.py"]
 
 
 def test_the_core_never_imports_the_services() -> None:
@@ -102,7 +102,7 @@ def test_the_core_never_imports_the_services() -> None:
 
 # The command line's rooms (argparse lives there) and the process entry points that parse their
 # own few flags: argparse nowhere else.
-COMMAND_LINE_ROOMS = ("efpsn/cli/", "agent/cli.py", "coordinator/cli.py")
+COMMAND_LINE_ROOMS = ("efpsn/cli/", "efpsn/flags/", "agent/cli.py", "coordinator/cli.py")
 ENTRY_POINTS = {"agent/forkserver.py", "efpsn/wire/healthcheck.py"}
 # Who may import the command line from outside it: the entry points that run a command, the
 # services' commands, and the notebook (which runs `efpsn up` from Python).
@@ -115,7 +115,7 @@ def test_argparse_only_in_the_command_line_rooms_and_process_entry_points() -> N
     users = {_rel(f) for f in _sources() if "argparse" in _top(_imports(f))}
     offenders = {u for u in users if not u.startswith(COMMAND_LINE_ROOMS)} - ENTRY_POINTS
     assert offenders == set()
-    assert users >= {"efpsn/cli/main.py", "efpsn/cli/flags.py", "agent/cli.py"}  # the check sees
+    assert users >= {"efpsn/cli/main.py", "efpsn/flags/arguments.py", "agent/cli.py"}  # the check sees
 
 
 def test_nothing_below_the_command_line_imports_it() -> None:

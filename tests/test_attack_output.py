@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from efpsn.config import RunConfig
-from efpsn.datadir import load_sklearn_set
+from efpsn.data.folders import load_sklearn_set
 from efpsn.experiments.attack_fit import LinearModel, Prior
 from efpsn.experiments.attack_output import (
     OUTPUT_ATTACKERS,
@@ -19,6 +18,7 @@ from efpsn.experiments.attack_output import (
     rank_one_sample,
 )
 from efpsn.experiments.attack_view import one_sample_problem
+from efpsn.params.config import RunConfig
 from efpsn.tasks.optimum import centralized_optimum
 
 

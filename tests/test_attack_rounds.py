@@ -83,9 +83,9 @@ def test_svd_and_map_recover_a_sample_from_noise_free_differences() -> None:
 def test_differences_cancel_a_fixed_mask_in_a_real_run() -> None:
     # prepare: the released gradients of agent 0 (one wine sample) under a fixed mask on every
     # parameter: released - true is the mask's gradient, the same constant every round
-    from efpsn.config import RunConfig
-    from efpsn.datadir import load_sklearn_set
+    from efpsn.data.folders import load_sklearn_set
     from efpsn.experiments.attack_view import one_sample_problem, record_view
+    from efpsn.params.config import RunConfig
     whole, scale = load_sklearn_set("wine")
     config = RunConfig(data="local", agents=3, input_shape="13", classes=3, scale=scale,
                        selection="all", refresh="never", gamma=1e3, iterations=40)

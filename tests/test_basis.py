@@ -1,4 +1,4 @@
-"""Tests for efpsn.basis: monomials, exact Gram-Schmidt, the paper's (3, 2, 5) example."""
+"""Tests for efpsn.perturbation.basis: monomials, exact Gram-Schmidt, the paper's (3, 2, 5) example."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efpsn.basis import OrthonormalSystem
-from efpsn.monomials import (
+from efpsn.perturbation.basis import OrthonormalSystem
+from efpsn.perturbation.monomials import (
     Monomials,
     candidate_monomials,
     choose_monomials,
@@ -267,16 +267,16 @@ def test_monomials_sequence_behaviour() -> None:
 def _gram_entries_at_most(monkeypatch: pytest.MonkeyPatch, bound: int) -> list[int]:
     """Count the exact Gram entries the orthonormalisation computes, failing at once past
     `bound`: a deterministic complexity guard (a dense path costs N^2 entries), not a timing."""
-    import efpsn.basis
+    import efpsn.perturbation.basis
 
-    real, count = efpsn.basis._gram_entry, [0]
+    real, count = efpsn.perturbation.basis._gram_entry, [0]
 
     def counted(a: Any, b: Any) -> Any:
         count[0] += 1
         assert count[0] <= bound, f"more than {bound} Gram entries: no longer linear in N"
         return real(a, b)
 
-    monkeypatch.setattr(efpsn.basis, "_gram_entry", counted)
+    monkeypatch.setattr(efpsn.perturbation.basis, "_gram_entry", counted)
     return count
 
 

@@ -1,4 +1,4 @@
-"""A departure too late to re-base before the run's cap N (efpsn/last_window.py, CapEnd): who
+"""A departure too late to re-base before the run's cap N (efpsn/departure/last_window.py, CapEnd): who
 finishes N and where the others end; the coordinator's decision ("the run ended at the cap",
 Departure.capped) through its board and its servicer; the simulator's replay, in which the
 agents that never waited for the departed one hold exactly the iterates of the run without
@@ -14,11 +14,11 @@ import pytest
 from fake_context import FakeContext, assigned_coordinator
 
 from coordinator.departures import DepartureBoard, Refused, Report
-from efpsn.config import RunConfig
-from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
-from efpsn.departure import Departure, parse_leave
-from efpsn.departure_replay import departures_line
-from efpsn.last_window import CapEnd, cap_end, capped_words, reach
+from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
+from efpsn.departure.last_window import CapEnd, cap_end, capped_words, reach
+from efpsn.departure.membership import Departure, parse_leave
+from efpsn.departure.replay import departures_line
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 from efpsn.topology import ring

@@ -27,7 +27,7 @@ MISSING_MLXTEND = (
 
 CRASH_IN_C = (
     "import ctypes, sys\n"
-    "from efpsn.cli.common import OneLineParser, run_command\n"
+    "from efpsn.flags.parser import OneLineParser, run_command\n"
     "parser = OneLineParser(prog='crash')\n"
     "def read_address_zero(args): return ctypes.string_at(0)  # as a bug in C code would\n"
     "parser.set_defaults(handler=read_address_zero)\n"
@@ -50,7 +50,7 @@ def test_a_stderr_without_a_descriptor_still_runs_the_command() -> None:
     """As in a notebook: faulthandler cannot write there, and the command runs anyway."""
     code = ("import io, sys\n"
             "sys.stderr = io.StringIO()\n"
-            "from efpsn.cli.common import OneLineParser, run_command\n"
+            "from efpsn.flags.parser import OneLineParser, run_command\n"
             "parser = OneLineParser(prog='ok')\n"
             "parser.set_defaults(handler=lambda args: 7)\n"
             "sys.exit(run_command(parser, [], numeric=False))\n")
@@ -154,7 +154,7 @@ def test_bad_schedules_are_one_line_errors(args: tuple[str, ...], message: str,
 
 
 def test_paper_schedule_needs_room_to_decay() -> None:
-    from efpsn.schedules import PaperSchedule
+    from efpsn.params.schedules import PaperSchedule
 
     with pytest.raises(ValueError, match="need 0 <= hold < total - 1, got hold=9, total=10"):
         PaperSchedule(hold=9, total=10)

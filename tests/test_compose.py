@@ -25,7 +25,7 @@ import pytest
 from docker_fixtures import AGENTS, COORDINATOR_IMAGE, IMAGE_BUILDERS
 
 from efpsn.cli.compose import DEFAULTS, compose_variables, render_compose
-from efpsn.run_flags import run_parameter_variables
+from efpsn.flags.names import run_parameter_variables
 
 REPO = ds.REPO
 COMPOSE_FILE = REPO / "docker-compose.yml"

@@ -1,6 +1,6 @@
-"""The run parameters as declared once (efpsn/config.py): complete torch-free validation, the
+"""The run parameters as declared once (efpsn/params/config.py): complete torch-free validation, the
 basis counts derived from the model, the flags every command builds from the declarations
-(efpsn/cli/flags.py), and the selection parsed without torch (efpsn/selection.py)."""
+(efpsn/flags/arguments.py), and the selection parsed without torch (efpsn/perturbation/selection.py)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from efpsn.cli.flags import add_run_arguments, config_from_args
-from efpsn.config import PRESETS, RunConfig, declarations, structural_fields
-from efpsn.model_sizes import last_bias_count, parameter_count
-from efpsn.run_flags import flag_of, run_parameters_args
-from efpsn.selection import (
+from efpsn.flags.arguments import add_run_arguments, config_from_args
+from efpsn.flags.names import flag_of, run_parameters_args
+from efpsn.params.config import PRESETS, RunConfig, declarations, structural_fields
+from efpsn.params.model_sizes import last_bias_count, parameter_count
+from efpsn.perturbation.selection import (
     check_indices_fit,
     default_basis_size,
     implied_count,

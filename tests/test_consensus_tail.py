@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from efpsn.config import RunConfig
-from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
+from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
 from efpsn.experiments.consensus_tail import tail_checks
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 from efpsn.tasks.optimum import centralized_optimum
@@ -33,7 +33,7 @@ def test_the_tail_certifies_a_masked_run_near_the_unmasked_round(wine: Path) -> 
     # prepare: wine in 4 folders, the defaults (fading masks, gamma 1e3) and unmasked
     masked, x_star = _problem(wine)
     unmasked, _ = _problem(wine, mask="none")
-    # execute: the run's own stop rule without the protocol's tails (efpsn/tail.py), and a tail
+    # execute: the run's own stop rule without the protocol's tails (efpsn/params/tail.py), and a tail
     # tried every 25 rounds
     stop_masked = run_simulation(masked.config.replace(tail="off"),
                                  problem=masked).timings["rounds"]

@@ -10,8 +10,8 @@ import pytest
 from localnet import LocalNet
 
 from agent.state import StateStore
-from efpsn.config import RunConfig
 from efpsn.launch.summary import load_agent_results
+from efpsn.params.config import RunConfig
 from efpsn.simulator import run_simulation
 
 pytestmark = pytest.mark.timeout(400)

@@ -13,9 +13,9 @@ import torch
 
 from agent.options import AgentOptions
 from agent.prepare import failure_category, prepare
-from efpsn.config import RunConfig
+from efpsn.data.local import HEADROOM, DataError, feature_limit, load_local_data
+from efpsn.params.config import RunConfig
 from efpsn.tasks.catalog import make_task
-from efpsn.tasks.local import HEADROOM, DataError, feature_limit, load_local_data
 
 COMMON = {"who": "agent2", "shape": (6,), "classes": 3, "divisor": 1.0, "seed": 0,
           "holdout": 0.0}
@@ -192,7 +192,7 @@ def test_the_coordinator_learns_only_the_category(tmp_path: Path) -> None:
 
 def test_the_step_rule_s_second_moment_bound_is_checked_on_the_training_part(
         tmp_path: Path) -> None:
-    from efpsn.tasks.local import second_moment
+    from efpsn.data.local import second_moment
 
     rng = np.random.default_rng(4)
     y = rng.integers(0, 3, 200)
@@ -222,7 +222,7 @@ def test_the_step_rule_s_second_moment_bound_is_checked_on_the_training_part(
 
 
 def test_second_moment_is_the_largest_eigenvalue_with_the_bias_column() -> None:
-    from efpsn.tasks.local import second_moment
+    from efpsn.data.local import second_moment
 
     x = np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 2.0]])
     tilde = np.hstack([x, np.ones((3, 1))])

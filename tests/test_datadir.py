@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from efpsn.config import RunConfig
-from efpsn.datadir import (
+from efpsn.data.folders import (
     SCHEMA_FIELDS,
     DataDirSchema,
     inspect_data_dir,
@@ -19,6 +18,7 @@ from efpsn.datadir import (
     read_schema,
     split_data,
 )
+from efpsn.params.config import RunConfig
 
 
 def samples(n: int, *, seed: int) -> tuple[np.ndarray, np.ndarray]:

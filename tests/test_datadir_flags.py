@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from efpsn.cli.main import main
-from efpsn.config import RunConfig
-from efpsn.datadir import split_data
+from efpsn.data.folders import split_data
 from efpsn.launch.network import launch_local_network
+from efpsn.params.config import RunConfig
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -1,6 +1,6 @@
 """The defaults keep the first promise on data nobody here made: a masked run ends where the
 unmasked run ends, at any gamma, when both stop by the same rule (without the consensus tails,
-which certify a masked run at a round of its own: efpsn/tail.py), and a run says whether it
+which certify a masked run at a round of its own: efpsn/params/tail.py), and a run says whether it
 converged (issue: noise-free accuracy by default).
 
 Data: scikit-learn's packaged tables, split by `efpsn data split --data sklearn:NAME` into
@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from efpsn.config import PRESETS, RunConfig
-from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
+from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
+from efpsn.params.config import PRESETS, RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import SimulationResult, run_simulation
 from efpsn.tasks.optimum import centralized_optimum
@@ -64,7 +64,7 @@ def test_masked_runs_end_where_the_unmasked_run_ends_with_the_defaults(
     folder = folders(data_root, name, agents=agents, partition=partition)
     # execute: the defaults, unmasked and masked at every gamma, stopped by the same rule
     # without consensus tails (a tail certifies the masked run at a round of its own:
-    # efpsn/tail.py); and the defaults themselves
+    # efpsn/params/tail.py); and the defaults themselves
     unmasked = distance(folder, mask="none", tail="off")
     masked = {gamma: distance(folder, gamma=gamma, tail="off") for gamma in GAMMAS}
     defaults = simulated(folder)
@@ -120,7 +120,7 @@ def test_wine_in_four_folders_with_no_other_flag(tmp_path: Path) -> None:
     assert split.returncode == 0, split.stderr
     assert (folder / "schema.json").read_text().startswith('{"input_shape": "13", "classes": 3')
     # execute: the must-show command, unmasked, and at gamma 1e6; each also without the
-    # consensus tails (efpsn/tail.py: a tail certifies a masked run at a round of its own)
+    # consensus tails (efpsn/params/tail.py: a tail certifies a masked run at a round of its own)
     runs = {extra: efpsn("simulate", "--data-dir", str(folder), "--agents", "4", "--holdout",
                          "0", "--quiet", *extra)
             for mask in ((), ("--mask", "none"), ("--gamma", "1e6"))

@@ -1,4 +1,4 @@
-"""A party that leaves for good (efpsn/departure.py, departure_masks.py, departure_replay.py):
+"""A party that leaves for good (efpsn/departure/: membership.py, remask.py, replay.py):
 the remaining masks sum to zero exactly, the pieces of a cut graph are joined, and the rest
 finish at the optimum of the remaining parties' objective."""
 
@@ -13,13 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from efpsn import paillier
 from efpsn.algorithms.base import AgentState
-from efpsn.certificate import TARGET
 from efpsn.cli.main import main
-from efpsn.config import RunConfig
-from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
-from efpsn.departure import (
+from efpsn.crypto import paillier
+from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
+from efpsn.departure.membership import (
     Departure,
     check_departures,
     drop_node_weights,
@@ -28,7 +26,7 @@ from efpsn.departure import (
     reconfigure,
     rejoin_edges,
 )
-from efpsn.departure_masks import (
+from efpsn.departure.remask import (
     add_seeds,
     draw_pair_shares,
     drop_seeds,
@@ -38,13 +36,15 @@ from efpsn.departure_masks import (
     reseeded,
     sums_to_zero,
 )
-from efpsn.fading import FadingMask
-from efpsn.masking import NoiseSpec
+from efpsn.masks.fading import FadingMask
+from efpsn.masks.seeds import exchange_seeds_fast
+from efpsn.masks.zero_sum import NoiseSpec
+from efpsn.optimize.certificate import TARGET
+from efpsn.optimize.stopping import StopRule
+from efpsn.params.config import RunConfig
+from efpsn.params.refresh_setting import Refresh
 from efpsn.problem import build_problem
-from efpsn.refresh_value import Refresh
-from efpsn.seeds import exchange_seeds_fast
 from efpsn.simulator import SimulationResult, run_simulation
-from efpsn.stopping import StopRule
 from efpsn.tasks.optimum import centralized_optimum
 from efpsn.topology import Graph, metropolis_weights, path, ring
 
@@ -330,7 +330,7 @@ def test_a_neighbour_that_used_the_last_message_drops_it_a_round_later(wine: Pat
 
 def test_deciding_a_departure_needs_no_torch() -> None:
     """The coordinator (torch-free) can decide the remaining graph and the new edges."""
-    code = "import sys, efpsn.departure; print('torch' in sys.modules)"
+    code = "import sys, efpsn.departure.membership; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
@@ -340,7 +340,7 @@ def test_without_the_rebase_the_trackers_miss_the_remaining_optimum(
         wine: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The re-base is what makes it exact: trackers that keep the departed agent's share of
     the sum end elsewhere."""
-    import efpsn.departure_replay as replay
+    from efpsn.departure import replay
 
     monkeypatch.setattr(replay, "rebase", lambda state: state)
     deviation, _ = _run(wine, ["agent3@200"], iterations=2000)

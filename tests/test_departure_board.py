@@ -12,8 +12,8 @@ import pytest
 from fake_context import FakeContext, assigned_coordinator
 
 from coordinator.departures import DepartureBoard, Refused, Report
-from efpsn.config import RunConfig
-from efpsn.departure import Departure
+from efpsn.departure.membership import Departure
+from efpsn.params.config import RunConfig
 from efpsn.topology import path, ring
 from efpsn.wire.v1 import coordinator_pb2
 

@@ -2,7 +2,7 @@
 departures.py): a path of 5 losing its middle agent, and a 5-ring losing two non-adjacent
 agents at once (killed -9 by tests/crash_hook (localnet.crash_at) on reaching round 201,
 never back); and a party withdrawn on purpose (its agent stopped by SIGTERM there). The coordinator's decision names the new edge's ends to each other (the rule of
-efpsn.departure.rejoin_edges), they open a channel (mutual TLS names checked), run phase I's
+efpsn.departure.membership.rejoin_edges), they open a channel (mutual TLS names checked), run phase I's
 seed exchange for that edge under fresh Paillier keys before the re-base round, and mix from
 it on. The others exit 0 within 1e-6 of the remaining folders' optimum, and their iterates
 equal `efpsn simulate --leave ...` with the agreed rounds bit for bit (the simulator draws the
@@ -18,11 +18,11 @@ import pytest
 import torch
 from localnet import crash_at
 
-from efpsn.config import RunConfig
-from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
-from efpsn.departure import parse_leave
+from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
+from efpsn.departure.membership import parse_leave
 from efpsn.launch.network import launch_local_network
 from efpsn.launch.summary import load_agent_results
+from efpsn.params.config import RunConfig
 from efpsn.problem import average, build_problem
 from efpsn.simulator import run_simulation
 from efpsn.tasks.optimum import centralized_optimum

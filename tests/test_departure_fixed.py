@@ -1,7 +1,7 @@
 """The paper's fixed mask across a departure at one agent (agent/fixed_terms.py), in process:
 phase I's Maskers over real Paillier (packed and not), then a neighbour's terms decrypted alone
 (Masker.edge_terms) and dropped, and a new edge's Masker added: the same integers as the
-simulator's PairShares (efpsn/departure_masks.py), so the remaining masks sum to zero."""
+simulator's PairShares (efpsn/departure/remask.py), so the remaining masks sum to zero."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from agent import departure_state
 from agent.departing import Silence
 from agent.fixed_terms import EdgeTerms, save_phase_one
 from agent.state import StateStore
-from efpsn import paillier
-from efpsn.departure import Departure
-from efpsn.departure_masks import draw_pair_shares, new_edge_shares, rejoin_generator, sums_to_zero
-from efpsn.encoding import SlotLayout
-from efpsn.masking import Masker, MaskingStateError, NoiseSpec, noise_generator
-from efpsn.refresh import FixedMask
+from efpsn.crypto import paillier
+from efpsn.crypto.encoding import SlotLayout
+from efpsn.departure.membership import Departure
+from efpsn.departure.remask import draw_pair_shares, new_edge_shares, rejoin_generator, sums_to_zero
+from efpsn.masks.refresh import FixedMask
+from efpsn.masks.zero_sum import Masker, MaskingStateError, NoiseSpec, noise_generator
 from efpsn.topology import Graph, path
 
 SPEC = NoiseSpec(gamma=1e3, p=1.5, precision=6, num_coefficients=7)

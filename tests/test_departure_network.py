@@ -10,7 +10,7 @@ In the same run agent4, an end of the remaining path 2-1-5-4, dies once its neig
 round-298 message came, two rounds before the cap 300: too late to re-base. agent2, three
 hops away, finishes the cap before anyone knows and tells the coordinator it ended there;
 agent5 waits for agent4 at 298, agent1 at 299; the coordinator decides "the run ended at the
-cap 300" and they end with their iterates of those rounds and exit 0 (efpsn/last_window.py,
+cap 300" and they end with their iterates of those rounds and exit 0 (efpsn/departure/last_window.py,
 CapEnd), as `efpsn simulate --leave agent3@T:R --leave agent4@298` replays it, bit for bit.
 
 A party frozen past the deadline (SIGSTOP) is declared gone the same way; woken up (SIGCONT),
@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 from localnet import LocalNet, crash_each
 
-from efpsn.config import RunConfig
-from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
-from efpsn.departure import parse_leave
+from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
+from efpsn.departure.membership import parse_leave
 from efpsn.launch.network import launch_local_network
 from efpsn.launch.summary import check_results, load_agent_results
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 

@@ -11,7 +11,7 @@ per-edge terms (STATE/edge_terms.json), then kills itself too on reaching round 
 re-base and its checkpoint of round 50, and is started again with the same command: it
 reloads the terms and the decision and re-applies them. The four others exit 0 and equal
 `efpsn simulate --leave agent3@T:R` bit for bit, whose remaining masks sum to zero exactly
-every round (the same terms dropped and added: efpsn/departure_masks.py's PairShares). Few
+every round (the same terms dropped and added: efpsn/departure/remask.py's PairShares). Few
 rounds and 1024-bit keys: the distance to the optimum is the simulator's
 (tests/test_departure.py), equal to this bit for bit."""
 
@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from localnet import LocalNet, crash_at
 
-from efpsn.config import RunConfig
-from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
-from efpsn.departure import parse_leave
+from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
+from efpsn.departure.membership import parse_leave
 from efpsn.launch.summary import check_results, load_agent_results
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 

@@ -23,14 +23,14 @@ from agent.state import StateStore
 from coordinator.departures import DepartureBoard, Refused, Report
 from coordinator.registry import Registry
 from coordinator.service import CoordinatorService
-from efpsn import paillier
-from efpsn.config import RunConfig
-from efpsn.departure import Departure, parse_leave, reconfigure
-from efpsn.departure_masks import draw_pair_shares, drop_seeds, sums_to_zero
-from efpsn.masking import Masker, MaskingStateError, NoiseSpec, noise_generator
-from efpsn.refresh import FixedMask
-from efpsn.seeds import SeedExchange, exchange_seeds_fast
-from efpsn.stopping import StopRule
+from efpsn.crypto import paillier
+from efpsn.departure.membership import Departure, parse_leave, reconfigure
+from efpsn.departure.remask import draw_pair_shares, drop_seeds, sums_to_zero
+from efpsn.masks.refresh import FixedMask
+from efpsn.masks.seeds import SeedExchange, exchange_seeds_fast
+from efpsn.masks.zero_sum import Masker, MaskingStateError, NoiseSpec, noise_generator
+from efpsn.optimize.stopping import StopRule
+from efpsn.params.config import RunConfig
 from efpsn.topology import path, ring
 
 SPEC = NoiseSpec(gamma=1e3, p=1.5, precision=6, num_coefficients=5)

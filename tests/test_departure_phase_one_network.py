@@ -19,13 +19,13 @@ from __future__ import annotations
 import pytest
 from localnet import launch_with_agent_killed
 
-from efpsn.config import RunConfig
-from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
-from efpsn.departure import parse_leave
+from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
+from efpsn.departure.membership import parse_leave
 from efpsn.launch.summary import load_agent_results
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
-from efpsn.standardise import simulate_standardising
+from efpsn.stats.standardise import simulate_standardising
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -64,7 +64,7 @@ def test_an_agent_gone_in_phase_one_is_left_out_and_the_rest_equal_the_replay(
     assert summary["remaining"] == SURVIVORS
     leave = [parse_leave("agent3@I:5" + "".join(f"+{n}" for n in late), agents=5)]
     local = load_data_dir(config, data, holdout=0.0)
-    if standard:  # the secure sum of the remaining four (efpsn/standardise.py)
+    if standard:  # the secure sum of the remaining four (efpsn/stats/standardise.py)
         config, local, totals = simulate_standardising(config, local, noise_seed=NOISE_SEED,
                                                        departures=leave)
         assert totals.count == sum(len(local[i].train) for i in (0, 1, 3, 4))

@@ -18,9 +18,9 @@ import json
 import pytest
 from localnet import LocalNet, crash_at
 
-from efpsn.config import RunConfig
-from efpsn.departure import parse_leave
+from efpsn.departure.membership import parse_leave
 from efpsn.launch.summary import check_results, load_agent_results
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 from localnet import launch_with_agent_killed
 
-from efpsn.config import RunConfig
-from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
-from efpsn.departure import parse_leave
+from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
+from efpsn.departure.membership import parse_leave
 from efpsn.launch.summary import load_agent_results
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 

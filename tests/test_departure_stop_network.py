@@ -1,4 +1,4 @@
-"""Departures in a default run (no --iterations: the stop rule, efpsn/stopping.py), through
+"""Departures in a default run (no --iterations: the stop rule, efpsn/optimize/stopping.py), through
 real processes: `efpsn up` on 5 breast-cancer folders of unequal size with the defaults (the
 step rule's rounds as the cap, the stop rule, fading masks, 3072-bit keys), one run:
 
@@ -12,7 +12,7 @@ step rule's rounds as the cap, the stop rule, fading masks, 3072-bit keys), one 
   three hops from it, complete S on the certificate of the four and exit before anyone knows;
   agent5 waits for agent4, reports, and the coordinator (which the finished agents told their
   stop) decides "the run had stopped at S": agent5 ends with its model of the check round
-  S - 3 and exits 0 (efpsn/last_window.py). A second departure after the original cap.
+  S - 3 and exits 0 (efpsn/departure/last_window.py). A second departure after the original cap.
 
 The three stop where `efpsn simulate --leave agent3@T:R --leave agent4@T2:R2` stops them, with
 the same iterates bit for bit, within the certificate of the four folders' optimum."""
@@ -31,11 +31,11 @@ import pytest
 import torch
 from localnet import crash_each
 
-from efpsn.certificate import TARGET
-from efpsn.config import RunConfig
-from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
-from efpsn.departure import parse_leave
+from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
+from efpsn.departure.membership import parse_leave
 from efpsn.launch.summary import load_agent_results
+from efpsn.optimize.certificate import TARGET
+from efpsn.params.config import RunConfig
 from efpsn.problem import average, build_problem
 from efpsn.simulator import run_simulation
 from efpsn.tasks.optimum import centralized_optimum
@@ -108,7 +108,7 @@ def test_the_others_stop_where_the_simulator_stops_bit_for_bit(default_run) -> N
     assert [r["final"]["round"] for r in agent_results] == [stop, stop, stop - 3]
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
     # what it stopped at: the window certifies x_bar of round S - 3 over agents 1, 2, 4, 5;
-    # each model then is within the gap terms of that bound (efpsn/stopping.py)
+    # each model then is within the gap terms of that bound (efpsn/optimize/stopping.py)
     assert sim.convergence is not None and sim.convergence.converged
     assert summary["convergence"]["certificate"] == sim.convergence.bound <= TARGET
     x_star = centralized_optimum(problem.task, [s for i, s in enumerate(problem.shards)

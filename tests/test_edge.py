@@ -23,10 +23,10 @@ from harness import InProcessAgent, assigned_agents
 
 from agent.options import RefusedByNeighbour
 from coordinator.registry import Registry, default_names
-from efpsn.config import RunConfig
+from efpsn.params.config import RunConfig
 from efpsn.wire import limits, records, rounds
 from efpsn.wire.records import Phase
-from efpsn.wire.status import fetch_status
+from efpsn.wire.status_client import fetch_status
 from efpsn.wire.tls import TlsConfig, generate_certificates
 from efpsn.wire.v1 import agent_pb2
 

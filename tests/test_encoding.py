@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efpsn.encoding import SlotLayout, decode_fixed, encode_fixed
+from efpsn.crypto.encoding import SlotLayout, decode_fixed, encode_fixed
 
 # --------------------------------------------------------------------------- encode / decode
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from efpsn.encoding import SlotLayout, decode_fixed, encode_fixed
+from efpsn.crypto.encoding import SlotLayout, decode_fixed, encode_fixed
 
 LAYOUT = SlotLayout(bound=4000, max_terms=3, slot_bits=15, slots=4)
 

@@ -141,7 +141,7 @@ def test_privacy_epsilon_decreases_in_gamma(tmp_path: Path) -> None:
     ring = next(r for r in summary["rows"] if r["agents"] == 5 and r["topology"] == "ring")
     # a smaller epsilon needs more noise; the inverse really reaches the target
     assert ring["gamma_for_eps=0.1"] > ring["gamma_for_eps=1"]
-    from efpsn.privacy import account
+    from efpsn.privacy.theorem import account
     from efpsn.topology import build_graph
 
     got = account(build_graph("ring", 5), gamma=ring["gamma_for_eps=1"], p=1.0, q=2.0,
@@ -268,8 +268,8 @@ def test_network_check_reproduces_the_simulator_bitwise(tmp_path: Path) -> None:
                for c in summary["comparison"])
     # ... and not only by its own account: the agents' model.npy files, read here, equal a
     # simulation run here with the configuration and noise seed the check reports
-    from efpsn.config import RunConfig
     from efpsn.launch.summary import load_agent_results
+    from efpsn.params.config import RunConfig
     from efpsn.simulator import run_simulation
 
     config = RunConfig.from_dict(summary["config"])
@@ -354,10 +354,10 @@ def test_refreshed_noise_is_the_seeds_noise_and_attackers_pick_rounds_in_a_perio
     import numpy as np
 
     from efpsn.experiments.attack_noise import Agent1Noise, attacker_rounds
-    from efpsn.masking import NoiseSpec
-    from efpsn.refresh import RefreshedMask
-    from efpsn.refresh_value import Refresh
-    from efpsn.seeds import exchange_seeds_fast
+    from efpsn.masks.refresh import RefreshedMask
+    from efpsn.masks.seeds import exchange_seeds_fast
+    from efpsn.masks.zero_sum import NoiseSpec
+    from efpsn.params.refresh_setting import Refresh
 
     problem = load_problem(accuracy_convex.PROFILES["quick"].base)
     setting = idlg.perturbation_problem(problem, "all-k1")

@@ -1,4 +1,4 @@
-"""The default mask (efpsn/fading.py): a fixed zero-sum part and a fresh zero-sum part every round
+"""The default mask (efpsn/masks/fading.py): a fixed zero-sum part and a fresh zero-sum part every round
 that fades at a public rate. Exactly zero-sum in integers every round, the same integers at both
 ends of an edge, fresh noise in every two rounds' difference while it lasts, nothing left of it at
 the end, the same bits on every machine (pinned), and the refresh grammar that names it."""
@@ -13,13 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efpsn.config import RunConfig
-from efpsn.fading import FadingMask, binomial_noise, edge_seed, fade, fresh_scales
-from efpsn.masking import NoiseSpec
-from efpsn.refresh import RefreshedMask
-from efpsn.refresh_value import Refresh
-from efpsn.seeds import exchange_seeds_fast
-from efpsn.step_rule import StepRule, fading_rate
+from efpsn.masks.fading import FadingMask, binomial_noise, edge_seed, fade, fresh_scales
+from efpsn.masks.refresh import RefreshedMask
+from efpsn.masks.seeds import exchange_seeds_fast
+from efpsn.masks.zero_sum import NoiseSpec
+from efpsn.params.config import RunConfig
+from efpsn.params.refresh_setting import Refresh
+from efpsn.params.step_rule import StepRule, fading_rate
 from efpsn.topology import Graph, build_graph
 
 SPEC = NoiseSpec(gamma=1e6, p=1.0, precision=6, num_coefficients=50)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coordinator.registry import Declaration, Registry, RunCancelled
-from efpsn.config import RunConfig
+from efpsn.params.config import RunConfig
 from efpsn.tasks.catalog import make_task
 from efpsn.tasks.fingerprint import describe_model, model_fingerprint
 

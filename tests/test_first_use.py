@@ -79,7 +79,7 @@ def test_a_csv_folder_runs_with_no_other_run_flag_and_its_model_loads(tmp_path: 
     # "0.weight", "0.bias"), by model order, which read_model keeps (safetensors sorts by name)
     from safetensors.torch import load_file
 
-    from efpsn.model_io import load_into, read_model
+    from efpsn.tasks.model_io import load_into, read_model
 
     saved = read_model(tmp_path / "R" / "model.safetensors")
     mine = load_into(torch.nn.Sequential(torch.nn.Linear(12, 2)).double(), saved.state)
@@ -190,7 +190,7 @@ def test_the_coordinator_exits_linger_seconds_after_its_bootstrap(
     from agent.options import AgentOptions
     from agent.prepare import prepare
     from coordinator.service import serve
-    from efpsn.config import RunConfig
+    from efpsn.params.config import RunConfig
     from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
 
     config = RunConfig(agents=3, key_bits=2048, iterations=10)

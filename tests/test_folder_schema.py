@@ -1,4 +1,4 @@
-"""The schema from the data (efpsn/folder_schema.py): without schema.json, a data folder's own
+"""The schema from the data (efpsn/data/folder_schema.py): without schema.json, a data folder's own
 files give the input width (headers only) and the class count; files that disagree are refused
 in one line naming the odd one out, never with advice that would break the others."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from efpsn.cli.common import add_data_dir_arguments
-from efpsn.cli.flags import add_run_arguments, config_from_args
-from efpsn.folder_schema import file_classes, file_shape, folder_run_values
+from efpsn.data.folder_schema import file_classes, file_shape, folder_run_values
+from efpsn.flags.arguments import add_run_arguments, config_from_args
+from efpsn.flags.parser import add_data_dir_arguments
 
 
 def write_csv(path: Path, x: np.ndarray, y: np.ndarray, *, names: list[str] | None = None,
@@ -188,9 +188,9 @@ def test_tables_default_to_standard_and_images_do_not(tmp_path: Path) -> None:
     (schema.json or the flag) wins; an image folder keeps the default."""
     import argparse
 
-    from efpsn.cli.common import add_data_dir_arguments
-    from efpsn.cli.flags import add_run_arguments, config_from_args
-    from efpsn.datadir import split_data
+    from efpsn.data.folders import split_data
+    from efpsn.flags.arguments import add_run_arguments, config_from_args
+    from efpsn.flags.parser import add_data_dir_arguments
 
     parser = argparse.ArgumentParser()
     add_run_arguments(parser)

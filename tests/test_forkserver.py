@@ -81,9 +81,9 @@ def test_the_preload_list_is_the_agents_imports_without_grpc() -> None:
 
     modules = preload_modules()
     # the agent's core, as its source imports it (nothing hand-kept)
-    for core in ("numpy", "torch", "phe", "efpsn.problem", "efpsn.paillier", "efpsn.masking",
-                 "efpsn.rounds", "efpsn.wire.serde", "efpsn.wire.rounds", "agent.cli",
-                 "agent.state", "efpsn.run_values"):
+    for core in ("numpy", "torch", "phe", "efpsn.problem", "efpsn.crypto.paillier", "efpsn.masks.zero_sum",
+                 "efpsn.optimize.driver", "efpsn.wire.serde", "efpsn.wire.rounds", "agent.cli",
+                 "agent.state", "efpsn.params.values"):
         assert core in modules, core
     # never a module that starts gRPC (the server, the peers, the node), nor grpc itself
     for edge in ("grpc", "agent.node", "agent.servicer", "agent.peers", "efpsn.wire.net",

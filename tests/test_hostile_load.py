@@ -22,8 +22,8 @@ import grpc
 import pytest
 from localnet import LocalNet
 
-from efpsn.config import RunConfig
 from efpsn.launch.summary import load_agent_results
+from efpsn.params.config import RunConfig
 from efpsn.simulator import run_simulation
 from efpsn.wire import records
 from efpsn.wire.records import Phase

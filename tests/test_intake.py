@@ -13,8 +13,8 @@ from harness import assigned_agents, message
 
 from agent.options import AgentFailure
 from agent.resume import Replay
-from efpsn.config import RunConfig
 from efpsn.ledger import Verdict
+from efpsn.params.config import RunConfig
 
 RUN = "intake-test"
 CONFIG = RunConfig(agents=3, topology="ring", iterations=50, key_bits=2048)

@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from scipy import stats
 
-from efpsn.keystream import (
+from efpsn.masks.keystream import (
     EXACT_LIMIT,
     MAX_PERIOD,
     exact_bound,
@@ -23,7 +23,7 @@ from efpsn.keystream import (
     standard_normals,
     stream_nonce,
 )
-from efpsn.masking import NoiseSpec
+from efpsn.masks.zero_sum import NoiseSpec
 
 SEED = bytes(range(32))
 SPEC = NoiseSpec(gamma=1e3, p=1.0, precision=6, num_coefficients=6)
@@ -138,7 +138,7 @@ def test_a_block_of_seeds_and_periods_is_one_call_per_seed_and_period(
                 assert np.array_equal(block[i, t], reference_noise(seed, 2**40 + t, spec)
                                       if spec is SPEC else period_noise(seed, 2**40 + t, spec))
     # a stream whose first candidates are too few reads on: force it with no margin at all
-    monkeypatch.setattr("efpsn.keystream._candidates", lambda pairs: pairs)
+    monkeypatch.setattr("efpsn.masks.keystream._candidates", lambda pairs: pairs)
     spec = NoiseSpec(gamma=7.5, p=2.0, precision=3, num_coefficients=101)
     block = period_noise_block(seeds, 7, 2, spec)
     assert [block[i, t].tolist() for i in range(3) for t in range(2)] == [

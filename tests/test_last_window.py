@@ -1,4 +1,4 @@
-"""A departure in the stop rule's last window (efpsn/last_window.py): the round each agent waits
+"""A departure in the stop rule's last window (efpsn/departure/last_window.py): the round each agent waits
 at without the departed agent, who finishes the stop round and who ends at the check round;
 the driver that keeps its check round's state; the coordinator's decision (the run had
 stopped) through its board and its servicer."""
@@ -13,9 +13,9 @@ import torch
 from fake_context import FakeContext, assigned_coordinator
 
 from coordinator.departures import DepartureBoard, Refused, Report
-from efpsn.config import RunConfig
-from efpsn.departure import Departure
-from efpsn.last_window import LastWindow, last_window, reach
+from efpsn.departure.last_window import LastWindow, last_window, reach
+from efpsn.departure.membership import Departure
+from efpsn.params.config import RunConfig
 from efpsn.topology import path, ring
 from efpsn.wire.v1 import coordinator_pb2
 
@@ -75,11 +75,11 @@ def test_a_departure_record_says_the_run_had_stopped() -> None:
 def test_the_driver_ends_with_its_check_rounds_state() -> None:
     from efpsn.algorithms import make_algorithm
     from efpsn.algorithms.base import StepContext
+    from efpsn.optimize.driver import RoundDriver
+    from efpsn.optimize.stopping import StopRule
+    from efpsn.params.schedules import make_schedule
     from efpsn.problem import build_problem
-    from efpsn.rounds import RoundDriver
-    from efpsn.schedules import make_schedule
     from efpsn.simulator import make_mask_providers
-    from efpsn.stopping import StopRule
 
     config = RunConfig(l2=10.0, eval_every=50, refresh="never", key_bits=512).resolved()
     problem = build_problem(config)
@@ -112,11 +112,11 @@ def test_a_driver_restarted_inside_the_window_still_ends_with_its_check_state(tm
     from agent.state import StateStore
     from efpsn.algorithms import make_algorithm
     from efpsn.algorithms.base import AgentState, StepContext
+    from efpsn.optimize.driver import RoundDriver, checkpoint_shapes
+    from efpsn.optimize.stopping import StopRule
+    from efpsn.params.schedules import make_schedule
     from efpsn.problem import build_problem
-    from efpsn.rounds import RoundDriver, checkpoint_shapes
-    from efpsn.schedules import make_schedule
     from efpsn.simulator import make_mask_providers
-    from efpsn.stopping import StopRule
 
     config = RunConfig(l2=10.0, eval_every=50, refresh="never", key_bits=512).resolved()
     problem = build_problem(config)

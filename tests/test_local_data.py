@@ -14,12 +14,12 @@ import torch
 from agent.options import AgentOptions
 from agent.prepare import prepare
 from coordinator.registry import Declaration, Registry, RunCancelled
-from efpsn.config import RunConfig
-from efpsn.datadir import dirichlet_partition, load_data_dir, split_data
+from efpsn.data.folders import dirichlet_partition, load_data_dir, split_data
+from efpsn.data.local import DataError, load_local_data
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 from efpsn.tasks.catalog import make_task
-from efpsn.tasks.local import DataError, load_local_data
 
 TABULAR = RunConfig(data="local", input_shape="6", classes=3, task="logreg", batch_size=8,
                     iterations=30, eval_every=10, key_bits=2048, m=3, N=3,

@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 from test_local_data import tabular, write_model
 
-from efpsn.config import RunConfig
-from efpsn.datadir import load_data_dir, split_data
+from efpsn.data.folders import load_data_dir, split_data
+from efpsn.data.local import load_local_data
+from efpsn.flags.names import run_parameters_args
 from efpsn.launch.network import launch_local_network
 from efpsn.launch.processes import Child, spawn, stop_children, wait_port
 from efpsn.launch.summary import load_agent_results
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
-from efpsn.run_flags import run_parameters_args
 from efpsn.simulator import run_simulation
-from efpsn.tasks.local import load_local_data
 
 pytestmark = pytest.mark.timeout(600)
 

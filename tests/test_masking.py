@@ -10,9 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from efpsn import paillier
-from efpsn.encoding import SlotLayout
-from efpsn.masking import (
+from efpsn.crypto import paillier
+from efpsn.crypto.encoding import SlotLayout
+from efpsn.masks.network import independent_masks, no_masks, zero_sum_masks, zero_sum_masks_fast
+from efpsn.masks.zero_sum import (
     MaskCoefficients,
     Masker,
     MaskingStateError,
@@ -20,7 +21,6 @@ from efpsn.masking import (
     draw_shares,
     independent_mask,
 )
-from efpsn.masks import independent_masks, no_masks, zero_sum_masks, zero_sum_masks_fast
 from efpsn.topology import Graph
 
 MAX_AGENTS = 7

@@ -9,16 +9,17 @@ import gmpy2
 import numpy as np
 import pytest
 
-from efpsn import masking, paillier
-from efpsn.encoding import SlotLayout
-from efpsn.masking import (
+from efpsn.crypto import paillier
+from efpsn.crypto.encoding import SlotLayout
+from efpsn.masks import zero_sum
+from efpsn.masks.network import independent_masks, zero_sum_masks, zero_sum_masks_fast
+from efpsn.masks.zero_sum import (
     MaskCoefficients,
     Masker,
     NoiseSpec,
     independent_mask,
     noise_generator,
 )
-from efpsn.masks import independent_masks, zero_sum_masks, zero_sum_masks_fast
 from efpsn.topology import Graph
 
 # Ring 0-1-2-3-4-0 plus the chord 0-2: degrees (3, 2, 3, 2, 2), 12 directed edges.
@@ -259,7 +260,7 @@ def test_noise_spec_and_draws_refuse_wrong_types_by_name() -> None:
                          name: value})
         assert str(error.value) == message
     with pytest.raises(TypeError) as error:
-        masking.draw_shares(np.random.RandomState(0), SPEC, (1,))  # type: ignore[arg-type]
+        zero_sum.draw_shares(np.random.RandomState(0), SPEC, (1,))  # type: ignore[arg-type]
     assert str(error.value) == "rng must be a numpy Generator, got RandomState"
 
 
@@ -275,5 +276,5 @@ def test_noise_generators_are_private_unless_seeded() -> None:
     assert seeded.tolist() != noise_generator(7, 3).standard_normal(4).tolist()
     private = [noise_generator(None, 2).standard_normal(4).tolist() for _ in range(2)]
     assert private[0] != private[1] and seeded.tolist() not in private
-    assert masking.noise_generator(None, 0).bit_generator.state != (
-        masking.noise_generator(None, 0).bit_generator.state)
+    assert zero_sum.noise_generator(None, 0).bit_generator.state != (
+        zero_sum.noise_generator(None, 0).bit_generator.state)

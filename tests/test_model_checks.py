@@ -15,7 +15,7 @@ import pytest
 
 from agent.options import AgentOptions
 from agent.prepare import prepare
-from efpsn.config import RunConfig
+from efpsn.params.config import RunConfig
 from efpsn.tasks.catalog import make_task
 
 pytestmark = pytest.mark.timeout(240)

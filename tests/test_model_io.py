@@ -17,9 +17,11 @@ import pytest
 import torch
 from torch import nn
 
-from efpsn.cli.common import run_command
 from efpsn.cli.evaluate import evaluate_model, register
-from efpsn.model_io import (
+from efpsn.data.local import load_local_data
+from efpsn.flags.parser import run_command
+from efpsn.tasks.catalog import make_task
+from efpsn.tasks.model_io import (
     FORMAT_VERSION,
     ModelMetadata,
     load_into,
@@ -28,8 +30,6 @@ from efpsn.model_io import (
     state_dict_of,
     vector_of,
 )
-from efpsn.tasks.catalog import make_task
-from efpsn.tasks.local import load_local_data
 from efpsn.tasks.models import LogisticRegression
 
 ROOT = Path(__file__).resolve().parents[1]

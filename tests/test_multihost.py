@@ -25,9 +25,9 @@ import pytest
 import torch
 from netns import NetnsNetwork, can_use_netns, stop_processes
 
-from efpsn.config import RunConfig
+from efpsn.flags.names import run_parameters_args
 from efpsn.launch.summary import load_agent_results
-from efpsn.run_flags import run_parameters_args
+from efpsn.params.config import RunConfig
 from efpsn.simulator import run_simulation
 from efpsn.wire.tls import generate_certificates
 

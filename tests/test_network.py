@@ -16,9 +16,9 @@ from conftest import Processes
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from efpsn.config import RunConfig
 from efpsn.launch.network import launch_local_network
 from efpsn.launch.summary import load_agent_results
+from efpsn.params.config import RunConfig
 from efpsn.simulator import run_simulation
 
 pytestmark = pytest.mark.timeout(600)
@@ -96,7 +96,7 @@ def _rounds(ports: dict[str, int]) -> dict[str, int | None]:
     """Each agent's phase II round (None: not in phase II or not answering), via GetStatus."""
     import asyncio
 
-    from efpsn.wire.status import fetch_statuses
+    from efpsn.wire.status_client import fetch_statuses
 
     statuses = asyncio.run(fetch_statuses({n: f"127.0.0.1:{p}" for n, p in ports.items()},
                                           tls=None))

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from efpsn.config import RunConfig
 from efpsn.launch.network import launch_local_network
 from efpsn.launch.summary import load_agent_results
+from efpsn.params.config import RunConfig
 from efpsn.simulator import run_simulation
 
 pytestmark = pytest.mark.timeout(600)

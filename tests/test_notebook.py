@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from efpsn.datadir import split_data
+from efpsn.data.folders import split_data
 from efpsn.notebook import train
 
 pytestmark = pytest.mark.timeout(600)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efpsn import paillier
-from efpsn.paillier import PrivateKey, PublicKey
+from efpsn.crypto import paillier
+from efpsn.crypto.paillier import PrivateKey, PublicKey
 
 # Mersenne primes 2^31 - 1 and 2^61 - 1: a 92-bit toy modulus with a known factorisation.
 P31, P61 = 2**31 - 1, 2**61 - 1

@@ -9,8 +9,8 @@ from functools import cache
 import gmpy2
 import pytest
 
-from efpsn import paillier
-from efpsn.paillier import PrivateKey, PublicKey
+from efpsn.crypto import paillier
+from efpsn.crypto.paillier import PrivateKey, PublicKey
 
 
 @cache

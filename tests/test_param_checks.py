@@ -1,5 +1,5 @@
-"""The run parameters' checks and parsers (efpsn/param_checks.py, the values of
-efpsn/run_values.py) at their boundaries: the smallest and largest value each accepts, the first
+"""The run parameters' checks and parsers (efpsn/params/checks.py, the values of
+efpsn/params/values.py) at their boundaries: the smallest and largest value each accepts, the first
 it refuses, and what the refusal says."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from efpsn.config import RunConfig
-from efpsn.param_checks import at_least, check_data, one_of, positive
-from efpsn.refresh_value import Refresh
-from efpsn.run_values import BatchSize, Momentum, Rounds
+from efpsn.params.checks import at_least, check_data, one_of, positive
+from efpsn.params.config import RunConfig
+from efpsn.params.refresh_setting import Refresh
+from efpsn.params.values import BatchSize, Momentum, Rounds
 
 
 def test_batch_sizes_are_positive_integers_or_full() -> None:

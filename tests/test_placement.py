@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from efpsn.config import RunConfig
 from efpsn.launch.network import launch_local_network
 from efpsn.launch.placement import assign_cpus, launcher_cpus
+from efpsn.params.config import RunConfig
 
 NAMES = ["agent1", "agent2", "agent3"]
 
@@ -112,7 +112,7 @@ def test_a_thread_started_before_the_placement_is_seen(tmp_path: Path) -> None:
     script = tmp_path / "late.py"
     script.write_text(
         "import json, os, threading\n"
-        "from efpsn.runtime import thread_cpus\n"
+        "from efpsn.process.runtime import thread_cpus\n"
         "first = min(os.sched_getaffinity(0))\n"
         "stop = threading.Event()\n"
         "threading.Thread(target=stop.wait).start()\n"
@@ -130,7 +130,7 @@ def test_a_thread_started_before_the_placement_is_seen(tmp_path: Path) -> None:
 def test_an_agent_started_by_hand_is_placed_only_if_the_variable_says_so(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from efpsn.launch.placement import cpus_env
-    from efpsn.runtime import CPUS_ENV, place_from_environment
+    from efpsn.process.runtime import CPUS_ENV, place_from_environment
 
     assert cpus_env(None) == {} and cpus_env({3, 1}) == {CPUS_ENV: "1,3"}
     monkeypatch.delenv(CPUS_ENV, raising=False)

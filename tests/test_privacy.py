@@ -1,4 +1,4 @@
-"""Tests for efpsn.privacy: Theorem 4.1, its inverse, pinned numbers and properties."""
+"""Tests for efpsn.privacy.theorem: Theorem 4.1, its inverse, pinned numbers and properties."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efpsn.privacy import (
+from efpsn.privacy.theorem import (
     account,
     calibrate,
     convert_sensitivity,
@@ -226,9 +226,9 @@ def test_protection_statement_names_coordinates_and_functions() -> None:
 def test_privacy_cli_accounts_refreshed_masks(tmp_path: Path) -> None:
     """`efpsn privacy --refresh every:R`: the per-sample accountant, the same epsilon as the
     library gives, and an infinite one with its reason where the run gives no bound."""
-    from efpsn.accounting import account_refreshed
     from efpsn.cli.main import main
-    from efpsn.refresh_value import Refresh
+    from efpsn.params.refresh_setting import Refresh
+    from efpsn.privacy.accounting import account_refreshed
     from efpsn.topology import build_graph
 
     out = tmp_path / "eps.json"

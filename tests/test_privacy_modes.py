@@ -1,4 +1,4 @@
-"""Every mode a user can pick says what it protects (efpsn/privacy_modes.py): a measured worst
+"""Every mode a user can pick says what it protects (efpsn/privacy/modes.py): a measured worst
 attack or an accountant's epsilon, against whom, and a loud BROKEN where a measured attacker
 removes the mask; the line reaches simulate's output and its JSON."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from efpsn.config import PRESETS, RunConfig
-from efpsn.privacy_modes import ANY_GAMMA, MEASURED, mode_of, privacy_statement
+from efpsn.params.config import PRESETS, RunConfig
+from efpsn.privacy.modes import ANY_GAMMA, MEASURED, mode_of, privacy_statement
 from efpsn.topology import build_graph
 
 RING = build_graph("ring", 5)

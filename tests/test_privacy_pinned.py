@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from efpsn import privacy
-from efpsn.privacy import (
+from efpsn.privacy import theorem
+from efpsn.privacy.theorem import (
     PrivacyResult,
     account,
     convert_sensitivity,
@@ -141,16 +141,16 @@ def test_the_result_carries_and_prints_every_input() -> None:
 def test_calibrate_passes_every_input_on() -> None:
     graph = ring(6)
     kwargs = {"delta": 1e-4, "p": 0.8, "q": 1.7, "sensitivity": 3.0}
-    gamma = privacy.calibrate(graph, target_epsilon=2.0, **kwargs)
+    gamma = theorem.calibrate(graph, target_epsilon=2.0, **kwargs)
     result = account(graph, gamma=gamma, **kwargs)
     assert result.epsilon <= 2.0 and result.epsilon == pytest.approx(2.0, rel=1e-12)
-    assert refusal(ValueError, privacy.gamma_for_epsilon, target_epsilon=1e-160, mu2=1.0,
+    assert refusal(ValueError, theorem.gamma_for_epsilon, target_epsilon=1e-160, mu2=1.0,
                    mu_max=3.0,
                    **kwargs).startswith("target_epsilon = 1e-160 needs gamma = inf")
-    assert refusal(ValueError, privacy.calibrate, graph=graph, target_epsilon=0.0, **kwargs) == (
+    assert refusal(ValueError, theorem.calibrate, graph=graph, target_epsilon=0.0, **kwargs) == (
         "target_epsilon must be finite and > 0, got 0.0")
     with pytest.raises(DisconnectedGraphError, match="2 components"):
-        privacy.calibrate(Graph(4, ((0, 1), (2, 3))), target_epsilon=1.0, **kwargs)
+        theorem.calibrate(Graph(4, ((0, 1), (2, 3))), target_epsilon=1.0, **kwargs)
 
 
 @pytest.mark.parametrize(("selection", "body", "words", "measure"), [

@@ -1,6 +1,6 @@
 """Nothing of a run outlives `efpsn up`: SIGTERM or SIGHUP stop every process it started (fork
 server, forked agents, coordinator, `--no-fork` agents) and it exits 128 + the signal saying so;
-killed -9, it stops nothing itself, and its children notice (efpsn/lifeline.py: the pipe it
+killed -9, it stops nothing itself, and its children notice (efpsn/process/lifeline.py: the pipe it
 alone writes to, and for its direct children the parent-death signal) and stop.
 
 Real processes, a long run (20,000 rounds on wine in 4 private folders: about a minute and a
@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from test_launcher import efpsn, leftovers, stop
 
-from efpsn.datadir import split_data
+from efpsn.data.folders import split_data
 from efpsn.launch.forking import set_subreaper, subreaper
-from efpsn.launch.signals import Stopped, StopSignals, signals_held
-from efpsn.lifeline import ENV, Lifeline, launcher_gone
+from efpsn.process.lifeline import ENV, Lifeline, launcher_gone
+from efpsn.process.signals import Stopped, StopSignals, signals_held
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc: Linux")]
@@ -257,7 +257,7 @@ def test_a_signal_during_the_stop_waits_for_its_end_and_only_the_first_counts() 
 
 CHILD = """
 import signal, sys, time
-from efpsn.lifeline import hold_to_launcher
+from efpsn.process.lifeline import hold_to_launcher
 if sys.argv[1] == "ignore":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 print(hold_to_launcher(grace=1.0), flush=True)
@@ -291,7 +291,7 @@ def test_a_child_stops_when_its_lifeline_ends(mode: str, ends_by: int) -> None:
 
 TOLD = """
 import os, signal, sys, time
-from efpsn.lifeline import hold_to_launcher, launcher_gone
+from efpsn.process.lifeline import hold_to_launcher, launcher_gone
 def told(signum, frame):
     print("SIGTERM", launcher_gone(), flush=True)
     os._exit(0)
@@ -320,7 +320,7 @@ def test_a_child_knows_its_launcher_is_gone_when_its_stop_signal_comes() -> None
 
 
 def test_without_a_lifeline_nothing_is_watched() -> None:
-    code = "from efpsn.lifeline import hold_to_launcher; print(hold_to_launcher())"
+    code = "from efpsn.process.lifeline import hold_to_launcher; print(hold_to_launcher())"
     for value in (None, "not-a-number", "987"):  # unset, garbage, a descriptor not open
         env = {k: v for k, v in os.environ.items() if k != ENV}
         if value is not None:
@@ -332,7 +332,7 @@ def test_without_a_lifeline_nothing_is_watched() -> None:
 
 LAUNCHER = """
 import os, subprocess, sys, time
-from efpsn.lifeline import ENV
+from efpsn.process.lifeline import ENV
 fd = int(sys.argv[1])
 child = subprocess.Popen([sys.executable, "-c", sys.argv[2], "obey"], pass_fds=(fd,),
                          env={**os.environ, ENV: f"{fd} {os.getpid()}"})

@@ -9,15 +9,15 @@ import dataclasses
 import numpy as np
 import torch
 
-from efpsn.config import RunConfig
-from efpsn.datadir import load_sklearn_set
+from efpsn.data.folders import load_sklearn_set
+from efpsn.data.local import LocalData
 from efpsn.experiments.quadratic_mask import (
     masked_config,
     quadratic_masks,
     relative_gap,
 )
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
-from efpsn.tasks.local import LocalData
 from efpsn.topology import build_graph
 
 

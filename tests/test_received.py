@@ -12,8 +12,8 @@ import torch
 
 from efpsn.algorithms import make_algorithm
 from efpsn.algorithms.base import StepContext, as_tensor, difference, float64_arrays
-from efpsn.rounds import progress
-from efpsn.stopping import CEILING, FLOOR, STOP_KEY
+from efpsn.optimize.driver import progress
+from efpsn.optimize.stopping import CEILING, FLOOR, STOP_KEY
 from efpsn.wire.rounds import encode_round, parse_round, round_digest
 from efpsn.wire.v1 import agent_pb2
 

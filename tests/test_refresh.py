@@ -1,4 +1,4 @@
-"""Masks per round (efpsn/refresh.py) at their edges: the refresh period's text and rounds, the
+"""Masks per round (efpsn/masks/refresh.py) at their edges: the refresh period's text and rounds, the
 int64 guard of a refreshed mask, a block at the last period, and a block shared by agents."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-import efpsn.refresh as refresh_module
-from efpsn.keystream import MAX_PERIOD, exact_bound, period_noise
-from efpsn.masking import NoiseSpec
-from efpsn.refresh import NoiseBlocks, RefreshedMask
-from efpsn.refresh_value import Refresh
-from efpsn.seeds import EdgeSeeds, exchange_seeds_fast
+import efpsn.masks.refresh as refresh_module
+from efpsn.masks.keystream import MAX_PERIOD, exact_bound, period_noise
+from efpsn.masks.refresh import NoiseBlocks, RefreshedMask
+from efpsn.masks.seeds import EdgeSeeds, exchange_seeds_fast
+from efpsn.masks.zero_sum import NoiseSpec
+from efpsn.params.refresh_setting import Refresh
 from efpsn.topology import Graph
 
 SPEC = NoiseSpec(gamma=1e3, p=1.0, precision=6, num_coefficients=40)

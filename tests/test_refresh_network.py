@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from localnet import LocalNet, crash_at
 
-from efpsn.config import RunConfig
 from efpsn.launch.summary import load_agent_results
-from efpsn.seeds import exchange_seeds_fast
+from efpsn.masks.seeds import exchange_seeds_fast
+from efpsn.params.config import RunConfig
 from efpsn.simulator import run_simulation
 from efpsn.topology import build_graph
 

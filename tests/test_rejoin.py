@@ -2,7 +2,7 @@
 (agent/rejoin.py, the servicer's rejoin path), in process over mutual TLS: before either knows
 the decision, the other is refused as a stranger (or asked to retry while a decision is
 awaited); once both know, they exchange seeds under fresh Paillier keys and get exactly the
-simulator's (efpsn/departure_masks.py, new_edge_seeds); a new neighbour's round messages are
+simulator's (efpsn/departure/remask.py, new_edge_seeds); a new neighbour's round messages are
 taken from the re-base round on only. An end stopped in the middle of the exchange resumes it
 from its state folder (agent/rejoin_state.py) and both ends still get the simulator's seeds."""
 
@@ -21,10 +21,10 @@ from agent import rejoin_state
 from agent.mailbox import Mailbox
 from agent.rejoin import exchange_new_seeds
 from agent.rejoin_state import ExchangeState
-from efpsn import paillier
-from efpsn.config import RunConfig
-from efpsn.departure_masks import new_edge_seeds, new_edge_shares
+from efpsn.crypto import paillier
+from efpsn.departure.remask import new_edge_seeds, new_edge_shares
 from efpsn.ledger import PhaseOneLedger
+from efpsn.params.config import RunConfig
 from efpsn.wire import records, serde
 from efpsn.wire.records import Phase
 from efpsn.wire.tls import TlsConfig

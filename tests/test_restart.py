@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 from localnet import LocalNet, crash_at
 
-from efpsn.config import PRESETS, RunConfig
 from efpsn.launch.summary import load_agent_results
+from efpsn.params.config import PRESETS, RunConfig
 from efpsn.simulator import run_simulation
 
 pytestmark = pytest.mark.timeout(900)

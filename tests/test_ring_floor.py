@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from efpsn.datadir import split_data
+from efpsn.data.folders import split_data
 
 ROOT = Path(__file__).resolve().parent.parent
 

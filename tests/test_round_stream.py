@@ -27,7 +27,7 @@ from agent.options import AgentFailure, RefusedByNeighbour
 from agent.outbox import Outbox
 from agent.resume import Replay
 from agent.round_stream import METHOD, RoundStream, StreamBroken
-from efpsn.config import RunConfig
+from efpsn.params.config import RunConfig
 from efpsn.wire import guard, records, rounds
 from efpsn.wire.net import open_channel
 from efpsn.wire.records import Phase

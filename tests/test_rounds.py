@@ -1,4 +1,4 @@
-"""The round driver (efpsn/rounds.py) alone: the step size of each round, the evaluation
+"""The round driver (efpsn/optimize/driver.py) alone: the step size of each round, the evaluation
 cadence, resuming from a saved state, and the convergence measures computed by hand."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 
 from efpsn.algorithms import make_algorithm
 from efpsn.algorithms.base import AgentState, StepContext
-from efpsn.rounds import RoundDriver, progress, worst
-from efpsn.schedules import make_schedule
+from efpsn.optimize.driver import RoundDriver, progress, worst
+from efpsn.params.schedules import make_schedule
 
 
 def _driver(name: str = "dsgd", *, iterations: int = 7, eval_every: int = 3,

@@ -1,4 +1,4 @@
-"""The run parameters with a grammar as values (efpsn/run_values.py, Selection, Refresh): each
+"""The run parameters with a grammar as values (efpsn/params/values.py, Selection, Refresh): each
 parses its text once, shows the text it reads back, carries the wire's scalar, and RunConfig
 holds the values, never their text or a sentinel number."""
 
@@ -9,11 +9,11 @@ import typing
 
 import pytest
 
-from efpsn.config import RunConfig, value_types
-from efpsn.refresh_value import Refresh
-from efpsn.run_values import L2, BatchSize, Momentum, Rounds, Schedule, StopEvery
-from efpsn.schema import Scale, TaskSpec
-from efpsn.selection import Selection
+from efpsn.params.config import RunConfig, value_types
+from efpsn.params.refresh_setting import Refresh
+from efpsn.params.schema import Scale, TaskSpec
+from efpsn.params.values import L2, BatchSize, Momentum, Rounds, Schedule, StopEvery
+from efpsn.perturbation.selection import Selection
 
 TEXTS = {
     Rounds: ["auto", "1", "6502"],
@@ -138,7 +138,7 @@ def test_a_momentum_keeps_its_beta_as_a_float() -> None:
 
 
 def test_the_declared_schedule_kinds_are_the_parsed_ones() -> None:
-    from efpsn.run_values import ScheduleKind
+    from efpsn.params.values import ScheduleKind
 
     kinds = {Schedule.parse(t).kind for t in ("auto", "paper", "constant:0.1")}
     assert kinds == set(typing.get_args(ScheduleKind))

@@ -12,9 +12,9 @@ import pytest
 
 from coordinator.cli import build_parser
 from efpsn.cli.compose import compose_variables, render_compose
-from efpsn.cli.flags import apply_environment, config_from_args
-from efpsn.config import declarations
-from efpsn.run_flags import environment_variable, flag_of, run_parameter_variables
+from efpsn.flags.arguments import apply_environment, config_from_args
+from efpsn.flags.names import environment_variable, flag_of, run_parameter_variables
+from efpsn.params.config import declarations
 
 
 def _config(argv: list[str], environ: dict[str, str]):

@@ -1,4 +1,4 @@
-"""The public data schema's words (efpsn/schema.py) at their edges: every task form, the scale
+"""The public data schema's words (efpsn/params/schema.py) at their edges: every task form, the scale
 divisors (one or one per feature), and refusals that name what came without echoing a whole
 oversized value."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from efpsn.schema import Scale, TaskSpec
+from efpsn.params.schema import Scale, TaskSpec
 
 
 def check_task_spec(task: str) -> None:
@@ -99,7 +99,7 @@ def test_a_refusal_quotes_at_most_60_characters_of_the_scale() -> None:
 def test_the_kinds_the_values_declare_are_the_kinds_they_accept() -> None:
     import typing
 
-    from efpsn.schema import ScaleKind, TaskKind
+    from efpsn.params.schema import ScaleKind, TaskKind
 
     tasks = {TaskSpec.parse(t).kind for t in ("logreg", "lenet", "mlp:8", "python:m:make")}
     assert tasks == set(typing.get_args(TaskKind))
@@ -124,7 +124,7 @@ def test_a_zero_or_negative_divisor_is_refused_and_divisors_are_float64() -> Non
 
 
 def test_the_standard_disclosure_is_named_in_plain_words() -> None:
-    from efpsn.schema import STANDARD_DISCLOSURE
+    from efpsn.params.schema import STANDARD_DISCLOSURE
 
     assert STANDARD_DISCLOSURE.startswith(
         "disclosed by design to every agent (scale standard): every column's global mean and "
@@ -132,8 +132,8 @@ def test_the_standard_disclosure_is_named_in_plain_words() -> None:
 
 
 def test_scale_standard_needs_the_seeds_of_a_refreshed_zero_sum_mask() -> None:
-    from efpsn.refresh_value import Refresh
-    from efpsn.schema import check_standard_masks
+    from efpsn.params.refresh_setting import Refresh
+    from efpsn.params.schema import check_standard_masks
 
     standard, none = Scale.parse("standard"), Scale.parse("none")
     fading, never = Refresh.parse("fading"), Refresh.parse("never")

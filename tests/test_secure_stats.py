@@ -7,7 +7,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from efpsn.secure_stats import (
+from efpsn.masks.seeds import exchange_seeds_fast
+from efpsn.stats.column_sums import (
     FRACTION_BITS,
     MODULUS,
     decode_totals,
@@ -17,7 +18,6 @@ from efpsn.secure_stats import (
     stats_mask,
     sum_masked,
 )
-from efpsn.seeds import exchange_seeds_fast
 from efpsn.topology import build_graph
 
 

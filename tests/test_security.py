@@ -41,11 +41,11 @@ from agent.life import Life
 from agent.servicer import ShareCheck
 from coordinator.registry import Registry, default_names
 from coordinator.service import CoordinatorService
-from efpsn import paillier
-from efpsn.config import RunConfig
+from efpsn.crypto import paillier
 from efpsn.launch.summary import load_agent_results
 from efpsn.ledger import RoundLedger
-from efpsn.masking import Masker
+from efpsn.masks.zero_sum import Masker
+from efpsn.params.config import RunConfig
 from efpsn.simulator import run_simulation
 from efpsn.wire import records
 from efpsn.wire import rounds as wire_rounds

@@ -10,12 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from efpsn import paillier
-from efpsn.keystream import period_noise
-from efpsn.masking import MaskCoefficients, MaskingStateError, NoiseSpec
-from efpsn.refresh import FixedMask, NoiseBlocks, RefreshedMask, refreshed_numerators
-from efpsn.refresh_value import Refresh
-from efpsn.seeds import (
+from efpsn.crypto import paillier
+from efpsn.masks.keystream import period_noise
+from efpsn.masks.refresh import FixedMask, NoiseBlocks, RefreshedMask, refreshed_numerators
+from efpsn.masks.seeds import (
     SEEDS_FORMAT,
     EdgeSeeds,
     SeedExchange,
@@ -23,6 +21,8 @@ from efpsn.seeds import (
     exchange_seeds,
     exchange_seeds_fast,
 )
+from efpsn.masks.zero_sum import MaskCoefficients, MaskingStateError, NoiseSpec
+from efpsn.params.refresh_setting import Refresh
 from efpsn.topology import Graph, build_graph
 
 SPEC = NoiseSpec(gamma=1e3, p=1.0, precision=6, num_coefficients=40)

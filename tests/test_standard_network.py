@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from localnet import LocalNet, crash_at
 
-from efpsn.config import RunConfig
-from efpsn.datadir import load_data_dir, split_data
+from efpsn.data.folders import load_data_dir, split_data
 from efpsn.launch.summary import load_agent_results
-from efpsn.model_io import MODEL_FILE, read_model
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
-from efpsn.standardise import simulate_standardising
+from efpsn.stats.standardise import simulate_standardising
+from efpsn.tasks.model_io import MODEL_FILE, read_model
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -109,7 +109,7 @@ def test_saved_models_carry_the_standardisation(standard_run) -> None:
 def test_no_statistic_reaches_a_log(standard_run) -> None:
     """Only masked vectors travel, and nothing logs them or what they hide: no agent's local
     sums (fixed point) and no network total appear in any log."""
-    from efpsn.secure_stats import local_vector
+    from efpsn.stats.column_sums import local_vector
 
     seen = standard_run
     _, _, totals = _simulated(seen)

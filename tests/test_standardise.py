@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from efpsn.cli.main import main
-from efpsn.config import RunConfig
-from efpsn.datadir import load_data_dir, split_data
-from efpsn.departure import parse_leave
-from efpsn.model_io import read_model, save_model
+from efpsn.data.folders import load_data_dir, split_data
+from efpsn.departure.membership import parse_leave
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
-from efpsn.standardise import check_standardisable, left_in_phase_one, simulate_standardising
+from efpsn.stats.standardise import check_standardisable, left_in_phase_one, simulate_standardising
+from efpsn.tasks.model_io import read_model, save_model
 
 
 def _raw_folder(tmp_path: Path, name: str) -> Path:
@@ -152,8 +152,8 @@ def test_networked_runs_send_standard_unresolved(tmp_path):
     wait for the network's totals (agent/secure_sum.py)."""
     import argparse
 
-    from efpsn.cli.common import add_data_dir_arguments
-    from efpsn.cli.flags import add_run_arguments, network_config
+    from efpsn.flags.arguments import add_run_arguments, network_config
+    from efpsn.flags.parser import add_data_dir_arguments
 
     folder = _raw_folder(tmp_path, "wine")
     parser = argparse.ArgumentParser()
@@ -168,7 +168,7 @@ def test_networked_runs_send_standard_unresolved(tmp_path):
 
 
 def test_metadata_standardisation_is_checked():
-    from efpsn.model_io import ModelMetadata
+    from efpsn.tasks.model_io import ModelMetadata
 
     base = {"task": "logreg", "input_shape": "2", "classes": 2, "l2": 0.1,
             "parameters": (("linear.weight", (2, 2)), ("linear.bias", (2,)))}
@@ -184,8 +184,8 @@ def test_metadata_standardisation_is_checked():
 
 def test_the_disclosure_is_named_by_the_run_and_by_efpsn_privacy(tmp_path, capsys):
     """A standard run's privacy line and `efpsn privacy --data-dir D` name what it discloses."""
-    from efpsn.privacy_modes import privacy_statement
-    from efpsn.schema import STANDARD_DISCLOSURE
+    from efpsn.params.schema import STANDARD_DISCLOSURE
+    from efpsn.privacy.modes import privacy_statement
     from efpsn.topology import build_graph
 
     folder = _raw_folder(tmp_path, "wine")

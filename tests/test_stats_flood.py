@@ -1,4 +1,4 @@
-"""The secure sum's flood (efpsn/stats_flood.py) and its wire form (efpsn/wire/stats.py): after
+"""The secure sum's flood (efpsn/stats/flood.py) and its wire form (efpsn/wire/stats.py): after
 diameter rounds every agent holds every masked vector and the same totals as the simulator's
 sum; wrong agents, sizes or contradicting copies are refused."""
 
@@ -7,12 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from efpsn.departure import reconfigure
-from efpsn.departure_masks import drop_seeds
-from efpsn.secure_stats import MODULUS, masked_vector, stats_mask
-from efpsn.seeds import exchange_seeds_fast
-from efpsn.standardise import network_totals
-from efpsn.stats_flood import (
+from efpsn.departure.membership import reconfigure
+from efpsn.departure.remask import drop_seeds
+from efpsn.masks.seeds import exchange_seeds_fast
+from efpsn.stats.column_sums import MODULUS, masked_vector, stats_mask
+from efpsn.stats.flood import (
     ENTRY_BYTES,
     StatsFlood,
     ball,
@@ -21,6 +20,7 @@ from efpsn.stats_flood import (
     flood_round_base,
     flood_rounds,
 )
+from efpsn.stats.standardise import network_totals
 from efpsn.topology import build_graph
 from efpsn.wire.records import Phase, WireError, make_header
 from efpsn.wire.stats import parse_stats, stats_message

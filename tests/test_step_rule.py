@@ -1,5 +1,5 @@
-"""The default step rule (efpsn/step_rule.py) and the convergence certificate
-(efpsn/certificate.py): public numbers only, stability checked against the companion matrices,
+"""The default step rule (efpsn/params/step_rule.py) and the convergence certificate
+(efpsn/optimize/certificate.py): public numbers only, stability checked against the companion matrices,
 and a certificate that never claims less than the true distance."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import torch
 
 from efpsn.algorithms import make_algorithm
 from efpsn.algorithms.base import StepContext
-from efpsn.certificate import TARGET, Certifier, certify, diameter, mean_distance
-from efpsn.config import RunConfig
-from efpsn.schedules import make_schedule
-from efpsn.step_rule import (
+from efpsn.optimize.certificate import TARGET, Certifier, certify, diameter, mean_distance
+from efpsn.params.config import RunConfig
+from efpsn.params.schedules import make_schedule
+from efpsn.params.step_rule import (
     MAX_ROUNDS,
     NO_BOUND_ROUNDS,
     NO_BOUND_STEP,
@@ -341,7 +341,7 @@ def test_a_missing_measure_certifies_nothing(missing: str, value: float | None) 
 
 def test_the_fading_rate_is_the_slower_of_the_average_and_the_mixing_to_six_digits() -> None:
     """RHO is public: every machine must read the same six significant digits of 1 - RHO."""
-    from efpsn.step_rule import StepRule, fading_rate
+    from efpsn.params.step_rule import StepRule, fading_rate
 
     bare = StepRule(step=0.01, momentum=0.5, rounds=100, curvature=1.0, mixing=None)
     # agt: 1 - sqrt(0.01 * 0.5) = 0.92928932..., 1 - RHO cut to 0.0707106

@@ -1,4 +1,4 @@
-"""The stop rule over real gRPC agents (efpsn/stopping.py): every agent stops at the round the
+"""The stop rule over real gRPC agents (efpsn/optimize/stopping.py): every agent stops at the round the
 simulator stops at, with the same iterates bit for bit, also when an agent is killed inside a
 check window and resumes from a checkpoint taken in it (its stop integers come back with it)."""
 
@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from localnet import LocalNet, crash_at
 
-from efpsn.certificate import TARGET
-from efpsn.config import STOP_EVERY, RunConfig
 from efpsn.launch.summary import load_agent_results
+from efpsn.optimize.certificate import TARGET
+from efpsn.params.config import STOP_EVERY, RunConfig
 from efpsn.simulator import run_simulation
 
 pytestmark = pytest.mark.timeout(600)

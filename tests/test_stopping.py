@@ -1,4 +1,4 @@
-"""The stop rule (efpsn/stopping.py): rounding that only loosens, one max-consensus over the
+"""The stop rule (efpsn/optimize/stopping.py): rounding that only loosens, one max-consensus over the
 graph's diameter, the same stop round at every agent and in the simulator, --iterations wins."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from efpsn.certificate import TARGET, certify
-from efpsn.config import STOP_EVERY, RunConfig
+from efpsn.optimize.certificate import TARGET, certify
+from efpsn.optimize.stopping import CEILING, FLOOR, StopRule, exponents, merge
+from efpsn.params.config import STOP_EVERY, RunConfig
+from efpsn.params.values import StopEvery
 from efpsn.problem import build_problem
-from efpsn.run_values import StopEvery
 from efpsn.simulator import run_simulation
-from efpsn.stopping import CEILING, FLOOR, StopRule, exponents, merge
 from efpsn.wire.records import WireError
 from efpsn.wire.rounds import encode_round, parse_round
 from efpsn.wire.v1 import agent_pb2
@@ -151,10 +151,10 @@ def test_a_departure_voids_the_windows_it_cuts_and_the_rule_restarts_at_the_reba
 def test_a_driver_under_a_voided_window_sends_no_integers(fast_problem) -> None:
     from efpsn.algorithms import make_algorithm
     from efpsn.algorithms.base import StepContext
-    from efpsn.rounds import RoundDriver
-    from efpsn.schedules import make_schedule
+    from efpsn.optimize.driver import RoundDriver
+    from efpsn.optimize.stopping import STOP_KEY
+    from efpsn.params.schedules import make_schedule
     from efpsn.simulator import make_mask_providers
-    from efpsn.stopping import STOP_KEY
 
     rule = StopRule.for_run(FAST, fast_problem.weights)
     config = FAST.resolved()
@@ -177,11 +177,11 @@ def test_a_driver_under_a_voided_window_sends_no_integers(fast_problem) -> None:
 
 def test_a_departure_at_the_last_windows_check_moves_the_stop_to_the_remaining_graphs_rule(
         fast_problem, whole_run) -> None:
-    from efpsn.departure import parse_leave
+    from efpsn.departure.membership import parse_leave
 
     stop = whole_run.timings["rounds"]  # a check round + 2 (the 5-ring's diameter)
     # agent3 sends nothing from the check round s on: its neighbours wait at s, the agents two
-    # hops away at s + 1, nobody reaches the stop round s + 2 (efpsn/last_window.py)
+    # hops away at s + 1, nobody reaches the stop round s + 2 (efpsn/departure/last_window.py)
     leave = parse_leave(f"agent3@{stop - 2}", agents=5)
     run = run_simulation(FAST, problem=fast_problem, departures=[leave])
     rounds = run.timings["rounds"]
@@ -193,7 +193,7 @@ def test_a_departure_at_the_last_windows_check_moves_the_stop_to_the_remaining_g
 
 def test_a_departure_inside_the_last_window_ends_the_run_where_the_far_agents_stopped(
         fast_problem, whole_run) -> None:
-    from efpsn.departure import parse_leave
+    from efpsn.departure.membership import parse_leave
 
     stop = whole_run.timings["rounds"]
     # agent3 sends nothing from s + 1 on: agents 1 and 5, two hops away, complete s + 2 on

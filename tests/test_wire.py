@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from efpsn.config import RunConfig
-from efpsn.stopping import STOP_KEY
+from efpsn.optimize.stopping import STOP_KEY
+from efpsn.params.config import RunConfig
 from efpsn.wire import limits, records, rounds, serde
 from efpsn.wire.records import Phase, WireError
 from efpsn.wire.v1 import agent_pb2, agent_pb2_grpc, common_pb2

@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 
 from coordinator.service import serve
-from efpsn.config import RunConfig
+from efpsn.params.config import RunConfig
 from efpsn.wire import limits, serde
 from efpsn.wire.guard import Admission, Gatekeeper, RejectionLog, guarded, unread_handler
 from efpsn.wire.net import Server, open_channel, start_server

@@ -99,7 +99,7 @@ COORDINATOR = """\
       - --data
       - local
       - --from-environment
-    environment:  # every run parameter (efpsn.run_flags.run_parameter_variables)
+    environment:  # every run parameter (efpsn.flags.names.run_parameter_variables)
 {environment}
     healthcheck:
       test: [CMD, python, -m, efpsn.wire.healthcheck, --tls-dir, /run/secrets, --tls-name,

@@ -39,7 +39,7 @@ class AcceleratedTracking:
     sum_i grad f_i: the zero-sum perturbation cancels exactly, at any gamma. With
     beta = (1 - q) / (1 + q), q = sqrt(alpha mu) (mu the strong convexity, the L2 weight), the
     average converges at rate 1 - q instead of gradient tracking's 1 - alpha mu
-    (efpsn/step_rule.py derives alpha, beta and the rounds from public quantities only).
+    (efpsn/params/step_rule.py derives alpha, beta and the rounds from public quantities only).
     beta = 0 is gradient tracking on W'.
     """
 
@@ -108,7 +108,7 @@ class AcceleratedTracking:
 
     def tail_step(self, kind: str, state: AgentState, inbox: Mapping[int, Received],
                   ctx: StepContext, *, lazy_mixing: bool) -> tuple[AgentState, Message]:
-        """One step of a consensus tail (efpsn/tail.py), mixing with W (W' when
+        """One step of a consensus tail (efpsn/params/tail.py), mixing with W (W' when
         `lazy_mixing`); every kind keeps sum_i y_i = sum_i g_i:
 
             mix:      z' = sum_j w_ij z_j, x' = x + (z' - z), y' = sum_j w_ij y_j

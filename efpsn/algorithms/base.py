@@ -9,7 +9,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from efpsn.aggregation import FRACTION_BITS, dequantise, quantise
+from efpsn.masks.aggregation import FRACTION_BITS, dequantise, quantise
 
 Message = dict[str, torch.Tensor]
 """What one agent sends its neighbours in one round: named flat tensors (e.g. "x", "y")."""
@@ -78,7 +78,7 @@ class Algorithm(Protocol):
 
 @dataclass(frozen=True, eq=False)
 class Aggregate(Mapping[int, Message]):
-    """A receiver's inbox under secure aggregation (efpsn/aggregation.py): for each message
+    """A receiver's inbox under secure aggregation (efpsn/masks/aggregation.py): for each message
     tensor only sum_j w_ij m_j over its neighbours (decoded from their masked vectors), never
     one neighbour's message; `stops`: the neighbours' stop integers (they travel in the clear).
 

@@ -1,5 +1,6 @@
-"""The command line: the `efpsn` console script (main.py) and its commands, the run parameters as
-flags (flags.py), and the plumbing every command shares (common.py, services.py).
+"""The command line: the `efpsn` console script (main.py) and its commands. The run parameters as
+flags and the plumbing every command shares live one floor down, in efpsn/flags/, where the
+services' own entry points (agent/cli.py, coordinator/cli.py) use them too.
 
-Nothing below the command line imports from here; the services' own entry points
-(agent/cli.py, coordinator/cli.py) use its flags and plumbing."""
+Nothing below the command line imports from here but the entry points (efpsn/__main__.py) and
+the notebook (efpsn/notebook.py), which run a command."""

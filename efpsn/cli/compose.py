@@ -2,8 +2,8 @@
 
 The repository's docker-compose.yml is this file for five agents (tests/test_compose.py checks
 that they are the same). The run parameters reach the coordinator as environment variables, one
-per parameter, named from its flag (efpsn.run_flags.run_parameter_variables: EFPSN_GAMMA for
---gamma, ...): the list is the run parameters' own declarations (efpsn/config.py), so a new
+per parameter, named from its flag (efpsn.flags.names.run_parameter_variables: EFPSN_GAMMA for
+--gamma, ...): the list is the run parameters' own declarations (efpsn/params/config.py), so a new
 parameter needs no edit here, and the defaults are RunConfig's (a variable left unset or empty
 gives the flag's default; EFPSN_SCALE alone defaults to unit, DEFAULTS). The agent count and `--data local` are the file's own: they are not
 variables.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from efpsn.run_flags import run_parameter_variables
+from efpsn.flags.names import run_parameter_variables
 
 __all__ = ["add_parser", "compose_variables", "render_compose"]
 
@@ -102,7 +102,7 @@ services:
     command: [--listen, 0.0.0.0:50050, --tls-cert, /run/secrets/coordinator.pem,
               --tls-key, /run/secrets/coordinator.key, --tls-ca, /run/secrets/ca.pem,
               --agents, "{n}", --data, local, --from-environment, --keep-serving]
-    environment:  # every run parameter (efpsn.run_flags.run_parameter_variables)
+    environment:  # every run parameter (efpsn.flags.names.run_parameter_variables)
 {environment}
     healthcheck:
       test: [CMD, python, -m, efpsn.wire.healthcheck, --tls-dir, /run/secrets, --tls-name,

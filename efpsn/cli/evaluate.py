@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from efpsn.schema import Scale, parse_shape
+from efpsn.params.schema import Scale, parse_shape
 
 if TYPE_CHECKING:
     import torch
@@ -85,8 +85,8 @@ def evaluate_model(model: str | Path, data: str | Path, *, task: str | None = No
     """Accuracy and loss of a saved model (model.safetensors with its metadata, or model.npy with
     result.json or the schema given) on `data` (.npz, .csv or IDX folder), its features
     divided by the model's public scale (or `scale`), checked as an agent checks its data."""
-    from efpsn.model_io import read_model, task_for, vector_of
-    from efpsn.tasks.local import check_arrays, read_data
+    from efpsn.data.local import check_arrays, read_data
+    from efpsn.tasks.model_io import read_model, task_for, vector_of
 
     model = Path(model)
     if model.suffix == ".npy":

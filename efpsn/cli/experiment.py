@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from efpsn.cli.flags import add_run_arguments
 from efpsn.experiments import EXPERIMENTS
 from efpsn.experiments.common import DEFAULT_ROOT, parse_floats
+from efpsn.flags.arguments import add_run_arguments
 
 __all__ = ["default_out", "register", "run_experiment"]
 
@@ -103,29 +103,29 @@ def _attack(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
 def _perturbation(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
     import dataclasses
 
-    from efpsn.experiments import perturbation
+    from efpsn.experiments import perturbing_function
 
-    settings = perturbation.PROFILES[_profile(args)]
+    settings = perturbing_function.PROFILES[_profile(args)]
     if getattr(args, "no_fresh", False):
         settings = dataclasses.replace(settings, fresh_seed=None)
     elif getattr(args, "fresh_seed", None) is not None:
         settings = dataclasses.replace(settings, fresh_seed=args.fresh_seed)
-    return perturbation.run(settings, out=out, figures_to=args.figures)
+    return perturbing_function.run(settings, out=out, figures_to=args.figures)
 
 
 def _privacy(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
     import dataclasses
 
-    from efpsn.experiments import privacy
+    from efpsn.experiments import epsilon
 
-    settings = privacy.PROFILES[_profile(args)]
+    settings = epsilon.PROFILES[_profile(args)]
     changes = {k: getattr(args, k, None) for k in ("delta", "agents", "p", "q", "sensitivity")}
     settings = dataclasses.replace(settings, **{k: v for k, v in changes.items() if v is not None})
-    return privacy.run(settings, out=out, figures_to=args.figures)
+    return epsilon.run(settings, out=out, figures_to=args.figures)
 
 
 def _rounds(args: argparse.Namespace) -> int | None:
-    """--iterations N (a Rounds value, efpsn/run_values.py), or None: the profile's."""
+    """--iterations N (a Rounds value, efpsn/params/values.py), or None: the profile's."""
     rounds = getattr(args, "iterations", None)
     return None if rounds is None else rounds.count
 

@@ -6,8 +6,8 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from efpsn.cli.common import OneLineParser, add_data_dir_arguments, run_command
-from efpsn.cli.flags import add_run_arguments, config_from_args
+from efpsn.flags.arguments import add_run_arguments, config_from_args
+from efpsn.flags.parser import OneLineParser, add_data_dir_arguments, run_command
 from efpsn.jsonfile import write_json
 from efpsn.launch.summary import format_metrics
 
@@ -23,13 +23,13 @@ def _simulate(args: argparse.Namespace) -> int:
     config = config_from_args(args, resolve=False)
     local = None
     if args.data_dir:
-        from efpsn.datadir import load_data_dir
-        from efpsn.standardise import simulate_standardising, standardises
+        from efpsn.data.folders import load_data_dir
+        from efpsn.stats.standardise import simulate_standardising, standardises
 
         local = load_data_dir(config, args.data_dir, holdout=args.holdout,
                               label_column=args.label_column)
         if standardises(config):  # the secure sum of column statistics, after phase I
-            from efpsn.departure import parse_leave
+            from efpsn.departure.membership import parse_leave
 
             config, local, _ = simulate_standardising(  # without who left in phase I
                 config, local, noise_seed=args.noise_seed,
@@ -48,7 +48,7 @@ def _simulate(args: argparse.Namespace) -> int:
         problem, matrices = with_degree_two(problem, noise_seed=noise)
         print(f"degree-2 mask: sum_i A_i = 0 (max |entry| {abs(sum(matrices)).max():.1e}), "
               f"||A_i|| <= {SCALE:g} L; every round of the masked step rule (no early stop)")
-    from efpsn.departure import check_departures, parse_leave
+    from efpsn.departure.membership import check_departures, parse_leave
 
     departures = check_departures([parse_leave(text, agents=problem.n) for text in args.leave],
                                   agents=problem.n)
@@ -101,7 +101,7 @@ def _simulate(args: argparse.Namespace) -> int:
                   f"{config.refresh}: {result.periods_zero_sum} periods checked, each in integers)")
         else:
             print(f"masks sum to zero exactly: {mask_sums_are_zero(result.masks)}")
-    from efpsn.privacy_modes import privacy_statement
+    from efpsn.privacy.modes import privacy_statement
 
     privacy = privacy_statement(result.config, problem.graph, messages=args.messages)
     if args.json:
@@ -113,7 +113,7 @@ def _simulate(args: argparse.Namespace) -> int:
               + ", ".join(map(str, result.tails["starts"])) + f" ({result.tails['rounds']} "
               f"rounds each, {result.tails['mixes']} mixes with {result.tails['mixing']})")
     if result.departures is not None:
-        from efpsn.departure_replay import departures_line
+        from efpsn.departure.replay import departures_line
 
         print(departures_line(result.departures))
     if result.convergence is not None:
@@ -124,7 +124,7 @@ def _simulate(args: argparse.Namespace) -> int:
 def _data_split(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from efpsn.datadir import split_data
+    from efpsn.data.folders import split_data
 
     written = split_data(source=args.data, agents=args.agents, partition_spec=args.partition,
                          out=Path(args.out), seed=args.seed, test_fraction=args.test_fraction,

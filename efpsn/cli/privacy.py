@@ -1,6 +1,6 @@
 """`efpsn privacy`: Theorem 4.1 both ways, (gamma, graph, basis) -> (epsilon, delta) and a target
 epsilon -> the gamma that reaches it; with --refresh every:R, the per-sample accountant of
-refreshed masks over the run's rounds. Run parameters as declared in efpsn/config.py."""
+refreshed masks over the run's rounds. Run parameters as declared in efpsn/params/config.py."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import dataclasses
 import json
 from typing import Any
 
-from efpsn.cli.common import add_data_dir_arguments
-from efpsn.cli.flags import add_run_arguments, config_from_args
-from efpsn.config import RunConfig
+from efpsn.flags.arguments import add_run_arguments, config_from_args
+from efpsn.flags.parser import add_data_dir_arguments
 from efpsn.jsonfile import json_safe, write_json
-from efpsn.privacy_modes import basis_counts, refreshed_arguments
+from efpsn.params.config import RunConfig
+from efpsn.privacy.modes import basis_counts, refreshed_arguments
 
 __all__ = ["add_parser"]
 
@@ -26,9 +26,9 @@ FADING_NOTE = (
 
 
 def _refreshed(args: argparse.Namespace, config: RunConfig) -> int:
-    """Refreshed masks: the per-sample accountant (efpsn/accounting.py), composed over the
+    """Refreshed masks: the per-sample accountant (efpsn/privacy/accounting.py), composed over the
     run's rounds by dp-accounting."""
-    from efpsn.accounting import account_refreshed, gamma_for_refreshed_epsilon
+    from efpsn.privacy.accounting import account_refreshed, gamma_for_refreshed_epsilon
 
     common = refreshed_arguments(config, delta=args.delta, attacker=args.attacker,
                                  samples=args.samples)
@@ -57,8 +57,8 @@ def _write(args: argparse.Namespace, payload: dict[str, Any]) -> None:
 
 
 def _privacy(args: argparse.Namespace) -> int:
-    from efpsn.privacy import epsilon_delta, gamma_for_epsilon, protection_statement
-    from efpsn.schema import STANDARD_DISCLOSURE
+    from efpsn.params.schema import STANDARD_DISCLOSURE
+    from efpsn.privacy.theorem import epsilon_delta, gamma_for_epsilon, protection_statement
     from efpsn.topology import build_graph, laplacian_spectrum
 
     config = config_from_args(args)

@@ -9,11 +9,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from efpsn.cli.common import OneLineParser, add_data_dir_arguments
-from efpsn.cli.flags import add_run_arguments, network_config
-from efpsn.cli.services import add_debug_flags, add_departure_flag
+from efpsn.flags.arguments import add_run_arguments, network_config
+from efpsn.flags.parser import OneLineParser, add_data_dir_arguments
+from efpsn.flags.services import add_debug_flags, add_departure_flag
 from efpsn.launch.placement import DEFAULT_PLACEMENT, PLACEMENTS
-from efpsn.launch.signals import StopSignals
+from efpsn.process.signals import StopSignals
 
 __all__ = ["add_launch_flags", "add_parser", "parse_up", "run_up"]
 

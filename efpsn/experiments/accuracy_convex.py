@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from efpsn.config import RunConfig
 from efpsn.experiments.common import (
     PAPER_GAMMAS,
     finish,
@@ -26,6 +25,7 @@ from efpsn.experiments.frontier import (
     refreshed_series,
 )
 from efpsn.experiments.sweep import Series, load_problem, plot_sweep, run_series, sweep_columns
+from efpsn.params.config import RunConfig
 from efpsn.tasks.catalog import make_task
 from efpsn.tasks.optimum import centralized_optimum
 

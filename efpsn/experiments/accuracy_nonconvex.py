@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from efpsn.config import RunConfig
 from efpsn.experiments.common import (
     PAPER_GAMMAS,
     finish,
@@ -27,6 +26,7 @@ from efpsn.experiments.sweep import (
     sweep_columns,
 )
 from efpsn.metrics import evaluate
+from efpsn.params.config import RunConfig
 from efpsn.problem import Problem
 from efpsn.simulator import run_simulation
 

@@ -20,7 +20,7 @@ family (K = 2, one quadratic per coordinate) it is affine in each coordinate, wh
 per-coordinate combination (x_b - x_c) g_a + (x_c - x_a) g_b + (x_a - x_b) g_c of three rounds.
 The attacker matches that combination of the dummy's gradients to the observed one.
 
-Refreshed masks (efpsn/refresh.py): with `every:R` agent 1's mask is new every R rounds,
+Refreshed masks (efpsn/masks/refresh.py): with `every:R` agent 1's mask is new every R rounds,
 derived from its edge seeds exactly as the network derives it (efpsn/experiments/attack_noise.py).
 The multi-round attackers then take their rounds inside one period when R leaves room
 (attack_noise.attacker_rounds), where a K = 1 mask still cancels; across periods the noise is
@@ -50,7 +50,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from efpsn.config import RunConfig
 from efpsn.experiments.attack_noise import Agent1Noise, attacker_rounds
 from efpsn.experiments.attack_report import (
     ADAPTIVE,
@@ -82,7 +81,8 @@ from efpsn.experiments.idlg import (
 )
 from efpsn.experiments.sweep import load_problem
 from efpsn.jsonfile import write_json
-from efpsn.refresh_value import Refresh
+from efpsn.params.config import RunConfig
+from efpsn.params.refresh_setting import Refresh
 from efpsn.tasks.objective import Task
 
 NAME = "attack"

@@ -1,5 +1,5 @@
 """Agent 1's perturbation round by round in the attack experiment: the paper's fixed mask, or a
-mask refreshed every R rounds from edge seeds (efpsn/seeds.py, efpsn/refresh.py), with the very
+mask refreshed every R rounds from edge seeds (efpsn/masks/seeds.py, efpsn/masks/refresh.py), with the very
 integers a network with the same noise seed would use; and which rounds each attacker sees."""
 
 from __future__ import annotations
@@ -7,13 +7,14 @@ from __future__ import annotations
 import numpy as np
 
 from efpsn.experiments.idlg import agent1_perturbation
-from efpsn.fading import FadingMask
-from efpsn.masking import NoiseSpec
-from efpsn.perturbation import FunctionalPerturbation
+from efpsn.masks.factory import seeded_mask
+from efpsn.masks.fading import FadingMask
+from efpsn.masks.refresh import RefreshedMask
+from efpsn.masks.seeds import exchange_seeds_fast
+from efpsn.masks.zero_sum import NoiseSpec
+from efpsn.params.refresh_setting import Refresh
+from efpsn.perturbation.function import FunctionalPerturbation
 from efpsn.problem import Problem
-from efpsn.refresh import RefreshedMask
-from efpsn.refresh_value import Refresh
-from efpsn.seeds import exchange_seeds_fast
 
 __all__ = ["Agent1Noise", "attacker_rounds"]
 
@@ -43,13 +44,10 @@ class Agent1Noise:
         c = problem.config
         spec = NoiseSpec(gamma=gamma, p=c.p, precision=c.precision, num_coefficients=problem.N)
         seeds = exchange_seeds_fast(problem.graph, noise_seed=noise_seed)[0]
-        if refresh.fading:
-            if refresh.fade is None:  # the rate the run's own algorithm and step would give
-                refresh = c.replace(mask="zero-sum", refresh="fading").resolved().refresh
-                self.refresh = refresh
-            self._mask = FadingMask(seeds=seeds, spec=spec, refresh=refresh)
-        else:
-            self._mask = RefreshedMask(seeds=seeds, spec=spec, refresh=refresh)
+        if refresh.fading and refresh.fade is None:  # the rate the run's algorithm would give
+            refresh = c.replace(mask="zero-sum", refresh="fading").resolved().refresh
+            self.refresh = refresh
+        self._mask = seeded_mask(seeds, spec=spec, refresh=refresh)
 
     def _perturbation(self, eta: np.ndarray) -> FunctionalPerturbation:
         if self._template is None:

@@ -10,7 +10,7 @@ import torch
 
 from efpsn.experiments.common import Column, format_table, new_figure, save_figure
 from efpsn.experiments.idlg import PERTURBATIONS
-from efpsn.refresh_value import Refresh
+from efpsn.params.refresh_setting import Refresh
 
 __all__ = [
     "ADAPTIVE",

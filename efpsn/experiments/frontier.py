@@ -10,12 +10,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from efpsn.config import RunConfig
 from efpsn.experiments.attack_report import gamma_independent
 from efpsn.experiments.common import Column, format_table, new_figure, save_figure
 from efpsn.experiments.sweep import Series
 from efpsn.jsonfile import read_json
-from efpsn.refresh_value import Refresh
+from efpsn.params.config import RunConfig
+from efpsn.params.refresh_setting import Refresh
 
 __all__ = [
     "DELTA",
@@ -87,8 +87,8 @@ def refreshed_series(main: Series, *, refreshes: tuple[str, ...], gammas: tuple[
 def run_epsilon(settings: dict[str, Any], *, delta: float = DELTA) -> float:
     """The accountant's epsilon (one curious neighbour, every round composed) for a run's
     settings, as `efpsn privacy --refresh ... --json` prints it; inf where it gives no bound."""
-    from efpsn.accounting import account_refreshed
-    from efpsn.privacy_modes import refreshed_arguments
+    from efpsn.privacy.accounting import account_refreshed
+    from efpsn.privacy.modes import refreshed_arguments
 
     config = RunConfig.from_dict(settings)
     if config.mask != "zero-sum" or (config.batch_size.full and config.clip == 0):

@@ -13,10 +13,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from efpsn.basis import OrthonormalSystem
 from efpsn.experiments.sweep import with_config
-from efpsn.monomials import choose_monomials, power_monomials
-from efpsn.perturbation import FunctionalPerturbation
+from efpsn.perturbation.basis import OrthonormalSystem
+from efpsn.perturbation.function import FunctionalPerturbation
+from efpsn.perturbation.monomials import choose_monomials, power_monomials
 from efpsn.problem import Problem
 from efpsn.simulator import make_masks, run_simulation
 from efpsn.tasks.objective import Task

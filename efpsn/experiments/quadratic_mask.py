@@ -12,7 +12,7 @@ sum_i A_i = 0 and the sum of the objectives, hence x*, is unchanged, while every
 reveals is H_i + A_i.
 
 Scale: each M_e is a symmetric Gaussian matrix scaled to spectral norm s L / D, L the public
-smoothness bound of the task (efpsn.step_rule.public_curvature: (d + 1) / 2 + l2 for logistic
+smoothness bound of the task (efpsn.params.step_rule.public_curvature: (d + 1) / 2 + l2 for logistic
 regression) and D the graph's largest degree (public), so ||A_i|| <= s L for every agent by the
 triangle inequality: a public bound. The masked local objectives are (1 + s) L smooth (and no
 longer convex; their sum still is, with the same l2): the step rule is rerun with the curvature
@@ -29,15 +29,12 @@ import math
 
 import numpy as np
 
-from efpsn.config import RunConfig
 from efpsn.experiments.attack_view import _WatchedProblem
-from efpsn.model_sizes import l2_weight
-from efpsn.problem import Problem
-from efpsn.refresh_value import Refresh
-from efpsn.run_values import Momentum, Rounds, Schedule
-from efpsn.schema import parse_shape
-from efpsn.simulator import run_simulation
-from efpsn.step_rule import (
+from efpsn.params.config import RunConfig
+from efpsn.params.model_sizes import l2_weight
+from efpsn.params.refresh_setting import Refresh
+from efpsn.params.schema import parse_shape
+from efpsn.params.step_rule import (
     MAX_ROUNDS,
     SAFETY,
     StepRule,
@@ -45,6 +42,9 @@ from efpsn.step_rule import (
     nesterov_margin,
     public_curvature,
 )
+from efpsn.params.values import Momentum, Rounds, Schedule
+from efpsn.problem import Problem
+from efpsn.simulator import run_simulation
 from efpsn.tasks.optimum import centralized_optimum
 from efpsn.topology import Graph
 
@@ -75,7 +75,7 @@ def quadratic_masks(graph: Graph, dim: int, *, bound: float, seed: int
 
 
 def masked_rule(config: RunConfig, *, scale: float) -> StepRule:
-    """agt's step rule (efpsn.step_rule.step_rule) with the curvature (1 + scale) L."""
+    """agt's step rule (efpsn.params.step_rule.step_rule) with the curvature (1 + scale) L."""
     from efpsn.topology import build_graph, metropolis_weights
 
     if config.algorithm != "agt" or not config.task.logreg:

@@ -10,13 +10,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from efpsn.config import RunConfig, structural_fields
+from efpsn.data.images import Dataset, load_data
 from efpsn.experiments.common import PAPER_GAMMAS, Column, log, new_figure, save_figure
-from efpsn.model_sizes import parameter_count
+from efpsn.params.config import RunConfig, structural_fields
+from efpsn.params.model_sizes import parameter_count
+from efpsn.params.schema import parse_shape
 from efpsn.problem import Problem, build_problem
-from efpsn.schema import parse_shape
 from efpsn.simulator import run_simulation
-from efpsn.tasks.data import Dataset, load_data
 
 __all__ = [
     "STRUCTURAL_FIELDS",
@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 # The RunConfig fields build_problem derives the graph, task, basis, selection and data shards
-# from (declared structural in efpsn/config.py). A sweep may vary every other field (gamma, mask,
+# from (declared structural in efpsn/params/config.py). A sweep may vary every other field (gamma, mask,
 # algorithm, batch, schedule, iterations) on one Problem; changing one of these needs a new one.
 STRUCTURAL_FIELDS = structural_fields()
 

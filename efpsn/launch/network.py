@@ -12,14 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from efpsn.config import RunConfig
-from efpsn.datadir import inspect_data_dir
+from efpsn.data.folders import inspect_data_dir
+from efpsn.flags.names import check_flags_against_folder, check_key_policy, run_parameters_args
 from efpsn.jsonfile import write_json
 from efpsn.launch.failures import diagnose, failure_file
 from efpsn.launch.forking import ForkServer, can_fork_agents
 from efpsn.launch.placement import DEFAULT_PLACEMENT, assign_cpus, cpus_env, launcher_cpus
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
-from efpsn.launch.signals import signals_held
 from efpsn.launch.summary import (
     ProblemBuild,
     format_metrics,
@@ -28,12 +27,13 @@ from efpsn.launch.summary import (
     summarize,
     summarize_reports,
 )
-from efpsn.lifeline import Lifeline
-from efpsn.param_checks import LOCAL_DATA
-from efpsn.run_flags import check_flags_against_folder, check_key_policy, run_parameters_args
-from efpsn.runtime import peak_rss_mb
+from efpsn.params.checks import LOCAL_DATA
+from efpsn.params.config import RunConfig
+from efpsn.process.lifeline import Lifeline
+from efpsn.process.runtime import peak_rss_mb
+from efpsn.process.signals import signals_held
 from efpsn.wire.records import Phase
-from efpsn.wire.status import StatusPoller
+from efpsn.wire.status_client import StatusPoller
 from efpsn.wire.tls import TlsConfig, generate_certificates
 
 __all__ = ["LaunchOptions", "NetworkFailed", "launch_local_network"]
@@ -100,9 +100,9 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
     (insecure runs plaintext). With `data_dir` (config.data "local"), agent K reads only its
     own folder DATA_DIR/agentK (and the public DATA_DIR/test.npz); this process never reads
     a private feature (the config's schema may come from the files' headers and labels:
-    efpsn.folder_schema). A failure raises NetworkFailed leading with the agent whose own error
+    efpsn.data.folder_schema). A failure raises NetworkFailed leading with the agent whose own error
     stopped the run. Every process it starts is stopped before it returns or raises, and stops
-    by itself if this process is killed (efpsn/lifeline.py). `options` are LaunchOptions'
+    by itself if this process is killed (efpsn/process/lifeline.py). `options` are LaunchOptions'
     fields."""
     opts = LaunchOptions(**options)
     check_key_policy(config, allow_insecure_keys=opts.allow_insecure_keys)
@@ -350,7 +350,7 @@ def _departures_record(folder: Path, names: list[str]) -> dict[str, Any] | None:
     if not seen:
         return None
     # the agents that finished a departure's last window never heard of that departure: the
-    # others' records hold it (efpsn/last_window.py), with who ended where
+    # others' records hold it (efpsn/departure/last_window.py), with who ended where
     record = max(seen, key=lambda r: len(r["departures"]))
     last = record["departures"][-1]
     if "stopped" in last:
@@ -361,8 +361,8 @@ def _departures_record(folder: Path, names: list[str]) -> dict[str, Any] | None:
 
 
 def _departures_line(record: dict[str, Any]) -> str:
-    from efpsn.departure_replay import stopped_words
-    from efpsn.last_window import capped_words
+    from efpsn.departure.last_window import capped_words
+    from efpsn.departure.replay import stopped_words
 
     gone = "; ".join(f"{e['agent']} left "
                      f"{'in phase I' if e.get('phase_one') else 'at round ' + str(e['round'])}"

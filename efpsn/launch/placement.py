@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Iterable
 
-from efpsn.runtime import CPUS_ENV
+from efpsn.process.runtime import CPUS_ENV
 
 __all__ = ["DEFAULT_PLACEMENT", "PLACEMENTS", "assign_cpus", "cpus_env", "launcher_cpus"]
 
@@ -68,5 +68,5 @@ def launcher_cpus() -> frozenset[int]:
 
 def cpus_env(cpus: Collection[int] | None) -> dict[str, str]:
     """The variable that places a `python -m agent` started as its own interpreter (--no-fork)
-    on `cpus` (efpsn.runtime.place_from_environment); nothing for None."""
+    on `cpus` (efpsn.process.runtime.place_from_environment); nothing for None."""
     return {} if not cpus else {CPUS_ENV: ",".join(str(c) for c in sorted(cpus))}

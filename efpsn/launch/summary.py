@@ -9,9 +9,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from efpsn.config import RunConfig
 from efpsn.jsonfile import read_json
-from efpsn.schema import parse_shape
+from efpsn.params.config import RunConfig
+from efpsn.params.schema import parse_shape
 
 
 def network_timings(agents: dict[str, Any], *, started_at: float) -> dict[str, float]:
@@ -51,9 +51,9 @@ def check_results(results: list[dict], *, iterations: int, early: bool = False,
                   ends: set[int] | None = None) -> list[str]:
     """What is wrong with the agents' results as one run (empty: nothing): every agent must
     report the same run and have finished its last round: `iterations`, or with the stop rule
-    (`early`, efpsn/stopping.py) the same round at every agent, at most `iterations`; `ends`:
+    (`early`, efpsn/optimize/stopping.py) the same round at every agent, at most `iterations`; `ends`:
     the stop round and the check round of a departure's last window, or the cap and the rounds
-    the waiting agents ended at after a departure too late to re-base (efpsn/last_window.py)."""
+    the waiting agents ended at after a departure too late to re-base (efpsn/departure/last_window.py)."""
     problems = []
     runs = sorted({str(r.get("run_id")) for r in results})
     if len(runs) != 1:
@@ -93,8 +93,8 @@ def summarize_reports(problem: Any, folder: Path, names: list[str], *,
     import numpy as np
     import torch
 
+    from efpsn.data.local import check_arrays, read_data
     from efpsn.problem import average
-    from efpsn.tasks.local import check_arrays, read_data
 
     results, xs = load_agent_results(folder, names)
     finals = [r["final"] for r in results]
@@ -117,7 +117,7 @@ def summarize_reports(problem: Any, folder: Path, names: list[str], *,
                             shape=parse_shape(c.input_shape), classes=c.classes,
                             divisor=c.divisor, cells=raw.cells)
         if standardisation is not None:  # as every agent standardised its copy
-            from efpsn.standardise import standardise_dataset
+            from efpsn.stats.standardise import standardise_dataset
 
             test = standardise_dataset(test, *standardisation)
         final["accuracy"] = float(problem.task.accuracy(x_bar, test))
@@ -129,9 +129,9 @@ def summarize_reports(problem: Any, folder: Path, names: list[str], *,
 def save_average(problem: Any, folder: Path, x_bar: Any, *,
                  standardisation: tuple[Any, Any] | None = None) -> Path:
     """The network's model, the average of the agents' final iterates, as
-    FOLDER/model.safetensors (efpsn/model_io.py): usually better than any one agent's; with
+    FOLDER/model.safetensors (efpsn/tasks/model_io.py): usually better than any one agent's; with
     scale standard it carries the run's (mean, std) per feature."""
-    from efpsn.model_io import MODEL_FILE, save_model
+    from efpsn.tasks.model_io import MODEL_FILE, save_model
 
     return save_model(folder / MODEL_FILE, task=problem.task, x=x_bar,
                       scale=problem.config.scale, standardisation=standardisation)
@@ -146,8 +146,8 @@ def _standardised_problem(problem: Any, folder: Path, names: list[str], results:
         return problem, None
     import numpy as np
 
-    from efpsn.model_io import MODEL_FILE, read_model
     from efpsn.problem import build_problem
+    from efpsn.tasks.model_io import MODEL_FILE, read_model
 
     mean, std = read_model(folder / names[0] / MODEL_FILE).metadata.standardisation or ((), ())
     config = RunConfig.from_dict(results[0]["settings"])
@@ -172,18 +172,18 @@ def format_reports(final: dict[str, float], *, public_test: bool) -> str:
 def _summary(problem: Any, results: list[dict], final: dict[str, float],
              x_bar: Any) -> dict[str, Any]:
     """summary.json: the network's final metrics, each agent's own, whether the run is whole,
-    and whether it converged (efpsn/certificate.py, from the agents' own last-round measures)."""
+    and whether it converged (efpsn/optimize/certificate.py, from the agents' own last-round measures)."""
     import torch
 
-    from efpsn.certificate import Certifier
-    from efpsn.rounds import worst
+    from efpsn.optimize.certificate import Certifier
+    from efpsn.optimize.driver import worst
 
     config = problem.config
     # a departure's re-base may have extended the cap (StopRule.rebased): the agents say so
     cap = max([config.iterations.total] + [int(e.get("cap", 0)) for r in results
                                            for e in r.get("departures", [])])
     window = next((e for r in results for e in r.get("departures", []) if "stopped" in e),
-                  None)  # a departure in the stop's last window (efpsn/last_window.py)
+                  None)  # a departure in the stop's last window (efpsn/departure/last_window.py)
     capped = next((e for r in results for e in r.get("departures", []) if "capped" in e),
                   None)  # a departure too late to re-base: each agent ended where it waited
     ends = ({window["stopped"], window["check_round"]} if window is not None else
@@ -193,7 +193,7 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     rounds = results[0]["final"].get("round") if results else None
     weights = problem.weights
     if any("departures" in r for r in results):  # the remaining agents' graph, re-based
-        from efpsn.departure import reconfigure
+        from efpsn.departure.membership import reconfigure
 
         kept = {int(r["index"]) for r in results}
         weights = reconfigure(problem.graph, set(range(problem.n)) - kept).remaining_weights()
@@ -203,21 +203,21 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     bounds = [r["final"]["stop_certificate"] for r in results
               if "stop_certificate" in r["final"]]
     if window is not None and bounds:  # the window's certificate, which the finished hold
-        from efpsn.certificate import TARGET, Certificate
-        from efpsn.last_window import certified_line
+        from efpsn.departure.last_window import certified_line
+        from efpsn.optimize.certificate import TARGET, Certificate
 
         convergence = Certificate(max(bounds), max(bounds) <= TARGET,
                                   certified_line(max(bounds), window["check_round"]))
     if capped is not None:  # no certificate of any round: say so, whatever the measures
-        from efpsn.certificate import Certificate
-        from efpsn.last_window import capped_line
+        from efpsn.departure.last_window import capped_line
+        from efpsn.optimize.certificate import Certificate
 
         convergence = Certificate(None, False, capped_line(int(capped["capped"])))
-    from efpsn.privacy_modes import privacy_statement
-    from efpsn.stopping import StopRule
-    from efpsn.tail import record
+    from efpsn.optimize.stopping import StopRule
+    from efpsn.params.tail import record
+    from efpsn.privacy.modes import privacy_statement
 
-    rule = StopRule.for_run(config, problem.weights)  # the run's graph's (efpsn/tail.py)
+    rule = StopRule.for_run(config, problem.weights)  # the run's graph's (efpsn/params/tail.py)
     tail = record(rule.tail, mode=config.tail, algorithm=config.algorithm, gamma=config.gamma,
                   active=rule.active)
     return {
@@ -238,7 +238,7 @@ def _public_problem(config: RunConfig, *, local: bool) -> tuple[Any, Any]:
     """The public problem and, for logistic regression on public data, x* (for the summary).
     With agent-local data only the public part (schema, model, basis) exists here."""
     from efpsn.problem import build_problem
-    from efpsn.runtime import configure_threads
+    from efpsn.process.runtime import configure_threads
 
     configure_threads()
     problem = build_problem(config, local={} if local else None)

@@ -1,3 +1,3 @@
-"""Learning tasks: data (public sets, agent-local files: data.py, local.py), models (models.py),
-objectives (objective.py, logreg.py), the tasks by name (catalog.py), the centralized optimum
-(optimum.py). Each name is imported from the module that defines it."""
+"""Learning tasks: models (models.py), objectives (objective.py, logreg.py), the tasks by name
+(catalog.py), the centralized optimum (optimum.py) and a trained model on disk (model_io.py);
+the data they read is efpsn/data/'s. Each name is imported from the module that defines it."""

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from efpsn.model_sizes import DEFAULT_L2
-from efpsn.schema import TaskSpec
-from efpsn.tasks.data import IMAGE_SHAPE, NUM_CLASSES
+from efpsn.data.images import IMAGE_SHAPE, NUM_CLASSES
+from efpsn.params.model_sizes import DEFAULT_L2
+from efpsn.params.schema import TaskSpec
 from efpsn.tasks.logreg import LogisticRegressionTask
 from efpsn.tasks.models import MLP
 from efpsn.tasks.objective import LeNetTask, LossFn, Task

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from efpsn.model_sizes import DEFAULT_L2
-from efpsn.tasks.data import IMAGE_SHAPE, NUM_CLASSES
+from efpsn.data.images import IMAGE_SHAPE, NUM_CLASSES
+from efpsn.params.model_sizes import DEFAULT_L2
 from efpsn.tasks.features import Features
 from efpsn.tasks.models import LogisticRegression
 from efpsn.tasks.objective import Task, check_clip

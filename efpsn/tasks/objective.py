@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from efpsn.model_sizes import DEFAULT_L2
-from efpsn.schema import TaskSpec
-from efpsn.tasks.data import IMAGE_SHAPE, NUM_CLASSES, Dataset
+from efpsn.data.images import IMAGE_SHAPE, NUM_CLASSES, Dataset
+from efpsn.params.model_sizes import DEFAULT_L2
+from efpsn.params.schema import TaskSpec
 from efpsn.tasks.fingerprint import model_fingerprint
 from efpsn.tasks.models import LeNet
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from efpsn.tasks.data import Dataset
+from efpsn.data.images import Dataset
 from efpsn.tasks.objective import Task
 
 __all__ = ["Optimum", "centralized_optimum", "clear_optimum_cache", "global_loss_and_grad"]

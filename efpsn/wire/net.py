@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 from grpc_reflection.v1alpha import reflection
 
-from efpsn.lifeline import launcher_gone
+from efpsn.process.lifeline import launcher_gone
 from efpsn.wire import calls, limits
 from efpsn.wire.guard import (
     RejectionLog,

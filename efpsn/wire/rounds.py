@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import xxhash
 
-from efpsn.stopping import CEILING, FLOOR, STOP_KEY, TERMS
+from efpsn.optimize.stopping import CEILING, FLOOR, STOP_KEY, TERMS
 from efpsn.wire import limits
 from efpsn.wire.records import Phase, WireError, make_header, validate_header
 from efpsn.wire.serde import array_from_parts, tensor_to_proto, wire_array

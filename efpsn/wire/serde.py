@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from efpsn import paillier
+from efpsn.crypto import paillier
 from efpsn.wire import limits
 from efpsn.wire.records import UINT32_END, WireError
 from efpsn.wire.v1 import agent_pb2, common_pb2

@@ -8,7 +8,7 @@ import hashlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from efpsn.stats_flood import ENTRY_BYTES, decode_vector, encode_vector
+from efpsn.stats.flood import ENTRY_BYTES, decode_vector, encode_vector
 from efpsn.wire.records import Header, Phase, WireError, validate_header
 from efpsn.wire.v1 import agent_pb2, common_pb2
 

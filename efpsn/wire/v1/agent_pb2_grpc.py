@@ -93,7 +93,7 @@ class AgentServicer:
 
     def PutStats(self, request, context):
         """Between phase I and phase II, in runs with scale standard only: round r of the secure sum
-        of column statistics (efpsn/stats_flood.py), the masked statistics vectors of every agent
+        of column statistics (efpsn/stats/flood.py), the masked statistics vectors of every agent
         within r hops of the sender. An identical retry is acknowledged.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -1,0 +1,1 @@
+"""What a run protects: Theorem 4.1, the accountant of refreshed masks, and the one-line statement of each mode."""
