@@ -185,6 +185,7 @@ def test_spread_bounds_the_distance_to_the_mean(spec: str, n: int) -> None:
     assert s >= 1.0 and diameter(w) >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gamma", ["1", "1e6"])
 def test_aggregated_wine_run_is_as_exact_as_the_unmasked_one(tmp_path, gamma: str) -> None:
     # prepare: wine in 4 private folders; the defaults (every parameter, fading masks), every

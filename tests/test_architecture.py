@@ -251,6 +251,7 @@ def test_the_local_launcher_is_a_room_of_its_own() -> None:
         assert not _top(_imports(path)) & {"agent", "coordinator"}, path
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("code", [
     "import coordinator, coordinator.cli, coordinator.service, coordinator.registry",
     ("import runpy, sys\nsys.argv = ['coordinator', '--help']\n"
@@ -278,6 +279,7 @@ def test_the_coordinator_requirements_are_a_subset_of_the_package_dependencies()
     assert "torch" not in wanted
 
 
+@pytest.mark.process
 def test_the_wheel_installs_the_three_packages_and_both_entry_points(tmp_path: Path) -> None:
     """Built and installed like a user would (not the editable checkout): the wheel holds
     efpsn, agent and coordinator, and both services answer --help from site-packages."""

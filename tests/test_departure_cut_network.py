@@ -27,7 +27,7 @@ from efpsn.problem import average, build_problem
 from efpsn.simulator import run_simulation
 from efpsn.tasks.optimum import centralized_optimum
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 NOISE_SEED, CRASH_AT, DEADLINE, ROUND_TIMEOUT = 7, 201, 3.0, 30.0
 

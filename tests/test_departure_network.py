@@ -33,7 +33,7 @@ from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 # phase II's departure deadline is short (the departure costs about that much); the round
 # timeout, which also bounds phase I's waits, is not, so that a loaded machine's start-up skew

@@ -24,7 +24,7 @@ from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 # the deadline is longer than agent1's restart and agent3's wait for it in their exchange (its
 # neighbour agent4 waits for agent3 meanwhile): a restart must be back within it, as any

@@ -111,6 +111,7 @@ def test_pinned_stream_and_scales() -> None:
         binomial_noise(seed, 2**64, 4)
 
 
+@pytest.mark.slow
 def test_refusals() -> None:
     seeds = exchange_seeds_fast(FIVE, noise_seed=1)[0]
     with pytest.raises(ValueError, match="needs a resolved 'fading:RHO'"):

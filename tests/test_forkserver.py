@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(not can_fork_agents(), reason="forking agents needs Linux")]
 
 
+@pytest.mark.process
 def test_forked_agents_have_their_logs_exit_codes_sessions_and_environment(
         tmp_path: Path) -> None:
     # prepare: one agent that prints its help on a terminal of 200 columns (its own variable),
@@ -50,6 +51,7 @@ def test_forked_agents_have_their_logs_exit_codes_sessions_and_environment(
     assert not Path(f"/proc/{pid}").exists()
 
 
+@pytest.mark.process
 def test_only_agents_are_forked(tmp_path: Path) -> None:
     with ForkServer(tmp_path) as server, pytest.raises(ValueError, match="agents only"):
         server.spawn("coordinator", ["coordinator", "--help"], tmp_path)
@@ -63,6 +65,7 @@ def test_a_process_with_grpc_loaded_is_never_forked() -> None:
         check_forkable()
 
 
+@pytest.mark.process
 def test_the_server_ending_early_is_reported_with_its_log(tmp_path: Path) -> None:
     server = ForkServer(tmp_path)
     try:
@@ -74,6 +77,7 @@ def test_the_server_ending_early_is_reported_with_its_log(tmp_path: Path) -> Non
         server.close()
 
 
+@pytest.mark.process
 def test_the_preload_list_is_the_agents_imports_without_grpc() -> None:
     import subprocess
 
@@ -131,6 +135,7 @@ os.waitpid(pid, 0)
 '''
 
 
+@pytest.mark.process
 def test_an_agents_full_collection_copies_none_of_the_servers_pages(tmp_path: Path) -> None:
     # prepare: a process holding 300,000 objects, as the fork server holds its modules' (issue
     # 29: an agent's first full collection, inside the run, wrote into every inherited object

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from commands import efpsn_argv
 from localnet import crash_at
 
 from efpsn.launch.processes import Child, stop_children, wait_port
@@ -29,8 +30,6 @@ NAMES = [f"agent{i}" for i in range(1, 6)]
 FAST = ("--key-bits", "512", "--allow-insecure-keys", "--quiet", "--insecure-noise-seed", "3")
 
 
-def efpsn(*args: str) -> list[str]:
-    return [sys.executable, "-m", "efpsn", *args]
 
 
 def leftovers(marker: str) -> str:
@@ -62,12 +61,13 @@ def stop(proc: subprocess.Popen) -> None:
 # ------------------------------------------------------------------------ a run that finishes
 
 
+@pytest.mark.process
 def test_up_writes_a_default_results_folder_and_prints_its_metrics(tmp_path: Path) -> None:
     # prepare: no --results, so the run goes to ./results/run-TIME of the working directory
     # execute (the paper's phase I, unpacked Paillier, --no-packed: one ciphertext per
     # coefficient and neighbour, on the last layer's biases with a fixed mask)
     out = subprocess.run(
-        efpsn("up", "--iterations", "4", "--eval-every", "2", "--no-packed", "--refresh", "never",
+        efpsn_argv("up", "--iterations", "4", "--eval-every", "2", "--no-packed", "--refresh", "never",
               "--selection", "last-bias", *FAST),
         cwd=tmp_path, check=False, capture_output=True, text=True, timeout=280,
     )
@@ -128,6 +128,7 @@ def test_check_results_names_what_is_wrong() -> None:
 # ------------------------------------------------------------------------ runs that fail
 
 
+@pytest.mark.process
 def test_agent_dying_mid_run_stops_the_network_with_its_log(tmp_path: Path) -> None:
     # prepare: agent3 kills itself (SIGKILL) at round 2 of 400 (tests/crash_hook), with
     # departures off (--departure-deadline 0; on, the others finish without it:
@@ -136,7 +137,7 @@ def test_agent_dying_mid_run_stops_the_network_with_its_log(tmp_path: Path) -> N
     started = time.monotonic()
     # execute
     out = subprocess.run(
-        efpsn("up", "--iterations", "400", "--results", str(tmp_path), "--departure-deadline",
+        efpsn_argv("up", "--iterations", "400", "--results", str(tmp_path), "--departure-deadline",
               "0", *FAST),
         env=env, check=False, capture_output=True, text=True, timeout=280,
     )
@@ -153,9 +154,10 @@ def test_agent_dying_mid_run_stops_the_network_with_its_log(tmp_path: Path) -> N
     assert time.monotonic() - started < 250
 
 
+@pytest.mark.process
 def test_coordinator_dying_before_assignment_fails_the_launch(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        efpsn("up", "--iterations", "4", "--results", str(tmp_path), *FAST),
+        efpsn_argv("up", "--iterations", "4", "--results", str(tmp_path), *FAST),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -178,10 +180,11 @@ def test_coordinator_dying_before_assignment_fails_the_launch(tmp_path: Path) ->
     assert not (tmp_path / "summary.json").exists()
 
 
+@pytest.mark.process
 def test_child_exiting_before_serving_is_reported_with_its_log(tmp_path: Path) -> None:
     # a --host this machine does not have: the coordinator cannot bind and exits
     out = subprocess.run(
-        efpsn("up", "--iterations", "4", "--host", "192.0.2.1", "--results", str(tmp_path),
+        efpsn_argv("up", "--iterations", "4", "--host", "192.0.2.1", "--results", str(tmp_path),
               *FAST),
         check=False, capture_output=True, text=True, timeout=280,
     )
@@ -194,11 +197,12 @@ def test_child_exiting_before_serving_is_reported_with_its_log(tmp_path: Path) -
     assert not any((tmp_path / n).exists() for n in NAMES)
 
 
+@pytest.mark.process
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     stdout = tmp_path / "stdout"
     with open(stdout, "w") as sink:
         proc = subprocess.Popen(
-            efpsn("up", "--iterations", "100000", "--eval-every", "100000", "--results",
+            efpsn_argv("up", "--iterations", "100000", "--eval-every", "100000", "--results",
                   str(tmp_path / "run"), *FAST),
             stdout=sink, stderr=subprocess.PIPE, text=True,
         )
@@ -232,6 +236,7 @@ def _child(tmp_path: Path, code: str) -> Child:
                  port_file=tmp_path / "child.port")
 
 
+@pytest.mark.process
 def test_child_that_never_serves_times_out(tmp_path: Path) -> None:
     child = _child(tmp_path, "import time; time.sleep(60)")
     try:
@@ -242,6 +247,7 @@ def test_child_that_never_serves_times_out(tmp_path: Path) -> None:
     assert child.process.returncode == -signal.SIGTERM
 
 
+@pytest.mark.process
 def test_stop_children_sigkills_what_ignores_sigterm(tmp_path: Path) -> None:
     code = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
             "print('ready', flush=True)\ntime.sleep(60)\n")

@@ -16,6 +16,7 @@ from efpsn.notebook import train
 pytestmark = pytest.mark.timeout(600)
 
 
+@pytest.mark.process
 def test_train_runs_the_network_and_returns_its_model(tmp_path: Path) -> None:
     data = tmp_path / "D"
     split_data(source="sklearn:wine", agents=3, partition_spec="iid", out=data, raw=True)

@@ -102,6 +102,7 @@ def test_two_strangers_become_neighbours_with_the_simulators_seeds(tmp_path: Pat
     asyncio.run(main())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixed", [False, True], ids=["seeds", "fixed-mask"])
 def test_an_end_stopped_in_its_exchange_resumes_it_from_its_state_folder(
         tmp_path: Path, fixed: bool) -> None:

@@ -32,7 +32,7 @@ from efpsn.launch.summary import load_agent_results
 from efpsn.params.config import PRESETS, RunConfig
 from efpsn.simulator import run_simulation
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]
 
 NOISE_SEED = 13
 CHECKPOINT_EVERY = 20

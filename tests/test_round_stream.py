@@ -322,6 +322,7 @@ async def _until(done: Callable[[], bool], *, timeout: float) -> None:
             await asyncio.sleep(0.01)
 
 
+@pytest.mark.process
 def test_transport_benchmark_runs_every_path() -> None:
     """benchmarks/bench_transport.py (a few messages): every path of its table is measured and
     printed with its ratio to bare gRPC, so the benchmark the README cites keeps working."""

@@ -408,6 +408,7 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
     h.close()
 
 
+@pytest.mark.slow
 def test_fuzz_agent_service_in_process(harness: Harness) -> None:
     h = harness
     agent = h.agent
@@ -455,6 +456,7 @@ def test_fuzz_agent_service_in_process(harness: Harness) -> None:
                                                           if k != "OK")
 
 
+@pytest.mark.slow
 def test_fuzz_coordinator_service_in_process(harness: Harness) -> None:
     h = harness
     before = COUNTS["coordinator"]
@@ -741,6 +743,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return seen
 
 
+@pytest.mark.process
 def test_identity_rejections_are_refused_and_counted(live: dict[str, Any]) -> None:
     ident = live["identity"]
     n = IDENTITY_REPEATS
@@ -763,6 +766,7 @@ def test_identity_rejections_are_refused_and_counted(live: dict[str, Any]) -> No
     assert coordinator["PERMISSION_DENIED"] >= 2 * n
 
 
+@pytest.mark.process
 def test_port_garbage_leaves_servers_healthy(live: dict[str, Any]) -> None:
     for name, counts in live["ports"].items():
         assert counts["health"] == "SERVING", name
@@ -800,6 +804,7 @@ def test_port_garbage_leaves_servers_healthy(live: dict[str, Any]) -> None:
     assert "INTERNAL" not in dict(live["coordinator_status"].rejections)
 
 
+@pytest.mark.process
 def test_run_finishes_bitwise_after_the_attack(live: dict[str, Any]) -> None:
     names = [f"agent{i}" for i in range(1, LIVE.agents + 1)]
     assert live["agent_rc"] == {n: 0 for n in names}, {

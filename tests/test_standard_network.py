@@ -22,7 +22,7 @@ from efpsn.simulator import run_simulation
 from efpsn.stats.standardise import simulate_standardising
 from efpsn.tasks.model_io import MODEL_FILE, read_model
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 NOISE_SEED = 13
 VICTIM, CRASH_AT, CHECKPOINT_EVERY = "agent2", 57, 25

@@ -62,6 +62,7 @@ def test_every_agent_standardises_with_the_global_statistics(tmp_path):
                                   (raw_test - totals.mean()) / totals.std())
 
 
+@pytest.mark.slow
 def test_standardised_run_matches_scikit_learn_pipeline(tmp_path, capsys):
     sklearn = pytest.importorskip("sklearn.linear_model")
     from sklearn.pipeline import make_pipeline

@@ -14,7 +14,7 @@ from efpsn.optimize.certificate import TARGET
 from efpsn.params.config import STOP_EVERY, RunConfig
 from efpsn.simulator import run_simulation
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 NOISE_SEED = 5
 # l2 = 10: the step rule's cap is 289 rounds and the target is met well before it; the fixed

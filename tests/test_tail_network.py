@@ -17,7 +17,7 @@ from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]
 
 NOISE_SEED = 5
 # l2 = 10 converges in about 250 rounds; 1,200 rounds make the tails fit (one is 49 rounds on
