@@ -70,15 +70,15 @@ class Session:
                                                 if t >= r)
 
     def join(self, name: str) -> None:
-        """A new neighbour (agent/rejoin.py) from its re-base round on: a neighbour like the
-        others."""
+        """A new neighbour (agent/departure/new_edges.py) from its re-base round on: a neighbour
+        like the others."""
         index, address, _ = self.joining.pop(name)
         self.addresses[name] = address
         self.names = dict(sorted({**self.names, index: name}.items()))
 
     def drop(self, name: str, *, reason: str) -> None:
-        """A neighbour that left for good (agent/departing.py): no more messages to or from it;
-        its messages are refused with `reason`."""
+        """A neighbour that left for good (agent/departure/silence.py): no more messages to or from
+        it; its messages are refused with `reason`."""
         self.addresses.pop(name, None)
         self.names = {i: n for i, n in self.names.items() if n != name}
         self.departed[name] = reason
@@ -110,7 +110,7 @@ async def open_session(assignment: Assignment, *, name: str, prepared: Prepared)
     keys = make_algorithm(config.algorithm).message_keys
     shapes = {k: shape for k in keys}
     request_limits = legitimate_request_bytes(config, shapes, coefficients=problem.N)
-    if config.scale.standard:  # the secure sum's flood messages (agent/secure_sum.py)
+    if config.scale.standard:  # the secure sum's flood messages (agent/phases/secure_sum.py)
         request_limits["PutStats"] = stats_request_bytes(
             agents=config.agents, features=math.prod(problem.task.shape))
     largest = max(request_limits, key=request_limits.__getitem__)

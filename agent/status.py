@@ -1,4 +1,4 @@
-"""What this agent reports about itself through GetStatus (agent/servicer.py serves it): its
+"""What this agent reports about itself through GetStatus (agent/router.py serves it): its
 phase, round, error and whether it finished are its life's (agent/life.py), the figures its
 last evaluation's."""
 

@@ -15,8 +15,8 @@ The rule, public and deterministic:
   both go on: both wait, and nothing is decided until the deadline;
 - agent d left at round T = the smallest round a report names it silent at; the reporters that
   name it one round later used its round-T message (Departure.late); the re-base round is
-  R = T + the number of agents at the start (efpsn.departure.membership.parse_leave's rule), which no
-  agent can have reached: every one is waiting at T + 2 at most (T = 0 too: d finished phase I
+  R = T + the number of agents at the start (efpsn.departure.membership.parse_leave's rule), which
+  no agent can have reached: every one is waiting at T + 2 at most (T = 0 too: d finished phase I
   and sent no round message);
 - reports are counted per decision (`epoch`); a report of an older epoch is answered with the
   decisions it missed;
@@ -36,14 +36,14 @@ The rule, public and deterministic:
 - an agent that stopped on the stop rule's certificate reports its stop round S (`finish`):
   it is accounted for, neither waiting nor silent. A departure decided while some agents
   finished (agents far from the departed one completed the last window before it mattered,
-  efpsn/departure/last_window.py) is decided as "the run had stopped at S" (Departure.stopped): every
-  finished agent must name the same S, the departure and every report must come before it;
+  efpsn/departure/last_window.py) is decided as "the run had stopped at S" (Departure.stopped):
+  every finished agent must name the same S, the departure and every report must come before it;
   nobody re-bases and no edge is added: the others end with their check round's model;
 - a departure too late to re-base (R >= the cap N as above) is decided as "the run ended at
   the cap N" (Departure.capped): an agent that finished N (far from the departed one, it
   never waited) reports it (`finish` with `capped`), the others end with their iterate of the
-  round they wait at (efpsn/departure/last_window.py, CapEnd). Every finished agent must name N, every
-  report and the departure must come before it; nobody re-bases, no edge is added.
+  round they wait at (efpsn/departure/last_window.py, CapEnd). Every finished agent must name N,
+  every report and the departure must come before it; nobody re-bases, no edge is added.
 
 Nothing here sees data: names and round numbers only.
 """

@@ -69,7 +69,8 @@ class Registry:
 
     def __init__(self, config: RunConfig, *, run_id: str, expected_names: set[str] | None = None):
         # agents receive concrete numbers, never "auto"; except a scale standard run's, which
-        # every agent resolves after the secure sum of column statistics (agent/secure_sum.py)
+        # every agent resolves after the secure sum of column statistics
+        # (agent/phases/secure_sum.py)
         self.config = config if config.scale.standard else config.resolved()
         self.run_id = run_id
         # Validate the topology now: a disconnected graph must fail before anyone registers.

@@ -202,8 +202,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                      for j in board.joining(sender, epoch)])
 
     def _extended_cap(self, recon: Reconfiguration, origin: int, cap: int) -> int:
-        """The cap the agents take at a re-base round (efpsn/optimize/stopping.py, StopRule.rebased):
-        the same public numbers here, so a later departure is judged against it."""
+        """The cap the agents take at a re-base round (efpsn/optimize/stopping.py,
+        StopRule.rebased): the same public numbers here, so a later departure is judged against
+        it."""
         try:
             return StopRule.rebased(self.registry.config, recon.remaining_weights(),
                                     origin=origin, until=None, cap=cap).cap

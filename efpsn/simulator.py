@@ -76,9 +76,10 @@ def make_mask_providers(
     allow_insecure_keys: bool = False,
 ) -> list[MaskProvider]:
     """Every agent's masks of every round: phase I's fixed mask (refresh never), the fading
-    masks (efpsn/masks/fading.py), or masks refreshed every R rounds from the seeds phase I shares (by real Paillier between in-process
-    agents, or the fast path that yields the same seeds). The refreshed masks share one
-    NoiseBlocks: each edge's stream is derived once per period, not at both ends."""
+    masks (efpsn/masks/fading.py), or masks refreshed every R rounds from the seeds phase I shares
+    (by real Paillier between in-process agents, or the fast path that yields the same seeds). The
+    refreshed masks share one NoiseBlocks: each edge's stream is derived once per period, not at
+    both ends."""
     c = problem.config
     refresh = c.refresh if c.resolved_ok else c.resolved().refresh
     if not refresh.refreshed:
@@ -161,8 +162,8 @@ def run_simulation(
     are then the remaining agents' (and x_star should be their optimum).
 
     `messages`: "clear" (every neighbour gets the message) or "aggregate" (secure neighbourhood
-    aggregation, efpsn/optimize/channels.py: each agent learns only the weighted sum of its neighbours'
-    messages; simulator only, no departures)."""
+    aggregation, efpsn/optimize/channels.py: each agent learns only the weighted sum of its
+    neighbours' messages; simulator only, no departures)."""
     if messages not in MESSAGE_MODES:
         raise ValueError(f"messages must be one of {MESSAGE_MODES}, got {messages!r}")
     if messages == "aggregate" and departures:

@@ -1,5 +1,6 @@
-"""Secure neighbourhood aggregation (efpsn/masks/aggregation.py, efpsn/optimize/channels.py): pinned fixed-point
-integers, exact zero-sum masks at every receiver, the round trip, and the mass it keeps."""
+"""Secure neighbourhood aggregation (efpsn/masks/aggregation.py, efpsn/optimize/channels.py): pinned
+fixed-point integers, exact zero-sum masks at every receiver, the round trip, and the mass it
+keeps."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""A departure too late to re-base before the run's cap N (efpsn/departure/last_window.py, CapEnd): who
-finishes N and where the others end; the coordinator's decision ("the run ended at the cap",
+"""A departure too late to re-base before the run's cap N (efpsn/departure/last_window.py, CapEnd):
+who finishes N and where the others end; the coordinator's decision ("the run ended at the cap",
 Departure.capped) through its board and its servicer; the simulator's replay, in which the
 agents that never waited for the departed one hold exactly the iterates of the run without
 the departure."""
@@ -152,7 +152,7 @@ def test_the_replay_ends_each_agent_where_the_rule_says_on_the_undeparted_iterat
 def test_a_phase_one_report_gives_the_agents_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     # as phase II's reports do (SilenceReport.last): the coordinator then judges a re-base by
     # the agents' cap when it knows none itself (--scale standard: 0 from phase I too)
-    import agent.phase_one_leave as leave
+    import agent.departure.phase_one as leave
     from agent.options import AgentFailure
 
     heard: list[dict[str, Any]] = []

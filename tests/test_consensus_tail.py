@@ -27,8 +27,8 @@ def test_the_tail_certifies_a_masked_run_near_the_unmasked_round(wine_no_test: P
     # prepare: wine_no_test in 4 folders, the defaults (fading masks, gamma 1e3) and unmasked
     masked, x_star = _problem(wine_no_test)
     unmasked, _ = _problem(wine_no_test, mask="none")
-    # execute: the run's own stop rule without the protocol's tails (efpsn/params/tail.py), and a tail
-    # tried every 25 rounds
+    # execute: the run's own stop rule without the protocol's tails (efpsn/params/tail.py), and a
+    # tail tried every 25 rounds
     stop_masked = run_simulation(masked.config.replace(tail="off"),
                                  problem=masked).timings["rounds"]
     stop_unmasked = run_simulation(unmasked.config.replace(tail="off"),

@@ -10,9 +10,9 @@ finishes phase I without it (its seed drawn, never sent nor awaited), agent2 dro
 round 0, the new edge agent1-agent4 runs phase I's seed exchange, and from the re-base round 5
 the four mix on the joined path. With `--scale standard` agent3 finishes phase I and dies
 during the secure sum's flood, after its round-0 message (`stats`): every agent reports from
-the flood, the flood starts again without it (agent/secure_sum.py) and the totals are the four
-others'. They exit 0 and equal `efpsn simulate --leave agent3@I:5[+agent2]` bit for bit
-(agent/phase_one_leave.py)."""
+the flood, the flood starts again without it (agent/phases/secure_sum.py) and the totals are the
+four others'. They exit 0 and equal `efpsn simulate --leave agent3@I:5[+agent2]` bit for bit
+(agent/departure/phase_one.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The end of a new edge killed while that edge's seed exchange runs, and restarted (the same
-command), through real processes (agent/rejoin_state.py): a 5-path whose agent2 kills itself
-(SIGKILL, tests/crash_hook) in phase I, before sending its key, never back. The coordinator
+command), through real processes (agent/departure/exchange_file.py): a 5-path whose agent2 kills
+itself (SIGKILL, tests/crash_hook) in phase I, before sending its key, never back. The coordinator
 decides agent2@I:5 and joins the pieces {agent1} and {agent3, agent4, agent5} with the new edge
 agent1-agent3. agent1 saves its exchange (its key pair for the edge, its seed), sends its key,
 takes agent3's (on disk before it is acknowledged), saves the ciphertext of its seed and is

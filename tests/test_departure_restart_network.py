@@ -1,4 +1,4 @@
-"""Restarts around departures, through real processes (agent/departure_state.py): a 5-ring.
+"""Restarts around departures, through real processes (agent/departure/records.py): a 5-ring.
 
 agent1 kills itself (SIGKILL, tests/crash_hook) in phase I, before sending its key, never back:
 the coordinator decides agent1@I:5. agent2, its neighbour, finishes phase I without it, saves

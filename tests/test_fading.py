@@ -1,7 +1,7 @@
-"""The default mask (efpsn/masks/fading.py): a fixed zero-sum part and a fresh zero-sum part every round
-that fades at a public rate. Exactly zero-sum in integers every round, the same integers at both
-ends of an edge, fresh noise in every two rounds' difference while it lasts, nothing left of it at
-the end, the same bits on every machine (pinned), and the refresh grammar that names it."""
+"""The default mask (efpsn/masks/fading.py): a fixed zero-sum part and a fresh zero-sum part every
+round that fades at a public rate. Exactly zero-sum in integers every round, the same integers at
+both ends of an edge, fresh noise in every two rounds' difference while it lasts, nothing left of it
+at the end, the same bits on every machine (pinned), and the refresh grammar that names it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""`efpsn up`'s fork server (agent/forkserver.py; the launcher's side efpsn/launch/forking.py): agents forked from one
-process that loaded torch once, each in a session of its own with its own log and environment,
-adopted by the launcher, which reads their exit codes and stops them as any child."""
+"""`efpsn up`'s fork server (agent/forkserver.py; the launcher's side efpsn/launch/forking.py):
+agents forked from one process that loaded torch once, each in a session of its own with its own log
+and environment, adopted by the launcher, which reads their exit codes and stops them as any
+child."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def test_the_preload_list_is_the_agents_imports_without_grpc() -> None:
                  "agent.state", "efpsn.params.values"):
         assert core in modules, core
     # never a module that starts gRPC (the server, the peers, the node), nor grpc itself
-    for edge in ("grpc", "agent.node", "agent.servicer", "agent.peers", "efpsn.wire.net",
+    for edge in ("grpc", "agent.node", "agent.router", "agent.peers", "efpsn.wire.net",
                  "efpsn.wire.tls", "agent.forkserver"):
         assert edge not in modules, edge
     # and importing all of it, in a fresh interpreter, loads no grpc

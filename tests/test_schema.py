@@ -1,5 +1,5 @@
-"""The public data schema's words (efpsn/params/schema.py) at their edges: every task form, the scale
-divisors (one or one per feature), and refusals that name what came without echoing a whole
+"""The public data schema's words (efpsn/params/schema.py) at their edges: every task form, the
+scale divisors (one or one per feature), and refusals that name what came without echoing a whole
 oversized value."""
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def test_saved_model_carries_the_standardisation(tmp_path):
 
 def test_networked_runs_send_standard_unresolved(tmp_path):
     """efpsn up and the coordinator hand a standard run out as given: its l2 and step rule
-    wait for the network's totals (agent/secure_sum.py)."""
+    wait for the network's totals (agent/phases/secure_sum.py)."""
     import argparse
 
     from efpsn.flags.arguments import add_run_arguments, network_config

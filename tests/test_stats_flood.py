@@ -183,30 +183,34 @@ def test_wire_form_round_trips_and_checks_sizes_before_decoding():
 
 
 def test_totals_are_saved_for_a_restart_and_checked(tmp_path):
-    from agent.secure_sum import TOTALS_FILE, load_totals, save_totals
-    from agent.state import StateError
+    from agent.phases.secure_sum import SecureSum
+    from agent.state import TOTALS, StateError, StateStore
 
     floods, _, _ = _flood("ring", 4)
     totals = floods[0].totals()
-    assert load_totals(tmp_path, run_id="run-1") is None  # stopped before: nothing to reload
-    save_totals(tmp_path, totals, run_id="run-1")
-    assert (tmp_path / TOTALS_FILE).stat().st_mode & 0o777 == 0o600
-    assert load_totals(tmp_path, run_id="run-1") == totals  # the very integers, never resummed
+    store = StateStore(tmp_path)
+    phase = SecureSum(peers=None, mailbox=None, store=store)  # type: ignore[arg-type]
+    assert phase.load(run_id="run-1") is None  # stopped before: nothing to reload
+    phase.save(totals, run_id="run-1")
+    assert (tmp_path / TOTALS).stat().st_mode & 0o777 == 0o600
+    assert phase.load(run_id="run-1") == totals  # the very integers, never resummed
     with pytest.raises(StateError, match="belongs to run"):
-        load_totals(tmp_path, run_id="run-2")
-    (tmp_path / TOTALS_FILE).write_text('{"run_id": "run-1", "count": 3}')
+        phase.load(run_id="run-2")
+    (tmp_path / TOTALS).write_text('{"format": 1, "run_id": "run-1", "count": 3}')
     with pytest.raises(StateError, match="damaged"):
-        load_totals(tmp_path, run_id="run-1")
+        phase.load(run_id="run-1")
 
 
 def test_the_flood_ledger_takes_copies_and_refuses_changes():
-    from agent.secure_sum import StatsLedger
-    from efpsn.ledger import Verdict
+    from efpsn.ledger import FirstCopyLedger, Verdict
 
-    ledger = StatsLedger()
-    assert ledger.judge("agent2", 0, b"a").verdict == Verdict.ACCEPT
-    assert ledger.judge("agent2", 0, b"a").verdict == Verdict.DUPLICATE
-    assert ledger.judge("agent2", 0, b"b").code == "INVALID_ARGUMENT"
+    ledger = FirstCopyLedger("the statistics flood")
+    assert ledger.judge("0", "agent2", b"a").verdict == Verdict.ACCEPT
+    assert ledger.judge("0", "agent2", b"a").verdict == Verdict.DUPLICATE
+    assert ledger.judge("0", "agent2", b"b").code == "INVALID_ARGUMENT"
     ledger.close()
-    assert ledger.judge("agent2", 0, b"a").verdict == Verdict.DUPLICATE
-    assert ledger.judge("agent2", 1, b"c").code == "FAILED_PRECONDITION"
+    assert ledger.judge("0", "agent2", b"a").verdict == Verdict.DUPLICATE
+    refused = ledger.judge("1", "agent2", b"c", what="round-1 statistics")
+    assert refused.code == "FAILED_PRECONDITION"
+    assert refused.reason.startswith("the statistics flood is over at this agent, and this "
+                                     "round-1 statistics message")

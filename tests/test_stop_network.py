@@ -1,5 +1,5 @@
-"""The stop rule over real gRPC agents (efpsn/optimize/stopping.py): every agent stops at the round the
-simulator stops at, with the same iterates bit for bit, also when an agent is killed inside a
+"""The stop rule over real gRPC agents (efpsn/optimize/stopping.py): every agent stops at the round
+the simulator stops at, with the same iterates bit for bit, also when an agent is killed inside a
 check window and resumes from a checkpoint taken in it (its stop integers come back with it)."""
 
 from __future__ import annotations

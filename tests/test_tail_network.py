@@ -1,6 +1,6 @@
-"""A run that ends on a consensus tail (efpsn/params/tail.py) over real gRPC agents: every agent stops at
-the round the simulator stops at, on the tail's check, with the same iterates bit for bit, also
-when an agent is killed inside the tail and resumes from a checkpoint taken in its mixing
+"""A run that ends on a consensus tail (efpsn/params/tail.py) over real gRPC agents: every agent
+stops at the round the simulator stops at, on the tail's check, with the same iterates bit for bit,
+also when an agent is killed inside the tail and resumes from a checkpoint taken in its mixing
 rounds."""
 
 from __future__ import annotations

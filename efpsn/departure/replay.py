@@ -1,11 +1,11 @@
 """Departures replayed in the in-process simulator (`efpsn simulate --leave agentK@T`): at round
 T the departed agent stops, its neighbours drop it from their weights and masks; at the re-base
 round R the network is joined where it fell apart, new edges get fresh seeds, every remaining
-agent takes the new graph's Metropolis weights and the trackers restart (efpsn/departure/membership.py).
-A departure in the stop rule's last window whose agents far from it reach the stop round ends
-the run there (efpsn/departure/last_window.py: `window`, `stops_at`, `end`); one too late to re-base
-before the cap ends it at the cap, each agent at min(reach, cap) (`capped`: their drivers'
-last rounds)."""
+agent takes the new graph's Metropolis weights and the trackers restart
+(efpsn/departure/membership.py). A departure in the stop rule's last window whose agents far from it
+reach the stop round ends the run there (efpsn/departure/last_window.py: `window`, `stops_at`,
+`end`); one too late to re-base before the cap ends it at the cap, each agent at min(reach, cap)
+(`capped`: their drivers' last rounds)."""
 
 from __future__ import annotations
 
@@ -143,9 +143,9 @@ class DepartureReplay:
 
     def _last_window(self, d: Departure, drivers: Sequence[RoundDriver]) -> LastWindow | None:
         """Whether d leaves inside a window that certifies the target and some agent reaches
-        its stop round all the same (efpsn/departure/last_window.py). Every agent's integers of round T
-        (`sharing`) are maxima over some of the round-s integers, each its own among them, so
-        their maximum is the network's, which an agent that completes the window holds."""
+        its stop round all the same (efpsn/departure/last_window.py). Every agent's integers of
+        round T (`sharing`) are maxima over some of the round-s integers, each its own among them,
+        so their maximum is the network's, which an agent that completes the window holds."""
         stop = drivers[d.agent].stop
         s = None if stop is None else stop.window(d.round)
         if stop is None or s is None:
@@ -190,7 +190,8 @@ class DepartureReplay:
         self._remask(sorted({i for e in recon.new_edges for i in e}), drop=set(),
                      new_edges=recon.new_edges)
         self._refresh(recon.remaining, drivers)
-        # the stop rule of the remaining graph, its checks counted from R (efpsn/optimize/stopping.py)
+        # the stop rule of the remaining graph, its checks counted from R
+        # (efpsn/optimize/stopping.py)
         pending = min((d.round for d in self.departures
                        if d.round <= t < d.rebase_round), default=None)
         stop = StopRule.rebased(self.problem.config, recon.remaining_weights(), origin=t,

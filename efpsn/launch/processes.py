@@ -68,7 +68,8 @@ def spawn(name: str, module_args: Sequence[str], folder: Path, *,
           pass_fds: Sequence[int] = ()) -> Child:
     """`python -m MODULE ARGS --port-file FOLDER/ports/NAME`, output to FOLDER/logs/NAME.log, in a
     session of its own (our Ctrl-C is handled by the caller, which then stops it), with `env` on
-    top of this environment and the descriptors `pass_fds` (the lifeline: efpsn/process/lifeline.py)."""
+    top of this environment and the descriptors `pass_fds` (the lifeline:
+    efpsn/process/lifeline.py)."""
     log_path, port_file = child_files(name, folder)
     with open(log_path, "ab" if append_log else "wb") as log:
         process = subprocess.Popen(

@@ -51,9 +51,10 @@ def check_results(results: list[dict], *, iterations: int, early: bool = False,
                   ends: set[int] | None = None) -> list[str]:
     """What is wrong with the agents' results as one run (empty: nothing): every agent must
     report the same run and have finished its last round: `iterations`, or with the stop rule
-    (`early`, efpsn/optimize/stopping.py) the same round at every agent, at most `iterations`; `ends`:
-    the stop round and the check round of a departure's last window, or the cap and the rounds
-    the waiting agents ended at after a departure too late to re-base (efpsn/departure/last_window.py)."""
+    (`early`, efpsn/optimize/stopping.py) the same round at every agent, at most `iterations`;
+    `ends`: the stop round and the check round of a departure's last window, or the cap and the
+    rounds the waiting agents ended at after a departure too late to re-base
+    (efpsn/departure/last_window.py)."""
     problems = []
     runs = sorted({str(r.get("run_id")) for r in results})
     if len(runs) != 1:
@@ -172,7 +173,8 @@ def format_reports(final: dict[str, float], *, public_test: bool) -> str:
 def _summary(problem: Any, results: list[dict], final: dict[str, float],
              x_bar: Any) -> dict[str, Any]:
     """summary.json: the network's final metrics, each agent's own, whether the run is whole,
-    and whether it converged (efpsn/optimize/certificate.py, from the agents' own last-round measures)."""
+    and whether it converged (efpsn/optimize/certificate.py, from the agents' own last-round
+    measures)."""
     import torch
 
     from efpsn.optimize.certificate import Certifier

@@ -1,7 +1,7 @@
 """The checks and parsers of the run parameters' declarations (efpsn/params/config.py): each raises
 ValueError naming the parameter and the value it was given. The parameters with a grammar of
-their own are values that parse themselves: efpsn/params/values.py, efpsn/params/schema.py (task, scale),
-efpsn.perturbation.selection.Selection, efpsn.params.refresh_setting.Refresh."""
+their own are values that parse themselves: efpsn/params/values.py, efpsn/params/schema.py (task,
+scale), efpsn.perturbation.selection.Selection, efpsn.params.refresh_setting.Refresh."""
 
 from __future__ import annotations
 

@@ -337,8 +337,8 @@ class RunConfig:
         return self.replace(**changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """The wire's and JSON's plain form: every value as its wire scalar (efpsn/params/values.py);
-        from_dict reads it back."""
+        """The wire's and JSON's plain form: every value as its wire scalar
+        (efpsn/params/values.py); from_dict reads it back."""
         values = value_types()
         return {f.name: (getattr(self, f.name).wire() if f.name in values
                          else getattr(self, f.name)) for f in dataclasses.fields(self)}

@@ -18,7 +18,8 @@ __all__ = ["STANDARD", "STANDARD_DISCLOSURE", "TASKS", "Scale", "TaskSpec", "che
 
 STANDARD = "standard"
 """The scale word of features standardised with the network's column statistics (mean and
-standard deviation by secure summation: efpsn/stats/column_sums.py): read raw, divided by nothing."""
+standard deviation by secure summation: efpsn/stats/column_sums.py): read raw, divided by
+nothing."""
 
 STANDARD_DISCLOSURE = ("disclosed by design to every agent (scale standard): every column's global "
                        "mean and variance and the total sample count; opt out with a public "

@@ -273,8 +273,8 @@ def basis_counts(config: RunConfig) -> tuple[int, int]:
 
 def refreshed_arguments(config: RunConfig, *, delta: float, attacker: str = "neighbour",
                         samples: int | None = None) -> dict[str, Any]:
-    """The keyword arguments of efpsn.privacy.accounting.account_refreshed (all but gamma) for a run:
-    its graph, noise decay, basis, model size, refresh, rounds, clip and batch."""
+    """The keyword arguments of efpsn.privacy.accounting.account_refreshed (all but gamma) for a
+    run: its graph, noise decay, basis, model size, refresh, rounds, clip and batch."""
     from efpsn.problem import build_task
     from efpsn.topology import build_graph
 

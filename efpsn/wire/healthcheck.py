@@ -1,5 +1,5 @@
-"""`python -m efpsn.wire.healthcheck [--tls-dir DIR --tls-name NAME] HOST:PORT`: exit 0 when the gRPC
-server there reports SERVING.
+"""`python -m efpsn.wire.healthcheck [--tls-dir DIR --tls-name NAME] HOST:PORT`: exit 0 when the
+gRPC server there reports SERVING.
 
 A container healthcheck for the coordinator and the agents: it asks the standard health service
 (grpc.health.v1, overall status, service "") that both run, and imports nothing heavy (no torch),

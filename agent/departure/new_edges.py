@@ -1,6 +1,9 @@
 """A new edge after a departure cut the graph: phase I's seed exchange for it, between its two
-ends, before the re-base round (efpsn/masks/seeds.py's SeedExchange, as agent/phase_one.py runs it;
-with the paper's fixed mask, efpsn/masks/zero_sum.py's Masker on the new edges, agent/fixed_terms.py).
+ends, before the re-base round (efpsn/masks/seeds.py's SeedExchange, as agent/phases/phase_one.py
+runs it; with the paper's fixed mask, efpsn/masks/zero_sum.py's Masker on the new edges,
+agent/departure/fixed_terms.py). NewEdges owns both sides of it at one end: the messages the
+other end sends (the router hands them over; their own ledger judges them, and each is on disk
+before it is acknowledged) and the exchange itself.
 
 Each end makes a fresh Paillier key pair, sends its public key and then its seed for the edge,
 encrypted under the other end's key, and decrypts the other end's: the pair (s_ij, s_ji) that
@@ -9,8 +12,8 @@ efpsn/departure/remask.py's `new_edge_seeds` draws in the simulator from the sam
 (PutPublicKey, PutShares) with the re-base round in their header; the two ends learned each
 other's name and address from the coordinator's decision, and mutual TLS checks the names as
 for any neighbour. Nothing of either end's data is involved. The exchange is saved
-before anything of it is sent and resumed after a restart (agent/rejoin_state.py): the same
-messages again, the other end acknowledging copies.
+before anything of it is sent and resumed after a restart (agent/departure/exchange_file.py):
+the same messages again, the other end acknowledging copies.
 """
 
 from __future__ import annotations
@@ -19,46 +22,46 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from agent import rejoin_state
 from agent.concurrency import all_or_first_error
+from agent.departure.exchange_file import ExchangeState
 from agent.mailbox import Interrupted, Mailbox, NeighbourTimeout
-from agent.options import AgentFailure
+from agent.options import AgentFailure, NotReady
 from agent.peers import Peers
-from agent.phase_one import shares_packed
-from agent.rejoin_state import ExchangeState
-from agent.servicer import AgentService, ShareCheck
+from agent.phases.shares import ShareCheck, shares_packed
 from agent.session import Session
+from agent.state import EXCHANGE, StateStore
 from efpsn.crypto import paillier
 from efpsn.departure.remask import rejoin_generator
+from efpsn.ledger import Judgement, PhaseOneLedger, Verdict
 from efpsn.masks.seeds import EdgeSeeds, SeedExchange, draw_seeds
 from efpsn.masks.zero_sum import Masker
 from efpsn.wire import serde
 from efpsn.wire.records import Phase
 
-__all__ = ["Rejoin", "exchange_new_seeds"]
+__all__ = ["NewEdges", "exchange_new_seeds"]
 
 log = logging.getLogger("efpsn.agent")
 
 
 async def exchange_new_seeds(*, session: Session, peers: Peers, mailbox: Mailbox,
-                             service: AgentService, joiners: Mapping[str, int], rebase_round: int,
+                             edges: NewEdges, joiners: Mapping[str, int], rebase_round: int,
                              epoch: int, noise_seed: int | None, allow_insecure_keys: bool,
-                             timeout: float, folder: str | Path, fixed: bool = False,
+                             timeout: float, store: StateStore, fixed: bool = False,
                              ) -> dict[int, tuple[bytes, bytes]] | Masker:
     """This agent's seeds with each new neighbour (name -> index in `joiners`): index ->
     (s_ij, s_ji); with the paper's fixed mask (`fixed`), the finished Masker of the new edges
-    (its shares drawn as efpsn/departure/remask.py's new_edge_shares draws them). `service` is
-    told the key the new neighbours' shares must be under. The exchange is saved in `folder`
-    before anything is sent (agent/rejoin_state.py) and resumed from there."""
+    (its shares drawn as efpsn/departure/remask.py's new_edge_shares draws them). `edges` takes
+    the new neighbours' messages: it is told what their shares must be. The exchange is saved
+    in the state folder before anything is sent (agent/departure/exchange_file.py) and resumed
+    from there."""
     cfg = session.config
     names, neighbours = sorted(joiners), sorted(joiners.values())
-    state = await asyncio.to_thread(_state, session, folder, joiners, rebase_round=rebase_round,
+    state = await asyncio.to_thread(_state, session, store, joiners, rebase_round=rebase_round,
                                     epoch=epoch, noise_seed=noise_seed, fixed=fixed,
                                     allow_insecure=allow_insecure_keys)
     pair = state.keypair(allow_insecure=allow_insecure_keys)
@@ -78,11 +81,9 @@ async def exchange_new_seeds(*, session: Session, peers: Peers, mailbox: Mailbox
         mailbox.put("key", rebase_round, n, paillier.public_key_from_n(modulus))
     for n, ciphertexts in got["shares"].items():
         mailbox.put("shares", rebase_round, n, ciphertexts)
-    for n in names:  # from now on the new neighbours' messages are taken (and kept)
-        service.rejoin_keep[n] = state.keep
     packed = shares_packed(cfg)
-    service.rejoin_shares = ShareCheck(public_key=exchange.public_key,
-                                       count=exchange.ciphertexts_per_neighbour, packed=packed)
+    edges.expect(names, keep=state.keep, shares=ShareCheck(
+        public_key=exchange.public_key, count=exchange.ciphertexts_per_neighbour, packed=packed))
     key = serde.public_key_message(header=peers.header(Phase.KEYS, rebase_round),
                                    n=exchange.public_key.n)
     await all_or_first_error(peers.send(n, "PutPublicKey", key, timeout=timeout)
@@ -115,7 +116,7 @@ async def exchange_new_seeds(*, session: Session, peers: Peers, mailbox: Mailbox
     return {j: (s, received[j]) for j, s in finished.sent}
 
 
-def _state(session: Session, folder: str | Path, joiners: Mapping[str, int], *,
+def _state(session: Session, store: StateStore, joiners: Mapping[str, int], *,
            rebase_round: int, epoch: int, noise_seed: int | None, fixed: bool,
            allow_insecure: bool) -> ExchangeState:
     """The exchange saved before a restart, or a new one (a fresh key pair; the seeds drawn as
@@ -124,7 +125,7 @@ def _state(session: Session, folder: str | Path, joiners: Mapping[str, int], *,
     where = {"run_id": session.run_id, "epoch": epoch, "rebase_round": rebase_round,
              "joiners": joiners}
     try:
-        state = ExchangeState.load(folder, allow_insecure=allow_insecure, **where)
+        state = ExchangeState.load(store, allow_insecure=allow_insecure, **where)
     except ValueError as exc:
         raise AgentFailure(f"{session.assignment.name} cannot resume its new edge's seed "
                            f"exchange: {exc}") from None
@@ -135,14 +136,14 @@ def _state(session: Session, folder: str | Path, joiners: Mapping[str, int], *,
     pair = paillier.generate_keypair(session.config.key_bits, allow_insecure=allow_insecure)
     if fixed:
         entropy = None if noise_seed is not None else secrets.randbits(128)
-        return ExchangeState.create(folder, keypair=pair, seeds={}, entropy=entropy, **where)
+        return ExchangeState.create(store, keypair=pair, seeds={}, entropy=entropy, **where)
     rng = None if noise_seed is None else rejoin_generator(noise_seed, session.index, epoch)
-    return ExchangeState.create(folder, keypair=pair,
+    return ExchangeState.create(store, keypair=pair,
                                 seeds=draw_seeds(sorted(joiners.values()), rng), **where)
 
 
 def _ignore(kind: str, sender: str, payload: object) -> None:
-    """A finished exchange keeps nothing more (its state went with Rejoin.done)."""
+    """A finished exchange keeps nothing more (its state went with NewEdges.done)."""
 
 
 async def _collect(mailbox: Mailbox, kind: str, round_: int, names: list[str], *,
@@ -162,56 +163,98 @@ async def _collect(mailbox: Mailbox, kind: str, round_: int, names: list[str], *
                                blame=exc.missing[0]) from None
 
 
-class Rejoin:
-    """What agent/departing.py's Silence needs of the network for new edges: tell the servicer
-    a decision is awaited (a new neighbour may call a moment before this agent hears it), and
-    run the seed exchange."""
+Keep = Callable[[str, str, object], None]  # (kind, sender, payload): on disk before the ack
 
-    def __init__(self, *, session: Session, peers: Peers, mailbox: Mailbox,
-                 service: AgentService, noise_seed: int | None,
-                 allow_insecure_keys: bool, folder: str | Path) -> None:
-        self.session = session
-        self.folder = folder  # the state folder: the exchange while it runs (rejoin_state)
+
+class NewEdges:
+    """The new edges' phase I at this end: the other ends' messages, taken under their own
+    ledger (a copy acknowledged, a different one refused), each on disk before its
+    acknowledgement (`keep`), and the exchange that awaits them (`exchange`,
+    `exchange_shares`)."""
+
+    def __init__(self, *, peers: Peers, mailbox: Mailbox, store: StateStore,
+                 noise_seed: int | None, allow_insecure_keys: bool) -> None:
         self.peers = peers
         self.mailbox = mailbox
-        self.service = service
+        self.store = store  # the exchange while it runs (agent/departure/exchange_file.py)
         self.noise_seed = noise_seed
         self.allow_insecure_keys = allow_insecure_keys
+        self.ledger = PhaseOneLedger()
+        self._shares: ShareCheck | None = None
+        self._keep: dict[str, Keep] = {}  # per new neighbour, once its exchange is saved here
 
-    def deciding(self, awaited: bool) -> None:
-        self.service.deciding = awaited
+    # ------------------------------------------------------------------ the router's side
+
+    def expect(self, names: list[str], *, keep: Keep, shares: ShareCheck) -> None:
+        """From now on these new neighbours' messages are taken (and kept); their shares must
+        be under this end's new key."""
+        for name in names:
+            self._keep[name] = keep
+        self._shares = shares
+
+    def expected_shares(self) -> ShareCheck:
+        if self._shares is None:  # set with the keep functions: this end is not saved yet
+            raise NotReady("its new edge's key is not ready")
+        return self._shares
+
+    def _keeper(self, sender: str) -> Keep:
+        keep = self._keep.get(sender)
+        if keep is None:  # this end's exchange is not saved yet: the sender retries
+            raise NotReady("its new edge's key is not ready")
+        return keep
+
+    async def take_key(self, sender: str, round_: int, key: paillier.PublicKey,
+                       digest: bytes) -> Judgement:
+        keep = self._keeper(sender)
+        judgement = self.ledger.judge("key", sender, digest)
+        if judgement.verdict == Verdict.ACCEPT:
+            await asyncio.to_thread(keep, "key", sender, key)
+            self.mailbox.put("key", round_, sender, key)
+        return judgement
+
+    async def take_shares(self, sender: str, round_: int, ciphertexts: list[int],
+                          digest: bytes) -> Judgement:
+        keep = self._keeper(sender)
+        judgement = self.ledger.judge("shares", sender, digest)
+        if judgement.verdict == Verdict.ACCEPT:
+            await asyncio.to_thread(keep, "shares", sender, ciphertexts)
+            self.mailbox.put("shares", round_, sender, ciphertexts)
+        return judgement
+
+    # ------------------------------------------------------------------ the exchange
 
     def done(self) -> None:
         """The new edges' seeds are saved with the departures: their exchange's state goes
         (a copy of a message of it is still acknowledged: the ledger's duplicate rule)."""
-        for name in self.service.rejoin_keep:
-            self.service.rejoin_keep[name] = _ignore
-        rejoin_state.discard(self.folder)
+        for name in self._keep:
+            self._keep[name] = _ignore
+        self.store.discard(EXCHANGE)
 
-    async def exchange(self, joiners: Mapping[str, int], *, rebase_round: int,
-                       epoch: int) -> dict[int, tuple[bytes, bytes]]:
-        seeds = await self._exchange(joiners, rebase_round=rebase_round, epoch=epoch,
+    async def exchange(self, session: Session, joiners: Mapping[str, int], *,
+                       rebase_round: int, epoch: int) -> dict[int, tuple[bytes, bytes]]:
+        seeds = await self._exchange(session, joiners, rebase_round=rebase_round, epoch=epoch,
                                      fixed=False)
         assert isinstance(seeds, dict)
         return seeds
 
-    async def exchange_shares(self, joiners: Mapping[str, int], *, rebase_round: int,
-                              epoch: int) -> Masker:
+    async def exchange_shares(self, session: Session, joiners: Mapping[str, int], *,
+                              rebase_round: int, epoch: int) -> Masker:
         """The paper's phase I on the new edges: the finished Masker holding their terms."""
-        masker = await self._exchange(joiners, rebase_round=rebase_round, epoch=epoch,
+        masker = await self._exchange(session, joiners, rebase_round=rebase_round, epoch=epoch,
                                       fixed=True)
         assert isinstance(masker, Masker)
         return masker
 
-    async def _exchange(self, joiners: Mapping[str, int], *, rebase_round: int, epoch: int,
+    async def _exchange(self, session: Session, joiners: Mapping[str, int], *,
+                        rebase_round: int, epoch: int,
                         fixed: bool) -> dict[int, tuple[bytes, bytes]] | Masker:
         start = time.perf_counter()
         seeds = await exchange_new_seeds(
-            session=self.session, peers=self.peers, mailbox=self.mailbox, service=self.service,
+            session=session, peers=self.peers, mailbox=self.mailbox, edges=self,
             joiners=joiners, rebase_round=rebase_round, epoch=epoch, noise_seed=self.noise_seed,
             allow_insecure_keys=self.allow_insecure_keys,
-            timeout=self.session.config.round_timeout_seconds, folder=self.folder, fixed=fixed)
+            timeout=session.config.round_timeout_seconds, store=self.store, fixed=fixed)
         log.warning("%s: phase I on the new edge(s) with %s done in %.2f s (seeds under "
-                    "Paillier); they mix from round %d", self.session.assignment.name,
+                    "Paillier); they mix from round %d", session.assignment.name,
                     ", ".join(sorted(joiners)), time.perf_counter() - start, rebase_round)
         return seeds

@@ -1,5 +1,5 @@
-"""A decision that ends the run for this agent instead of a re-base (agent/departing.py): the
-departure came after the run had ended for agents far from it, so the others end too, each
+"""A decision that ends the run for this agent instead of a re-base (agent/departure/silence.py):
+the departure came after the run had ended for agents far from it, so the others end too, each
 where the rule says (efpsn/departure/last_window.py), the same as `efpsn simulate --leave` replays:
 
 - the run had stopped at S on the stop rule's certificate (Departure.stopped): end with the
@@ -20,7 +20,7 @@ from efpsn.departure.last_window import cap_end, capped_model, capped_words, rea
 from efpsn.departure.membership import Departure, optimum_of
 from efpsn.optimize.driver import RoundDriver
 
-# `local` below is agent/departing.py's LocalDepartures (which imports this module: no cycle)
+# `local` below is agent/departure/local.py's LocalDepartures (which imports this module)
 LocalDepartures = Any
 
 __all__ = ["end_at_cap", "end_in_window", "records"]

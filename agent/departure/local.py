@@ -1,0 +1,245 @@
+"""The departures one agent knows and what they change for it, round by round: the pure
+core's functions (efpsn/departure/membership.py, efpsn/departure/remask.py) applied as the
+simulator's replay applies them (efpsn/departure/replay.py), so that the network equals
+`efpsn simulate --leave`.
+
+At round T each neighbour of the departed agent d (at T + 1 a neighbour that used d's round-T
+message, Departure.late) mixes with the drop-node weights and drops the mask terms it shares
+with d; at the re-base round R every remaining agent takes the Metropolis weights of the graph
+without d (joined where it fell apart: the ends of a new edge exchange seeds right after the
+decision, agent/departure/new_edges.py, and add them at R), restarts its tracker from its local
+gradient and, with the stop rule, the remaining graph's rule (efpsn/optimize/stopping.py; no
+window decided at T or later counts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from agent.departure import records as saved
+from agent.departure.ending import records
+from agent.departure.fixed_terms import EdgeTerms
+from agent.options import AgentFailure
+from agent.session import Session
+from agent.state import StateStore
+from efpsn.departure.last_window import CapEnd
+from efpsn.departure.membership import (
+    Departure,
+    drop_node_weights,
+    optimum_of,
+    rebase,
+    reconfigure,
+)
+from efpsn.departure.remask import add_seeds, drop_seeds, reseeded
+from efpsn.masks.fading import FadingMask
+from efpsn.masks.refresh import FixedMask, MaskProvider, RefreshedMask
+from efpsn.optimize.driver import RoundDriver
+from efpsn.optimize.stopping import StopRule
+
+__all__ = ["LocalDepartures"]
+
+log = logging.getLogger("efpsn.agent")
+
+
+class LocalDepartures:
+    """The departures this agent knows and what they change for it, round by round."""
+
+    def __init__(self, session: Session, masks: MaskProvider,
+                 terms: EdgeTerms | None = None) -> None:
+        self.session = session
+        self.masks = masks
+        # the paper's fixed mask: phase I's per-edge shares a departure subtracts (fixed_terms;
+        # a restarted agent's: reloaded by Silence.resume)
+        self.terms = (terms or EdgeTerms(None)) if isinstance(masks, FixedMask) else None
+        self.decided: list[Departure] = []
+        self.epoch = 0
+        self.graph = session.problem.graph
+        self.weights = session.weights()
+        self.events: list[dict[str, Any]] = []
+        self.names = {**session.names, session.index: session.assignment.name}
+        self._rebased: set[int] = set()
+        self.new_seeds: dict[int, tuple[bytes, bytes]] = {}  # new neighbour -> (s_ij, s_ji)
+        # what a restart needs again (agent/departure/records.py): every new neighbour and seed
+        self.joined_info: dict[str, tuple[int, str, int]] = {}
+        self.seed_record: dict[int, tuple[bytes, bytes]] = {}
+        self.window: int | None = None  # who left in the stop's last window (ending.py)
+        self.capped: CapEnd | None = None  # a departure too late to re-base: the run's end
+
+    @property
+    def me(self) -> int:
+        return self.session.index
+
+    @property
+    def gone(self) -> set[int]:
+        return {d.agent for d in self.decided}
+
+    def learn(self, departures: list[Departure], names: dict[int, str], driver: RoundDriver,
+              joining: dict[str, tuple[int, str]] | None = None) -> dict[str, int]:
+        """The coordinator's decision (all departures so far): check this agent can apply it;
+        the new neighbours it shares a new edge with from the re-base round on (name ->
+        index: their seeds are exchanged before it, agent/departure/new_edges.py)."""
+        self.names = {**names, **self.names}
+        new = [d for d in departures if d.agent not in self.gone]
+        if not new:
+            raise AgentFailure(f"{self.session.assignment.name}: the coordinator's answer "
+                               "holds no new departure")
+        zero_sum = self.session.config.mask == "zero-sum"
+        if zero_sum and self.terms is not None and not self.terms.available:
+            raise AgentFailure("a departure with the paper's fixed mask (--refresh never) needs "
+                               "phase I's per-edge shares, which this agent does not hold (its "
+                               "phase I ran with departures off?): agent/departure/fixed_terms.py")
+        after = reconfigure(self.graph, self.gone | {d.agent for d in new})
+        mine = sorted({b if a == self.me else a for a, b in after.new_edges if self.me in (a, b)})
+        given = {index: (name, address) for name, (index, address) in (joining or {}).items()}
+        if sorted(given) != mine:
+            raise AgentFailure(f"the departure of {', '.join(self._name(d.agent) for d in new)} gives "
+                               f"{self.session.assignment.name} the new neighbours "
+                               f"{[f'agent{j + 1}' for j in mine]}, the coordinator named "
+                               f"{sorted(n for n, _ in given.values())}")
+        rebase_round = min(d.rebase_round for d in new)
+        for j, (name, address) in given.items():
+            self.session.joining[name] = (j, address, rebase_round)
+            self.joined_info[name] = (j, address, rebase_round)
+            self.names[j] = name
+        self.decided.extend(new)
+        self.epoch += 1
+        if driver.stop is not None:  # no stop from a window decided at the round T or later
+            driver.revise_stop(driver.stop.voided_from(min(d.round for d in new)))
+        for d in new:
+            self.events.append({**d.to_json(), "neighbours": [
+                self._name(j) for j in self.graph.neighbours(d.agent)
+                if j not in self.gone]})
+        log.warning("%s: the coordinator decided: %s", self.session.assignment.name,
+                    "; ".join(d.label() for d in new))
+        return {name: j for j, (name, _) in given.items()}
+
+    def add_seeds(self, seeds: dict[int, tuple[bytes, bytes]]) -> None:
+        """The new edges' seeds, from their phase I (agent/departure/new_edges.py), until the
+        re-base."""
+        self.new_seeds.update(seeds)
+        self.seed_record.update(seeds)
+
+    def save(self, store: StateStore) -> None:
+        """What a restart needs to re-apply the departures (agent/departure/records.py)."""
+        saved.save(store, run_id=self.session.run_id, decided=self.decided, epoch=self.epoch,
+                   events=self.events, names=self.names, joining=self.joined_info,
+                   seeds=self.seed_record)
+
+    def restore(self, record: dict[str, Any], driver: RoundDriver) -> None:
+        """A restart after departures were applied: re-apply what they changed up to the
+        checkpoint's round c (the drops of rounds <= c, the re-bases before c without touching
+        the checkpoint's trackers); round c's re-base is the loop's, as before the restart."""
+        c = driver.t
+        self.decided = list(record["decided"])
+        self.epoch, self.events = record["epoch"], record["events"]
+        self.names = {**record["names"], **self.names}
+        self.joined_info = dict(record["joining"])
+        self.seed_record = dict(record["seeds"])
+        self.new_seeds = dict(record["seeds"])
+        for name, entry in self.joined_info.items():
+            self.session.joining[name] = entry
+        sharing, outbox = driver.sharing, driver.outbox  # the checkpoint's stop window
+        if driver.stop is not None:
+            driver.revise_stop(driver.stop.voided_from(min(d.round for d in self.decided)))
+        rounds = sorted({r for d in self.decided for r in (d.round, d.round + 1)
+                         if r <= c} | {d.rebase_round for d in self.decided
+                                       if d.rebase_round < c})
+        for r in rounds:
+            self._drop_at(r)
+            if any(d.rebase_round == r for d in self.decided):
+                self._rebased.add(r)
+                self._rebase(r, driver, replaying=True)
+        self._refresh(driver)
+        if sharing is not None and driver.stop is not None and driver.stop.window(c) is not None:
+            driver.sharing, driver.outbox = sharing, outbox
+        log.warning("%s resumed with the departures %s applied up to round %d",
+                    self.session.assignment.name, ", ".join(d.label() for d in self.decided), c)
+
+    def _drop_at(self, t: int) -> list[int]:
+        dropped: list[int] = []
+        for d in self.decided:
+            first = d.round + int(self.me in d.late and not d.phase_one)  # used round T
+            if t == first and d.agent in self.weights:
+                dropped.append(d.agent)
+        if dropped:
+            self.weights = drop_node_weights(self.weights, agent=self.me, gone=dropped)
+            self._remask(dropped)
+        for j in dropped:
+            name = self._name(j)
+            self.session.drop(name, reason=self._reason(name))
+        return dropped
+
+    def before_round(self, t: int, driver: RoundDriver) -> tuple[list[str], list[str]]:
+        """Apply what round t changes (before its messages are taken); the neighbours this
+        agent stops exchanging with from round t on, and the new ones it starts with."""
+        dropped = self._drop_at(t)
+        if dropped:
+            self._refresh(driver)
+        names = [self._name(j) for j in dropped]
+        joined: list[str] = []
+        if any(d.rebase_round == t for d in self.decided) and t not in self._rebased:
+            self._rebased.add(t)
+            joined = self._rebase(t, driver)
+        return names, joined
+
+    def _rebase(self, t: int, driver: RoundDriver, *, replaying: bool = False) -> list[str]:
+        # those gone by round t, as the replay has them (a restart knows later ones too)
+        recon = reconfigure(self.graph, {d.agent for d in self.decided if d.round <= t})
+        self.graph = recon.graph
+        self.weights = recon.agent_weights(self.me)
+        new = sorted({b if a == self.me else a for a, b in recon.new_edges if self.me in (a, b)})
+        joined = [self._name(j) for j in new]
+        for name in joined:
+            self.session.join(name)
+        if new and isinstance(self.masks, (FadingMask, RefreshedMask)):  # phase I's terms
+            self.masks = reseeded(self.masks, add_seeds(
+                self.masks.seeds, {j: self.new_seeds.pop(j) for j in new}))
+        elif new and self.terms is not None and isinstance(self.masks, FixedMask):
+            self.masks = self.terms.joined(self.masks, new)
+        self._refresh(driver)
+        if not replaying:  # a restart's checkpoint after R holds the re-based trackers
+            driver.state = rebase(driver.state)
+            driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
+        # the stop rule of the remaining graph, its checks counted from R
+        # (efpsn/optimize/stopping.py)
+        pending = min((d.round for d in self.decided if d.round <= t < d.rebase_round), default=None)
+        stop = StopRule.rebased(self.session.config, recon.remaining_weights(), origin=t,
+                                until=pending, cap=driver.iterations)
+        if stop.active:  # the cap extended by the remaining graph's step rule
+            driver.iterations = stop.cap
+        driver.revise_stop(stop)
+        for event in self.events:  # a restart reloads them: those its last save preceded
+            if event["rebase_round"] == t and not (replaying and "new_edges" in event):
+                event.update(epoch=self.epoch, new_edges=[[self._name(a), self._name(b)]
+                                                          for a, b in recon.new_edges],
+                             cap=driver.iterations)
+        log.warning("%s re-based at round %d: the model is now %s%s",
+                    self.session.assignment.name, t, optimum_of(recon.remaining),
+                    "".join(f"; new neighbour {n}" for n in joined))
+        return joined
+
+    def _remask(self, gone: list[int]) -> None:
+        if isinstance(self.masks, (FadingMask, RefreshedMask)):
+            self.masks = reseeded(self.masks, drop_seeds(self.masks.seeds, gone))
+        elif self.terms is not None and isinstance(self.masks, FixedMask):
+            self.masks = self.terms.dropped(self.masks, gone)
+
+    def _refresh(self, driver: RoundDriver) -> None:
+        driver.context = dataclasses.replace(
+            driver.context, weights=dict(self.weights),
+            oracle=self.session.problem.objective(self.me, self.masks))
+
+    def _reason(self, name: str) -> str:
+        d = next(d for d in self.decided if self.names.get(d.agent) == name)
+        return (f"{name} was declared gone at round {d.round} by the coordinator (silent past "
+                "the departure deadline); it cannot come back to this run")
+
+    def _name(self, j: int) -> str:
+        return self.names.get(j, f"agent{j + 1}")
+
+    def to_json(self) -> dict[str, Any] | None:
+        """What the records say (None when nobody left): agent/departure/ending.py's
+        `records`."""
+        return records(self)
