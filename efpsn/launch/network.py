@@ -384,14 +384,26 @@ def _summarise(config: RunConfig, build: ProblemBuild, folder: Path, names: list
         summary.update(departures)
         last = f"{last}; {_departures_line(departures)}"
     write_json(folder / "summary.json", summary)
+    picture = _picture(folder)
     for line in summary["problems"]:
         print(f"efpsn up: {line}", file=sys.stderr)
     print("final: " + (format_reports(summary["final"], public_test=test is not None)
                        if config.data == LOCAL_DATA else format_metrics(summary["final"])))
-    print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}")
+    print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}; "
+          f"{picture}")
     print(summary["privacy"]["line"])
     print(last)  # the last line: converged, or what to change (and who left)
     return summary
+
+
+def _picture(folder: Path) -> str:
+    """Draw the run (efpsn/report/picture.py); what to print about it."""
+    try:
+        from efpsn.report.picture import write_picture
+
+        return f"picture {write_picture(folder)}"
+    except ImportError as exc:  # matplotlib is the `plots` extra (scripts/setup.sh has it)
+        return f"no picture ({exc.name or 'matplotlib'} missing: pip install 'efpsn[plots]')"
 
 
 def _departures_record(folder: Path, names: list[str]) -> dict[str, Any] | None:
