@@ -72,7 +72,8 @@ def _title(curves: Curves) -> str:
     unfinished = [a.name for a in curves.agents if not a.finished]
     head = f"{len(curves.agents)} agents" + (f" ({what})" if what else "")
     if unfinished:
-        head += f"; {', '.join(unfinished)} to their last checkpoints (not finished)"
+        head += (f"; {', '.join(unfinished)} (not finished): to "
+                 f"{'its last checkpoint' if len(unfinished) == 1 else 'their last checkpoints'}")
     if curves.run_id:
         head = f"run {curves.run_id}: {head}"
     line = curves.convergence or ""
