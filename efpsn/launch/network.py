@@ -20,6 +20,7 @@ from efpsn.launch.deaths import DeathWatch
 from efpsn.launch.failures import diagnose, failure_file
 from efpsn.launch.forking import ForkServer, can_fork_agents
 from efpsn.launch.placement import DEFAULT_PLACEMENT, assign_cpus, cpus_env, launcher_cpus
+from efpsn.launch.ports import agent_ports
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
 from efpsn.launch.record import default_results, saved_states, write_network_record
 from efpsn.launch.summary import (
@@ -152,7 +153,10 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
         children.append(coordinator)
         # The agents start with the coordinator, not after it: each reads the coordinator's
         # port from its port file once its own imports (torch) are done.
-        agent_argv = {name: ["agent", "--name", name, "--listen", f"{host}:0",
+        # a fresh agent gets a port below the ephemeral range; a resumed one rebinds its own
+        ports = {**agent_ports(host, [n for n in names if n not in stopped_run]),
+                 **dict.fromkeys(stopped_run, 0)}
+        agent_argv = {name: ["agent", "--name", name, "--listen", f"{host}:{ports[name]}",
                              "--coordinator", f"{host}:0",
                              "--coordinator-port-file", str(coordinator.port_file),
                              "--results", str(folder),
