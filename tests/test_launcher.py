@@ -147,7 +147,9 @@ def test_agent_dying_mid_run_stops_the_network_with_its_log(tmp_path: Path) -> N
     said = [line for line in out.stderr.replace("\r", "\n").splitlines()
             if line.startswith("efpsn up: agent3")]
     assert len(said) == 1 and re.fullmatch(
-        r"efpsn up: agent3 \(pid \d+\) was killed by SIGKILL at round \d; departures are off "
+        # the round as last polled: agent3 dies at round 2, often before a poll saw phase II
+        r"efpsn up: agent3 \(pid \d+\) was killed by SIGKILL (at round [0-2]|before it "
+        r"reported phase I or II); departures are off "
         r"\(--departure-deadline 0\): the run stops, every other process is stopped",
         said[0]), out.stderr[-3000:]
     error = out.stderr[out.stderr.index("efpsn: error: "):]

@@ -70,10 +70,10 @@ def test_the_dead_agents_line_says_what_the_others_do() -> None:
         "gone")
     assert death_line("agent2", 7, Ending(signal=None, code=1), _status(phase=Phase.KEYS),
                       deadline=0.0) == (
-        "agent2 (pid 7) exited with code 1 in phase I; departures are off "
+        "agent2 (pid 7) exited with code 1, last seen in phase I; departures are off "
         "(--departure-deadline 0): the run stops, every other process is stopped")
-    assert "before it reported its progress" in death_line("agent2", 7, killed, None,
-                                                           deadline=3.0)
+    assert "killed by SIGKILL before it reported phase I or II;" in death_line(
+        "agent2", 7, killed, None, deadline=3.0)
 
 
 @pytest.mark.process

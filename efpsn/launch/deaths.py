@@ -50,15 +50,16 @@ def how_it_ended(pid: int) -> Ending | None:
 
 
 def _when(status: AgentStatus | None) -> str:
-    if status is None:
-        return "before it reported its progress"
+    """When it died, as far as the last poll (at most half a second old) tells."""
+    if status is None or status.phase == Phase.PHASE_UNSPECIFIED:
+        return "before it reported phase I or II"
     if status.phase == Phase.OPTIMIZE:
         return f"at round {status.round}"
     if status.phase in (Phase.KEYS, Phase.SHARES):
-        return "in phase I"
+        return "last seen in phase I"
     if status.phase == Phase.STATS:
-        return "in the secure sum of column statistics"
-    return "while starting" if status.phase == Phase.PHASE_UNSPECIFIED else "after its run"
+        return "last seen in the secure sum of column statistics"
+    return "after its run"
 
 
 def death_line(name: str, pid: int, ending: Ending, status: AgentStatus | None, *,
@@ -66,7 +67,8 @@ def death_line(name: str, pid: int, ending: Ending, status: AgentStatus | None, 
     """`agent2 (pid N) was killed by SIGKILL at round R; ...` and what happens next: with
     departures (deadline > 0) its neighbours wait for it that long, then the coordinator decides
     whether it left for good and the others go on without it; without, the run stops."""
-    head = f"{name} (pid {pid}) {ending.words()} {_when(status)}"
+    when = _when(status)
+    head = f"{name} (pid {pid}) {ending.words()}{',' if when.startswith('last') else ''} {when}"
     if deadline is None or deadline <= 0:
         return (f"{head}; departures are off (--departure-deadline 0): the run stops, every "
                 "other process is stopped")
