@@ -32,6 +32,7 @@ def _folder(root: Path) -> Path:
     for k in (1, 2):
         history = [{"round": 0, "loss": 2.3, "accuracy": 0.1}] + [
             _record(t, k) for t in range(100, 401, 100)]
+        history[3]["departed"] = "agent3"  # a record may carry words beside its numbers
         (root / f"agent{k}").mkdir(parents=True)
         (root / f"agent{k}" / "result.json").write_text(json.dumps({
             "settings": SETTINGS, "run_id": "r-1", "name": f"agent{k}", "history": history,

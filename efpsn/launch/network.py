@@ -408,6 +408,8 @@ def _picture(folder: Path) -> str:
         return f"picture {write_picture(folder)}"
     except ImportError as exc:  # matplotlib is the `plots` extra (scripts/setup.sh has it)
         return f"no picture ({exc.name or 'matplotlib'} missing: pip install 'efpsn[plots]')"
+    except Exception as exc:  # noqa: BLE001 - the run is done; its picture must not undo it
+        return f"no picture ({type(exc).__name__}: {exc}; efpsn report {folder} tries again)"
 
 
 def _departures_record(folder: Path, names: list[str]) -> dict[str, Any] | None:

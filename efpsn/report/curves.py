@@ -183,7 +183,9 @@ def certificate_curve(curves: Curves) -> tuple[list[int], list[float], str | Non
     for agent in curves.agents:
         for h in agent.history:
             if "round" in h and ("tracker" in h or "gap" in h):
-                by_round.setdefault(int(h["round"]), []).append(h)
+                numbers = {k: float(v) for k, v in h.items()
+                           if isinstance(v, int | float) and not isinstance(v, bool)}
+                by_round.setdefault(int(h["round"]), []).append(numbers)
     rounds, bounds = [], []
     for t in sorted(by_round):
         records = by_round[t]
