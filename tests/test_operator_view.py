@@ -235,9 +235,13 @@ def test_a_stopped_run_says_how_to_resume_and_resumes(tmp_path: Path) -> None:
            "agents resume it from their last checkpoints" in again.stdout, again.stdout
     resumed = re.search(r"efpsn up: resuming from round (\d+)", again.stderr)
     assert resumed and int(resumed.group(1)) >= 100, again.stderr[-3000:]
-    result = json.loads((results / "agent1" / "result.json").read_text())
-    assert result["resumed_from_round"] == int(resumed.group(1))
-    assert result["final"]["round"] == 1000
+    # each agent from its own newest checkpoint (they may differ by one interval): the line
+    # names the earliest it has seen
+    for name in AGENTS:
+        result = json.loads((results / name / "result.json").read_text())
+        start = result["resumed_from_round"]
+        assert start >= int(resumed.group(1)) and start % 50 == 0, (name, start)
+        assert result["final"]["round"] == 1000
     # the picture of the run, written at its end, and `efpsn report` for it again
     picture = results / "training.png"
     assert f"picture {picture}" in again.stdout and picture.stat().st_size > 20_000
