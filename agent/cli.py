@@ -44,6 +44,9 @@ def _coordinator_address(args: argparse.Namespace) -> str:
 
 def _agent(args: argparse.Namespace) -> int:
     hold_to_launcher()  # started by `efpsn up`: stop when it is gone, even killed -9
+    from efpsn.process.title import set_title
+
+    set_title(args.name, str(args.results))  # `efpsn agent2 RESULTS` in ps, forked or not
     from agent.node import AgentNode
     from agent.options import AgentOptions
 

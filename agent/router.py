@@ -176,6 +176,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                              f"claims to come from {_short(claimed)}")
         s = self._assigned()
         self._may_send(s, frozenset({claimed}), certificate=False)
+        self.status.hear(claimed)  # the one place a neighbour's last message time is kept
         return s
 
     def _assigned(self) -> Session:
@@ -371,6 +372,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if s is not None and (names is None or names & s.neighbour_names):
             # whom it waits for (messages, acknowledgements): lets neighbours name a stall
             reply.waiting_for.extend(sorted(self._waiting()))
+        if s is not None:
+            self._progress(reply, s, party=names is None or bool(
+                names & (s.admitted_names | s.departed.keys() | set(s.assignment.members)))
+                or self._is_operator(context))
         if not self._is_operator(context):
             return reply  # liveness only: loss and accuracy are values of this agent's f_i
         reply.run_id = s.run_id if s else ""
@@ -379,6 +384,20 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if self.phase_two.resumed_from is not None:
             reply.resumed_from_round = self.phase_two.resumed_from
         return reply
+
+    def _progress(self, reply: agent_pb2.AgentStatus, s: Session, *, party: bool) -> None:
+        """The run's progress as this agent sees it: counts for everyone; for the run's parties
+        (`party`) also the neighbours' names, addresses and when each was last heard, and who
+        left. Names and times only, nothing of this agent's data."""
+        ledger = self.phase_two.ledger
+        reply.last_round = ledger.last if ledger is not None else 0
+        reply.neighbour_count, reply.departed_count = len(s.addresses), len(s.departed)
+        if not party:
+            return
+        reply.neighbours.extend(agent_pb2.NeighbourView(
+            name=n, address=a, heard_seconds_ago=self.status.heard_ago(n))
+            for n, a in sorted(s.addresses.items()))
+        reply.departed.extend(sorted(s.departed))
 
     def _is_operator(self, context: grpc.aio.ServicerContext) -> bool:
         """Under mutual TLS only the operator's certificate (--operator-name, default this

@@ -200,7 +200,7 @@ class Registry:
                 out[name] = Assignment(
                     run_id=self.run_id, index=i, name=name, neighbours=peers,
                     self_weight=float(self.weights[i, i]),
-                    num_agents=self.config.agents,
+                    num_agents=self.config.agents, members=tuple(names),
                 )
             self._assignments = out
         return self._assignments

@@ -243,6 +243,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         status.run_id = self.registry.run_id
         status.names.extend(names)
         status.rejections.update(self.rejections.counts)
+        status.addresses.update(self.registry.addresses)  # where `efpsn status` asks each agent
+        if self.board is not None:
+            status.departed.extend(self.board.names[d.agent] for d in self.board.decided)
         return status
 
 

@@ -110,6 +110,10 @@ def test_healthcheck_exit_codes(tmp_path: Path, processes: Processes) -> None:
     assert (ok.returncode, ok.stdout, ok.stderr) == (0, f"{plain_at}: SERVING\n", "")
     ok = healthcheck(secure_at, "--tls-dir", str(tls_dir), "--tls-name", "coordinator")
     assert (ok.returncode, ok.stdout) == (0, f"{secure_at}: SERVING\n")
+    # another party's own certificate checks it too, naming the server it expects
+    ok = healthcheck(secure_at, "--tls-dir", str(tls_dir), "--tls-name", "agent1",
+                     "--server-name", "coordinator")
+    assert (ok.returncode, ok.stdout) == (0, f"{secure_at}: SERVING\n")
     assert healthcheck(plain_at, "--quiet").stdout == ""
 
     # 1: anything else, on stderr

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,8 @@ def test_forked_agents_have_their_logs_exit_codes_sessions_and_environment(
     # prepare: one agent that prints its help on a terminal of 200 columns (its own variable),
     # one without its flags, one that waits (for a coordinator port file nobody writes)
     waiting = ["agent", "--name", "agent3", "--coordinator", "127.0.0.1:0",
-               "--coordinator-port-file", str(tmp_path / "never"), "--insecure"]
+               "--coordinator-port-file", str(tmp_path / "never"), "--insecure",
+               "--results", str(tmp_path)]
     # execute
     with ForkServer(tmp_path) as server:
         helped = server.spawn("agent1", ["agent", "--help"], tmp_path, env={"COLUMNS": "200"})
@@ -44,7 +46,14 @@ def test_forked_agents_have_their_logs_exit_codes_sessions_and_environment(
         assert refused.port_file == tmp_path / "ports" / "agent2"
         pid = waiter.process.pid
         assert os.getsid(pid) == pid  # its own session: the launcher's Ctrl-C is not its
-        assert str(tmp_path).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        # titled by its name and its run's folder, as `ps` shows it (forked: no command line
+        # of its own otherwise)
+        title = Path(f"/proc/{pid}/cmdline").read_bytes()
+        deadline = time.monotonic() + 60
+        while not title.startswith(b"efpsn agent3 ") and time.monotonic() < deadline:
+            time.sleep(0.05)
+            title = Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert title.rstrip(b"\0") == f"efpsn agent3 {tmp_path}".encode(), title
         assert waiter.process.poll() is None
     finally:
         stop_children([helped, refused, waiter], grace=10.0)

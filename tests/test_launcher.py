@@ -82,8 +82,9 @@ def test_up_writes_a_default_results_folder_and_prints_its_metrics(tmp_path: Pat
     summary = json.loads((tmp_path / folder / "summary.json").read_text())
     assert summary["ok"] is True and summary["problems"] == []
     assert lines[1] == "final: " + format_metrics(summary["final"])  # printed = written
-    assert re.fullmatch(rf"wall time [\d.]+s; summary in {re.escape(str(folder / 'summary.json'))}",
-                        lines[2]), lines[2]
+    assert re.fullmatch(rf"wall time [\d.]+s; summary in {re.escape(str(folder / 'summary.json'))}"
+                        rf"; picture {re.escape(str(folder / 'training.png'))}", lines[2]), lines[2]
+    assert (tmp_path / folder / "training.png").stat().st_size > 20_000  # the run's picture
     # what the run protects, then the last line: the convergence certificate, after 4 rounds
     # not converged, with advice
     assert lines[3] == summary["privacy"]["line"] and lines[3].startswith("privacy: "), lines
@@ -141,10 +142,20 @@ def test_agent_dying_mid_run_stops_the_network_with_its_log(tmp_path: Path) -> N
               "0", *FAST),
         env=env, check=False, capture_output=True, text=True, timeout=280,
     )
-    # assert: one error naming agent3 and its exit, the others stopped by the launcher
+    # assert: agent3 named at once, with what follows; then one error naming agent3 and its
+    # exit, the others stopped by the launcher
     assert out.returncode == 2, out.stderr[-3000:]
-    assert out.stderr.startswith("efpsn: error: agent3: exited with code -9 without recording "
-                                 "why"), out.stderr[-3000:]
+    said = [line for line in out.stderr.replace("\r", "\n").splitlines()
+            if line.startswith("efpsn up: agent3")]
+    assert len(said) == 1 and re.fullmatch(
+        # the round as last polled: agent3 dies at round 2, often before a poll saw phase II
+        r"efpsn up: agent3 \(pid \d+\) was killed by SIGKILL (at round [0-2]|before it "
+        r"reported phase I or II); departures are off "
+        r"\(--departure-deadline 0\): the run stops, every other process is stopped",
+        said[0]), out.stderr[-3000:]
+    error = out.stderr[out.stderr.index("efpsn: error: "):]
+    assert error.startswith("efpsn: error: agent3: exited with code -9 without recording "
+                            "why"), out.stderr[-3000:]
     assert "agent3 is agent index 2" in out.stderr  # the tail of agent3's log comes with it
     assert leftovers(str(tmp_path)) == ""
     for name in ("agent1", "agent2", "agent4", "agent5"):
@@ -168,8 +179,7 @@ def test_coordinator_dying_before_assignment_fails_the_launch(tmp_path: Path) ->
         while not (tmp_path / "logs" / "agent5.log").exists():
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.005)
-        argv = f"--port-file {tmp_path / 'ports' / 'coordinator'}"
-        pid = int(leftovers(argv).split()[0])
+        pid = int(leftovers(f"efpsn coordinator {tmp_path}").split()[0])  # its process title
         os.kill(pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=240)
     finally:

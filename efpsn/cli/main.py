@@ -208,11 +208,15 @@ def build_parser() -> argparse.ArgumentParser:
     from efpsn.cli.compose import add_parser as add_compose
     from efpsn.cli.evaluate import register as register_evaluate
     from efpsn.cli.experiment import register as register_experiments
+    from efpsn.cli.report import register as register_report
+    from efpsn.cli.status import register as register_status
     from efpsn.cli.up import add_parser as add_up
 
     coordinator.cli.add_parser(sub)
     agent.cli.add_parser(sub)
     add_up(sub)
+    register_status(sub)
+    register_report(sub)
     register_certs(sub)
     add_compose(sub)
     register_experiments(sub)

@@ -6,6 +6,8 @@ import argparse
 import contextlib
 import io
 import os
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,17 +15,31 @@ from efpsn.flags.arguments import add_run_arguments, network_config
 from efpsn.flags.parser import OneLineParser, add_data_dir_arguments
 from efpsn.flags.services import add_debug_flags, add_departure_flag
 from efpsn.launch.placement import DEFAULT_PLACEMENT, PLACEMENTS
-from efpsn.process.signals import StopSignals
+from efpsn.launch.record import default_results
+from efpsn.process.signals import Stopped, StopSignals
 
-__all__ = ["add_launch_flags", "add_parser", "parse_up", "run_up"]
+__all__ = ["add_launch_flags", "add_parser", "parse_up", "resume_line", "run_up"]
 
 
 def _up(args: argparse.Namespace) -> int:
     # a failure raises NetworkFailed, whose message leads with the root cause; SIGTERM, SIGHUP
     # and SIGINT raise Stopped, once every process it started is stopped
+    given = args.results is not None
+    args.results = args.results or str(default_results())  # named in the resume line
     with StopSignals("efpsn up"):
-        summary = run_up(args)
+        try:
+            summary = run_up(args)
+        except Stopped:
+            print(resume_line(args.results, given=given), file=sys.stderr, flush=True)
+            raise
     return 0 if summary["ok"] else 1
+
+
+def resume_line(results: str, *, given: bool) -> str:
+    """How to resume a stopped `efpsn up`: its agents' checkpoints are in `results`."""
+    how = ("run the same command again" if given
+           else f"run the same command with --results {shlex.quote(results)}")
+    return f"efpsn up: to resume from the last checkpoints in {results}, {how}"
 
 
 def run_up(args: argparse.Namespace) -> dict[str, Any]:
@@ -69,7 +85,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                     "mutual TLS. Every agent reads only its own data folder. "
                                     "Ctrl-C, SIGTERM or SIGHUP stop every process it started "
                                     "(exit 128 + the signal); killed -9, its processes stop "
-                                    "by themselves.")
+                                    "by themselves. To resume a stopped or crashed run, give "
+                                    "the same command with the same --results: the agents go "
+                                    "on from their last checkpoints (every "
+                                    "--checkpoint-every rounds) and it says 'resuming from "
+                                    "round R'. `efpsn status RESULTS` shows a running one.")
     add_run_arguments(up)
     add_data_dir_arguments(up)
     add_launch_flags(up)
@@ -87,7 +107,9 @@ def add_launch_flags(parser: argparse.ArgumentParser, *, ignored: bool = False) 
     if ignored:
         up = parser.add_argument_group("efpsn up's own flags (accepted and ignored: the "
                                        "guarantee does not depend on them)")
-    up.add_argument("--results", default=None, help="results folder (default: results/run-TIME)")
+    up.add_argument("--results", default=None,
+                    help="results folder (default: results/run-TIME); a folder that holds a "
+                         "stopped run resumes it")
     up.add_argument("--host", default="127.0.0.1", help="loopback address to serve on")
     up.add_argument("--quiet", action="store_true", help="no progress bar")
     up.add_argument("--insecure", action="store_true",

@@ -8,6 +8,7 @@ import math
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,13 @@ from typing import Any
 from efpsn.data.folders import inspect_data_dir
 from efpsn.flags.names import check_flags_against_folder, check_key_policy, run_parameters_args
 from efpsn.jsonfile import write_json
+from efpsn.launch.deaths import DeathWatch
 from efpsn.launch.failures import diagnose, failure_file
 from efpsn.launch.forking import ForkServer, can_fork_agents
 from efpsn.launch.placement import DEFAULT_PLACEMENT, assign_cpus, cpus_env, launcher_cpus
+from efpsn.launch.ports import agent_ports
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
+from efpsn.launch.record import default_results, saved_states, write_network_record
 from efpsn.launch.summary import (
     ProblemBuild,
     format_metrics,
@@ -33,7 +37,7 @@ from efpsn.process.lifeline import Lifeline
 from efpsn.process.runtime import peak_rss_mb
 from efpsn.process.signals import signals_held
 from efpsn.wire.records import Phase
-from efpsn.wire.status_client import StatusPoller
+from efpsn.wire.status_client import AgentStatus, StatusPoller
 from efpsn.wire.tls import TlsConfig, generate_certificates
 
 __all__ = ["LaunchOptions", "NetworkFailed", "launch_local_network"]
@@ -118,9 +122,10 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
     # The public problem is needed only for the summary (no private data is read here): built
     # once the agents are past their start-up, which it would otherwise slow down.
     build = ProblemBuild(config, local=local_mode)
-    folder = opts.results or Path("results") / time.strftime("run-%Y%m%d-%H%M%S")
+    folder = opts.results or default_results()
     folder.mkdir(parents=True, exist_ok=True)
     names = [f"agent{i + 1}" for i in range(config.agents)]
+    stopped_run = saved_states(folder, names)  # a rerun with the same --results resumes it
     placed = dict(zip(names, assign_cpus(opts.cpu_placement, len(names), launcher_cpus()),
                       strict=True))
     run_args = run_parameters_args(config, folder) + (["--allow-insecure-keys"]
@@ -148,7 +153,10 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
         children.append(coordinator)
         # The agents start with the coordinator, not after it: each reads the coordinator's
         # port from its port file once its own imports (torch) are done.
-        agent_argv = {name: ["agent", "--name", name, "--listen", f"{host}:0",
+        # a fresh agent gets a port below the ephemeral range; a resumed one rebinds its own
+        ports = {**agent_ports(host, [n for n in names if n not in stopped_run]),
+                 **dict.fromkeys(stopped_run, 0)}
+        agent_argv = {name: ["agent", "--name", name, "--listen", f"{host}:{ports[name]}",
                              "--coordinator", f"{host}:0",
                              "--coordinator-port-file", str(coordinator.port_file),
                              "--results", str(folder),
@@ -161,12 +169,21 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
             addresses = {a.name: f"{host}:{wait_port(a, opts.start_timeout)}" for a in agents}
         except ExitedBeforeServing as exc:
             raise NetworkFailed(_explain(agents, folder, fallback=str(exc))) from None
+        write_network_record(folder, host=host, tls=not opts.insecure,
+                             coordinator=(f"{host}:{coord_port}", coordinator.process.pid),
+                             agents={a.name: (addresses[a.name], a.process.pid)
+                                     for a in agents})
         print(f"efpsn up: coordinator on {host}:{coord_port}; {config.agents} agents "
               f"({config.topology}); {'PLAINTEXT' if opts.insecure else 'mutual TLS'}; "
               f"results in {folder}", flush=True)
+        if stopped_run:
+            print(f"efpsn up: {folder} holds a stopped run ({', '.join(stopped_run)}): its "
+                  "agents resume it from their last checkpoints", flush=True)
+        deadline = (opts.departure_deadline if opts.departure_deadline is not None
+                    else config.round_timeout_seconds)
         coordinator_mb = _watch(runner, poller, agents, addresses, config, build,
                                 quiet=opts.quiet, folder=folder, coordinator=coordinator,
-                                departures=opts.departure_deadline != 0)
+                                deadline=deadline)
         test, column = _public_test(opts)
         gone = _departed(agents, folder)
         return _summarise(config, build, folder, [n for n in names if n not in gone],
@@ -226,50 +243,91 @@ def _explain(agents: list[Child], folder: Path, *, fallback: str) -> str:
 
 def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
            addresses: dict[str, str], config: RunConfig, build: ProblemBuild, *, quiet: bool,
-           folder: Path, coordinator: Child, departures: bool) -> float | None:
-    """Poll the agents until every one has exited; a progress bar for the person watching. A
-    failed agent stops the watch with the network's diagnosis (after the others had a moment
-    to record theirs), except, with `departures`, one that died without recording why (killed):
-    the others may finish without it (agent/departure/silence.py); at the end every agent must have
-    exited 0 or have been declared gone by the others. Returns the coordinator's peak memory
-    (MB) as last seen while it ran."""
+           folder: Path, coordinator: Child, deadline: float) -> float | None:
+    """Poll the agents until every one has exited; a progress bar for the person watching. An
+    agent that dies is named at once (efpsn/launch/deaths.py), a resume and a departure said
+    when the agents report them. A failed agent stops the watch with the network's diagnosis
+    (after the others had a moment to record theirs), except, with departures (`deadline` > 0),
+    one that died without recording why (killed): the others may finish without it
+    (agent/departure/); at the end every agent must have exited 0 or have been declared gone
+    by the others. Returns the coordinator's peak memory (MB) as last seen while it ran."""
     from tqdm import tqdm
 
     # a scale standard run's rounds are known once the agents have the totals: no total then
     bar = tqdm(total=config.iterations.count, disable=quiet, unit="round", desc="network")
+    seen: dict[str, AgentStatus] = {}
+    said = _News(lambda line: tqdm.write(f"efpsn up: {line}", file=sys.stderr))
+    with DeathWatch(agents, say=said.line, last_seen=seen, deadline=deadline) as deaths:
+        try:
+            return _poll(runner, poller, agents, addresses, config, build, bar=bar,
+                         folder=folder, coordinator=coordinator, departures=deadline != 0,
+                         seen=seen, news=said)
+        finally:
+            deaths.close()  # the launcher stops the others itself now: no more lines
+            bar.close()
+
+
+class _News:
+    """Lines for the person watching, each said once: resumes, departures, deaths."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.line = say
+        self._said: set[str] = set()
+
+    def once(self, key: str, line: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            self.line(line)
+
+    def statuses(self, statuses: dict[str, AgentStatus], folder: Path) -> None:
+        resumed = sorted({s.resumed_from_round for s in statuses.values()
+                          if s.resumed_from_round is not None})
+        if resumed:
+            self.once("resumed", f"resuming from round {resumed[0]}"
+                      + (f" (agents at rounds {', '.join(map(str, resumed))})"
+                         if len(resumed) > 1 else "") + f", the checkpoints in {folder}")
+        for name in sorted({d for s in statuses.values() for d in s.departed}):
+            self.once(f"gone {name}", f"{name} is declared gone for good: its neighbours "
+                                      "dropped it, the others go on without it")
+
+
+def _poll(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
+          addresses: dict[str, str], config: RunConfig, build: ProblemBuild, *, bar: Any,
+          folder: Path, coordinator: Child, departures: bool, seen: dict[str, AgentStatus],
+          news: _News) -> float | None:
+    """_watch's loop: `seen` gets every agent's last status, `news` what they report."""
     assigned: set[str] = set()
     # read once before the loop too: forked agents may finish a short run before it first polls
     coordinator_mb = peak_rss_mb(coordinator.process.pid) if coordinator.running else None
-    try:
-        while any(a.running for a in agents):
-            if coordinator.running:
-                coordinator_mb = peak_rss_mb(coordinator.process.pid) or coordinator_mb
-            if any(a.process.poll() not in (None, 0)
-                   and not (departures and _silent_death(a, folder)) for a in agents):
-                _settle(agents)
-                raise NetworkFailed(_explain(agents, folder, fallback="an agent failed"))
-            if coordinator.process.poll() not in (None, 0):
-                raise NetworkFailed(f"the coordinator failed (exit {coordinator.process.poll()})"
-                                    f":\n{coordinator.log_tail()}")
-            running = {a.name: addresses[a.name] for a in agents if a.running}
-            statuses = runner.run(poller.poll(running))
-            assigned |= {n for n, s in statuses.items() if s.run_id}
-            if assigned == set(addresses) and all(s.phase in (Phase.OPTIMIZE, Phase.DONE)
-                                                  for s in statuses.values()):
-                build.start()  # every agent is in phase II: start-up is over
-            if statuses:
-                bar.update(max(0, min(s.round for s in statuses.values()) - bar.n))
-                shown = _progress_figures(statuses.values())
-                if shown:
-                    bar.set_postfix(**shown)
-            time.sleep(0.5)
-        gone = _departed(agents, folder)
-        if any(a.process.returncode != 0 and a.name not in gone for a in agents):
+    while any(a.running for a in agents):
+        if coordinator.running:
+            coordinator_mb = peak_rss_mb(coordinator.process.pid) or coordinator_mb
+        if any(a.process.poll() not in (None, 0)
+               and not (departures and _silent_death(a, folder)) for a in agents):
+            _settle(agents)
             raise NetworkFailed(_explain(agents, folder, fallback="an agent failed"))
-        bar.update(max(0, (config.iterations.count or 0) - bar.n))
-        return coordinator_mb
-    finally:
-        bar.close()
+        if coordinator.process.poll() not in (None, 0):
+            raise NetworkFailed(f"the coordinator failed (exit {coordinator.process.poll()})"
+                                f":\n{coordinator.log_tail()}")
+        running = {a.name: addresses[a.name] for a in agents if a.running}
+        statuses = runner.run(poller.poll(running))
+        seen.update(statuses)
+        news.statuses(statuses, folder)
+        assigned |= {n for n, s in statuses.items() if s.run_id}
+        if assigned == set(addresses) and all(s.phase in (Phase.OPTIMIZE, Phase.DONE)
+                                              for s in statuses.values()):
+            build.start()  # every agent is in phase II: start-up is over
+        if statuses:
+            bar.update(max(0, min(s.round for s in statuses.values()) - bar.n))
+            shown = _progress_figures(statuses.values())
+            if shown:
+                bar.set_postfix(**shown)
+        time.sleep(0.5)
+    gone = _departed(agents, folder)
+    if any(a.process.returncode != 0 and a.name not in gone for a in agents):
+        raise NetworkFailed(_explain(agents, folder, fallback="an agent failed"))
+    bar.update(max(0, (config.iterations.count or 0) - bar.n))
+    return coordinator_mb
 
 
 def _silent_death(agent: Child, folder: Path) -> bool:
@@ -330,14 +388,28 @@ def _summarise(config: RunConfig, build: ProblemBuild, folder: Path, names: list
         summary.update(departures)
         last = f"{last}; {_departures_line(departures)}"
     write_json(folder / "summary.json", summary)
+    picture = _picture(folder)
     for line in summary["problems"]:
         print(f"efpsn up: {line}", file=sys.stderr)
     print("final: " + (format_reports(summary["final"], public_test=test is not None)
                        if config.data == LOCAL_DATA else format_metrics(summary["final"])))
-    print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}")
+    print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}; "
+          f"{picture}")
     print(summary["privacy"]["line"])
     print(last)  # the last line: converged, or what to change (and who left)
     return summary
+
+
+def _picture(folder: Path) -> str:
+    """Draw the run (efpsn/report/picture.py); what to print about it."""
+    try:
+        from efpsn.report.picture import write_picture
+
+        return f"picture {write_picture(folder)}"
+    except ImportError as exc:  # matplotlib is the `plots` extra (scripts/setup.sh has it)
+        return f"no picture ({exc.name or 'matplotlib'} missing: pip install 'efpsn[plots]')"
+    except Exception as exc:  # noqa: BLE001 - the run is done; its picture must not undo it
+        return f"no picture ({type(exc).__name__}: {exc}; efpsn report {folder} tries again)"
 
 
 def _departures_record(folder: Path, names: list[str]) -> dict[str, Any] | None:

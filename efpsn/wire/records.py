@@ -203,6 +203,11 @@ class Assignment:
     neighbours: tuple[Peer, ...]
     self_weight: float
     num_agents: int
+    # every party's name by index (empty from an older coordinator, or an older saved state)
+    members: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "members", tuple(self.members))  # a list, as saved in JSON
 
 
 def assignment_to_proto(assignment: Assignment) -> coordinator_pb2.Assignment:
@@ -218,6 +223,7 @@ def assignment_to_proto(assignment: Assignment) -> coordinator_pb2.Assignment:
         ],
         self_weight=assignment.self_weight,
         num_agents=assignment.num_agents,
+        members=assignment.members,
     )
 
 
@@ -232,6 +238,7 @@ def assignment_from_proto(pb: coordinator_pb2.Assignment) -> Assignment:
         neighbours=tuple(Peer(p.name, p.index, p.address, p.weight) for p in pb.neighbours),
         self_weight=pb.self_weight,
         num_agents=pb.num_agents,
+        members=tuple(pb.members),
     )
     check_assignment(assignment)
     return assignment
@@ -245,6 +252,10 @@ def check_assignment(a: Assignment) -> None:
         raise WireError(f"assignment needs a run_id and a name, got {a.run_id!r}, {a.name!r}")
     if not 0 <= a.index < a.num_agents:
         raise WireError(f"index {a.index} is out of range for {a.num_agents} agents")
+    if a.members and (len(a.members) != a.num_agents or a.members[a.index] != a.name
+                      or len(set(a.members)) != len(a.members) or not all(a.members)):
+        raise WireError(f"members must be {a.num_agents} distinct names with {a.name!r} at "
+                        f"index {a.index}, got {list(a.members)[:8]}")
     indices = [p.index for p in a.neighbours]
     if any(i == a.index for i in indices):
         raise WireError(f"agent {a.index} lists itself as a neighbour")

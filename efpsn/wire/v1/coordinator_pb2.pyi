@@ -165,27 +165,29 @@ class RunParameters(_message.Message):
     def __init__(self, agents: _Optional[int] = ..., topology: _Optional[str] = ..., task: _Optional[str] = ..., algorithm: _Optional[str] = ..., mask: _Optional[str] = ..., gamma: _Optional[float] = ..., p: _Optional[float] = ..., precision: _Optional[int] = ..., K: _Optional[int] = ..., m: _Optional[int] = ..., N: _Optional[int] = ..., selection: _Optional[str] = ..., basis_seed: _Optional[int] = ..., iterations: _Optional[int] = ..., batch_size: _Optional[int] = ..., schedule: _Optional[str] = ..., seed: _Optional[int] = ..., key_bits: _Optional[int] = ..., packed: _Optional[bool] = ..., partition: _Optional[str] = ..., data: _Optional[str] = ..., test_fraction: _Optional[float] = ..., l2: _Optional[float] = ..., eval_every: _Optional[int] = ..., round_timeout_seconds: _Optional[float] = ..., input_shape: _Optional[str] = ..., classes: _Optional[int] = ..., scale: _Optional[str] = ..., refresh: _Optional[str] = ..., clip: _Optional[float] = ..., momentum: _Optional[float] = ..., stop_every: _Optional[int] = ..., tail: _Optional[str] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("run_id", "index", "name", "neighbours", "self_weight", "num_agents")
+    __slots__ = ("run_id", "index", "name", "neighbours", "self_weight", "num_agents", "members")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
     SELF_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     NUM_AGENTS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     index: int
     name: str
     neighbours: _containers.RepeatedCompositeFieldContainer[Peer]
     self_weight: float
     num_agents: int
-    def __init__(self, run_id: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., neighbours: _Optional[_Iterable[_Union[Peer, _Mapping]]] = ..., self_weight: _Optional[float] = ..., num_agents: _Optional[int] = ...) -> None: ...
+    members: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., index: _Optional[int] = ..., name: _Optional[str] = ..., neighbours: _Optional[_Iterable[_Union[Peer, _Mapping]]] = ..., self_weight: _Optional[float] = ..., num_agents: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RunStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class RunStatus(_message.Message):
-    __slots__ = ("run_id", "registered", "expected", "names", "assigned", "rejections")
+    __slots__ = ("run_id", "registered", "expected", "names", "assigned", "rejections", "addresses", "departed")
     class RejectionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -193,16 +195,27 @@ class RunStatus(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class AddressesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_FIELD_NUMBER: _ClassVar[int]
     NAMES_FIELD_NUMBER: _ClassVar[int]
     ASSIGNED_FIELD_NUMBER: _ClassVar[int]
     REJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    DEPARTED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     registered: int
     expected: int
     names: _containers.RepeatedScalarFieldContainer[str]
     assigned: bool
     rejections: _containers.ScalarMap[str, int]
-    def __init__(self, run_id: _Optional[str] = ..., registered: _Optional[int] = ..., expected: _Optional[int] = ..., names: _Optional[_Iterable[str]] = ..., assigned: _Optional[bool] = ..., rejections: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    addresses: _containers.ScalarMap[str, str]
+    departed: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., registered: _Optional[int] = ..., expected: _Optional[int] = ..., names: _Optional[_Iterable[str]] = ..., assigned: _Optional[bool] = ..., rejections: _Optional[_Mapping[str, int]] = ..., addresses: _Optional[_Mapping[str, str]] = ..., departed: _Optional[_Iterable[str]] = ...) -> None: ...
