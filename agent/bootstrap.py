@@ -17,7 +17,7 @@ from efpsn.wire import records
 from efpsn.wire.net import Patience, call_with_retry
 from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
 
-__all__ = ["bootstrap", "registration"]
+__all__ = ["bootstrap", "join_run", "registration"]
 
 log = logging.getLogger("efpsn.agent")
 
@@ -129,3 +129,30 @@ async def bootstrap(channel: grpc.aio.Channel, *, options: AgentOptions, address
         await report_failure(stub, options=options, address=address, exc=exc)
         raise
     return prepared, await register(stub, prepared, options=options, address=address)
+
+
+async def join_run(channel: grpc.aio.Channel, *, options: AgentOptions, address: str
+                   ) -> tuple[Prepared, records.Assignment]:
+    """A party of a seat the run left empty (`efpsn agent --join`): the run's parameters, this
+    agent's data and model prepared and checked, then the join asked for (Coordinator.Join):
+    its assignment at the round it takes part from. AgentFailure, one line with the
+    coordinator's reason, when the run does not take it."""
+    stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+    config = await fetch_parameters(stub, options=options)
+    if not config.late:
+        raise AgentFailure(f"{options.name}: run at {options.coordinator} has no seat that "
+                           "joins later (--late-seats): register without --join")
+    prepared = await asyncio.to_thread(prepare, config, options)
+    request = registration(prepared, name=options.name, address=address)
+    reply = await _ask(lambda timeout: stub.Join(request, timeout=timeout), options=options,
+                       seconds=options.connect_timeout, flag="--connect-timeout",
+                       waiting=f"the coordinator at {options.coordinator} to take the join")
+    assignment = records.assignment_from_proto(reply)  # type: ignore[arg-type]
+    if assignment.name != options.name or not assignment.join_round:
+        raise AgentFailure(f"the coordinator answered {options.name}'s join with "
+                           f"{assignment.name!r}'s assignment (join round "
+                           f"{assignment.join_round})")
+    log.warning("%s joins run %s at round %d (neighbours %s)", options.name,
+                assignment.run_id, assignment.join_round,
+                ", ".join(p.name for p in assignment.neighbours))
+    return prepared, assignment

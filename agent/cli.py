@@ -65,7 +65,7 @@ def _agent(args: argparse.Namespace) -> int:
         allow_insecure_keys=args.allow_insecure_keys,
         data=Path(args.data) if args.data else None, holdout=args.holdout,
         test_data=Path(args.test_data) if args.test_data else None,
-        label_column=args.label_column, quiet=args.quiet,
+        label_column=args.label_column, quiet=args.quiet, join=args.join,
         departure_deadline=args.departure_deadline,
     )
     result = asyncio.run(until_signalled(AgentNode(options).run(), what=args.name,
@@ -96,6 +96,11 @@ def configure(agent: argparse.ArgumentParser) -> None:
                             "reason, and the other agent it blames, if any)")
     # `efpsn up`: the coordinator's port, once it is bound (--coordinator gives the host)
     agent.add_argument("--coordinator-port-file", default=None, help=argparse.SUPPRESS)
+    agent.add_argument("--join", action="store_true",
+                       help="this party's seat starts empty (the run's --late-seats): join the "
+                            "running network, from the round the coordinator decides; its "
+                            "neighbours exchange seeds with it first (restart it with the same "
+                            "command to resume)")
     agent.add_argument("--verbose", action="store_true")
     agent.add_argument("--quiet", action="store_true",
                        help="no progress line at each evaluation (round, local loss, accuracy)")

@@ -9,7 +9,9 @@ subsystem (agent/departure/) when departures are on, `NoChanges` when they are o
     on restart                        left_in_phase_one(...): the neighbours whose seeds
                                       phase I's saved result lacks
     phase II begins                   rounds(session, masks).start(driver)
-    before a round                    .before_round(t, driver): who stops, who starts
+    before a round                    .before_round(t, driver): who stops, who starts (a run
+                                      with seats that join later polls the coordinator at its
+                                      check rounds there)
     on silence                        .on_silence(t, failure, driver, link): the round's inbox
                                       after the coordinator's decision (or the run's end)
     a round saved                     .round_saved(t): work that waits for its checkpoint
@@ -17,9 +19,10 @@ subsystem (agent/departure/) when departures are on, `NoChanges` when they are o
 
 The router asks `deciding` (a caller unknown a moment ago may be a new neighbour named by a
 decision this agent has not heard yet) and hands a new edge's phase I messages to
-`new_edges`. A party joining a running network changes the membership at the same points:
-a decision names new neighbours, their edge's seeds are exchanged before the round it takes
-effect (new_edges), and everyone re-bases there (before_round).
+`new_edges`. A party joining a running network (a seat the run leaves empty) changes the
+membership at the same points: the members hear the decision at a check round (before_round),
+the ends of its new edges exchange their seeds then (new_edges), and everyone re-bases at the
+join's round (before_round); the newcomer's own pipeline starts at that round.
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ class RoundsMembership(Protocol):
 
     async def start(self, driver: RoundDriver, *, restarted: bool) -> bool: ...
 
-    def before_round(self, t: int, driver: RoundDriver) -> tuple[list[str], list[str]]: ...
+    async def before_round(self, t: int, driver: RoundDriver
+                           ) -> tuple[list[str], list[str]]: ...
 
     async def on_silence(self, t: int, failure: AgentFailure, driver: RoundDriver,
                          link: RoundLink) -> dict[int, Received] | None: ...
@@ -91,7 +95,7 @@ class Membership(Protocol):
     def deciding(self) -> bool: ...
 
     @property
-    def new_edges(self) -> Any: ...
+    def new_edges(self) -> Any: ...  # agent/departure/new_edges.py's NewEdges, or None
 
     def phase_one(self, session: Session) -> PhaseOneMembership: ...
 
@@ -140,7 +144,8 @@ class _StaticRounds:
     async def start(self, driver: RoundDriver, *, restarted: bool) -> bool:
         return False
 
-    def before_round(self, t: int, driver: RoundDriver) -> tuple[list[str], list[str]]:
+    async def before_round(self, t: int, driver: RoundDriver
+                           ) -> tuple[list[str], list[str]]:
         return [], []
 
     async def on_silence(self, t: int, failure: AgentFailure, driver: RoundDriver,
@@ -183,4 +188,9 @@ class NoChanges:
         return set()
 
     def rounds(self, session: Session, masks: MaskProvider) -> RoundsMembership:
+        if session.config.late:
+            raise AgentFailure(f"{session.assignment.name}: run {session.run_id} has seats that "
+                               f"join later ({session.config.late}), and --departure-deadline 0 "
+                               "turns membership changes off: start every agent with a "
+                               "departure deadline (the default) to take part")
         return _StaticRounds(timeout=session.config.round_timeout_seconds)

@@ -74,6 +74,9 @@ class AgentOptions:
     test_data: Path | None = None
     label_column: str = "label"
     quiet: bool = False  # no progress line per evaluation
+    # a party of a seat the run leaves empty (RunConfig.late): it asks the running network to
+    # take it in (Coordinator.Join) instead of registering before the start
+    join: bool = False
     # Phase II: seconds a neighbour may stay silent before this agent asks the coordinator
     # whether it left for good (agent/departure/silence.py). None: the run's round timeout; 0: never
     # (a silent neighbour stops this agent, exit 2 naming it).

@@ -2,6 +2,7 @@
 (agent/life.py).
 
     fresh:    bootstrap (agent/bootstrap.py) -> phase I -> (the secure sum) -> phase II -> results
+    join:     the join asked for -> its new edges' seeds -> phase II from the join's round
     restart:  each phase's saved result reloaded -> phase II from the newest checkpoint -> results
 
 Each phase (agent/phases/) owns its receive rules, its run and its files; it tells the pipeline
@@ -23,10 +24,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.bootstrap import bootstrap
+from agent.bootstrap import bootstrap, join_run
 from agent.life import Life, Stage
 from agent.membership import Membership
-from agent.options import AgentOptions
+from agent.options import AgentFailure, AgentOptions
 from agent.outbox import Outbox
 from agent.peers import Peers
 from agent.phases.phase_one import PhaseOne, PhaseOneResult
@@ -106,8 +107,12 @@ class Pipeline:
         run, to the results; the failure recorded (its life, its failure file) and raised.
         `address()`: where the neighbours reach this agent (served on `port`)."""
         try:
+            if saved is None and self.options.join:
+                return await self._join(address=address(), port=port)
             if saved is None:
                 return await self._fresh(address=address(), port=port)
+            if saved.assignment.join_round and not self.store.phase_one_saved():
+                return await self._join(address=address(), port=port, saved=saved)
             return await self._resumed(saved, address=address())
         except Exception as exc:
             self.life.fail(str(exc) or type(exc).__name__)
@@ -172,6 +177,49 @@ class Pipeline:
         self.life.standardised(session)
         return session, result
 
+    # ------------------------------------------------------------------ a join
+
+    async def _join(self, *, address: str, port: int,
+                    saved: SavedAssignment | None = None) -> dict[str, Any]:
+        """A party of a seat the run left empty: the join asked for (or, restarted before its
+        new edges' seeds were saved, the saved assignment), the seeds exchanged with its new
+        neighbours (resumed from the state folder: agent/departure/exchange_file.py), then
+        phase II from the join's round R, as the members re-base there."""
+        opts = self.options
+        edges = self.membership.new_edges
+        if edges is None:
+            raise AgentFailure(f"{opts.name}: --join needs membership changes on (a departure "
+                               "deadline, the default; not --departure-deadline 0)")
+        if saved is None:
+            prepared, assignment = await join_run(self.peers.coordinator(), options=opts,
+                                                  address=address)
+            saved = SavedAssignment(assignment=assignment, config=prepared.config,
+                                    advertise=address, port=port, finished=False)
+            self.store.save_assignment(assignment, config=prepared.config, advertise=address,
+                                       port=port)
+        else:
+            check_address(saved, name=opts.name, advertised=address)
+            prepared = await asyncio.to_thread(prepare, saved.config, opts)
+            assignment = saved.assignment
+        session = await open_session(assignment, name=opts.name, prepared=prepared)
+        r = assignment.join_round
+        partners = {p.name: p.index for p in assignment.neighbours}
+        for p in assignment.neighbours:  # the ends of its new edges: seeds first, rounds from R
+            session.unlink(p.name)
+            session.joining[p.name] = (p.index, p.address, r)
+        self.life.assign(session)
+        start = time.perf_counter()
+        result = await edges.newcomer_mask(session, partners, rebase_round=r,
+                                           number=assignment.join_epoch)
+        for name in partners:  # neighbours like the others from R on
+            session.join(name)
+        self.timings["join_seconds"] = time.perf_counter() - start
+        self.phase_one.save(result, run_id=assignment.run_id, timings=self.timings)
+        self.phase_two.open(session, resumed_from=None, position=r,
+                            last=max(assignment.join_cap, r + 1))
+        return await self._phase_two(session, saved, self._masks(session, result),
+                                     history=[], replay=set())
+
     # ------------------------------------------------------------------ a restart
 
     async def _resumed(self, saved: SavedAssignment, *, address: str) -> dict[str, Any]:
@@ -192,7 +240,7 @@ class Pipeline:
         # the state's tensors, the stop rule's window and its check round's state
         shapes = checkpoint_shapes(make_algorithm(config.algorithm).state_keys,
                                    tuple(session.problem.initial_params().shape),
-                                   stop=StopRule.for_run(config, session.problem.weights).active)
+                                   stop=StopRule.for_run(config, session.problem.member_weights).active)
         checkpoint = reload_checkpoint(self.store, name=name, run_id=session.run_id,
                                        expected=shapes)
         resumed_from = checkpoint.round if checkpoint else 0

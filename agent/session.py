@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from efpsn.algorithms import make_algorithm
 from efpsn.params.config import RunConfig
 from efpsn.problem import Problem
 from efpsn.stats.flood import ENTRY_BYTES
+from efpsn.topology import Graph, metropolis_weights
 from efpsn.wire import limits
 from efpsn.wire.records import Assignment
 
@@ -76,6 +78,13 @@ class Session:
         self.addresses[name] = address
         self.names = dict(sorted({**self.names, index: name}.items()))
 
+    def unlink(self, name: str) -> None:
+        """A neighbour this agent no longer shares an edge with (a join rewired the graph,
+        efpsn/departure/joins.py): no more round messages to or from it; it is still in the
+        run."""
+        self.addresses.pop(name, None)
+        self.names = {i: n for i, n in self.names.items() if n != name}
+
     def drop(self, name: str, *, reason: str) -> None:
         """A neighbour that left for good (agent/departure/silence.py): no more messages to or from
         it; its messages are refused with `reason`."""
@@ -99,6 +108,11 @@ async def open_session(assignment: Assignment, *, name: str, prepared: Prepared)
                            f"registration has {prepared.config.agents}")
     config = prepared.config
     problem = await asyncio.to_thread(prepared.problem_for, assignment.index)
+    if assignment.join_round:  # a party that joins: the members' graph from its join on
+        graph = Graph(config.agents, assignment.edges, name=problem.graph.name)
+        problem = dataclasses.replace(
+            problem, graph=graph, weights=metropolis_weights(graph),
+            members=tuple(i for i in range(config.agents) if graph.degree(i) > 0))
     expected = set(problem.graph.neighbours(assignment.index))
     got = {p.index for p in assignment.neighbours}
     if expected != got:

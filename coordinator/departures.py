@@ -81,8 +81,11 @@ class DepartureBoard:
 
     def __init__(self, names: Sequence[str], *, iterations: int,
                  graph: Graph | None = None,
-                 extend: Callable[[Reconfiguration, int, int], int] | None = None) -> None:
+                 extend: Callable[[Reconfiguration, int, int], int] | None = None,
+                 absent: set[int] | None = None) -> None:
         self.names = list(names)  # index order: names[i] is agent index i
+        # seats that are no part of the run yet (late ones that have not joined)
+        self.absent = set() if absent is None else set(absent)
         self.iterations = iterations  # the cap: the last round, extended by re-bases
         self.extend = extend  # (remaining graph, re-base round, cap) -> the cap from there
         self.graph = graph  # the run's graph, joined after each decision that cut it
@@ -164,8 +167,14 @@ class DepartureBoard:
         return sorted({b if a == me else a for e, a, b in self.new_edges
                        if e > epoch and me in (a, b)})
 
+    def joined(self, index: int, graph: Graph) -> None:
+        """Seat `index` joined (coordinator/joins.py): a member from now on, on `graph`."""
+        self.absent.discard(index)
+        self.graph = graph
+
     def _decide(self) -> bool:
-        live = set(self.names) - self.gone - set(self.finished)
+        live = (set(self.names) - self.gone - set(self.finished)
+                - {self.names[i] for i in self.absent})
         reporters = set(self._reports)
         silent = (set().union(*(r.silent for r in self._reports.values())) - reporters
                   - set(self.finished))
@@ -193,7 +202,7 @@ class DepartureBoard:
         self._reports.clear()
         ended = any(d.stopped is not None or d.capped is not None for d in departures)
         if self.graph is not None and not ended:  # nobody re-bases after the run ended
-            recon = reconfigure(self.graph, {d.agent for d in self.decided})
+            recon = reconfigure(self.graph, {d.agent for d in self.decided} | self.absent)
             self.graph = recon.graph
             self.new_edges.extend((self.epoch, a, b) for a, b in recon.new_edges)
             if self.extend is not None:  # the agents extend their cap at R the same way

@@ -1,7 +1,8 @@
-"""The departures one agent knows and what they change for it, round by round: the pure
-core's functions (efpsn/departure/membership.py, efpsn/departure/remask.py) applied as the
-simulator's replay applies them (efpsn/departure/replay.py), so that the network equals
-`efpsn simulate --leave`.
+"""The membership changes one agent knows and what they change for it, round by round: the
+pure core's functions (efpsn/departure/membership.py, efpsn/departure/joins.py,
+efpsn/departure/remask.py) applied as the simulator's replay applies them
+(efpsn/departure/replay.py), so that the network equals `efpsn simulate --leave` and
+`--join`.
 
 At round T each neighbour of the departed agent d (at T + 1 a neighbour that used d's round-T
 message, Departure.late) mixes with the drop-node weights and drops the mask terms it shares
@@ -9,7 +10,10 @@ with d; at the re-base round R every remaining agent takes the Metropolis weight
 without d (joined where it fell apart: the ends of a new edge exchange seeds right after the
 decision, agent/departure/new_edges.py, and add them at R), restarts its tracker from its local
 gradient and, with the stop rule, the remaining graph's rule (efpsn/optimize/stopping.py; no
-window decided at T or later counts).
+window decided at T or later counts). A join at round R (a seat the run left empty) changes
+the graph at R to the topology over the members with the newcomer: this agent drops the terms
+of the edges it loses, adds the seeds of the edges it gains (exchanged before R), takes the new
+weights and re-bases, as everyone does.
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ from typing import Any
 from agent.departure import records as saved
 from agent.departure.ending import records
 from agent.departure.fixed_terms import EdgeTerms
+from agent.departure.reports import JoinNotice
 from agent.options import AgentFailure
 from agent.session import Session
 from agent.state import StateStore
+from efpsn.departure.joins import Join, join_reconfiguration
 from efpsn.departure.last_window import CapEnd
 from efpsn.departure.membership import (
     Departure,
+    Reconfiguration,
     drop_node_weights,
     optimum_of,
     rebase,
@@ -37,6 +44,7 @@ from efpsn.masks.fading import FadingMask
 from efpsn.masks.refresh import FixedMask, MaskProvider, RefreshedMask
 from efpsn.optimize.driver import RoundDriver
 from efpsn.optimize.stopping import StopRule
+from efpsn.topology import Graph, metropolis_weights
 
 __all__ = ["LocalDepartures"]
 
@@ -66,6 +74,11 @@ class LocalDepartures:
         self.seed_record: dict[int, tuple[bytes, bytes]] = {}
         self.window: int | None = None  # who left in the stop's last window (ending.py)
         self.capped: CapEnd | None = None  # a departure too late to re-base: the run's end
+        # seats that are no part of the run (yet): isolated in the graph
+        self.absent = {i for i in range(session.config.agents)
+                       if self.graph.degree(i) == 0 and i != self.me}
+        self.joins: list[JoinNotice] = []  # the joins this agent knows, in their order
+        self.join_events: list[dict[str, Any]] = []
 
     @property
     def me(self) -> int:
@@ -90,7 +103,7 @@ class LocalDepartures:
             raise AgentFailure("a departure with the paper's fixed mask (--refresh never) needs "
                                "phase I's per-edge shares, which this agent does not hold (its "
                                "phase I ran with departures off?): agent/departure/fixed_terms.py")
-        after = reconfigure(self.graph, self.gone | {d.agent for d in new})
+        after = reconfigure(self.graph, self.gone | {d.agent for d in new} | self.absent)
         mine = sorted({b if a == self.me else a for a, b in after.new_edges if self.me in (a, b)})
         given = {index: (name, address) for name, (index, address) in (joining or {}).items()}
         if sorted(given) != mine:
@@ -125,12 +138,14 @@ class LocalDepartures:
         """What a restart needs to re-apply the departures (agent/departure/records.py)."""
         saved.save(store, run_id=self.session.run_id, decided=self.decided, epoch=self.epoch,
                    events=self.events, names=self.names, joining=self.joined_info,
-                   seeds=self.seed_record)
+                   seeds=self.seed_record, joins=list(self.joins),
+                   join_events=self.join_events)
 
     def restore(self, record: dict[str, Any], driver: RoundDriver) -> None:
-        """A restart after departures were applied: re-apply what they changed up to the
-        checkpoint's round c (the drops of rounds <= c, the re-bases before c without touching
-        the checkpoint's trackers); round c's re-base is the loop's, as before the restart."""
+        """A restart after departures or joins were applied: re-apply what they changed up to
+        the checkpoint's round c (the drops of rounds <= c, the re-bases and joins before c
+        without touching the checkpoint's trackers); round c's re-base or join is the loop's,
+        as before the restart; a join still to come waits for its round."""
         c = driver.t
         self.decided = list(record["decided"])
         self.epoch, self.events = record["epoch"], record["events"]
@@ -138,24 +153,33 @@ class LocalDepartures:
         self.joined_info = dict(record["joining"])
         self.seed_record = dict(record["seeds"])
         self.new_seeds = dict(record["seeds"])
+        self.join_events = list(record.get("join_events", []))
         for name, entry in self.joined_info.items():
             self.session.joining[name] = entry
+        for notice in record.get("joins", []):  # each checked again, in order
+            self.learn_join(notice, driver, restoring=True)
         sharing, outbox = driver.sharing, driver.outbox  # the checkpoint's stop window
-        if driver.stop is not None:
+        if driver.stop is not None and self.decided:
             driver.revise_stop(driver.stop.voided_from(min(d.round for d in self.decided)))
+        joined = {notice.round: notice for notice in self.joins}
         rounds = sorted({r for d in self.decided for r in (d.round, d.round + 1)
                          if r <= c} | {d.rebase_round for d in self.decided
-                                       if d.rebase_round < c})
+                                       if d.rebase_round < c} | {r for r in joined if r < c})
         for r in rounds:
             self._drop_at(r)
             if any(d.rebase_round == r for d in self.decided):
                 self._rebased.add(r)
                 self._rebase(r, driver, replaying=True)
+            if r in joined:
+                self._rebased.add(r)
+                self._join_at(joined[r], driver, replaying=True)
         self._refresh(driver)
         if sharing is not None and driver.stop is not None and driver.stop.window(c) is not None:
             driver.sharing, driver.outbox = sharing, outbox
-        log.warning("%s resumed with the departures %s applied up to round %d",
-                    self.session.assignment.name, ", ".join(d.label() for d in self.decided), c)
+        log.warning("%s resumed with the membership changes %s applied up to round %d",
+                    self.session.assignment.name,
+                    ", ".join([d.label() for d in self.decided]
+                              + [f"{n.name}@{n.round} joined" for n, _ in self.joins]), c)
 
     def _drop_at(self, t: int) -> list[int]:
         dropped: list[int] = []
@@ -182,11 +206,112 @@ class LocalDepartures:
         if any(d.rebase_round == t for d in self.decided) and t not in self._rebased:
             self._rebased.add(t)
             joined = self._rebase(t, driver)
+        for notice in self.joins:
+            if notice.round == t and t not in self._rebased:
+                self._rebased.add(t)
+                unlinked, linked = self._join_at(notice, driver)
+                names, joined = names + unlinked, joined + linked
         return names, joined
+
+    # ------------------------------------------------------------------ joins
+
+    def learn_join(self, notice: JoinNotice, driver: RoundDriver, *,
+                   restoring: bool = False) -> dict[str, int]:
+        """A join the coordinator decided (coordinator/joins.py), checked against the public
+        rule (the members' graph it names must be the topology over them with the newcomer,
+        from the graph this agent will have at its round) and recorded; this agent's partners
+        on the new edges, whose seeds it exchanges before the join's round (name -> index)."""
+        me, name = self.me, self.session.assignment.name
+        if notice.number != len(self.joins) + 1:
+            raise AgentFailure(f"{name}: the coordinator's join number {notice.number} is not "
+                               f"the next one ({len(self.joins) + 1})")
+        if notice.round < driver.t and not restoring:
+            raise AgentFailure(f"{name}: {notice.name} joins at round {notice.round}, which "
+                               f"this agent has passed (it is at round {driver.t})")
+        self.joins.append(notice)
+        self.names[notice.index] = notice.name
+        if restoring:  # checked when it was learned; its seeds are saved (or their exchange)
+            return {}
+        # the graph at the join's round before it: a departure being re-based comes first
+        before = (Graph(self.graph.n, self.joins[-2].edges) if len(self.joins) > 1
+                  else reconfigure(self.graph, self.gone | self.absent).graph)
+        members = [i for i in range(self.session.config.agents)
+                   if i not in self.gone and i not in self.absent
+                   and all(i != n.index for n in self.joins)]
+        members += [n.index for n in self.joins[:-1]]
+        config = self.session.config
+        recon = join_reconfiguration(before, members=sorted(members),
+                                     join=Join(agent=notice.index, round=notice.round),
+                                     topology=config.topology, seed=config.seed)
+        if recon.graph.edges != notice.edges:
+            raise AgentFailure(f"{name}: the coordinator's graph for {notice.name}'s join "
+                               f"differs from the topology over the members "
+                               f"({list(notice.edges)[:6]} against {list(recon.graph.edges)[:6]})")
+        partners = sorted({b if a == me else a for a, b in recon.new_edges if me in (a, b)})
+        out: dict[str, int] = {}
+        for j in partners:
+            who, address = notice.ends.get(j, ("", ""))
+            if not who or not address:
+                raise AgentFailure(f"{name}: the coordinator named no address for agent "
+                                   f"{j + 1}, an end of a new edge of {notice.name}'s join")
+            self.names[j] = who
+            self.session.joining[who] = (j, address, notice.round)
+            self.joined_info[who] = (j, address, notice.round)
+            out[who] = j
+        log.warning("%s: %s joins at round %d%s", name, notice.name, notice.round,
+                    "".join(f"; new neighbour {n}" for n in out))
+        return out
+
+    def _join_at(self, notice: JoinNotice, driver: RoundDriver, *,
+                 replaying: bool = False) -> tuple[list[str], list[str]]:
+        """Round R of a join: the new graph's weights, this agent's edges rewired (the lost
+        ones' terms dropped, the new ones' seeds added), the trackers re-based, the new
+        graph's stop rule; the neighbours it stops and starts exchanging with."""
+        me = self.me
+        self.absent.discard(notice.index)
+        target = Graph(self.graph.n, notice.edges, name=self.graph.name)
+        old, new_set = set(self.graph.edges), set(target.edges)
+        recon = Reconfiguration(
+            graph=target, departed=tuple(sorted(self.gone | self.absent)),
+            dropped_edges=tuple(sorted(old - new_set)), new_edges=tuple(sorted(new_set - old)),
+            weights=metropolis_weights(target))
+        self.graph = target
+        self.weights = recon.agent_weights(me)
+        lost = sorted({b if a == me else a for a, b in recon.dropped_edges if me in (a, b)})
+        new = sorted({b if a == me else a for a, b in recon.new_edges if me in (a, b)})
+        if isinstance(self.masks, (FadingMask, RefreshedMask)):
+            self.masks = reseeded(self.masks, add_seeds(
+                drop_seeds(self.masks.seeds, lost), {j: self.new_seeds.pop(j) for j in new}))
+        elif self.terms is not None and isinstance(self.masks, FixedMask):
+            self.masks = self.terms.joined(self.terms.dropped(self.masks, lost), new)
+        unlinked = [self._name(j) for j in lost]
+        linked = [self._name(j) for j in new]
+        for n in unlinked:
+            self.session.unlink(n)
+        for n in linked:
+            self.session.join(n)
+        self._refresh(driver)
+        if not replaying:  # a restart's checkpoint after R holds the re-based trackers
+            driver.state = rebase(driver.state)
+            driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
+        stop = StopRule.rebased(self.session.config, recon.remaining_weights(),
+                                origin=notice.round, until=None, cap=driver.iterations)
+        if stop.active:  # the cap extended by the new graph's step rule
+            driver.iterations = stop.cap
+        driver.revise_stop(stop)
+        if not any(e["agent"] == notice.name for e in self.join_events):
+            self.join_events.append(join_event(notice, recon, self._name, cap=driver.iterations))
+        log.warning("%s: %s joined at round %d: the model is now %s%s%s",
+                    self.session.assignment.name, notice.name, notice.round,
+                    optimum_of(recon.remaining),
+                    "".join(f"; new neighbour {n}" for n in linked),
+                    "".join(f"; no longer a neighbour: {n}" for n in unlinked))
+        return unlinked, linked
 
     def _rebase(self, t: int, driver: RoundDriver, *, replaying: bool = False) -> list[str]:
         # those gone by round t, as the replay has them (a restart knows later ones too)
-        recon = reconfigure(self.graph, {d.agent for d in self.decided if d.round <= t})
+        recon = reconfigure(self.graph, {d.agent for d in self.decided if d.round <= t}
+                            | self.absent)
         self.graph = recon.graph
         self.weights = recon.agent_weights(self.me)
         new = sorted({b if a == self.me else a for a, b in recon.new_edges if self.me in (a, b)})
@@ -243,3 +368,12 @@ class LocalDepartures:
         """What the records say (None when nobody left): agent/departure/ending.py's
         `records`."""
         return records(self)
+
+
+def join_event(notice: JoinNotice, recon: Reconfiguration, name: Any, *, cap: int
+               ) -> dict[str, Any]:
+    """A join as the records name it (the simulator's replay writes the same)."""
+    return {"agent": notice.name, "round": notice.round, "epoch": notice.number,
+            "neighbours": [name(j) for j in recon.graph.neighbours(notice.index)],
+            "new_edges": [[name(a), name(b)] for a, b in recon.new_edges],
+            "dropped_edges": [[name(a), name(b)] for a, b in recon.dropped_edges], "cap": cap}

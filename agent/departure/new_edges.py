@@ -29,6 +29,7 @@ import numpy as np
 
 from agent.concurrency import all_or_first_error
 from agent.departure.exchange_file import ExchangeState
+from agent.departure.fixed_terms import EdgeTerms
 from agent.mailbox import Interrupted, Mailbox, NeighbourTimeout
 from agent.options import AgentFailure, NotReady
 from agent.peers import Peers
@@ -36,10 +37,12 @@ from agent.phases.shares import ShareCheck, shares_packed
 from agent.session import Session
 from agent.state import EXCHANGE, StateStore
 from efpsn.crypto import paillier
-from efpsn.departure.remask import rejoin_generator
+from efpsn.departure.joins import seed_epoch
+from efpsn.departure.remask import add_seeds, rejoin_generator
 from efpsn.ledger import Judgement, PhaseOneLedger, Verdict
+from efpsn.masks.refresh import FixedMask
 from efpsn.masks.seeds import EdgeSeeds, SeedExchange, draw_seeds
-from efpsn.masks.zero_sum import Masker
+from efpsn.masks.zero_sum import MaskCoefficients, Masker
 from efpsn.wire import serde
 from efpsn.wire.records import Phase
 
@@ -244,6 +247,27 @@ class NewEdges:
                                       fixed=True)
         assert isinstance(masker, Masker)
         return masker
+
+    async def newcomer_mask(self, session: Session, partners: Mapping[str, int], *,
+                            rebase_round: int, number: int) -> EdgeSeeds | MaskCoefficients:
+        """A party that joins (efpsn/departure/joins.py): the seeds of its new edges, its whole
+        phase I (with the paper's fixed mask, the mask their shares make), exchanged for its
+        join's `number`; the exchange's state goes once done."""
+        epoch = seed_epoch(number)
+        if session.config.refresh.refreshed:
+            pairs = await self.exchange(session, partners, rebase_round=rebase_round,
+                                        epoch=epoch)
+            result: EdgeSeeds | MaskCoefficients = add_seeds(
+                EdgeSeeds(agent=session.index, sent=(), received=()), pairs)
+        else:
+            terms = EdgeTerms(None)
+            terms.add(await self.exchange_shares(session, partners, rebase_round=rebase_round,
+                                                 epoch=epoch))
+            zero = MaskCoefficients((0,) * session.problem.N,
+                                    session.problem.noise_spec.precision)
+            result = terms.joined(FixedMask(zero), partners.values()).mask
+        self.done()
+        return result
 
     async def _exchange(self, session: Session, joiners: Mapping[str, int], *,
                         rebase_round: int, epoch: int,

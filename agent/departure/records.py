@@ -18,8 +18,10 @@ messages again.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from agent.departure.reports import JoinNotice
 from agent.state import DEPARTURES, StateStore
 from efpsn.departure.membership import Departure
 
@@ -31,10 +33,17 @@ FORMAT = 1
 def save(store: StateStore, *, run_id: str, decided: list[Departure], epoch: int,
          events: list[dict[str, Any]], names: dict[int, str],
          joining: dict[str, tuple[int, str, int]],
-         seeds: dict[int, tuple[bytes, bytes]], adopted: bool = True) -> None:
+         seeds: dict[int, tuple[bytes, bytes]], adopted: bool = True,
+         joins: list[JoinNotice] | None = None, join_events: list[dict[str, Any]] | None = None,
+         ) -> None:
     """`adopted` False: decisions taken in phase I, saved before phase I's result (so that a
-    restart knows them), not yet adopted by phase II (agent/departure/phase_one.py)."""
+    restart knows them), not yet adopted by phase II (agent/departure/phase_one.py). `joins`:
+    the joins this agent knows (coordinator/joins.py), in their order."""
     store.save_record(DEPARTURES, {
+        "joins": [{**dataclasses.asdict(j), "edges": [list(e) for e in j.edges],
+                   "ends": {str(i): list(e) for i, e in j.ends.items()}}
+                  for j in joins or []],
+        "join_events": list(join_events or []),
         "format": FORMAT, "run_id": run_id, "epoch": epoch, "events": events,
         "adopted": adopted,
         "decided": [[d.agent, d.round, d.rebase_round, list(d.late), d.phase_one]
@@ -65,6 +74,15 @@ def load(store: StateStore, *, run_id: str) -> dict[str, Any] | None:
                         for n, (j, address, r) in payload["joining"].items()},
             "seeds": {int(j): (bytes.fromhex(a), bytes.fromhex(b))
                       for j, (a, b) in payload["seeds"].items()},
+            "joins": [JoinNotice(name=str(j["name"]), index=int(j["index"]),
+                                 round=int(j["round"]), address=str(j["address"]),
+                                 number=int(j["number"]),
+                                 edges=tuple((int(a), int(b)) for a, b in j["edges"]),
+                                 cap=int(j["cap"]),
+                                 ends={int(i): (str(n), str(a))
+                                       for i, (n, a) in j["ends"].items()})
+                      for j in payload.get("joins", [])],
+            "join_events": list(payload.get("join_events", [])),
         }
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path} is damaged: {exc}") from None

@@ -1,10 +1,12 @@
 """What the departure subsystem tells the coordinator and hears from it: a report of silent
 neighbours and the decision that answers it (coordinator/departures.py decides, the same for
-every agent), and that an agent finished. Only names and round numbers go to the coordinator."""
+every agent), that an agent finished, and the polls of a run with seats that join later
+(coordinator/joins.py). Only names and round numbers go to the coordinator."""
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import grpc
 
@@ -13,7 +15,7 @@ from agent.session import Session
 from efpsn.departure.membership import Departure
 from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
 
-__all__ = ["report_finished", "report_silence"]
+__all__ = ["JoinNotice", "poll_membership", "report_finished", "report_silence"]
 
 log = logging.getLogger("efpsn.agent")
 
@@ -83,3 +85,56 @@ async def report_finished(channel: grpc.aio.Channel, *, session: Session, name: 
     except grpc.aio.AioRpcError as exc:  # e.g. a coordinator that stopped serving (--linger)
         log.info("%s could not tell the coordinator it finished at round %d: %s: %s", name,
                  round_, exc.code().name, exc.details())
+
+
+@dataclass(frozen=True)
+class JoinNotice:
+    """A join the coordinator decided (coordinator/joins.py): who, from which round, where it
+    serves, its number, the members' graph from then on and their cap before it."""
+
+    name: str
+    index: int
+    round: int
+    address: str
+    number: int
+    edges: tuple[tuple[int, int], ...]
+    cap: int
+    ends: dict[int, tuple[str, str]]  # the new edges' ends: index -> (name, address)
+
+
+async def poll_membership(channel: grpc.aio.Channel, *, session: Session, name: str,
+                          round_: int, known: int, timeout: float, finished: bool = False,
+                          ) -> list[JoinNotice]:
+    """Before stepping check round `round_` (or having ended there, `finished`): the joins
+    decided after the first `known`. AgentFailure when the coordinator does not answer: a
+    member of a run with late seats never steps a check round without the decisions."""
+    request = coordinator_pb2.MembershipPoll(run_id=session.run_id, sender=name, round=round_,
+                                             finished=finished, known=known)
+    try:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        reply = await stub.PollMembership(request, timeout=timeout)
+    except grpc.aio.AioRpcError as exc:
+        raise AgentFailure(f"{name}: the coordinator did not answer the poll of round "
+                           f"{round_} (a run whose seats join later polls it every check "
+                           f"round): {exc.code().name}: {exc.details()}") from None
+    if reply.run_id != session.run_id:
+        raise AgentFailure(f"{name}: the coordinator answered for run {reply.run_id[:64]!r}")
+    n = session.config.agents
+    notices = []
+    try:
+        for j in reply.joins:
+            edges = tuple((int(e.a), int(e.b)) for e in j.edges)
+            if (not 0 <= j.index < n or not j.name or not j.address or len(j.address) > 512
+                    or j.round < 1 or j.epoch < 1 or any(not 0 <= a < b < n for a, b in edges)):
+                raise ValueError(f"{j.name[:64]!r} (index {j.index}) at round {j.round}")
+            ends = {int(p.index): (p.name, p.address) for p in j.ends}
+            if any(not 0 <= i < n or not p or not a or len(a) > 512
+                   for i, (p, a) in ends.items()):
+                raise ValueError(f"the ends of {j.name[:64]!r}'s new edges")
+            notices.append(JoinNotice(name=j.name, index=int(j.index), round=int(j.round),
+                                      address=j.address, number=int(j.epoch), edges=edges,
+                                      cap=int(j.cap), ends=ends))
+    except ValueError as exc:
+        raise AgentFailure(f"{name}: the coordinator sent a join it cannot apply: {exc}"
+                           ) from None
+    return notices

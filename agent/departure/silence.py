@@ -17,12 +17,13 @@ from agent.departure.ending import end_at_cap, end_in_window
 from agent.departure.local import LocalDepartures
 from agent.departure.new_edges import NewEdges
 from agent.departure.phase_one import Decided, PhaseOneDecision
-from agent.departure.reports import report_finished, report_silence
+from agent.departure.reports import poll_membership, report_finished, report_silence
 from agent.exchange import RoundLink
 from agent.mailbox import Mailbox
 from agent.options import AgentFailure, RefusedByNeighbour
 from agent.state import EDGE_TERMS, StateStore
 from efpsn.algorithms.base import Received
+from efpsn.departure.joins import seed_epoch
 from efpsn.masks.fading import FadingMask
 from efpsn.masks.refresh import FixedMask, RefreshedMask
 from efpsn.optimize.driver import RoundDriver
@@ -83,6 +84,12 @@ class Silence:
         """The new edges' exchange of the last decision, run once the round it was applied at
         is checkpointed (agent/phases/phase_two.py): a restart resumes there and finishes it."""
         joiners, self.unfinished = self.unfinished, {}
+        session = self.departures.session
+        for notice in self.departures.joins:  # a join's new edges: its number's seeds
+            mine = {n: j for n, j in joiners.items() if session.joining[n][2] == notice.round}
+            if mine:
+                await self._new_edges(mine, epoch=seed_epoch(notice.number))
+                joiners = {n: j for n, j in joiners.items() if n not in mine}
         if joiners:
             await self._new_edges(joiners)
 
@@ -150,6 +157,20 @@ class Silence:
             except AgentFailure as again:
                 failure = again
 
+    async def learn_joins(self, t: int, driver: RoundDriver, *, finished: bool = False) -> None:
+        """A run with seats that join later, before stepping check round t (or ended there):
+        the joins decided since the last poll, each recorded, and this agent's new edges'
+        seeds exchanged at once (the newcomer waits for them), saved before the join's round."""
+        local = self.departures
+        notices = await poll_membership(
+            self.coordinator, session=local.session, name=local.session.assignment.name,
+            round_=t, known=len(local.joins), finished=finished,
+            timeout=local.session.config.round_timeout_seconds)
+        for notice in notices:
+            partners = local.learn_join(notice, driver)
+            await self._new_edges(partners, epoch=seed_epoch(notice.number))
+            local.save(self.store)  # a restart knows the join (and its seeds)
+
     async def finished(self, driver: RoundDriver) -> None:
         """A stop on the certificate or at the cap: tell the coordinator (a departure it
         decides later, while this agent is gone home, is then the end it was:
@@ -171,18 +192,20 @@ class Silence:
         await self._new_edges(joiners)
         self.departures.save(self.store)
 
-    async def _new_edges(self, joiners: dict[str, int]) -> None:
-        """The new edges' phase I after a decision (agent/departure/new_edges.py): their seeds, or
-        with the paper's fixed mask their shares, added at the re-base round."""
+    async def _new_edges(self, joiners: dict[str, int], *, epoch: int | None = None) -> None:
+        """The new edges' phase I after a decision (agent/departure/new_edges.py): their seeds,
+        or with the paper's fixed mask their shares, added at the re-base round (`epoch`: the
+        decision's, for the seeds; a departure's by default)."""
         session, terms = self.departures.session, self.departures.terms
+        epoch = self.departures.epoch if epoch is None else epoch
         if joiners and isinstance(self.departures.masks, (FadingMask, RefreshedMask)):
             rebase_round = min(session.joining[n][2] for n in joiners)
             self.departures.add_seeds(await self.edges.exchange(
-                session, joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
+                session, joiners, rebase_round=rebase_round, epoch=epoch))
         elif joiners and terms is not None:  # the paper's protocol on the new edges
             rebase_round = min(session.joining[n][2] for n in joiners)
             terms.add(await self.edges.exchange_shares(
-                session, joiners, rebase_round=rebase_round, epoch=self.departures.epoch))
+                session, joiners, rebase_round=rebase_round, epoch=epoch))
         if terms is not None:  # what a restart needs (fixed_terms.py), saved first
             await asyncio.to_thread(terms.save, self.store, run_id=session.run_id)
         if joiners:  # the seeds in departures.json, then the exchange's state goes

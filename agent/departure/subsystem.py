@@ -33,6 +33,7 @@ from agent.peers import Peers
 from agent.session import Session
 from agent.state import StateStore
 from efpsn.algorithms.base import Received
+from efpsn.departure.joins import check_round
 from efpsn.masks.refresh import MaskProvider
 from efpsn.masks.zero_sum import Masker
 from efpsn.optimize.driver import RoundDriver
@@ -122,6 +123,8 @@ class RoundsDepartures:
         self.local = silence.departures
         self.left = left
         self.timeout = timeout
+        # a run with seats that join later: every member polls before each check round
+        self.polls = bool(self.local.session.config.late)
 
     @property
     def ended(self) -> str | None:
@@ -140,7 +143,9 @@ class RoundsDepartures:
         await self.silence.restart(driver)
         return restarted
 
-    def before_round(self, t: int, driver: RoundDriver) -> tuple[list[str], list[str]]:
+    async def before_round(self, t: int, driver: RoundDriver) -> tuple[list[str], list[str]]:
+        if self.polls and check_round(t, last=driver.iterations):  # joins (coordinator/joins.py)
+            await self.silence.learn_joins(t, driver)
         return self.local.before_round(t, driver)
 
     async def on_silence(self, t: int, failure: AgentFailure, driver: RoundDriver,
@@ -154,6 +159,8 @@ class RoundsDepartures:
         await self.silence.finish_edges()  # a new edge's exchange, once the round is saved
 
     async def finish(self, driver: RoundDriver, link: RoundLink) -> None:
+        if self.polls:  # the run takes no more joins once a member ended
+            await self.silence.learn_joins(driver.t, driver, finished=True)
         if self.ended is not None:
             await link.abandon()  # the run had ended: no neighbour needs a message of mine
             return

@@ -67,17 +67,26 @@ class PhaseTwoResult:
 
 def make_driver(session: Session, masks: MaskProvider,
                 checkpoint: Checkpoint | None) -> RoundDriver:
-    """The round driver of this agent's run, fresh or from a checkpoint."""
-    cfg, problem = session.config, session.problem
+    """The round driver of this agent's run, fresh or from a checkpoint. A party that joined
+    (Assignment.join_round R) starts at round R from the model's initial point, under the
+    members' stop rule re-based at R and its cap (efpsn/departure/joins.py), as the others
+    re-base there."""
+    cfg, problem, assignment = session.config, session.problem, session.assignment
     algorithm = make_algorithm(cfg.algorithm, momentum=cfg.momentum.value)
     schedule = make_schedule(cfg.schedule, iterations=cfg.iterations.total)
-    ctx = StepContext(agent=session.index, weights=session.weights(), lr=schedule(0),
+    start = assignment.join_round
+    ctx = StepContext(agent=session.index, weights=session.weights(), lr=schedule(start),
                       oracle=problem.objective(session.index, masks))
-    common = {"algorithm": algorithm, "context": ctx, "schedule": schedule,
-              "iterations": cfg.iterations.total, "eval_every": cfg.eval_every,
-              "stop": StopRule.for_run(cfg, problem.weights)}
+    if start:  # the stop rule of the members' graph from the join on, its cap
+        stop = StopRule.rebased(cfg, problem.member_weights, origin=start, until=None,
+                                cap=assignment.join_cap)
+        cap = stop.cap if stop.active else assignment.join_cap
+    else:
+        stop, cap = StopRule.for_run(cfg, problem.member_weights), cfg.iterations.total
+    common = {"algorithm": algorithm, "context": ctx, "schedule": schedule, "iterations": cap,
+              "eval_every": cfg.eval_every, "stop": stop}
     if checkpoint is None:
-        return RoundDriver(x0=problem.initial_params(), **common)
+        return RoundDriver(x0=problem.initial_params(), start=start, **common)
     return RoundDriver(resume_from=AgentState(t=checkpoint.round, tensors=checkpoint.tensors),
                        **common)
 
@@ -204,7 +213,7 @@ class PhaseTwo:
         first = driver.t
         while not driver.done:
             t = driver.t
-            gone, joined = membership.before_round(t, driver)  # what round t changes
+            gone, joined = await membership.before_round(t, driver)  # what round t changes
             ledger.last = max(ledger.last, driver.iterations)  # a re-base may extend the cap
             for neighbour in gone:
                 await link.drop(neighbour)

@@ -21,6 +21,10 @@ def _simulate(args: argparse.Namespace) -> int:
     from efpsn.simulator import mask_sums_are_zero, run_simulation
 
     config = config_from_args(args, resolve=False)
+    if args.join:  # the seats that join are late ones: empty at the start
+        from efpsn.departure.joins import late_for
+
+        config = config.replace(late=late_for(args.join, config))
     local = None
     if args.data_dir:
         from efpsn.data.folders import load_data_dir
@@ -48,11 +52,14 @@ def _simulate(args: argparse.Namespace) -> int:
         problem, matrices = with_degree_two(problem, noise_seed=noise)
         print(f"degree-2 mask: sum_i A_i = 0 (max |entry| {abs(sum(matrices)).max():.1e}), "
               f"||A_i|| <= {SCALE:g} L; every round of the masked step rule (no early stop)")
+    from efpsn.departure.joins import parse_join
     from efpsn.departure.membership import check_departures, parse_leave
 
     departures = check_departures([parse_leave(text, agents=problem.n) for text in args.leave],
                                   agents=problem.n)
-    gone = {d.agent for d in departures}
+    joins = [parse_join(text, agents=problem.n) for text in args.join]
+    # who is in at the end: the seats that joined, not the ones that left or never came
+    gone = {d.agent for d in departures} | (set(config.late_seats) - {j.agent for j in joins})
     x_star = None
     if config.task.logreg and not args.no_optimum:
         from efpsn.tasks.optimum import centralized_optimum
@@ -71,7 +78,7 @@ def _simulate(args: argparse.Namespace) -> int:
         result = run_simulation(
             config, protocol=args.protocol, noise_seed=args.noise_seed, problem=problem,
             x_star=x_star, allow_insecure_keys=args.allow_insecure_keys, on_round=on_round,
-            departures=departures, messages=args.messages,
+            departures=departures, joins=joins, messages=args.messages,
         )
     finally:
         bar.close()
@@ -112,10 +119,17 @@ def _simulate(args: argparse.Namespace) -> int:
         print(result.tails.get("none") or "consensus tails: after rounds "
               + ", ".join(map(str, result.tails["starts"])) + f" ({result.tails['rounds']} "
               f"rounds each, {result.tails['mixes']} mixes with {result.tails['mixing']})")
-    if result.departures is not None:
+    if result.departures is not None and result.departures["departures"]:
         from efpsn.departure.replay import departures_line
 
         print(departures_line(result.departures))
+    if result.departures is not None and result.departures.get("joins"):
+        from efpsn.departure.replay import joins_line
+
+        print(f"{joins_line(result.departures)}; the model is "
+              f"{result.departures['optimum_of']}; the members' masks sum to zero exactly: "
+              f"{result.departures['remaining_masks_sum_to_zero']} "
+              f"({result.departures['rounds_zero_sum_checked']} rounds checked)")
     if result.convergence is not None:
         print(result.convergence.line)  # the last line: converged, or what to change
     return 0
@@ -168,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "before the cap: then the run ends there, each agent at the round "
                           "it waits at); agentK@I[:R]: "
                           "it left in phase I, as a network decides it; repeatable")
+    sim.add_argument("--join", action="append", default=[], metavar="agentK@R",
+                     help="replay agent K joining the running network at round R (a seat "
+                          "empty at the start: --late-seats, implied): from R on the graph is "
+                          "the topology over the members with it, its new edges seeded, "
+                          "everyone re-based, and the run ends at the optimum of every "
+                          "member's data; repeatable")
     sim.add_argument("--messages", choices=("clear", "aggregate"), default="clear",
                      help="clear: each neighbour gets an agent's message; aggregate: secure "
                           "neighbourhood aggregation, each agent learns only the weighted sum of "

@@ -101,7 +101,8 @@ class RoundDriver:
 
     def __init__(self, *, algorithm: Algorithm, context: StepContext, schedule: StepSize,
                  iterations: int, eval_every: int, x0: torch.Tensor | None = None,
-                 resume_from: AgentState | None = None, stop: StopRule | None = None) -> None:
+                 resume_from: AgentState | None = None, stop: StopRule | None = None,
+                 start: int = 0) -> None:
         if (x0 is None) == (resume_from is None):
             raise ValueError("give x0 (a fresh start) or resume_from (a saved state), not both")
         if iterations < 1 or eval_every < 1:
@@ -135,9 +136,9 @@ class RoundDriver:
             # an outbox is the state's message tensors (true of every algorithm's step)
             self.outbox: Message = {k: resume_from[k] for k in algorithm.message_keys}
         else:
-            assert x0 is not None
-            ctx = dataclasses.replace(context, lr=schedule(0))
-            self.state, self.outbox = algorithm.init(x0, ctx)
+            assert x0 is not None  # at round `start`: 0, or the round a party joins at
+            ctx = dataclasses.replace(context, lr=schedule(start))
+            self.state, self.outbox = algorithm.init(x0, ctx, t=start)
         self._attach_stop()  # a checkpoint inside a check window resumes its integers
 
     @property

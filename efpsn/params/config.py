@@ -32,6 +32,7 @@ from efpsn.params.checks import (
     check_precision,
     check_test_fraction,
     one_of,
+    parse_late,
     positive,
 )
 from efpsn.params.model_sizes import last_bias_count, parameter_count
@@ -205,6 +206,10 @@ class RunConfig:
                                        "and the model has a certificate, never otherwise: an "
                                        "explicit --iterations N runs N rounds")
     tail: str = param("auto", choices=TAIL_MODES, check=one_of("tail", TAIL_MODES), help=TAIL_HELP)
+    late: str = param("", structural=True, flag="--late-seats",
+                      help="seats that start empty and join the running network later, "
+                           "e.g. agent5 or agent5,agent6 (each joins with `efpsn agent "
+                           "--join`; the graph is the topology over the members)")
 
     def __post_init__(self) -> None:
         for name, kind in value_types().items():  # text or the wire's scalar: parsed here, once
@@ -246,6 +251,18 @@ class RunConfig:
                              "converge. Use --refresh fading (the default: fresh noise every "
                              "round, exact) or --algorithm dsgd")
         self.basis_counts()
+        _ = self.late_seats  # a seat the run has, each once, and at least two at the start
+
+    @property
+    def late_seats(self) -> tuple[int, ...]:
+        """The seats that start empty (0-based, ascending): the run parameter `late`."""
+        return parse_late(self.late, agents=self.agents)
+
+    @property
+    def starting_members(self) -> tuple[int, ...]:
+        """The agents present when the run starts (every seat but the late ones)."""
+        late = set(self.late_seats)
+        return tuple(i for i in range(self.agents) if i not in late)
 
     def basis_counts(self, *, num_params: int | None = None,
                      last_bias: int | None = None) -> tuple[int | None, int | None]:

@@ -197,8 +197,11 @@ def _epsilon(config: RunConfig) -> tuple[float | None, str]:
 def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = True,
                       messages: str = "clear") -> PrivacyStatement:
     """The statement of a (resolved) run on its graph (`messages`: "aggregate" for secure
-    neighbourhood aggregation, efpsn/masks/aggregation.py)."""
+    neighbourhood aggregation, efpsn/masks/aggregation.py). Seats that are empty (late ones
+    not joined yet) are isolated vertices of `graph`: the statement is of its members' graph;
+    a run with seats that join later says what a join changes."""
     mode = mode_of(config)
+    members = [i for i in range(graph.n) if graph.degree(i) > 0] or list(range(graph.n))
     warnings: list[str] = []
     measured = MEASURED[mode]
     if measured.broken:
@@ -215,8 +218,10 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
         warnings.append(STANDARD_DISCLOSURE)
     if messages == "aggregate":
         warnings.append(_aggregate_warning(graph))
-    if mode != "none" and _has_tails(config, graph):
+    if mode != "none" and _has_tails(config, graph.induced(members)):
         warnings.append(TAIL_WARNING)
+    if config.late and mode != "none":
+        warnings.append(JOIN_NOTE)
     epsilon, note = _epsilon(config) if with_epsilon else (None, "not computed")
     return PrivacyStatement(
         mode=mode, name=measured.name,
@@ -226,6 +231,11 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
         source=measured.source, epsilon=epsilon, epsilon_note=note,
         warnings=tuple(warnings))
 
+
+JOIN_NOTE = ("a party that joins (--late-seats, efpsn/departure/joins.py): from the round it "
+             "joins its new neighbours see its masked iterates, as neighbours see every party's; "
+             "its mask holds only the seeds of its new edges, exchanged under Paillier then; "
+             "no statistic is recomputed (the run's feature scales are public)")
 
 TAIL_WARNING = ("consensus tails (efpsn/params/tail.py): in a tail's mixing rounds a neighbour also "
                 "learns the tracker of each agent two hops away, as that agent's own neighbours "
