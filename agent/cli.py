@@ -102,7 +102,9 @@ def configure(agent: argparse.ArgumentParser) -> None:
     data.add_argument("--data", default=None,
                       help=".npz with arrays X (samples first) and y (integer labels), .csv with "
                            "a header row, or a folder of IDX files")
-    data.add_argument("--label-column", default="label", help="label column of a .csv")
+    data.add_argument("--label-column", default=None,
+                      help="label column of a .csv (default: the run's table schema's, else "
+                           "label)")
     data.add_argument("--holdout", type=float, default=0.2,
                       help="fraction held out locally for evaluation (default 0.2; 0: none)")
     data.add_argument("--test-data", default=None,

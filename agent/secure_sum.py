@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,6 +51,7 @@ __all__ = [
 ]
 
 TOTALS_FILE = "totals.json"
+log = logging.getLogger("efpsn.agent")
 
 
 class PhaseOneDepartures(Protocol):
@@ -66,8 +68,8 @@ class PhaseOneDepartures(Protocol):
 
 
 def stats_length(session: Session) -> int:
-    """Entries of a masked statistics vector in this run: 1 + 2d."""
-    return 1 + 2 * math.prod(session.problem.task.shape)
+    """Entries of a masked statistics vector in this run: 1 + 3d (efpsn/stats/column_sums.py)."""
+    return 1 + 3 * math.prod(session.problem.task.shape)
 
 
 class StatsLedger:
@@ -197,7 +199,7 @@ async def _flood(flood: StatsFlood, base: int, senders: dict[str, int], *, peers
 def save_totals(folder: Path, totals: Totals, *, run_id: str) -> None:
     """STATE/totals.json (0600): the run's totals, written once, before phase II."""
     payload = {"run_id": run_id, "count": totals.count, "sums": [str(v) for v in totals.sums],
-               "squares": [str(v) for v in totals.squares]}
+               "squares": [str(v) for v in totals.squares], "present": list(totals.present)}
     write_private(Path(folder) / TOTALS_FILE, json.dumps(payload).encode())
 
 
@@ -212,7 +214,8 @@ def load_totals(folder: Path, *, run_id: str) -> Totals | None:
             raise StateError(f"{path} belongs to run {payload['run_id']!r}, not {run_id!r}")
         return Totals(count=int(payload["count"]),
                       sums=tuple(int(v) for v in payload["sums"]),
-                      squares=tuple(int(v) for v in payload["squares"]))
+                      squares=tuple(int(v) for v in payload["squares"]),
+                      present=tuple(int(v) for v in payload.get("present", ())))
     except (KeyError, TypeError, ValueError) as exc:
         raise StateError(f"{path} is damaged: {exc}") from None
 
@@ -223,12 +226,15 @@ def standardised_session(session: Session, prepared: Prepared, totals: Totals, *
     step rule resolved with it, exactly as the simulator does (efpsn/stats/standardise.py), and this
     agent's data standardised with the totals (its training part checked against the step
     rule's curvature bound)."""
-    if len(totals.sums) != stats_length(session) // 2:
+    if len(totals.sums) != stats_length(session) // 3:
         raise AgentFailure(f"{who}: the totals have {len(totals.sums)} columns, the run's data "
-                           f"{stats_length(session) // 2}")
+                           f"{stats_length(session) // 3}")
     config = with_count_l2(session.config, totals).resolved()
     assert prepared.local is not None
     local = standardise_local(prepared.local, totals, who=who, moment_bound=config.moment_bound)
+    if local.missing:  # this agent's own log only: the count is a statistic of its data
+        log.info("%s: filled %d empty cells of its own table with the network's column means",
+                 who, local.missing)
     task = build_task(config)
     resolved = Prepared(config=config, task=task, local=local,
                         problem=build_problem(config, local={}, task=task))

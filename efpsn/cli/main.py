@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from efpsn.flags.arguments import add_run_arguments, config_from_args
+from efpsn.flags.arguments import add_run_arguments, config_from_args, folder_of
 from efpsn.flags.parser import OneLineParser, add_data_dir_arguments, run_command
 from efpsn.jsonfile import write_json
 from efpsn.launch.summary import format_metrics
@@ -20,14 +20,15 @@ def _simulate(args: argparse.Namespace) -> int:
     from efpsn.problem import build_problem
     from efpsn.simulator import mask_sums_are_zero, run_simulation
 
-    config = config_from_args(args, resolve=False)
+    folder = folder_of(args)  # the --data-dir folder, inspected once
+    config = config_from_args(args, resolve=False, folder=folder)
     local = None
-    if args.data_dir:
+    if folder is not None:
         from efpsn.data.folders import load_data_dir
         from efpsn.stats.standardise import simulate_standardising, standardises
 
-        local = load_data_dir(config, args.data_dir, holdout=args.holdout,
-                              label_column=args.label_column)
+        local = load_data_dir(config, folder.layout, holdout=args.holdout,
+                              label_column=folder.label_column)
         if standardises(config):  # the secure sum of column statistics, after phase I
             from efpsn.departure.membership import parse_leave
 
@@ -54,7 +55,7 @@ def _simulate(args: argparse.Namespace) -> int:
                                   agents=problem.n)
     gone = {d.agent for d in departures}
     x_star = None
-    if config.task.logreg and not args.no_optimum:
+    if config.task.linear and not args.no_optimum:
         from efpsn.tasks.optimum import centralized_optimum
 
         # after departures: the optimum of the remaining parties' objective
@@ -65,7 +66,9 @@ def _simulate(args: argparse.Namespace) -> int:
     def on_round(t: int, record: dict[str, float] | None) -> None:
         bar.update(1)
         if record is not None:
-            bar.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['accuracy']:.3f}")
+            bar.set_postfix(loss=f"{record['loss']:.4f}",
+                            **{"R2" if config.task.regression else "acc":
+                               f"{record['accuracy']:.3f}"})
 
     try:
         result = run_simulation(
@@ -93,7 +96,7 @@ def _simulate(args: argparse.Namespace) -> int:
         kept = [i for i in range(problem.n) if i not in gone]
         final = {**final, **evaluate(problem, result.xs, agents=kept, x_star=centralized_optimum(
             problem.task, [s for i, s in enumerate(problem.shards) if i not in then]).x)}
-    print("final: " + format_metrics(final))
+    print("final: " + format_metrics(final, score=problem.task.score_name))
     # with departures, their line says whether the remaining masks sum to zero, round by round
     if result.departures is None and config.mask == "zero-sum":
         if config.refresh.refreshed:

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,11 +33,15 @@ DEFAULT_LABEL_COLUMN = "label"
 # apply to what neither gives (label_column: "label").
 SCHEMA_FIELDS = {
     "input_shape": 'per-sample input shape: "12", "1x28x28", 12 or [1, 28, 28]',
-    "classes": "number of classes, an integer >= 2 (labels are 0..classes-1)",
+    "classes": "number of classes, an integer >= 2 (labels are 0..classes-1), or the list of "
+               "class names (the labels of a .csv; listed, they are not learnt from the tables)",
     "scale": '"none", "unit" (divide by 255), "div:C" or "div:C1,...,Cd" (one per feature): '
              'the public feature divisors; or "standard": standardised with the network\'s '
              'column statistics (secure summation)',
     "label_column": "the label column of .csv files (default \"label\")",
+    "categories": "a .csv's category columns and their categories, {\"COLUMN\": [\"A\", \"B\"]} "
+                  "(listed, they are not learnt from the tables)",
+    "drop": "columns of the .csv files that are not features, [\"id\", \"comment\"]",
 }
 _AGENT_FOLDER = re.compile(r"agent(\d+)")
 
@@ -165,16 +170,25 @@ def split_data(*, source: str, agents: int, partition_spec: str, out: Path, seed
 
 @dataclass(frozen=True)
 class DataDirSchema:
-    """DIR/schema.json, validated: every field optional (None: not given)."""
+    """DIR/schema.json, validated: every field optional (None or empty: not given). `classes`
+    as a list is `class_names` (their count the classes)."""
 
     input_shape: str | None = None
     classes: int | None = None
     scale: str | None = None
     label_column: str | None = None
+    class_names: tuple[str, ...] = ()
+    categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    drop: tuple[str, ...] = ()
+
+    def listed_categories(self) -> dict[str, tuple[str, ...]]:
+        return dict(self.categories)
 
     def run_values(self) -> dict[str, object]:
         """The RunConfig fields it gives (input_shape, classes, scale)."""
-        return {k: v for k, v in (("input_shape", self.input_shape), ("classes", self.classes),
+        classes = self.classes if self.classes is not None else (
+            len(self.class_names) if self.class_names else None)
+        return {k: v for k, v in (("input_shape", self.input_shape), ("classes", classes),
                                   ("scale", self.scale)) if v is not None}
 
 
@@ -198,9 +212,20 @@ def _schema_field(path: Path, key: str, value: object) -> object:
             raise bad(SCHEMA_FIELDS[key]) from None
         return value
     if key == "classes":
+        if isinstance(value, list):
+            return _texts(value, bad, SCHEMA_FIELDS[key], least=2)
         if isinstance(value, bool) or not isinstance(value, int) or value < 2:
             raise bad(SCHEMA_FIELDS[key])
         return value
+    if key == "categories":
+        if not isinstance(value, dict) or not value:
+            raise bad(SCHEMA_FIELDS[key])
+        return tuple((str(k), _texts(v, bad, SCHEMA_FIELDS[key], least=1))
+                     for k, v in value.items())
+    if key == "drop":
+        if not isinstance(value, list):
+            raise bad(SCHEMA_FIELDS[key])
+        return _texts(value, bad, SCHEMA_FIELDS[key], least=0)
     if key == "scale":
         try:
             Scale.parse(value)  # type: ignore[arg-type]
@@ -210,6 +235,16 @@ def _schema_field(path: Path, key: str, value: object) -> object:
     if not isinstance(value, str) or not value.strip():
         raise bad("a non-empty column name")
     return value.strip()
+
+
+def _texts(value: object, bad: Callable[[str], ValueError], expected: str, *,
+           least: int) -> tuple[str, ...]:
+    """A list of distinct non-empty texts, at least `least` of them."""
+    if (not isinstance(value, list) or len(value) < least
+            or not all(isinstance(v, str) and v.strip() for v in value)
+            or len({v.strip() for v in value}) != len(value)):
+        raise bad(expected + "; each text once")
+    return tuple(v.strip() for v in value)
 
 
 def read_data_schema(data_dir: str | Path) -> DataDirSchema:
@@ -232,7 +267,10 @@ def read_data_schema(data_dir: str | Path) -> DataDirSchema:
         raise ValueError(f"{path}: unknown field{'s' if len(unknown) > 1 else ''} "
                          f"{', '.join(map(repr, unknown))}; expected only "
                          f"{', '.join(SCHEMA_FIELDS)}")
-    return DataDirSchema(**{k: _schema_field(path, k, v) for k, v in values.items()})
+    fields = {k: _schema_field(path, k, v) for k, v in values.items()}
+    if isinstance(fields.get("classes"), tuple):
+        fields["class_names"] = fields.pop("classes")
+    return DataDirSchema(**fields)  # type: ignore[arg-type]
 
 
 def read_schema(data_dir: Path) -> dict[str, object]:
@@ -329,13 +367,15 @@ def inspect_data_dir(data_dir: str | Path) -> DataDirLayout:
                          test=_one_file(root, "test", f"data folder {root}"), schema=schema)
 
 
-def load_data_dir(config: RunConfig, data_dir: Path, *, holdout: float = 0.2,
-                  label_column: str | None = None) -> dict[int, LocalData]:
+def load_data_dir(config: RunConfig, data_dir: str | Path | DataDirLayout, *,
+                  holdout: float = 0.2, label_column: str | None = None) -> dict[int, LocalData]:
     """Every agent's LocalData from DIR/agentK/train.npz or train.csv (agent index i reads the
     folder of the i-th sorted name, as the coordinator assigns them), with the public
-    DIR/test.npz or test.csv if present. The .csv label column: `label_column`, else
-    schema.json's, else "label". config.agents must be the folder's agent count."""
-    layout = inspect_data_dir(data_dir)
+    DIR/test.npz or test.csv if present, each read by the run's table schema (config.table)
+    when it has one. `data_dir`: the folder, or its layout as inspected once (a DataFolder's).
+    The .csv label column: the table schema's, else `label_column`, else schema.json's, else
+    "label". config.agents must be the folder's agent count."""
+    layout = data_dir if isinstance(data_dir, DataDirLayout) else inspect_data_dir(data_dir)
     if config.agents != layout.agents:
         raise ValueError(f"data folder {layout.root}: holds {layout.agents} agent folders "
                          f"(agent1..agent{layout.agents}), but the run has {config.agents} "
@@ -347,7 +387,8 @@ def load_data_dir(config: RunConfig, data_dir: Path, *, holdout: float = 0.2,
             layout.files[name], who=name, shape=parse_shape(config.input_shape),
             classes=config.classes, divisor=config.divisor, seed=config.seed,
             holdout=holdout, batch_size=config.batch_size.wire(), test_path=layout.test,
-            label_column=column,
+            label_column=column, table=config.table, regression=config.task.regression,
+            fills=config.scale.standard,
             moment_bound=None if config.scale.standard else config.moment_bound,
         )
     return out

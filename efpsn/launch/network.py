@@ -10,9 +10,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from efpsn.data.folders import inspect_data_dir
+from efpsn.data.folders import DataDirLayout, inspect_data_dir
 from efpsn.flags.names import check_flags_against_folder, check_key_policy, run_parameters_args
 from efpsn.jsonfile import write_json
 from efpsn.launch.failures import diagnose, failure_file
@@ -36,6 +36,9 @@ from efpsn.wire.records import Phase
 from efpsn.wire.status_client import StatusPoller
 from efpsn.wire.tls import TlsConfig, generate_certificates
 
+if TYPE_CHECKING:
+    from efpsn.data.inspection import DataFolder
+
 __all__ = ["LaunchOptions", "NetworkFailed", "launch_local_network"]
 
 
@@ -52,7 +55,8 @@ class LaunchOptions:
     quiet: bool = False
     insecure: bool = False
     checkpoint_every: int | None = None
-    data_dir: Path | None = None
+    data_dir: Path | None = None  # agent-local data: the folder (its layout is read here) ...
+    folder: DataFolder | None = None  # ... or the folder as the command inspected it, once
     holdout: float = 0.2
     label_column: str | None = None  # .csv label column (default: schema.json's, else label)
     start_timeout: float = 120.0
@@ -67,7 +71,7 @@ class LaunchOptions:
 
 
 def _agent_args(config: RunConfig, opts: LaunchOptions, names: list[str],
-                tls_args: list[str]) -> dict[str, list[str]]:
+                tls_args: list[str], layout: DataDirLayout | None) -> dict[str, list[str]]:
     """Each agent's own command line (its data folder, crash safety, test hooks)."""
     common = list(tls_args)
     if opts.checkpoint_every is not None:
@@ -82,9 +86,8 @@ def _agent_args(config: RunConfig, opts: LaunchOptions, names: list[str],
     if opts.allow_insecure_keys:
         common.append("--allow-insecure-keys")
     out = {name: list(common) for name in names}
-    if opts.data_dir is not None:
-        layout = inspect_data_dir(opts.data_dir)
-        column = layout.label_column(opts.label_column)
+    if layout is not None:
+        column = config.table.label_column or layout.label_column(opts.label_column)
         for name in names:
             out[name] += ["--data", str(layout.files[name]), "--holdout", repr(opts.holdout),
                           "--label-column", column]
@@ -107,10 +110,12 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
     opts = LaunchOptions(**options)
     check_key_policy(config, allow_insecure_keys=opts.allow_insecure_keys)
     local_mode = config.data == LOCAL_DATA
-    if local_mode != (opts.data_dir is not None):
+    layout = (opts.folder.layout if opts.folder is not None else
+              None if opts.data_dir is None else inspect_data_dir(opts.data_dir))
+    if local_mode != (layout is not None):
         raise ValueError("efpsn up: give --data-dir DIR for local data (and only then)")
-    if opts.data_dir is not None:  # every party's folder in the run, before anything starts
-        check_flags_against_folder({"agents": config.agents}, inspect_data_dir(opts.data_dir))
+    if layout is not None:  # every party's folder in the run, before anything starts
+        check_flags_against_folder({"agents": config.agents}, layout)
     if config.data.startswith("idx:") and not Path(config.data[4:]).is_dir():
         raise ValueError(f"data {config.data!r}: no such folder (the agents would all fail "
                          "on it)")
@@ -134,7 +139,7 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
         # status polling as each agent's operator: its own certificate (loss and accuracy are
         # shown to nobody else)
         monitor = {name: TlsConfig.from_dir(tls_dir, name) for name in names}
-    agent_args = _agent_args(config, opts, names, tls_args)
+    agent_args = _agent_args(config, opts, names, tls_args, layout)
     host = opts.host
     children: list[Child] = []
     runner = asyncio.Runner()  # one loop for the run: the poller's channels stay open
@@ -167,7 +172,7 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
         coordinator_mb = _watch(runner, poller, agents, addresses, config, build,
                                 quiet=opts.quiet, folder=folder, coordinator=coordinator,
                                 departures=opts.departure_deadline != 0)
-        test, column = _public_test(opts)
+        test, column = _public_test(config, opts, layout)
         gone = _departed(agents, folder)
         return _summarise(config, build, folder, [n for n in names if n not in gone],
                           started=started, started_at=started_at,
@@ -208,12 +213,12 @@ def _start_agents(argv: dict[str, list[str]], folder: Path, opts: LaunchOptions,
     return agents
 
 
-def _public_test(opts: LaunchOptions) -> tuple[Path | None, str]:
+def _public_test(config: RunConfig, opts: LaunchOptions,
+                 layout: DataDirLayout | None) -> tuple[Path | None, str]:
     """The public test file of the data folder (and its .csv label column), if any."""
-    if opts.data_dir is None:
+    if layout is None:
         return None, "label"
-    layout = inspect_data_dir(opts.data_dir)
-    return layout.test, layout.label_column(opts.label_column)
+    return layout.test, config.table.label_column or layout.label_column(opts.label_column)
 
 
 def _explain(agents: list[Child], folder: Path, *, fallback: str) -> str:
@@ -332,8 +337,11 @@ def _summarise(config: RunConfig, build: ProblemBuild, folder: Path, names: list
     write_json(folder / "summary.json", summary)
     for line in summary["problems"]:
         print(f"efpsn up: {line}", file=sys.stderr)
-    print("final: " + (format_reports(summary["final"], public_test=test is not None)
-                       if config.data == LOCAL_DATA else format_metrics(summary["final"])))
+    score = problem.task.score_name
+    print("final: " + (format_reports(summary["final"], public_test=test is not None,
+                                      score=score)
+                       if config.data == LOCAL_DATA else format_metrics(summary["final"],
+                                                                        score=score)))
     print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}")
     print(summary["privacy"]["line"])
     print(last)  # the last line: converged, or what to change (and who left)

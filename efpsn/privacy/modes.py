@@ -213,6 +213,9 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
                         "holds every seed of its mask and removes it")
     if config.scale.standard:  # the named disclosure of features in any units
         warnings.append(STANDARD_DISCLOSURE)
+    agreed = config.table.disclosure()
+    if agreed is not None:  # the class names and categories agreed from the parties' tables
+        warnings.append(agreed)
     if messages == "aggregate":
         warnings.append(_aggregate_warning(graph))
     if mode != "none" and _has_tails(config, graph):
