@@ -44,6 +44,12 @@ def _coordinator_address(args: argparse.Namespace) -> str:
 
 def _agent(args: argparse.Namespace) -> int:
     hold_to_launcher()  # started by `efpsn up`: stop when it is gone, even killed -9
+    if args.data:  # its own files, every problem at once, before any port or key
+        from efpsn.data.inspection import check_own_files
+
+        check_own_files({f"{args.name}'s {Path(p).name}": Path(p)
+                         for p in (args.data, args.test_data) if p},
+                        label_column=args.label_column)
     from agent.node import AgentNode
     from agent.options import AgentOptions
 

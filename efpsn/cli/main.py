@@ -199,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="no public scale: schema.json says scale standard (every agent "
                             "standardises with the network's column statistics)")
     split.set_defaults(handler=_data_split)
+    from efpsn.cli.data_schema import register as register_schema
+
+    register_schema(data_sub)
 
     from efpsn.cli.privacy import add_parser as add_privacy
 

@@ -249,9 +249,13 @@ def _texts(value: object, bad: Callable[[str], ValueError], expected: str, *,
 
 def read_data_schema(data_dir: str | Path) -> DataDirSchema:
     """DIR/schema.json validated (DataDirSchema() when the folder has none); ValueError names
-    the file and the field that is unknown or bad, and what was expected."""
-    path = Path(data_dir) / SCHEMA_FILE
+    the file and the field that is unknown or bad, and what was expected. A path to a .json
+    file is read as such a file."""
+    path = Path(data_dir)
+    path = path if path.suffix == ".json" else path / SCHEMA_FILE
     if not path.is_file():
+        if Path(data_dir).suffix == ".json":
+            raise ValueError(f"{path}: no such file; expected a schema.json")
         return DataDirSchema()
     try:
         values = json.loads(path.read_text())

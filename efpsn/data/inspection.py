@@ -40,13 +40,21 @@ import numpy as np
 from efpsn.data.folder_schema import folder_run_values
 from efpsn.data.folders import DataDirLayout, inspect_data_dir
 from efpsn.data.table_encoding import encode_table
-from efpsn.data.tables import DataProblems, Problem, RawTable, is_missing, number_of, \
-    read_raw_table
+from efpsn.data.tables import (
+    DataProblems,
+    Problem,
+    RawTable,
+    is_missing,
+    number_of,
+    read_raw_table,
+    rows_text,
+)
 from efpsn.params.checks import LOCAL_DATA
 from efpsn.params.schema import STANDARD, Scale, TaskSpec, parse_shape
 from efpsn.params.table import CLASSES_SET, TableColumn, TableSchema
 
-__all__ = ["CATEGORY_MAX", "DataFolder", "decide_table", "inspect_folder", "inspect_tables"]
+__all__ = ["CATEGORY_MAX", "DataFolder", "check_own_files", "decide_table", "inspect_folder",
+           "inspect_tables"]
 
 CATEGORY_MAX = 50  # distinct values a text column may have to be a category
 DISTINCT_SHARE = 0.5  # more distinct values than this share of its cells: an id or free text
@@ -434,3 +442,47 @@ def _npz_problems(path: Path, *, regression: bool) -> list[str]:
                        "classification cannot learn; give --task ridge (squared loss, scored "
                        "by R^2)")
     return out
+
+
+def check_own_files(files: Mapping[str, Path], *, label_column: str | None) -> None:
+    """An agent's own files (its data, the public test file) checked for what does not depend
+    on the run's parameters, before it makes a port or a key: each readable, a .csv's header
+    (and the label column, when named), ragged rows, empty labels; an .npz's arrays and kinds.
+    DataProblems with every problem of every file; the cells are checked against the run's
+    schema once its parameters come (agent/prepare.py)."""
+    problems: list[Problem] = []
+    for who, path in files.items():
+        if path.is_dir() or path.suffix.lower() not in (".csv", ".npz"):
+            continue  # an IDX folder, or a format the agent's load names
+        if not path.is_file():
+            problems.append(Problem(who, "is no such file; expected an .npz, a .csv or a "
+                                         "folder of IDX files"))
+            continue
+        if path.suffix.lower() == ".npz":
+            problems += [Problem(who, text) for text in _npz_problems(path, regression=True)]
+            continue
+        try:
+            raw = read_raw_table(path, refuse=ValueError)
+        except ValueError as exc:
+            problems.append(Problem(who, str(exc)))
+            continue
+        column = label_column or ("label" if "label" in raw.header else None)
+        if label_column is not None and label_column not in raw.header:
+            problems.append(Problem(who, f"has no column {label_column!r} in its header; "
+                                         "expected the label column named by --label-column"))
+            column = None
+        if raw.ragged:
+            first, line, fields = raw.ragged[0]
+            problems.append(Problem(who, f"is ragged: row {first + 1} (line {line}) has "
+                                         f"{fields} fields where the header has "
+                                         f"{len(raw.header)}; expected every row to have one "
+                                         "value per column"))
+        if column is not None:
+            empty = [r for r, t in enumerate(raw.column(column)) if is_missing(t)]
+            if empty:
+                problems.append(Problem(who, "is empty; expected a label in every row: a row "
+                                             "without one can be neither learnt from nor scored "
+                                             "(fill it, or remove the row)", column=column,
+                                        rows=raw.rows_text(empty)))
+    if problems:
+        raise DataProblems("the agent's own data", problems)

@@ -6,14 +6,17 @@ file is found in one pass and returned, each naming its rows and column, never a
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from efpsn.data.tables import CsvCells, Problem, RawTable, is_missing, number_of, rows_text
 from efpsn.params.table import TableColumn, TableSchema
 
-__all__ = ["EncodedTable", "NO_TABLE_HINT", "encode_table", "plain_schema"]
+__all__ = ["EncodedTable", "NO_TABLE_HINT", "encode_table", "plain_schema", "raw_table_of"]
 
 NO_TABLE_HINT = ("the run has no table schema, which text columns and class names need (a "
                  "--data-dir folder makes one; on separate hosts `efpsn data schema` writes one "
@@ -44,10 +47,10 @@ def plain_schema(raw: RawTable, *, label_column: str, regression: bool = False) 
 
 
 def _header_problems(schema: TableSchema, raw: RawTable, where: str, *,
-                     plain: bool) -> list[Problem]:
+                     plain: bool, labels: bool = True) -> list[Problem]:
     header = set(raw.header)
     problems = []
-    labelled = schema.label_column in header
+    labelled = schema.label_column in header or not labels
     if not labelled:
         problems.append(Problem(where, f"has no column {schema.label_column!r} in its header; "
                                        "expected the label column named by --label-column (or "
@@ -87,7 +90,7 @@ def _number_column(cells: list[str], column: TableColumn, raw: RawTable, where: 
                 "expected a number or an empty cell (the run's table schema says the column "
                 "holds numbers)")
         problems.append(Problem(where, f"is not a number; {hint}", column=column.name,
-                                rows=rows_text(bad, raw.lines)))
+                                rows=raw.rows_text(bad)))
     return int(np.isnan(out).sum())
 
 
@@ -107,7 +110,7 @@ def _category_column(cells: list[str], column: TableColumn, raw: RawTable, where
                                 + ", ".join(column.categories) + "); expected one of them or "
                                 "an empty cell (list every category in schema.json's "
                                 "\"categories\")", column=column.name,
-                                rows=rows_text(bad, raw.lines)))
+                                rows=raw.rows_text(bad)))
 
 
 def _labels(cells: list[str], schema: TableSchema, raw: RawTable, where: str, *,
@@ -117,7 +120,7 @@ def _labels(cells: list[str], schema: TableSchema, raw: RawTable, where: str, *,
         problems.append(Problem(where, "is empty; expected a label in every row: a row "
                                        "without one can be neither learnt from nor scored (fill "
                                        "it, or remove the row)", column=schema.label_column,
-                                rows=rows_text(empty, raw.lines)))
+                                rows=raw.rows_text(empty)))
     if schema.label == "names":
         at = {c: k for k, c in enumerate(schema.class_names)}
         names = np.array([at.get(t, -1) for t in cells], dtype=np.int64)
@@ -127,7 +130,7 @@ def _labels(cells: list[str], schema: TableSchema, raw: RawTable, where: str, *,
                                     + ", ".join(schema.class_names) + "); expected one of "
                                     "them (list every class in schema.json's \"classes\")",
                                     column=schema.label_column,
-                                    rows=rows_text(unknown, raw.lines)))
+                                    rows=raw.rows_text(unknown)))
         return names
     values = np.array([number_of(t) if number_of(t) is not None else np.nan for t in cells],
                       dtype=np.float64)
@@ -138,19 +141,38 @@ def _labels(cells: list[str], schema: TableSchema, raw: RawTable, where: str, *,
                 f"expected class indices 0, 1, ...: {NO_TABLE_HINT}" if plain
                 else "expected class indices 0, 1, ... (the run's table schema says so)")
         problems.append(Problem(where, f"is not a number; {what}", column=schema.label_column,
-                                rows=rows_text(text, raw.lines)))
+                                rows=raw.rows_text(text)))
     return values
 
 
-def encode_table(schema: TableSchema, raw: RawTable, *, where: str,
-                 plain: bool = False) -> tuple[EncodedTable | None, list[Problem]]:
+def raw_table_of(columns: Mapping[str, Sequence[Any]]) -> RawTable:
+    """Rows given by column (a dict of lists, or a pandas DataFrame) as a RawTable: each cell's
+    text, None and NaN empty."""
+    names = [str(c) for c in columns]
+    values = [list(columns[c]) for c in columns]
+    if len({len(v) for v in values}) > 1:
+        raise ValueError("every column must hold as many rows as the others")
+
+    def text(cell: Any) -> str:
+        if cell is None or (isinstance(cell, float) and math.isnan(cell)):
+            return ""
+        return str(cell).strip()
+
+    rows = [[text(v[r]) for v in values] for r in range(len(values[0]) if values else 0)]
+    return RawTable(header=tuple(names), rows=rows, lines=tuple(range(2, len(rows) + 2)))
+
+
+def encode_table(schema: TableSchema, raw: RawTable, *, where: str, plain: bool = False,
+                 labels: bool = True) -> tuple[EncodedTable | None, list[Problem]]:
     """The table's rows encoded by `schema`, and every problem found (None when there are
-    any). `plain`: the schema is plain_schema's (no run table schema: hints say so)."""
-    problems = _header_problems(schema, raw, where, plain=plain)
+    any). `plain`: the schema is plain_schema's (no run table schema: hints say so).
+    `labels` False: rows to predict, the label column not needed (ignored if there; the
+    labels come back empty)."""
+    problems = _header_problems(schema, raw, where, plain=plain, labels=labels)
     if raw.ragged:
         first, line, fields = raw.ragged[0]
-        more = (f" (and {rows_text([r for r, _, _ in raw.ragged[1:]], {r: n for r, n, _ in raw.ragged})}"
-                " too)" if len(raw.ragged) > 1 else "")
+        others = rows_text([r for r, _, _ in raw.ragged[1:]], {r: n for r, n, _ in raw.ragged})
+        more = f" (and {others} too)" if len(raw.ragged) > 1 else ""
         problems.append(Problem(where, f"is ragged: row {first + 1} (line {line}) has {fields} "
                                        f"fields where the header has {len(raw.header)}{more}; "
                                        "expected every row to have one value per column"))
@@ -172,11 +194,11 @@ def encode_table(schema: TableSchema, raw: RawTable, *, where: str,
             missing += _number_column(cells, column, raw, where, plain=plain, out=block[:, 0],
                                       problems=problems)
         blocks.append(block)
-    labels = _labels(raw.column(schema.label_column), schema, raw, where, plain=plain,
-                     problems=problems)
+    labels_of = (_labels(raw.column(schema.label_column), schema, raw, where, plain=plain,
+                         problems=problems) if labels else np.zeros(0))
     if problems:
         return None, problems
     features = np.concatenate(blocks, axis=1)
     cells_named = CsvCells(raw.lines, schema.feature_names(), schema.label_column)
-    return EncodedTable(features=features, labels=labels, cells=cells_named,
+    return EncodedTable(features=features, labels=labels_of, cells=cells_named,
                         missing=missing), []

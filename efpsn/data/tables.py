@@ -93,10 +93,16 @@ class RawTable:
     rows: list[list[str]]
     lines: tuple[int, ...]
     ragged: tuple[tuple[int, int, int], ...] = ()
+    numbers: tuple[int, ...] = ()  # each row's place among all data rows (ragged ones too)
 
     def column(self, name: str) -> list[str]:
         at = self.header.index(name)
         return [row[at] for row in self.rows]
+
+    def rows_text(self, rows: Sequence[int]) -> str:
+        """rows_text for rows of `rows`, numbered as the file's data rows."""
+        numbers = self.numbers or tuple(range(len(self.rows)))
+        return rows_text([numbers[r] for r in rows], dict(zip(numbers, self.lines, strict=True)))
 
 
 def read_raw_table(path: Path, *, refuse: Refuse) -> RawTable:
@@ -119,6 +125,7 @@ def read_raw_table(path: Path, *, refuse: Refuse) -> RawTable:
                              "the header); expected every column named")
             rows: list[list[str]] = []
             lines: list[int] = []
+            numbers: list[int] = []
             ragged: list[tuple[int, int, int]] = []
             for row in reader:
                 if not row or (len(row) == 1 and not row[0].strip()):
@@ -126,6 +133,7 @@ def read_raw_table(path: Path, *, refuse: Refuse) -> RawTable:
                 if len(row) != len(names):
                     ragged.append((len(rows) + len(ragged), reader.line_num, len(row)))
                     continue
+                numbers.append(len(rows) + len(ragged))
                 rows.append([cell.strip() for cell in row])
                 lines.append(reader.line_num)
     except UnicodeDecodeError:
@@ -134,7 +142,8 @@ def read_raw_table(path: Path, *, refuse: Refuse) -> RawTable:
         raise refuse(f"is not a readable .csv ({exc}); expected comma-separated values") from None
     except OSError as exc:
         raise refuse(f"cannot be read ({exc.strerror}); expected a readable file") from None
-    return RawTable(header=names, rows=rows, lines=tuple(lines), ragged=tuple(ragged))
+    return RawTable(header=names, rows=rows, lines=tuple(lines), ragged=tuple(ragged),
+                    numbers=tuple(numbers))
 
 
 def rows_text(rows: Sequence[int], lines: Sequence[int] | Mapping[int, int]) -> str:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["check_flags_against_folder", "check_key_policy", "config_from_values",
            "environment_variable", "flag_of", "network_resolved", "run_parameter_variables",
-           "run_parameters_args"]
+           "run_parameters_args", "run_values_by_name"]
 
 
 def flag_of(name: str, declared: Declaration) -> str:
@@ -114,6 +114,33 @@ def check_flags_against_folder(given: dict[str, Any], layout: DataDirLayout, *,
         raise ValueError(f"--label-column {label_column} names a column of .csv files, but "
                          f"--data-dir {root} holds train.{layout.format} (labels in y): drop "
                          f"--label-column")
+
+
+def run_values_by_name(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Run parameters given by name (efpsn.notebook.train's keywords) as the command line would
+    give them: a text parsed as its flag parses it (iterations="auto", l2="default",
+    gamma="1e3"), any other value as it is (RunConfig checks it). ValueError for a name that is
+    not a run parameter."""
+    declared = {f.name: (f, d) for f, d in declarations()}
+    out = {}
+    for name, value in values.items():
+        if name not in declared:
+            raise ValueError(f"{name!r} is not a run parameter; expected one of "
+                             f"{', '.join(sorted(declared))}")
+        f, d = declared[name]
+        if isinstance(value, str) and d.parse is not None:
+            value = d.parse(value)
+        elif isinstance(value, str) and f.type in ("int", "float", int, float):
+            kind = int if f.type in ("int", int) else float
+            try:
+                value = kind(value)
+            except ValueError:
+                raise ValueError(f"{name} must be {'an int' if kind is int else 'a number'}, "
+                                 f"got {value!r}") from None
+        if d.choices and value not in d.choices:  # as the flag's choices would, at once
+            raise ValueError(f"{name} must be one of {', '.join(d.choices)}, got {value!r}")
+        out[name] = value
+    return out
 
 
 def config_from_values(given: Mapping[str, Any], *, folder: DataFolder | None = None,

@@ -7,6 +7,7 @@ import asyncio
 import math
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from efpsn.flags.names import check_flags_against_folder, check_key_policy, run_
 from efpsn.jsonfile import write_json
 from efpsn.launch.failures import diagnose, failure_file
 from efpsn.launch.forking import ForkServer, can_fork_agents
+from efpsn.launch.progress import ProgressMode, make_progress
 from efpsn.launch.placement import DEFAULT_PLACEMENT, assign_cpus, cpus_env, launcher_cpus
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
 from efpsn.launch.summary import (
@@ -52,9 +54,11 @@ class LaunchOptions:
 
     results: Path | None = None
     host: str = "127.0.0.1"
-    quiet: bool = False
+    quiet: bool = False  # no progress display (progress "none")
+    progress: ProgressMode = "bar"  # a terminal bar, plain lines (a notebook), or none
+    stop: threading.Event | None = None  # set: stop the network (efpsn.notebook.train's Ctrl-C)
     insecure: bool = False
-    checkpoint_every: int | None = None
+    checkpoint_every: int | None = 50  # the agents' (None: their own default)
     data_dir: Path | None = None  # agent-local data: the folder (its layout is read here) ...
     folder: DataFolder | None = None  # ... or the folder as the command inspected it, once
     holdout: float = 0.2
@@ -170,7 +174,8 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
               f"({config.topology}); {'PLAINTEXT' if opts.insecure else 'mutual TLS'}; "
               f"results in {folder}", flush=True)
         coordinator_mb = _watch(runner, poller, agents, addresses, config, build,
-                                quiet=opts.quiet, folder=folder, coordinator=coordinator,
+                                progress="none" if opts.quiet else opts.progress,
+                                stop=opts.stop, folder=folder, coordinator=coordinator,
                                 departures=opts.departure_deadline != 0)
         test, column = _public_test(config, opts, layout)
         gone = _departed(agents, folder)
@@ -230,7 +235,8 @@ def _explain(agents: list[Child], folder: Path, *, fallback: str) -> str:
 
 
 def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
-           addresses: dict[str, str], config: RunConfig, build: ProblemBuild, *, quiet: bool,
+           addresses: dict[str, str], config: RunConfig, build: ProblemBuild, *,
+           progress: ProgressMode, stop: threading.Event | None,
            folder: Path, coordinator: Child, departures: bool) -> float | None:
     """Poll the agents until every one has exited; a progress bar for the person watching. A
     failed agent stops the watch with the network's diagnosis (after the others had a moment
@@ -238,15 +244,16 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
     the others may finish without it (agent/departing.py); at the end every agent must have
     exited 0 or have been declared gone by the others. Returns the coordinator's peak memory
     (MB) as last seen while it ran."""
-    from tqdm import tqdm
-
     # a scale standard run's rounds are known once the agents have the totals: no total then
-    bar = tqdm(total=config.iterations.count, disable=quiet, unit="round", desc="network")
+    bar = make_progress(progress, total=config.iterations.count)
     assigned: set[str] = set()
     # read once before the loop too: forked agents may finish a short run before it first polls
     coordinator_mb = peak_rss_mb(coordinator.process.pid) if coordinator.running else None
     try:
         while any(a.running for a in agents):
+            if stop is not None and stop.is_set():  # asked from another thread (a notebook)
+                raise KeyboardInterrupt("the network was stopped; every process it started is "
+                                        "stopped")
             if coordinator.running:
                 coordinator_mb = peak_rss_mb(coordinator.process.pid) or coordinator_mb
             if any(a.process.poll() not in (None, 0)
@@ -264,7 +271,8 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
                 build.start()  # every agent is in phase II: start-up is over
             if statuses:
                 bar.update(max(0, min(s.round for s in statuses.values()) - bar.n))
-                shown = _progress_figures(statuses.values())
+                shown = _progress_figures(statuses.values(),
+                                          regression=config.task.regression)
                 if shown:
                     bar.set_postfix(**shown)
             time.sleep(0.5)
@@ -295,14 +303,14 @@ def _departed(agents: list[Child], folder: Path) -> set[str]:
     return gone
 
 
-def _progress_figures(statuses: Any) -> dict[str, str]:
+def _progress_figures(statuses: Any, *, regression: bool = False) -> dict[str, str]:
     losses = [s.loss for s in statuses if not math.isnan(s.loss)]
     accs = [s.accuracy for s in statuses if not math.isnan(s.accuracy)]
     shown = {}
     if losses:
         shown["loss"] = f"{statistics.fmean(losses):.4f}"
     if accs:  # agent-local data: public-test accuracy only (or nothing)
-        shown["acc"] = f"{statistics.fmean(accs):.3f}"
+        shown["R2" if regression else "acc"] = f"{statistics.fmean(accs):.3f}"
     return shown
 
 
