@@ -131,11 +131,12 @@ def _data_split(args: argparse.Namespace) -> int:
 
     written = split_data(source=args.data, agents=args.agents, partition_spec=args.partition,
                          out=Path(args.out), seed=args.seed, test_fraction=args.test_fraction,
-                         raw=args.raw)
-    test = Path(args.out) / "test.npz"
+                         raw=args.raw, format=args.format)
+    test = Path(args.out) / f"test.{args.format}"
     public = f" and the public {test}" if test.exists() else ""
     print(f"wrote {len(written)} private folders {args.out}/agent1..agent{len(written)} "
-          f"(train.npz){public} ({args.partition}); schema in {args.out}/schema.json")
+          f"(train.{args.format}){public} ({args.partition}); schema in "
+          f"{args.out}/schema.json")
     return 0
 
 
@@ -196,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("--test-fraction", type=float, default=0.2,
                        help="the fraction kept as the public DIR/test.npz (sklearn sets: 0 "
                             "for none)")
+    split.add_argument("--format", choices=("npz", "csv"), default="npz",
+                       help="csv (scikit-learn's tables): a header of the set's feature names "
+                            "and a label column of its class names (iris: species, wine: "
+                            "cultivar, breast_cancer: diagnosis; digits: digit, diabetes: "
+                            "progression, numbers), as a spreadsheet exports it")
     split.add_argument("--raw", action="store_true",
                        help="no public scale: schema.json says scale standard (every agent "
                             "standardises with the network's column statistics)")

