@@ -60,7 +60,8 @@ CATEGORY_MAX = 50  # distinct values a text column may have to be a category
 DISTINCT_SHARE = 0.5  # more distinct values than this share of its cells: an id or free text
 DISTINCT_FLOOR = 10  # ... when it has more than this many distinct values
 DATE_SHARE = 0.8  # of a text column's cells that look like dates: a date column
-TARGET_FLOOR = 20  # integer labels with more distinct values than this and than DISTINCT_SHARE
+TARGET_FLOOR = 20  # integer labels with more distinct values than this, and ...
+TARGET_SHARE = 0.25  # ... than this share of the rows (under 4 a class): a numeric target
 _DATE = re.compile(
     r"\d{4}-\d{1,2}-\d{1,2}([ T]\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?)?"
     r"|\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}( \d{1,2}:\d{2}(:\d{2})?)?"
@@ -114,6 +115,7 @@ class _Column:
     seen: set[float] | None = None  # distinct numbers, tracked for a name that looks like an id
     repeated: bool = False
     largest: float = -np.inf
+    cap: int | None = CATEGORY_MAX + 1  # distinct number texts kept (None: all, the label's)
 
     def add(self, text: str) -> None:
         value = number_of(text)
@@ -121,7 +123,8 @@ class _Column:
             self.numbers += 1
             self.integers &= float(value).is_integer()
             self.largest = max(self.largest, value)
-            if len(self.number_texts) <= CATEGORY_MAX or text in self.number_texts:
+            if self.cap is None or len(self.number_texts) < self.cap \
+                    or text in self.number_texts:
                 self.number_texts[text] += 1
             if self.seen is not None:
                 self.repeated |= value in self.seen
@@ -165,8 +168,10 @@ def _decide_column(c: _Column, listed: tuple[str, ...] | None, where: str
                                     "e.g. a year column, as numbers)", column=c.name), None
     values = c.texts + c.number_texts
     distinct = len(values)
+    named_id = _ID_NAME.fullmatch(c.name) is not None
     if distinct > CATEGORY_MAX or (distinct > DISTINCT_SHARE * c.cells
-                                   and distinct > DISTINCT_FLOOR):
+                                   and distinct > DISTINCT_FLOOR) or (
+            named_id and distinct == c.cells > 2):
         spaced = sum(n for t, n in c.texts.items() if " " in t) > 0.5 * text_cells
         kind = "free text" if spaced else "an id"
         why = ("every value distinct" if distinct == c.cells else "most values distinct"
@@ -202,11 +207,12 @@ def _decide_label(c: _Column, *, name: str, regression: bool, listed: tuple[str,
                                      "(squared loss, scored by R^2)", column=name)]
     distinct = len(c.number_texts)
     if (not classes_given and distinct > TARGET_FLOOR
-            and distinct > DISTINCT_SHARE * c.numbers):
-        return None, [Problem(where, "holds integers with most values distinct: a numeric "
-                                     "target, not classes; give --task ridge (squared loss, "
-                                     "scored by R^2), or --classes C to train C classes on it",
-                              column=name)]
+            and distinct > TARGET_SHARE * c.numbers):
+        return None, [Problem(where, f"holds integers with too many distinct values for "
+                                     f"classes (more than {TARGET_FLOOR}, under "
+                                     f"{round(1 / TARGET_SHARE)} rows each): a numeric target; "
+                                     "give --task ridge (squared loss, scored by R^2), or "
+                                     "--classes C to train C classes on it", column=name)]
     if any(float(t) < 0 for t in c.number_texts):
         return None, [Problem(where, "holds negative numbers; expected class indices 0, 1, ... "
                                      "(or class names, or --task ridge for a numeric target)",
@@ -249,7 +255,7 @@ def decide_table(raws: Mapping[str, RawTable], *, label_column: str, drop: Seque
         return None, problems, -np.inf  # each file's header problem names it
     names = [h for h in first.header if h != label_column and h not in dropped]
     columns = {n: _Column(n, seen=set() if _ID_NAME.fullmatch(n) else None) for n in names}
-    label = _Column(label_column)
+    label = _Column(label_column, cap=None)
     for raw in raws.values():
         where_at = {h: i for i, h in enumerate(raw.header)}
         picks = [(columns[n], where_at[n]) for n in names if n in where_at]
@@ -433,23 +439,24 @@ def _npz_problems(path: Path, *, regression: bool, classes_given: bool = True) -
                 "numeric arrays saved with numpy.savez"]
     out = []
     if x_dtype.kind not in "biuf":
-        out.append(f"X holds {x_dtype}; expected numbers")
+        out.append(f"has X of {x_dtype}; expected numbers")
     if y.dtype.kind in "US":
-        out.append("y holds text labels; expected integers 0, 1, ... (class names are labels "
-                   "of a .csv table's label column)")
+        out.append("has y of text labels; expected integers 0, 1, ... (class names are "
+                   "labels of a .csv table's label column)")
     elif y.dtype.kind not in "biuf":
-        out.append(f"y holds {y.dtype}; expected numbers")
+        out.append(f"has y of {y.dtype}; expected numbers")
     elif y.size and not regression:
         finite = np.isfinite(y)
         distinct = len(np.unique(y[finite]))
         if finite.all() and np.any(y != np.floor(y)):
-            out.append("y holds numbers that are not integers: a numeric target, which a "
+            out.append("has y of numbers that are not integers: a numeric target, which a "
                        "classification cannot learn; give --task ridge (squared loss, scored "
                        "by R^2)")
         elif (not classes_given and distinct > TARGET_FLOOR
-              and distinct > DISTINCT_SHARE * y.size):
-            out.append("y holds integers with most values distinct: a numeric target, not "
-                       "classes; give --task ridge (squared loss, scored by R^2), or --classes "
+              and distinct > TARGET_SHARE * y.size):
+            out.append(f"has y with too many distinct integers for classes (more than "
+                       f"{TARGET_FLOOR}, under {round(1 / TARGET_SHARE)} rows each): a numeric "
+                       "target; give --task ridge (squared loss, scored by R^2), or --classes "
                        "C to train C classes on it")
     return out
 
