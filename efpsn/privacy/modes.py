@@ -49,6 +49,17 @@ class Measured:
     source: str
     broken: str = ""  # why a neighbour recovers images whatever gamma (empty: not broken)
     caveat: str = ""  # a measured attack the mode does not stop, short of BROKEN
+    # ridge (a numeric target), by gamma: (the best many-round attacker's mean relative error
+    # ||x_hat - x|| / ||x|| of one private sample, the others' mean guess's); RIDGE_SOURCE
+    ridge: dict[float, tuple[float, float]] = field(default_factory=dict)
+
+    def worst_ridge(self, gamma: float) -> tuple[float, float, float] | None:
+        """(error, guess's error, at gamma) at the largest measured gamma <= `gamma`; None
+        where nothing was measured at or below it."""
+        if ANY_GAMMA in self.ridge:
+            return (*self.ridge[ANY_GAMMA], ANY_GAMMA)
+        below = [g for g in self.ridge if g <= gamma * (1 + 1e-9)]
+        return (*self.ridge[max(below)], max(below)) if below else None
 
     def worst(self, gamma: float) -> dict[str, tuple[float, float] | None]:
         """{model: (dB, at gamma)} at the largest measured gamma <= `gamma` (ANY_GAMMA first);
@@ -70,6 +81,7 @@ MEASURED: dict[str, Measured] = {
         attackers=_DIFFERENCING + ("late", "all rounds", "regression"),
         logreg={1e3: 12.8, 1e6: 13.0}, lenet={1e3: 5.3},
         source="docs/RESULTS.md section 7, 'Attackers that use many or late rounds'",
+        ridge={1e3: (0.16, 1.0), 1e6: (0.45, 1.0)},
         caveat="on tabular data a model-aware regression reconstructs one private sample "
                "better than guessing (wine: 0.17 against 0.265), as the exact model alone "
                "does (0.17: no exact method prevents it)"),
@@ -77,6 +89,7 @@ MEASURED: dict[str, Measured] = {
         name="the paper's fixed mask",
         attackers=_DIFFERENCING[:2] + ("drops the perturbed coordinates",),
         logreg={ANY_GAMMA: 124.0}, lenet={ANY_GAMMA: 46.8},
+        ridge={1e3: (6.5e-7, 1.0), 1e6: (4.9e-7, 1.0)},
         source="docs/RESULTS.md section 7, 'The attack, with every parameter perturbed'",
         broken="the mask is the same every round, so two rounds' difference cancels it (K = 1)"),
     "fixed-k2": Measured(
@@ -89,6 +102,7 @@ MEASURED: dict[str, Measured] = {
         name="masks refreshed every R > 1 rounds",
         attackers=("2 rounds in a period", "mean of rounds"),
         logreg={ANY_GAMMA: 124.8}, lenet={ANY_GAMMA: 53.3},
+        ridge={1e3: (1.5e-12, 1.0), 1e6: (1.3e-12, 1.0)},
         source="docs/RESULTS.md section 7, 'Masks refreshed every R rounds'",
         broken="two rounds of one period cancel the period's mask (K = 1)"),
     "partial": Measured(
@@ -104,6 +118,7 @@ MEASURED: dict[str, Measured] = {
         logreg={1.0: 60.5, 100.0: 40.8, 1e4: 21.0, 2e4: 18.1, 3e4: 16.2, 3.5e4: 11.2,
                 4e4: 10.5, 5e4: 10.5, 1e5: 10.5, 1e6: 10.5},
         lenet={1.0: 23.3, 100.0: 5.3, 1e4: 5.3, 3.5e4: 5.3, 4e4: 5.3, 1e5: 5.3, 1e6: 5.3},
+        ridge={1e3: (0.31, 1.0), 1e6: (0.34, 1.0)},
         source="docs/RESULTS.md section 7, 'Masks refreshed every R rounds' and 'The frontier'"),
     "none": Measured(
         name="no mask",
@@ -142,6 +157,8 @@ class PrivacyStatement:
     epsilon: float | None
     epsilon_note: str
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    task: str = "logreg"  # ridge: the line gives the ridge measurements
+    ridge: tuple[float, float, float] | None = None  # (error, the guess's, at gamma)
 
     def line(self) -> str:
         """The one line a run ends with (before its convergence line)."""
@@ -158,6 +175,16 @@ class PrivacyStatement:
         head = "privacy: BROKEN: " if any(w.startswith("BROKEN") for w in self.warnings) \
             else "privacy: "
         warn = "".join(f"; {w.removeprefix('BROKEN: ')}" for w in self.warnings)
+        if self.task == "ridge":
+            if self.ridge is None:
+                worst = "ridge not measured at this gamma in this mode"
+            else:
+                err, guess, gamma = self.ridge
+                at = "any gamma" if gamma == ANY_GAMMA else f"gamma {gamma:g}"
+                worst = (f"ridge: one private sample recovered to a relative error of "
+                         f"{err:.2g} ({at}), the mean guess's {guess:.2g}")
+            return (f"{head}{self.name}; against {self.against}: worst measured attack "
+                    f"{worst}; {eps}{warn}; see {self.source} and {RIDGE_SOURCE}")
         return (f"{head}{self.name}; against {self.against}: worst measured attack "
                 f"{shown('logreg')}, {shown('lenet')} PSNR; {eps}{warn}; see {self.source}")
 
@@ -166,6 +193,9 @@ class PrivacyStatement:
                 "worst_psnr_db": {m: None if v is None else {"psnr_db": v[0],
                                                              "gamma": v[1] or "any"}
                                   for m, v in self.worst.items()},
+                **({} if self.task != "ridge" else {"worst_ridge": None if self.ridge is None
+                    else {"relative_error": self.ridge[0], "guess": self.ridge[1],
+                          "gamma": self.ridge[2] or "any"}}),
                 "attackers": list(self.attackers), "source": self.source,
                 "epsilon": self.epsilon, "epsilon_note": self.epsilon_note,
                 "warnings": list(self.warnings), "line": self.line()}
@@ -201,9 +231,12 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
     mode = mode_of(config)
     warnings: list[str] = []
     measured = MEASURED[mode]
+    ridge = config.task.regression
     if measured.broken:
         warnings.append(f"BROKEN: {measured.broken}")
-    if measured.caveat:
+    if ridge:
+        warnings.append(RIDGE_FLOOR)
+    elif measured.caveat:
         warnings.append(measured.caveat)
     lonely = [i + 1 for i in range(graph.n) if graph.degree(i) == 1]
     if lonely and mode != "none":
@@ -227,7 +260,14 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
                  "every seed of its mask)" if mode != "none" else "nobody"),
         worst=measured.worst(config.gamma), attackers=measured.attackers,
         source=measured.source, epsilon=epsilon, epsilon_note=note,
-        warnings=tuple(warnings))
+        warnings=tuple(warnings), task="ridge" if ridge else "logreg",
+        ridge=measured.worst_ridge(config.gamma) if ridge else None)
+
+
+RIDGE_SOURCE = "docs/RESULTS.md, 'Ridge: the tabular attackers'"
+RIDGE_FLOOR = ("on ridge the exact model alone gives one private sample away, to 1e-14, to "
+               "anyone who knows the other parties' data or only their pooled rows (diabetes; "
+               "no exact method prevents it)")
 
 
 TAIL_WARNING = ("consensus tails (efpsn/params/tail.py): in a tail's mixing rounds a neighbour also "
