@@ -315,3 +315,19 @@ def test_the_table_schema_travels_as_a_run_parameter(tables: dict[str, Path],
     assert TableSchema.read(str(out)) == config.table
     assert re.search(r"it names the class names that occur in any party's table",
                      proc.stdout)
+
+
+def test_every_privacy_mode_says_what_was_measured_on_ridge() -> None:
+    """No mode's ridge line is left to silence: each has its measured rows (diabetes, the
+    tabular attackers) or the reason nothing was measured."""
+    from efpsn.privacy.modes import MEASURED, privacy_statement
+    from efpsn.topology import build_graph
+
+    for mode, measured in MEASURED.items():
+        assert measured.ridge or measured.ridge_note, mode
+    config = RunConfig(task="ridge", classes=1, data="local", input_shape="10").resolved()
+    line = privacy_statement(config, build_graph("ring", 4)).line()
+    assert "worst measured attack ridge: one private sample recovered to a relative error " \
+           "of 0.16 (gamma 1000), the mean guess's 1" in line
+    assert "the exact model alone gives one private sample away" in line
+    assert "logreg" not in line.split("; see ")[0].split("worst measured attack")[1][:40]
