@@ -145,13 +145,19 @@ def train(data_dir: str | Path, *, results: str | Path | None = None, quiet: boo
     results/run-TIME, as the command); quiet: no progress lines; drop: columns that are not
     features; the other keywords are run parameters or `efpsn up`'s flags by name."""
     from efpsn.data.inspection import inspect_folder
-    from efpsn.flags.names import config_from_values, network_resolved, run_values_by_name
+    from efpsn.flags.names import (
+        check_flags_against_folder,
+        config_from_values,
+        network_resolved,
+        run_values_by_name,
+    )
 
     launch = {k: flags.pop(k) for k in LAUNCH_KEYWORDS if k in flags}
     given = run_values_by_name(flags)
     label_column = launch.get("label_column")
     folder = inspect_folder(data_dir, label_column=label_column, drop=_columns(drop),
-                            given=given)
+                            given=given, before=lambda layout: check_flags_against_folder(
+                                given, layout, label_column=label_column))
     config = network_resolved(config_from_values(given, folder=folder, preset=preset,
                                                  label_column=label_column, resolve=False))
     out = Path(results) if results is not None else (

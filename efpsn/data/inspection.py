@@ -30,7 +30,7 @@ import math
 import re
 import zipfile
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -342,14 +342,17 @@ def _who(name: str, path: Path) -> str:
 
 
 def inspect_folder(data_dir: str | Path, *, label_column: str | None = None,
-                   drop: Sequence[str] = (), given: Mapping[str, Any] | None = None
-                   ) -> DataFolder:
+                   drop: Sequence[str] = (), given: Mapping[str, Any] | None = None,
+                   before: Callable[[DataDirLayout], None] | None = None) -> DataFolder:
     """The one inspection of a --data-dir folder (the module docstring). `given`: the run
     values the flags give (task, classes, input_shape, scale: they win over the folder's).
     DataProblems holds every problem found; the folder's layout errors (no such folder, a
-    skipped agent folder) are one line, first."""
+    skipped agent folder) are one line, first, and then whatever `before(layout)` raises (the
+    command's flags the folder contradicts: efpsn.flags.names.check_flags_against_folder)."""
     given = dict(given or {})
     layout = inspect_data_dir(data_dir)
+    if before is not None:
+        before(layout)
     schema = layout.schema
     column = layout.label_column(label_column)
     task = TaskSpec.of(given.get("task", "logreg"))

@@ -134,11 +134,14 @@ def folder_of(args: argparse.Namespace) -> DataFolder | None:
     if not data_dir:
         return None
     from efpsn.data.inspection import inspect_folder
+    from efpsn.flags.names import check_flags_against_folder
 
-    return inspect_folder(data_dir, label_column=getattr(args, "label_column", None),
+    given, column = given_values(args), getattr(args, "label_column", None)
+    return inspect_folder(data_dir, label_column=column,
                           drop=[c for text in getattr(args, "drop", None) or []
-                                for c in text.split(",") if c.strip()],
-                          given=given_values(args))
+                                for c in text.split(",") if c.strip()], given=given,
+                          before=lambda layout: check_flags_against_folder(
+                              given, layout, label_column=column))
 
 
 def config_from_args(args: argparse.Namespace, *, derived: dict[str, Any] | None = None,
