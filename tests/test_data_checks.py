@@ -126,7 +126,8 @@ def test_non_finite_values_name_their_cell(tmp_path: Path) -> None:
         tmp_path / "d.npz")
     x[7, 1] = 0.0
     csv = write_csv(tmp_path / "d.csv", x, y, cells={(2, 3): "inf"})
-    assert "the first at row 3 (line 4), column 'f3'; expected finite" in refusal(csv)
+    assert "row 3 (line 4), column 'f3' is not finite (inf); expected finite numbers" in \
+        refusal(csv)
     # "nan", like an empty cell, is a missing value: filled only under scale standard
     csv = write_csv(tmp_path / "e.csv", x, y, cells={(2, 3): "nan"})
     assert "has empty cells, the first at row 3 (line 4), column 'f3'; expected a number in " \

@@ -331,3 +331,14 @@ def test_every_privacy_mode_says_what_was_measured_on_ridge() -> None:
            "of 0.16 (gamma 1000), the mean guess's 1" in line
     assert "the exact model alone gives one private sample away" in line
     assert "logreg" not in line.split("; see ")[0].split("worst measured attack")[1][:40]
+
+
+def test_a_non_finite_number_is_found_by_the_one_pass(tmp_path: Path) -> None:
+    root = cellar(tmp_path / "D")
+    path = root / "agent3" / "train.csv"
+    lines = path.read_text().splitlines()
+    lines[2] = "inf" + lines[2][lines[2].index(","):]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataProblems, match=r"agent3's train.csv, row 2 \(line 3\), column "
+                                           r"'alcohol' is not finite \(inf\)"):
+        inspect_folder(root, label_column="cultivar")

@@ -76,15 +76,21 @@ def _header_problems(schema: TableSchema, raw: RawTable, where: str, *,
 def _number_column(cells: list[str], column: TableColumn, raw: RawTable, where: str, *,
                    plain: bool, out: np.ndarray, problems: list[Problem]) -> int:
     """Fill `out` (n,) with the column's numbers (NaN where empty); returns the empty count."""
-    bad = []
+    bad, infinite = [], []
     for r, text in enumerate(cells):
         value = number_of(text)
         if value is not None:
             out[r] = value
+            if not math.isfinite(value):
+                infinite.append(r)
         elif is_missing(text):
             out[r] = np.nan
         else:
             bad.append(r)
+    if infinite:
+        problems.append(Problem(where, "is not finite (inf); expected finite numbers (or an "
+                                       "empty cell, for a missing value)", column=column.name,
+                                rows=raw.rows_text(infinite)))
     if bad:
         hint = (f"expected numeric features: {NO_TABLE_HINT}" if plain else
                 "expected a number or an empty cell (the run's table schema says the column "
