@@ -104,10 +104,12 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
     """Run a whole network locally; return the summary (also written to RESULTS/summary.json).
 
     Mutual TLS by default: a fresh CA and one certificate per process go to RESULTS/tls
-    (insecure runs plaintext). With `data_dir` (config.data "local"), agent K reads only its
-    own folder DATA_DIR/agentK (and the public DATA_DIR/test.npz); this process never reads
-    a private feature (the config's schema may come from the files' headers and labels:
-    efpsn.data.folder_schema). A failure raises NetworkFailed leading with the agent whose own error
+    (insecure runs plaintext). With `folder` (a DataFolder, the command's one inspection of
+    the --data-dir folder: efpsn/data/inspection.py) or `data_dir` (config.data "local"),
+    agent K reads only its own folder DATA_DIR/agentK (and the public test file); this
+    function reads no private file (the one pass that made the config's schema and table
+    schema read them, as every party's operator, before anything started; the summary reads
+    the public test file). A failure raises NetworkFailed leading with the agent whose own error
     stopped the run. Every process it starts is stopped before it returns or raises, and stops
     by itself if this process is killed (efpsn/process/lifeline.py). `options` are LaunchOptions'
     fields."""
