@@ -342,3 +342,12 @@ def test_a_non_finite_number_is_found_by_the_one_pass(tmp_path: Path) -> None:
     with pytest.raises(DataProblems, match=r"agent3's train.csv, row 2 \(line 3\), column "
                                            r"'alcohol' is not finite \(inf\)"):
         inspect_folder(root, label_column="cultivar")
+
+
+def test_a_label_column_no_file_has_is_said_for_every_file(tables: dict[str, Path]) -> None:
+    with pytest.raises(DataProblems) as refused:
+        inspect_folder(tables["cellar"])  # the label column is cultivar, not label
+    text = str(refused.value)
+    assert text.count("has no column 'label' in its header") == 1  # one line, five files
+    assert "agent1's train.csv, agent2's train.csv, agent3's train.csv, agent4's train.csv " \
+           "and test.csv has no column 'label'" in text

@@ -252,7 +252,11 @@ def decide_table(raws: Mapping[str, RawTable], *, label_column: str, drop: Seque
     problems = [Problem(where, f"schema.json lists categories of {n!r}, a column no file has",
                         column=n) for n in unknown]
     if label_column not in first.header:
-        return None, problems, -np.inf  # each file's header problem names it
+        lacking = [who for who, raw in raws.items() if label_column not in raw.header]
+        return None, [*problems, *(Problem(
+            who, f"has no column {label_column!r} in its header; expected the label column "
+                 "named by --label-column (or schema.json's label_column) in every file")
+            for who in lacking)], -np.inf
     names = [h for h in first.header if h != label_column and h not in dropped]
     columns = {n: _Column(n, seen=set() if _ID_NAME.fullmatch(n) else None) for n in names}
     label = _Column(label_column, cap=None)
