@@ -45,7 +45,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out["refused"] = efpsn("up", "--data-dir", str(data["extra"]), "--results",
                            str(root / "R2x"), "--label-column", "cultivar")
     out["extra"] = up(data["extra"], root / "R2", "--label-column", "cultivar", "--drop",
-                      "bottle_id,tasting_note", "--drop", "bottled")
+                      "bottle_id,tasting_note", "--drop", "bottled", "--insecure-noise-seed",
+                      str(NOISE_SEED))
     out["ridge"] = up(data["diabetes"], root / "R3", "--label-column", "progression",
                       "--task", "ridge", "--insecure-noise-seed", str(NOISE_SEED))
     return out
@@ -73,6 +74,34 @@ def test_a_free_text_and_a_date_column_are_one_message_then_dropped(runs) -> Non
                                      drop=("bottle_id", "tasting_note", "bottled"))
     assert summary["final"]["accuracy"] >= reference - 0.02
     assert summary["convergence"]["converged"]
+
+
+def simulated(data: Path, label: str, given: dict[str, Any], drop: tuple[str, ...] = ()):
+    """The simulator's run of the folder with the network's noise seed (holdout 0.2)."""
+    from efpsn.data.folders import load_data_dir
+    from efpsn.data.inspection import inspect_folder
+    from efpsn.flags.names import config_from_values
+    from efpsn.problem import build_problem
+    from efpsn.simulator import run_simulation
+    from efpsn.stats.standardise import simulate_standardising
+
+    folder = inspect_folder(data, label_column=label, given=given, drop=drop)
+    config = config_from_values(given, folder=folder, resolve=False)
+    local = load_data_dir(config, folder.layout, holdout=0.2)
+    config, local, _ = simulate_standardising(config, local, noise_seed=NOISE_SEED)
+    config = config.resolved()
+    return config, run_simulation(config, problem=build_problem(config, local=local),
+                                  noise_seed=NOISE_SEED)
+
+
+def test_a_table_with_categories_and_empty_cells_equals_the_simulator(runs) -> None:
+    from efpsn.launch.summary import load_agent_results
+
+    config, sim = simulated(runs["data"]["extra"], "cultivar", {},
+                            drop=("bottle_id", "tasting_note", "bottled"))
+    reports, xs = load_agent_results(runs["root"] / "R2", [f"agent{k}" for k in range(1, 5)])
+    assert reports[0]["settings"] == config.to_dict() and config.table.given
+    assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
 
 
 def test_every_model_file_gives_the_run_s_accuracy_or_names_the_one_to_use(runs) -> None:
@@ -120,13 +149,7 @@ def test_each_agent_s_filled_cells_are_in_its_own_log_only(runs) -> None:
 
 
 def test_ridge_on_diabetes_equals_the_simulator_and_lands_at_scikit_learn(runs) -> None:
-    from efpsn.data.folders import load_data_dir
-    from efpsn.data.inspection import inspect_folder
-    from efpsn.flags.names import config_from_values
     from efpsn.launch.summary import load_agent_results
-    from efpsn.problem import build_problem
-    from efpsn.simulator import run_simulation
-    from efpsn.stats.standardise import simulate_standardising
 
     proc, summary = runs["ridge"]
     data, results = runs["data"]["diabetes"], runs["root"] / "R3"
@@ -138,14 +161,7 @@ def test_ridge_on_diabetes_equals_the_simulator_and_lands_at_scikit_learn(runs) 
     assert proc.stdout.strip().splitlines()[-1].startswith("converged:")
     assert "ridge" in summary["privacy"]["line"]
     # the simulator with the same noise seed: the same bits
-    given = {"task": "ridge"}
-    folder = inspect_folder(data, label_column="progression", given=given)
-    config = config_from_values(given, folder=folder, resolve=False)
-    local = load_data_dir(config, folder.layout, holdout=0.2)
-    config, local, _ = simulate_standardising(config, local, noise_seed=NOISE_SEED)
-    config = config.resolved()
-    sim = run_simulation(config, problem=build_problem(config, local=local),
-                         noise_seed=NOISE_SEED)
+    config, sim = simulated(data, "progression", {"task": "ridge"})
     reports, xs = load_agent_results(results, [f"agent{k}" for k in range(1, 5)])
     assert reports[0]["settings"] == config.to_dict()
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
