@@ -87,7 +87,7 @@ class TrainedModel:
 
     def _features(self, rows: Any) -> np.ndarray | torch.Tensor:
         table = self.metadata.table
-        tabular = isinstance(rows, str | Path) or isinstance(rows, Mapping) or (
+        tabular = isinstance(rows, str | Path | Mapping) or (
             hasattr(rows, "columns") and hasattr(rows, "to_numpy"))
         if not tabular:
             return rows

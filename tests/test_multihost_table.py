@@ -60,7 +60,7 @@ def test_a_table_on_separate_hosts(tmp_path: Path) -> None:
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         # execute: the coordinator with the table schema alone, then each agent on its host
-        logs["coordinator"] = open(tmp_path / "coordinator.log", "wb")
+        logs["coordinator"] = open(tmp_path / "coordinator.log", "wb")  # noqa: SIM115
         procs["coordinator"] = subprocess.Popen(
             [sys.executable, "-m", "efpsn", "coordinator", "--listen",
              f"{HOSTS['coordinator']}:0", "--port-file", "coordinator.port", "--tls-dir", "tls",
@@ -75,7 +75,7 @@ def test_a_table_on_separate_hosts(tmp_path: Path) -> None:
         coordinator = f"{HOSTS['coordinator']}:{int(port_file.read_text())}"
         for k in range(1, 5):
             name = f"agent{k}"
-            logs[name] = open(tmp_path / f"{name}.log", "wb")
+            logs[name] = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115
             procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "efpsn", "agent", "--name", name, "--listen",
                  f"{HOSTS[name]}:0", "--tls-dir", "tls", "--coordinator", coordinator,

@@ -81,8 +81,8 @@ def test_every_problem_of_every_file_in_one_message_before_anything_starts(
                   "every file, column 'tasting_note' looks like free text",
                   "every file, column 'bottled' holds dates",
                   "agent3's train.csv is ragged: row ",
-                  "agent2's train.csv, row 3 (line 4), column 'cultivar' is empty; expected a "
-                  "label in every row"):
+                  ("agent2's train.csv, row 3 (line 4), column 'cultivar' is empty; expected "
+                   "a label in every row")):
         assert found in err, err
     assert "--drop bottle_id" in err and '"drop": ["tasting_note"] in schema.json' in err
     assert not (tmp_path / "R").exists()
@@ -176,7 +176,7 @@ def test_ids_free_text_and_dates_are_refused_by_name_and_dropped_by_flag(
 
 def test_a_number_column_named_like_an_id_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "D"
-    for k, rows in enumerate((range(0, 30), range(30, 60)), start=1):
+    for k, rows in enumerate((range(30), range(30, 60)), start=1):
         (root / f"agent{k}").mkdir(parents=True)
         (root / f"agent{k}" / "train.csv").write_text(
             "row_id,x,label\n" + "".join(f"{i},{i % 7},{i % 2}\n" for i in rows))
@@ -252,7 +252,7 @@ def test_ridge_keeps_the_exactness_promise_and_lands_at_scikit_learn(
     for run in masked:
         assert run.final["relative_deviation"] <= 1.1 * base + 1e-6
     assert defaults.convergence is not None and defaults.convergence.converged
-    assert config.l2.weight == 1.0 / sum(len(open(p).readlines()) - 1
+    assert config.l2.weight == 1.0 / sum(len(p.read_text().splitlines()) - 1
                                          for p in folder.glob("agent*/train.csv"))
     assert defaults.final["accuracy"] >= reference_ridge(folder, "progression") - 0.02
 

@@ -47,9 +47,7 @@ from efpsn.data.tables import (
     is_missing,
     number_of,
     read_raw_table,
-    rows_text,
 )
-from efpsn.params.checks import LOCAL_DATA
 from efpsn.params.schema import STANDARD, Scale, TaskSpec, parse_shape
 from efpsn.params.table import CLASSES_SET, TableColumn, TableSchema
 
@@ -442,8 +440,8 @@ def _npz_problems(path: Path, *, regression: bool, classes_given: bool = True) -
             y = np.asarray(archive["y"])
         x_dtype = _npz_x_dtype(path)
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
-        return [f"is not a readable .npz with arrays X and y ({type(exc).__name__}); expected "
-                "numeric arrays saved with numpy.savez"]
+        return [(f"is not a readable .npz with arrays X and y ({type(exc).__name__}); "
+                 "expected numeric arrays saved with numpy.savez")]
     out = []
     if x_dtype.kind not in "biuf":
         out.append(f"has X of {x_dtype}; expected numbers")

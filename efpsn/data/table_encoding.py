@@ -16,7 +16,7 @@ import numpy as np
 from efpsn.data.tables import CsvCells, Problem, RawTable, is_missing, number_of, rows_text
 from efpsn.params.table import TableColumn, TableSchema
 
-__all__ = ["EncodedTable", "NO_TABLE_HINT", "encode_table", "plain_schema", "raw_table_of"]
+__all__ = ["NO_TABLE_HINT", "EncodedTable", "encode_table", "plain_schema", "raw_table_of"]
 
 NO_TABLE_HINT = ("the run has no table schema, which text columns and class names need (a "
                  "--data-dir folder makes one; on separate hosts `efpsn data schema` writes one "

@@ -18,9 +18,9 @@ from efpsn.flags.names import check_flags_against_folder, check_key_policy, run_
 from efpsn.jsonfile import write_json
 from efpsn.launch.failures import diagnose, failure_file
 from efpsn.launch.forking import ForkServer, can_fork_agents
-from efpsn.launch.progress import ProgressMode, make_progress
 from efpsn.launch.placement import DEFAULT_PLACEMENT, assign_cpus, cpus_env, launcher_cpus
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
+from efpsn.launch.progress import ProgressMode, make_progress
 from efpsn.launch.summary import (
     ProblemBuild,
     format_metrics,

@@ -281,7 +281,7 @@ class RunConfig:
                 f"the table's label column {table.label_column!r} holds "
                 + ("numbers (a numeric target) and the task is "
                    f"{str(self.task)!r}: use --task ridge" if table.label == "number" else
-                   f"classes and the task is ridge: use a classifier (--task logreg)"))
+                   "classes and the task is ridge: use a classifier (--task logreg)"))
         if table.classes is not None and table.classes != self.classes:
             raise ValueError(f"the table schema has {table.classes} class names, but the run "
                              f"says {self.classes} classes: give --classes {table.classes}, "

@@ -184,8 +184,9 @@ class TableSchema:
         """Parse to_json's form; ValueError names the field that is wrong."""
         if values in ({}, None):
             return cls()
-        if not isinstance(values, dict):
-            raise ValueError(f"table schema: expected a JSON object, got {_shown(values)}")
+        if not isinstance(values, dict):  # a bad file, not a bad argument: ValueError
+            raise ValueError(  # noqa: TRY004
+                f"table schema: expected a JSON object, got {_shown(values)}")
         known = {"label_column", "label", "class_names", "columns", "drop", "agreed"}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -193,8 +194,8 @@ class TableSchema:
                              f"{', '.join(map(repr, unknown))}; expected only "
                              f"{', '.join(sorted(known))}")
         raw = values.get("columns")
-        if not isinstance(raw, list):
-            raise ValueError(f"table schema: columns must be a list of {{\"name\": ..., "
+        if not isinstance(raw, list):  # a bad file, not a bad argument: ValueError
+            raise ValueError(f"table schema: columns must be a list of {{\"name\": ..., "  # noqa: TRY004
                              f"\"categories\": [...]}}, got {_shown(raw)}")
         columns = []
         for c in raw:

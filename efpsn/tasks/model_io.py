@@ -19,7 +19,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -58,7 +58,7 @@ class ModelMetadata:
     format_version: int = FORMAT_VERSION
     # scale "standard": per feature (global mean, global standard deviation) of the run
     standardisation: tuple[tuple[float, ...], tuple[float, ...]] | None = None
-    table: TableSchema = TableSchema()  # how a .csv's rows become its inputs, the class names
+    table: TableSchema = field(default_factory=TableSchema)  # a .csv's encoding, class names
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task", TaskSpec.of(self.task))
