@@ -119,8 +119,8 @@ def test_every_cell_problem_of_a_file_is_found(tmp_path: Path) -> None:
     encoded, problems = encode_table(SCHEMA, raw, where="t.csv")
     assert encoded is None
     assert [str(p) for p in problems] == [
-        "t.csv is ragged: row 4 (line 5) has 5 fields where the header has 4; expected every "
-        "row to have one value per column"]
+        ("t.csv is ragged: row 4 (line 5) has 5 fields where the header has 4; expected every "
+         "row to have one value per column")]
     path.write_text("x,island,species,id\n1,n,a,p\nq,w,z,p\n2,s,,p\n")
     _, problems = encode_table(SCHEMA, read_raw_table(path, refuse=ValueError), where="t.csv")
     texts = [str(p) for p in problems]
@@ -134,9 +134,9 @@ def test_every_cell_problem_of_a_file_is_found(tmp_path: Path) -> None:
 
 
 def test_a_csv_that_cannot_be_a_table_is_said_at_once(tmp_path: Path) -> None:
-    for text, message in (("", "is empty"), ("a,a,label\n1,2,0\n", "names the column 'a' "
-                                                                   "twice"),
-                          ("a,,label\n1,2,0\n", "has a column without a name")):
+    cases = (("", "is empty"), ("a,a,label\n1,2,0\n", "names the column 'a' twice"),
+             ("a,,label\n1,2,0\n", "has a column without a name"))
+    for text, message in cases:
         (tmp_path / "t.csv").write_text(text)
         with pytest.raises(ValueError, match=message):
             read_raw_table(tmp_path / "t.csv", refuse=ValueError)
