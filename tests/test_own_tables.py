@@ -291,11 +291,11 @@ def test_a_spreadsheet_export_written_by_hand(tmp_path: Path) -> None:
     assert table.class_names == ("No", "Yes") and inspected.missing
     assert table.feature_names() == ("Age", "Blood pressure, systolic", "Smoker=No",
                                      "Smoker=Yes", "Region=North, rural", "Region=South")
-    config = config_from_values({"holdout": 0} if False else {}, folder=inspected,
-                                resolve=False)
+    config = config_from_values({}, folder=inspected, resolve=False)
     local = load_data_dir(config, inspected.layout, holdout=0.0)
     x = local[0].train.images.numpy()
-    assert x[2, 0] == 47.0 and np.isnan(x[1, 1]) and np.isnan(local[1].train.images[0, 0])
+    assert x[2, 0] == 47.0 and np.isnan(x[1, 1])
+    assert np.isnan(local[1].train.images.numpy()[0, 0])
     assert local[0].train.labels.tolist() == [1, 0, 0, 1]  # Yes, No, No, Yes
 
 
