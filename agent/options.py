@@ -72,7 +72,7 @@ class AgentOptions:
     data: Path | None = None
     holdout: float = 0.2
     test_data: Path | None = None
-    label_column: str = "label"
+    label_column: str | None = None  # None: the run's table schema's, else "label"
     quiet: bool = False  # no progress line per evaluation
     # Phase II: seconds a neighbour may stay silent before this agent asks the coordinator
     # whether it left for good (agent/departure/silence.py). None: the run's round timeout; 0: never
