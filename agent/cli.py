@@ -47,6 +47,12 @@ def _agent(args: argparse.Namespace) -> int:
     from efpsn.process.title import set_title
 
     set_title(args.name, str(args.results))  # `efpsn agent2 RESULTS` in ps, forked or not
+    if args.data:  # its own files, every problem at once, before any port or key
+        from efpsn.data.inspection import check_own_files
+
+        check_own_files({f"{args.name}'s {Path(p).name}": Path(p)
+                         for p in (args.data, args.test_data) if p},
+                        label_column=args.label_column)
     from agent.node import AgentNode
     from agent.options import AgentOptions
 
@@ -110,7 +116,9 @@ def configure(agent: argparse.ArgumentParser) -> None:
     data.add_argument("--data", default=None,
                       help=".npz with arrays X (samples first) and y (integer labels), .csv with "
                            "a header row, or a folder of IDX files")
-    data.add_argument("--label-column", default="label", help="label column of a .csv")
+    data.add_argument("--label-column", default=None,
+                      help="label column of a .csv (default: the run's table schema's, else "
+                           "label)")
     data.add_argument("--holdout", type=float, default=0.2,
                       help="fraction held out locally for evaluation (default 0.2; 0: none)")
     data.add_argument("--test-data", default=None,

@@ -72,7 +72,7 @@ class AgentOptions:
     data: Path | None = None
     holdout: float = 0.2
     test_data: Path | None = None
-    label_column: str = "label"
+    label_column: str | None = None  # None: the run's table schema's, else "label"
     quiet: bool = False  # no progress line per evaluation
     # a party of a seat the run leaves empty (RunConfig.late): it asks the running network to
     # take it in (Coordinator.Join) instead of registering before the start

@@ -40,7 +40,7 @@ def write_results(folder: Path, *, session: Session, name: str, x: torch.Tensor,
         np.save(fh, x.detach().cpu().numpy().astype("<f8"), allow_pickle=False)
     tmp.replace(folder / "model.npy")
     save_model(folder / MODEL_FILE, task=session.problem.task, x=x, scale=session.config.scale,
-               standardisation=session.standardisation)
+               standardisation=session.standardisation, table=session.config.table)
     result: dict[str, Any] = {
         "settings": session.config.to_dict(),
         "privacy": privacy_statement(session.config, session.problem.graph).to_json(),

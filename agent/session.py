@@ -151,9 +151,9 @@ async def open_session(assignment: Assignment, *, name: str, prepared: Prepared)
 
 
 def stats_request_bytes(*, agents: int, features: int) -> int:
-    """The largest flood message of the secure sum: every agent's masked vector of 1 + 2d
-    entries, with framing."""
-    return HEADER_BYTES + agents * ((1 + 2 * features) * ENTRY_BYTES + 16)
+    """The largest flood message of the secure sum: every agent's masked vector of 1 + 3d
+    entries (efpsn/stats/column_sums.py), with framing."""
+    return HEADER_BYTES + agents * ((1 + 3 * features) * ENTRY_BYTES + 16)
 
 
 # A Header (run id and sender of at most a few dozen characters, round, phase) with framing.

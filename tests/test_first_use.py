@@ -100,12 +100,14 @@ def test_a_csv_folder_runs_with_no_other_run_flag_and_its_model_loads(tmp_path: 
 
 
 @pytest.mark.process
-def test_nan_at_agent2_fails_the_run_with_agent2s_reason_first(tmp_path: Path) -> None:
-    # prepare: one NaN in agent2's file
+def test_a_value_too_large_at_agent2_fails_the_run_with_agent2s_reason_first(
+        tmp_path: Path) -> None:
+    # prepare: one value too large for float64 arithmetic in agent2's file (what the folder's
+    # one pass does not look at: only the agent checks its values' range)
     data = user_folder(tmp_path / "D")
     path = data / "agent2" / "train.csv"
     rows = path.read_text().splitlines()
-    rows[4] = "nan" + rows[4][rows[4].index(","):]  # line 5 of the file
+    rows[4] = "1e300" + rows[4][rows[4].index(","):]  # line 5 of the file
     path.write_text("\n".join(rows) + "\n")
     # execute
     out = efpsn("up", "--data-dir", str(data), "--iterations", "300", "--results", "R",
@@ -115,11 +117,12 @@ def test_nan_at_agent2_fails_the_run_with_agent2s_reason_first(tmp_path: Path) -
     assert out.returncode == 2, out.stderr[-3000:]
     before, error = out.stderr.split("efpsn: error: ", 1)
     assert "agent" not in before, before  # the progress bar only
-    assert error.splitlines() == [
-        (f"agent2: {path}: X has non-finite values (NaN or inf), the first at row 4 (line 5), "
-         "column 'x0'; expected finite numbers"),
-        "agent1, agent3 stopped because agent2 did",
-        "logs: R/logs/"], error
+    lines = error.splitlines()
+    assert lines[0].startswith(f"agent2: {path}: X has a value too large for float64 "
+                               "arithmetic at row 4 (line 5), column 'x0': its magnitude "
+                               "exceeds "), error
+    assert "1e300" not in lines[0]  # the cell, never its value
+    assert lines[1:] == ["agent1, agent3 stopped because agent2 did", "logs: R/logs/"], error
     assert not (tmp_path / "R" / "summary.json").exists()
     assert not (tmp_path / "R" / "model.safetensors").exists()
     assert leftovers(str(tmp_path)) == ""

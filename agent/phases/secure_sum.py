@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import math
 from collections.abc import Callable
 
@@ -43,11 +44,12 @@ from efpsn.wire.stats import StatsRecord, stats_message
 __all__ = ["SecureSum", "standardised_session", "stats_length"]
 
 FORMAT = 1  # of STATE/totals.json
+log = logging.getLogger("efpsn.agent")
 
 
 def stats_length(session: Session) -> int:
-    """Entries of a masked statistics vector in this run: 1 + 2d."""
-    return 1 + 2 * math.prod(session.problem.task.shape)
+    """Entries of a masked statistics vector in this run: 1 + 3d (efpsn/stats/column_sums.py)."""
+    return 1 + 3 * math.prod(session.problem.task.shape)
 
 
 class SecureSum:
@@ -125,7 +127,8 @@ class SecureSum:
         before phase II."""
         self.store.save_record(TOTALS, {
             "format": FORMAT, "run_id": run_id, "count": totals.count,
-            "sums": [str(v) for v in totals.sums], "squares": [str(v) for v in totals.squares]})
+            "sums": [str(v) for v in totals.sums], "squares": [str(v) for v in totals.squares],
+            "present": list(totals.present)})
 
     def reload(self, *, run_id: str, name: str) -> Totals:
         """A restart: the totals saved before phase II (the sum is never summed again); an
@@ -151,7 +154,8 @@ class SecureSum:
                 return None
             return Totals(count=int(payload["count"]),
                           sums=tuple(int(v) for v in payload["sums"]),
-                          squares=tuple(int(v) for v in payload["squares"]))
+                          squares=tuple(int(v) for v in payload["squares"]),
+                          present=tuple(int(v) for v in payload.get("present", ())))
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"{path} is damaged: {exc}") from None
 
@@ -211,12 +215,15 @@ def standardised_session(session: Session, prepared: Prepared, totals: Totals, *
     step rule resolved with it, exactly as the simulator does (efpsn/stats/standardise.py), and this
     agent's data standardised with the totals (its training part checked against the step
     rule's curvature bound)."""
-    if len(totals.sums) != stats_length(session) // 2:
+    if len(totals.sums) != stats_length(session) // 3:
         raise AgentFailure(f"{who}: the totals have {len(totals.sums)} columns, the run's data "
-                           f"{stats_length(session) // 2}")
+                           f"{stats_length(session) // 3}")
     config = with_count_l2(session.config, totals).resolved()
     assert prepared.local is not None
     local = standardise_local(prepared.local, totals, who=who, moment_bound=config.moment_bound)
+    if local.missing:  # this agent's own log only: the count is a statistic of its data
+        log.info("%s: filled %d empty cells of its own table with the network's column means",
+                 who, local.missing)
     task = build_task(config)
     resolved = Prepared(config=config, task=task, local=local,
                         problem=build_problem(config, local={}, task=task))

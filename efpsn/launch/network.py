@@ -7,13 +7,14 @@ import asyncio
 import math
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from efpsn.data.folders import inspect_data_dir
+from efpsn.data.folders import DataDirLayout, inspect_data_dir
 from efpsn.flags.names import check_flags_against_folder, check_key_policy, run_parameters_args
 from efpsn.jsonfile import write_json
 from efpsn.launch.deaths import DeathWatch
@@ -22,6 +23,7 @@ from efpsn.launch.forking import ForkServer, can_fork_agents
 from efpsn.launch.placement import DEFAULT_PLACEMENT, assign_cpus, cpus_env, launcher_cpus
 from efpsn.launch.ports import agent_ports
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
+from efpsn.launch.progress import ProgressMode, make_progress, say_beside
 from efpsn.launch.record import default_results, saved_states, write_network_record
 from efpsn.launch.summary import (
     ProblemBuild,
@@ -40,6 +42,9 @@ from efpsn.wire.records import Phase
 from efpsn.wire.status_client import AgentStatus, StatusPoller
 from efpsn.wire.tls import TlsConfig, generate_certificates
 
+if TYPE_CHECKING:
+    from efpsn.data.inspection import DataFolder
+
 __all__ = ["LaunchOptions", "NetworkFailed", "launch_local_network"]
 
 
@@ -53,10 +58,13 @@ class LaunchOptions:
 
     results: Path | None = None
     host: str = "127.0.0.1"
-    quiet: bool = False
+    quiet: bool = False  # no progress display (progress "none")
+    progress: ProgressMode = "bar"  # a terminal bar, plain lines (a notebook), or none
+    stop: threading.Event | None = None  # set: stop the network (efpsn.notebook.train's Ctrl-C)
     insecure: bool = False
-    checkpoint_every: int | None = None
-    data_dir: Path | None = None
+    checkpoint_every: int | None = 50  # the agents' (None: their own default)
+    data_dir: Path | None = None  # agent-local data: the folder (its layout is read here) ...
+    folder: DataFolder | None = None  # ... or the folder as the command inspected it, once
     holdout: float = 0.2
     label_column: str | None = None  # .csv label column (default: schema.json's, else label)
     start_timeout: float = 120.0
@@ -71,7 +79,7 @@ class LaunchOptions:
 
 
 def _agent_args(config: RunConfig, opts: LaunchOptions, names: list[str],
-                tls_args: list[str]) -> dict[str, list[str]]:
+                tls_args: list[str], layout: DataDirLayout | None) -> dict[str, list[str]]:
     """Each agent's own command line (its data folder, crash safety, test hooks)."""
     common = list(tls_args)
     if opts.checkpoint_every is not None:
@@ -86,9 +94,8 @@ def _agent_args(config: RunConfig, opts: LaunchOptions, names: list[str],
     if opts.allow_insecure_keys:
         common.append("--allow-insecure-keys")
     out = {name: list(common) for name in names}
-    if opts.data_dir is not None:
-        layout = inspect_data_dir(opts.data_dir)
-        column = layout.label_column(opts.label_column)
+    if layout is not None:
+        column = config.table.label_column or layout.label_column(opts.label_column)
         for name in names:
             out[name] += ["--data", str(layout.files[name]), "--holdout", repr(opts.holdout),
                           "--label-column", column]
@@ -101,20 +108,24 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
     """Run a whole network locally; return the summary (also written to RESULTS/summary.json).
 
     Mutual TLS by default: a fresh CA and one certificate per process go to RESULTS/tls
-    (insecure runs plaintext). With `data_dir` (config.data "local"), agent K reads only its
-    own folder DATA_DIR/agentK (and the public DATA_DIR/test.npz); this process never reads
-    a private feature (the config's schema may come from the files' headers and labels:
-    efpsn.data.folder_schema). A failure raises NetworkFailed leading with the agent whose own error
+    (insecure runs plaintext). With `folder` (a DataFolder, the command's one inspection of
+    the --data-dir folder: efpsn/data/inspection.py) or `data_dir` (config.data "local"),
+    agent K reads only its own folder DATA_DIR/agentK (and the public test file); this
+    function reads no private file (the one pass that made the config's schema and table
+    schema read them, as every party's operator, before anything started; the summary reads
+    the public test file). A failure raises NetworkFailed leading with the agent whose own error
     stopped the run. Every process it starts is stopped before it returns or raises, and stops
     by itself if this process is killed (efpsn/process/lifeline.py). `options` are LaunchOptions'
     fields."""
     opts = LaunchOptions(**options)
     check_key_policy(config, allow_insecure_keys=opts.allow_insecure_keys)
     local_mode = config.data == LOCAL_DATA
-    if local_mode != (opts.data_dir is not None):
+    layout = (opts.folder.layout if opts.folder is not None else
+              None if opts.data_dir is None else inspect_data_dir(opts.data_dir))
+    if local_mode != (layout is not None):
         raise ValueError("efpsn up: give --data-dir DIR for local data (and only then)")
-    if opts.data_dir is not None:  # every party's folder in the run, before anything starts
-        check_flags_against_folder({"agents": config.agents}, inspect_data_dir(opts.data_dir))
+    if layout is not None:  # every party's folder in the run, before anything starts
+        check_flags_against_folder({"agents": config.agents}, layout)
     if config.data.startswith("idx:") and not Path(config.data[4:]).is_dir():
         raise ValueError(f"data {config.data!r}: no such folder (the agents would all fail "
                          "on it)")
@@ -139,7 +150,7 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
         # status polling as each agent's operator: its own certificate (loss and accuracy are
         # shown to nobody else)
         monitor = {name: TlsConfig.from_dir(tls_dir, name) for name in names}
-    agent_args = _agent_args(config, opts, names, tls_args)
+    agent_args = _agent_args(config, opts, names, tls_args, layout)
     host = opts.host
     children: list[Child] = []
     runner = asyncio.Runner()  # one loop for the run: the poller's channels stay open
@@ -182,9 +193,10 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
         deadline = (opts.departure_deadline if opts.departure_deadline is not None
                     else config.round_timeout_seconds)
         coordinator_mb = _watch(runner, poller, agents, addresses, config, build,
-                                quiet=opts.quiet, folder=folder, coordinator=coordinator,
+                                progress="none" if opts.quiet else opts.progress,
+                                stop=opts.stop, folder=folder, coordinator=coordinator,
                                 deadline=deadline)
-        test, column = _public_test(opts)
+        test, column = _public_test(config, opts, layout)
         gone = _departed(agents, folder)
         return _summarise(config, build, folder, [n for n in names if n not in gone],
                           started=started, started_at=started_at,
@@ -225,12 +237,12 @@ def _start_agents(argv: dict[str, list[str]], folder: Path, opts: LaunchOptions,
     return agents
 
 
-def _public_test(opts: LaunchOptions) -> tuple[Path | None, str]:
+def _public_test(config: RunConfig, opts: LaunchOptions,
+                 layout: DataDirLayout | None) -> tuple[Path | None, str]:
     """The public test file of the data folder (and its .csv label column), if any."""
-    if opts.data_dir is None:
+    if layout is None:
         return None, "label"
-    layout = inspect_data_dir(opts.data_dir)
-    return layout.test, layout.label_column(opts.label_column)
+    return layout.test, config.table.label_column or layout.label_column(opts.label_column)
 
 
 def _explain(agents: list[Child], folder: Path, *, fallback: str) -> str:
@@ -242,7 +254,8 @@ def _explain(agents: list[Child], folder: Path, *, fallback: str) -> str:
 
 
 def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
-           addresses: dict[str, str], config: RunConfig, build: ProblemBuild, *, quiet: bool,
+           addresses: dict[str, str], config: RunConfig, build: ProblemBuild, *,
+           progress: ProgressMode, stop: threading.Event | None,
            folder: Path, coordinator: Child, deadline: float) -> float | None:
     """Poll the agents until every one has exited; a progress bar for the person watching. An
     agent that dies is named at once (efpsn/launch/deaths.py), a resume and a departure said
@@ -251,17 +264,15 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
     one that died without recording why (killed): the others may finish without it
     (agent/departure/); at the end every agent must have exited 0 or have been declared gone
     by the others. Returns the coordinator's peak memory (MB) as last seen while it ran."""
-    from tqdm import tqdm
-
     # a scale standard run's rounds are known once the agents have the totals: no total then
-    bar = tqdm(total=config.iterations.count, disable=quiet, unit="round", desc="network")
+    bar = make_progress(progress, total=config.iterations.count)
     seen: dict[str, AgentStatus] = {}
-    said = _News(lambda line: tqdm.write(f"efpsn up: {line}", file=sys.stderr))
+    said = _News(lambda line: say_beside(bar, f"efpsn up: {line}"))
     with DeathWatch(agents, say=said.line, last_seen=seen, deadline=deadline) as deaths:
         try:
             return _poll(runner, poller, agents, addresses, config, build, bar=bar,
                          folder=folder, coordinator=coordinator, departures=deadline != 0,
-                         seen=seen, news=said)
+                         seen=seen, news=said, stop=stop)
         finally:
             deaths.close()  # the launcher stops the others itself now: no more lines
             bar.close()
@@ -294,12 +305,15 @@ class _News:
 def _poll(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
           addresses: dict[str, str], config: RunConfig, build: ProblemBuild, *, bar: Any,
           folder: Path, coordinator: Child, departures: bool, seen: dict[str, AgentStatus],
-          news: _News) -> float | None:
+          news: _News, stop: threading.Event | None) -> float | None:
     """_watch's loop: `seen` gets every agent's last status, `news` what they report."""
     assigned: set[str] = set()
     # read once before the loop too: forked agents may finish a short run before it first polls
     coordinator_mb = peak_rss_mb(coordinator.process.pid) if coordinator.running else None
     while any(a.running for a in agents):
+        if stop is not None and stop.is_set():  # asked from another thread (a notebook)
+            raise KeyboardInterrupt("the network was stopped; every process it started is "
+                                    "stopped")
         if coordinator.running:
             coordinator_mb = peak_rss_mb(coordinator.process.pid) or coordinator_mb
         if any(a.process.poll() not in (None, 0)
@@ -319,7 +333,7 @@ def _poll(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
             build.start()  # every agent is in phase II: start-up is over
         if statuses:
             bar.update(max(0, min(s.round for s in statuses.values()) - bar.n))
-            shown = _progress_figures(statuses.values())
+            shown = _progress_figures(statuses.values(), regression=config.task.regression)
             if shown:
                 bar.set_postfix(**shown)
         time.sleep(0.5)
@@ -348,14 +362,14 @@ def _departed(agents: list[Child], folder: Path) -> set[str]:
     return gone
 
 
-def _progress_figures(statuses: Any) -> dict[str, str]:
+def _progress_figures(statuses: Any, *, regression: bool = False) -> dict[str, str]:
     losses = [s.loss for s in statuses if not math.isnan(s.loss)]
     accs = [s.accuracy for s in statuses if not math.isnan(s.accuracy)]
     shown = {}
     if losses:
         shown["loss"] = f"{statistics.fmean(losses):.4f}"
     if accs:  # agent-local data: public-test accuracy only (or nothing)
-        shown["acc"] = f"{statistics.fmean(accs):.3f}"
+        shown["R2" if regression else "acc"] = f"{statistics.fmean(accs):.3f}"
     return shown
 
 

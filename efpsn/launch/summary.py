@@ -113,18 +113,37 @@ def summarize_reports(problem: Any, folder: Path, names: list[str], *,
     if test_path is not None:  # public: the same file every agent was given
         c = problem.config
         raw = read_data(test_path, who="efpsn up", label_column=label_column,
-                        classes=c.classes)
+                        classes=c.classes, table=c.table, regression=c.task.regression)
         test = check_arrays(raw.features, raw.labels, path=test_path, who="efpsn up",
                             shape=parse_shape(c.input_shape), classes=c.classes,
-                            divisor=c.divisor, cells=raw.cells)
+                            divisor=c.divisor, cells=raw.cells, regression=c.task.regression,
+                            missing=raw.missing, fills=c.scale.standard)
         if standardisation is not None:  # as every agent standardised its copy
             from efpsn.stats.standardise import standardise_dataset
 
             test = standardise_dataset(test, *standardisation)
         final["accuracy"] = float(problem.task.accuracy(x_bar, test))
+        if c.task.regression:
+            final["r2"] = final["accuracy"]
+        elif c.table.class_names:  # the classes by name: each one's share recognised
+            final["accuracy_by_class"] = per_class_accuracy(problem.task, x_bar, test,
+                                                            c.table.class_names)
     else:
         final["accuracy"] = final.get("mean_holdout_accuracy", math.nan)
     return _summary(problem, results, final, x_bar)
+
+
+def per_class_accuracy(task: Any, x: Any, data: Any, names: tuple[str, ...]
+                       ) -> dict[str, float | None]:
+    """Each class's share of its test samples the model predicts right, by class name (None:
+    the class has no sample in the set)."""
+    predicted = task.predict(x, data.images).numpy()
+    labels = data.labels.numpy()
+    out: dict[str, float | None] = {}
+    for k, name in enumerate(names):
+        mine = labels == k
+        out[name] = float((predicted[mine] == k).mean()) if mine.any() else None
+    return out
 
 
 def save_average(problem: Any, folder: Path, x_bar: Any, *,
@@ -135,7 +154,8 @@ def save_average(problem: Any, folder: Path, x_bar: Any, *,
     from efpsn.tasks.model_io import MODEL_FILE, save_model
 
     return save_model(folder / MODEL_FILE, task=problem.task, x=x_bar,
-                      scale=problem.config.scale, standardisation=standardisation)
+                      scale=problem.config.scale, standardisation=standardisation,
+                      table=problem.config.table)
 
 
 def _standardised_problem(problem: Any, folder: Path, names: list[str], results: list[dict]
@@ -156,15 +176,18 @@ def _standardised_problem(problem: Any, folder: Path, names: list[str], results:
             (np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)))
 
 
-def format_reports(final: dict[str, float], *, public_test: bool) -> str:
+def format_reports(final: dict[str, float], *, public_test: bool,
+                   score: str = "accuracy") -> str:
+    """The final line of agent-local data; `score`: what "accuracy" measures (the task's
+    score_name: accuracy, or R^2 for ridge)."""
     if public_test:
-        parts = [f"test accuracy {final['accuracy']:.4f} (x_bar, public test set)"]
+        parts = [f"test {score} {final['accuracy']:.4f} (x_bar, public test set)"]
     else:
         own = "the agents' own, on their held-out parts; no public test set"
-        parts = [f"accuracy {final['accuracy']:.4f} ({own})" if not math.isnan(final["accuracy"])
-                 else "accuracy n/a (no test set, no held-out part)"]
+        parts = [f"{score} {final['accuracy']:.4f} ({own})" if not math.isnan(final["accuracy"])
+                 else f"{score} n/a (no test set, no held-out part)"]
     if public_test and "mean_holdout_accuracy" in final:
-        parts.append(f"mean local holdout accuracy {final['mean_holdout_accuracy']:.4f}")
+        parts.append(f"mean local holdout {score} {final['mean_holdout_accuracy']:.4f}")
     parts += [f"mean local loss {final['mean_agent_loss']:.4g}",
               f"consensus {final['consensus']:.3g}"]
     return ", ".join(parts)
@@ -244,7 +267,7 @@ def _public_problem(config: RunConfig, *, local: bool) -> tuple[Any, Any]:
 
     configure_threads()
     problem = build_problem(config, local={} if local else None)
-    if local or not problem.config.task.logreg:
+    if local or not problem.config.task.linear:
         return problem, None
     from efpsn.tasks.optimum import centralized_optimum
 
@@ -284,11 +307,12 @@ class ProblemBuild:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def format_metrics(metrics: dict[str, float]) -> str:
-    """One line of a metrics record for a person: accuracy, loss, optimality, consensus."""
+def format_metrics(metrics: dict[str, float], *, score: str = "accuracy") -> str:
+    """One line of a metrics record for a person: accuracy (`score`: R^2 for ridge), loss,
+    optimality, consensus."""
     accuracy = metrics["accuracy"]
-    parts = [f"accuracy {accuracy:.4f}" if not math.isnan(accuracy)
-             else "accuracy n/a (no test set, no held-out part)", f"loss {metrics['loss']:.4g}"]
+    parts = [f"{score} {accuracy:.4f}" if not math.isnan(accuracy)
+             else f"{score} n/a (no test set, no held-out part)", f"loss {metrics['loss']:.4g}"]
     if "deviation" in metrics:
         parts.append(f"||x_bar - x*|| {metrics['deviation']:.3g}"
                      f" (relative {metrics['relative_deviation']:.3g})")

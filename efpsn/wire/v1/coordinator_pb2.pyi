@@ -145,7 +145,7 @@ class Peer(_message.Message):
     def __init__(self, name: _Optional[str] = ..., index: _Optional[int] = ..., address: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
 
 class RunParameters(_message.Message):
-    __slots__ = ("agents", "topology", "task", "algorithm", "mask", "gamma", "p", "precision", "K", "m", "N", "selection", "basis_seed", "iterations", "batch_size", "schedule", "seed", "key_bits", "packed", "partition", "data", "test_fraction", "l2", "eval_every", "round_timeout_seconds", "input_shape", "classes", "scale", "refresh", "clip", "momentum", "stop_every", "tail", "late")
+    __slots__ = ("agents", "topology", "task", "algorithm", "mask", "gamma", "p", "precision", "K", "m", "N", "selection", "basis_seed", "iterations", "batch_size", "schedule", "seed", "key_bits", "packed", "partition", "data", "test_fraction", "l2", "eval_every", "round_timeout_seconds", "input_shape", "classes", "scale", "refresh", "clip", "momentum", "stop_every", "tail", "table", "late")
     AGENTS_FIELD_NUMBER: _ClassVar[int]
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +179,7 @@ class RunParameters(_message.Message):
     MOMENTUM_FIELD_NUMBER: _ClassVar[int]
     STOP_EVERY_FIELD_NUMBER: _ClassVar[int]
     TAIL_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
     LATE_FIELD_NUMBER: _ClassVar[int]
     agents: int
     topology: str
@@ -213,8 +214,9 @@ class RunParameters(_message.Message):
     momentum: float
     stop_every: int
     tail: str
+    table: str
     late: str
-    def __init__(self, agents: _Optional[int] = ..., topology: _Optional[str] = ..., task: _Optional[str] = ..., algorithm: _Optional[str] = ..., mask: _Optional[str] = ..., gamma: _Optional[float] = ..., p: _Optional[float] = ..., precision: _Optional[int] = ..., K: _Optional[int] = ..., m: _Optional[int] = ..., N: _Optional[int] = ..., selection: _Optional[str] = ..., basis_seed: _Optional[int] = ..., iterations: _Optional[int] = ..., batch_size: _Optional[int] = ..., schedule: _Optional[str] = ..., seed: _Optional[int] = ..., key_bits: _Optional[int] = ..., packed: _Optional[bool] = ..., partition: _Optional[str] = ..., data: _Optional[str] = ..., test_fraction: _Optional[float] = ..., l2: _Optional[float] = ..., eval_every: _Optional[int] = ..., round_timeout_seconds: _Optional[float] = ..., input_shape: _Optional[str] = ..., classes: _Optional[int] = ..., scale: _Optional[str] = ..., refresh: _Optional[str] = ..., clip: _Optional[float] = ..., momentum: _Optional[float] = ..., stop_every: _Optional[int] = ..., tail: _Optional[str] = ..., late: _Optional[str] = ...) -> None: ...
+    def __init__(self, agents: _Optional[int] = ..., topology: _Optional[str] = ..., task: _Optional[str] = ..., algorithm: _Optional[str] = ..., mask: _Optional[str] = ..., gamma: _Optional[float] = ..., p: _Optional[float] = ..., precision: _Optional[int] = ..., K: _Optional[int] = ..., m: _Optional[int] = ..., N: _Optional[int] = ..., selection: _Optional[str] = ..., basis_seed: _Optional[int] = ..., iterations: _Optional[int] = ..., batch_size: _Optional[int] = ..., schedule: _Optional[str] = ..., seed: _Optional[int] = ..., key_bits: _Optional[int] = ..., packed: _Optional[bool] = ..., partition: _Optional[str] = ..., data: _Optional[str] = ..., test_fraction: _Optional[float] = ..., l2: _Optional[float] = ..., eval_every: _Optional[int] = ..., round_timeout_seconds: _Optional[float] = ..., input_shape: _Optional[str] = ..., classes: _Optional[int] = ..., scale: _Optional[str] = ..., refresh: _Optional[str] = ..., clip: _Optional[float] = ..., momentum: _Optional[float] = ..., stop_every: _Optional[int] = ..., tail: _Optional[str] = ..., table: _Optional[str] = ..., late: _Optional[str] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("run_id", "index", "name", "neighbours", "self_weight", "num_agents", "members", "join_round", "join_epoch", "edges", "join_cap")
