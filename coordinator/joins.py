@@ -53,33 +53,38 @@ class JoinBoard:
         if finished:
             self.finished[name] = round_
 
-    def decide(self, index: int, name: str, *, epoch: int, pending_until: int | None,
-               last: int) -> Join:
-        """The join of seat `index` (`name`): at the next check round nobody has polled (and
-        after a departure being re-based, `pending_until`), numbered `epoch`. JoinRefused when
-        the run cannot take it any more (`last`: the members' last round as it stands)."""
+    def decide(self, index: int, *, pending_until: int | None, last: int) -> Join:
+        """The join of seat `index`: at the next check round nobody has polled (and
+        after a departure being re-based, `pending_until`); nothing recorded (`record`).
+        JoinRefused when the run cannot take it any more (`last`: the members' last round as
+        it stands)."""
         if self.finished:
             end = max(self.finished.values())
-            raise JoinRefused(f"the run ended at round {end}: {name} cannot join it")
+            raise JoinRefused(f"the run ended at round {end}")
         if any(j.agent == index for _, j, _ in self.decided):
-            raise JoinRefused(f"{name} has joined this run already")
+            raise JoinRefused("it has joined this run already")
         # after every round polled, a departure's re-base, and the joins decided before
         furthest = max(self.furthest, pending_until or 0,
                        *(j.round for _, j, _ in self.decided))
         r = (furthest // JOIN_CHECK_EVERY + 1) * JOIN_CHECK_EVERY
         if r >= last:
-            raise JoinRefused(f"{name} cannot join: the run's members are at round "
-                              f"{self.furthest} of its last round {last}, and a join takes "
-                              f"effect at a check round before it ({r})")
-        join = Join(agent=index, round=r)
-        self.decided.append((epoch, join, name))
-        self.caps[index] = last
-        return join
+            raise JoinRefused(f"the members are at round {self.furthest} and the run's last "
+                              f"round is {last}: a join takes effect at a check round before "
+                              f"it (the next is {r})")
+        return Join(agent=index, round=r)
+
+    def record(self, join: Join, name: str, *, graph: Reconfiguration, last: int) -> int:
+        """A decided join, numbered after the joins before it (the number its new edges' seeds
+        are drawn for), with the members' graph from its round and their cap before it; the
+        joiner is a member from now on (it polls too). Its number."""
+        number = len(self.decided) + 1
+        self.decided.append((number, join, name))
+        self.graphs[join.agent] = graph
+        self.caps[join.agent] = last
+        self.members.add(name)
+        return number
 
     def since(self, epoch: int) -> list[tuple[int, Join, str]]:
         """The joins decided after decision `epoch`."""
         return [entry for entry in self.decided if entry[0] > epoch]
 
-    def admit(self, name: str) -> None:
-        """A joiner is a member from now on (it polls too)."""
-        self.members.add(name)

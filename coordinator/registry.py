@@ -245,9 +245,18 @@ class Registry:
         return self.seats.index(name)
 
     def take_seat(self, name: str, address: str, declaration: Declaration) -> int:
+        """A late seat's party joins (seat_of checked it): its address and declaration are
+        recorded; its index."""
+        index = self.seat_of(name, address, declaration)
+        self.addresses[name] = address
+        self.declared[name] = declaration
+        self.joined[name] = index
+        return index
+
+    def seat_of(self, name: str, address: str, declaration: Declaration) -> int:
         """A late seat's party asks to join: its name, address and declaration checked as a
-        registration's (the same schema, the members' model); its index. NotExpected or
-        ValueError (one line: why) when it cannot."""
+        registration's (the same schema, the members' model); its index (nothing recorded).
+        NotExpected or ValueError (one line: why) when it cannot."""
         if name not in self.late:
             raise NotExpected(f"{name!r} is not a seat of this run that joins later (late "
                               f"seats: {', '.join(seat_order(self.late)) or 'none'})")
@@ -263,10 +272,7 @@ class Registry:
         if known is not None and known != address:
             raise ValueError(f"{name!r} asked to join at {known}, not {address}")
         self._check_joiner(name, declaration)
-        self.addresses[name] = address
-        self.declared[name] = declaration
-        self.joined[name] = self.index_of(name)
-        return self.joined[name]
+        return self.index_of(name)
 
     def _check_joiner(self, name: str, d: Declaration) -> None:
         """A joiner's declaration against the run's (its refusal cancels nothing)."""

@@ -212,28 +212,28 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                                   model_fingerprint=request.model_fingerprint,
                                   failure=request.failure)
         self._start_members()
-        known = next((j for e, j, n in joins.decided if n == request.name), None)
+        board = self._departures()  # before the seat is taken: absent until it joins
         try:
-            if known is not None:  # a joiner restarted before its assignment came back
+            if any(n == request.name for _, _, n in joins.decided):  # restarted before the
+                registry.seat_of(request.name, request.address, declaration)  # answer came
                 return self._join_assignment(request.name)
-            index = registry.take_seat(request.name, request.address, declaration)
-            board = self._departures()
+            index = registry.seat_of(request.name, request.address, declaration)
             pending = [d.rebase_round for d in board.decided if d.stopped is None
                        and d.capped is None and d.rebase_round > joins.furthest]
-            join = joins.decide(index, request.name, epoch=len(joins.decided) + 1,
-                                pending_until=max(pending, default=None),
-                                last=board.iterations or registry.config.iterations.total)
+            last = board.iterations or registry.config.iterations.total
+            join = joins.decide(index, pending_until=max(pending, default=None),
+                                last=last)
+            members = [i for i, n in enumerate(registry.seats) if n not in board.gone
+                       and i not in board.absent and i != index]
+            recon = join_reconfiguration(board.graph, members=members, join=join,
+                                         topology=registry.config.topology,
+                                         seed=registry.config.seed)
         except (NotExpected, ValueError) as exc:
             raise Reject(grpc.StatusCode.FAILED_PRECONDITION,
                          f"{request.name} cannot join run {registry.run_id}: {exc}") from None
-        members = [i for i, n in enumerate(registry.seats) if n not in board.gone
-                   and i not in board.absent]
-        recon = join_reconfiguration(board.graph, members=members, join=join,
-                                     topology=registry.config.topology,
-                                     seed=registry.config.seed)
+        registry.take_seat(request.name, request.address, declaration)
         board.joined(index, recon.graph)
-        joins.graphs[join.agent] = recon
-        joins.admit(request.name)
+        joins.record(join, request.name, graph=recon, last=last)
         log.warning("run %s: %s joins at round %d (neighbours %s)", registry.run_id,
                     request.name, join.round,
                     ", ".join(registry.seats[j] for j in recon.graph.neighbours(index)))

@@ -22,10 +22,6 @@ def _simulate(args: argparse.Namespace) -> int:
 
     folder = folder_of(args)  # the --data-dir folder, inspected once
     config = config_from_args(args, resolve=False, folder=folder)
-    if args.join:  # the seats that join are late ones: empty at the start
-        from efpsn.departure.joins import late_for
-
-        config = config.replace(late=late_for(args.join, config))
     local = None
     if folder is not None:
         from efpsn.data.folders import load_data_dir

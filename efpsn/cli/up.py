@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from efpsn.departure.joins import JOIN_CHECK_EVERY, parse_join
 from efpsn.flags.arguments import add_run_arguments, folder_of, network_config
 from efpsn.flags.parser import OneLineParser, add_data_dir_arguments
 from efpsn.flags.services import add_debug_flags, add_departure_flag
@@ -62,6 +63,8 @@ def run_up(args: argparse.Namespace) -> dict[str, Any]:
         "insecure_noise_seed": args.insecure_noise_seed,
         "debug_expose_mask": args.debug_expose_mask,
         "allow_insecure_keys": args.allow_insecure_keys,
+        "late": {f"agent{j.agent + 1}": j.round
+                 for j in (parse_join(text, agents=config.agents) for text in args.join)},
     }
     return launch_local_network(config, **options)
 
@@ -96,6 +99,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_run_arguments(up)
     add_data_dir_arguments(up)
     add_launch_flags(up)
+    up.add_argument("--join", action="append", default=[], metavar="agentK@R",
+                    help="agent K's seat starts empty (--late-seats, implied) and its process "
+                         "starts once every other agent has passed round R; it asks the "
+                         "coordinator to join, which names the round it takes part from (the "
+                         f"next check round, every {JOIN_CHECK_EVERY}, that no member has "
+                         "passed); from then on the run ends at the optimum of every member's "
+                         "data; repeatable")
     # numeric=False: the launcher starts the processes at once and loads torch in the
     # background, so the network's start-up does not wait for it.
     up.set_defaults(handler=_up, numeric=False)

@@ -148,15 +148,21 @@ def folder_of(args: argparse.Namespace) -> DataFolder | None:
 def config_from_args(args: argparse.Namespace, *, derived: dict[str, Any] | None = None,
                      resolve: bool = True, folder: DataFolder | None = None) -> RunConfig:
     """The RunConfig of the run flags given (efpsn.flags.names.config_from_values: flags, then
-    the --data-dir folder, then `derived`, the preset and the defaults). `folder`: the
-    command's folder as inspected once (folder_of); inspected here when the parser has
-    --data-dir and none is given."""
+    the --data-dir folder, then `derived`, the preset and the defaults), with every seat of a
+    --join late (the run parameter `late`). `folder`: the command's folder as inspected once
+    (folder_of); inspected here when the parser has --data-dir and none is given."""
     if folder is None:
         folder = folder_of(args)
-    return config_from_values(given_values(args), folder=folder,
-                              preset=getattr(args, "preset", None), derived=derived,
-                              label_column=getattr(args, "label_column", None),
-                              resolve=resolve)
+    config = config_from_values(given_values(args), folder=folder,
+                                preset=getattr(args, "preset", None), derived=derived,
+                                label_column=getattr(args, "label_column", None),
+                                resolve=False)
+    joins = getattr(args, "join", None)  # --join agentK@R (simulate, up): K's seat starts empty
+    if joins:
+        from efpsn.departure.joins import late_for
+
+        config = config.replace(late=late_for(joins, config))
+    return config.resolved() if resolve else config
 
 
 def network_config(args: argparse.Namespace, *, folder: DataFolder | None = None) -> RunConfig:

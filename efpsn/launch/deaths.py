@@ -76,6 +76,10 @@ def death_line(name: str, pid: int, ending: Ending, status: AgentStatus | None, 
             "then go on without it once the coordinator declares it gone")
 
 
+def _never() -> bool:
+    return False
+
+
 class DeathWatch:
     """`with DeathWatch(agents, say=..., last_seen=..., deadline=...)`: while the block runs,
     every agent that ends with an error is said at once (`say(line)`, from a thread)."""
@@ -89,6 +93,7 @@ class DeathWatch:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="efpsn-up-deaths", daemon=True)
         self.said: dict[str, Ending] = {}
+        self._joining: dict[str, Callable[[], bool]] = {}
 
     def __enter__(self) -> Self:
         self._thread.start()
@@ -96,6 +101,16 @@ class DeathWatch:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def watch(self, child: Child, *, joining: Callable[[], bool]) -> None:
+        """An agent started later (efpsn up --join) is watched too, once it has joined
+        (`joining()` False: the launcher says itself why one could not, efpsn/launch/late.py)."""
+        self._joining[child.name] = joining
+        self._agents = [*self._agents, child]
+
+    def unwatch(self, name: str) -> None:
+        """Agent `name` ended without joining the run: nothing to say about it here."""
+        self._agents = [a for a in self._agents if a.name != name]
 
     def close(self) -> None:
         """No more lines (before the launcher stops the others itself)."""
@@ -106,7 +121,7 @@ class DeathWatch:
     def _run(self) -> None:
         while not self._stop.is_set():
             for child in self._agents:
-                if child.name in self.said:
+                if child.name in self.said or self._joining.get(child.name, _never)():
                     continue
                 ending = how_it_ended(child.process.pid)
                 if ending is None and child.process.returncode not in (None, 0):

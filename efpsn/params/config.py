@@ -271,7 +271,10 @@ class RunConfig:
                              "converge. Use --refresh fading (the default: fresh noise every "
                              "round, exact) or --algorithm dsgd")
         self.basis_counts()
-        _ = self.late_seats  # a seat the run has, each once, and at least two at the start
+        if self.late_seats and self.scale.standard:  # a seat the run has, each once, two start
+            raise ValueError("--late-seats with scale standard: a party that joins later has no "
+                             "part in phase I's column statistics; give public scales (--scale "
+                             "none, unit or div:..., or schema.json's `scale`)")
 
     @property
     def late_seats(self) -> tuple[int, ...]:
