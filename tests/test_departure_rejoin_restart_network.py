@@ -27,8 +27,9 @@ from efpsn.simulator import run_simulation
 pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 # the deadline is longer than agent1's restart and agent3's wait for it in their exchange (its
-# neighbour agent4 waits for agent3 meanwhile): a restart must be back within it, as any
-NOISE_SEED, DEADLINE, ROUND_TIMEOUT = 7, 10.0, 30.0
+# neighbour agent4 waits for agent3 meanwhile): a restart must be back within it, and on a loaded
+# machine the restart alone (an interpreter and torch) has taken over 10 s
+NOISE_SEED, DEADLINE, ROUND_TIMEOUT = 7, 25.0, 30.0
 SURVIVORS = ["agent1", "agent3", "agent4", "agent5"]
 
 
