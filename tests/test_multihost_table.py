@@ -17,16 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
+from commands import efpsn
 from own_tables import cellar, reference_classifier
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]
 
 HOSTS = {"coordinator": "127.0.0.2", **{f"agent{k}": f"127.0.0.{k + 2}" for k in range(1, 5)}}
-
-
-def efpsn(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "efpsn", *args], cwd=cwd, check=False,
-                          capture_output=True, text=True, timeout=300)
 
 
 def test_the_coordinator_help_names_every_scale(tmp_path: Path) -> None:

@@ -42,6 +42,7 @@ def test_a_bad_flag_is_one_value_error(tmp_path: Path) -> None:
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.process
 def test_train_from_inside_a_running_event_loop(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """A Jupyter cell runs inside the kernel's event loop: train() there runs the network in a
@@ -69,6 +70,7 @@ def test_train_from_inside_a_running_event_loop(tmp_path: Path,
         summary["final"]["accuracy"])
 
 
+@pytest.mark.process
 def test_train_in_a_real_notebook(tmp_path: Path) -> None:
     """A notebook executed by a Jupyter kernel (nbclient): the cell that calls train() ends,
     its output holds the progress lines and the final line, and the model it returns

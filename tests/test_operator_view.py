@@ -12,23 +12,19 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from commands import efpsn_argv
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 AGENTS = [f"agent{k}" for k in range(1, 5)]
 FAST = ["--agents", "4", "--key-bits", "512", "--allow-insecure-keys", "--insecure-noise-seed",
         "3", "--eval-every", "50"]
-
-
-def efpsn(*args: str) -> list[str]:
-    return [sys.executable, "-m", "efpsn", *args]
 
 
 class Screen:
@@ -64,8 +60,8 @@ class Screen:
 
 
 def status(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(efpsn("status", *args), capture_output=True, text=True, timeout=60,
-                          check=False)
+    return subprocess.run(efpsn_argv("status", *args), capture_output=True, text=True,
+                          timeout=60, check=False)
 
 
 def wait_round(results: Path, round_: int, *, timeout: float = 180.0) -> dict:
@@ -105,8 +101,8 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("live")
     results = root / "run"
     proc = subprocess.Popen(
-        efpsn("up", "--iterations", "200000", "--results", str(results),
-              "--departure-deadline", "3", "--round-timeout", "60", *FAST),
+        efpsn_argv("up", "--iterations", "200000", "--results", str(results),
+                   "--departure-deadline", "3", "--round-timeout", "60", *FAST),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root)
     screen = Screen(proc)
     try:
@@ -174,7 +170,7 @@ def test_an_outsiders_certificate_sees_counts_only(live: dict) -> None:
     for step in (["request", "--name", "mallory", "--out", str(mine)],
                  ["sign", "--ca", str(results / "tls"), "--csr", str(mine / "mallory.csr"),
                   "--out", str(mine)]):
-        subprocess.run(efpsn("certs", *step), check=True, capture_output=True, timeout=60)
+        subprocess.run(efpsn_argv("certs", *step), check=True, capture_output=True, timeout=60)
     record = json.loads((results / "network.json").read_text())
     done = status("--coordinator", record["coordinator"]["address"], "--tls-dir", str(mine))
     assert done.returncode == 1 and "4 of 4 agents registered" in done.stdout, done.stdout
@@ -210,8 +206,8 @@ def test_a_killed_agent_is_named_on_the_screen_within_a_second(live: dict) -> No
 
 def test_a_stopped_run_says_how_to_resume_and_resumes(tmp_path: Path) -> None:
     results = tmp_path / "run"
-    command = efpsn("up", "--iterations", "1000", "--results", str(results),
-                    "--checkpoint-every", "50", "--no-fork", *FAST)
+    command = efpsn_argv("up", "--iterations", "1000", "--results", str(results),
+                         "--checkpoint-every", "50", "--no-fork", *FAST)
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     screen = Screen(first)
     try:
@@ -247,7 +243,7 @@ def test_a_stopped_run_says_how_to_resume_and_resumes(tmp_path: Path) -> None:
     assert f"picture {picture}" in again.stdout and picture.stat().st_size > 20_000
     picture.unlink()
     (results / "network.json").unlink()  # as an older results folder has it
-    done = subprocess.run(efpsn("report", str(results)), capture_output=True, text=True,
+    done = subprocess.run(efpsn_argv("report", str(results)), capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 0 and done.stdout.strip() == f"wrote {picture}", done.stderr
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 20_000

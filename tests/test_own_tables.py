@@ -9,12 +9,11 @@ from __future__ import annotations
 import csv
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from commands import efpsn
 from own_tables import SPREADSHEET, cellar, diabetes, reference_classifier, reference_ridge
 
 from efpsn.data.folders import load_data_dir
@@ -27,11 +26,6 @@ from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 from efpsn.stats.standardise import simulate_standardising
 from efpsn.tasks.optimum import centralized_optimum
-
-
-def efpsn(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "efpsn", *args], check=False, cwd=cwd,
-                          capture_output=True, text=True, timeout=600)
 
 
 def simulated(folder: Path, *, label: str, drop: tuple[str, ...] = (), **given: object):
@@ -56,6 +50,7 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 # ----------------------------------------------------------------------------- one pass
 
 
+@pytest.mark.process
 def test_every_problem_of_every_file_in_one_message_before_anything_starts(
         tmp_path: Path, tables: dict[str, Path]) -> None:
     # prepare: the cellar with an id, free text and a date, and, in three files, an empty
@@ -92,6 +87,7 @@ def test_every_problem_of_every_file_in_one_message_before_anything_starts(
         "simulate", "up")
 
 
+@pytest.mark.process
 def test_an_agent_checks_its_own_files_before_it_makes_a_port(tmp_path: Path) -> None:
     own = tmp_path / "mine.csv"
     own.write_text("a,b,label\n1,2,x\n3,4\n5,6,\n")
@@ -218,6 +214,7 @@ def test_empty_cells_need_scale_standard(tables: dict[str, Path]) -> None:
 # ----------------------------------------------------------------------------- numeric targets
 
 
+@pytest.mark.process
 def test_a_numeric_target_under_a_classifier_is_refused_naming_ridge(
         tmp_path: Path, tables: dict[str, Path]) -> None:
     proc = efpsn("simulate", "--data-dir", str(tables["diabetes"]), "--label-column",
@@ -257,6 +254,7 @@ def test_ridge_keeps_the_exactness_promise_and_lands_at_scikit_learn(
     assert defaults.final["accuracy"] >= reference_ridge(folder, "progression") - 0.02
 
 
+@pytest.mark.process
 def test_ridge_survives_a_departure_in_the_simulator(tables: dict[str, Path]) -> None:
     proc = efpsn("simulate", "--data-dir", str(tables["diabetes"]), "--task", "ridge",
                  "--label-column", "progression", "--leave", "agent3@150", "--quiet")
@@ -299,6 +297,7 @@ def test_a_spreadsheet_export_written_by_hand(tmp_path: Path) -> None:
     assert local[0].train.labels.tolist() == [1, 0, 0, 1]  # Yes, No, No, Yes
 
 
+@pytest.mark.process
 def test_the_table_schema_travels_as_a_run_parameter(tables: dict[str, Path],
                                                      tmp_path: Path) -> None:
     from efpsn.wire.records import decode_run_parameters, encode_run_parameters

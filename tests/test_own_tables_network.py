@@ -10,22 +10,17 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from commands import efpsn
 from own_tables import cellar, diabetes, reference_classifier, reference_ridge
 
 pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]
 
 NOISE_SEED = 5
-
-
-def efpsn(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "efpsn", *args], check=False,
-                          capture_output=True, text=True, timeout=700)
 
 
 def up(data: Path, results: Path, *flags: str) -> tuple[subprocess.CompletedProcess[str],
