@@ -22,7 +22,7 @@ log = logging.getLogger("efpsn.agent")
 
 def check_resumable(saved: SavedAssignment, *, name: str, store: StateStore) -> None:
     """AgentFailure with one line saying why, unless `saved` is this agent's unfinished run,
-    stopped after phase I (checked before this process serves anything)."""
+    stopped after phase I, or a joiner's (checked before this process serves anything)."""
     where = store.folder
     run = saved.assignment.run_id
     if saved.assignment.name != name:
@@ -34,7 +34,9 @@ def check_resumable(saved: SavedAssignment, *, name: str, store: StateStore) -> 
         raise AgentFailure(
             f"{name} already finished run {run} (state in {where}); remove that folder (or give "
             "another --results/--state-dir) to start a new run")
-    if not store.phase_one_saved():
+    # a party that joined resumes its new edges' exchange (saved before it sent anything:
+    # agent/departure/exchange_file.py), its phase I
+    if not store.phase_one_saved() and not saved.assignment.join_round:
         raise AgentFailure(
             f"{name} was stopped during phase I of run {run}: its mask was never saved (state "
             f"in {where}), and drawing a new one would break the zero sum of the masks. This "

@@ -370,6 +370,8 @@ def graph_over(spec: str, members: Iterable[int], *, agents: int, seed: int = 0)
         return Graph(agents, kept + joins, name=full.name)
     if len(present) == 1:
         return Graph(agents, (), name=spec)
+    if len(present) == 2:  # every connected graph on two agents: one edge
+        return Graph(agents, ((present[0], present[1]),), name=spec)
     small = build_graph(spec, len(present), seed=seed)
     return Graph(agents, tuple((present[a], present[b]) for a, b in small.edges),
                  name=small.name)

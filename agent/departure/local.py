@@ -77,12 +77,20 @@ class LocalDepartures:
         # seats that are no part of the run (yet): isolated in the graph
         self.absent = {i for i in range(session.config.agents)
                        if self.graph.degree(i) == 0 and i != self.me}
-        self.joins: list[JoinNotice] = []  # the joins this agent knows, in their order
+        self.joins: list[JoinNotice] = []  # the joins this agent learned, in their order
+        # a party that joined never learns the joins up to its own: its assignment's graph
+        # holds them (0 for a member from the start)
+        self.joins_before = session.assignment.join_epoch
         self.join_events: list[dict[str, Any]] = []
 
     @property
     def me(self) -> int:
         return self.session.index
+
+    @property
+    def known_joins(self) -> int:
+        """How many of the run's joins this agent knows (the coordinator's `known`)."""
+        return self.joins_before + len(self.joins)
 
     @property
     def gone(self) -> set[int]:
@@ -179,7 +187,7 @@ class LocalDepartures:
         log.warning("%s resumed with the membership changes %s applied up to round %d",
                     self.session.assignment.name,
                     ", ".join([d.label() for d in self.decided]
-                              + [f"{n.name}@{n.round} joined" for n, _ in self.joins]), c)
+                              + [f"{n.name}@{n.round} joined" for n in self.joins]), c)
 
     def _drop_at(self, t: int) -> list[int]:
         dropped: list[int] = []
@@ -222,9 +230,9 @@ class LocalDepartures:
         from the graph this agent will have at its round) and recorded; this agent's partners
         on the new edges, whose seeds it exchanges before the join's round (name -> index)."""
         me, name = self.me, self.session.assignment.name
-        if notice.number != len(self.joins) + 1:
+        if notice.number != self.known_joins + 1:
             raise AgentFailure(f"{name}: the coordinator's join number {notice.number} is not "
-                               f"the next one ({len(self.joins) + 1})")
+                               f"the next one ({self.known_joins + 1})")
         if notice.round < driver.t and not restoring:
             raise AgentFailure(f"{name}: {notice.name} joins at round {notice.round}, which "
                                f"this agent has passed (it is at round {driver.t})")

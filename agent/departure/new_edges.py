@@ -37,7 +37,7 @@ from agent.phases.shares import ShareCheck, shares_packed
 from agent.session import Session
 from agent.state import EXCHANGE, StateStore
 from efpsn.crypto import paillier
-from efpsn.departure.joins import seed_epoch
+from efpsn.departure.joins import JOIN_CHECK_EVERY, seed_epoch
 from efpsn.departure.remask import add_seeds, rejoin_generator
 from efpsn.ledger import Judgement, PhaseOneLedger, Verdict
 from efpsn.masks.refresh import FixedMask
@@ -55,13 +55,16 @@ async def exchange_new_seeds(*, session: Session, peers: Peers, mailbox: Mailbox
                              edges: NewEdges, joiners: Mapping[str, int], rebase_round: int,
                              epoch: int, noise_seed: int | None, allow_insecure_keys: bool,
                              timeout: float, store: StateStore, fixed: bool = False,
+                             keys_first: float | None = None,
                              ) -> dict[int, tuple[bytes, bytes]] | Masker:
     """This agent's seeds with each new neighbour (name -> index in `joiners`): index ->
     (s_ij, s_ji); with the paper's fixed mask (`fixed`), the finished Masker of the new edges
     (its shares drawn as efpsn/departure/remask.py's new_edge_shares draws them). `edges` takes
     the new neighbours' messages: it is told what their shares must be. The exchange is saved
     in the state folder before anything is sent (agent/departure/exchange_file.py) and resumed
-    from there."""
+    from there. `keys_first` (a party that joins): it waits up to that many seconds for every
+    new neighbour's key before it sends its own, since a member refuses a party it has not
+    heard of, and hears of a join only at its next check round (coordinator/joins.py)."""
     cfg = session.config
     names, neighbours = sorted(joiners), sorted(joiners.values())
     state = await asyncio.to_thread(_state, session, store, joiners, rebase_round=rebase_round,
@@ -89,10 +92,13 @@ async def exchange_new_seeds(*, session: Session, peers: Peers, mailbox: Mailbox
         public_key=exchange.public_key, count=exchange.ciphertexts_per_neighbour, packed=packed))
     key = serde.public_key_message(header=peers.header(Phase.KEYS, rebase_round),
                                    n=exchange.public_key.n)
+    if keys_first is not None:
+        collected = await _collect(mailbox, "key", rebase_round, names, timeout=keys_first)
     await all_or_first_error(peers.send(n, "PutPublicKey", key, timeout=timeout)
                              for n in names)
-    keys = {joiners[n]: k for n, k in (await _collect(mailbox, "key", rebase_round, names,
-                                                      timeout=timeout)).items()}
+    if keys_first is None:
+        collected = await _collect(mailbox, "key", rebase_round, names, timeout=timeout)
+    keys = {joiners[n]: k for n, k in collected.items()}
     outgoing = state.sent()  # a restart sends the very same ciphertexts again
     if outgoing and isinstance(exchange, SeedExchange):
         exchange.restore_outgoing(keys, outgoing)
@@ -234,17 +240,19 @@ class NewEdges:
         self.store.discard(EXCHANGE)
 
     async def exchange(self, session: Session, joiners: Mapping[str, int], *,
-                       rebase_round: int, epoch: int) -> dict[int, tuple[bytes, bytes]]:
+                       rebase_round: int, epoch: int, keys_first: float | None = None,
+                       ) -> dict[int, tuple[bytes, bytes]]:
         seeds = await self._exchange(session, joiners, rebase_round=rebase_round, epoch=epoch,
-                                     fixed=False)
+                                     fixed=False, keys_first=keys_first)
         assert isinstance(seeds, dict)
         return seeds
 
     async def exchange_shares(self, session: Session, joiners: Mapping[str, int], *,
-                              rebase_round: int, epoch: int) -> Masker:
+                              rebase_round: int, epoch: int,
+                              keys_first: float | None = None) -> Masker:
         """The paper's phase I on the new edges: the finished Masker holding their terms."""
         masker = await self._exchange(session, joiners, rebase_round=rebase_round, epoch=epoch,
-                                      fixed=True)
+                                      fixed=True, keys_first=keys_first)
         assert isinstance(masker, Masker)
         return masker
 
@@ -254,15 +262,17 @@ class NewEdges:
         phase I (with the paper's fixed mask, the mask their shares make), exchanged for its
         join's `number`; the exchange's state goes once done."""
         epoch = seed_epoch(number)
+        # the members hear of the join at their next check round, at most that many rounds on
+        wait = session.config.round_timeout_seconds * JOIN_CHECK_EVERY
         if session.config.refresh.refreshed:
             pairs = await self.exchange(session, partners, rebase_round=rebase_round,
-                                        epoch=epoch)
+                                        epoch=epoch, keys_first=wait)
             result: EdgeSeeds | MaskCoefficients = add_seeds(
                 EdgeSeeds(agent=session.index, sent=(), received=()), pairs)
         else:
             terms = EdgeTerms(None)
             terms.add(await self.exchange_shares(session, partners, rebase_round=rebase_round,
-                                                 epoch=epoch))
+                                                 epoch=epoch, keys_first=wait))
             zero = MaskCoefficients((0,) * session.problem.N,
                                     session.problem.noise_spec.precision)
             result = terms.joined(FixedMask(zero), partners.values()).mask
@@ -270,14 +280,16 @@ class NewEdges:
         return result
 
     async def _exchange(self, session: Session, joiners: Mapping[str, int], *,
-                        rebase_round: int, epoch: int,
-                        fixed: bool) -> dict[int, tuple[bytes, bytes]] | Masker:
+                        rebase_round: int, epoch: int, fixed: bool,
+                        keys_first: float | None = None,
+                        ) -> dict[int, tuple[bytes, bytes]] | Masker:
         start = time.perf_counter()
         seeds = await exchange_new_seeds(
             session=session, peers=self.peers, mailbox=self.mailbox, edges=self,
             joiners=joiners, rebase_round=rebase_round, epoch=epoch, noise_seed=self.noise_seed,
             allow_insecure_keys=self.allow_insecure_keys,
-            timeout=session.config.round_timeout_seconds, store=self.store, fixed=fixed)
+            timeout=session.config.round_timeout_seconds, store=self.store, fixed=fixed,
+            keys_first=keys_first)
         log.warning("%s: phase I on the new edge(s) with %s done in %.2f s (seeds under "
                     "Paillier); they mix from round %d", session.assignment.name,
                     ", ".join(sorted(joiners)), time.perf_counter() - start, rebase_round)

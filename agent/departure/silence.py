@@ -164,7 +164,7 @@ class Silence:
         local = self.departures
         notices = await poll_membership(
             self.coordinator, session=local.session, name=local.session.assignment.name,
-            round_=t, known=len(local.joins), finished=finished,
+            round_=t, known=local.known_joins, finished=finished,
             timeout=local.session.config.round_timeout_seconds)
         for notice in notices:
             partners = local.learn_join(notice, driver)

@@ -159,6 +159,7 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
     runner = asyncio.Runner()  # one loop for the run: the poller's channels stay open
     poller = StatusPoller(monitor)
     lifeline = Lifeline()
+    late_servers: list[ForkServer] = []  # a late seat's, loaded while the run goes on
     try:
         # it serves for the whole run: a departure is decided by it (coordinator/departures.py)
         coordinator = spawn("coordinator", ["coordinator", "--listen", f"{host}:0", *tls_args,
@@ -177,7 +178,6 @@ def launch_local_network(config: RunConfig, **options: Any) -> dict[str, Any]:
                              "--failure-file", str(failure_file(folder, name)),
                              *agent_args[name]] for name in names}
         late = LateStarts(dict(opts.late), started=set(opts.late) & set(stopped_run))
-        late_servers: list[ForkServer] = []
 
         def warm_late() -> None:  # the next late seat's fork server loads while the run goes on
             if late.pending() and not late_servers and opts.fork_agents and can_fork_agents():
