@@ -152,7 +152,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             raise Reject(StatusCode.PERMISSION_DENIED,
                          f"sender {_short(min(names))} is not a neighbour of {self.identity.name} "
                          f"in run {s.run_id} (neighbours: {', '.join(sorted(s.neighbour_names))})")
-        if self.membership.deciding:  # a new neighbour told of a decision before this agent
+        # a new neighbour told of a decision before this agent: a departure's, or, in a run
+        # with seats that join later, a join's (heard at the next check round)
+        if self.membership.deciding or (s.config.late_seats
+                                        and not names.isdisjoint(s.assignment.members)):
             raise Reject(StatusCode.UNAVAILABLE, "awaiting the coordinator's decision",
                          early=True)
         raise Reject(
