@@ -32,7 +32,7 @@ from efpsn.topology import graph_over
 
 
 def test_members_poll_every_check_round_but_the_first_and_the_last() -> None:
-    assert [t for t in range(0, 101) if check_round(t, last=100)] == [25, 50, 75]
+    assert [t for t in range(101) if check_round(t, last=100)] == [25, 50, 75]
     assert JOIN_CHECK_EVERY == 25
 
 
