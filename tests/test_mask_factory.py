@@ -47,3 +47,11 @@ def test_a_joiners_edges_fade_from_its_round() -> None:
     # the blocks: one period at a time for fading, shared periods for refreshed masks
     assert seeded_blocks(SPEC, rate).periods == 1
     assert seeded_blocks(SPEC, Refresh.parse("every:5")).periods != 1
+
+
+def test_agents_of_one_process_share_the_blocks_they_are_given() -> None:
+    every = Refresh.parse("every:5")
+    shared = seeded_blocks(SPEC, every)
+    masks = [seeded_mask(s, spec=SPEC, refresh=every, blocks=shared) for s in SEEDS]
+    assert all(m.blocks is shared for m in masks)
+    assert seeded_mask(SEEDS[0], spec=SPEC, refresh=every).blocks is not shared
