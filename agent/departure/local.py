@@ -296,7 +296,7 @@ class LocalDepartures:
         unlinked = [self._name(j) for j in lost]
         linked = [self._name(j) for j in new]
         for n in unlinked:
-            self.session.unlink(n)
+            self.session.unlink(n, until=notice.round)
         for n in linked:
             self.session.join(n)
         self._refresh(driver)
