@@ -67,8 +67,8 @@ def test_a_join_reads_and_writes_the_command_lines_agentK_at_R() -> None:
     ({"agent": -1, "round": 5}, r"join agent must be an int >= 0, got -1"),
     ({"agent": True, "round": 5}, r"join agent must be an int >= 0, got True"),
     ({"agent": 1, "round": 2.0}, r"join round must be an int >= 0, got 2.0"),
-    ({"agent": 1, "round": 0}, r"^agent2 joins at round 0: a join takes effect at a round of "
-                               r"phase II after round 0$"),
+    ({"agent": 1, "round": 0}, (r"^agent2 joins at round 0: a join takes effect at a round of "
+                                r"phase II after round 0$")),
     ({"agent": 1, "round": 5, "neighbours": (1,)}, r"^agent2 cannot be its own neighbour$")])
 def test_a_join_that_cannot_be_is_refused_by_name(values: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

