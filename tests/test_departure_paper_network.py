@@ -92,7 +92,7 @@ def test_the_four_others_finish_with_the_fixed_mask_one_restarted(paper_run) -> 
     # agent4 came back from its checkpoint past the re-base, with the saved per-edge terms
     assert paper_run["saved"] == 0o600
     assert record["rebase_round"] < results[2]["resumed_from_round"] == 50
-    assert "resumed with the departures agent3@" in logs["agent4"]
+    assert "resumed with the membership changes agent3@" in logs["agent4"]
     # agent2 came back before any departure, with the terms saved when phase I ended, and
     # subtracted agent3's edge from them
     assert paper_run["early_saved"] == {"edge_terms.json": 0o600, "departures.json": False}

@@ -75,7 +75,7 @@ def test_a_neighbour_restarted_around_two_departures_resumes_bit_for_bit(tmp_pat
     assert {n: codes[n] for n in SURVIVORS} == {n: 0 for n in SURVIVORS}, \
         {n: logs[n][-2000:] for n in SURVIVORS}
     assert "resumes with the departures agent1@I:5 decided in phase I" in logs["agent2"]
-    assert "resumed with the departures agent1@I:5, agent3@" in logs["agent2"]
+    assert "resumed with the membership changes agent1@I:5, agent3@" in logs["agent2"]
     assert "Traceback" not in logs["agent2"]
     results, xs = load_agent_results(tmp_path, SURVIVORS)
     assert check_results(results, iterations=config.iterations.total) == []
