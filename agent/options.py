@@ -9,7 +9,7 @@ from efpsn.wire.tls import TlsConfig
 
 
 class AgentFailure(RuntimeError):
-    """The run cannot go on at this agent. `blame`: the other agent whose failure (or silence)
+    """The run cannot go on at this agent. `blame`: the other agent whose failure (or absence)
     caused it, when known; None when the cause is this agent's own (its input, its state)."""
 
     def __init__(self, message: str, *, blame: str | None = None) -> None:
@@ -78,7 +78,7 @@ class AgentOptions:
     # take it in (Coordinator.Join) instead of registering before the start
     join: bool = False
     # Phase II: seconds a neighbour may stay silent before this agent asks the coordinator
-    # whether it left for good (agent/departure/silence.py). None: the run's round timeout; 0: never
+    # whether it left for good (agent/departure/). None: the run's round timeout; 0: never
     # (a silent neighbour stops this agent, exit 2 naming it).
     departure_deadline: float | None = None
     # Test and debugging hooks. Both break privacy; never use them in a real deployment.
