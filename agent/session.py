@@ -93,8 +93,8 @@ class Session:
         self.names = {i: n for i, n in self.names.items() if n != name}
 
     def drop(self, name: str, *, reason: str) -> None:
-        """A neighbour that left for good (a departure, agent/departure/): no more messages to or from
-        it; its messages are refused with `reason`."""
+        """A neighbour that left for good (a departure, agent/departure/): no more messages to
+        or from it; its messages are refused with `reason`."""
         self.addresses.pop(name, None)
         self.names = {i: n for i, n in self.names.items() if n != name}
         self.departed[name] = reason
