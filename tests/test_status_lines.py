@@ -105,3 +105,32 @@ def test_an_assignments_roster_is_checked() -> None:
             records.check_assignment(records.Assignment(
                 run_id="r", index=0, name="agent1", neighbours=(peer,), self_weight=0.5,
                 num_agents=2, members=members))
+
+
+@pytest.mark.process
+def test_a_refusal_at_start_up_is_left_to_the_launchers_error_line(tmp_path) -> None:
+    from efpsn.launch.deaths import DeathWatch
+    from efpsn.launch.processes import Child
+
+    def child(name: str, code: int) -> Child:
+        process = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])
+        return Child(name=name, process=process, log_path=tmp_path / f"{name}.log",
+                     port_file=tmp_path / f"{name}.port")
+
+    said: list[str] = []
+    seen = {"agent3": _status(round=40)}
+    children = [child("agent1", 2), child("agent2", 1), child("agent3", 2), child("agent4", 0)]
+    try:
+        with DeathWatch(children, say=said.append, last_seen=seen, deadline=5.0) as watch:
+            deadline = time.monotonic() + 10
+            while len(watch.said) < 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        # agent1 refused before any phase (its reason comes first from the launcher); agent2
+        # crashed before any phase and agent3 left the run at round 40: both said at once
+        assert set(watch.said) == {"agent1", "agent2", "agent3"}
+        assert sorted(line.split(" ")[0] for line in said) == ["agent2", "agent3"]
+        assert any("agent3 (pid" in line and "exited with code 2 at round 40;" in line
+                   for line in said)
+    finally:
+        for c in children:
+            c.process.wait(timeout=10)

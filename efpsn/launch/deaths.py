@@ -49,9 +49,16 @@ def how_it_ended(pid: int) -> Ending | None:
     return Ending(signal=None, code=info.si_status)
 
 
+REFUSED = 2  # an agent's exit code when it refuses to go on, its reason in its failure file
+
+
+def _unreported(status: AgentStatus | None) -> bool:
+    return status is None or status.phase == Phase.PHASE_UNSPECIFIED
+
+
 def _when(status: AgentStatus | None) -> str:
     """When it died, as far as the last poll (at most half a second old) tells."""
-    if status is None or status.phase == Phase.PHASE_UNSPECIFIED:
+    if _unreported(status):
         return "before it reported phase I or II"
     if status.phase == Phase.OPTIMIZE:
         return f"at round {status.round}"
@@ -82,7 +89,9 @@ def _never() -> bool:
 
 class DeathWatch:
     """`with DeathWatch(agents, say=..., last_seen=..., deadline=...)`: while the block runs,
-    every agent that ends with an error is said at once (`say(line)`, from a thread)."""
+    every agent that ends with an error is said at once (`say(line)`, from a thread), but one
+    that refused to start (exit 2 before it reported a phase): the launcher's own error line
+    gives that agent's reason first."""
 
     def __init__(self, agents: Sequence[Child], *, say: Callable[[str], None],
                  last_seen: Mapping[str, AgentStatus], deadline: float | None) -> None:
@@ -131,6 +140,8 @@ class DeathWatch:
                 if ending is None or ending.code == 0:
                     continue
                 self.said[child.name] = ending
+                if ending.code == REFUSED and _unreported(self._seen.get(child.name)):
+                    continue  # its own refusal at start-up: the launcher gives its reason first
                 if not self._stop.is_set():
                     self._say(death_line(child.name, child.process.pid, ending,
                                          self._seen.get(child.name), deadline=self._deadline))
