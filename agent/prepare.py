@@ -79,7 +79,7 @@ def prepare(config: RunConfig, options: AgentOptions) -> Prepared:
     local = load_local_data(
         options.data, who=who, shape=parse_shape(config.input_shape), classes=config.classes,
         divisor=config.divisor, seed=config.seed, holdout=options.holdout,
-        batch_size=config.batch_size.wire(), test_path=options.test_data,
+        batch_size=config.batch.wire(), test_path=options.test_data,
         label_column=options.label_column,
         moment_bound=None if standard else config.moment_bound,  # standard: checked after
     )

@@ -346,7 +346,7 @@ def load_data_dir(config: RunConfig, data_dir: Path, *, holdout: float = 0.2,
         out[i] = load_local_data(
             layout.files[name], who=name, shape=parse_shape(config.input_shape),
             classes=config.classes, divisor=config.divisor, seed=config.seed,
-            holdout=holdout, batch_size=config.batch_size.wire(), test_path=layout.test,
+            holdout=holdout, batch_size=config.batch.wire(), test_path=layout.test,
             label_column=column,
             moment_bound=None if config.scale.standard else config.moment_bound,
         )

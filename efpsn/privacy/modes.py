@@ -183,7 +183,7 @@ def _epsilon(config: RunConfig) -> tuple[float | None, str]:
         return None, "the mask repeats across rounds"
     if config.clip <= 0:
         return None, "per-sample gradients are not clipped"
-    if config.batch_size.full:
+    if config.batch.full:
         return None, ("full batch: the accountant needs the agent's own sample count "
                       "(efpsn privacy --samples N, on that agent's machine)")
     from efpsn.privacy.accounting import account_refreshed
@@ -279,7 +279,7 @@ def refreshed_arguments(config: RunConfig, *, delta: float, attacker: str = "nei
     from efpsn.topology import build_graph
 
     m, n_functions = basis_counts(config)
-    if config.batch_size.full and samples is None:
+    if config.batch.full and samples is None:
         raise ValueError("the run takes the full local batch (the default): the per-sample "
                          "accountant needs --samples N (an agent's own sample count; it stays "
                          "on this machine) or the run's --batch-size B")
@@ -289,7 +289,7 @@ def refreshed_arguments(config: RunConfig, *, delta: float, attacker: str = "nei
         "num_params": _num_params(config, build_task),
         "measure": config.selection.measure,
         "refresh": config.refresh, "iterations": config.iterations.total,
-        "clip": config.clip or None, "batch_size": config.batch_size.size,
+        "clip": config.clip or None, "batch_size": config.batch.size,
         "delta": delta, "attacker": attacker, "samples": samples}
 
 
