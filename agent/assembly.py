@@ -1,7 +1,7 @@
 """One agent's rooms wired together, once: AgentNode, the tests' harness and the benchmarks all
-build an agent here (state folder, mailbox, outbox and its log, client side, servicer with its
-identity, rejection log), serve it behind its Gatekeeper, and (the harness, the benchmarks)
-place it in a run's phase II without the coordinator.
+build an agent here (state folder, mailbox, outbox and its log, client side, the phases, the
+membership, the router with its identity, rejection log), serve it behind its Gatekeeper, and
+(the harness, the benchmarks) place it in a run's phase II without the coordinator.
 
     parts = assemble(options)                      # nothing served, nothing assigned
     server = await serve(parts, options.listen)    # the Agent service, admitted by its gate
@@ -18,17 +18,21 @@ from pathlib import Path
 
 import grpc
 
-from agent.intake import Intake
+from agent.departure.subsystem import Departures
 from agent.mailbox import Mailbox
+from agent.membership import Membership, NoChanges
 from agent.options import AgentOptions
 from agent.outbox import Outbox, OutboxLog
 from agent.peers import Peers
+from agent.phases.phase_one import PhaseOne
+from agent.phases.phase_two import PhaseTwo
+from agent.phases.secure_sum import SecureSum
+from agent.pipeline import place_in_phase_two
 from agent.prepare import prepare
-from agent.servicer import AgentService, Identity
+from agent.router import AgentService, Identity
 from agent.session import Session, open_session
 from agent.state import StateStore
 from agent.status import Status
-from efpsn.ledger import RoundLedger
 from efpsn.params.config import RunConfig
 from efpsn.wire.guard import RejectionLog, add_service
 from efpsn.wire.net import Server, start_server
@@ -52,13 +56,15 @@ class AgentParts:
     store: StateStore
     status: Status
     mailbox: Mailbox
-    intake: Intake
     outbox: Outbox
     peers: Peers
     rejections: RejectionLog
+    phase_one: PhaseOne
+    secure_sum: SecureSum
+    phase_two: PhaseTwo
+    membership: Membership
     service: AgentService
     session: Session | None = None  # the local runs' (AgentNode keeps its own)
-    ledger: RoundLedger | None = None
     server: Server | None = None
 
     @property
@@ -71,24 +77,41 @@ class AgentParts:
         return f"127.0.0.1:{self.server.port}"
 
 
+def membership_for(options: AgentOptions, *, peers: Peers, mailbox: Mailbox,
+                   store: StateStore) -> Membership:
+    """The departure subsystem (agent/departure/), or NoChanges when departures are off
+    (--departure-deadline 0)."""
+    if options.departure_deadline == 0:
+        return NoChanges(peers)
+    return Departures(options=options, peers=peers, mailbox=mailbox, store=store)
+
+
 def assemble(options: AgentOptions) -> AgentParts:
     """The rooms of the agent `options` describe, wired (nothing served, nothing assigned): the
-    outbox logs to its state folder, the servicer knows the key policy."""
+    outbox logs to its state folder, each phase owns what comes in for it, the router hands
+    it over and knows the key policy."""
     store = StateStore(options.state_folder)
     status, mailbox = Status(), Mailbox()
     outbox = Outbox(options.keep_rounds, OutboxLog(
         store.outbox_folder, keep=options.keep_rounds, segment=options.checkpoint_every))
     peers = Peers(options, mailbox, status.life)
     rejections = RejectionLog(log, options.name)
-    intake = Intake(life=status.life, mailbox=mailbox)
+    phase_one = PhaseOne(name=options.name, peers=peers, mailbox=mailbox, store=store,
+                         allow_insecure_keys=options.allow_insecure_keys)
+    secure_sum = SecureSum(peers=peers, mailbox=mailbox, store=store)
+    phase_two = PhaseTwo(options=options, peers=peers, mailbox=mailbox, outbox=outbox,
+                         store=store, status=status)
+    membership = membership_for(options, peers=peers, mailbox=mailbox, store=store)
     service = AgentService(
         identity=Identity(name=options.name, tls=options.tls is not None,
                           operator=options.operator,
                           allow_insecure_keys=options.allow_insecure_keys),
-        mailbox=mailbox, intake=intake, outbox=outbox, status=status, rejections=rejections,
+        phase_one=phase_one, secure_sum=secure_sum, phase_two=phase_two,
+        membership=membership, outbox=outbox, status=status, rejections=rejections,
         waiting=lambda: set(mailbox.waiting_for) | set(peers.unacknowledged))
     return AgentParts(options=options, store=store, status=status, mailbox=mailbox,
-                      intake=intake, outbox=outbox, peers=peers, rejections=rejections,
+                      outbox=outbox, peers=peers, rejections=rejections, phase_one=phase_one,
+                      secure_sum=secure_sum, phase_two=phase_two, membership=membership,
                       service=service)
 
 
@@ -147,10 +170,8 @@ async def local_agents(folder: Path, config: RunConfig, *, run_id: str, assign: 
         for name, parts in agents.items():
             session = await open_session(assignments[name], name=name,
                                          prepared=prepare(config, parts.options))
-            ledger = RoundLedger(last=config.iterations.total, keep=keep_rounds, position=round_)
-            parts.status.life.assign(session, ledger)  # as a restart at round_
-            parts.status.life.optimizing(round_)
-            parts.session, parts.ledger = session, ledger
+            place_in_phase_two(parts.status.life, parts.phase_two, session, round_=round_)
+            parts.session = session
         yield agents
     finally:
         for parts in agents.values():
@@ -158,3 +179,4 @@ async def local_agents(folder: Path, config: RunConfig, *, run_id: str, assign: 
         for parts in agents.values():
             if parts.server is not None:
                 await parts.server.stop(0)
+

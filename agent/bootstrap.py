@@ -12,14 +12,12 @@ import grpc
 
 from agent.options import AgentFailure, AgentOptions, Cancelled
 from agent.prepare import Prepared, failure_category, prepare
-from agent.session import Session
-from efpsn.departure.membership import Departure
 from efpsn.params.config import RunConfig
 from efpsn.wire import records
 from efpsn.wire.net import Patience, call_with_retry
 from efpsn.wire.v1 import coordinator_pb2, coordinator_pb2_grpc
 
-__all__ = ["bootstrap", "registration", "report_silence"]
+__all__ = ["bootstrap", "join_run", "registration"]
 
 log = logging.getLogger("efpsn.agent")
 
@@ -133,67 +131,28 @@ async def bootstrap(channel: grpc.aio.Channel, *, options: AgentOptions, address
     return prepared, await register(stub, prepared, options=options, address=address)
 
 
-async def report_silence(channel: grpc.aio.Channel, *, session: Session, name: str,
-                         round_: int, silent: list[str], epoch: int, timeout: float,
-                         phase_one: bool = False, last: int = 0
-                         ) -> tuple[list[Departure], dict[int, str],
-                                    dict[str, tuple[int, str]]]:
-    """Report the silent neighbours and wait for the coordinator's decision: every departure of
-    the run so far, the departed agents' names by index, and this agent's new neighbours when
-    the decision cut the graph (name -> (index, address)). AgentFailure (naming the silent
-    ones) when it refuses or cannot decide. `phase_one`: this agent is still in phase I;
-    `last`: its last round as it stands (0: not known)."""
-    request = coordinator_pb2.SilenceReport(run_id=session.run_id, sender=name, round=round_,
-                                            silent=silent, epoch=epoch, phase_one=phase_one,
-                                            last=last)
-    try:
-        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-        reply = await stub.ReportSilence(request, timeout=timeout)
-    except grpc.aio.AioRpcError as exc:
-        gone = (exc.details() or "").startswith(f"{name} was declared gone")  # its own cause
-        raise AgentFailure(f"the coordinator decided no departure: {exc.code().name}: "
-                           f"{exc.details()}",
-                           blame=None if gone else (silent[0] if silent else name)) from None
-    if reply.run_id != session.run_id:
-        raise AgentFailure(f"{name}: the coordinator answered for run {reply.run_id[:64]!r}")
-    n = session.config.agents
-    out, names, joining = [], {}, {}
-    try:
-        for p in reply.joining:
-            if (p.index >= n or p.index == session.index or p.name in session.neighbour_names
-                    or not p.name or not p.address or len(p.address) > 512):
-                raise ValueError(f"{p.name[:64]!r} (index {p.index}) cannot be a new neighbour")
-            joining[p.name] = (int(p.index), p.address)
-        for d in reply.departed:
-            known = {**session.names, session.index: name}.get(d.index, d.agent)
-            if d.index >= n or any(j >= n for j in d.late_index) or known != d.agent:
-                raise ValueError(f"{d.agent[:64]!r} (index {d.index}) is not an agent of "
-                                 "this run")
-            names[int(d.index)] = d.agent
-            out.append(Departure(agent=int(d.index), round=int(d.round),
-                                 rebase_round=int(d.rebase_round),
-                                 late=tuple(int(j) for j in d.late_index),
-                                 phase_one=bool(d.phase_one),
-                                 stopped=int(d.stopped) or None,
-                                 capped=int(d.capped) or None))
-    except ValueError as exc:
-        raise AgentFailure(f"{name}: the coordinator sent a departure it cannot apply: "
-                           f"{exc}") from None
-    return out, names, joining
-
-
-async def report_finished(channel: grpc.aio.Channel, *, session: Session, name: str,
-                          round_: int, epoch: int, timeout: float, capped: bool = False
-                          ) -> None:
-    """Tell the coordinator this agent stopped at `round_` on the stop rule's certificate
-    (`capped`: at the run's cap), so that a departure decided after it is decided as the end
-    it was (coordinator/departures.py, efpsn/departure/last_window.py). Bounded by `timeout`; a failure is only logged (the run is over for
-    this agent; without the report a neighbour stuck behind a departure exits 2 as before)."""
-    request = coordinator_pb2.SilenceReport(run_id=session.run_id, sender=name, round=round_,
-                                            epoch=epoch, finished=round_, capped=capped)
-    try:
-        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-        await stub.ReportSilence(request, timeout=timeout)
-    except grpc.aio.AioRpcError as exc:  # e.g. a coordinator that stopped serving (--linger)
-        log.info("%s could not tell the coordinator it finished at round %d: %s: %s", name,
-                 round_, exc.code().name, exc.details())
+async def join_run(channel: grpc.aio.Channel, *, options: AgentOptions, address: str
+                   ) -> tuple[Prepared, records.Assignment]:
+    """A party of a seat the run left empty (`efpsn agent --join`): the run's parameters, this
+    agent's data and model prepared and checked, then the join asked for (Coordinator.Join):
+    its assignment at the round it takes part from. AgentFailure, one line with the
+    coordinator's reason, when the run does not take it."""
+    stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+    config = await fetch_parameters(stub, options=options)
+    if not config.late:
+        raise AgentFailure(f"{options.name}: run at {options.coordinator} has no seat that "
+                           "joins later (--late-seats): register without --join")
+    prepared = await asyncio.to_thread(prepare, config, options)
+    request = registration(prepared, name=options.name, address=address)
+    reply = await _ask(lambda timeout: stub.Join(request, timeout=timeout), options=options,
+                       seconds=options.connect_timeout, flag="--connect-timeout",
+                       waiting=f"the coordinator at {options.coordinator} to take the join")
+    assignment = records.assignment_from_proto(reply)  # type: ignore[arg-type]
+    if assignment.name != options.name or not assignment.join_round:
+        raise AgentFailure(f"the coordinator answered {options.name}'s join with "
+                           f"{assignment.name!r}'s assignment (join round "
+                           f"{assignment.join_round})")
+    log.warning("%s joins run %s at round %d (neighbours %s)", options.name,
+                assignment.run_id, assignment.join_round,
+                ", ".join(p.name for p in assignment.neighbours))
+    return prepared, assignment

@@ -44,6 +44,15 @@ def _coordinator_address(args: argparse.Namespace) -> str:
 
 def _agent(args: argparse.Namespace) -> int:
     hold_to_launcher()  # started by `efpsn up`: stop when it is gone, even killed -9
+    from efpsn.process.title import set_title
+
+    set_title(args.name, str(args.results))  # `efpsn agent2 RESULTS` in ps, forked or not
+    if args.data:  # its own files, every problem at once, before any port or key
+        from efpsn.data.inspection import check_own_files
+
+        check_own_files({f"{args.name}'s {Path(p).name}": Path(p)
+                         for p in (args.data, args.test_data) if p},
+                        label_column=args.label_column)
     from agent.node import AgentNode
     from agent.options import AgentOptions
 
@@ -62,7 +71,7 @@ def _agent(args: argparse.Namespace) -> int:
         allow_insecure_keys=args.allow_insecure_keys,
         data=Path(args.data) if args.data else None, holdout=args.holdout,
         test_data=Path(args.test_data) if args.test_data else None,
-        label_column=args.label_column, quiet=args.quiet,
+        label_column=args.label_column, quiet=args.quiet, join=args.join,
         departure_deadline=args.departure_deadline,
     )
     result = asyncio.run(until_signalled(AgentNode(options).run(), what=args.name,
@@ -93,6 +102,11 @@ def configure(agent: argparse.ArgumentParser) -> None:
                             "reason, and the other agent it blames, if any)")
     # `efpsn up`: the coordinator's port, once it is bound (--coordinator gives the host)
     agent.add_argument("--coordinator-port-file", default=None, help=argparse.SUPPRESS)
+    agent.add_argument("--join", action="store_true",
+                       help="this party's seat starts empty (the run's --late-seats): join the "
+                            "running network, from the round the coordinator decides; its "
+                            "neighbours exchange seeds with it first (restart it with the same "
+                            "command to resume)")
     agent.add_argument("--verbose", action="store_true")
     agent.add_argument("--quiet", action="store_true",
                        help="no progress line at each evaluation (round, local loss, accuracy)")
@@ -102,7 +116,9 @@ def configure(agent: argparse.ArgumentParser) -> None:
     data.add_argument("--data", default=None,
                       help=".npz with arrays X (samples first) and y (integer labels), .csv with "
                            "a header row, or a folder of IDX files")
-    data.add_argument("--label-column", default="label", help="label column of a .csv")
+    data.add_argument("--label-column", default=None,
+                      help="label column of a .csv (default: the run's table schema's, else "
+                           "label)")
     data.add_argument("--holdout", type=float, default=0.2,
                       help="fraction held out locally for evaluation (default 0.2; 0: none)")
     data.add_argument("--test-data", default=None,

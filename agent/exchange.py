@@ -5,26 +5,29 @@ neighbour's next round message is the acknowledgement, so only the neighbours' m
 on the critical path. A stream that ended (a refusal, a neighbour restarting) is mended first:
 the rounds it carried that were not confirmed go again by PutRound (Peers.repair), also when it
 ends while we wait. After a restart, rounds pushed to the previous process are pulled from the
-neighbours (agent/resume.py, Replay). The run's last round is sent by PutRound and
-acknowledged, since no later round will confirm it.
+neighbours (Replay, below). The run's last round is sent by PutRound and acknowledged, since no
+later round will confirm it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from agent.concurrency import all_or_first_error, settle
-from agent.mailbox import Interrupted
-from agent.options import AgentFailure
+from agent.mailbox import Interrupted, Mailbox
+from agent.options import AgentFailure, RefusedByNeighbour
 from agent.outbox import Outbox
 from agent.peers import Peers
-from agent.resume import Replay
 from efpsn.algorithms.base import Message, Received
+from efpsn.ledger import Judgement, Verdict
 from efpsn.wire.rounds import encode_round
 
-__all__ = ["RoundLink"]
+__all__ = ["Replay", "RoundLink"]
+
+Take = Callable[..., Judgement]  # agent/phases/phase_two.py's PhaseTwo.take_round
 
 log = logging.getLogger("efpsn.agent")
 
@@ -38,14 +41,61 @@ def _outcomes(tasks: list[asyncio.Future[Any]]) -> None:
         task.result()
 
 
+class Replay:
+    """After a restart, round-t messages the neighbours pushed to this agent's previous process
+    are pulled from them (Agent.GetRound) until each says it has not reached round t yet: from
+    then on its pushes reach this process. A fresh start pulls nothing."""
+
+    def __init__(self, *, peers: Peers, take: Take, mailbox: Mailbox,
+                 neighbours: set[str], describe_loss: Callable[[str, int, str], str],
+                 on_loss: Callable[[str], None]) -> None:
+        self.peers = peers
+        self.take = take  # a pulled message is taken as a pushed one (PhaseTwo.take_round)
+        self.mailbox = mailbox
+        self.pending = set(neighbours)  # neighbours that may hold rounds this agent lost
+        self._describe_loss = describe_loss
+        self._on_loss = on_loss
+
+    async def fill(self, t: int, *, deadline: float) -> None:
+        """Pull round t from every neighbour that may still hold it for us."""
+        wanted = [n for n in sorted(self.pending) if not self.mailbox.has("round", t, n)]
+        if wanted:
+            await all_or_first_error(self._pull(n, t, deadline=deadline) for n in wanted)
+
+    async def _pull(self, name: str, t: int, *, deadline: float) -> None:
+        try:
+            message = await self.peers.pull(name, t, deadline=deadline)
+        except RefusedByNeighbour as exc:
+            if exc.code != "NOT_FOUND":
+                raise
+            reason = self._describe_loss(name, t, exc.detail)
+            self._on_loss(reason)
+            raise AgentFailure(reason) from None
+        if message is None:
+            self.pending.discard(name)  # it will push round t and later ones to this process
+            return
+        try:
+            judgement = self.take(message, senders={name}, round_=t)
+        except ValueError as exc:
+            raise AgentFailure(f"neighbour {name} served a bad round {t}: {exc}",
+                               blame=name) from None
+        if judgement.verdict in (Verdict.ACCEPT, Verdict.DUPLICATE):
+            return  # filed now, or already (its push reached this process too)
+        # REFUSE: a different copy of a round already taken; LATER: round t outside the
+        # window this agent is at (never for the round being filled): either is a failure
+        raise AgentFailure(f"neighbour {name} served round {t}: {judgement.reason}")
+
+
 class RoundLink:
     """Moves one agent's round messages: `exchange(t, outbox)` sends mine while collecting the
     neighbours' round-t messages (keyed by neighbour index)."""
 
     def __init__(self, *, peers: Peers, outbox: Outbox, replay: Replay, run_id: str,
-                 name: str, neighbours: list[str], timeout: float) -> None:
+                 name: str, neighbours: list[str], timeout: float,
+                 holds: Callable[[str, int], bool]) -> None:
         self.peers = peers
         self.outbox = outbox
+        self.holds = holds  # whether a neighbour's round arrived (phase II's RoundLedger)
         self.replay = replay
         self.run_id = run_id
         self.name = name
@@ -62,7 +112,7 @@ class RoundLink:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         await self.delivered()
-        await self.peers.repair(self.outbox, deadline=deadline)
+        await self.peers.repair(self.outbox, holds=self.holds, deadline=deadline)
         data = encode_round(message, run_id=self.run_id, sender=self.name, round_=t)
         self.outbox.remember(t, data)
         if final:
@@ -81,7 +131,7 @@ class RoundLink:
             raise
 
     async def drop(self, name: str) -> None:
-        """A neighbour that left for good (agent/departing.py): nothing more to or from it."""
+        """A neighbour that left for good (agent/departure/): nothing more to or from it."""
         if name in self.neighbours:
             self.neighbours.remove(name)
         self.replay.pending.discard(name)
@@ -119,7 +169,7 @@ class RoundLink:
                 return await self.peers.collect(
                     "round", t, timeout=max(0.0, deadline - loop.time()))
             except Interrupted:
-                await self.peers.repair(self.outbox, deadline=deadline)
+                await self.peers.repair(self.outbox, holds=self.holds, deadline=deadline)
 
     async def delivered(self) -> None:
         """Wait until my last round message is written to every neighbour's stream (or, by

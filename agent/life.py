@@ -3,12 +3,12 @@
     REGISTERING -> ASSIGNED -> KEYS -> SHARES -> (STATS) -> OPTIMIZING(t) -> DONE
     any stage but FAILED -> FAILED
 
-The node advances it with events (assign, keys, shares, stats, standardised, optimizing,
-advance, done, fail), each legal from given stages only (IllegalTransition otherwise); the
-servicer and GetStatus ask it (its session, its round ledger, its wire phase and round). Its
-data is the stage's: no session before ASSIGNED, no round ledger until phase II's messages may
-be taken (a scale standard run's wait for its totals). A restart is assigned again (its saved
-assignment) and goes on to OPTIMIZING at its checkpoint's round.
+The pipeline (agent/pipeline.py) is the only module that advances it, with events (assign,
+keys, shares, stats, standardised, optimizing, advance, done, fail), each legal from given
+stages only (IllegalTransition otherwise); the router and GetStatus ask it (its session, its
+wire phase and round). Its data is the stage's: no session before ASSIGNED. Each phase keeps
+its own receive rules (agent/phases/). A restart is assigned again (its saved assignment) and
+goes on to OPTIMIZING at its checkpoint's round.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from efpsn.wire.records import Phase
 
 if TYPE_CHECKING:
     from agent.session import Session
-    from efpsn.ledger import RoundLedger
 
 __all__ = ["IllegalTransition", "Life", "Stage"]
 
@@ -54,8 +53,8 @@ class Life:
     def __init__(self) -> None:
         self._stage = Stage.REGISTERING
         self._session: Session | None = None
-        self._rounds: RoundLedger | None = None
         self._round = 0
+        self._awaiting_totals = False  # scale standard: phase II waits for the secure sum
         self._failed_in = Stage.REGISTERING
         self.error = ""
 
@@ -72,11 +71,6 @@ class Life:
     def session(self) -> Session | None:
         """The assigned run (None while registering)."""
         return self._session
-
-    @property
-    def rounds(self) -> RoundLedger | None:
-        """Phase II's receive rules, once round messages may be taken (None before)."""
-        return self._rounds
 
     @property
     def round(self) -> int:
@@ -97,11 +91,10 @@ class Life:
                 f"{event} in stage {self._stage.value} (allowed in "
                 f"{', '.join(s.value for s in allowed)})")
 
-    def assign(self, session: Session, rounds: RoundLedger | None) -> None:
-        """The run is assigned (or a saved one reloaded); `rounds`: phase II's ledger, None
-        while a scale standard run waits for its totals."""
+    def assign(self, session: Session) -> None:
+        """The run is assigned (or a saved one reloaded)."""
         self._require("assign", Stage.REGISTERING)
-        self._stage, self._session, self._rounds = Stage.ASSIGNED, session, rounds
+        self._stage, self._session = Stage.ASSIGNED, session
 
     def keys(self) -> None:
         self._require("keys", Stage.ASSIGNED)
@@ -114,18 +107,19 @@ class Life:
     def stats(self) -> None:
         """scale standard: the secure sum begins (after phase I, whichever masks it drew)."""
         self._require("stats", *PHASE_ONE)
-        self._stage = Stage.STATS
+        self._stage, self._awaiting_totals = Stage.STATS, True
 
-    def standardised(self, session: Session, rounds: RoundLedger) -> None:
-        """The totals are known: the session phase II runs, and its round ledger."""
+    def standardised(self, session: Session) -> None:
+        """The totals are known: the session phase II runs."""
         self._require("standardised", Stage.STATS)
-        self._session, self._rounds = session, rounds
+        self._session, self._awaiting_totals = session, False
 
     def optimizing(self, t: int) -> None:
         """Phase II begins at round t (0, or a restart's checkpoint)."""
         self._require("optimizing", *PHASE_ONE, Stage.STATS)
-        if self._rounds is None:
-            raise IllegalTransition("optimizing without a round ledger")
+        if self._awaiting_totals:
+            raise IllegalTransition("optimizing in stage stats before the secure sum's totals "
+                                    "are known")
         if t < 0:
             raise IllegalTransition(f"optimizing from round {t}")
         self._stage, self._round = Stage.OPTIMIZING, t

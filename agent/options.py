@@ -34,6 +34,11 @@ class RefusedByNeighbour(AgentFailure):
         self.detail = detail
 
 
+class NotReady(Exception):
+    """A message came before the part of this agent that takes it is ready (its phase has not
+    begun, its key is not made yet): the router answers UNAVAILABLE and the sender retries."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class AgentOptions:
     """How this agent runs; the run's parameters come from the coordinator."""
@@ -67,10 +72,13 @@ class AgentOptions:
     data: Path | None = None
     holdout: float = 0.2
     test_data: Path | None = None
-    label_column: str = "label"
+    label_column: str | None = None  # None: the run's table schema's, else "label"
     quiet: bool = False  # no progress line per evaluation
+    # a party of a seat the run leaves empty (RunConfig.late): it asks the running network to
+    # take it in (Coordinator.Join) instead of registering before the start
+    join: bool = False
     # Phase II: seconds a neighbour may stay silent before this agent asks the coordinator
-    # whether it left for good (agent/departing.py). None: the run's round timeout; 0: never
+    # whether it left for good (agent/departure/silence.py). None: the run's round timeout; 0: never
     # (a silent neighbour stops this agent, exit 2 naming it).
     departure_deadline: float | None = None
     # Test and debugging hooks. Both break privacy; never use them in a real deployment.

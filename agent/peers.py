@@ -20,7 +20,6 @@ from agent.outbox import Outbox
 from agent.round_stream import RoundStream, StreamBroken
 from agent.session import Session
 from efpsn.crypto import paillier
-from efpsn.ledger import RoundLedger
 from efpsn.wire import records, serde
 from efpsn.wire.net import Patience, call_with_retry, open_channel
 from efpsn.wire.records import Phase
@@ -38,7 +37,7 @@ class Peers:
     def __init__(self, options: AgentOptions, mailbox: Mailbox, life: Life) -> None:
         self.options = options
         self.mailbox = mailbox
-        self.life = life  # its session once assigned; its round ledger in phase II
+        self.life = life  # its session once assigned
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._streams: dict[str, RoundStream] = {}  # neighbour -> my round stream to it
         self.unacknowledged: collections.Counter[str] = collections.Counter()  # sends in flight
@@ -58,11 +57,6 @@ class Peers:
     @property
     def session(self) -> Session | None:
         return self.life.session
-
-    @property
-    def ledger(self) -> RoundLedger | None:
-        """Phase II's receive rules: which neighbours' rounds arrived."""
-        return self.life.rounds
 
     def coordinator(self) -> grpc.aio.Channel:
         """The channel to the coordinator (opened once, closed with the others)."""
@@ -211,13 +205,13 @@ class Peers:
         await self.send(name, "PutRound", agent_pb2.RoundMessage.FromString(data),
                         timeout=timeout)
 
-    async def repair(self, outbox: Outbox, *, deadline: float) -> None:
+    async def repair(self, outbox: Outbox, *, holds: Callable[[str, int], bool],
+                     deadline: float) -> None:
         """For every round stream that has ended: deliver with PutRound the rounds written on
-        it that the neighbour has not confirmed (its round t+1 message confirms my round t,
-        as the ledger knows); `outbox` holds my recent round messages. A refusal raises
-        RefusedByNeighbour."""
+        it that the neighbour has not confirmed (its round t+1 message confirms my round t:
+        `holds(name, t + 1)`, phase II's ledger knows); `outbox` holds my recent round
+        messages. A refusal raises RefusedByNeighbour."""
         loop = asyncio.get_running_loop()
-        assert self.ledger is not None
         for name, stream in sorted(self._streams.items()):
             if stream.broken is None:
                 continue
@@ -225,14 +219,14 @@ class Peers:
             await stream.close()
             for t in stream.written:
                 data = outbox.get(t)
-                if data is None or self.ledger.holds(name, t + 1):
+                if data is None or holds(name, t + 1):
                     continue
                 await self.put_round(name, data, timeout=max(0.1, deadline - loop.time()))
 
     async def pull(self, name: str, t: int, *, deadline: float) -> agent_pb2.RoundMessage | None:
         """A neighbour's round-t message as it sent it to this agent's previous process
-        (GetRound), still to be taken (agent/intake.py) as a pushed one is; None when it has
-        not reached round t yet. RefusedByNeighbour when it refuses (NOT_FOUND: it no longer
+        (GetRound), still to be taken (agent/phases/phase_two.py) as a pushed one is; None when it
+        has not reached round t yet. RefusedByNeighbour when it refuses (NOT_FOUND: it no longer
         holds that round)."""
         reply = await self.call(name, "GetRound", round_request(
             header=self.header(Phase.OPTIMIZE, t)), deadline=deadline,
@@ -242,7 +236,7 @@ class Peers:
     async def send_public_key(self, public_key: paillier.PublicKey, *, timeout: float,
                               via: Deliver | None = None) -> None:
         """Phase I, step 1: my Paillier public key to every neighbour (`via`: another way to
-        deliver to all, e.g. agent/phase_one_leave.py's, which goes on without a departed
+        deliver to all, e.g. agent/departure/phase_one.py's, which goes on without a departed
         neighbour)."""
         message = serde.public_key_message(header=self.header(Phase.KEYS, 0), n=public_key.n)
         await (via or self.send_all)("PutPublicKey", lambda name: message, timeout=timeout)

@@ -76,11 +76,17 @@ def prepare(config: RunConfig, options: AgentOptions) -> Prepared:
     if not local_mode:
         return Prepared(config=config, task=task, problem=build_problem(config, task=task))
     assert options.data is not None
+    table = config.table  # a .csv's public encoding, the same at every agent (or none)
+    if table.given and options.label_column not in (None, table.label_column):
+        raise ValueError(f"{who}: --label-column {options.label_column} disagrees with the "
+                         f"run's table schema, whose label column is {table.label_column!r}: "
+                         "drop --label-column")
     local = load_local_data(
         options.data, who=who, shape=parse_shape(config.input_shape), classes=config.classes,
         divisor=config.divisor, seed=config.seed, holdout=options.holdout,
         batch_size=config.batch.wire(), test_path=options.test_data,
-        label_column=options.label_column,
+        label_column=table.label_column or options.label_column or "label", table=table,
+        regression=config.task.regression, fills=standard,  # standard: empty cells filled
         moment_bound=None if standard else config.moment_bound,  # standard: checked after
     )
     problem = build_problem(config, local={}, task=task)  # the public part, checked once

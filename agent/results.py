@@ -30,8 +30,9 @@ def write_results(folder: Path, *, session: Session, name: str, x: torch.Tensor,
                   expose_mask: MaskCoefficients | None = None,
                   departures: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write FOLDER/model.safetensors and FOLDER/model.npy (the final iterate, float64; the
-    latter flat in model.parameters() order) and FOLDER/result.json; return the result. `expose_mask`: the debug hook that also writes this
-    agent's mask (never in a real deployment)."""
+    latter flat in model.parameters() order) and FOLDER/result.json; return the result.
+    `expose_mask`: the debug hook that also writes this agent's mask (never in a real
+    deployment)."""
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / "model.npy.part"
     tmp.unlink(missing_ok=True)
@@ -39,7 +40,7 @@ def write_results(folder: Path, *, session: Session, name: str, x: torch.Tensor,
         np.save(fh, x.detach().cpu().numpy().astype("<f8"), allow_pickle=False)
     tmp.replace(folder / "model.npy")
     save_model(folder / MODEL_FILE, task=session.problem.task, x=x, scale=session.config.scale,
-               standardisation=session.standardisation)
+               standardisation=session.standardisation, table=session.config.table)
     result: dict[str, Any] = {
         "settings": session.config.to_dict(),
         "privacy": privacy_statement(session.config, session.problem.graph).to_json(),

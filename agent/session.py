@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from efpsn.algorithms import make_algorithm
 from efpsn.params.config import RunConfig
 from efpsn.problem import Problem
 from efpsn.stats.flood import ENTRY_BYTES
+from efpsn.topology import Graph, metropolis_weights
 from efpsn.wire import limits
 from efpsn.wire.records import Assignment
 
@@ -70,15 +72,22 @@ class Session:
                                                 if t >= r)
 
     def join(self, name: str) -> None:
-        """A new neighbour (agent/rejoin.py) from its re-base round on: a neighbour like the
-        others."""
+        """A new neighbour (agent/departure/new_edges.py) from its re-base round on: a neighbour
+        like the others."""
         index, address, _ = self.joining.pop(name)
         self.addresses[name] = address
         self.names = dict(sorted({**self.names, index: name}.items()))
 
+    def unlink(self, name: str) -> None:
+        """A neighbour this agent no longer shares an edge with (a join rewired the graph,
+        efpsn/departure/joins.py): no more round messages to or from it; it is still in the
+        run."""
+        self.addresses.pop(name, None)
+        self.names = {i: n for i, n in self.names.items() if n != name}
+
     def drop(self, name: str, *, reason: str) -> None:
-        """A neighbour that left for good (agent/departing.py): no more messages to or from it;
-        its messages are refused with `reason`."""
+        """A neighbour that left for good (agent/departure/silence.py): no more messages to or from
+        it; its messages are refused with `reason`."""
         self.addresses.pop(name, None)
         self.names = {i: n for i, n in self.names.items() if n != name}
         self.departed[name] = reason
@@ -99,6 +108,11 @@ async def open_session(assignment: Assignment, *, name: str, prepared: Prepared)
                            f"registration has {prepared.config.agents}")
     config = prepared.config
     problem = await asyncio.to_thread(prepared.problem_for, assignment.index)
+    if assignment.join_round:  # a party that joins: the members' graph from its join on
+        graph = Graph(config.agents, assignment.edges, name=problem.graph.name)
+        problem = dataclasses.replace(
+            problem, graph=graph, weights=metropolis_weights(graph),
+            members=tuple(i for i in range(config.agents) if graph.degree(i) > 0))
     expected = set(problem.graph.neighbours(assignment.index))
     got = {p.index for p in assignment.neighbours}
     if expected != got:
@@ -110,7 +124,7 @@ async def open_session(assignment: Assignment, *, name: str, prepared: Prepared)
     keys = make_algorithm(config.algorithm).message_keys
     shapes = {k: shape for k in keys}
     request_limits = legitimate_request_bytes(config, shapes, coefficients=problem.N)
-    if config.scale.standard:  # the secure sum's flood messages (agent/secure_sum.py)
+    if config.scale.standard:  # the secure sum's flood messages (agent/phases/secure_sum.py)
         request_limits["PutStats"] = stats_request_bytes(
             agents=config.agents, features=math.prod(problem.task.shape))
     largest = max(request_limits, key=request_limits.__getitem__)
@@ -137,9 +151,9 @@ async def open_session(assignment: Assignment, *, name: str, prepared: Prepared)
 
 
 def stats_request_bytes(*, agents: int, features: int) -> int:
-    """The largest flood message of the secure sum: every agent's masked vector of 1 + 2d
-    entries, with framing."""
-    return HEADER_BYTES + agents * ((1 + 2 * features) * ENTRY_BYTES + 16)
+    """The largest flood message of the secure sum: every agent's masked vector of 1 + 3d
+    entries (efpsn/stats/column_sums.py), with framing."""
+    return HEADER_BYTES + agents * ((1 + 3 * features) * ENTRY_BYTES + 16)
 
 
 # A Header (run id and sender of at most a few dozen characters, round, phase) with framing.

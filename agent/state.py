@@ -16,17 +16,28 @@ Layout of the state folder (default RESULTS/NAME/state; mode 0700, every file 06
     outbox/rounds-00000050.log      the round messages this agent sent (agent/outbox.py),
                                     served to neighbours that replay from an older checkpoint
     unresumable.json                why this run can never resume here (written when it fails)
+    totals.json                     scale standard: the secure sum's totals (agent/phases/
+                                    secure_sum.py), written once, before phase II
     departures.json                 the departures this agent applied and its new edges' seeds
-    edge_terms.json                 (agent/departure_state.py), the fixed mask's edge terms
+                                    (agent/departure/records.py)
+    edge_terms.json                 the fixed mask's per-edge terms (agent/departure/
+                                    fixed_terms.py)
+    rejoin.json                     a new edge's seed exchange while it runs (agent/departure/
+                                    exchange_file.py)
+
+The phases and the departure subsystem own the formats of their records (totals, departures,
+edge terms, an exchange); the store writes, reads and deletes them (`save_record`,
+`load_record`, `discard`), so this folder has one writer, and `mark_finished` deletes every
+secret of the run at its end.
 
 Every file is written to a temporary name, flushed, fsync'ed and renamed, and a checkpoint folder
 is renamed into place only when complete (its files fsync'ed at once, then the folder), so a
 crash (even SIGKILL) leaves either the old or the new version, never half of one. Phase II
 writes its checkpoints on a thread while the rounds go on (agent/checkpoint_writer.py): a
-checkpoint of round t is on disk before the agent sends its round t + 1 message. Nothing is pickled; arrays are read with allow_pickle=False and
-checked against their sha256. When the run finishes, the mask and the checkpoints (both private:
-they reveal this agent's perturbation and iterates) are deleted and assignment.json is marked
-finished.
+checkpoint of round t is on disk before the agent sends its round t + 1 message. Nothing is pickled;
+arrays are read with allow_pickle=False and checked against their sha256. When the run finishes, the
+mask and the checkpoints (both private: they reveal this agent's perturbation and iterates) are
+deleted and assignment.json is marked finished.
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ import numpy as np
 import torch
 
 from agent.durable import fsync_dir, write_all, write_private
+from efpsn.jsonfile import read_run_json, write_json
 from efpsn.masks.zero_sum import MaskCoefficients
 from efpsn.params.config import RunConfig
 from efpsn.wire import records
@@ -54,6 +66,10 @@ from efpsn.wire import records
 log = logging.getLogger("agent.state")
 
 FORMAT = "efpsn-agent-state/1"
+# the records the phases and the departure subsystem keep here (their owners give the formats)
+TOTALS, DEPARTURES, EDGE_TERMS, EXCHANGE = ("totals.json", "departures.json", "edge_terms.json",
+                                            "rejoin.json")
+RUN_RECORDS = (TOTALS, DEPARTURES, EDGE_TERMS, EXCHANGE)
 _TENSOR_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _CHECKPOINT_DIR = re.compile(r"^round-(\d{8,})$")
 
@@ -214,14 +230,50 @@ class StateStore:
             raise StateError(f"{self.assignment_path} is damaged: {exc}") from None
 
     def mark_finished(self, saved: SavedAssignment) -> None:
-        """The run is over: delete the mask and checkpoints, keep a finished marker."""
+        """The run is over: delete the mask (or seeds), the checkpoints, the sent messages and
+        every record of the run (RUN_RECORDS: totals, departures, edge terms, an exchange),
+        keep a finished marker."""
         self.save_assignment(saved.assignment, config=saved.config, advertise=saved.advertise,
                              port=saved.port, finished=True)
         self.mask_path.unlink(missing_ok=True)
         self.seeds_path.unlink(missing_ok=True)
+        self.discard(*RUN_RECORDS)
         shutil.rmtree(self.checkpoint_folder, ignore_errors=True)
         shutil.rmtree(self.outbox_folder, ignore_errors=True)
         fsync_dir(self.folder)
+
+    # ------------------------------------------------------------------ records
+
+    def record_path(self, name: str) -> Path:
+        if name not in RUN_RECORDS:
+            raise ValueError(f"{name!r} is not a record of the state folder ({RUN_RECORDS})")
+        return self.folder / name
+
+    def has_record(self, name: str) -> bool:
+        return self.record_path(name).exists()
+
+    def save_record(self, name: str, payload: dict[str, Any]) -> None:
+        """STATE/NAME (one of RUN_RECORDS) as strict JSON: 0600, written atomically and synced
+        (a restart reads it). Its owner gives the payload, with "format" and "run_id"."""
+        self._ensure()
+        write_json(self.record_path(name), payload, mode=0o600, sync=True)
+
+    def load_record(self, name: str, *, fmt: int, run_id: str) -> dict[str, Any] | None:
+        """The payload save_record wrote for `run_id` (None: none saved); ValueError when it is
+        another run's, another format's or unreadable (its owner says why in its own words)."""
+        path = self.record_path(name)
+        if not path.exists():
+            return None
+        try:
+            payload: dict[str, Any] = read_run_json(path, fmt=fmt, run_id=run_id)
+        except (OSError, AttributeError) as exc:
+            raise ValueError(f"{path} is unreadable: {exc}") from None
+        return payload
+
+    def discard(self, *names: str) -> None:
+        """Delete these records (those that exist)."""
+        for name in names:
+            self.record_path(name).unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ unresumable runs
 

@@ -1,4 +1,5 @@
-"""Many agents on one machine: `efpsn up` over n private folders, and the simulator on the same data.
+"""Many agents on one machine: `efpsn up` over n private folders, and the simulator on the same
+data.
 
     python benchmarks/bench_many.py [--agents 100] [--iterations 300] [--batch-size 32]
         [--key-bits 2048] [--no-fork] [--defaults] [--json OUT]

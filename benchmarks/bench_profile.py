@@ -6,8 +6,8 @@
 Runs `efpsn up --preset paper` (logistic regression, DSGD, batch 64, the paper's schedule;
 mutual TLS), or with `--data-dir D` the defaults on private folders (`efpsn up --data-dir D`
 and nothing else: agt, full batch, fading masks, the stop rule; the agents are D's; --rounds
-forces a count, else the step rule's, stopped by the certificate) as a separate process and, once every agent is past round 200, measures two windows
-of `--window` seconds on the running agents:
+forces a count, else the step rule's, stopped by the certificate) as a separate process and, once
+every agent is past round 200, measures two windows of `--window` seconds on the running agents:
   1. unprofiled: each agent's CPU (/proc/PID/stat) and rounds (GetStatus) over the window;
   2. profiled: `py-spy record --nonblocking` on `--profiled` agents (agent1, agent2, ...), with
      each thread's CPU from /proc/PID/task; profile_stages.py sorts every sample into a stage.

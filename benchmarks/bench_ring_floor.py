@@ -26,11 +26,11 @@ the same N rounds each (`--iterations`):
 each process (time.process_time, CLOCK_PROCESS_CPUTIME_ID: what agent/node.py measures for
 (c)), per agent per round (the processes' mean); `--run-flag` (repeatable, in order) adds a
 flag of `efpsn up` to all three, e.g. `--run-flag=--preset --run-flag=paper` for the paper's
-preset on D's folders (DSGD, batch 64, its fixed mask: one tensor per neighbour); the phase's wall time is the slowest process's.
-Also measured: the step inside (b) (the CPU of the thread that calls RoundDriver.step, around
-it), and in this process the step alone (bench_step's lockstep of every driver, N rounds from
-round 0) and the parse of one message. (b) is checked to compute the method: agent1's final
-x after N rounds (sha256 of its float64 bytes) equals the lockstep's.
+preset on D's folders (DSGD, batch 64, its fixed mask: one tensor per neighbour); the phase's wall
+time is the slowest process's. Also measured: the step inside (b) (the CPU of the thread that calls
+RoundDriver.step, around it), and in this process the step alone (bench_step's lockstep of every
+driver, N rounds from round 0) and the parse of one message. (b) is checked to compute the method:
+agent1's final x after N rounds (sha256 of its float64 bytes) equals the lockstep's.
 """
 
 from __future__ import annotations

@@ -104,23 +104,25 @@ def _parse_pairs(items: list[str], *, numbers: bool) -> list[tuple[str, Any]]:
 async def _ours(me: str, other: str, folder: Path, ports: dict[str, int], rounds: int,
                 ready: Path) -> dict[str, float]:
     from agent.assembly import local_agents
-    from agent.exchange import RoundLink
-    from agent.resume import Replay
+    from agent.exchange import Replay, RoundLink
     from coordinator.registry import local_assignments
 
     async with local_agents(folder, CONFIG, run_id=RUN, names=(me,), serve_names=(me,),
                             assign=functools.partial(local_assignments, run_id=RUN),
                             ports=ports, new_certificates=False) as agents:
         agent = agents[me]
-        replay = Replay(peers=agent.peers, intake=agent.intake, mailbox=agent.mailbox,
-                        neighbours=set(), describe_loss=lambda *a: "", on_loss=lambda n: None)
+        replay = Replay(peers=agent.peers, take=agent.phase_two.take_round,
+                        mailbox=agent.mailbox, neighbours=set(), describe_loss=lambda *a: "",
+                        on_loss=lambda n: None)
+        assert agent.phase_two.ledger is not None
         link = RoundLink(peers=agent.peers, outbox=agent.outbox, replay=replay, run_id=RUN,
-                         name=me, neighbours=[other], timeout=60.0)
+                         name=me, neighbours=[other], timeout=60.0,
+                         holds=agent.phase_two.ledger.holds)
         message = _message(me)
 
         async def one(t: int) -> None:
             await link.exchange(t, message)
-            agent.ledger.advance(t + 1)
+            agent.phase_two.ledger.advance(t + 1)
             agent.mailbox.discard_before("round", t + 1)
 
         return await _rounds(one, rounds, ready)

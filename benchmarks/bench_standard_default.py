@@ -1,4 +1,5 @@
-"""Raw tables with no flag: `efpsn up --data-dir D` against scikit-learn's pipeline on the pooled rows.
+"""Raw tables with no flag: `efpsn up --data-dir D` against scikit-learn's pipeline on the pooled
+rows.
 
     python benchmarks/bench_standard_default.py [--sets breast_cancer,digits,wine] [--json OUT]
 

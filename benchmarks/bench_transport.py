@@ -89,7 +89,7 @@ async def agent_transport(tls_dir: Path | None, n: int, *, stream: bool) -> tupl
                 # consume it
                 await receiver.mailbox.collect("round", t, ["agent2"], timeout=30.0)
                 receiver.mailbox.discard_before("round", t + 1)
-                receiver.ledger.advance(t + 1)
+                receiver.phase_two.ledger.advance(t + 1)
 
             return await _measure(n, send)
 

@@ -11,10 +11,10 @@ they take time, not CPU. py-spy counts a thread blocked on the disk as busy, and
 --native its leaf is the Python function that made the call, so the checkpoint's functions
 whose work is writing, fsyncing or unlinking files are dropped by name (measured alone, a
 checkpoint's writer spends over nine tenths of its time there waiting, not computing;
-bench_profile.py prints a checkpoint's CPU measured alone beside the table). A runnable thread preempted elsewhere still counts where it
-stands (bench_profile.py prints how long the agents waited for a core). Each thread's CPU
-time (from /proc) is then split over its stages by their share of its busy samples.
-"""
+bench_profile.py prints a checkpoint's CPU measured alone beside the table). A runnable thread
+preempted elsewhere still counts where it stands (bench_profile.py prints how long the agents waited
+for a core). Each thread's CPU time (from /proc) is then split over its stages by their share of its
+busy samples. """
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 # Stage of a frame, by the function name py-spy prints ("Class.method (file:line)"): the first
 # rule that matches, in this order, wins for that frame.
 RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("evaluation", ("evaluate (agent/phase_two.py", "_evaluate_into")),
+    ("evaluation", ("evaluate (agent/phases/phase_two.py", "_evaluate_into")),
     ("checkpoint", ("save_checkpoint", "StateStore.")),
     ("outbox log", ("OutboxLog.",)),
     ("checks and digests", (

@@ -21,6 +21,9 @@ from efpsn.process.lifeline import hold_to_launcher
 
 def _coordinator(args: argparse.Namespace) -> int:
     hold_to_launcher()  # started by `efpsn up`: stop when it is gone, even killed -9
+    from efpsn.process.title import set_title
+
+    set_title("coordinator", _run_of(args))
     from coordinator.registry import default_names
     from coordinator.service import serve
 
@@ -42,6 +45,14 @@ def _coordinator(args: argparse.Namespace) -> int:
         linger=None if args.keep_serving else args.linger, final=True,
     ))
     return 0
+
+
+def _run_of(args: argparse.Namespace) -> str:
+    """The run this coordinator serves, for its process title: `efpsn up`'s results folder
+    (where its run parameters are), else the run id, else the address it listens on."""
+    if args.run_parameters:
+        return os.path.dirname(args.run_parameters) or "."
+    return args.run_id or args.listen
 
 
 def coordinator_config(args: argparse.Namespace) -> RunConfig:

@@ -15,8 +15,8 @@ The rule, public and deterministic:
   both go on: both wait, and nothing is decided until the deadline;
 - agent d left at round T = the smallest round a report names it silent at; the reporters that
   name it one round later used its round-T message (Departure.late); the re-base round is
-  R = T + the number of agents at the start (efpsn.departure.membership.parse_leave's rule), which no
-  agent can have reached: every one is waiting at T + 2 at most (T = 0 too: d finished phase I
+  R = T + the number of agents at the start (efpsn.departure.membership.parse_leave's rule), which
+  no agent can have reached: every one is waiting at T + 2 at most (T = 0 too: d finished phase I
   and sent no round message);
 - reports are counted per decision (`epoch`); a report of an older epoch is answered with the
   decisions it missed;
@@ -36,14 +36,14 @@ The rule, public and deterministic:
 - an agent that stopped on the stop rule's certificate reports its stop round S (`finish`):
   it is accounted for, neither waiting nor silent. A departure decided while some agents
   finished (agents far from the departed one completed the last window before it mattered,
-  efpsn/departure/last_window.py) is decided as "the run had stopped at S" (Departure.stopped): every
-  finished agent must name the same S, the departure and every report must come before it;
+  efpsn/departure/last_window.py) is decided as "the run had stopped at S" (Departure.stopped):
+  every finished agent must name the same S, the departure and every report must come before it;
   nobody re-bases and no edge is added: the others end with their check round's model;
 - a departure too late to re-base (R >= the cap N as above) is decided as "the run ended at
   the cap N" (Departure.capped): an agent that finished N (far from the departed one, it
   never waited) reports it (`finish` with `capped`), the others end with their iterate of the
-  round they wait at (efpsn/departure/last_window.py, CapEnd). Every finished agent must name N, every
-  report and the departure must come before it; nobody re-bases, no edge is added.
+  round they wait at (efpsn/departure/last_window.py, CapEnd). Every finished agent must name N,
+  every report and the departure must come before it; nobody re-bases, no edge is added.
 
 Nothing here sees data: names and round numbers only.
 """
@@ -81,8 +81,11 @@ class DepartureBoard:
 
     def __init__(self, names: Sequence[str], *, iterations: int,
                  graph: Graph | None = None,
-                 extend: Callable[[Reconfiguration, int, int], int] | None = None) -> None:
+                 extend: Callable[[Reconfiguration, int, int], int] | None = None,
+                 absent: set[int] | None = None) -> None:
         self.names = list(names)  # index order: names[i] is agent index i
+        # seats that are no part of the run yet (late ones that have not joined)
+        self.absent = set() if absent is None else set(absent)
         self.iterations = iterations  # the cap: the last round, extended by re-bases
         self.extend = extend  # (remaining graph, re-base round, cap) -> the cap from there
         self.graph = graph  # the run's graph, joined after each decision that cut it
@@ -164,8 +167,14 @@ class DepartureBoard:
         return sorted({b if a == me else a for e, a, b in self.new_edges
                        if e > epoch and me in (a, b)})
 
+    def joined(self, index: int, graph: Graph) -> None:
+        """Seat `index` joined (coordinator/joins.py): a member from now on, on `graph`."""
+        self.absent.discard(index)
+        self.graph = graph
+
     def _decide(self) -> bool:
-        live = set(self.names) - self.gone - set(self.finished)
+        live = (set(self.names) - self.gone - set(self.finished)
+                - {self.names[i] for i in self.absent})
         reporters = set(self._reports)
         silent = (set().union(*(r.silent for r in self._reports.values())) - reporters
                   - set(self.finished))
@@ -193,7 +202,7 @@ class DepartureBoard:
         self._reports.clear()
         ended = any(d.stopped is not None or d.capped is not None for d in departures)
         if self.graph is not None and not ended:  # nobody re-bases after the run ended
-            recon = reconfigure(self.graph, {d.agent for d in self.decided})
+            recon = reconfigure(self.graph, {d.agent for d in self.decided} | self.absent)
             self.graph = recon.graph
             self.new_edges.extend((self.epoch, a, b) for a, b in recon.new_edges)
             if self.extend is not None:  # the agents extend their cap at R the same way

@@ -1,5 +1,6 @@
 """Pure bootstrap logic: who registered (and with which data schema and model), deterministic
-ids, topology and mixing weights."""
+ids, topology and mixing weights; and a late seat taking its place (a party that joins the
+running network: coordinator/joins.py decides when)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from efpsn.params.config import RunConfig
-from efpsn.topology import build_graph, metropolis_weights
+from efpsn.topology import graph_over, metropolis_weights
 from efpsn.wire.records import Assignment, Peer
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -54,6 +55,13 @@ def default_names(agents: int) -> set[str]:
     return {f"agent{i}" for i in range(1, agents + 1)}
 
 
+def seat_order(names: set[str] | list[str]) -> list[str]:
+    """Names in seat order (their index order): natural order, agent2 before agent10, so that
+    agentK holds index K - 1 as the simulator and the data folders number them."""
+    return sorted(names, key=lambda n: [int(t) if t.isdigit() else t
+                                        for t in re.split(r"(\d+)", n)])
+
+
 def check_address(address: str) -> None:
     """host:port with a port in 1..65535 (IPv6 hosts in brackets)."""
     if len(address) > MAX_ADDRESS_CHARS:
@@ -69,17 +77,27 @@ class Registry:
 
     def __init__(self, config: RunConfig, *, run_id: str, expected_names: set[str] | None = None):
         # agents receive concrete numbers, never "auto"; except a scale standard run's, which
-        # every agent resolves after the secure sum of column statistics (agent/secure_sum.py)
+        # every agent resolves after the secure sum of column statistics
+        # (agent/phases/secure_sum.py)
         self.config = config if config.scale.standard else config.resolved()
         self.run_id = run_id
         # Validate the topology now: a disconnected graph must fail before anyone registers.
-        self.graph = build_graph(config.topology, config.agents, seed=config.seed)
+        # With seats that join later, the graph is the topology over those present at the start
+        self.graph = graph_over(config.topology, config.starting_members, agents=config.agents,
+                                seed=config.seed)
         self.weights = metropolis_weights(self.graph)
         if expected_names is not None and len(expected_names) != config.agents:
             raise ValueError(
                 f"{len(expected_names)} expected names given for {config.agents} agents"
             )
+        if expected_names is None and config.late_seats:  # seats by their agentK names
+            expected_names = default_names(config.agents)
         self.expected_names = expected_names
+        seats = None if expected_names is None else seat_order(expected_names)
+        # the late seats' names: the seats the run leaves empty at the start (agentK: index K-1)
+        self.late = frozenset() if seats is None else frozenset(seats[i]
+                                                                for i in config.late_seats)
+        self.joined: dict[str, int] = {}  # a late seat that took its place -> its index
         self.addresses: dict[str, str] = {}
         self.declared: dict[str, Declaration] = {}
         self.cancelled: str | None = None  # why the run was cancelled, once it is
@@ -88,7 +106,13 @@ class Registry:
 
     @property
     def complete(self) -> bool:
-        return len(self.addresses) == self.config.agents
+        """Every seat but the late ones registered (a late seat joins later)."""
+        return len(set(self.addresses) - self.late) == self.config.agents - len(self.late)
+
+    @property
+    def starting(self) -> int:
+        """How many agents the run starts with."""
+        return self.config.agents - len(self.late)
 
     def cancel(self, reason: str, *, by: str) -> RunCancelled:
         """Cancel the run because of agent `by` (the first reason sticks); the error to raise."""
@@ -146,6 +170,9 @@ class Registry:
         check_address(address)
         if self.expected_names is not None and name not in self.expected_names:
             raise NotExpected(f"{name!r} is not one of the expected agents")
+        if name in self.late:
+            raise NotExpected(f"{name!r} is a seat that joins the running network later "
+                              "(--late-seats): start it with `efpsn agent --join`")
         if self.cancelled is not None:
             raise RunCancelled(self.cancelled, by=self.cancelled_by)
         holder = next((other for other, at in self.addresses.items()
@@ -171,7 +198,7 @@ class Registry:
             return
         if self.complete:
             raise ValueError(
-                f"the run already has its {self.config.agents} agents; {name!r} cannot join"
+                f"the run already has its {self.starting} agents; {name!r} cannot join"
             )
         self.addresses[name] = address
         if declaration is not None:
@@ -183,12 +210,15 @@ class Registry:
         """All assignments, once every agent registered (computed once, then frozen)."""
         if not self.complete:
             raise ValueError(
-                f"only {len(self.addresses)} of {self.config.agents} agents registered"
+                f"only {len(self.addresses)} of {self.starting} agents registered"
             )
         if self._assignments is None:
-            names = sorted(self.addresses)
+            names = self.seats
+            members = tuple(names)  # every seat, the late ones too (they join later)
             out: dict[str, Assignment] = {}
             for i, name in enumerate(names):
+                if name in self.late:
+                    continue
                 peers = tuple(
                     Peer(
                         name=names[j], index=j, address=self.addresses[names[j]],
@@ -199,10 +229,69 @@ class Registry:
                 out[name] = Assignment(
                     run_id=self.run_id, index=i, name=name, neighbours=peers,
                     self_weight=float(self.weights[i, i]),
-                    num_agents=self.config.agents,
+                    num_agents=self.config.agents, members=members,
                 )
             self._assignments = out
         return self._assignments
+
+    @property
+    def seats(self) -> list[str]:
+        """Every seat's name in index order (the expected names; else, once complete, the
+        registered ones)."""
+        return seat_order(self.expected_names if self.expected_names is not None
+                          else set(self.addresses))
+
+    def index_of(self, name: str) -> int:
+        return self.seats.index(name)
+
+    def take_seat(self, name: str, address: str, declaration: Declaration) -> int:
+        """A late seat's party joins (seat_of checked it): its address and declaration are
+        recorded; its index."""
+        index = self.seat_of(name, address, declaration)
+        self.addresses[name] = address
+        self.declared[name] = declaration
+        self.joined[name] = index
+        return index
+
+    def seat_of(self, name: str, address: str, declaration: Declaration) -> int:
+        """A late seat's party asks to join: its name, address and declaration checked as a
+        registration's (the same schema, the members' model); its index (nothing recorded).
+        NotExpected or ValueError (one line: why) when it cannot."""
+        if name not in self.late:
+            raise NotExpected(f"{name!r} is not a seat of this run that joins later (late "
+                              f"seats: {', '.join(seat_order(self.late)) or 'none'})")
+        if not self.complete or self.cancelled is not None:
+            raise ValueError(f"{name} asks to join run {self.run_id}, which has not started")
+        check_address(address)
+        holder = next((other for other, at in self.addresses.items()
+                       if at == address and other != name), None)
+        if holder is not None:
+            raise ValueError(f"address {address} is already registered by {holder!r}; every "
+                             "agent needs its own --advertise HOST:PORT")
+        known = self.addresses.get(name)
+        if known is not None and known != address:
+            raise ValueError(f"{name!r} asked to join at {known}, not {address}")
+        self._check_joiner(name, declaration)
+        return self.index_of(name)
+
+    def _check_joiner(self, name: str, d: Declaration) -> None:
+        """A joiner's declaration against the run's (its refusal cancels nothing)."""
+        c = self.config
+        if d.failure:
+            raise ValueError(f"{name} cannot take part: "
+                             + "".join(ch if ch.isprintable() else "?"
+                                       for ch in d.failure[:MAX_FAILURE_CHARS]))
+        if (d.input_shape, d.classes) != (c.input_shape, c.classes):
+            raise ValueError(f"{name} declared input shape {_shown(d.input_shape)} and "
+                             f"{d.classes} classes; the run's data schema is "
+                             f"{c.input_shape!r} with {c.classes} classes")
+        prints = Counter(x.model_fingerprint for n, x in self.declared.items()
+                         if n not in self.late)
+        model = prints.most_common(1)[0][0] if prints else b""
+        if d.model_fingerprint != model:
+            raise ValueError(f"{name}'s model fingerprint {d.model_fingerprint.hex()[:12]} "
+                             f"differs from the members' ({model.hex()[:12]}): it must build "
+                             f"the same model for task {str(c.task)!r}")
 
 
 def local_assignments(config: RunConfig, addresses: Mapping[str, str], *,

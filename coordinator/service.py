@@ -9,7 +9,9 @@ import uuid
 import grpc
 
 from coordinator.departures import DepartureBoard, Refused, Report
+from coordinator.joins import JoinBoard, JoinRefused
 from coordinator.registry import Declaration, NotExpected, Registry, RunCancelled, default_names
+from efpsn.departure.joins import join_reconfiguration
 from efpsn.departure.membership import Reconfiguration
 from efpsn.optimize.stopping import StopRule
 from efpsn.params.config import RunConfig
@@ -46,6 +48,8 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         self.rejections = RejectionLog(log, "coordinator")
         self.board: DepartureBoard | None = None  # phase II's departures, once assigned
         self._decision = asyncio.Event()  # set (and replaced) at every decision
+        # seats that join later: the members' polls and the joins (coordinator/joins.py)
+        self.joins = JoinBoard(members=set()) if registry.late else None
 
     def _authenticate(self, context: grpc.aio.ServicerContext, name: str) -> None:
         if not self.tls_required:
@@ -140,11 +144,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
             raise Reject(grpc.StatusCode.FAILED_PRECONDITION,
                          f"no report for run {request.run_id[:64]!r}: this coordinator "
                          f"bootstraps run {self.registry.run_id}")
-        if self.board is None:
-            self.board = DepartureBoard(sorted(self.registry.addresses),
-                                        iterations=self.registry.config.iterations.count or 0,
-                                        graph=self.registry.graph, extend=self._extended_cap)
-        board = self.board
+        board = self._departures()
         if request.finished:  # it stopped on the certificate: accounted for, answered at once
             try:
                 if board.finish(request.sender, int(request.finished),
@@ -185,6 +185,112 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 board.withdraw(request.sender)
         return self._decisions(request.sender, report.epoch)
 
+    def _departures(self) -> DepartureBoard:
+        """The departure board, made at the first report (seats by index; those that have not
+        joined yet are no part of the run)."""
+        if self.board is None:
+            registry = self.registry
+            seats = registry.seats
+            self.board = DepartureBoard(
+                seats, iterations=registry.config.iterations.count or 0, graph=registry.graph,
+                extend=self._extended_cap,
+                absent={seats.index(n) for n in registry.late - set(registry.joined)})
+        return self.board
+
+    @guarded
+    async def Join(
+        self, request: coordinator_pb2.RegisterRequest, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.Assignment:
+        """A late seat's party asks to join: checked, decided (coordinator/joins.py), answered
+        with its assignment at the join's round."""
+        self._authenticate(context, request.name)
+        registry, joins = self.registry, self.joins
+        if joins is None:
+            raise Reject(grpc.StatusCode.FAILED_PRECONDITION,
+                         f"run {registry.run_id} has no seat that joins later (--late-seats)")
+        declaration = Declaration(input_shape=request.input_shape, classes=request.classes,
+                                  model_fingerprint=request.model_fingerprint,
+                                  failure=request.failure)
+        self._start_members()
+        board = self._departures()  # before the seat is taken: absent until it joins
+        try:
+            if any(n == request.name for _, _, n in joins.decided):  # restarted before the
+                registry.seat_of(request.name, request.address, declaration)  # answer came
+                return self._join_assignment(request.name)
+            index = registry.seat_of(request.name, request.address, declaration)
+            pending = [d.rebase_round for d in board.decided if d.stopped is None
+                       and d.capped is None and d.rebase_round > joins.furthest]
+            last = board.iterations or registry.config.iterations.total
+            join = joins.decide(index, pending_until=max(pending, default=None),
+                                last=last)
+            members = [i for i, n in enumerate(registry.seats) if n not in board.gone
+                       and i not in board.absent and i != index]
+            recon = join_reconfiguration(board.graph, members=members, join=join,
+                                         topology=registry.config.topology,
+                                         seed=registry.config.seed)
+        except (NotExpected, ValueError) as exc:
+            raise Reject(grpc.StatusCode.FAILED_PRECONDITION,
+                         f"{request.name} cannot join run {registry.run_id}: {exc}") from None
+        registry.take_seat(request.name, request.address, declaration)
+        board.joined(index, recon.graph)
+        joins.record(join, request.name, graph=recon, last=last)
+        log.warning("run %s: %s joins at round %d (neighbours %s)", registry.run_id,
+                    request.name, join.round,
+                    ", ".join(registry.seats[j] for j in recon.graph.neighbours(index)))
+        return self._join_assignment(request.name)
+
+    def _start_members(self) -> None:
+        """The members of the run as it started (once it is complete), for the join board."""
+        assert self.joins is not None
+        if not self.joins.members and self.registry.complete:
+            self.joins.members.update(self.registry.seats[i]
+                                      for i in self.registry.config.starting_members)
+
+    def _join_assignment(self, name: str) -> coordinator_pb2.Assignment:
+        """A joiner's assignment at its join's round (records.Assignment: its neighbours and
+        weights then, the members' graph)."""
+        assert self.joins is not None
+        registry = self.registry
+        epoch, join = next((e, j) for e, j, n in self.joins.decided if n == name)
+        recon = self.joins.graphs[join.agent]
+        seats, i = registry.seats, join.agent
+        peers = tuple(records.Peer(name=seats[j], index=j, address=registry.addresses[seats[j]],
+                                   weight=float(recon.weights[i, j]))
+                      for j in recon.graph.neighbours(i))
+        return records.assignment_to_proto(records.Assignment(
+            run_id=registry.run_id, index=i, name=name, neighbours=peers,
+            self_weight=float(recon.weights[i, i]), num_agents=registry.config.agents,
+            members=tuple(seats), join_round=join.round, join_epoch=epoch,
+            edges=recon.graph.edges, join_cap=self.joins.caps[join.agent]))
+
+    @guarded
+    async def PollMembership(
+        self, request: coordinator_pb2.MembershipPoll, context: grpc.aio.ServicerContext
+    ) -> coordinator_pb2.MembershipNews:
+        """A member before stepping a check round: the joins it does not know yet."""
+        self._authenticate(context, request.sender)
+        registry, joins = self.registry, self.joins
+        if joins is None or not registry.complete or request.run_id != registry.run_id:
+            raise Reject(grpc.StatusCode.FAILED_PRECONDITION,
+                         f"no membership for run {request.run_id[:64]!r} here")
+        self._start_members()
+        try:
+            joins.poll(request.sender, int(request.round), finished=request.finished)
+        except JoinRefused as exc:
+            raise Reject(grpc.StatusCode.PERMISSION_DENIED, str(exc)) from None
+        news = []
+        for epoch, join, name in joins.decided[int(request.known):]:
+            news.append(coordinator_pb2.JoinNews(
+                name=name, index=join.agent, round=join.round,
+                address=registry.addresses[name], epoch=epoch, cap=joins.caps[join.agent],
+                edges=[coordinator_pb2.Edge(a=a, b=b)
+                       for a, b in joins.graphs[join.agent].graph.edges],
+                ends=[coordinator_pb2.Peer(name=registry.seats[i], index=i,
+                                           address=registry.addresses[registry.seats[i]])
+                      for i in sorted({i for e in joins.graphs[join.agent].new_edges
+                                       for i in e})]))
+        return coordinator_pb2.MembershipNews(run_id=registry.run_id, joins=news)
+
     def _decisions(self, sender: str, epoch: int) -> coordinator_pb2.Departures:
         """Every departure decided (when `sender` lacks some: it applied `epoch` of them) and
         `sender`'s new neighbours."""
@@ -202,8 +308,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                      for j in board.joining(sender, epoch)])
 
     def _extended_cap(self, recon: Reconfiguration, origin: int, cap: int) -> int:
-        """The cap the agents take at a re-base round (efpsn/optimize/stopping.py, StopRule.rebased):
-        the same public numbers here, so a later departure is judged against it."""
+        """The cap the agents take at a re-base round (efpsn/optimize/stopping.py,
+        StopRule.rebased): the same public numbers here, so a later departure is judged against
+        it."""
         try:
             return StopRule.rebased(self.registry.config, recon.remaining_weights(),
                                     origin=origin, until=None, cap=cap).cap
@@ -242,6 +349,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         status.run_id = self.registry.run_id
         status.names.extend(names)
         status.rejections.update(self.rejections.counts)
+        status.addresses.update(self.registry.addresses)  # where `efpsn status` asks each agent
+        if self.board is not None:
+            status.departed.extend(self.board.names[d.agent] for d in self.board.decided)
         return status
 
 

@@ -3,9 +3,10 @@
 `RoundLedger` owns phase II's rules: the receive window (the round being collected and the
 next), the digests of what each neighbour delivered (a retry must repeat the first copy
 exactly), how long consumed rounds are remembered, and the resume point of a restarted agent.
-`PhaseOneLedger` does the same for phase I's keys and shares. The servicer (agent/servicer.py)
-asks for a verdict on every message that passed the wire checks; the client side asks
-`holds` whether a neighbour's message confirms one of ours. Nothing here reads a socket.
+`FirstCopyLedger` does the same for a phase whose messages each come once (the statistics
+flood), and `PhaseOneLedger` for phase I's keys and shares. The phase that owns the messages
+(agent/phases/) asks for a verdict on every message that passed the wire checks; the client side
+asks `holds` whether a neighbour's message confirms one of ours. Nothing here reads a socket.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import enum
 import secrets
 from dataclasses import dataclass
 
-__all__ = ["Judgement", "PhaseOneLedger", "RoundLedger", "Verdict"]
+__all__ = ["FirstCopyLedger", "Judgement", "PhaseOneLedger", "RoundLedger", "Verdict"]
 
 
 class Verdict(enum.Enum):
@@ -123,47 +124,68 @@ class RoundLedger:
         return sum(len(by) for by in self._digests.values())
 
 
-class PhaseOneLedger:
-    """Phase I's receive rules: one key and one batch of shares per neighbour, identical copies
-    acknowledged; once phase I is over here (or restored from disk after a restart) only copies
-    of what was received are acknowledged, anything new is refused."""
+class FirstCopyLedger:
+    """The receive rules of a phase whose messages each come once: one message per slot and
+    sender (phase I's key, its shares; a round of the statistics flood), the first copy wins:
+    identical copies are acknowledged, a different one is refused; once the phase is over here
+    (or restored from disk after a restart) only copies of what was received are
+    acknowledged, anything new is refused. `phase` names it in the refusals."""
+
+    def __init__(self, phase: str) -> None:
+        self.phase = phase
+        self._digests: dict[str, dict[str, bytes]] = {}
+        self.closed = False
+
+    def judge(self, slot: str, sender: str, digest: bytes, *, what: str | None = None
+              ) -> Judgement:
+        """The verdict on `sender`'s message for `slot` with this digest (`what`: the message's
+        name in a refusal, the slot's by default)."""
+        what = slot if what is None else what
+        known = self._digests.get(slot, {}).get(sender)
+        if known is not None and known == digest:
+            return Judgement(Verdict.DUPLICATE, f"duplicate of a {self.phase} message"
+                             if self.closed else "duplicate ignored")
+        if self.closed:
+            return Judgement(Verdict.REFUSE, f"{self.phase} is over at this agent, and this "
+                             f"{what} message is not the one it received from {sender}",
+                             "FAILED_PRECONDITION")
+        if known is not None:
+            return Judgement(Verdict.REFUSE, f"a different {what} message from {sender} was "
+                             "already received (a duplicate must repeat the first copy "
+                             "exactly)", "INVALID_ARGUMENT")
+        self._digests.setdefault(slot, {})[sender] = digest
+        return Judgement(Verdict.ACCEPT)
+
+    def close(self) -> None:
+        """The phase is over: from now on only copies of what was received are acknowledged."""
+        self.closed = True
+
+    def received(self) -> dict[str, dict[str, bytes]]:
+        """slot -> sender -> digest of what was accepted."""
+        return {slot: dict(by) for slot, by in self._digests.items() if by}
+
+    def restore(self, received: dict[str, dict[str, bytes]]) -> None:
+        """The phase finished in a previous process: remember its digests, accept nothing new."""
+        for slot, by in received.items():
+            self._digests.setdefault(slot, {}).update(by)
+        self.closed = True
+
+
+class PhaseOneLedger(FirstCopyLedger):
+    """Phase I's receive rules: one key and one batch of shares per neighbour
+    (FirstCopyLedger's rules; saved with the mask, restored after a restart)."""
 
     KINDS = ("key", "shares")
 
     def __init__(self) -> None:
-        self._digests: dict[str, dict[str, bytes]] = {kind: {} for kind in self.KINDS}
-        self.closed = False
+        super().__init__("phase I")
 
-    def judge(self, kind: str, sender: str, digest: bytes) -> Judgement:
-        """The verdict on `sender`'s phase I message of `kind` with this digest."""
-        if kind not in self._digests:
-            raise ValueError(f"kind must be one of {self.KINDS}, got {kind!r}")
-        known = self._digests[kind].get(sender)
-        if known is not None and known == digest:
-            return Judgement(Verdict.DUPLICATE, "duplicate of a phase I message" if self.closed
-                             else "duplicate ignored")
-        if self.closed:
-            return Judgement(Verdict.REFUSE, f"phase I is over at this agent, and this {kind} "
-                             f"message is not the one it received from {sender}",
-                             "FAILED_PRECONDITION")
-        if known is not None:
-            return Judgement(Verdict.REFUSE, f"a different {kind} message from {sender} was "
-                             "already received (a duplicate must repeat the first copy "
-                             "exactly)", "INVALID_ARGUMENT")
-        self._digests[kind][sender] = digest
-        return Judgement(Verdict.ACCEPT)
-
-    def close(self) -> None:
-        """Phase I is over: from now on only copies of what was received are acknowledged."""
-        self.closed = True
-
-    def received(self) -> dict[str, dict[str, bytes]]:
-        """kind -> sender -> digest of what was accepted (saved with the mask)."""
-        return {kind: dict(by) for kind, by in self._digests.items() if by}
+    def judge(self, slot: str, sender: str, digest: bytes, *, what: str | None = None
+              ) -> Judgement:
+        """The verdict on `sender`'s phase I message of kind `slot` with this digest."""
+        if slot not in self.KINDS:
+            raise ValueError(f"kind must be one of {self.KINDS}, got {slot!r}")
+        return super().judge(slot, sender, digest, what=what)
 
     def restore(self, received: dict[str, dict[str, bytes]]) -> None:
-        """Phase I finished in a previous process: remember its digests, accept nothing new."""
-        for kind, by in received.items():
-            if kind in self._digests:
-                self._digests[kind].update(by)
-        self.closed = True
+        super().restore({kind: by for kind, by in received.items() if kind in self.KINDS})

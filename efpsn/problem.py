@@ -29,7 +29,7 @@ from efpsn.perturbation.monomials import (
 from efpsn.tasks.batches import BatchSampler
 from efpsn.tasks.catalog import make_task
 from efpsn.tasks.objective import Task
-from efpsn.topology import Graph, build_graph, metropolis_weights
+from efpsn.topology import Graph, graph_over, metropolis_weights
 
 
 class MaskedPerturbation:
@@ -127,6 +127,9 @@ class Problem:
     system: OrthonormalSystem
     indices: np.ndarray
     holdouts: list[Dataset | None] = field(default_factory=list)
+    # the agents in the run on `graph` (every seat but the late ones at the start; a party that
+    # joins later: the members from its join on); () = every agent
+    members: tuple[int, ...] = ()
 
     @property
     def n(self) -> int:
@@ -158,6 +161,15 @@ class Problem:
             precision=c.precision, gamma=c.gamma, max_terms=self.graph.max_degree,
             key_bits=c.key_bits,
         )
+
+    @property
+    def member_weights(self) -> np.ndarray:
+        """The Metropolis matrix of the members (what the stop rule and the certificate need:
+        the seats that join later are no part of it yet)."""
+        members = list(self.members)
+        if not members or len(members) == self.n:
+            return self.weights
+        return self.weights[np.ix_(members, members)]
 
     def agent_weights(self, i: int) -> dict[int, float]:
         """w_ij for j in N_i and w_ii, as exact floats from the Metropolis matrix."""
@@ -224,7 +236,8 @@ def build_problem(
     fails here, before any agent starts phase I.
     """
     c = config.resolved()  # the step rule's numbers where they were asked for
-    graph = build_graph(c.topology, c.agents, seed=c.seed)
+    # the topology over the agents present at the start (seats that join later: isolated)
+    graph = graph_over(c.topology, c.starting_members, agents=c.agents, seed=c.seed)
     task = task if task is not None else build_task(c)
     last_bias = task.last_bias_indices()
     m, n_functions = c.basis_counts(num_params=task.num_params, last_bias=len(last_bias))
@@ -259,6 +272,7 @@ def build_problem(
     problem = Problem(
         config=c, graph=graph, weights=metropolis_weights(graph), task=task, shards=shards,
         test=test, system=system, indices=indices, holdouts=holdouts,
+        members=c.starting_members,
     )
     _ = problem.layout  # refuse overflow-prone packing parameters now
     return problem

@@ -15,10 +15,11 @@ import torch
 from efpsn.algorithms import make_algorithm
 from efpsn.algorithms.base import StepContext
 from efpsn.crypto.paillier import generate_keypair
+from efpsn.departure.joins import Join
 from efpsn.departure.last_window import capped_line
 from efpsn.departure.membership import Departure, check_departures
 from efpsn.departure.remask import integer_parts
-from efpsn.departure.replay import DepartureReplay
+from efpsn.departure.replay import MembershipReplay
 from efpsn.masks.factory import seeded_blocks, seeded_mask
 from efpsn.masks.fading import FadingMask
 from efpsn.masks.network import independent_masks, no_masks, zero_sum_masks, zero_sum_masks_fast
@@ -76,9 +77,10 @@ def make_mask_providers(
     allow_insecure_keys: bool = False,
 ) -> list[MaskProvider]:
     """Every agent's masks of every round: phase I's fixed mask (refresh never), the fading
-    masks (efpsn/masks/fading.py), or masks refreshed every R rounds from the seeds phase I shares (by real Paillier between in-process
-    agents, or the fast path that yields the same seeds). The refreshed masks share one
-    NoiseBlocks: each edge's stream is derived once per period, not at both ends."""
+    masks (efpsn/masks/fading.py), or masks refreshed every R rounds from the seeds phase I shares
+    (by real Paillier between in-process agents, or the fast path that yields the same seeds). The
+    refreshed masks share one NoiseBlocks: each edge's stream is derived once per period, not at
+    both ends."""
     c = problem.config
     refresh = c.refresh if c.resolved_ok else c.resolved().refresh
     if not refresh.refreshed:
@@ -113,7 +115,8 @@ class SimulationResult:
     periods_zero_sum: int = 0  # refreshed masks: how many periods were checked, every round
     every_period_zero_sum: bool = True  # ... and whether each summed to zero exactly
     convergence: Certificate | None = None  # efpsn/optimize/certificate.py, from the last round
-    departures: dict[str, Any] | None = None  # DepartureReplay.to_json, when anyone left
+    departures: dict[str, Any] | None = None  # MembershipReplay.to_json, when anyone left
+    # or joined
     tails: dict[str, Any] | None = None  # the consensus tails' schedule (TailSchedule.to_json)
 
     def masks_sum_to_zero(self) -> bool:
@@ -152,21 +155,23 @@ def run_simulation(
     allow_insecure_keys: bool = False,
     on_round: Callable[[int, dict[str, float] | None], None] | None = None,
     departures: Sequence[Departure] = (),
+    joins: Sequence[Join] = (),
     messages: str = "clear",
 ) -> SimulationResult:
     """Run phase I then `config.iterations.total` synchronous phase II rounds for every agent (the
     step rule's numbers where the config asks for them: RunConfig.resolved).
 
-    `departures` replays agents that leave for good (efpsn/departure/replay.py): the metrics
-    are then the remaining agents' (and x_star should be their optimum).
+    `departures` replays agents that leave for good, `joins` the seats the run leaves empty
+    (`late`) taking part from a round on (efpsn/departure/replay.py): the metrics are the
+    members' (and x_star should be their optimum).
 
     `messages`: "clear" (every neighbour gets the message) or "aggregate" (secure neighbourhood
-    aggregation, efpsn/optimize/channels.py: each agent learns only the weighted sum of its neighbours'
-    messages; simulator only, no departures)."""
+    aggregation, efpsn/optimize/channels.py: each agent learns only the weighted sum of its
+    neighbours' messages; simulator only, no departures)."""
     if messages not in MESSAGE_MODES:
         raise ValueError(f"messages must be one of {MESSAGE_MODES}, got {messages!r}")
-    if messages == "aggregate" and departures:
-        raise ValueError("departures are not supported with aggregated messages")
+    if messages == "aggregate" and (departures or joins or config.late):
+        raise ValueError("departures and joins are not supported with aggregated messages")
     config = config.resolved()
     problem = problem if problem is not None else build_problem(config)
     if noise_seed is None:
@@ -178,8 +183,9 @@ def run_simulation(
     t_phase1 = time.perf_counter() - t0
     zero_sum = ZeroSumCheck(providers)
     departures = check_departures(departures, agents=problem.n)
-    replay = (DepartureReplay(problem=problem, providers=providers, departures=departures,
-                              noise_seed=noise_seed) if departures else None)
+    replay = (MembershipReplay(problem=problem, providers=providers, departures=departures,
+                               joins=joins, noise_seed=noise_seed)
+              if departures or joins or config.late_seats else None)
 
     algorithm = make_algorithm(config.algorithm, momentum=config.momentum.value)
     schedule = make_schedule(config.schedule, iterations=config.iterations.total)
@@ -188,7 +194,7 @@ def run_simulation(
     # the stop rule agrees over the run's graph; a replayed departure voids the windows it
     # cuts and re-bases the rule on the remaining graph (efpsn/optimize/stopping.py)
     aggregate = messages == "aggregate"
-    stop = StopRule.for_run(config, problem.weights, aggregate=aggregate)
+    stop = StopRule.for_run(config, problem.member_weights, aggregate=aggregate)
     drivers = [
         RoundDriver(algorithm=algorithm, schedule=schedule, iterations=config.iterations.total,
                     eval_every=config.eval_every, x0=x0, stop=stop,
@@ -198,10 +204,11 @@ def run_simulation(
     ]
     channels = simulated_channels(messages, algorithm=algorithm,
                                   contexts=[d.context for d in drivers], weights=problem.weights)
-    certifier = Certifier.for_run(config, problem.weights, aggregate=aggregate)
+    certifier = Certifier.for_run(config, problem.member_weights, aggregate=aggregate)
     history = [{"round": 0, **evaluate(problem, [d.state["x"] for d in drivers], x_star=x_star)}]
     t1 = time.perf_counter()
-    active, neighbours = list(range(n)), problem.graph.neighbours
+    active, neighbours = ((replay.active, replay.neighbours) if replay is not None
+                          else (list(range(n)), problem.graph.neighbours))
     window = None  # a departure's last window that stopped the run (efpsn/departure/last_window.py)
     for t in itertools.count():  # to the cap, which a departure's re-base may extend
         if all(drivers[i].done for i in active):  # the stop rule's round, the same at every
@@ -248,6 +255,9 @@ def run_simulation(
     if replay is not None and len(replay.departed) < len(departures):
         missed = [d.label() for d in departures if d.agent not in replay.departed]
         raise ValueError(f"the run ended at round {rounds}, before the departures {missed}")
+    if replay is not None and len(replay.joined) < len(joins):
+        missed = [j.label() for j in joins if j.agent in replay.absent]
+        raise ValueError(f"the run ended at round {rounds}, before the joins {missed}")
     ended = window if window is not None else capped
     if any(drivers[i].t != (rounds if ended is None else ended.ended_at(i)) for i in active):
         raise RuntimeError(f"the agents stopped at different rounds {[d.t for d in drivers]}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -141,6 +142,13 @@ class Graph:
                         stack.append(j)
             out.append(sorted(comp))
         return out
+
+    def induced(self, members: Iterable[int]) -> Graph:
+        """The graph on `members` alone, relabelled 0..len-1 in their index order."""
+        keep = sorted(set(members))
+        position = {i: p for p, i in enumerate(keep)}
+        return Graph(len(keep), tuple((position[a], position[b]) for a, b in self.edges
+                                      if a in position and b in position), name=self.name)
 
     def is_connected(self) -> bool:
         """True when every agent can reach every other."""
@@ -340,6 +348,33 @@ def build_graph(spec: str, n: int, *, seed: int = 0) -> Graph:
 # --------------------------------------------------------------------------------------------
 # Mixing weights and spectrum
 # --------------------------------------------------------------------------------------------
+
+
+def graph_over(spec: str, members: Iterable[int], *, agents: int, seed: int = 0) -> Graph:
+    """The graph `spec` over `members` on the run's indices 0..agents-1, the other agents
+    isolated (seats still empty, or left): the spec's graph for len(members) agents laid on
+    the members in index order; an `edges:FILE` graph restricted to the members, its pieces
+    joined (consecutive components, ordered by their smallest agent, by an edge between their
+    smallest agents). Every member present: build_graph(spec, agents, seed=seed) itself."""
+    present = sorted(set(members))
+    if not present or any(not 0 <= i < agents for i in present):
+        raise ValueError(f"members {present} outside 0..{agents - 1}")
+    if len(present) == agents:
+        return build_graph(spec, agents, seed=seed)
+    if spec.strip().lower().startswith("edges"):
+        full = build_graph(spec, agents, seed=seed)
+        absent = set(range(agents)) - set(present)
+        kept = tuple(e for e in full.edges if not absent.intersection(e))
+        pieces = [c for c in Graph(agents, kept).components() if c[0] not in absent]
+        joins = tuple((a[0], b[0]) for a, b in itertools.pairwise(pieces))
+        return Graph(agents, kept + joins, name=full.name)
+    if len(present) == 1:
+        return Graph(agents, (), name=spec)
+    if len(present) == 2:  # every connected graph on two agents: one edge
+        return Graph(agents, ((present[0], present[1]),), name=spec)
+    small = build_graph(spec, len(present), seed=seed)
+    return Graph(agents, tuple((present[a], present[b]) for a, b in small.edges),
+                 name=small.name)
 
 
 def metropolis_weights(graph: Graph) -> np.ndarray:

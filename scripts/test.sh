@@ -7,11 +7,28 @@
 # or branch coverage below $EFPSN_MIN_BRANCHES (85). With arguments (a subset) the table is
 # printed but not enforced. Code that runs inside containers (tests/test_compose.py) is not
 # counted. EFPSN_NO_COVERAGE=1 runs plain pytest.
+#
+# --fast (first argument): the fast lane, every test that starts no process or container and is
+# not a long computation (tests/fast_lane.py: they are marked `process` or `slow`, and one that
+# starts a process anyway fails), plain pytest without coverage; further arguments go to pytest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
 py="$root/.venv/bin/python"
+if [[ "${1:-}" == "--fast" ]]; then
+  shift
+  export EFPSN_FAST_LANE=1
+  set +e
+  "$py" -m pytest -m "not process and not slow" "$@"
+  rc=$?
+  set -e
+  if [[ $rc -eq 5 ]]; then
+    echo "test: pytest collected no tests; failing on purpose" >&2
+    exit 1
+  fi
+  exit $rc
+fi
 min_lines="${EFPSN_MIN_LINES:-92}"
 min_branches="${EFPSN_MIN_BRANCHES:-85}"
 

@@ -33,10 +33,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from commands import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 APT_PACKAGES = ("docker.io", "docker-compose", "debootstrap")
 # Address pools for our engine's networks: 10.N.0.0/16 with N here, avoiding tests/netns.py's.
 POOL_SECOND_OCTETS = range(160, 200)
+SWARM_PORTS = 49152  # Swarm publishes ports below the ephemeral range only
 GW_BRIDGE = "docker_gwbridge"  # a swarm node's bridge to the outside, one name per host
 
 
@@ -122,16 +125,6 @@ def pick_address_pool(*, taken: Sequence[str] = ()) -> str:
     raise RuntimeError("no free 10.N.0.0/16 for the engine's networks")
 
 
-def free_port(kind: int) -> int:
-    """A port in 1024..49151 (what Swarm accepts) that is free for `kind` (TCP or UDP) now."""
-    for port in random.sample(range(20000, 49151), 200):
-        with socket.socket(socket.AF_INET, kind) as probe:
-            try:
-                probe.bind(("0.0.0.0", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port")
 
 
 def docker_client() -> str:
@@ -301,10 +294,11 @@ class Engine:
             raise EngineUnavailable(f"{GW_BRIDGE} exists: another engine on this machine is in "
                                     "a swarm")
         self.swarm_pool = pick_address_pool(taken=[self.address_pool])
-        control = f"127.0.0.1:{free_port(socket.SOCK_STREAM)}"
+        control = f"127.0.0.1:{free_port(host='0.0.0.0', below=SWARM_PORTS)}"
         self.made_gw_bridge = True
         self.docker_run(["swarm", "init", "--advertise-addr", control, "--listen-addr", control,
-                         "--data-path-port", str(free_port(socket.SOCK_DGRAM)),
+                         "--data-path-port", str(free_port(host="0.0.0.0", kind=socket.SOCK_DGRAM,
+                                                          below=SWARM_PORTS)),
                          "--default-addr-pool", self.swarm_pool,
                          "--default-addr-pool-mask-length", "24"], timeout=120)
 

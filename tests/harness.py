@@ -5,7 +5,8 @@ chosen round.
 
     async with assigned_agents(folder, config, serve=("agent1",), round_=5) as agents:
         a1 = agents["agent1"]            # its AgentService is served at a1.address
-        await agents["agent2"].peers.send_round("agent1", 5, message(a1, 5, sender="agent2"), timeout=5)
+        await agents["agent2"].peers.send_round("agent1", 5, message(a1, 5, sender="agent2"),
+        timeout=5)
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Secure neighbourhood aggregation (efpsn/masks/aggregation.py, efpsn/optimize/channels.py): pinned fixed-point
-integers, exact zero-sum masks at every receiver, the round trip, and the mass it keeps."""
+"""Secure neighbourhood aggregation (efpsn/masks/aggregation.py, efpsn/optimize/channels.py): pinned
+fixed-point integers, exact zero-sum masks at every receiver, the round trip, and the mass it
+keeps."""
 
 from __future__ import annotations
 
@@ -185,6 +186,7 @@ def test_spread_bounds_the_distance_to_the_mean(spec: str, n: int) -> None:
     assert s >= 1.0 and diameter(w) >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gamma", ["1", "1e6"])
 def test_aggregated_wine_run_is_as_exact_as_the_unmasked_one(tmp_path, gamma: str) -> None:
     # prepare: wine in 4 private folders; the defaults (every parameter, fading masks), every

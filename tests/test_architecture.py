@@ -1,7 +1,8 @@
 """The layout's rules, checked on the source: what each layer may import, module size, no cycles.
 
 - efpsn/ is the pure core plus its command line. Only efpsn.wire (the contract's Python side:
-  generated stubs, serde, channels, servers, TLS) imports grpc; only efpsn/crypto/paillier.py imports phe.
+  generated stubs, serde, channels, servers, TLS) imports grpc; only efpsn/crypto/paillier.py
+  imports phe.
 - agent/ and coordinator/ are the services. They may import the core; the core never imports them
   (the CLI front ends efpsn/cli/main.py and efpsn/experiments/network_check.py start them). Neither
   service imports the other: `efpsn up` starts the coordinator as a process.
@@ -229,16 +230,18 @@ def test_the_cycle_check_finds_a_circle_hidden_under_type_checking(tmp_path: Pat
 
 
 def test_phase_drivers_and_rules_never_touch_protobuf() -> None:
-    """Only the agent's edges (servicer, client side, round stream, bootstrap, and the
-    assembly that registers the service) import the generated stubs; the phases, the
-    exchange, the ledger and resume work on plain records."""
-    edges = {"agent/servicer.py", "agent/peers.py", "agent/round_stream.py",
-             "agent/bootstrap.py", "agent/assembly.py"}
+    """Only the agent's edges (the router, the client side, the round stream, the calls to the
+    coordinator: bootstrap and the departure reports, and the assembly that registers the
+    service) import the generated stubs; the phases, the exchange, the ledger and resume work
+    on plain records."""
+    edges = {"agent/router.py", "agent/peers.py", "agent/round_stream.py",
+             "agent/bootstrap.py", "agent/departure/reports.py", "agent/assembly.py"}
     users = sorted(_rel(f) for f in _sources() if _rel(f).startswith("agent/")
                    and any(n.startswith("efpsn.wire.v1") for n in _imports(f)))
     assert set(users) <= edges, set(users) - edges
-    for driver in ("agent/phase_one.py", "agent/phase_two.py", "agent/exchange.py",
-                   "efpsn/ledger.py", "agent/resume.py"):
+    for driver in ("agent/phases/phase_one.py", "agent/phases/secure_sum.py",
+                   "agent/phases/phase_two.py", "agent/pipeline.py", "agent/exchange.py",
+                   "efpsn/ledger.py", "agent/resume.py", "agent/membership.py"):
         assert not any("pb2" in n for n in _imports(ROOT / driver)), driver
 
 
@@ -251,6 +254,7 @@ def test_the_local_launcher_is_a_room_of_its_own() -> None:
         assert not _top(_imports(path)) & {"agent", "coordinator"}, path
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("code", [
     "import coordinator, coordinator.cli, coordinator.service, coordinator.registry",
     ("import runpy, sys\nsys.argv = ['coordinator', '--help']\n"
@@ -278,6 +282,7 @@ def test_the_coordinator_requirements_are_a_subset_of_the_package_dependencies()
     assert "torch" not in wanted
 
 
+@pytest.mark.process
 def test_the_wheel_installs_the_three_packages_and_both_entry_points(tmp_path: Path) -> None:
     """Built and installed like a user would (not the editable checkout): the wheel holds
     efpsn, agent and coordinator, and both services answer --help from site-packages."""

@@ -36,6 +36,7 @@ def test_rank_one_recovers_the_sample_from_its_gradient() -> None:
         rank_one_sample(model, point, model.l2 * point)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["wine", "breast_cancer"])
 def test_the_output_alone_beats_the_mean_guess(name: str) -> None:
     # prepare: agent 0 holds one sample, three parties the rest; x* is the exact optimum that

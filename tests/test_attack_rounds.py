@@ -120,6 +120,7 @@ def test_every_attacker_recovers_a_wine_sample_behind_a_fixed_mask() -> None:
         assert min(got[a] for a in ATTACKERS) < 1e-4  # and exactly, up to the fit's tolerance
 
 
+@pytest.mark.slow
 def test_the_singular_vector_attackers_recover_a_digit_behind_a_fixed_mask() -> None:
     rows = _rows("every parameter, fixed mask", tables=(), images=1, image_shard=100)
     got = {r["attacker"]: r["psnr"] for r in rows}
@@ -129,6 +130,7 @@ def test_the_singular_vector_attackers_recover_a_digit_behind_a_fixed_mask() -> 
         assert got[attacker] >= 30, (attacker, got)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["every parameter, every:1, dsgd"])
 def test_fresh_masks_every_round_stop_the_singular_vector_attackers(mode: str) -> None:
     # measured (wine, gamma 1e3): 13-17x the sample's norm for the singular vectors, while the
@@ -140,6 +142,7 @@ def test_fresh_masks_every_round_stop_the_singular_vector_attackers(mode: str) -
             assert got[attacker] > got[GUESS], (attacker, got)
 
 
+@pytest.mark.slow
 def test_the_defaults_stop_the_singular_vectors_and_the_regressions_gain_little() -> None:
     # Measured (wine, gamma 1e3, fading:0.977, 954 rounds, quick profile): the singular vectors
     # miss by 2-2.4x the sample's norm; the regressions land at 0.23-0.38 against the mean
@@ -156,6 +159,7 @@ def test_the_defaults_stop_the_singular_vectors_and_the_regressions_gain_little(
             assert got[attacker] > 0.5 * got[GUESS], (attacker, got)
 
 
+@pytest.mark.slow
 def test_the_defaults_keep_a_digit_below_15_db() -> None:
     # measured: 11.3-12.4 dB for every attacker, the mean guess 12.9 dB (fixed mask: 35-88 dB)
     rows = _rows("defaults", tables=(), images=1, image_shard=100)
@@ -163,6 +167,7 @@ def test_the_defaults_keep_a_digit_below_15_db() -> None:
     assert all(got[a] <= 15 for a in ATTACKERS), got
 
 
+@pytest.mark.slow
 def test_the_regressions_recover_a_wine_sample_from_the_aggregate_behind_a_fixed_mask() -> None:
     # Under secure aggregation the neighbour sees only its neighbourhood's sum (attack_view's
     # aggregate_view); with a fixed mask the model-aware fits still isolate agent 0's sample
@@ -190,6 +195,7 @@ def test_a_degree_2_mask_stops_the_regressions_but_not_its_own_attacker() -> Non
         assert got[attacker] > got[GUESS], (attacker, got)
 
 
+@pytest.mark.slow
 def test_a_fade_twice_the_algorithm_s_rate_leaks_even_in_the_run_as_it_stops() -> None:
     # Issue 29: fading:RHO^2 (wine's RHO 0.9772874 squared, 0.9550906) stops a masked run near
     # the unmasked round, but its late rounds carry less fresh noise than gradient change: on

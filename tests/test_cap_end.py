@@ -1,5 +1,5 @@
-"""A departure too late to re-base before the run's cap N (efpsn/departure/last_window.py, CapEnd): who
-finishes N and where the others end; the coordinator's decision ("the run ended at the cap",
+"""A departure too late to re-base before the run's cap N (efpsn/departure/last_window.py, CapEnd):
+who finishes N and where the others end; the coordinator's decision ("the run ended at the cap",
 Departure.capped) through its board and its servicer; the simulator's replay, in which the
 agents that never waited for the departed one hold exactly the iterates of the run without
 the departure."""
@@ -14,7 +14,7 @@ import pytest
 from fake_context import FakeContext, assigned_coordinator
 
 from coordinator.departures import DepartureBoard, Refused, Report
-from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
+from efpsn.data.folders import inspect_data_dir, load_data_dir
 from efpsn.departure.last_window import CapEnd, cap_end, capped_words, reach
 from efpsn.departure.membership import Departure, parse_leave
 from efpsn.departure.replay import departures_line
@@ -114,17 +114,12 @@ def test_the_coordinator_tells_the_waiting_agents_the_run_ended_at_the_cap() -> 
         == [("agent3", 59, 60, 0)]
 
 
-@pytest.fixture(scope="module")
-def wine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("wine")
-    split_data(source="sklearn:wine", agents=5, partition_spec="iid", out=root, seed=0)
-    return root
 
 
 def test_the_replay_ends_each_agent_where_the_rule_says_on_the_undeparted_iterates(
-        wine: Path) -> None:
-    config = RunConfig(**{**inspect_data_dir(wine).run_values(), "iterations": 60})  # type: ignore[arg-type]
-    problem = build_problem(config, local=load_data_dir(config, wine, holdout=0.0))
+        wine5: Path) -> None:
+    config = RunConfig(**{**inspect_data_dir(wine5).run_values(), "iterations": 60})  # type: ignore[arg-type]
+    problem = build_problem(config, local=load_data_dir(config, wine5, holdout=0.0))
     whole = run_simulation(config, problem=problem, noise_seed=7)
     late = run_simulation(config, problem=problem, noise_seed=7,
                           departures=[parse_leave("agent3@59", agents=5)])
@@ -157,7 +152,7 @@ def test_the_replay_ends_each_agent_where_the_rule_says_on_the_undeparted_iterat
 def test_a_phase_one_report_gives_the_agents_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     # as phase II's reports do (SilenceReport.last): the coordinator then judges a re-base by
     # the agents' cap when it knows none itself (--scale standard: 0 from phase I too)
-    import agent.phase_one_leave as leave
+    import agent.departure.phase_one as leave
     from agent.options import AgentFailure
 
     heard: list[dict[str, Any]] = []

@@ -72,6 +72,7 @@ def _sign_error(tmp_path: Path, ca: Path, csr: Path, capsys: pytest.CaptureFixtu
 # ------------------------------------------------------------------------------- the flow
 
 
+@pytest.mark.process
 def test_signed_certificate_verifies_with_openssl_and_matches_the_partys_key(
         tmp_path: Path, ca: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # prepare / execute: init-ca, request on the party's side, sign on the CA's side

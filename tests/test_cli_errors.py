@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from commands import efpsn
 from conftest import Processes
 
 from efpsn.wire.tls import generate_certificates
@@ -35,6 +36,7 @@ CRASH_IN_C = (
 )
 
 
+@pytest.mark.process
 def test_a_crash_in_c_code_leaves_the_python_stacks_on_stderr() -> None:
     """Every command (agents and coordinator included, whose stderr is their log) turns
     faulthandler on: a segfault is not a silent end."""
@@ -46,6 +48,7 @@ def test_a_crash_in_c_code_leaves_the_python_stacks_on_stderr() -> None:
     assert "in read_address_zero" in out.stderr, out.stderr
 
 
+@pytest.mark.process
 def test_a_stderr_without_a_descriptor_still_runs_the_command() -> None:
     """As in a notebook: faulthandler cannot write there, and the command runs anyway."""
     code = ("import io, sys\n"
@@ -60,6 +63,7 @@ def test_a_stderr_without_a_descriptor_still_runs_the_command() -> None:
     assert out.returncode == 7, out
 
 
+@pytest.mark.process
 def test_missing_mlxtend_is_a_one_line_error() -> None:
     out = subprocess.run(
         [sys.executable, "-c", MISSING_MLXTEND, "simulate", "--iterations", "1", "--quiet"],
@@ -70,6 +74,7 @@ def test_missing_mlxtend_is_a_one_line_error() -> None:
                           "'efpsn[data]' or mlxtend>=0.23)\n")
 
 
+@pytest.mark.process
 def test_missing_mlxtend_with_efpsn_debug_shows_the_traceback() -> None:
     out = subprocess.run(
         [sys.executable, "-c", MISSING_MLXTEND, "simulate", "--iterations", "1", "--quiet"],
@@ -90,6 +95,7 @@ def healthcheck(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.process
 def test_healthcheck_exit_codes(tmp_path: Path, processes: Processes) -> None:
     tls_dir = tmp_path / "tls"
     generate_certificates(tls_dir, ["coordinator", "agent1"])
@@ -103,6 +109,10 @@ def test_healthcheck_exit_codes(tmp_path: Path, processes: Processes) -> None:
     ok = healthcheck(plain_at)
     assert (ok.returncode, ok.stdout, ok.stderr) == (0, f"{plain_at}: SERVING\n", "")
     ok = healthcheck(secure_at, "--tls-dir", str(tls_dir), "--tls-name", "coordinator")
+    assert (ok.returncode, ok.stdout) == (0, f"{secure_at}: SERVING\n")
+    # another party's own certificate checks it too, naming the server it expects
+    ok = healthcheck(secure_at, "--tls-dir", str(tls_dir), "--tls-name", "agent1",
+                     "--server-name", "coordinator")
     assert (ok.returncode, ok.stdout) == (0, f"{secure_at}: SERVING\n")
     assert healthcheck(plain_at, "--quiet").stdout == ""
 
@@ -175,14 +185,12 @@ def test_bad_thread_count_is_a_one_line_error(threads: str, monkeypatch: pytest.
 # ------------------------------------------------------------------------------ usage errors
 
 
-def efpsn_run(*args: str, module: str = "efpsn") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", module, *args], check=False,
-                          capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.process
 def test_a_usage_error_is_one_line_naming_the_valid_values(tmp_path: Path) -> None:
     # the whole output of `efpsn up --data-dir D --algorithm agtt`: one line, no usage text
-    out = efpsn_run("up", "--data-dir", str(tmp_path), "--algorithm", "agtt")
+    out = efpsn("up", "--data-dir", str(tmp_path), "--algorithm", "agtt")
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr == ("efpsn up: error: argument --algorithm: invalid choice: 'agtt' "
                           "(choose from 'agt', 'gt', 'dsgd') (see efpsn up --help)\n")
@@ -210,12 +218,13 @@ def test_usage_errors_of_every_command_are_one_line(argv: list[str], line: str,
     assert "usage:" not in err
 
 
+@pytest.mark.process
 def test_the_services_usage_errors_are_one_line_too() -> None:
     for module, args, words in (
             ("agent", ["--name", "agent1"], ("the following arguments are required: "
                                              "--coordinator")),
             ("coordinator", ["--algorithm", "x"], "(choose from 'agt', 'gt', 'dsgd')")):
-        out = efpsn_run(*args, module=module)
+        out = efpsn(*args, module=module)
         assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
         assert out.stderr.startswith(f"python -m {module}: error: ") and words in out.stderr
 
@@ -235,6 +244,7 @@ def test_help_describes_only_the_values_the_flags_accept(
 # ------------------------------------------------------------------------------ a busy port
 
 
+@pytest.mark.process
 def test_a_busy_port_is_named_in_efpsns_own_line() -> None:
     import socket
 
@@ -248,7 +258,7 @@ def test_a_busy_port_is_named_in_efpsns_own_line() -> None:
             check_port_free(f"127.0.0.1:{port}")
         for module, own in (("coordinator", []),
                             ("agent", ["--name", "agent1", "--coordinator", "127.0.0.1:1"])):
-            out = efpsn_run("--listen", f"127.0.0.1:{port}", "--insecure", *own, module=module)
+            out = efpsn("--listen", f"127.0.0.1:{port}", "--insecure", *own, module=module)
             assert out.returncode == 2
             # the only line: efpsn's, not gRPC's "Failed to bind" log
             assert out.stderr == (f"python -m {module}: error: port {port} on 127.0.0.1 is "

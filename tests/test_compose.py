@@ -27,6 +27,8 @@ from docker_fixtures import AGENTS, COORDINATOR_IMAGE, IMAGE_BUILDERS
 from efpsn.cli.compose import DEFAULTS, compose_variables, render_compose
 from efpsn.flags.names import run_parameter_variables
 
+pytestmark = pytest.mark.process
+
 REPO = ds.REPO
 COMPOSE_FILE = REPO / "docker-compose.yml"
 NODES = ["coordinator", *AGENTS]

@@ -1,6 +1,7 @@
 """The run parameters as declared once (efpsn/params/config.py): complete torch-free validation, the
 basis counts derived from the model, the flags every command builds from the declarations
-(efpsn/flags/arguments.py), and the selection parsed without torch (efpsn/perturbation/selection.py)."""
+(efpsn/flags/arguments.py), and the selection parsed without torch
+(efpsn/perturbation/selection.py)."""
 
 from __future__ import annotations
 

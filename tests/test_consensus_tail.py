@@ -8,19 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
+from efpsn.data.folders import inspect_data_dir, load_data_dir
 from efpsn.experiments.consensus_tail import tail_checks
 from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 from efpsn.tasks.optimum import centralized_optimum
-
-
-@pytest.fixture(scope="module")
-def wine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("tail") / "wine"
-    split_data(source="sklearn:wine", agents=4, partition_spec="iid", out=out, test_fraction=0)
-    return out
 
 
 def _problem(folder: Path, **changes: object):  # type: ignore[no-untyped-def]
@@ -29,12 +22,13 @@ def _problem(folder: Path, **changes: object):  # type: ignore[no-untyped-def]
     return problem, centralized_optimum(problem.task, problem.shards).x
 
 
-def test_the_tail_certifies_a_masked_run_near_the_unmasked_round(wine: Path) -> None:
-    # prepare: wine in 4 folders, the defaults (fading masks, gamma 1e3) and unmasked
-    masked, x_star = _problem(wine)
-    unmasked, _ = _problem(wine, mask="none")
-    # execute: the run's own stop rule without the protocol's tails (efpsn/params/tail.py), and a tail
-    # tried every 25 rounds
+@pytest.mark.slow
+def test_the_tail_certifies_a_masked_run_near_the_unmasked_round(wine_no_test: Path) -> None:
+    # prepare: wine_no_test in 4 folders, the defaults (fading masks, gamma 1e3) and unmasked
+    masked, x_star = _problem(wine_no_test)
+    unmasked, _ = _problem(wine_no_test, mask="none")
+    # execute: the run's own stop rule without the protocol's tails (efpsn/params/tail.py), and a
+    # tail tried every 25 rounds
     stop_masked = run_simulation(masked.config.replace(tail="off"),
                                  problem=masked).timings["rounds"]
     stop_unmasked = run_simulation(unmasked.config.replace(tail="off"),

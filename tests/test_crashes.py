@@ -29,6 +29,7 @@ def _newest_checkpoint(folder: Path, name: str) -> int:
     return int(dirs[-1].name.split("-")[1]) if dirs else 0
 
 
+@pytest.mark.process
 def test_adjacent_agents_crashed_at_different_checkpoints_resume(tmp_path: Path) -> None:
     with LocalNet(tmp_path, CONFIG, noise_seed=SEED) as net:
         net.start_coordinator()

@@ -125,8 +125,14 @@ def test_non_finite_values_name_their_cell(tmp_path: Path) -> None:
     assert "X has non-finite values (NaN or inf), the first at X[7, 1]" in refusal(
         tmp_path / "d.npz")
     x[7, 1] = 0.0
-    csv = write_csv(tmp_path / "d.csv", x, y, cells={(2, 3): "nan"})
-    assert "the first at row 3 (line 4), column 'f3'; expected finite" in refusal(csv)
+    csv = write_csv(tmp_path / "d.csv", x, y, cells={(2, 3): "inf"})
+    assert "row 3 (line 4), column 'f3' is not finite (inf); expected finite numbers" in \
+        refusal(csv)
+    # "nan", like an empty cell, is a missing value: filled only under scale standard
+    csv = write_csv(tmp_path / "e.csv", x, y, cells={(2, 3): "nan"})
+    assert "has empty cells, the first at row 3 (line 4), column 'f3'; expected a number in " \
+           "every cell: empty cells are filled with the network's column means, which only " \
+           "scale standard computes" in refusal(csv)
 
 
 def test_the_public_test_set_is_checked_the_same_way(tmp_path: Path) -> None:
@@ -147,8 +153,11 @@ def test_a_non_numeric_csv_cell_names_row_line_and_column(tmp_path: Path) -> Non
     text = refusal(csv)
     assert "row 5 (line 6), column 'f2' is not a number; expected numeric features" in text
     assert "abc" not in text
+    # an empty cell is a missing value, not a category: the hint is the fill policy's
     empty = write_csv(tmp_path / "e.csv", x, y, cells={(0, 5): ""})
-    assert "row 1 (line 2), column 'f5' is empty; expected numeric features" in refusal(empty)
+    text = refusal(empty)
+    assert "has empty cells, the first at row 1 (line 2), column 'f5'" in text
+    assert "categor" not in text and "filled with the network's column means" in text
 
 
 def test_blank_lines_keep_the_line_numbers_true(tmp_path: Path) -> None:
@@ -157,18 +166,23 @@ def test_blank_lines_keep_the_line_numbers_true(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("labels, classes, span", [
-    (["abc"] * 20, 3, "expected integer labels 0..2: encode each class as one integer"),
-    (["yes", "no"] * 10, 2, "expected integer labels 0 and 1: encode each class as one integer"),
+    (["abc"] * 20, 3, "expected integer labels 0..2 in an .npz"),
+    (["yes", "no"] * 10, 2, "expected integer labels 0 and 1 in an .npz"),
 ])
-def test_text_labels_say_how_to_encode_them(tmp_path: Path, labels: list[str], classes: int,
-                                            span: str) -> None:
+def test_text_labels_without_a_table_schema_say_what_they_need(
+        tmp_path: Path, labels: list[str], classes: int, span: str) -> None:
+    """Class names are labels of a run with a table schema (a --data-dir folder makes one;
+    tests/test_own_tables.py); an agent of a run without one is told so, and an .npz how to
+    give its labels."""
     x, _ = tabular()
     text = refusal(write_csv(tmp_path / "d.csv", x, labels), classes=classes)
-    assert "row 1 (line 2), column 'label' is not a number: labels must be numbers; " in text
-    assert span in text and "the same mapping at every agent (e.g. 'no' -> 0, 'yes' -> 1)" in text
+    assert "rows 1, 2, 3 and more (lines 2, 3, 4), column 'label' is not a number; expected " \
+           "class indices 0, 1, ...: the run has no table schema, which text columns and " \
+           "class names need" in text
     np.savez(tmp_path / "d.npz", X=x, y=np.array(labels))
     text = refusal(tmp_path / "d.npz", classes=classes)
     assert "y holds text labels (<U3); " + span in text
+    assert "a .csv table's label column may hold class names" in text
 
 
 def test_text_features_in_an_npz_are_refused(tmp_path: Path) -> None:

@@ -14,18 +14,12 @@ from pathlib import Path
 import pytest
 
 from efpsn.cli.main import main
-from efpsn.data.folders import split_data
 from efpsn.launch.network import launch_local_network
 from efpsn.params.config import RunConfig
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def wine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wine")
-    split_data(source="sklearn:wine", agents=4, partition_spec="iid", out=out)
-    return out
 
 
 def refusals(wine: Path) -> list[tuple[tuple[str, ...], str]]:
@@ -79,6 +73,7 @@ def test_flags_that_agree_with_the_folder_are_accepted(wine: Path,
     assert "simulated 4 agents (grid:2x2)" in capsys.readouterr().out
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("agents", ["3", "5"])
 def test_up_with_another_agent_count_is_refused_before_anything_starts(
         agents: str, wine: Path, tmp_path: Path) -> None:

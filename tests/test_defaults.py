@@ -11,12 +11,11 @@ built-in convex task; x* is its centralized optimum (efpsn.tasks.centralized_opt
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from commands import efpsn
 
 from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
 from efpsn.params.config import PRESETS, RunConfig
@@ -55,6 +54,7 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("packaged")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "agents", "partition"), [
     ("wine", 4, "iid"), ("iris", 5, "iid"), ("breast_cancer", 4, "iid"), ("digits", 5, "iid"),
     ("wine", 4, "dirichlet:0.3")])
@@ -85,6 +85,7 @@ def test_the_paper_s_dsgd_would_not_keep_the_promise(data_root: Path) -> None:
     assert masked > 10 * unmasked and masked > 1.1 * unmasked + 1e-6  # measured: 0.92 vs 0.072
 
 
+@pytest.mark.process
 def test_defaults_take_a_folder_of_30_samples_per_agent(tmp_path: Path) -> None:
     # prepare: 3 agents with 30 samples each of breast_cancer (2 classes, 30 features)
     full = folders(tmp_path, "breast_cancer", agents=3)
@@ -101,9 +102,6 @@ def test_defaults_take_a_folder_of_30_samples_per_agent(tmp_path: Path) -> None:
     assert proc.stdout.strip().splitlines()[-1].startswith("converged:")
 
 
-def efpsn(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "efpsn", *args], check=False,
-                          capture_output=True, text=True, timeout=600)
 
 
 def relative(stdout: str) -> float:
@@ -112,6 +110,7 @@ def relative(stdout: str) -> float:
     return float(found.group(1))
 
 
+@pytest.mark.process
 def test_wine_in_four_folders_with_no_other_flag(tmp_path: Path) -> None:
     # prepare: `efpsn data split --data sklearn:wine --agents 4` (a public test.npz aside)
     folder = tmp_path / "wine"
@@ -139,6 +138,7 @@ def test_wine_in_four_folders_with_no_other_flag(tmp_path: Path) -> None:
         assert relative(runs[extra].stdout) <= 1.1 * unmasked + 1e-6
 
 
+@pytest.mark.process
 def test_a_run_cut_short_says_it_has_not_converged_in_its_last_line(tmp_path: Path) -> None:
     folder = folders(tmp_path, "wine", agents=4)
     proc = efpsn("simulate", "--data-dir", str(folder), "--holdout", "0", "--iterations", "30",
@@ -149,6 +149,7 @@ def test_a_run_cut_short_says_it_has_not_converged_in_its_last_line(tmp_path: Pa
     assert re.search(r"raise --iterations to about \d+$", last), last
 
 
+@pytest.mark.process
 def test_raw_features_are_refused_with_what_to_do(tmp_path: Path) -> None:
     # wine as shipped (proline up to 1680) without its public scale: the step rule's bound fails
     folder = folders(tmp_path, "wine", agents=4)

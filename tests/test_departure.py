@@ -150,23 +150,25 @@ def test_new_edges_by_paillier_give_the_fast_paths_seeds() -> None:
     assert real != new_edge_seeds(edges, noise_seed=5, epoch=1)  # every re-base draws anew
 
 
-def test_a_departure_in_phase_one_starts_phase_two_without_it(wine: Path) -> None:
-    deviation, record = _run(wine, ["agent3@0"], topology="path", iterations=2500)
+@pytest.mark.slow
+def test_a_departure_in_phase_one_starts_phase_two_without_it(wine5: Path) -> None:
+    deviation, record = _run(wine5, ["agent3@0"], topology="path", iterations=2500)
     assert deviation < 1e-6
     assert record["departures"][0]["rebase_round"] == 0
     assert record["departures"][0]["new_edges"] == [["agent1", "agent4"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("refresh", ["fading", "never"])
 def test_a_death_while_sending_phase_one_shares_is_replayed_per_neighbour(
-        wine: Path, refresh: str) -> None:
+        wine5: Path, refresh: str) -> None:
     """agent3 of a path died while sending its shares: agent2 got them (it finished phase I
     and sent round 0 with agent3's terms: `+agent2`, not restarted), agent4 did not (phase I
     without it, its round 0 restarted). With every neighbour late it is the departure at
     round 0; with none, the one in phase I; in between, a run of its own that still reaches
     the four's optimum and whose masks cancel from round 1 on."""
     def xs(leave: str, iterations: int = 40) -> list:
-        return _simulate(wine, [leave], topology="path", iterations=iterations,
+        return _simulate(wine5, [leave], topology="path", iterations=iterations,
                          refresh=refresh).xs
 
     def same(a: list, b: list) -> bool:
@@ -175,7 +177,7 @@ def test_a_death_while_sending_phase_one_shares_is_replayed_per_neighbour(
     assert same(xs("agent3@I:5+agent2+agent4"), xs("agent3@0:5"))
     one, none = xs("agent3@I:5+agent2"), xs("agent3@I:5")
     assert not same(one, none) and not same(one, xs("agent3@0:5"))
-    deviation, record = _run(wine, ["agent3@I:5+agent2"], topology="path", iterations=2500,
+    deviation, record = _run(wine5, ["agent3@I:5+agent2"], topology="path", iterations=2500,
                              refresh=refresh)
     assert deviation < 1e-6
     assert record["departures"][0]["late"] == ["agent2"] and record["departures"][0]["phase_one"]
@@ -197,11 +199,6 @@ def test_the_papers_fixed_mask_drops_its_shares_exactly() -> None:
 
 # --- runs -----------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def wine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("wine")
-    split_data(source="sklearn:wine", agents=5, partition_spec="iid", out=root, seed=0)
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -241,10 +238,10 @@ def _simulate(root: Path, leaves: list[str], *, preset: str | None = None, **cha
 
 
 @pytest.mark.parametrize("leave", ["agent3@1", "agent3@200", "agent1@700"])
-def test_one_agent_leaves_a_ring_and_the_rest_reach_their_optimum(wine: Path,
+def test_one_agent_leaves_a_ring_and_the_rest_reach_their_optimum(wine5: Path,
                                                                   leave: str) -> None:
     """The defaults (agt, fading masks): the four others end within 1e-6 of their optimum."""
-    deviation, record = _run(wine, [leave], iterations=2000)
+    deviation, record = _run(wine5, [leave], iterations=2000)
     assert deviation < 1e-6
     k = leave.split("@")[0][5:]
     assert record["optimum_of"] == ("the optimum of agents "
@@ -256,11 +253,12 @@ def test_one_agent_leaves_a_ring_and_the_rest_reach_their_optimum(wine: Path,
     assert record["departures"][0]["one_neighbour"] == ends
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_every", [-1, 0])
-def test_gradient_tracking_reaches_the_remaining_optimum(wine: Path, stop_every: int) -> None:
+def test_gradient_tracking_reaches_the_remaining_optimum(wine5: Path, stop_every: int) -> None:
     """The step rule's rounds (l2 0.1): the stop rule (the default, -1) ends the run at its
     certified target, re-based on the remaining graph; without it (0) the cap's rounds."""
-    result = _simulate(wine, ["agent4@300"], algorithm="gt", l2=0.1, stop_every=stop_every)
+    result = _simulate(wine5, ["agent4@300"], algorithm="gt", l2=0.1, stop_every=stop_every)
     _reaches_the_remaining_optimum(result, stop_every=stop_every)
 
 
@@ -307,27 +305,29 @@ def test_a_late_departure_extends_the_cap_and_the_run_ends_certified(
     assert result.final["relative_deviation"] <= result.convergence.bound <= TARGET
 
 
-def test_two_non_adjacent_agents_leave_and_the_pieces_are_joined(wine: Path) -> None:
-    deviation, record = _run(wine, ["agent2@100", "agent4@300"], iterations=2500)
+@pytest.mark.slow
+def test_two_non_adjacent_agents_leave_and_the_pieces_are_joined(wine5: Path) -> None:
+    deviation, record = _run(wine5, ["agent2@100", "agent4@300"], iterations=2500)
     assert deviation < 1e-6
     assert record["remaining"] == ["agent1", "agent3", "agent5"]
     assert record["departures"][1]["new_edges"] == [["agent1", "agent3"]]
 
 
-def test_a_path_cut_in_two_is_rejoined(wine: Path) -> None:
-    deviation, record = _run(wine, ["agent3@150"], topology="path", iterations=2500)
+def test_a_path_cut_in_two_is_rejoined(wine5: Path) -> None:
+    deviation, record = _run(wine5, ["agent3@150"], topology="path", iterations=2500)
     assert deviation < 1e-6
     assert record["departures"][0]["new_edges"] == [["agent1", "agent4"]]
 
 
-def test_a_neighbour_that_used_the_last_message_drops_it_a_round_later(wine: Path) -> None:
+def test_a_neighbour_that_used_the_last_message_drops_it_a_round_later(wine5: Path) -> None:
     """agent3 died while sending its round-200 messages: agent2 got its one, agent4 did not.
     agent2 mixes it into round 200 and drops it at 201; the re-base makes that harmless."""
-    deviation, record = _run(wine, ["agent3@200:206+agent2"], iterations=2000)
+    deviation, record = _run(wine5, ["agent3@200:206+agent2"], iterations=2000)
     assert deviation < 1e-6
     assert record["departures"][0]["late"] == ["agent2"]
 
 
+@pytest.mark.process
 def test_deciding_a_departure_needs_no_torch() -> None:
     """The coordinator (torch-free) can decide the remaining graph and the new edges."""
     code = "import sys, efpsn.departure.membership; print('torch' in sys.modules)"
@@ -337,27 +337,27 @@ def test_deciding_a_departure_needs_no_torch() -> None:
 
 
 def test_without_the_rebase_the_trackers_miss_the_remaining_optimum(
-        wine: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        wine5: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The re-base is what makes it exact: trackers that keep the departed agent's share of
     the sum end elsewhere."""
     from efpsn.departure import replay
 
     monkeypatch.setattr(replay, "rebase", lambda state: state)
-    deviation, _ = _run(wine, ["agent3@200"], iterations=2000)
+    deviation, _ = _run(wine5, ["agent3@200"], iterations=2000)
     assert deviation > 1e-3
 
 
-def test_dsgd_replays_a_departure_with_zero_sum_masks(wine: Path) -> None:
-    deviation, record = _run(wine, ["agent3@50"], algorithm="dsgd", iterations=300)
+def test_dsgd_replays_a_departure_with_zero_sum_masks(wine5: Path) -> None:
+    deviation, record = _run(wine5, ["agent3@50"], algorithm="dsgd", iterations=300)
     assert np.isfinite(deviation)
     assert record["remaining"] == ["agent1", "agent2", "agent4", "agent5"]
 
 
-def test_simulate_leave_names_who_left_and_what_the_model_is(wine: Path, tmp_path: Path,
+def test_simulate_leave_names_who_left_and_what_the_model_is(wine5: Path, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]
                                                              ) -> None:
     out = tmp_path / "run.json"
-    code = main(["simulate", "--data-dir", str(wine), "--holdout", "0", "--quiet",
+    code = main(["simulate", "--data-dir", str(wine5), "--holdout", "0", "--quiet",
                  "--iterations", "300", "--leave", "agent3@40", "--json", str(out)])
     assert code == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -367,11 +367,12 @@ def test_simulate_leave_names_who_left_and_what_the_model_is(wine: Path, tmp_pat
     doc = json.loads(out.read_text())
     assert doc["departures"][0]["agent"] == "agent3" and doc["departures"][0]["round"] == 40
     assert doc["optimum_of"] == "the optimum of agents 1,2,4,5's objective"
-    code = main(["simulate", "--data-dir", str(wine), "--quiet", "--leave", "agent9@40"])
+    code = main(["simulate", "--data-dir", str(wine5), "--quiet", "--leave", "agent9@40"])
     assert code == 2
     assert capsys.readouterr().err.count("\n") == 1
 
 
+@pytest.mark.process
 def test_simulate_with_a_departure_reports_the_remaining_masks_only(tmp_path) -> None:
     """The all-agents zero-sum line would say '0 periods checked' after a phase I departure;
     the departures' own line checks the remaining masks every round."""

@@ -1,12 +1,13 @@
-"""Departures that cut the graph, through real processes (agent/rejoin.py, coordinator/
+"""Departures that cut the graph, through real processes (agent/departure/new_edges.py, coordinator/
 departures.py): a path of 5 losing its middle agent, and a 5-ring losing two non-adjacent
 agents at once (killed -9 by tests/crash_hook (localnet.crash_at) on reaching round 201,
-never back); and a party withdrawn on purpose (its agent stopped by SIGTERM there). The coordinator's decision names the new edge's ends to each other (the rule of
-efpsn.departure.membership.rejoin_edges), they open a channel (mutual TLS names checked), run phase I's
-seed exchange for that edge under fresh Paillier keys before the re-base round, and mix from
-it on. The others exit 0 within 1e-6 of the remaining folders' optimum, and their iterates
-equal `efpsn simulate --leave ...` with the agreed rounds bit for bit (the simulator draws the
-new edge's seeds from the same generator: departure_masks.new_edge_seeds)."""
+never back); and a party withdrawn on purpose (its agent stopped by SIGTERM there). The
+coordinator's decision names the new edge's ends to each other (the rule of
+efpsn.departure.membership.rejoin_edges), they open a channel (mutual TLS names checked), run phase
+I's seed exchange for that edge under fresh Paillier keys before the re-base round, and mix from it
+on. The others exit 0 within 1e-6 of the remaining folders' optimum, and their iterates equal `efpsn
+simulate --leave ...` with the agreed rounds bit for bit (the simulator draws the new edge's seeds
+from the same generator: departure_masks.new_edge_seeds)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from efpsn.problem import average, build_problem
 from efpsn.simulator import run_simulation
 from efpsn.tasks.optimum import centralized_optimum
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 NOISE_SEED, CRASH_AT, DEADLINE, ROUND_TIMEOUT = 7, 201, 3.0, 30.0
 

@@ -1,4 +1,5 @@
-"""The paper's fixed mask across a departure at one agent (agent/fixed_terms.py), in process:
+"""The paper's fixed mask across a departure at one agent (agent/departure/fixed_terms.py), in
+process:
 phase I's Maskers over real Paillier (packed and not), then a neighbour's terms decrypted alone
 (Masker.edge_terms) and dropped, and a new edge's Masker added: the same integers as the
 simulator's PairShares (efpsn/departure/remask.py), so the remaining masks sum to zero."""
@@ -10,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent import departure_state
-from agent.departing import Silence
-from agent.fixed_terms import EdgeTerms, save_phase_one
+from agent.departure import records
+from agent.departure.fixed_terms import EdgeTerms, save_phase_one
+from agent.departure.silence import Silence
 from agent.state import StateStore
 from efpsn.crypto import paillier
 from efpsn.crypto.encoding import SlotLayout
@@ -102,29 +103,29 @@ def test_the_terms_saved_for_a_restart_drop_and_join_as_the_maskers_do(tmp_path)
     edge, _ = _phase_one(Graph(5, ((0, 3),)), None,
                          {i: rejoin_generator(SEED, i, 1) for i in (0, 3)}, [0, 3], key_offset=1)
     live.add(edge[3])
-    live.save(tmp_path, run_id="r1")
+    live.save(StateStore(tmp_path), run_id="r1")
     path_ = tmp_path / "edge_terms.json"
     assert path_.stat().st_mode & 0o777 == 0o600
     text = path_.read_text()
     assert paillier.fingerprint(maskers[3].public_key).hex() in text
     restarted = EdgeTerms(None)
     assert not restarted.available
-    restarted.restore(tmp_path, run_id="r1", mask=masks[3])
+    restarted.restore(StateStore(tmp_path), run_id="r1", mask=masks[3])
     assert restarted.available
     for gone, new in (([2], [0]), ([2, 4], [0])):
         expected = live.joined(live.dropped(masks[3], gone), new).mask.numerators
         got = restarted.joined(restarted.dropped(masks[3], gone), new).mask.numerators
         assert got == expected != masks[3].mask.numerators
     with pytest.raises(ValueError, match="belongs to run .r1., not .r2."):
-        EdgeTerms(None).restore(tmp_path, run_id="r2", mask=masks[3])
+        EdgeTerms(None).restore(StateStore(tmp_path), run_id="r2", mask=masks[3])
     with pytest.raises(ValueError, match="do not add up to the saved mask"):
-        EdgeTerms(None).restore(tmp_path, run_id="r1", mask=masks[1])
+        EdgeTerms(None).restore(StateStore(tmp_path), run_id="r1", mask=masks[1])
     path_.write_text(text.replace('"terms"', '"trems"'))
     with pytest.raises(ValueError, match="damaged"):
-        EdgeTerms(None).restore(tmp_path, run_id="r1", mask=masks[3])
+        EdgeTerms(None).restore(StateStore(tmp_path), run_id="r1", mask=masks[3])
     path_.unlink()
     with pytest.raises(ValueError, match="no per-edge terms"):
-        EdgeTerms(None).restore(tmp_path, run_id="r1", mask=masks[3])
+        EdgeTerms(None).restore(StateStore(tmp_path), run_id="r1", mask=masks[3])
 
 
 def test_a_neighbour_that_left_in_phase_one_is_saved_as_such(tmp_path) -> None:
@@ -136,9 +137,9 @@ def test_a_neighbour_that_left_in_phase_one_is_saved_as_such(tmp_path) -> None:
     sent = {i: m.outgoing(public) for i, m in maskers.items()}
     maskers[1].drop([0])
     mask = FixedMask(maskers[1].finish({2: sent[2][1]}))
-    EdgeTerms(maskers[1]).save(tmp_path, run_id="r")
+    EdgeTerms(maskers[1]).save(StateStore(tmp_path), run_id="r")
     restarted = EdgeTerms(None)
-    restarted.restore(tmp_path, run_id="r", mask=mask)
+    restarted.restore(StateStore(tmp_path), run_id="r", mask=mask)
     assert restarted.dropped(mask, [0]).mask == mask.mask  # never held its terms
     assert restarted.dropped(mask, [2]).mask.numerators == (0,) * SPEC.num_coefficients
 
@@ -153,7 +154,7 @@ def test_phase_one_saves_every_edges_terms_for_a_restart_before_any_departure(
     layout = SlotLayout.plan(precision=6, gamma=1e3, max_terms=2, key_bits=512) if packed else None
     maskers, masks = _phase_one(graph, layout, {i: noise_generator(SEED, i) for i in range(5)},
                                 list(range(5)))
-    live, cost = save_phase_one(maskers[1], tmp_path, run_id="r")
+    live, cost = save_phase_one(maskers[1], StateStore(tmp_path), run_id="r")
     per_edge = maskers[1].ciphertexts_per_neighbour
     assert per_edge == (1 if packed else SPEC.num_coefficients)
     assert cost["edge_terms_decryptions"] == 2 * per_edge and cost["edge_terms_seconds"] > 0
@@ -163,7 +164,7 @@ def test_phase_one_saves_every_edges_terms_for_a_restart_before_any_departure(
     assert maskers[1].decryptions == before  # the departure decrypts nothing more
     assert EdgeTerms(maskers[1]).dropped(masks[1], [2]).mask.numerators == dropped
     restarted = EdgeTerms(None)
-    restarted.restore(tmp_path, run_id="r", mask=masks[1])
+    restarted.restore(StateStore(tmp_path), run_id="r", mask=masks[1])
     assert restarted.dropped(masks[1], [2]).mask.numerators == dropped != masks[1].mask.numerators
 
 
@@ -171,29 +172,31 @@ def test_phase_one_saves_every_edges_terms_for_a_restart_before_any_departure(
 def test_an_end_of_a_new_edge_restarted_before_its_phase_one_was_saved(tmp_path, fixed) -> None:
     """agent1 of a 5-path is given the new edge agent1-agent4 when agent3 leaves; the decision
     is saved before that edge's phase I. Restarted before the edge's seeds (terms) are saved,
-    it re-applies the decision and marks the edge's exchange to finish (agent/rejoin_state.py);
-    restarted after, it re-applies the decision, nothing left to finish."""
+    it re-applies the decision and marks the edge's exchange to finish
+    (agent/departure/exchange_file.py); restarted after, it re-applies the decision, nothing left to
+    finish."""
     # prepare: the decision saved as Silence.recover saves it before the new edge's phase I
     maskers, masks = _phase_one(path(5), None, {i: noise_generator(SEED, i) for i in range(5)},
                                 list(range(5)))
     if fixed:
-        save_phase_one(maskers[0], tmp_path, run_id="r")  # when its phase I ended
+        save_phase_one(maskers[0], StateStore(tmp_path), run_id="r")  # when its phase I ended
     session = SimpleNamespace(run_id="r", assignment=SimpleNamespace(name="agent1"))
     restored: list[object] = []
     departures = SimpleNamespace(session=session, terms=EdgeTerms(None) if fixed else None,
                                  masks=masks[0] if fixed else None,
                                  restore=lambda record, driver: restored.append(record))
     silence = Silence(departures=departures, coordinator=None, mailbox=None,  # type: ignore[arg-type]
-                      store=StateStore(tmp_path), timeout=1.0, rejoin=None)  # type: ignore[arg-type]
+                      store=StateStore(tmp_path), timeout=1.0, edges=None,  # type: ignore[arg-type]
+                      deciding=lambda awaited: None)
 
     def save(seeds: dict[int, tuple[bytes, bytes]]) -> None:
-        departure_state.save(tmp_path, run_id="r", epoch=1, events=[], names={2: "agent3"},
-                             decided=[Departure(agent=2, round=41, rebase_round=46)],
-                             joining={"agent4": (3, "127.0.0.1:9", 46)}, seeds=seeds)
+        records.save(StateStore(tmp_path), run_id="r", epoch=1, events=[], names={2: "agent3"},
+                     decided=[Departure(agent=2, round=41, rebase_round=46)],
+                     joining={"agent4": (3, "127.0.0.1:9", 46)}, seeds=seeds)
 
     save({})
     # execute / assert: the decision is re-applied and the edge's exchange left to finish
-    # (Silence.restart: from agent/rejoin_state.py's file, or afresh without one)
+    # (Silence.restart: from agent/departure/exchange_file.py's file, or afresh without one)
     assert silence.resume(driver=None) is None  # type: ignore[arg-type]
     assert silence.unfinished == {"agent4": 3} and len(restored) == 1
     restored.clear()
@@ -205,7 +208,7 @@ def test_an_end_of_a_new_edge_restarted_before_its_phase_one_was_saved(tmp_path,
                              {i: rejoin_generator(SEED, i, 1) for i in (0, 3)}, [0, 3],
                              key_offset=1)
         live.add(edge[0])
-        live.save(tmp_path, run_id="r")
+        live.save(StateStore(tmp_path), run_id="r")
     save({} if fixed else {3: (b"\x01" * 16, b"\x02" * 16)})
     assert silence.resume(driver=None) is None  # type: ignore[arg-type]
     assert len(restored) == 1 and restored[0]["joining"]["agent4"][0] == 3  # type: ignore[index]

@@ -1,4 +1,4 @@
-"""A party that leaves for good, through real processes (agent/departing.py and
+"""A party that leaves for good, through real processes (agent/departure/silence.py and
 coordinator/departures.py): 5 agents on breast-cancer folders of unequal size; agent3 kills
 itself (SIGKILL, tests/crash_hook: localnet.crash_each) on reaching round 201, after its
 checkpoint of round 200, and never comes back. The other four report it silent, the coordinator
@@ -10,8 +10,9 @@ In the same run agent4, an end of the remaining path 2-1-5-4, dies once its neig
 round-298 message came, two rounds before the cap 300: too late to re-base. agent2, three
 hops away, finishes the cap before anyone knows and tells the coordinator it ended there;
 agent5 waits for agent4 at 298, agent1 at 299; the coordinator decides "the run ended at the
-cap 300" and they end with their iterates of those rounds and exit 0 (efpsn/departure/last_window.py,
-CapEnd), as `efpsn simulate --leave agent3@T:R --leave agent4@298` replays it, bit for bit.
+cap 300" and they end with their iterates of those rounds and exit 0
+(efpsn/departure/last_window.py, CapEnd), as `efpsn simulate --leave agent3@T:R --leave agent4@298`
+replays it, bit for bit.
 
 A party frozen past the deadline (SIGSTOP) is declared gone the same way; woken up (SIGCONT),
 it is refused with the reason and exits 2, while the others finish."""
@@ -33,7 +34,7 @@ from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 # phase II's departure deadline is short (the departure costs about that much); the round
 # timeout, which also bounds phase I's waits, is not, so that a loaded machine's start-up skew

@@ -1,6 +1,6 @@
 """The paper's fixed mask (`--refresh never`, `--preset paper`'s) across a departure and a
-restart, through real processes (agent/fixed_terms.py): a 5-path on breast-cancer folders of
-unequal size. First agent2 kills itself (SIGKILL, tests/crash_hook) on reaching round 25, before
+restart, through real processes (agent/departure/fixed_terms.py): a 5-path on breast-cancer folders
+of unequal size. First agent2 kills itself (SIGKILL, tests/crash_hook) on reaching round 25, before
 any departure, and is started again with the same command: it reloads the per-edge terms it
 saved when phase I ended (STATE/edge_terms.json). Then agent3 kills itself on reaching round
 41, never back.
@@ -29,7 +29,7 @@ from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 # the deadline is longer than agent4's restart (a few seconds to start python and torch): an
 # agent silent past it is declared gone, and a restarted one must come back before that

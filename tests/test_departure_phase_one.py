@@ -13,12 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from agent import departure_state
-from agent.departing import Silence
-from agent.fixed_terms import EdgeTerms
-from agent.options import AgentFailure
-from agent.phase_one_leave import PhaseOneDepartures
-from agent.resume import reload_phase_one
+from agent.departure import records
+from agent.departure.fixed_terms import EdgeTerms
+from agent.departure.phase_one import PhaseOneDepartures
+from agent.departure.silence import Silence
+from agent.departure.subsystem import Departures
+from agent.options import AgentFailure, AgentOptions
+from agent.phases.phase_one import PhaseOne
 from agent.state import StateStore
 from coordinator.departures import DepartureBoard, Refused, Report
 from coordinator.registry import Registry
@@ -94,7 +95,7 @@ def test_fixed_mask_without_a_neighbour_gone_in_phase_one_is_pair_shares_without
     n = SPEC.num_coefficients
     for i in live:
         assert masks[i].mask.numerators == shares[i].without({GONE}).numerators(n)
-    for i in (1, 3):  # its neighbours' drop at round 0 (agent/departing.py): nothing more
+    for i in (1, 3):  # its neighbours' drop at round 0 (agent/departure/silence.py): nothing more
         assert EdgeTerms(maskers[i]).dropped(masks[i], [GONE]).mask == masks[i].mask
     assert sums_to_zero(masks.values(), 0)
     assert maskers[1].departed == {GONE} and maskers[0].departed == frozenset()
@@ -177,20 +178,27 @@ def test_a_restart_reloads_seeds_without_a_neighbour_gone_in_phase_one(tmp_path)
                               names={0: "agent1", 2: "agent3"})
 
     def record(phase_one: bool) -> None:
-        departure_state.save(tmp_path, run_id="r", epoch=1, events=[], names={2: "agent3"},
-                             decided=[Departure(agent=GONE, round=0, rebase_round=5,
-                                                phase_one=phase_one)], joining={}, seeds={})
+        records.save(store, run_id="r", epoch=1, events=[], names={2: "agent3"},
+                     decided=[Departure(agent=GONE, round=0, rebase_round=5,
+                                        phase_one=phase_one)], joining={}, seeds={})
+
+    departures = Departures(options=AgentOptions(name="agent2", listen="127.0.0.1:0",
+                                                 coordinator="127.0.0.1:1"),
+                            peers=None, mailbox=None, store=store)  # type: ignore[arg-type]
+    phase_one = PhaseOne(name="agent2", peers=None, mailbox=None, store=store)  # type: ignore[arg-type]
+
+    def reload() -> object:
+        return phase_one.reload(session, left=departures.left_in_phase_one)[0]  # type: ignore[arg-type]
 
     # execute / assert: without the decision saved, the missing edge is an error
     with pytest.raises(AgentFailure, match="cannot resume: edge seeds are for neighbours"):
-        reload_phase_one(store, name="agent2", session=session)  # type: ignore[arg-type]
+        reload()
     record(phase_one=False)  # a departure at round 0: it finished phase I with agent2
     with pytest.raises(AgentFailure, match="cannot resume: edge seeds are for neighbours"):
-        reload_phase_one(store, name="agent2", session=session)  # type: ignore[arg-type]
+        reload()
     record(phase_one=True)
-    got, _, _ = reload_phase_one(store, name="agent2", session=session)  # type: ignore[arg-type]
-    assert got == seeds
-    assert departure_state.load(tmp_path, run_id="r")["decided"][0].phase_one
+    assert reload() == seeds
+    assert records.load(store, run_id="r")["decided"][0].phase_one
 
 
 def test_a_restart_before_phase_two_adopted_a_phase_one_departure_adopts_it_again(
@@ -200,25 +208,26 @@ def test_a_restart_before_phase_two_adopted_a_phase_one_departure_adopts_it_agai
                            decided=[Departure(agent=GONE, round=0, rebase_round=5,
                                               phase_one=True)], names={GONE: "agent3"},
                            joining={})
-    PhaseOneDepartures.save(left, tmp_path)  # type: ignore[arg-type]
+    PhaseOneDepartures.save(left, StateStore(tmp_path))  # type: ignore[arg-type]
     dropped: list[str] = []
     session = SimpleNamespace(run_id="r", assignment=SimpleNamespace(name="agent2"),
                               neighbour_names={"agent1", "agent3"},
                               drop=lambda name, reason: dropped.append(name))
     silence = Silence(departures=SimpleNamespace(session=session, terms=None, masks=None),
                       coordinator=None, mailbox=None, store=StateStore(tmp_path),
-                      timeout=1.0, rejoin=None)  # type: ignore[arg-type]
+                      timeout=1.0, edges=None,  # type: ignore[arg-type]
+                      deciding=lambda awaited: None)
     # execute: the restart's resume finds the decision not adopted
     decision = silence.resume(driver=None)  # type: ignore[arg-type]
     # assert: returned to adopt again, agent3 out of the session as phase I had it
     assert decision is not None and decision.decided == left.decided
     assert (decision.epoch, decision.joining, dropped) == (1, {}, ["agent3"])
-    assert departure_state.load(tmp_path, run_id="r")["adopted"] is False
+    assert records.load(StateStore(tmp_path), run_id="r")["adopted"] is False
     # an end of a new edge adopts it again, its new neighbour with it: the edge's exchange
-    # then resumes from what it saved (agent/rejoin_state.py), or starts if nothing was
+    # then resumes from what it saved (agent/departure/exchange_file.py), or starts if nothing was
     left.joining = {"agent4": (3, "127.0.0.1:9")}
     left.session.joining = {"agent4": (3, "127.0.0.1:9", 5)}
-    PhaseOneDepartures.save(left, tmp_path)  # type: ignore[arg-type]
+    PhaseOneDepartures.save(left, StateStore(tmp_path))  # type: ignore[arg-type]
     again = silence.resume(driver=None)  # type: ignore[arg-type]
     assert again is not None and again.joining == {"agent4": (3, "127.0.0.1:9")}
 

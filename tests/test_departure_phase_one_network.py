@@ -10,9 +10,9 @@ finishes phase I without it (its seed drawn, never sent nor awaited), agent2 dro
 round 0, the new edge agent1-agent4 runs phase I's seed exchange, and from the re-base round 5
 the four mix on the joined path. With `--scale standard` agent3 finishes phase I and dies
 during the secure sum's flood, after its round-0 message (`stats`): every agent reports from
-the flood, the flood starts again without it (agent/secure_sum.py) and the totals are the four
-others'. They exit 0 and equal `efpsn simulate --leave agent3@I:5[+agent2]` bit for bit
-(agent/phase_one_leave.py)."""
+the flood, the flood starts again without it (agent/phases/secure_sum.py) and the totals are the
+four others'. They exit 0 and equal `efpsn simulate --leave agent3@I:5[+agent2]` bit for bit
+(agent/departure/phase_one.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 from efpsn.stats.standardise import simulate_standardising
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 NOISE_SEED, DEADLINE, ROUND_TIMEOUT = 7, 3.0, 30.0
 SURVIVORS = ["agent1", "agent2", "agent4", "agent5"]

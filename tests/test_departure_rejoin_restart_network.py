@@ -1,6 +1,6 @@
 """The end of a new edge killed while that edge's seed exchange runs, and restarted (the same
-command), through real processes (agent/rejoin_state.py): a 5-path whose agent2 kills itself
-(SIGKILL, tests/crash_hook) in phase I, before sending its key, never back. The coordinator
+command), through real processes (agent/departure/exchange_file.py): a 5-path whose agent2 kills
+itself (SIGKILL, tests/crash_hook) in phase I, before sending its key, never back. The coordinator
 decides agent2@I:5 and joins the pieces {agent1} and {agent3, agent4, agent5} with the new edge
 agent1-agent3. agent1 saves its exchange (its key pair for the edge, its seed), sends its key,
 takes agent3's (on disk before it is acknowledged), saves the ciphertext of its seed and is
@@ -24,11 +24,12 @@ from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 # the deadline is longer than agent1's restart and agent3's wait for it in their exchange (its
-# neighbour agent4 waits for agent3 meanwhile): a restart must be back within it, as any
-NOISE_SEED, DEADLINE, ROUND_TIMEOUT = 7, 10.0, 30.0
+# neighbour agent4 waits for agent3 meanwhile): a restart must be back within it, and on a loaded
+# machine the restart alone (an interpreter and torch) has taken over 10 s
+NOISE_SEED, DEADLINE, ROUND_TIMEOUT = 7, 25.0, 30.0
 SURVIVORS = ["agent1", "agent3", "agent4", "agent5"]
 
 

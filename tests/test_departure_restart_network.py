@@ -1,4 +1,4 @@
-"""Restarts around departures, through real processes (agent/departure_state.py): a 5-ring.
+"""Restarts around departures, through real processes (agent/departure/records.py): a 5-ring.
 
 agent1 kills itself (SIGKILL, tests/crash_hook) in phase I, before sending its key, never back:
 the coordinator decides agent1@I:5. agent2, its neighbour, finishes phase I without it, saves
@@ -25,7 +25,7 @@ from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 # the deadline is longer than agent2's restart (a few seconds to start python and torch): an
 # agent silent past it is declared gone, and a restarted one must come back before that

@@ -18,7 +18,7 @@ from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 
 NOISE_SEED, DEADLINE, ROUND_TIMEOUT = 7, 3.0, 30.0
 SURVIVORS = ["agent1", "agent2", "agent4", "agent5"]

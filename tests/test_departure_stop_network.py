@@ -40,7 +40,7 @@ from efpsn.problem import average, build_problem
 from efpsn.simulator import run_simulation
 from efpsn.tasks.optimum import centralized_optimum
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 NOISE_SEED, CRASH_AT, DEADLINE = 7, 600, 3.0
 SURVIVORS = ["agent1", "agent2", "agent5"]

@@ -201,6 +201,30 @@ async def _status_shows_private_figures_only_to_the_operator(served: Served) -> 
     assert again is not None and math.isnan(again.loss)
 
 
+def test_status_shows_the_runs_progress_to_its_parties_and_counts_to_outsiders(
+        tmp_path: Path) -> None:
+    run_served(tmp_path, _status_shows_the_runs_progress_to_its_parties)
+
+
+async def _status_shows_the_runs_progress_to_its_parties(served: Served) -> None:
+    address = f"127.0.0.1:{served.port}"
+    tls_dir = served.folder / "tls"
+    served.agent.status.hear("agent2")  # agent2 was heard just now; agent5 never
+    # agent3: a party of the run, not agent1's neighbour; agent2 its neighbour
+    for party in ("agent3", "agent2"):
+        seen = await fetch_status("agent1", address, tls=TlsConfig.from_dir(tls_dir, party))
+        assert seen is not None and [v.name for v in seen.neighbours] == ["agent2", "agent5"]
+        heard = {v.name: v.heard_ago for v in seen.neighbours}
+        assert heard["agent5"] is None and 0 <= heard["agent2"] < 5, heard
+        assert (seen.neighbour_count, seen.departed_count, seen.departed) == (2, 0, ())
+        assert seen.last_round == 20 and seen.rounds_left == 17 and math.isnan(seen.loss)
+    # not a party (a certificate of the CA, not a name in the run): the counts only
+    for outsider in ("mallory", "coordinator"):
+        seen = await fetch_status("agent1", address, tls=TlsConfig.from_dir(tls_dir, outsider))
+        assert seen is not None and seen.neighbours == () and seen.departed == ()
+        assert (seen.neighbour_count, seen.last_round, seen.round) == (2, 20, 3), outsider
+
+
 def test_request_limits_follow_the_run() -> None:
     from agent.session import legitimate_request_bytes
 

@@ -161,6 +161,7 @@ def layouts_and_terms(draw: st.DrawFn) -> tuple[SlotLayout, list[list[int]], int
     return layout, vectors, key_bits
 
 
+@pytest.mark.slow
 @given(layouts_and_terms())
 @settings(max_examples=150, deadline=None)
 def test_pack_unpack_sums_are_exact(case: tuple[SlotLayout, list[list[int]], int]) -> None:

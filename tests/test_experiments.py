@@ -25,10 +25,10 @@ from efpsn.experiments import (
     accuracy_nonconvex,
     attack,
     attack_report,
+    epsilon,
     idlg,
     network_check,
-    perturbation,
-    privacy,
+    perturbing_function,
 )
 from efpsn.experiments.common import Column, format_table, parse_floats
 from efpsn.experiments.sweep import Series, load_problem, with_config
@@ -117,7 +117,7 @@ def test_perturbation_formula_is_the_corrected_paper_one(tmp_path: Path) -> None
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["rows"][0]["function"] == (
         "5.853*x1^2*x2 - 1.237*x2^3 + 0.708*x1 - 0.665*x2 + 0.090"
-    ) == perturbation.CORRECT
+    ) == perturbing_function.CORRECT
     assert results["matches_pinned"] is True
     assert results["basis"] == (
         "{0.500, 0.866*x2, 3.307*x2^3 - 1.984*x2, 0.866*x1, 2.905*x1^2*x2 - 0.968*x2}"
@@ -129,14 +129,14 @@ def test_perturbation_formula_is_the_corrected_paper_one(tmp_path: Path) -> None
 
 
 def test_privacy_epsilon_decreases_in_gamma(tmp_path: Path) -> None:
-    summary = privacy.run(privacy.PROFILES["quick"], out=tmp_path)
+    summary = epsilon.run(epsilon.PROFILES["quick"], out=tmp_path)
     with open(tmp_path / "curves.csv") as handle:
         curves = list(csv.DictReader(handle))
     for n in (5, 9):
-        for topology in privacy.TOPOLOGIES:
+        for topology in epsilon.TOPOLOGIES:
             eps = [float(r["epsilon"]) for r in curves
                    if r["agents"] == str(n) and r["topology"] == topology]
-            assert len(eps) == len(privacy.PROFILES["quick"].gammas)
+            assert len(eps) == len(epsilon.PROFILES["quick"].gammas)
             assert all(a > b for a, b in itertools.pairwise(eps)), (n, topology)
     ring = next(r for r in summary["rows"] if r["agents"] == 5 and r["topology"] == "ring")
     # a smaller epsilon needs more noise; the inverse really reaches the target
@@ -157,6 +157,7 @@ def test_privacy_epsilon_decreases_in_gamma(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------ Sec. 5.2
 
 
+@pytest.mark.slow
 def test_accuracy_convex_zero_sum_keeps_accuracy_where_the_baseline_collapses(
     tmp_path: Path,
 ) -> None:
@@ -188,6 +189,7 @@ def test_accuracy_convex_zero_sum_keeps_accuracy_where_the_baseline_collapses(
         assert_figure(tmp_path / name)
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_accuracy_nonconvex_zero_sum_tracks_noise_free(tmp_path: Path) -> None:
     settings = accuracy_nonconvex.NonconvexSettings(
@@ -228,6 +230,7 @@ def test_idlg_label_inference_reads_the_negative_row() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_attack_psnr_falls_as_gamma_rises(tmp_path: Path) -> None:
     # prepare: logistic regression at a trained point, LeNet at DLG's initial point
     base = {"seeds": (0,), "images_per_seed": 2, "iterations": 25, "snapshots": 5,
@@ -258,6 +261,7 @@ def test_attack_psnr_falls_as_gamma_rises(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------ network
 
 
+@pytest.mark.process
 @pytest.mark.slow
 def test_network_check_reproduces_the_simulator_bitwise(tmp_path: Path) -> None:
     settings = dataclasses.replace(network_check.PROFILES["quick"], iterations=30)
@@ -319,6 +323,7 @@ def test_all_parameter_perturbation_offsets_cancel_across_rounds_only_for_k1() -
         assert (residual.abs().max() < 1e-9) == cancels, (name, float(residual.abs().max()))
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_multi_round_attacker_defeats_k1_and_three_rounds_defeat_k2(tmp_path: Path) -> None:
     # prepare: logistic regression at round 50, one image, gamma 1e4 only (and no noise)
@@ -402,6 +407,7 @@ def test_quick_attack_has_refreshed_and_fixed_multi_round_rows() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_refreshed_masks_stop_the_multi_round_attacker_that_fixed_ones_do_not(
     tmp_path: Path,
 ) -> None:
@@ -443,6 +449,7 @@ def _attack_results(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_accuracy_convex_refreshed_rows_and_their_frontier(tmp_path: Path) -> None:
     # prepare: 40 DSGD rounds, the mask fixed, refreshed every round and every 10 rounds, every
     # parameter perturbed at gamma 1e4; 20 rounds of full-batch GT; every:1 clipped to 1

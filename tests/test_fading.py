@@ -1,7 +1,7 @@
-"""The default mask (efpsn/masks/fading.py): a fixed zero-sum part and a fresh zero-sum part every round
-that fades at a public rate. Exactly zero-sum in integers every round, the same integers at both
-ends of an edge, fresh noise in every two rounds' difference while it lasts, nothing left of it at
-the end, the same bits on every machine (pinned), and the refresh grammar that names it."""
+"""The default mask (efpsn/masks/fading.py): a fixed zero-sum part and a fresh zero-sum part every
+round that fades at a public rate. Exactly zero-sum in integers every round, the same integers at
+both ends of an edge, fresh noise in every two rounds' difference while it lasts, nothing left of it
+at the end, the same bits on every machine (pinned), and the refresh grammar that names it."""
 
 from __future__ import annotations
 
@@ -111,6 +111,7 @@ def test_pinned_stream_and_scales() -> None:
         binomial_noise(seed, 2**64, 4)
 
 
+@pytest.mark.slow
 def test_refusals() -> None:
     seeds = exchange_seeds_fast(FIVE, noise_seed=1)[0]
     with pytest.raises(ValueError, match="needs a resolved 'fading:RHO'"):

@@ -144,6 +144,7 @@ for spec, shape, classes in [("python:archmodels:make_tanh", (6,), 3), ("logreg"
 """
 
 
+@pytest.mark.process
 def test_the_same_model_in_fresh_processes_gives_the_same_bytes(arch: Path) -> None:
     outputs = []
     for hash_seed in ("1", "2"):  # also across Python's string hashing

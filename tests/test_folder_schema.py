@@ -109,10 +109,9 @@ def test_one_agent_with_a_column_fewer_is_named_alone(tmp_path: Path) -> None:
     root = csv_folder(tmp_path / "D")
     write_csv(root / "agent2" / "train.csv", *table(50, 29, seed=2))
     text = refusal("--data-dir", str(root))
-    assert text == (f"data folder {root}: the files disagree on the features per sample: "
-                    "agent2's train.csv has 29, where agent1's train.csv, agent3's train.csv, "
-                    "agent4's train.csv and test.csv have 30; expected the same in every file "
-                    "(fix agent2's train.csv)")
+    assert text == (f"data folder {root}: agent2's train.csv has no column 'f29', which the "
+                    "run's table schema (the other files) has; expected the same columns in "
+                    "every file (fix agent2's train.csv)")
     assert "--input-shape 29" not in text  # the advice that would break the other agents
 
 
@@ -120,18 +119,21 @@ def test_a_public_test_file_short_of_a_column_is_named(tmp_path: Path) -> None:
     root = csv_folder(tmp_path / "D")
     write_csv(root / "test.csv", *table(25, 29, seed=99))
     text = refusal("--data-dir", str(root))
-    assert text.endswith("test.csv has 29, where agent1's train.csv, agent2's train.csv, "
-                         "agent3's train.csv and agent4's train.csv have 30; expected the same "
-                         "in every file (fix test.csv)")
+    assert text.endswith("test.csv has no column 'f29', which the run's table schema (the "
+                         "other files) has; expected the same columns in every file (fix "
+                         "test.csv)")
 
 
-def test_columns_in_another_order_are_named(tmp_path: Path) -> None:
+def test_columns_in_another_order_are_matched_by_name(tmp_path: Path) -> None:
+    from efpsn.data.folders import load_data_dir
+
     root = csv_folder(tmp_path / "D", d=3, test=False)
-    write_csv(root / "agent3" / "train.csv", *table(10, 3, seed=3), names=["f0", "f2", "f1"])
-    assert refusal("--data-dir", str(root)) == (
-        f"data folder {root}: agent3's train.csv names its feature columns differently from "
-        "agent1's train.csv: column 2 is 'f2' where agent1's train.csv has 'f1'; expected the "
-        "same columns in the same order in every file")
+    x, y = table(10, 3, seed=3)
+    write_csv(root / "agent3" / "train.csv", x[:, [0, 2, 1]], y, names=["f0", "f2", "f1"])
+    config = run_config("--data-dir", str(root), "--holdout", "0")
+    assert config.table.feature_names() == ("f0", "f1", "f2")
+    loaded = load_data_dir(config, root, holdout=0.0)[2].train.images.numpy()
+    np.testing.assert_array_equal(loaded, x)  # each value under its column's name
 
 
 def test_a_given_shape_the_files_contradict_says_where_it_came_from(tmp_path: Path) -> None:
@@ -148,8 +150,10 @@ def test_a_given_shape_the_files_contradict_says_where_it_came_from(tmp_path: Pa
 def test_a_missing_label_column_is_one_line_naming_the_file(tmp_path: Path) -> None:
     root = csv_folder(tmp_path / "D", test=False)
     write_csv(root / "agent4" / "train.csv", *table(10, 30, seed=4), label="target")
-    assert refusal("--data-dir", str(root)).startswith(
-        f"agent4's train.csv ({root / 'agent4' / 'train.csv'}) has no column 'label'")
+    assert refusal("--data-dir", str(root)) == (
+        f"data folder {root}: agent4's train.csv has no column 'label' in its header; expected "
+        "the label column named by --label-column (or schema.json's label_column) in every "
+        "file")
 
 
 def test_the_simulator_refuses_a_disagreeing_folder_in_one_line(

@@ -1,12 +1,14 @@
-"""`efpsn up`'s fork server (agent/forkserver.py; the launcher's side efpsn/launch/forking.py): agents forked from one
-process that loaded torch once, each in a session of its own with its own log and environment,
-adopted by the launcher, which reads their exit codes and stops them as any child."""
+"""`efpsn up`'s fork server (agent/forkserver.py; the launcher's side efpsn/launch/forking.py):
+agents forked from one process that loaded torch once, each in a session of its own with its own log
+and environment, adopted by the launcher, which reads their exit codes and stops them as any
+child."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,12 +21,14 @@ pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif(not can_fork_agents(), reason="forking agents needs Linux")]
 
 
+@pytest.mark.process
 def test_forked_agents_have_their_logs_exit_codes_sessions_and_environment(
         tmp_path: Path) -> None:
     # prepare: one agent that prints its help on a terminal of 200 columns (its own variable),
     # one without its flags, one that waits (for a coordinator port file nobody writes)
     waiting = ["agent", "--name", "agent3", "--coordinator", "127.0.0.1:0",
-               "--coordinator-port-file", str(tmp_path / "never"), "--insecure"]
+               "--coordinator-port-file", str(tmp_path / "never"), "--insecure",
+               "--results", str(tmp_path)]
     # execute
     with ForkServer(tmp_path) as server:
         helped = server.spawn("agent1", ["agent", "--help"], tmp_path, env={"COLUMNS": "200"})
@@ -42,7 +46,14 @@ def test_forked_agents_have_their_logs_exit_codes_sessions_and_environment(
         assert refused.port_file == tmp_path / "ports" / "agent2"
         pid = waiter.process.pid
         assert os.getsid(pid) == pid  # its own session: the launcher's Ctrl-C is not its
-        assert str(tmp_path).encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        # titled by its name and its run's folder, as `ps` shows it (forked: no command line
+        # of its own otherwise)
+        title = Path(f"/proc/{pid}/cmdline").read_bytes()
+        deadline = time.monotonic() + 60
+        while not title.startswith(b"efpsn agent3 ") and time.monotonic() < deadline:
+            time.sleep(0.05)
+            title = Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert title.rstrip(b"\0") == f"efpsn agent3 {tmp_path}".encode(), title
         assert waiter.process.poll() is None
     finally:
         stop_children([helped, refused, waiter], grace=10.0)
@@ -50,6 +61,7 @@ def test_forked_agents_have_their_logs_exit_codes_sessions_and_environment(
     assert not Path(f"/proc/{pid}").exists()
 
 
+@pytest.mark.process
 def test_only_agents_are_forked(tmp_path: Path) -> None:
     with ForkServer(tmp_path) as server, pytest.raises(ValueError, match="agents only"):
         server.spawn("coordinator", ["coordinator", "--help"], tmp_path)
@@ -63,6 +75,7 @@ def test_a_process_with_grpc_loaded_is_never_forked() -> None:
         check_forkable()
 
 
+@pytest.mark.process
 def test_the_server_ending_early_is_reported_with_its_log(tmp_path: Path) -> None:
     server = ForkServer(tmp_path)
     try:
@@ -74,6 +87,7 @@ def test_the_server_ending_early_is_reported_with_its_log(tmp_path: Path) -> Non
         server.close()
 
 
+@pytest.mark.process
 def test_the_preload_list_is_the_agents_imports_without_grpc() -> None:
     import subprocess
 
@@ -86,7 +100,7 @@ def test_the_preload_list_is_the_agents_imports_without_grpc() -> None:
                  "agent.state", "efpsn.params.values"):
         assert core in modules, core
     # never a module that starts gRPC (the server, the peers, the node), nor grpc itself
-    for edge in ("grpc", "agent.node", "agent.servicer", "agent.peers", "efpsn.wire.net",
+    for edge in ("grpc", "agent.node", "agent.router", "agent.peers", "efpsn.wire.net",
                  "efpsn.wire.tls", "agent.forkserver"):
         assert edge not in modules, edge
     # and importing all of it, in a fresh interpreter, loads no grpc
@@ -131,6 +145,7 @@ os.waitpid(pid, 0)
 '''
 
 
+@pytest.mark.process
 def test_an_agents_full_collection_copies_none_of_the_servers_pages(tmp_path: Path) -> None:
     # prepare: a process holding 300,000 objects, as the fork server holds its modules' (issue
     # 29: an agent's first full collection, inside the run, wrote into every inherited object

@@ -30,7 +30,7 @@ from efpsn.wire.records import Phase
 from efpsn.wire.tls import TlsConfig
 from efpsn.wire.v1 import agent_pb2
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 CONFIG = RunConfig(agents=4, iterations=8000, eval_every=2000, key_bits=2048,
                    round_timeout_seconds=60.0)

@@ -1,5 +1,5 @@
-"""One intake of round messages (agent/intake.py) for pushes, streams and a restart's replay:
-the replay (agent/resume.py) takes a pulled message exactly as a push is taken, and answers
+"""One intake of round messages (agent/phases/phase_two.py) for pushes, streams and a restart's
+replay: the replay (agent/resume.py) takes a pulled message exactly as a push is taken, and answers
 every judgement (none is dropped silently)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from harness import assigned_agents, message
 
+from agent.exchange import Replay
 from agent.options import AgentFailure
-from agent.resume import Replay
 from efpsn.ledger import Verdict
 from efpsn.params.config import RunConfig
 
@@ -34,7 +34,7 @@ class ServingPeers:
 
 
 def _replay(agent: Any, peers: ServingPeers) -> Replay:
-    return Replay(peers=peers, intake=agent.intake, mailbox=agent.mailbox,  # type: ignore[arg-type]
+    return Replay(peers=peers, take=agent.phase_two.take_round, mailbox=agent.mailbox,  # type: ignore[arg-type]
                   neighbours={"agent2", "agent3"}, describe_loss=lambda *a: "lost",
                   on_loss=lambda reason: None)
 
@@ -46,7 +46,7 @@ def test_a_replayed_round_is_taken_as_a_pushed_one_and_every_outcome_answered(
                                    tls=False, round_=AT) as agents:
             one = agents["agent1"]
             # a push and a pull of the same message get the same judgement from the one intake
-            pushed = one.intake.take_round(message(one, AT, sender="agent2"),
+            pushed = one.phase_two.take_round(message(one, AT, sender="agent2"),
                                            senders={"agent2", "agent3"})
             assert pushed.verdict == Verdict.ACCEPT
             peers = ServingPeers({("agent2", AT): message(one, AT, sender="agent2"),

@@ -153,6 +153,7 @@ def test_a_block_of_seeds_and_periods_is_one_call_per_seed_and_period(
 # ------------------------------------------------------------------ distribution
 
 
+@pytest.mark.slow
 def test_normals_are_standard_normal_and_the_test_can_fail() -> None:
     n = standard_normals(SEED, 7, 2_000_000)
     assert stats.kstest(n, "norm").pvalue > 1e-3

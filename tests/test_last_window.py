@@ -1,5 +1,5 @@
-"""A departure in the stop rule's last window (efpsn/departure/last_window.py): the round each agent waits
-at without the departed agent, who finishes the stop round and who ends at the check round;
+"""A departure in the stop rule's last window (efpsn/departure/last_window.py): the round each agent
+waits at without the departed agent, who finishes the stop round and who ends at the check round;
 the driver that keeps its check round's state; the coordinator's decision (the run had
 stopped) through its board and its servicer."""
 

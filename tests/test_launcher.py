@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from commands import efpsn_argv
 from localnet import crash_at
 
 from efpsn.launch.processes import Child, stop_children, wait_port
@@ -29,8 +30,6 @@ NAMES = [f"agent{i}" for i in range(1, 6)]
 FAST = ("--key-bits", "512", "--allow-insecure-keys", "--quiet", "--insecure-noise-seed", "3")
 
 
-def efpsn(*args: str) -> list[str]:
-    return [sys.executable, "-m", "efpsn", *args]
 
 
 def leftovers(marker: str) -> str:
@@ -62,12 +61,13 @@ def stop(proc: subprocess.Popen) -> None:
 # ------------------------------------------------------------------------ a run that finishes
 
 
+@pytest.mark.process
 def test_up_writes_a_default_results_folder_and_prints_its_metrics(tmp_path: Path) -> None:
     # prepare: no --results, so the run goes to ./results/run-TIME of the working directory
     # execute (the paper's phase I, unpacked Paillier, --no-packed: one ciphertext per
     # coefficient and neighbour, on the last layer's biases with a fixed mask)
     out = subprocess.run(
-        efpsn("up", "--iterations", "4", "--eval-every", "2", "--no-packed", "--refresh", "never",
+        efpsn_argv("up", "--iterations", "4", "--eval-every", "2", "--no-packed", "--refresh", "never",
               "--selection", "last-bias", *FAST),
         cwd=tmp_path, check=False, capture_output=True, text=True, timeout=280,
     )
@@ -82,8 +82,9 @@ def test_up_writes_a_default_results_folder_and_prints_its_metrics(tmp_path: Pat
     summary = json.loads((tmp_path / folder / "summary.json").read_text())
     assert summary["ok"] is True and summary["problems"] == []
     assert lines[1] == "final: " + format_metrics(summary["final"])  # printed = written
-    assert re.fullmatch(rf"wall time [\d.]+s; summary in {re.escape(str(folder / 'summary.json'))}",
-                        lines[2]), lines[2]
+    assert re.fullmatch(rf"wall time [\d.]+s; summary in {re.escape(str(folder / 'summary.json'))}"
+                        rf"; picture {re.escape(str(folder / 'training.png'))}", lines[2]), lines[2]
+    assert (tmp_path / folder / "training.png").stat().st_size > 20_000  # the run's picture
     # what the run protects, then the last line: the convergence certificate, after 4 rounds
     # not converged, with advice
     assert lines[3] == summary["privacy"]["line"] and lines[3].startswith("privacy: "), lines
@@ -128,6 +129,7 @@ def test_check_results_names_what_is_wrong() -> None:
 # ------------------------------------------------------------------------ runs that fail
 
 
+@pytest.mark.process
 def test_agent_dying_mid_run_stops_the_network_with_its_log(tmp_path: Path) -> None:
     # prepare: agent3 kills itself (SIGKILL) at round 2 of 400 (tests/crash_hook), with
     # departures off (--departure-deadline 0; on, the others finish without it:
@@ -136,14 +138,24 @@ def test_agent_dying_mid_run_stops_the_network_with_its_log(tmp_path: Path) -> N
     started = time.monotonic()
     # execute
     out = subprocess.run(
-        efpsn("up", "--iterations", "400", "--results", str(tmp_path), "--departure-deadline",
+        efpsn_argv("up", "--iterations", "400", "--results", str(tmp_path), "--departure-deadline",
               "0", *FAST),
         env=env, check=False, capture_output=True, text=True, timeout=280,
     )
-    # assert: one error naming agent3 and its exit, the others stopped by the launcher
+    # assert: agent3 named at once, with what follows; then one error naming agent3 and its
+    # exit, the others stopped by the launcher
     assert out.returncode == 2, out.stderr[-3000:]
-    assert out.stderr.startswith("efpsn: error: agent3: exited with code -9 without recording "
-                                 "why"), out.stderr[-3000:]
+    said = [line for line in out.stderr.replace("\r", "\n").splitlines()
+            if line.startswith("efpsn up: agent3")]
+    assert len(said) == 1 and re.fullmatch(
+        # the round as last polled: agent3 dies at round 2, often before a poll saw phase II
+        r"efpsn up: agent3 \(pid \d+\) was killed by SIGKILL (at round [0-2]|before it "
+        r"reported phase I or II); departures are off "
+        r"\(--departure-deadline 0\): the run stops, every other process is stopped",
+        said[0]), out.stderr[-3000:]
+    error = out.stderr[out.stderr.index("efpsn: error: "):]
+    assert error.startswith("efpsn: error: agent3: exited with code -9 without recording "
+                            "why"), out.stderr[-3000:]
     assert "agent3 is agent index 2" in out.stderr  # the tail of agent3's log comes with it
     assert leftovers(str(tmp_path)) == ""
     for name in ("agent1", "agent2", "agent4", "agent5"):
@@ -153,9 +165,10 @@ def test_agent_dying_mid_run_stops_the_network_with_its_log(tmp_path: Path) -> N
     assert time.monotonic() - started < 250
 
 
+@pytest.mark.process
 def test_coordinator_dying_before_assignment_fails_the_launch(tmp_path: Path) -> None:
     proc = subprocess.Popen(
-        efpsn("up", "--iterations", "4", "--results", str(tmp_path), *FAST),
+        efpsn_argv("up", "--iterations", "4", "--results", str(tmp_path), *FAST),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -166,8 +179,7 @@ def test_coordinator_dying_before_assignment_fails_the_launch(tmp_path: Path) ->
         while not (tmp_path / "logs" / "agent5.log").exists():
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.005)
-        argv = f"--port-file {tmp_path / 'ports' / 'coordinator'}"
-        pid = int(leftovers(argv).split()[0])
+        pid = int(leftovers(f"efpsn coordinator {tmp_path}").split()[0])  # its process title
         os.kill(pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=240)
     finally:
@@ -178,10 +190,11 @@ def test_coordinator_dying_before_assignment_fails_the_launch(tmp_path: Path) ->
     assert not (tmp_path / "summary.json").exists()
 
 
+@pytest.mark.process
 def test_child_exiting_before_serving_is_reported_with_its_log(tmp_path: Path) -> None:
     # a --host this machine does not have: the coordinator cannot bind and exits
     out = subprocess.run(
-        efpsn("up", "--iterations", "4", "--host", "192.0.2.1", "--results", str(tmp_path),
+        efpsn_argv("up", "--iterations", "4", "--host", "192.0.2.1", "--results", str(tmp_path),
               *FAST),
         check=False, capture_output=True, text=True, timeout=280,
     )
@@ -194,11 +207,12 @@ def test_child_exiting_before_serving_is_reported_with_its_log(tmp_path: Path) -
     assert not any((tmp_path / n).exists() for n in NAMES)
 
 
+@pytest.mark.process
 def test_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     stdout = tmp_path / "stdout"
     with open(stdout, "w") as sink:
         proc = subprocess.Popen(
-            efpsn("up", "--iterations", "100000", "--eval-every", "100000", "--results",
+            efpsn_argv("up", "--iterations", "100000", "--eval-every", "100000", "--results",
                   str(tmp_path / "run"), *FAST),
             stdout=sink, stderr=subprocess.PIPE, text=True,
         )
@@ -232,6 +246,7 @@ def _child(tmp_path: Path, code: str) -> Child:
                  port_file=tmp_path / "child.port")
 
 
+@pytest.mark.process
 def test_child_that_never_serves_times_out(tmp_path: Path) -> None:
     child = _child(tmp_path, "import time; time.sleep(60)")
     try:
@@ -242,6 +257,7 @@ def test_child_that_never_serves_times_out(tmp_path: Path) -> None:
     assert child.process.returncode == -signal.SIGTERM
 
 
+@pytest.mark.process
 def test_stop_children_sigkills_what_ignores_sigterm(tmp_path: Path) -> None:
     code = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
             "print('ready', flush=True)\ntime.sleep(60)\n")

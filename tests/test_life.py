@@ -13,14 +13,13 @@ from agent.status import Status
 from efpsn.wire.records import Phase
 
 SESSION, STANDARDISED = object(), object()  # the life holds them, never looks inside
-LEDGER, LATER_LEDGER = object(), object()
 
 EVENTS = {
-    "assign": lambda life: life.assign(SESSION, LEDGER),  # type: ignore[arg-type]
+    "assign": lambda life: life.assign(SESSION),  # type: ignore[arg-type]
     "keys": Life.keys,
     "shares": Life.shares,
     "stats": Life.stats,
-    "standardised": lambda life: life.standardised(STANDARDISED, LATER_LEDGER),  # type: ignore[arg-type]
+    "standardised": lambda life: life.standardised(STANDARDISED),  # type: ignore[arg-type]
     "optimizing": lambda life: life.optimizing(0),
     "advance": lambda life: life.advance(life.round + 1),
     "done": Life.done,
@@ -32,7 +31,7 @@ LEGAL = {
     Stage.ASSIGNED: {"keys", "stats", "optimizing", "fail"},
     Stage.KEYS: {"shares", "stats", "optimizing", "fail"},
     Stage.SHARES: {"stats", "optimizing", "fail"},
-    Stage.STATS: {"standardised", "optimizing", "fail"},
+    Stage.STATS: {"standardised", "fail"},  # optimizing once standardised
     Stage.OPTIMIZING: {"advance", "done", "fail"},
     Stage.DONE: {"fail"},
     Stage.FAILED: set(),
@@ -73,19 +72,19 @@ def test_each_event_is_legal_exactly_where_the_diagram_says(stage: Stage, event:
 def test_a_fresh_scale_standard_run_from_registration_to_done() -> None:
     status = Status()
     life = status.life
-    assert (life.session, life.rounds, status.phase) == (None, None, Phase.PHASE_UNSPECIFIED)
-    life.assign(SESSION, None)  # type: ignore[arg-type]  # rounds wait for the totals
-    assert (life.session, life.rounds, status.phase) == (SESSION, None, Phase.PHASE_UNSPECIFIED)
+    assert (life.session, status.phase) == (None, Phase.PHASE_UNSPECIFIED)
+    life.assign(SESSION)  # type: ignore[arg-type]
+    assert (life.session, status.phase) == (SESSION, Phase.PHASE_UNSPECIFIED)
     life.keys()
     assert status.phase == Phase.KEYS
     life.shares()
     assert status.phase == Phase.SHARES
     life.stats()
     assert status.phase == Phase.STATS
-    with pytest.raises(IllegalTransition, match="without a round ledger"):
-        life.optimizing(0)
-    life.standardised(STANDARDISED, LATER_LEDGER)  # type: ignore[arg-type]
-    assert (life.session, life.rounds) == (STANDARDISED, LATER_LEDGER)
+    with pytest.raises(IllegalTransition, match="before the secure sum's totals are known"):
+        life.optimizing(0)  # phase II waits for the totals
+    life.standardised(STANDARDISED)  # type: ignore[arg-type]
+    assert life.session is STANDARDISED
     life.optimizing(0)
     for t in (1, 2, 2, 3):
         life.advance(t)
@@ -99,7 +98,7 @@ def test_a_fresh_scale_standard_run_from_registration_to_done() -> None:
 
 def test_a_restart_is_assigned_again_and_optimizes_from_its_checkpoint() -> None:
     life = Life()
-    life.assign(SESSION, LEDGER)  # type: ignore[arg-type]
+    life.assign(SESSION)  # type: ignore[arg-type]
     with pytest.raises(IllegalTransition, match="optimizing from round -1"):
         life.optimizing(-1)
     life.optimizing(40)
@@ -108,7 +107,7 @@ def test_a_restart_is_assigned_again_and_optimizes_from_its_checkpoint() -> None
 
 def test_a_failure_keeps_the_phase_it_happened_in_and_its_error() -> None:
     status = Status()
-    status.life.assign(SESSION, LEDGER)  # type: ignore[arg-type]
+    status.life.assign(SESSION)  # type: ignore[arg-type]
     status.life.keys()
     status.life.fail("neighbour agent2 refused")
     assert (status.life.stage, status.phase, status.error, status.finished) == (

@@ -96,7 +96,8 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[Path, str]]:
                            "is ragged: row 2 (line 3) has 3 fields where the header has 7")
     (tmp / "text.csv").write_text("a,b,c,d,e,f,label\n1,2,x,4,5,6,0\n")
     cases["non-numeric csv"] = (tmp / "text.csv",
-                                "row 1 (line 2), column 'c' is not a number; expected numeric")
+                                ("row 1 (line 2), column 'c' is not a number; expected numeric "
+                                 "features: the run has no table schema"))
     (tmp / "nolabel.csv").write_text("a,b,c,d,e,f,g\n1,2,3,4,5,6,0\n")
     cases["csv without label column"] = (tmp / "nolabel.csv", "has no column 'label'")
     (tmp / "data.txt").write_text("1,2\n")

@@ -27,7 +27,7 @@ from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 NAMES = [f"agent{i}" for i in range(1, 6)]
 CONFIG = RunConfig(data="local", scale="unit", iterations=40, eval_every=20, key_bits=2048)

@@ -130,6 +130,7 @@ def connected_graphs(draw: st.DrawFn) -> Graph:
     return Graph(n=n, edges=tuple(sorted(edges)))
 
 
+@pytest.mark.slow
 @given(
     graph=connected_graphs(),
     precision=st.integers(0, 12),

@@ -104,6 +104,7 @@ def test_the_agent_names_itself_and_the_task_once(models: Path, tmp_path: Path) 
         "class, shape (batch, 2): build its last layer with schema.classes (2) outputs")
 
 
+@pytest.mark.process
 def test_efpsn_up_refuses_it_in_one_line_for_every_agent(models: Path, tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     for k in (1, 2, 3):

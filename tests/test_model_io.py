@@ -230,6 +230,7 @@ def test_read_model_refuses_what_is_not_ours(tmp_path: Path) -> None:
         read_model(path)
 
 
+@pytest.mark.process
 def test_the_evaluate_parser_imports_no_torch(tmp_path: Path) -> None:
     probe = ("import argparse, sys\nfrom efpsn.cli.evaluate import register\n"
              "p = argparse.ArgumentParser(prog='efpsn')\n"

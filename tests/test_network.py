@@ -6,12 +6,12 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import grpc
 import pytest
+from commands import efpsn_argv
 from conftest import Processes
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -31,8 +31,6 @@ SMALL = RunConfig(iterations=40, eval_every=20, key_bits=2048, round_timeout_sec
 NAMES = [f"agent{i}" for i in range(1, 6)]
 
 
-def efpsn(*args: str) -> list[str]:
-    return [sys.executable, "-m", "efpsn", *args]
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +42,7 @@ def dsgd_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunConfig, Path,
     return SMALL, folder, summary
 
 
+@pytest.mark.process
 def test_network_completes_both_phases_with_exactly_zero_sum_masks(dsgd_run) -> None:
     config, folder, summary = dsgd_run
     # ok means: every agent finished every round of one run (agent.summary.check_results)
@@ -66,6 +65,7 @@ def test_network_completes_both_phases_with_exactly_zero_sum_masks(dsgd_run) -> 
         assert r["timings"]["encryptions"] == 2 and r["timings"]["decryptions"] == 1
 
 
+@pytest.mark.process
 def test_network_matches_the_simulator_bitwise(dsgd_run) -> None:
     config, folder, summary = dsgd_run
     _, xs = load_agent_results(folder, NAMES)
@@ -98,6 +98,7 @@ def test_lenet_on_its_mini_batch_default_matches_the_simulator_bitwise(tmp_path:
     assert summary["final"]["accuracy"] == sim.final["accuracy"]
 
 
+@pytest.mark.process
 def test_production_results_do_not_expose_masks(tmp_path: Path) -> None:
     config = SMALL.replace(iterations=4, eval_every=2, algorithm="gt", schedule="constant:0.05")
     summary = launch_local_network(config, results=tmp_path, quiet=True, insecure_noise_seed=3,
@@ -123,6 +124,7 @@ def _rounds(ports: dict[str, int]) -> dict[str, int | None]:
             for n in ports}
 
 
+@pytest.mark.process
 def test_stopped_neighbour_is_named_within_the_deadline(processes: Processes) -> None:
     # prepare: a 5-ring with a short round deadline and enough rounds to still be running
     timeout = 4.0
@@ -174,24 +176,25 @@ def test_stopped_neighbour_is_named_within_the_deadline(processes: Processes) ->
     assert elapsed < timeout + 15
 
 
+@pytest.mark.process
 def test_coordinator_serves_health_and_reflection_and_rejects_bad_runs(
         tmp_path: Path, processes: Processes) -> None:
     # bad parameters are one-line errors before anything listens
     bad = subprocess.run(
-        efpsn("coordinator", "--listen", "127.0.0.1:0", "--insecure",
+        efpsn_argv("coordinator", "--listen", "127.0.0.1:0", "--insecure",
               "--topology", "edges:" + str(tmp_path / "g")),
         check=False, capture_output=True, text=True, timeout=120,
     )
     assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "efpsn: error" in bad.stderr
     (tmp_path / "g").write_text("1 2\n3 4\n5 1\n")
     disconnected = subprocess.run(
-        efpsn("coordinator", "--listen", "127.0.0.1:0", "--insecure",
+        efpsn_argv("coordinator", "--listen", "127.0.0.1:0", "--insecure",
               "--topology", f"edges:{tmp_path / 'g'}"),
         check=False, capture_output=True, text=True, timeout=120,
     )
     assert disconnected.returncode != 0 and "connected" in disconnected.stderr
     small_key = subprocess.run(
-        efpsn("coordinator", "--listen", "127.0.0.1:0", "--insecure", "--key-bits", "1024"),
+        efpsn_argv("coordinator", "--listen", "127.0.0.1:0", "--insecure", "--key-bits", "1024"),
         check=False, capture_output=True, text=True, timeout=120,
     )
     assert small_key.returncode != 0 and "2048" in small_key.stderr
@@ -243,10 +246,11 @@ def test_neither_tls_nor_insecure_is_a_one_line_error(
     assert "agent2" in err and "'agent1'" in err and err.count("\n") == 1
 
 
+@pytest.mark.process
 def test_up_fails_cleanly_on_bad_data(tmp_path: Path) -> None:
     # Bad data is caught before any process starts: one error line, nothing left running.
     out = subprocess.run(
-        efpsn("up", "--iterations", "5", "--key-bits", "2048", "--quiet",
+        efpsn_argv("up", "--iterations", "5", "--key-bits", "2048", "--quiet",
               "--results", str(tmp_path), "--data", "idx:" + str(tmp_path / "missing")),
         check=False, capture_output=True, text=True, timeout=300,
     )
@@ -258,6 +262,7 @@ def test_up_fails_cleanly_on_bad_data(tmp_path: Path) -> None:
     assert not any(p.name.startswith("agent") for p in tmp_path.iterdir() if p.is_dir())
 
 
+@pytest.mark.process
 def test_agent_stops_promptly_on_sigterm(tmp_path: Path, processes: Processes) -> None:
     # An agent waiting for its coordinator (nothing listens there) is stopped the way
     # `docker stop` or an orchestrator does it: SIGTERM, and it must not linger.

@@ -19,7 +19,7 @@ from efpsn.launch.summary import load_agent_results
 from efpsn.params.config import RunConfig
 from efpsn.simulator import run_simulation
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 NAMES = [f"agent{i}" for i in range(1, 6)]
 NOISE_SEED = 21

@@ -78,6 +78,7 @@ def test_the_launcher_knows_its_cpus() -> None:
 SMALL = RunConfig(agents=3, iterations=6, eval_every=3, round_timeout_seconds=60.0)
 
 
+@pytest.mark.process
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("mode", "fork"), [("spread", True), ("blocks", False), ("none", True)],
                          ids=["spread-forked", "blocks-no-fork", "none-forked"])
@@ -103,6 +104,7 @@ def test_each_agent_ran_on_the_cpus_it_was_given(tmp_path: Path, mode: str, fork
                                       "none": [mine] * 3}[mode]
 
 
+@pytest.mark.process
 def test_a_thread_started_before_the_placement_is_seen(tmp_path: Path) -> None:
     # prepare: a process whose second thread starts on every CPU, then its main thread is
     # placed on one (what placing an agent after gRPC started its threads would do)

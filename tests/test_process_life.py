@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_launcher import efpsn, leftovers, stop
+from commands import efpsn_argv
+from test_launcher import leftovers, stop
 
-from efpsn.data.folders import split_data
 from efpsn.launch.forking import set_subreaper, subreaper
 from efpsn.process.lifeline import ENV, Lifeline, launcher_gone
 from efpsn.process.signals import Stopped, StopSignals, signals_held
@@ -35,11 +35,6 @@ LONG = ("--iterations", "20000", "--key-bits", "512", "--allow-insecure-keys", "
 GONE_WITHIN = 10.0
 
 
-@pytest.fixture(scope="module")
-def wine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wine")
-    split_data(source="sklearn:wine", agents=4, partition_spec="iid", out=out)
-    return out
 
 
 def parents() -> dict[int, int]:
@@ -139,7 +134,7 @@ def wait_mid_run(run: Path, proc: subprocess.Popen, timeout: float = 240.0) -> N
 def start_up(wine: Path, tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
     run = tmp_path / "run"
     with open(tmp_path / "stderr", "w") as err:
-        proc = subprocess.Popen(efpsn("up", "--data-dir", str(wine), "--results", str(run),
+        proc = subprocess.Popen(efpsn_argv("up", "--data-dir", str(wine), "--results", str(run),
                                       *LONG, *extra),
                                 stdout=subprocess.DEVNULL, stderr=err)
     return proc, run
@@ -154,6 +149,7 @@ def assert_all_gone(pids: set[int], marker: str, signalled: float) -> None:
         f"{running(pids) | marked(marker)}\n{leftovers(marker)}")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("sig", "fork"), [
     (signal.SIGTERM, True), (signal.SIGKILL, True), (signal.SIGTERM, False),
     (signal.SIGKILL, False), (signal.SIGHUP, True),
@@ -211,6 +207,7 @@ def test_nothing_of_a_run_outlives_efpsn_up(sig: int, fork: bool, wine: Path,
         assert "Traceback" not in err, err
 
 
+@pytest.mark.process
 def test_sigterm_while_the_fork_server_loads_stops_it_at_once(wine: Path,
                                                               tmp_path: Path) -> None:
     """Stopped before any agent is forked: the fork server, still importing torch, is killed
@@ -265,6 +262,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("mode", "ends_by"), [("obey", -signal.SIGTERM),
                                                ("ignore", -signal.SIGKILL)])
 def test_a_child_stops_when_its_lifeline_ends(mode: str, ends_by: int) -> None:
@@ -301,6 +299,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.process
 def test_a_child_knows_its_launcher_is_gone_when_its_stop_signal_comes() -> None:
     """What the agents' stop line says (efpsn.wire.net.install_stop_signals): False while the
     launcher lives, True in the handler of the SIGTERM its end brings."""
@@ -319,6 +318,7 @@ def test_a_child_knows_its_launcher_is_gone_when_its_stop_signal_comes() -> None
         stop(child)
 
 
+@pytest.mark.process
 def test_without_a_lifeline_nothing_is_watched() -> None:
     code = "from efpsn.process.lifeline import hold_to_launcher; print(hold_to_launcher())"
     for value in (None, "not-a-number", "987"):  # unset, garbage, a descriptor not open
@@ -341,6 +341,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.process
 def test_a_direct_child_gets_the_parent_death_signal() -> None:
     """The launcher's own children need not wait for the pipe: here it never ends (this test
     holds its write end), and the child still stops when its parent is killed -9."""

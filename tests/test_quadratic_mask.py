@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 import torch
 
 from efpsn.data.folders import load_sklearn_set
@@ -46,6 +47,7 @@ def test_scale_zero_is_the_step_rule_and_a_scale_costs_rounds() -> None:
     assert masked.schedule.constant_step < plain.schedule.constant_step
 
 
+@pytest.mark.slow
 def test_a_degree_2_mask_keeps_the_run_exact_on_wine() -> None:
     # prepare: wine in 4 shards, the defaults with the masked step rule (scale 0.25)
     whole, scale = load_sklearn_set("wine")

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

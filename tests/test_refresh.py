@@ -1,5 +1,5 @@
-"""Masks per round (efpsn/masks/refresh.py) at their edges: the refresh period's text and rounds, the
-int64 guard of a refreshed mask, a block at the last period, and a block shared by agents."""
+"""Masks per round (efpsn/masks/refresh.py) at their edges: the refresh period's text and rounds,
+the int64 guard of a refreshed mask, a block at the last period, and a block shared by agents."""
 
 from __future__ import annotations
 

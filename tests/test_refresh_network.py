@@ -19,7 +19,7 @@ from efpsn.params.config import RunConfig
 from efpsn.simulator import run_simulation
 from efpsn.topology import build_graph
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 NOISE_SEED = 11
 CONFIG = RunConfig(iterations=90, eval_every=30, key_bits=2048, round_timeout_seconds=60.0,

@@ -1,10 +1,11 @@
 """A new edge's seed exchange between two agents of a 5-ring that were not neighbours
-(agent/rejoin.py, the servicer's rejoin path), in process over mutual TLS: before either knows
-the decision, the other is refused as a stranger (or asked to retry while a decision is
+(agent/departure/new_edges.py, the servicer's rejoin path), in process over mutual TLS: before
+either knows the decision, the other is refused as a stranger (or asked to retry while a decision is
 awaited); once both know, they exchange seeds under fresh Paillier keys and get exactly the
 simulator's (efpsn/departure/remask.py, new_edge_seeds); a new neighbour's round messages are
 taken from the re-base round on only. An end stopped in the middle of the exchange resumes it
-from its state folder (agent/rejoin_state.py) and both ends still get the simulator's seeds."""
+from its state folder (agent/departure/exchange_file.py) and both ends still get the simulator's
+seeds."""
 
 from __future__ import annotations
 
@@ -17,13 +18,12 @@ import grpc
 import pytest
 from harness import InProcessAgent, assigned_agents, message
 
-from agent import rejoin_state
+from agent.departure.exchange_file import ExchangeState
+from agent.departure.new_edges import NewEdges, exchange_new_seeds
 from agent.mailbox import Mailbox
-from agent.rejoin import exchange_new_seeds
-from agent.rejoin_state import ExchangeState
+from agent.state import EXCHANGE, StateStore
 from efpsn.crypto import paillier
 from efpsn.departure.remask import new_edge_seeds, new_edge_shares
-from efpsn.ledger import PhaseOneLedger
 from efpsn.params.config import RunConfig
 from efpsn.wire import records, serde
 from efpsn.wire.records import Phase
@@ -69,10 +69,10 @@ def test_two_strangers_become_neighbours_with_the_simulators_seeds(tmp_path: Pat
             assert "agent3" not in one.session.admitted_names
             refused = await _call(tmp_path, one, "agent3", "PutPublicKey", _key(three, REBASE))
             assert refused.startswith("PERMISSION_DENIED"), refused
-            one.service.deciding = True  # a decision is awaited: a stranger may be new
+            one.membership.awaiting_decision(True)  # a decision is awaited: a stranger may be new
             waiting = await _call(tmp_path, one, "agent3", "PutPublicKey", _key(three, REBASE))
             assert waiting.startswith("UNAVAILABLE: awaiting the coordinator's decision")
-            one.service.deciding = False
+            one.membership.awaiting_decision(False)
             # execute: the decision names them to each other (index, address, re-base round)
             one.session.joining["agent3"] = (2, three.address, REBASE)
             three.session.joining["agent1"] = (0, one.address, REBASE)
@@ -83,10 +83,10 @@ def test_two_strangers_become_neighbours_with_the_simulators_seeds(tmp_path: Pat
             assert early.startswith("INVALID_ARGUMENT"), early  # no rounds before R
             seeds = await asyncio.gather(*(
                 exchange_new_seeds(session=a.session, peers=a.peers, mailbox=a.mailbox,
-                                   service=a.service, joiners={other: index},
+                                   edges=a.membership.new_edges, joiners={other: index},
                                    rebase_round=REBASE, epoch=EPOCH, noise_seed=NOISE_SEED,
                                    allow_insecure_keys=False, timeout=20.0,
-                                   folder=tmp_path / a.name)
+                                   store=StateStore(tmp_path / a.name))
                 for a, other, index in ((one, "agent3", 2), (three, "agent1", 0))))
             # assert: the pairs the simulator draws for the new edge (0, 2), both ends agreeing
             expected = new_edge_seeds([(0, 2)], noise_seed=NOISE_SEED, epoch=EPOCH)
@@ -102,12 +102,13 @@ def test_two_strangers_become_neighbours_with_the_simulators_seeds(tmp_path: Pat
     asyncio.run(main())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixed", [False, True], ids=["seeds", "fixed-mask"])
 def test_an_end_stopped_in_its_exchange_resumes_it_from_its_state_folder(
         tmp_path: Path, fixed: bool) -> None:
-    """agent1 saves its exchange before sending anything (rejoin_state), keeps agent3's key on
-    disk before acknowledging it and its own ciphertexts before sending them, then dies before
-    its shares go out (here: its PutShares raises). A new process (a fresh mailbox and
+    """agent1 saves its exchange before sending anything (agent/departure/exchange_file.py), keeps
+    agent3's key on disk before acknowledging it and its own ciphertexts before sending them, then
+    dies before its shares go out (here: its PutShares raises). A new process (a fresh mailbox and
     ledger, nothing in memory) reloads the exchange from its folder, sends its key again (a
     duplicate agent3 acknowledges) and the saved ciphertexts, and both ends get the
     simulator's seeds (with the paper's fixed mask, its shares z_13 and z_31), agent3 having
@@ -125,10 +126,10 @@ def test_an_end_stopped_in_its_exchange_resumes_it_from_its_state_folder(
             def run(a: InProcessAgent, other: str, index: int, mailbox: Mailbox,
                     where: Path) -> Any:
                 return exchange_new_seeds(
-                    session=a.session, peers=a.peers, mailbox=mailbox, service=a.service,
-                    joiners={other: index}, rebase_round=REBASE, epoch=EPOCH,
-                    noise_seed=NOISE_SEED, allow_insecure_keys=False, timeout=30.0,
-                    folder=where, fixed=fixed)
+                    session=a.session, peers=a.peers, mailbox=mailbox,
+                    edges=a.membership.new_edges, joiners={other: index}, rebase_round=REBASE,
+                    epoch=EPOCH, noise_seed=NOISE_SEED, allow_insecure_keys=False,
+                    timeout=30.0, store=StateStore(where), fixed=fixed)
 
             send = one.peers.send
 
@@ -142,16 +143,17 @@ def test_an_end_stopped_in_its_exchange_resumes_it_from_its_state_folder(
                                               tmp_path / "agent3-state"))
             with pytest.raises(RuntimeError, match="killed"):
                 await run(one, "agent3", 2, one.mailbox, folder)
-            saved = json.loads((folder / rejoin_state.FILE).read_text())
-            assert (folder / rejoin_state.FILE).stat().st_mode & 0o777 == 0o600
+            saved = json.loads((folder / EXCHANGE).read_text())
+            assert (folder / EXCHANGE).stat().st_mode & 0o777 == 0o600
             assert saved["joiners"] == {"agent3": 2} and list(saved["sent"]) == ["2"]
             assert list(saved["received"]["key"]) == ["agent3"]
             # a new process: nothing of the exchange in memory
             one.peers.send = send  # type: ignore[method-assign]
             fresh = Mailbox()
-            one.service.mailbox, one.peers.mailbox = fresh, fresh
-            one.service.rejoin, one.service.rejoin_keep = PhaseOneLedger(), {}
-            one.service.rejoin_shares = None
+            one.peers.mailbox = fresh
+            one.membership.new_edges = NewEdges(  # type: ignore[attr-defined]
+                peers=one.peers, mailbox=fresh, store=StateStore(folder), noise_seed=NOISE_SEED,
+                allow_insecure_keys=False)
             resumed = await run(one, "agent3", 2, fresh, folder)
             other = await waiting
             if fixed:  # the shares z_13, z_31 both ends hold: the replay's
@@ -170,26 +172,27 @@ def test_the_saved_exchange_reloads_only_for_its_own_decision(tmp_path: Path) ->
     # prepare: an exchange saved for agent4 at epoch 1, re-base round 46
     pair = paillier.generate_keypair(1024, allow_insecure=True)
     where = {"run_id": "r", "epoch": 1, "rebase_round": 46, "joiners": {"agent4": 3}}
-    state = ExchangeState.create(tmp_path, keypair=pair, seeds={3: b"\x05" * 32}, **where)
+    store = StateStore(tmp_path)
+    state = ExchangeState.create(store, keypair=pair, seeds={3: b"\x05" * 32}, **where)
     state.keep("key", "agent4", pair[0])
     state.save_sent({3: [12345]})
     # execute / assert: reloaded, the same key pair, seeds and messages (JSON integers)
-    again = ExchangeState.load(tmp_path, allow_insecure=True, **where)
+    again = ExchangeState.load(store, allow_insecure=True, **where)
     assert again is not None and again.keypair(allow_insecure=True)[0] == pair[0]
     assert again.seeds() == {3: b"\x05" * 32} and again.sent() == {3: [12345]}
     assert again.received() == {"key": {"agent4": pair[0].n}, "shares": {}}
-    assert (tmp_path / rejoin_state.FILE).stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / EXCHANGE).stat().st_mode & 0o777 == 0o600
     # another decision's exchange is not this one: it starts afresh
-    assert ExchangeState.load(tmp_path, allow_insecure=True, **{**where, "epoch": 2}) is None
+    assert ExchangeState.load(store, allow_insecure=True, **{**where, "epoch": 2}) is None
     with pytest.raises(ValueError, match="belongs to run"):
-        ExchangeState.load(tmp_path, allow_insecure=True, **{**where, "run_id": "other"})
-    text = (tmp_path / rejoin_state.FILE).read_text()
-    (tmp_path / rejoin_state.FILE).write_text(text.replace('"fingerprint": "', '"fingerprint": "00'))
+        ExchangeState.load(store, allow_insecure=True, **{**where, "run_id": "other"})
+    text = (tmp_path / EXCHANGE).read_text()
+    (tmp_path / EXCHANGE).write_text(text.replace('"fingerprint": "', '"fingerprint": "00'))
     with pytest.raises(ValueError, match="damaged"):
-        ExchangeState.load(tmp_path, allow_insecure=True, **where)
-    rejoin_state.discard(tmp_path)
-    assert ExchangeState.load(tmp_path, allow_insecure=True, **where) is None
+        ExchangeState.load(store, allow_insecure=True, **where)
+    store.discard(EXCHANGE)
+    assert ExchangeState.load(store, allow_insecure=True, **where) is None
     # the fixed mask's: the generator seed its shares are drawn from (none: a noise seed's)
-    ExchangeState.create(tmp_path, keypair=pair, seeds={}, entropy=2**127 + 5, **where)
-    fixed = ExchangeState.load(tmp_path, allow_insecure=True, **where)
+    ExchangeState.create(store, keypair=pair, seeds={}, entropy=2**127 + 5, **where)
+    fixed = ExchangeState.load(store, allow_insecure=True, **where)
     assert fixed is not None and fixed.entropy == 2**127 + 5 and fixed.seeds() == {}

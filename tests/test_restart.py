@@ -2,12 +2,13 @@
 
 * Phase II: the coordinator is killed right after bootstrap, then a random agent kills itself
   (SIGKILL, tests/crash_hook: localnet.crash_at) on reaching a random round, so its newest
-  checkpoint is known exactly; the agent is restarted with the very same command line. It reloads its assignment and
-  mask, rebinds its port, pulls the rounds it lost from its neighbours (Agent.GetRound), replays
-  them from its checkpoint, and the run ends bit for bit like an uninterrupted simulation.
+  checkpoint is known exactly; the agent is restarted with the very same command line. It reloads
+  its assignment and mask, rebinds its port, pulls the rounds it lost from its neighbours
+  (Agent.GetRound), replays them from its checkpoint, and the run ends bit for bit like an
+  uninterrupted simulation.
 * Phase I: an agent killed before its mask was saved refuses to resume (a new mask would break
   the zero sum); the others report it silent after the departure deadline, the coordinator
-  declares it gone in phase I, and they finish without it (agent/phase_one_leave.py).
+  declares it gone in phase I, and they finish without it (agent/departure/phase_one.py).
 
 EFPSN_FAULT_SEED=S picks the algorithm (the default accelerated gradient tracking, the paper's DSGD
 or gradient tracking), the victim and the round
@@ -32,7 +33,7 @@ from efpsn.launch.summary import load_agent_results
 from efpsn.params.config import PRESETS, RunConfig
 from efpsn.simulator import run_simulation
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]
 
 NOISE_SEED = 13
 CHECKPOINT_EVERY = 20

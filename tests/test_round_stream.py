@@ -22,10 +22,9 @@ import pytest
 import torch
 from harness import InProcessAgent, assigned_agents
 
-from agent.exchange import RoundLink
+from agent.exchange import Replay, RoundLink
 from agent.options import AgentFailure, RefusedByNeighbour
 from agent.outbox import Outbox
-from agent.resume import Replay
 from agent.round_stream import METHOD, RoundStream, StreamBroken
 from efpsn.params.config import RunConfig
 from efpsn.wire import guard, records, rounds
@@ -137,7 +136,7 @@ async def test_rounds_are_acknowledged_in_order_and_filed(pair: Pair) -> None:
     mailbox = pair.receiver.mailbox
     assert mailbox.has("round", START, "agent2") and mailbox.has("round", START + 1, "agent2")
     # the digest filed with the message is the one a retry is compared with
-    ledger = pair.receiver.ledger
+    ledger = pair.receiver.phase_two.ledger
     assert ledger.digest("agent2", START) == rounds.round_digest(first, seed=ledger.seed)
     assert not pair.receiver.service.rejections.counts
 
@@ -213,11 +212,12 @@ async def test_a_broken_stream_is_mended_with_put_round(pair: Pair) -> None:
 
     async def advance() -> None:
         await asyncio.sleep(0.5)
-        pair.receiver.ledger.advance(START + 1)
+        pair.receiver.phase_two.ledger.advance(START + 1)
 
     mover = asyncio.ensure_future(advance())
     loop = asyncio.get_running_loop()
-    await peers.repair(_outbox(ahead), deadline=loop.time() + 10)
+    holds = pair.sender.phase_two.ledger.holds
+    await peers.repair(_outbox(ahead), holds=holds, deadline=loop.time() + 10)
     await mover
     assert pair.receiver.mailbox.has("round", START + 2, "agent2")
     assert "agent1" not in peers._streams  # the next round opens a new stream
@@ -226,10 +226,10 @@ async def test_a_broken_stream_is_mended_with_put_round(pair: Pair) -> None:
     await peers.send_round("agent1", START + 3, nxt.SerializeToString(), timeout=10.0)
     stream = peers._streams["agent1"]
     await _until(lambda: stream.broken is not None, timeout=10)  # ahead again
-    pair.sender.ledger.advance(START + 3)
-    pair.sender.ledger.judge("agent1", START + 4, b"confirms round START+3")
+    pair.sender.phase_two.ledger.advance(START + 3)
+    pair.sender.phase_two.ledger.judge("agent1", START + 4, b"confirms round START+3")
     rejected_before = sum(pair.receiver.service.rejections.counts.values())
-    await peers.repair(_outbox(nxt), deadline=loop.time() + 10)
+    await peers.repair(_outbox(nxt), holds=holds, deadline=loop.time() + 10)
     assert sum(pair.receiver.service.rejections.counts.values()) == rejected_before  # nothing sent
     # a message the receiver refuses for good: repair raises, naming the neighbour and the
     # reason exactly as PutRound reports it
@@ -238,7 +238,7 @@ async def test_a_broken_stream_is_mended_with_put_round(pair: Pair) -> None:
     stream = peers._streams["agent1"]
     await _until(lambda: stream.broken is not None, timeout=10)
     with pytest.raises(RefusedByNeighbour) as info:
-        await peers.repair(_outbox(bad), deadline=loop.time() + 10)
+        await peers.repair(_outbox(bad), holds=holds, deadline=loop.time() + 10)
     assert info.value.code == "INVALID_ARGUMENT"
     assert str(info.value).startswith(
         f"sending OPTIMIZE round {START + 2} to neighbour agent1 ({pair.address}) was refused: "
@@ -293,10 +293,12 @@ async def test_a_write_still_under_way_at_the_deadline_fails_the_next_round(pair
     sender = pair.sender
     stuck = _StuckStream()
     sender.peers._streams["agent1"] = stuck  # type: ignore[assignment]
-    replay = Replay(peers=sender.peers, intake=sender.intake, mailbox=sender.mailbox,
-                    neighbours=set(), describe_loss=lambda *a: "", on_loss=lambda n: None)
+    replay = Replay(peers=sender.peers, take=sender.phase_two.take_round,
+                    mailbox=sender.mailbox, neighbours=set(), describe_loss=lambda *a: "",
+                    on_loss=lambda n: None)
     link = RoundLink(peers=sender.peers, outbox=Outbox(keep=8), replay=replay, run_id=RUN,
-                     name="agent2", neighbours=["agent1"], timeout=0.5)
+                     name="agent2", neighbours=["agent1"], timeout=0.5,
+                     holds=sender.phase_two.ledger.holds)
     for neighbour in sender.session.neighbour_names:  # their round START is already here
         sender.mailbox.put("round", START, neighbour, {"x": torch.zeros(pair.shape)})
     x = torch.ones(pair.shape, dtype=torch.float64)
@@ -322,6 +324,7 @@ async def _until(done: Callable[[], bool], *, timeout: float) -> None:
             await asyncio.sleep(0.01)
 
 
+@pytest.mark.process
 def test_transport_benchmark_runs_every_path() -> None:
     """benchmarks/bench_transport.py (a few messages): every path of its table is measured and
     printed with its ratio to bare gRPC, so the benchmark the README cites keeps working."""
@@ -350,7 +353,7 @@ def test_writes_that_end_as_the_deadline_passes_decide_the_round(outcome: str) -
     async def scenario() -> None:
         link = RoundLink(peers=None, outbox=Outbox(keep=8),  # type: ignore[arg-type]
                          replay=None, run_id=RUN, name="agent2",  # type: ignore[arg-type]
-                         neighbours=["agent1"], timeout=0.5)
+                         neighbours=["agent1"], timeout=0.5, holds=lambda name, t: False)
         loop = asyncio.get_running_loop()
         link._sending = {"agent1": asyncio.ensure_future(write())}
         link._sent = (START, loop.time() - 1.0)  # the deadline passed while we were frozen

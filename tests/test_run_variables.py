@@ -61,6 +61,7 @@ def test_a_bad_variable_is_refused_naming_it(variable: str, value: str, said: st
     assert said in str(info.value)
 
 
+@pytest.mark.process
 def test_the_coordinator_refuses_a_bad_variable_in_one_line(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "coordinator", "--insecure", "--from-environment",
@@ -72,6 +73,7 @@ def test_the_coordinator_refuses_a_bad_variable_in_one_line(tmp_path: Path) -> N
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.process
 def test_compose_files_for_any_agent_count(tmp_path: Path) -> None:
     out = tmp_path / "docker-compose.yml"
     done = subprocess.run([sys.executable, "-m", "efpsn", "compose", "--agents", "3", "--out",

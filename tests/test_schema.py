@@ -1,5 +1,5 @@
-"""The public data schema's words (efpsn/params/schema.py) at their edges: every task form, the scale
-divisors (one or one per feature), and refusals that name what came without echoing a whole
+"""The public data schema's words (efpsn/params/schema.py) at their edges: every task form, the
+scale divisors (one or one per feature), and refusals that name what came without echoing a whole
 oversized value."""
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def test_a_malformed_task_is_refused(task: str, words: str) -> None:
 def test_an_unknown_task_is_refused_with_every_accepted_form() -> None:
     with pytest.raises(ValueError) as refused:
         check_task_spec("svm")
-    assert str(refused.value) == ("task must be one of ('logreg', 'lenet', 'mlp:H1,H2,...', "
-                                  "'python:MODULE:FACTORY'), got 'svm'")
+    assert str(refused.value) == ("task must be one of ('logreg', 'ridge', 'lenet', "
+                                  "'mlp:H1,H2,...', 'python:MODULE:FACTORY'), got 'svm'")
 
 
 def test_scale_divisors() -> None:
@@ -101,7 +101,8 @@ def test_the_kinds_the_values_declare_are_the_kinds_they_accept() -> None:
 
     from efpsn.params.schema import ScaleKind, TaskKind
 
-    tasks = {TaskSpec.parse(t).kind for t in ("logreg", "lenet", "mlp:8", "python:m:make")}
+    tasks = {TaskSpec.parse(t).kind for t in ("logreg", "ridge", "lenet", "mlp:8",
+                                              "python:m:make")}
     assert tasks == set(typing.get_args(TaskKind))
     scales = {Scale.parse(s).kind for s in ("none", "unit", "div:2", "standard")}
     assert scales == set(typing.get_args(ScaleKind))

@@ -51,13 +51,13 @@ def test_masked_total_equals_the_exact_pooled_statistics():
         assert v != [u % MODULUS for u in local_vector(x)]  # what travels is padded
     totals = decode_totals(sum_masked(masked))
     plain = [sum(col) for col in zip(*(local_vector(x) for x in parts), strict=True)]
-    assert totals.count == 85 == plain[0]
-    assert list(totals.sums) == plain[1:4] and list(totals.squares) == plain[4:]
+    assert totals.count == 85 == plain[0] and list(totals.present) == plain[1:4] == [85] * 3
+    assert list(totals.sums) == plain[4:7] and list(totals.squares) == plain[7:]
     pooled = np.concatenate(parts)
     np.testing.assert_allclose(totals.mean(), pooled.mean(axis=0), rtol=1e-14)
     np.testing.assert_allclose(totals.std(), pooled.std(axis=0), rtol=1e-11)
     # the mean is the float nearest the exact quotient of the exact integers
-    assert totals.mean()[0] == float(Fraction(plain[1], 85 << FRACTION_BITS))
+    assert totals.mean()[0] == float(Fraction(plain[4], 85 << FRACTION_BITS))
     # the summation order does not matter: the same integers at every agent
     assert sum_masked(masked[::-1]) == sum_masked(masked)
 
@@ -72,9 +72,11 @@ def test_without_seeds_the_vector_is_plain_and_constant_columns_get_std_one():
 
 def test_decode_refuses_inconsistent_sums():
     with pytest.raises(ValueError, match="count below 1"):
-        decode_totals([0, 1, 1])
-    with pytest.raises(ValueError, match="1 \\+ 2d"):
-        decode_totals([1, 2])
+        decode_totals([0, 0, 1, 1])
+    with pytest.raises(ValueError, match="more values than rows"):
+        decode_totals([2, 3, 1, 1])
+    with pytest.raises(ValueError, match="1 \\+ 3d"):
+        decode_totals([1, 2, 3])
     with pytest.raises(ValueError, match="integer in"):
         sum_masked([[MODULUS, 0, 0]])
 
@@ -84,5 +86,28 @@ def test_a_masked_vector_looks_uniform():
     bit set, whatever the data (all-zero features here)."""
     seeds = _seeds("complete", 3)
     v = masked_vector(np.zeros((4, 200)), seeds[0])
-    top = sum(e >> (1024 - 1) for e in v[1:])
-    assert 150 < top < 250
+    top = sum(e >> (1024 - 1) for e in v[1:])  # 600 entries: counts, sums, squares
+    assert 250 < top < 350
+
+
+def test_empty_cells_are_counted_and_the_filled_column_s_statistics_come_out():
+    """A table's empty cells (NaN) are not summed: each column's count of values travels with
+    the sums, the mean is over the values, and the standard deviation is the column's once its
+    empty cells are filled with that mean (scikit-learn's SimpleImputer + StandardScaler on the
+    pooled rows), exactly; nothing but network totals comes out."""
+    from sklearn.impute import SimpleImputer
+
+    rng = np.random.default_rng(1)
+    parts = [rng.normal(50.0, 7.0, size=(n, 4)) for n in (11, 30, 19)]
+    for x in parts:
+        x[rng.random(x.shape) < 0.2] = np.nan
+    parts[1][:, 2] = np.nan  # one party holds no value of a column at all
+    seeds = _seeds("ring", 3)
+    totals = decode_totals(sum_masked([masked_vector(x, s) for x, s in zip(parts, seeds,
+                                                                             strict=True)]))
+    pooled = np.concatenate(parts)
+    assert totals.count == 60 and list(totals.present) == list((~np.isnan(pooled)).sum(axis=0))
+    assert totals.filled
+    filled = SimpleImputer(strategy="mean").fit_transform(pooled)
+    np.testing.assert_allclose(totals.mean(), np.nanmean(pooled, axis=0), rtol=1e-14)
+    np.testing.assert_allclose(totals.std(), filled.std(axis=0), rtol=1e-12)

@@ -38,12 +38,11 @@ from hypothesis import strategies as st
 from localnet import LocalNet
 
 from agent.life import Life
-from agent.servicer import ShareCheck
+from agent.phases.shares import ShareCheck
 from coordinator.registry import Registry, default_names
 from coordinator.service import CoordinatorService
 from efpsn.crypto import paillier
 from efpsn.launch.summary import load_agent_results
-from efpsn.ledger import RoundLedger
 from efpsn.masks.zero_sum import Masker
 from efpsn.params.config import RunConfig
 from efpsn.simulator import run_simulation
@@ -96,8 +95,9 @@ class Harness:
         self.masker = Masker(agent=0, neighbours=[1, 4], spec=problem.noise_spec,
                              rng=np.random.default_rng(0), layout=problem.layout, key_bits=2048)
         self.agent = self.parts.service
-        self.agent.shares = ShareCheck(public_key=self.masker.public_key,
-                                       count=self.masker.ciphertexts_per_neighbour, packed=True)
+        self.parts.phase_one.expect(ShareCheck(public_key=self.masker.public_key,
+                                               count=self.masker.ciphertexts_per_neighbour,
+                                               packed=True))
         x = torch.linspace(-1, 1, NUM_PARAMS, dtype=torch.float64)
         for t in range(CURRENT_ROUND + 1):
             mine = wire_rounds.message_to_proto({"x": x + t}, header=records.make_header(
@@ -111,10 +111,10 @@ class Harness:
                     run_id=RUN, sender=sender, round=t, phase=Phase.OPTIMIZE))
                 self.valid_rounds.append(pb)
                 if t < CURRENT_ROUND:
-                    self.parts.ledger.judge(sender, t, wire_rounds.round_digest(
-                        pb, seed=self.parts.ledger.seed))
+                    self.parts.phase_two.ledger.judge(sender, t, wire_rounds.round_digest(
+                        pb, seed=self.parts.phase_two.ledger.seed))
             if t < CURRENT_ROUND:
-                self.parts.ledger.advance(t + 1)
+                self.parts.phase_two.ledger.advance(t + 1)
         self.valid_rounds.sort(key=lambda pb: (pb.header.sender, pb.header.round))
         self.parts.status.life.advance(CURRENT_ROUND)
         # phase I material: the agent's own key, a neighbour-sized valid key, crafted ciphertexts
@@ -378,15 +378,15 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
 
     # After a restart (mask and phase I digests reloaded, resumed at round 5, no memory of the
     # rounds before): retries the crash may have left unacknowledged are acked, others refused.
-    service = h.agent
-    service.phase_one.restore(service.phase_one.received())
-    service.shares = None
-    restarted = RoundLedger(last=CONFIG.iterations.total, keep=128, position=CURRENT_ROUND,
-                            resumed_from=CURRENT_ROUND)
+    phase_one = h.parts.phase_one
+    phase_one.ledger.restore(phase_one.ledger.received())
+    phase_one.expect(None)
+    h.parts.phase_two.open(h.parts.session, resumed_from=CURRENT_ROUND,
+                           last=CONFIG.iterations.total)
     life = Life()  # a restarted process's life: assigned, resumed at round 5
-    life.assign(h.parts.session, restarted)
+    life.assign(h.parts.session)
     life.optimizing(CURRENT_ROUND)
-    h.parts.status.life = h.parts.intake.life = h.parts.peers.life = life  # one per process
+    h.parts.status.life = h.parts.peers.life = life  # one per process
 
     def outcome(method: Any, request: Any) -> tuple[str, str]:
         context = FakeContext(_auth("agent2", h.pems), remaining=0.0)
@@ -402,12 +402,13 @@ def test_each_check_refuses_with_a_message_saying_what_was_wrong(
     assert code == "FAILED_PRECONDITION" and "not the one it received" in details
     assert outcome(a.PutRound, _round(h, "agent2", 2)) == (
         "OK", "round consumed before this agent restarted")
-    restarted.resumed_from = None
+    h.parts.phase_two.ledger.resumed_from = None  # type: ignore[union-attr]
     code, details = outcome(a.PutRound, _round(h, "agent2", 2))
     assert code == "FAILED_PRECONDITION" and "older than the rounds it remembers" in details
     h.close()
 
 
+@pytest.mark.slow
 def test_fuzz_agent_service_in_process(harness: Harness) -> None:
     h = harness
     agent = h.agent
@@ -447,7 +448,7 @@ def test_fuzz_agent_service_in_process(harness: Harness) -> None:
         assert codes.get(code, 0) > 0, codes
     # the agent's state is still its own: bounded buffers, same round, same history
     parts = h.parts
-    assert parts.status.round == CURRENT_ROUND and parts.ledger.position == CURRENT_ROUND
+    assert parts.status.round == CURRENT_ROUND and parts.phase_two.ledger.position == CURRENT_ROUND
     assert parts.mailbox.size() <= 2 * 2 + 2 * 2  # rounds 5-6 and phase I, per neighbour
     assert [t for t in range(CURRENT_ROUND + 3) if parts.outbox.get(t) is not None] == list(
         range(CURRENT_ROUND + 1))
@@ -455,6 +456,7 @@ def test_fuzz_agent_service_in_process(harness: Harness) -> None:
                                                           if k != "OK")
 
 
+@pytest.mark.slow
 def test_fuzz_coordinator_service_in_process(harness: Harness) -> None:
     h = harness
     before = COUNTS["coordinator"]
@@ -741,6 +743,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return seen
 
 
+@pytest.mark.process
 def test_identity_rejections_are_refused_and_counted(live: dict[str, Any]) -> None:
     ident = live["identity"]
     n = IDENTITY_REPEATS
@@ -763,6 +766,7 @@ def test_identity_rejections_are_refused_and_counted(live: dict[str, Any]) -> No
     assert coordinator["PERMISSION_DENIED"] >= 2 * n
 
 
+@pytest.mark.process
 def test_port_garbage_leaves_servers_healthy(live: dict[str, Any]) -> None:
     for name, counts in live["ports"].items():
         assert counts["health"] == "SERVING", name
@@ -800,6 +804,7 @@ def test_port_garbage_leaves_servers_healthy(live: dict[str, Any]) -> None:
     assert "INTERNAL" not in dict(live["coordinator_status"].rejections)
 
 
+@pytest.mark.process
 def test_run_finishes_bitwise_after_the_attack(live: dict[str, Any]) -> None:
     names = [f"agent{i}" for i in range(1, LIVE.agents + 1)]
     assert live["agent_rc"] == {n: 0 for n in names}, {

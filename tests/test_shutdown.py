@@ -68,6 +68,7 @@ print("exited in order", flush=True)
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("final", [True, False])
 def test_a_service_stopping_is_not_killed_by_a_later_sigterm(final: bool) -> None:
     """Linux repeats the parent-death signal as each thread of a killed `efpsn up` ends, and
@@ -147,6 +148,7 @@ BUSY = RunConfig(agents=4, iterations=100_000, eval_every=100_000, key_bits=2048
 REPEATS = 2
 
 
+@pytest.mark.process
 def test_signalling_a_busy_network_stops_every_agent(tmp_path: Path) -> None:
     """All agents of a running network get SIGTERM (then SIGINT, then SIGTERM) at once, each
     time after a restart: every one exits 130 within seconds saying "interrupted", with no
@@ -182,6 +184,7 @@ FROZEN = RunConfig(agents=5, iterations=100_000, eval_every=100_000, key_bits=20
                    round_timeout_seconds=6.0)
 
 
+@pytest.mark.process
 def test_a_frozen_agent_is_named_by_everyone_that_fails_because_of_it(tmp_path: Path) -> None:
     """agent4 is frozen (SIGSTOP) in phase II: every other agent fails within a few round
     timeouts with one line that names agent4 (its neighbours directly, agent1 and agent2

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from commands import efpsn
 
 from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
@@ -66,11 +65,9 @@ def test_history_and_metrics_are_recorded(problem) -> None:
     json.dumps(payload, allow_nan=False)
 
 
-def efpsn(*args: str, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "efpsn", *args], check=False, capture_output=True,
-                          text=True, timeout=600, **kw)
 
 
+@pytest.mark.process
 def test_simulate_cli_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     proc = efpsn("simulate", "--agents", "5", "--topology", "ring", "--task", "logreg",
@@ -86,6 +83,7 @@ def test_simulate_cli_writes_json(tmp_path: Path) -> None:
     assert len(data["masks"]["eta_bar"]) == 5
 
 
+@pytest.mark.process
 def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     for args, needle in [
         (("simulate", "--topology", "edges:/nonexistent/graph"), "efpsn: error"),
@@ -103,6 +101,7 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
                             "--help)\n")
 
 
+@pytest.mark.process
 def test_privacy_cli_both_directions() -> None:
     fwd = efpsn("privacy", "--topology", "ring", "--agents", "5", "--gamma", "1e3", "--p", "1",
                 "--q", "2", "--delta", "1e-5", "--sensitivity", "1", "--json", "-")
@@ -147,6 +146,7 @@ GT = RunConfig(algorithm="gt", batch_size=0, schedule="constant:0.04", l2=1.0,
                iterations=800, eval_every=800)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gamma", [1e-2, 1e2, 1e6])
 def test_gradient_tracking_reaches_x_star_whatever_gamma_under_zero_sum(gamma, small_data):
     # lr * L ~ 0.2 (L ~ 4.7 with l2 = 1): inside DIGing's stability region on the 5-ring.
@@ -154,6 +154,7 @@ def test_gradient_tracking_reaches_x_star_whatever_gamma_under_zero_sum(gamma, s
     assert rel <= 1e-6
 
 
+@pytest.mark.slow
 def test_gradient_tracking_with_independent_noise_deviates_with_gamma(small_data):
     # The non-zero-sum baseline moves the optimum of sum_i f_hat_i by an amount proportional to
     # the noise's standard deviation sqrt(gamma) (linear regime): x100 gamma -> ~x10 deviation.
@@ -163,6 +164,7 @@ def test_gradient_tracking_with_independent_noise_deviates_with_gamma(small_data
     assert 5 < high / low < 20
 
 
+@pytest.mark.slow
 def test_dsgd_paper_schedule_zero_sum_keeps_accuracy_independent_loses_it(small_data):
     # The paper's Fig. 3 in miniature: at gamma = 1e4 EFPSN stays at the noise-free accuracy,
     # the non-zero-sum baseline collapses.
@@ -175,6 +177,7 @@ def test_dsgd_paper_schedule_zero_sum_keeps_accuracy_independent_loses_it(small_
     assert acc_indep < acc_none - 0.3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mask", ["zero-sum", "independent"])
 def test_gt_with_every_parameter_perturbed_reaches_x_star_at_gamma_1e6(
     tmp_path: Path, mask: str
@@ -206,6 +209,7 @@ def test_gt_with_every_parameter_perturbed_reaches_x_star_at_gamma_1e6(
         assert relative > 1e-1, relative
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("refresh", ["every:1", "every:3"])
 def test_refreshed_masks_sum_to_zero_every_period_by_paillier_and_fast_path(refresh: str) -> None:
     """Phase I by real Paillier (seeds, small test keys) gives the very run of the fast path;

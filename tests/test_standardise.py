@@ -62,6 +62,7 @@ def test_every_agent_standardises_with_the_global_statistics(tmp_path):
                                   (raw_test - totals.mean()) / totals.std())
 
 
+@pytest.mark.slow
 def test_standardised_run_matches_scikit_learn_pipeline(tmp_path, capsys):
     sklearn = pytest.importorskip("sklearn.linear_model")
     from sklearn.pipeline import make_pipeline
@@ -149,7 +150,7 @@ def test_saved_model_carries_the_standardisation(tmp_path):
 
 def test_networked_runs_send_standard_unresolved(tmp_path):
     """efpsn up and the coordinator hand a standard run out as given: its l2 and step rule
-    wait for the network's totals (agent/secure_sum.py)."""
+    wait for the network's totals (agent/phases/secure_sum.py)."""
     import argparse
 
     from efpsn.flags.arguments import add_run_arguments, network_config

@@ -165,48 +165,52 @@ def test_wire_form_round_trips_and_checks_sizes_before_decoding():
     vectors = floods[1].outgoing(1)
     header = make_header(run_id="r", sender="agent2", round=1, phase=Phase.STATS)
     pb = stats_message(header=header, vectors=vectors)
-    record = parse_stats(pb, run_id="r", senders={"agent2"}, rounds=2, agents=4, length=9)
+    record = parse_stats(pb, run_id="r", senders={"agent2"}, rounds=2, agents=4, length=13)
     assert record.vectors == {j: list(v) for j, v in vectors.items()} and record.round == 1
     pb.vectors[0].values = pb.vectors[0].values[:-1]
     with pytest.raises(WireError, match="bytes, expected"):
-        parse_stats(pb, run_id="r", senders={"agent2"}, rounds=2, agents=4, length=9)
+        parse_stats(pb, run_id="r", senders={"agent2"}, rounds=2, agents=4, length=13)
     late = make_header(run_id="r", sender="agent2", round=2, phase=Phase.STATS)
     with pytest.raises(WireError, match="rounds 0..1"):
         parse_stats(stats_message(header=late, vectors=vectors), run_id="r",
-                    senders={"agent2"}, rounds=2, agents=4, length=9)
+                    senders={"agent2"}, rounds=2, agents=4, length=13)
     other = make_header(run_id="r", sender="agent2", round=0, phase=Phase.SHARES)
     with pytest.raises(WireError, match="phase"):
         parse_stats(stats_message(header=other, vectors=vectors), run_id="r",
-                    senders={"agent2"}, rounds=2, agents=4, length=9)
+                    senders={"agent2"}, rounds=2, agents=4, length=13)
     assert decode_vector(encode_vector([1, MODULUS - 1]), length=2) == [1, MODULUS - 1]
     assert len(encode_vector([0])) == ENTRY_BYTES
 
 
 def test_totals_are_saved_for_a_restart_and_checked(tmp_path):
-    from agent.secure_sum import TOTALS_FILE, load_totals, save_totals
-    from agent.state import StateError
+    from agent.phases.secure_sum import SecureSum
+    from agent.state import TOTALS, StateError, StateStore
 
     floods, _, _ = _flood("ring", 4)
     totals = floods[0].totals()
-    assert load_totals(tmp_path, run_id="run-1") is None  # stopped before: nothing to reload
-    save_totals(tmp_path, totals, run_id="run-1")
-    assert (tmp_path / TOTALS_FILE).stat().st_mode & 0o777 == 0o600
-    assert load_totals(tmp_path, run_id="run-1") == totals  # the very integers, never resummed
+    store = StateStore(tmp_path)
+    phase = SecureSum(peers=None, mailbox=None, store=store)  # type: ignore[arg-type]
+    assert phase.load(run_id="run-1") is None  # stopped before: nothing to reload
+    phase.save(totals, run_id="run-1")
+    assert (tmp_path / TOTALS).stat().st_mode & 0o777 == 0o600
+    assert phase.load(run_id="run-1") == totals  # the very integers, never resummed
     with pytest.raises(StateError, match="belongs to run"):
-        load_totals(tmp_path, run_id="run-2")
-    (tmp_path / TOTALS_FILE).write_text('{"run_id": "run-1", "count": 3}')
+        phase.load(run_id="run-2")
+    (tmp_path / TOTALS).write_text('{"format": 1, "run_id": "run-1", "count": 3}')
     with pytest.raises(StateError, match="damaged"):
-        load_totals(tmp_path, run_id="run-1")
+        phase.load(run_id="run-1")
 
 
 def test_the_flood_ledger_takes_copies_and_refuses_changes():
-    from agent.secure_sum import StatsLedger
-    from efpsn.ledger import Verdict
+    from efpsn.ledger import FirstCopyLedger, Verdict
 
-    ledger = StatsLedger()
-    assert ledger.judge("agent2", 0, b"a").verdict == Verdict.ACCEPT
-    assert ledger.judge("agent2", 0, b"a").verdict == Verdict.DUPLICATE
-    assert ledger.judge("agent2", 0, b"b").code == "INVALID_ARGUMENT"
+    ledger = FirstCopyLedger("the statistics flood")
+    assert ledger.judge("0", "agent2", b"a").verdict == Verdict.ACCEPT
+    assert ledger.judge("0", "agent2", b"a").verdict == Verdict.DUPLICATE
+    assert ledger.judge("0", "agent2", b"b").code == "INVALID_ARGUMENT"
     ledger.close()
-    assert ledger.judge("agent2", 0, b"a").verdict == Verdict.DUPLICATE
-    assert ledger.judge("agent2", 1, b"c").code == "FAILED_PRECONDITION"
+    assert ledger.judge("0", "agent2", b"a").verdict == Verdict.DUPLICATE
+    refused = ledger.judge("1", "agent2", b"c", what="round-1 statistics")
+    assert refused.code == "FAILED_PRECONDITION"
+    assert refused.reason.startswith("the statistics flood is over at this agent, and this "
+                                     "round-1 statistics message")

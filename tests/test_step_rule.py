@@ -1,6 +1,6 @@
 """The default step rule (efpsn/params/step_rule.py) and the convergence certificate
-(efpsn/optimize/certificate.py): public numbers only, stability checked against the companion matrices,
-and a certificate that never claims less than the true distance."""
+(efpsn/optimize/certificate.py): public numbers only, stability checked against the companion
+matrices, and a certificate that never claims less than the true distance."""
 
 from __future__ import annotations
 

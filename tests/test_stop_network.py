@@ -1,5 +1,5 @@
-"""The stop rule over real gRPC agents (efpsn/optimize/stopping.py): every agent stops at the round the
-simulator stops at, with the same iterates bit for bit, also when an agent is killed inside a
+"""The stop rule over real gRPC agents (efpsn/optimize/stopping.py): every agent stops at the round
+the simulator stops at, with the same iterates bit for bit, also when an agent is killed inside a
 check window and resumes from a checkpoint taken in it (its stop integers come back with it)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from efpsn.optimize.certificate import TARGET
 from efpsn.params.config import STOP_EVERY, RunConfig
 from efpsn.simulator import run_simulation
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(600)]
 
 NOISE_SEED = 5
 # l2 = 10: the step rule's cap is 289 rounds and the target is met well before it; the fixed

@@ -1,5 +1,5 @@
-"""The stop rule (efpsn/optimize/stopping.py): rounding that only loosens, one max-consensus over the
-graph's diameter, the same stop round at every agent and in the simulator, --iterations wins."""
+"""The stop rule (efpsn/optimize/stopping.py): rounding that only loosens, one max-consensus over
+the graph's diameter, the same stop round at every agent and in the simulator, --iterations wins."""
 
 from __future__ import annotations
 

@@ -34,6 +34,8 @@ from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 
+pytestmark = pytest.mark.process
+
 REPO = ds.REPO
 SWARM_DIR = REPO / "deploy" / "swarm"
 STACK_FILE = SWARM_DIR / "stack.yml"

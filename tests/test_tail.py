@@ -184,6 +184,7 @@ def test_every_kind_of_step_keeps_the_trackers_sum_and_the_tail_mixes_the_points
     assert seen == set(KINDS)
 
 
+@pytest.mark.slow
 def test_agt_stays_exact_after_tails_that_certify_nothing() -> None:
     distances = []
     for tail in (True, False):  # (the mask, 100 RHO^t, fades for 3,000 rounds)
@@ -228,44 +229,43 @@ def test_a_tail_s_certificate_is_never_below_the_true_distance_and_ends_on_its_p
 
 
 @pytest.fixture(scope="module")
-def wine(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """wine in 4 private folders (`efpsn data split --data sklearn:wine --agents 4`, no test
-    set), its problem with the defaults and x*."""
-    from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
+def wine_problem(wine_no_test):  # type: ignore[no-untyped-def]
+    """wine in 4 private folders (no test set: the `wine_no_test` fixture), its problem with the
+    defaults and x*."""
+    from efpsn.data.folders import inspect_data_dir, load_data_dir
     from efpsn.problem import build_problem
     from efpsn.tasks.optimum import centralized_optimum
 
-    out = tmp_path_factory.mktemp("tail") / "wine"
-    split_data(source="sklearn:wine", agents=4, partition_spec="iid", out=out, test_fraction=0)
+    out = wine_no_test
     config = RunConfig(**inspect_data_dir(out).run_values())  # type: ignore[arg-type]
     problem = build_problem(config, local=load_data_dir(config, out, holdout=0.0))
     return config, problem, centralized_optimum(problem.task, problem.shards).x
 
 
-def _simulate(wine, **changes: object):  # type: ignore[no-untyped-def]
+def _simulate(wine_problem, **changes: object):  # type: ignore[no-untyped-def]
     from efpsn.simulator import run_simulation
 
-    config, problem, x_star = wine
+    config, problem, x_star = wine_problem
     return run_simulation(config.replace(**changes), problem=problem, x_star=x_star)
 
 
-def test_the_defaults_end_on_a_tail_earlier_certified_and_within_the_bound(wine) -> None:
-    on, off = _simulate(wine), _simulate(wine, tail="off")
+def test_the_defaults_end_on_a_tail_earlier_certified_and_within_the_bound(wine_problem) -> None:
+    on, off = _simulate(wine_problem), _simulate(wine_problem, tail="off")
     # off: the stop rule as before the tails (docs/RESULTS.md, issue 29's table: 752 rounds)
     assert off.timings["rounds"] == 752
-    rule = StopRule.for_run(on.config, wine[1].weights)
+    rule = StopRule.for_run(on.config, wine_problem[1].weights)
     assert rule.tail is not None and rule.tail.is_check(on.timings["rounds"] - rule.hops)
     assert on.timings["rounds"] < 0.7 * off.timings["rounds"]
     assert on.convergence is not None and on.convergence.converged
     assert on.final["relative_deviation"] <= on.final["stop_certificate"] <= 1e-3
 
 
-def test_gt_takes_no_tail_bit_for_bit(wine) -> None:
+def test_gt_takes_no_tail_bit_for_bit(wine_problem) -> None:
     # 600 rounds checked every 25: agt would take tails there (one is 29 rounds, <= 5% of K)
-    config, problem, _ = wine
+    config, problem, _ = wine_problem
     short = {"iterations": 600, "stop_every": 25}
     assert StopRule.for_run(config.replace(**short), problem.weights).tail is not None
-    runs = [_simulate(wine, algorithm="gt", tail=tail, **short) for tail in ("on", "off")]
+    runs = [_simulate(wine_problem, algorithm="gt", tail=tail, **short) for tail in ("on", "off")]
     assert runs[0].timings["rounds"] == runs[1].timings["rounds"]
     assert all(torch.equal(a, b) for a, b in zip(runs[0].xs, runs[1].xs, strict=True))
 

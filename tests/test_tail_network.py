@@ -1,6 +1,6 @@
-"""A run that ends on a consensus tail (efpsn/params/tail.py) over real gRPC agents: every agent stops at
-the round the simulator stops at, on the tail's check, with the same iterates bit for bit, also
-when an agent is killed inside the tail and resumes from a checkpoint taken in its mixing
+"""A run that ends on a consensus tail (efpsn/params/tail.py) over real gRPC agents: every agent
+stops at the round the simulator stops at, on the tail's check, with the same iterates bit for bit,
+also when an agent is killed inside the tail and resumes from a checkpoint taken in its mixing
 rounds."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(900)]
 
 NOISE_SEED = 5
 # l2 = 10 converges in about 250 rounds; 1,200 rounds make the tails fit (one is 49 rounds on

@@ -535,6 +535,7 @@ def test_no_pickle_in_wire_layer() -> None:
     assert offenders == []
 
 
+@pytest.mark.process
 def test_committed_stubs_are_not_stale(tmp_path: Path) -> None:
     protos = sorted(str(p.relative_to(PROTO_DIR.parent))
                     for p in (PROTO_DIR / "efpsn" / "wire" / "v1").glob("*.proto"))

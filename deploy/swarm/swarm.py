@@ -12,10 +12,10 @@ request` and `sign`) into Swarm secrets named efpsn-NAME.key, efpsn-NAME.pem (an
 it writes no file. It first checks them with efpsn (key mode 0600, certificate of NAME from the
 CA, matching the key), and `stack` takes the run parameters' variables from efpsn
 (efpsn/cli/compose.py, as docker-compose.yml), so run those two with the Python that has efpsn
-installed; `label` and `check` need only the standard library. Run it with the Docker CLI pointed at a manager (DOCKER_HOST=ssh://...,
-or `docker context use`). `label` adds the node label efpsn.party.NAME=true that the stack's
-placement constraint asks for; a node may carry several. Everything else is plain `docker`.
-"""
+installed; `label` and `check` need only the standard library. Run it with the Docker CLI pointed at
+a manager (DOCKER_HOST=ssh://..., or `docker context use`). `label` adds the node label
+efpsn.party.NAME=true that the stack's placement constraint asks for; a node may carry several.
+Everything else is plain `docker`. """
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ HEADER = """\
 # or set EFPSN_COORDINATOR_IMAGE / EFPSN_AGENT_IMAGE to images in your registry), the Swarm
 # secrets efpsn-ca.pem, efpsn-NAME.pem and efpsn-NAME.key of every node (each party makes its
 # own with `swarm.py secrets`), the node label efpsn.party.NAME=true on the node of each
-# (`swarm.py label`), and on agentK's node its data in $EFPSN_DATA_ROOT/agentK/ (train.npz or train.csv)
-# (default /srv/efpsn/data). `swarm.py check --agents {n}` tells what is missing.
+# (`swarm.py label`), and on agentK's node its data in $EFPSN_DATA_ROOT/agentK/ (train.npz or
+# train.csv) (default /srv/efpsn/data). `swarm.py check --agents {n}` tells what is missing.
 # Each agent service lists only its own key, its certificate and the CA certificate (at
 # /run/secrets/, owned by the images' user, the key mode 0400), mounts only its own data
 # folder, read-only, and keeps its results and crash-safe state on its own volume

@@ -67,10 +67,11 @@ class AcceleratedTracking:
             self._lazy[id(ctx)] = held
         return held[1]
 
-    def init(self, x0: torch.Tensor, ctx: StepContext) -> tuple[AgentState, Message]:
+    def init(self, x0: torch.Tensor, ctx: StepContext, *, t: int = 0
+             ) -> tuple[AgentState, Message]:
         x = x0.clone()
-        g = ctx.oracle(x, 0)
-        state = AgentState(t=0, tensors={"x": x, "z": x, "y": g.clone(), "g": g})
+        g = ctx.oracle(x, t)
+        state = AgentState(t=t, tensors={"x": x, "z": x, "y": g.clone(), "g": g})
         return state, {"y": state["y"], "z": x}
 
     def step(

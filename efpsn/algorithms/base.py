@@ -64,8 +64,10 @@ class Algorithm(Protocol):
         message to each neighbour by under secure aggregation)."""
         ...
 
-    def init(self, x0: torch.Tensor, ctx: StepContext) -> tuple[AgentState, Message]:
-        """State at t = 0 and the message to send in round 0."""
+    def init(self, x0: torch.Tensor, ctx: StepContext, *, t: int = 0
+             ) -> tuple[AgentState, Message]:
+        """State at round t (0; a party that joins: the round it joins at) and the message to
+        send in that round."""
         ...
 
     def step(

@@ -31,9 +31,10 @@ class DSGD:
         """The weights the step mixes with."""
         return ctx
 
-    def init(self, x0: torch.Tensor, ctx: StepContext) -> tuple[AgentState, Message]:
+    def init(self, x0: torch.Tensor, ctx: StepContext, *, t: int = 0
+             ) -> tuple[AgentState, Message]:
         x = x0.clone()
-        return AgentState(t=0, tensors={"x": x}), {"x": x}
+        return AgentState(t=t, tensors={"x": x}), {"x": x}
 
     def step(
         self, state: AgentState, inbox: Mapping[int, Received], ctx: StepContext

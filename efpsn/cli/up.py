@@ -6,36 +6,56 @@ import argparse
 import contextlib
 import io
 import os
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
-from efpsn.flags.arguments import add_run_arguments, network_config
+from efpsn.departure.joins import JOIN_CHECK_EVERY, parse_join
+from efpsn.flags.arguments import add_run_arguments, folder_of, network_config
 from efpsn.flags.parser import OneLineParser, add_data_dir_arguments
 from efpsn.flags.services import add_debug_flags, add_departure_flag
 from efpsn.launch.placement import DEFAULT_PLACEMENT, PLACEMENTS
-from efpsn.process.signals import StopSignals
+from efpsn.launch.record import default_results
+from efpsn.process.signals import Stopped, StopSignals
 
-__all__ = ["add_launch_flags", "add_parser", "parse_up", "run_up"]
+__all__ = ["add_launch_flags", "add_parser", "parse_up", "resume_line", "run_up"]
 
 
 def _up(args: argparse.Namespace) -> int:
     # a failure raises NetworkFailed, whose message leads with the root cause; SIGTERM, SIGHUP
     # and SIGINT raise Stopped, once every process it started is stopped
+    given = args.results is not None
+    args.results = args.results or str(default_results())  # named in the resume line
     with StopSignals("efpsn up"):
-        summary = run_up(args)
+        try:
+            summary = run_up(args)
+        except Stopped:
+            print(resume_line(args.results, given=given), file=sys.stderr, flush=True)
+            raise
     return 0 if summary["ok"] else 1
 
 
+def resume_line(results: str, *, given: bool) -> str:
+    """How to resume a stopped `efpsn up`: its agents' checkpoints are in `results`."""
+    how = ("run the same command again" if given
+           else f"run the same command with --results {shlex.quote(results)}")
+    return f"efpsn up: to resume from the last checkpoints in {results}, {how}"
+
+
 def run_up(args: argparse.Namespace) -> dict[str, Any]:
-    """`efpsn up` with parsed arguments: the run's config (network_config) and the launcher's
-    options, the local network run; returns its summary (also efpsn.notebook.train's path)."""
+    """`efpsn up` with parsed arguments: the --data-dir folder inspected once (every problem of
+    every file in one message, before anything starts), the run's config (network_config) and
+    the launcher's options, the local network run; returns its summary. efpsn.notebook.train
+    calls launch_local_network with the same values."""
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # no gRPC notices in the user's terminal
     from efpsn.launch.network import launch_local_network
 
-    config = network_config(args)
+    folder = folder_of(args)
+    config = network_config(args, folder=folder)
     options = {
         "results": Path(args.results) if args.results else None, "host": args.host,
-        "data_dir": Path(args.data_dir) if args.data_dir else None, "holdout": args.holdout,
+        "folder": folder, "holdout": args.holdout,
         "label_column": args.label_column, "quiet": args.quiet, "insecure": args.insecure,
         "checkpoint_every": args.checkpoint_every, "fork_agents": not args.no_fork,
         "cpu_placement": args.cpu_placement,
@@ -43,6 +63,8 @@ def run_up(args: argparse.Namespace) -> dict[str, Any]:
         "insecure_noise_seed": args.insecure_noise_seed,
         "debug_expose_mask": args.debug_expose_mask,
         "allow_insecure_keys": args.allow_insecure_keys,
+        "late": {f"agent{j.agent + 1}": j.round
+                 for j in (parse_join(text, agents=config.agents) for text in args.join)},
     }
     return launch_local_network(config, **options)
 
@@ -69,10 +91,21 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                     "mutual TLS. Every agent reads only its own data folder. "
                                     "Ctrl-C, SIGTERM or SIGHUP stop every process it started "
                                     "(exit 128 + the signal); killed -9, its processes stop "
-                                    "by themselves.")
+                                    "by themselves. To resume a stopped or crashed run, give "
+                                    "the same command with the same --results: the agents go "
+                                    "on from their last checkpoints (every "
+                                    "--checkpoint-every rounds) and it says 'resuming from "
+                                    "round R'. `efpsn status RESULTS` shows a running one.")
     add_run_arguments(up)
     add_data_dir_arguments(up)
     add_launch_flags(up)
+    up.add_argument("--join", action="append", default=[], metavar="agentK@R",
+                    help="agent K's seat starts empty (--late-seats, implied) and its process "
+                         "starts once every other agent has passed round R; it asks the "
+                         "coordinator to join, which names the round it takes part from (the "
+                         f"next check round, every {JOIN_CHECK_EVERY}, that no member has "
+                         "passed); from then on the run ends at the optimum of every member's "
+                         "data; repeatable")
     # numeric=False: the launcher starts the processes at once and loads torch in the
     # background, so the network's start-up does not wait for it.
     up.set_defaults(handler=_up, numeric=False)
@@ -87,7 +120,9 @@ def add_launch_flags(parser: argparse.ArgumentParser, *, ignored: bool = False) 
     if ignored:
         up = parser.add_argument_group("efpsn up's own flags (accepted and ignored: the "
                                        "guarantee does not depend on them)")
-    up.add_argument("--results", default=None, help="results folder (default: results/run-TIME)")
+    up.add_argument("--results", default=None,
+                    help="results folder (default: results/run-TIME); a folder that holds a "
+                         "stopped run resumes it")
     up.add_argument("--host", default="127.0.0.1", help="loopback address to serve on")
     up.add_argument("--quiet", action="store_true", help="no progress bar")
     up.add_argument("--insecure", action="store_true",

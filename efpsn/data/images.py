@@ -38,7 +38,8 @@ FASHION_MNIST_INSTALL = "bash scripts/setup.sh --fashion-mnist"
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """Labelled samples: `images` float64 (N, *shape), `labels` int64 (N,) in [0, classes).
+    """Labelled samples: `images` float64 (N, *shape), `labels` int64 (N,) in [0, classes), or
+    for a numeric target (task ridge) float64 (N,) finite numbers (`regression`; classes 1).
 
     The paper's data are 28x28 grey images in [0, 1], shape (1, 28, 28), 10 classes (the
     defaults); an agent's own data may have any shape and class count. Equality is identity
@@ -65,12 +66,16 @@ class Dataset:
             )
         if tuple(self.images.shape[1:]) != tuple(self.shape):
             raise ValueError(f"Dataset.images must be {wanted}, got {tuple(self.images.shape)}")
-        if self.labels.dtype != torch.int64 or self.labels.shape != (self.images.shape[0],):
+        if self.labels.dtype not in (torch.int64, torch.float64) or self.labels.shape != (
+                self.images.shape[0],):
             raise ValueError(
-                f"Dataset.labels must be int64 of shape ({self.images.shape[0]},), got "
-                f"{self.labels.dtype} {tuple(self.labels.shape)}"
+                f"Dataset.labels must be int64 (classes) or float64 (a numeric target) of shape "
+                f"({self.images.shape[0]},), got {self.labels.dtype} {tuple(self.labels.shape)}"
             )
-        if len(self.labels) and (
+        if self.regression:
+            if not bool(torch.isfinite(self.labels).all()):
+                raise ValueError("Dataset.labels of a numeric target must be finite")
+        elif len(self.labels) and (
             int(self.labels.min()) < 0 or int(self.labels.max()) >= self.classes
         ):
             raise ValueError(
@@ -80,6 +85,11 @@ class Dataset:
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
+
+    @property
+    def regression(self) -> bool:
+        """Whether the labels are numeric targets (float64) rather than class indices."""
+        return self.labels.dtype == torch.float64
 
     def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(images, labels) at int64 `indices` (copies); index_select is ~2x faster than
@@ -97,7 +107,9 @@ class Dataset:
                        shape=self.shape, classes=self.classes)
 
     def class_counts(self) -> np.ndarray:
-        """Number of samples of each class 0..classes-1."""
+        """Number of samples of each class 0..classes-1 (class labels only)."""
+        if self.regression:
+            raise ValueError(f"{self.name}: a numeric target has no classes to count")
         return np.bincount(self.labels.numpy(), minlength=self.classes)
 
 

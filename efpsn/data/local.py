@@ -19,14 +19,16 @@ import numpy as np
 import torch
 
 from efpsn.data.images import Dataset, _find_idx_file, read_idx
+from efpsn.data.table_encoding import encode_table, plain_schema
 from efpsn.data.tables import (
     ArrayCells,
     Cells,
+    DataProblems,
     Refuse,
     first_index,
-    label_encoding_hint,
-    read_csv_table,
+    read_raw_table,
 )
+from efpsn.params.table import TableSchema
 
 __all__ = [
     "HEADROOM",
@@ -42,6 +44,7 @@ __all__ = [
     "read_data_file",
     "second_moment",
     "split_holdout",
+    "text_label_hint",
 ]
 
 # The factor of float64's range kept free above features x value^2 (see feature_limit).
@@ -57,20 +60,33 @@ class DataError(ValueError):
 
 @dataclass(frozen=True, eq=False)
 class LocalData:
-    """An agent's training part, its local held-out part and the optional public test set."""
+    """An agent's training part, its local held-out part and the optional public test set;
+    `missing`: how many number cells of its own file were empty (NaN until they are filled
+    with the network's column means; told to nobody but the agent's own log)."""
 
     train: Dataset
     holdout: Dataset | None
     test: Dataset | None
+    missing: int = 0
 
 
 @dataclass(frozen=True, eq=False)
 class RawData:
-    """A file's arrays as read (only the format checked) and how to name their cells."""
+    """A file's arrays as read (only the format checked) and how to name their cells; a .csv
+    table's empty number cells are NaN (`missing` of them)."""
 
     features: np.ndarray
     labels: np.ndarray
     cells: Cells
+    missing: int = 0
+
+
+def text_label_hint(classes: int | None) -> str:
+    """How to give text labels: the sentence an .npz's text-label error ends with."""
+    span = "0, 1, ..., classes - 1" if classes is None else (
+        f"0..{classes - 1}" if classes > 2 else "0 and 1")
+    return (f"expected integer labels {span} in an .npz (a .csv table's label column may hold "
+            "class names)")
 
 
 def _fail(who: str, path: Path, problem: str) -> DataError:
@@ -147,13 +163,36 @@ def data_file_in(folder: Path, who: str) -> Path | None:
     return found[0] if found else None
 
 
+def read_table(path: Path, *, who: str, table: TableSchema | None, label_column: str,
+               regression: bool = False) -> RawData:
+    """A .csv table encoded by the run's table schema (efpsn/data/table_encoding.py), or, when
+    the run has none, as numbers only (plain_schema); every problem of the file in one
+    DataError."""
+    def refuse(problem: str) -> DataError:
+        return _fail(who, path, problem)
+
+    raw = read_raw_table(path, refuse=refuse)
+    plain = table is None or not table.given
+    try:
+        schema = plain_schema(raw, label_column=label_column, regression=regression) if plain \
+            else table
+    except ValueError as exc:
+        raise refuse(str(exc)) from None
+    assert schema is not None
+    encoded, problems = encode_table(schema, raw, where="", plain=plain)
+    if encoded is None:
+        raise DataError(str(DataProblems(f"{who}: {path}", problems)))
+    return RawData(encoded.features, encoded.labels, encoded.cells, missing=encoded.missing)
+
+
 def read_data(path: str | Path, *, who: str, label_column: str = "label",
-              classes: int | None = None) -> RawData:
+              classes: int | None = None, table: TableSchema | None = None,
+              regression: bool = False) -> RawData:
     """Raw X and y from an .npz, a .csv or an IDX folder, with their cells' names; only the
-    format is checked here (and that a .csv's cells are numbers). A folder holding one
-    train.npz, train.csv, test.npz or test.csv (a data folder's agentK, or the folder with its
-    public test file) is read as that file. `classes`, when known, makes the sentence about
-    text labels name the run's label range."""
+    format is checked here (and that a .csv's cells fit `table`, the run's table schema, or
+    are numbers without one). A folder holding one train.npz, train.csv, test.npz or test.csv
+    (a data folder's agentK, or the folder with its public test file) is read as that file.
+    `classes`, when known, makes the sentence about text labels name the run's label range."""
     path = Path(path)
     if path.is_dir() and (inside := data_file_in(path, who)) is not None:
         path = inside
@@ -167,8 +206,9 @@ def read_data(path: str | Path, *, who: str, label_column: str = "label",
         features, labels = _read_npz(path, who)
         return RawData(features, labels, ArrayCells(tuple(features.shape[1:])))
     if suffix == ".csv":
-        return RawData(*read_csv_table(path, label_column=label_column, classes=classes,
-                                       refuse=lambda problem: _fail(who, path, problem)))
+        column = table.label_column if table is not None and table.given else label_column
+        return read_table(path, who=who, table=table, label_column=column,
+                          regression=regression)
     raise _fail(who, path, f"unknown format {suffix or '(no suffix)'!r}; expected "
                 + EXPECTED_FORMATS)
 
@@ -183,7 +223,7 @@ def read_data_file(path: str | Path, *, who: str,
 def _check_kinds(features: np.ndarray, labels: np.ndarray, *, fail: Refuse,
                  classes: int) -> None:
     if labels.dtype.kind in "US":
-        raise fail(f"y holds text labels ({labels.dtype}); " + label_encoding_hint(classes))
+        raise fail(f"y holds text labels ({labels.dtype}); " + text_label_hint(classes))
     if features.dtype.kind in "US":
         raise fail(f"X holds text ({features.dtype}); expected numbers (encode a category as "
                    "numbers, e.g. one 0/1 column per category)")
@@ -193,22 +233,24 @@ def _check_kinds(features: np.ndarray, labels: np.ndarray, *, fail: Refuse,
 
 
 def _check_range(x: np.ndarray, raw: np.ndarray, *, fail: Refuse, cells: Cells,
-                 after: str) -> None:
+                 after: str, missing: int = 0) -> None:
     """Every scaled feature finite and within feature_limit; else name the first bad cell.
-    The happy path allocates nothing (min and max are reductions; NaN propagates)."""
+    The happy path allocates nothing (min and max are reductions; NaN propagates). With
+    `missing` empty cells (a table's NaN, filled later), NaN is not a bad cell."""
     per_sample = math.prod(x.shape[1:])
     limit = feature_limit(per_sample)
-    lo, hi = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
+    lo, hi = ((float(np.nanmin(x)), float(np.nanmax(x))) if missing else
+              (float(x.min()), float(x.max()))) if x.size else (0.0, 0.0)
     if math.isfinite(lo) and math.isfinite(hi) and max(-lo, hi) <= limit:
         return
     flat, flat_raw = x.reshape(len(x), -1), raw.reshape(len(raw), -1)
-    bad = ~np.isfinite(flat)
+    bad = ~np.isfinite(flat) & ~(np.isnan(flat) if missing else False)
     if bad.any():
         row, col = first_index(bad)
         if not np.isfinite(flat_raw[row, col]):
             raise fail(f"X has non-finite values (NaN or inf), the first at "
                        f"{cells.feature(row, col)}; expected finite numbers")
-    row, col = first_index(bad | (np.abs(flat) > limit))
+    row, col = first_index(bad | (np.nan_to_num(np.abs(flat)) > limit))
     raise fail(f"X has a value too large for float64 arithmetic at {cells.feature(row, col)}: "
                f"its magnitude{after} exceeds {limit:.3g}, where the model's products of "
                f"features and parameters (about {per_sample} x value^2) would overflow; "
@@ -245,13 +287,21 @@ def check_second_moment(data: Dataset, *, bound: float, fail: Refuse,
                f"your own step size (--schedule constant:LR)")
 
 
-def _check_labels(y: np.ndarray, *, fail: Refuse, cells: Cells, classes: int) -> None:
+def _check_labels(y: np.ndarray, *, fail: Refuse, cells: Cells, classes: int,
+                  regression: bool = False) -> None:
+    if regression:
+        bad = ~np.isfinite(y)
+        if bad.any():
+            raise fail(f"y has a target that is not a finite number at "
+                       f"{cells.label(int(np.argmax(bad)))}; expected finite numbers")
+        return
     if y.dtype.kind == "f":
         fractional = ~(np.isfinite(y) & (y == np.floor(y)))
         if fractional.any():
             at = cells.label(int(np.argmax(fractional)))
             raise fail(f"y has labels that are not integers, the first at {at}; expected "
-                       f"integer labels in [0, {classes})")
+                       f"integer labels in [0, {classes}) (a numeric target is a "
+                       "regression: --task ridge)")
     outside = (y < 0) | (y >= classes)
     if outside.any():
         at = cells.label(int(np.argmax(outside)))
@@ -262,12 +312,15 @@ def _check_labels(y: np.ndarray, *, fail: Refuse, cells: Cells, classes: int) ->
 def check_arrays(
     features: np.ndarray, labels: np.ndarray, *, path: Path, who: str,
     shape: tuple[int, ...], classes: int, divisor: float | np.ndarray,
-    cells: Cells | None = None,
+    cells: Cells | None = None, regression: bool = False, missing: int = 0,
+    fills: bool = False,
 ) -> Dataset:
     """Schema, range and label checks; features / divisor reshaped to (n, *shape).
 
     `divisor` is one public constant or one per feature (efpsn.params.schema.Scale.divisor). `cells`
-    names a bad cell in the error (default: numpy indices X[i, j], y[i])."""
+    names a bad cell in the error (default: numpy indices X[i, j], y[i]). `regression`: labels
+    are numeric targets (float64). `missing`: the table's empty number cells (NaN), kept when
+    the run `fills` them with the network's column means (scale standard), else refused."""
     def fail(problem: str) -> DataError:
         return _fail(who, path, problem)
 
@@ -291,12 +344,18 @@ def check_arrays(
     after = ("" if not np.any(div != 1.0) else " divided by its public scale" if div.ndim
              else f" divided by the public scale {float(div):g}")
     cells = cells or ArrayCells(tuple(sample))
-    _check_range(x, features, fail=fail, cells=cells, after=after)
+    if missing and not fills:
+        row, col = first_index(np.isnan(x.reshape(len(x), -1)))
+        raise fail(f"has empty cells, the first at {cells.feature(row, col)}; expected a number "
+                   "in every cell: empty cells are filled with the network's column means, "
+                   "which only scale standard computes (--scale standard, a --data-dir "
+                   "table's default)")
+    _check_range(x, features, fail=fail, cells=cells, after=after, missing=missing)
     y = np.asarray(labels)
-    _check_labels(y, fail=fail, cells=cells, classes=classes)
+    _check_labels(y, fail=fail, cells=cells, classes=classes, regression=regression)
     return Dataset(images=torch.from_numpy(np.ascontiguousarray(x)),
-                   labels=torch.from_numpy(y.astype(np.int64)), name=f"{who}:{path.name}",
-                   shape=tuple(shape), classes=classes)
+                   labels=torch.from_numpy(y.astype(np.float64 if regression else np.int64)),
+                   name=f"{who}:{path.name}", shape=tuple(shape), classes=classes)
 
 
 def split_holdout(data: Dataset, *, fraction: float, seed: int, who: str,
@@ -321,14 +380,19 @@ def load_local_data(
     path: str | Path, *, who: str, shape: tuple[int, ...], classes: int,
     divisor: float | np.ndarray, seed: int, holdout: float = 0.2, batch_size: int = 0,
     test_path: str | Path | None = None, label_column: str = "label",
-    moment_bound: float | None = None,
+    moment_bound: float | None = None, table: TableSchema | None = None,
+    regression: bool = False, fills: bool = False,
 ) -> LocalData:
-    """Read and check an agent's own data (and the public test set) against the run's schema;
-    with `moment_bound`, its training part must pass check_second_moment."""
+    """Read and check an agent's own data (and the public test set) against the run's schema
+    (`table`: a .csv's table schema; `regression`: numeric targets; `fills`: empty number
+    cells are kept, NaN, for the network's column means); with `moment_bound`, its training
+    part must pass check_second_moment."""
     path = Path(path)
-    raw = read_data(path, who=who, label_column=label_column, classes=classes)
+    kinds = {"table": table, "regression": regression}
+    raw = read_data(path, who=who, label_column=label_column, classes=classes, **kinds)
     data = check_arrays(raw.features, raw.labels, path=path, who=who, shape=shape,
-                        classes=classes, divisor=divisor, cells=raw.cells)
+                        classes=classes, divisor=divisor, cells=raw.cells,
+                        regression=regression, missing=raw.missing, fills=fills)
     train, held = split_holdout(data, fraction=holdout, seed=seed, who=who, path=path)
     if batch_size and len(train) < batch_size:
         raise _fail(who, path, f"has fewer training samples than the batch size {batch_size} "
@@ -340,7 +404,9 @@ def load_local_data(
     test = None
     if test_path is not None:
         tpath = Path(test_path)
-        public = read_data(tpath, who=who, label_column=label_column, classes=classes)
+        public = read_data(tpath, who=who, label_column=label_column, classes=classes,
+                           **kinds)
         test = check_arrays(public.features, public.labels, path=tpath, who=who, shape=shape,
-                            classes=classes, divisor=divisor, cells=public.cells)
-    return LocalData(train=train, holdout=held, test=test)
+                            classes=classes, divisor=divisor, cells=public.cells,
+                            regression=regression, missing=public.missing, fills=fills)
+    return LocalData(train=train, holdout=held, test=test, missing=raw.missing)

@@ -1,27 +1,41 @@
-"""Naming the cells of a user's data (X[3, 2]; a .csv's row, line and column) and reading .csv tables."""
+"""Naming the cells of a user's data (X[3, 2]; a .csv's row, line and column), reading .csv tables
+as their text cells, and the problems found in them, said all at once."""
 
 from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["ArrayCells", "Cells", "CsvCells", "Refuse", "first_index", "label_encoding_hint",
-           "read_csv_table"]
+__all__ = ["MISSING", "ArrayCells", "Cells", "CsvCells", "DataProblems", "Problem", "RawTable",
+           "Refuse", "first_index", "is_missing", "number_of", "read_raw_table", "rows_text"]
 
 Refuse = Callable[[str], Exception]  # builds the one-line error for a problem with the file
 
+# The texts a cell holds when its value is missing (spreadsheets, R and pandas write these);
+# compared after stripping spaces, upper and lower case alike.
+MISSING = ("", "na", "n/a", "#n/a", "nan", "null", "<na>")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|infinity)", re.IGNORECASE)
+ROWS_SHOWN = 3  # rows a problem names before "and more"
 
-def label_encoding_hint(classes: int | None) -> str:
-    """How to encode class names as labels: the sentence every text-label error ends with."""
-    span = "0, 1, ..., classes - 1" if classes is None else (
-        f"0..{classes - 1}" if classes > 2 else "0 and 1")
-    return (f"expected integer labels {span}: encode each class as one integer, the same "
-            "mapping at every agent (e.g. 'no' -> 0, 'yes' -> 1)")
+
+def is_missing(text: str) -> bool:
+    """Whether a cell's text means "no value" (MISSING)."""
+    return text.strip().lower() in MISSING
+
+
+def number_of(text: str) -> float | None:
+    """The cell's number (a decimal, scientific notation or inf), or None when it is not one
+    (a missing cell is not a number either)."""
+    body = text.strip()
+    if not _NUMBER.fullmatch(body):
+        return None
+    return float(body)
 
 
 @dataclass(frozen=True)
@@ -47,7 +61,7 @@ class ArrayCells:
 @dataclass(frozen=True)
 class CsvCells:
     """Cells of a .csv table, named by data row (1 = the first after the header), the line of
-    the file it ends on, and the column's name in the header."""
+    the file it ends on, and the column's name (a one-hot feature: column=category)."""
 
     lines: tuple[int, ...]
     features: tuple[str, ...]
@@ -69,68 +83,136 @@ class CsvCells:
 Cells = ArrayCells | CsvCells
 
 
-def _not_a_number(cell: str, where: str, *, is_label: bool, classes: int | None) -> str:
-    what = "is empty" if not cell.strip() else "is not a number"
-    if is_label:
-        return f"{where} {what}: labels must be numbers; " + label_encoding_hint(classes)
-    return (f"{where} {what}; expected numeric features (encode a category as numbers, e.g. "
-            "one 0/1 column per category)")
+@dataclass(frozen=True, eq=False)
+class RawTable:
+    """A .csv as read: the header's column names, every data row's cells (stripped text; blank
+    lines skipped) and the line each ends on; `ragged`: the rows (0-based, left out of `rows`)
+    whose field count is not the header's, as (row, line, fields)."""
+
+    header: tuple[str, ...]
+    rows: list[list[str]]
+    lines: tuple[int, ...]
+    ragged: tuple[tuple[int, int, int], ...] = ()
+    numbers: tuple[int, ...] = ()  # each row's place among all data rows (ragged ones too)
+
+    def column(self, name: str) -> list[str]:
+        at = self.header.index(name)
+        return [row[at] for row in self.rows]
+
+    def rows_text(self, rows: Sequence[int]) -> str:
+        """rows_text for rows of `rows`, numbered as the file's data rows."""
+        numbers = self.numbers or tuple(range(len(self.rows)))
+        return rows_text([numbers[r] for r in rows], dict(zip(numbers, self.lines, strict=True)))
 
 
-def read_csv_table(path: Path, *, label_column: str, refuse: Refuse,
-                   classes: int | None = None) -> tuple[np.ndarray, np.ndarray, CsvCells]:
-    """(X, y, cells) of a .csv with a header row: X float64 (rows x feature columns), y
-    float64 (the label column), blank lines skipped. A cell that is not a number, a ragged
-    row or a missing label column raises refuse(message), naming the row and column."""
+def read_raw_table(path: Path, *, refuse: Refuse) -> RawTable:
+    """The text cells of a .csv with a header row. refuse(message) for a file that cannot be
+    read as one (missing, binary, empty, no header, a column named twice); a ragged row is
+    kept aside (RawTable.ragged), for the caller to report with the file's other problems."""
     try:
         with open(path, newline="") as fh:
-            rows = csv.reader(fh)
-            header = next(rows, None)
-            if not header:
-                raise refuse("is empty; expected a header row, then one row per sample with "
-                              f"numeric features and a {label_column!r} column")
-            header = [h.strip() for h in header]
-            if label_column not in header:
-                raise refuse(f"has no column {label_column!r} in its header; expected the "
-                              "label column named by --label-column (or schema.json)")
-            label_at = header.index(label_column)
-            features = tuple(h for j, h in enumerate(header) if j != label_at)
-            values: list[list[float]] = []
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            if not header or not any(h.strip() for h in header):
+                raise refuse("is empty; expected a header row, then one row per sample")
+            names = tuple(h.strip() for h in header)
+            twice = sorted({h for h in names if names.count(h) > 1})
+            if twice:
+                raise refuse(f"names the column {', '.join(map(repr, twice))} twice in its "
+                             "header; expected every column named once")
+            if "" in names:
+                raise refuse(f"has a column without a name (column {names.index('') + 1} of "
+                             "the header); expected every column named")
+            rows: list[list[str]] = []
             lines: list[int] = []
-            for row in rows:
-                if not row:
+            numbers: list[int] = []
+            ragged: list[tuple[int, int, int]] = []
+            for row in reader:
+                if not row or (len(row) == 1 and not row[0].strip()):
                     continue
-                lines.append(rows.line_num)
-                if len(row) != len(header):
-                    raise refuse(f"is ragged: row {len(lines)} (line {rows.line_num}) has "
-                                  f"{len(row)} fields where the header has {len(header)}; "
-                                  "expected every row to have one value per column")
-                values.append(_parse_row(row, label_at=label_at, lines=lines,
-                                         features=features, label_column=label_column,
-                                         refuse=refuse, classes=classes))
+                if len(row) != len(names):
+                    ragged.append((len(rows) + len(ragged), reader.line_num, len(row)))
+                    continue
+                numbers.append(len(rows) + len(ragged))
+                rows.append([cell.strip() for cell in row])
+                lines.append(reader.line_num)
     except UnicodeDecodeError:
         raise refuse("is not a text .csv file; expected a .csv with a header row") from None
+    except csv.Error as exc:
+        raise refuse(f"is not a readable .csv ({exc}); expected comma-separated values") from None
     except OSError as exc:
         raise refuse(f"cannot be read ({exc.strerror}); expected a readable file") from None
-    table = np.asarray(values, dtype=np.float64).reshape(len(values), len(header))
-    cells = CsvCells(tuple(lines), features, label_column)
-    return np.delete(table, label_at, axis=1), table[:, label_at], cells
+    return RawTable(header=names, rows=rows, lines=tuple(lines), ragged=tuple(ragged),
+                    numbers=tuple(numbers))
 
 
-def _parse_row(row: list[str], *, label_at: int, lines: list[int], features: tuple[str, ...],
-               label_column: str, refuse: Refuse, classes: int | None) -> list[float]:
-    parsed = []
-    for j, text in enumerate(row):
-        try:
-            parsed.append(float(text))
-        except ValueError:
-            cells = CsvCells(tuple(lines), features, label_column)
-            is_label = j == label_at
-            at = len(lines) - 1
-            where = cells.label(at) if is_label else cells.feature(at, j - (j > label_at))
-            raise refuse(_not_a_number(text, where, is_label=is_label,
-                                       classes=classes)) from None
-    return parsed
+def rows_text(rows: Sequence[int], lines: Sequence[int] | Mapping[int, int]) -> str:
+    """"row 4 (line 5)" or "rows 4, 9, 12 (lines 5, 10, 13)" for 0-based data rows (`lines`:
+    each row's line in the file), at most ROWS_SHOWN of them and then "and more"."""
+    shown = [r + 1 for r in rows[:ROWS_SHOWN]]
+    at = [lines[r] for r in rows[:ROWS_SHOWN]]
+    more = " and more" if len(rows) > ROWS_SHOWN else ""
+    if len(shown) == 1 and not more:
+        return f"row {shown[0]} (line {at[0]})"
+    return (f"rows {', '.join(map(str, shown))}{more} (line{'s' if len(at) > 1 else ''} "
+            f"{', '.join(map(str, at))})")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the data: where (a file as its user knows it, or "every file"), the
+    rows and column when they can be named, what is wrong and what to do."""
+
+    where: str
+    text: str
+    column: str | None = None
+    rows: str = ""  # rows_text's words, or ""
+
+    def __str__(self) -> str:
+        """"agent2's train.csv, row 4 (line 5), column 'x' is not a number; ..." (the text
+        starts with its verb)."""
+        at = ", ".join(p for p in (self.where, self.rows,
+                                   None if self.column is None else f"column {self.column!r}")
+                       if p)
+        return f"{at} {self.text}" if at else self.text
+
+
+class DataProblems(ValueError):
+    """Every problem found in one pass over the data, in one message: one line for one
+    problem, else a line saying how many, then one line each."""
+
+    def __init__(self, subject: str, problems: Sequence[Problem]) -> None:
+        self.problems = _merged(problems)
+        if len(self.problems) == 1:
+            message = f"{subject}: {self.problems[0]}"
+        else:
+            message = (f"{subject}: {len(self.problems)} problems; fix them all and run again:\n"
+                       + "\n".join(f"  {p}" for p in self.problems))
+        super().__init__(message)
+
+
+def _merged(problems: Sequence[Problem]) -> tuple[Problem, ...]:
+    """The same problem of a whole file in several files said once, naming them all."""
+    groups: dict[tuple[str, str | None], list[Problem]] = {}
+    out: list[Problem | tuple[str, str | None]] = []
+    for p in problems:
+        if p.rows or not p.where:
+            out.append(p)
+            continue
+        key = (p.text, p.column)
+        if key not in groups:
+            groups[key] = []
+            out.append(key)
+        groups[key].append(p)
+    merged = []
+    for item in out:
+        if isinstance(item, Problem):
+            merged.append(item)
+            continue
+        wheres = [p.where for p in groups[item]]
+        where = wheres[0] if len(wheres) == 1 else ", ".join(wheres[:-1]) + " and " + wheres[-1]
+        merged.append(Problem(where, item[0], column=item[1]))
+    return tuple(merged)
 
 
 def first_index(mask: np.ndarray) -> tuple[int, int]:

@@ -1,1 +1,2 @@
-"""Membership changes as pure functions: a party that leaves for good, the masks and stop rule after it, its replay."""
+"""Membership changes as pure functions: a party that leaves for good, the masks and stop rule
+after it, its replay."""

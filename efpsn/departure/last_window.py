@@ -1,8 +1,8 @@
 """A departure in the stop rule's last window, without I/O: which agents finish the window's
 stop round on the certificate, and which end with their check round's model.
 
-The stop rule (efpsn/optimize/stopping.py) checks at round s and stops at S = s + D. When agent d sends
-nothing from round T on, an agent can still step every round whose messages its neighbours
+The stop rule (efpsn/optimize/stopping.py) checks at round s and stops at S = s + D. When agent d
+sends nothing from round T on, an agent can still step every round whose messages its neighbours
 sent: agent i steps round t once every neighbour j sent round t, so the round it waits at is
 
     reach(i) = 1 + min over neighbours j of sent(j),   sent(j) = reach(j) for j != d,

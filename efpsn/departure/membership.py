@@ -169,10 +169,10 @@ def parse_leave(text: str, *, agents: int, lag: int | None = None) -> Departure:
 def check_departures(departures: Sequence[Departure], *, agents: int
                      ) -> tuple[Departure, ...]:
     """The departures sorted by round; ValueError when an agent leaves twice or when fewer
-    than MIN_PARTIES would stay. A departure's rounds are checked when it is replayed (DepartureReplay), against
-    the cap then (a departure the run never reached is an error of the simulator): an earlier
-    re-base may have extended it (StopRule.rebased), and a departure in the stop's last
-    window may end the run before any re-base (efpsn/departure/last_window.py)."""
+    than MIN_PARTIES would stay. A departure's rounds are checked when it is replayed
+    (DepartureReplay), against the cap then (a departure the run never reached is an error of the
+    simulator): an earlier re-base may have extended it (StopRule.rebased), and a departure in the
+    stop's last window may end the run before any re-base (efpsn/departure/last_window.py)."""
     ordered = tuple(sorted(departures, key=lambda d: (d.round, d.agent)))
     seen = [d.agent for d in ordered]
     if len(set(seen)) != len(seen):

@@ -1,11 +1,15 @@
-"""Departures replayed in the in-process simulator (`efpsn simulate --leave agentK@T`): at round
-T the departed agent stops, its neighbours drop it from their weights and masks; at the re-base
-round R the network is joined where it fell apart, new edges get fresh seeds, every remaining
-agent takes the new graph's Metropolis weights and the trackers restart (efpsn/departure/membership.py).
-A departure in the stop rule's last window whose agents far from it reach the stop round ends
-the run there (efpsn/departure/last_window.py: `window`, `stops_at`, `end`); one too late to re-base
-before the cap ends it at the cap, each agent at min(reach, cap) (`capped`: their drivers'
-last rounds)."""
+"""Membership changes replayed in the in-process simulator: departures (`efpsn simulate --leave
+agentK@T`): at round T the departed agent stops, its neighbours drop it from their weights and
+masks; at the re-base round R the network is joined where it fell apart, new edges get fresh
+seeds, every remaining agent takes the new graph's Metropolis weights and the trackers restart
+(efpsn/departure/membership.py); and joins (`efpsn simulate --join agentK@R`, a seat the run
+left empty: efpsn/departure/joins.py): at round R the graph becomes the topology over the
+members with the newcomer, the edges it adds get fresh seeds and the ones it drops lose their
+terms, everyone takes its weights and re-bases, and the newcomer starts from the model's
+initial point. A departure in the stop rule's last window whose agents far from it
+reach the stop round ends the run there (efpsn/departure/last_window.py: `window`, `stops_at`,
+`end`); one too late to re-base before the cap ends it at the cap, each agent at min(reach, cap)
+(`capped`: their drivers' last rounds)."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from efpsn.departure.joins import Join, join_reconfiguration, seed_epoch
 from efpsn.departure.last_window import (
     CapEnd,
     LastWindow,
@@ -22,7 +27,14 @@ from efpsn.departure.last_window import (
     last_window,
     reach,
 )
-from efpsn.departure.membership import Departure, check_rebase, optimum_of, rebase, reconfigure
+from efpsn.departure.membership import (
+    Departure,
+    Reconfiguration,
+    check_rebase,
+    optimum_of,
+    rebase,
+    reconfigure,
+)
 from efpsn.departure.membership import drop_node_weights as _drop_node_weights
 from efpsn.departure.remask import (
     PairShares,
@@ -42,29 +54,38 @@ from efpsn.optimize.stopping import StopRule, merge
 from efpsn.problem import Problem
 from efpsn.topology import Graph
 
-__all__ = ["DepartureReplay", "departures_line", "stopped_words"]
+__all__ = ["MembershipReplay", "departures_line", "joins_line", "stopped_words"]
 
 
 def _name(i: int) -> str:
     return f"agent{i + 1}"
 
 
-class DepartureReplay:
-    """The network's changes over a simulated run: who is still in, with whom each agent mixes
-    and with which weights, and each agent's current mask.
+class MembershipReplay:
+    """The network's changes over a simulated run: who is in (the seats the run leaves empty
+    join later), with whom each agent mixes and with which weights, and each agent's current
+    mask.
 
-    `apply(t, drivers)` before round t's messages are taken makes the departures of round t and
-    the re-bases of round t; `check(t)` verifies the remaining masks of round t sum to zero
-    exactly (integers) once anyone has left.
+    `apply(t, drivers)` before round t's messages are taken makes the departures of round t,
+    the re-bases and the joins of round t; `check(t)` verifies the members' masks of round t
+    sum to zero exactly (integers) once anyone has left or joined.
     """
 
     def __init__(self, *, problem: Problem, providers: Sequence[MaskProvider],
-                 departures: Sequence[Departure], noise_seed: int | None) -> None:
+                 departures: Sequence[Departure], noise_seed: int | None,
+                 joins: Sequence[Join] = ()) -> None:
         self.problem = problem
         self.departures = tuple(departures)
+        self.joins = tuple(sorted(joins, key=lambda j: (j.round, j.agent)))
         self.noise_seed = noise_seed
         self.graph = problem.graph
         self.departed: set[int] = set()
+        self.absent = set(problem.config.late_seats)  # seats that have not joined yet
+        stray = [j.label() for j in self.joins if j.agent not in self.absent]
+        if stray or len({j.agent for j in self.joins}) < len(self.joins):
+            raise ValueError(f"--join {', '.join(stray) or 'a seat twice'}: only a seat the run "
+                             f"leaves empty (late: {problem.config.late or 'none'}) joins, once")
+        self.joined: list[dict[str, Any]] = []
         self.weights = {i: problem.agent_weights(i) for i in range(problem.n)}
         self.providers = list(providers)
         self.epoch = 0
@@ -88,7 +109,13 @@ class DepartureReplay:
 
     @property
     def active(self) -> list[int]:
-        return [i for i in range(self.problem.n) if i not in self.departed]
+        return [i for i in range(self.problem.n)
+                if i not in self.departed and i not in self.absent]
+
+    @property
+    def changed(self) -> bool:
+        """Whether anyone has left or joined (the members' masks are checked every round)."""
+        return bool(self.departed) or bool(self.joined)
 
     def neighbours(self, i: int) -> tuple[int, ...]:
         """The agents whose messages agent i mixes in this round."""
@@ -108,6 +135,10 @@ class DepartureReplay:
         if any(d.rebase_round == t for d in self.departures):
             self._rebase(t, drivers)
             changed = True
+        for j in self.joins:
+            if j.round == t:
+                self._join(j, t, drivers)
+                changed = True
         return changed
 
     def _leave(self, d: Departure, drivers: Sequence[RoundDriver]) -> None:
@@ -143,9 +174,9 @@ class DepartureReplay:
 
     def _last_window(self, d: Departure, drivers: Sequence[RoundDriver]) -> LastWindow | None:
         """Whether d leaves inside a window that certifies the target and some agent reaches
-        its stop round all the same (efpsn/departure/last_window.py). Every agent's integers of round T
-        (`sharing`) are maxima over some of the round-s integers, each its own among them, so
-        their maximum is the network's, which an agent that completes the window holds."""
+        its stop round all the same (efpsn/departure/last_window.py). Every agent's integers of
+        round T (`sharing`) are maxima over some of the round-s integers, each its own among them,
+        so their maximum is the network's, which an agent that completes the window holds."""
         stop = drivers[d.agent].stop
         s = None if stop is None else stop.window(d.round)
         if stop is None or s is None:
@@ -182,7 +213,7 @@ class DepartureReplay:
         self._refresh(neighbours, drivers)
 
     def _rebase(self, t: int, drivers: Sequence[RoundDriver]) -> None:
-        recon = reconfigure(self.graph, self.departed)
+        recon = reconfigure(self.graph, self.departed | self.absent)
         self.epoch += 1
         self.graph = recon.graph
         for i in recon.remaining:
@@ -190,18 +221,11 @@ class DepartureReplay:
         self._remask(sorted({i for e in recon.new_edges for i in e}), drop=set(),
                      new_edges=recon.new_edges)
         self._refresh(recon.remaining, drivers)
-        # the stop rule of the remaining graph, its checks counted from R (efpsn/optimize/stopping.py)
+        # the stop rule of the remaining graph, its checks counted from R
+        # (efpsn/optimize/stopping.py)
         pending = min((d.round for d in self.departures
                        if d.round <= t < d.rebase_round), default=None)
-        stop = StopRule.rebased(self.problem.config, recon.remaining_weights(), origin=t,
-                                until=pending, cap=drivers[recon.remaining[0]].iterations)
-        for i in recon.remaining:
-            driver = drivers[i]
-            driver.state = rebase(driver.state)
-            driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
-            if stop.active:  # the cap extended by the remaining graph's step rule
-                driver.iterations = stop.cap
-            driver.revise_stop(stop)
+        self._restart_trackers(recon, t, drivers, until=pending)
         # agents whose one neighbour now holds every term of their mask (privacy, not accuracy)
         lonely = ([_name(i) for i in recon.remaining if recon.graph.degree(i) == 1]
                   if len(recon.remaining) > 2 else [])
@@ -211,6 +235,85 @@ class DepartureReplay:
                                                           for a, b in recon.new_edges],
                              one_neighbour=lonely,
                              cap=drivers[recon.remaining[0]].iterations)
+
+    def _restart_trackers(self, recon: Reconfiguration, t: int,
+                          drivers: Sequence[RoundDriver], *, until: int | None) -> None:
+        """The trackers restart (y := g) and the stop rule of the new graph begins, its checks
+        counted from round t (efpsn/optimize/stopping.py), the cap extended by its step rule."""
+        stop = StopRule.rebased(self.problem.config, recon.remaining_weights(), origin=t,
+                                until=until, cap=drivers[recon.remaining[0]].iterations)
+        for i in recon.remaining:
+            driver = drivers[i]
+            driver.state = rebase(driver.state)
+            driver.outbox = {k: driver.state[k] for k in driver.algorithm.message_keys}
+            if stop.active:  # the cap extended by the remaining graph's step rule
+                driver.iterations = stop.cap
+            driver.revise_stop(stop)
+
+    def _join(self, join: Join, t: int, drivers: list[RoundDriver]) -> None:
+        """Agent k takes part from round t: the topology over the members with it (or the
+        operator's neighbours), its new edges seeded, the dropped ones' terms gone at both
+        ends, every member re-based, k from the model's initial point."""
+        config = self.problem.config
+        if any(d.round <= t < d.rebase_round for d in self.departures):
+            raise ValueError(f"--join {join.label()}: a departure is being re-based then; a join "
+                             "takes effect after it")
+        if t >= drivers[self.active[0]].iterations:
+            raise ValueError(f"--join {join.label()}: the run's last round is "
+                             f"{drivers[self.active[0]].iterations}")
+        recon = join_reconfiguration(self.graph, members=self.active, join=join,
+                                     topology=config.topology, seed=config.seed)
+        number = len(self.joined) + 1  # the join's number: its new edges' seeds
+        self.graph = recon.graph
+        self.absent.discard(join.agent)
+        for i in recon.remaining:
+            self.weights[i] = recon.agent_weights(i)
+        self._rewire(recon.dropped_edges, recon.new_edges, epoch=seed_epoch(number))
+        newcomer = drivers[join.agent]
+        self._refresh(recon.remaining, drivers)
+        drivers[join.agent] = RoundDriver(
+            algorithm=newcomer.algorithm, context=drivers[join.agent].context,
+            schedule=newcomer.schedule, iterations=drivers[self.active[0]].iterations,
+            eval_every=newcomer.eval_every, x0=self.problem.initial_params(), start=t)
+        members = [i for i in recon.remaining if i != join.agent]
+        for i in members:  # the others re-base (the newcomer's init is a re-based state)
+            drivers[i].state = rebase(drivers[i].state)
+            drivers[i].outbox = {k: drivers[i].state[k]
+                                 for k in drivers[i].algorithm.message_keys}
+        stop = StopRule.rebased(config, recon.remaining_weights(), origin=t, until=None,
+                                cap=drivers[members[0]].iterations)
+        for i in recon.remaining:
+            if stop.active:
+                drivers[i].iterations = stop.cap
+            drivers[i].revise_stop(stop)
+        name = _name
+        self.joined.append({**join.to_json(), "epoch": number,
+                            "neighbours": [name(j) for j in recon.graph.neighbours(join.agent)],
+                            "new_edges": [[name(a), name(b)] for a, b in recon.new_edges],
+                            "dropped_edges": [[name(a), name(b)] for a, b in recon.dropped_edges],
+                            "cap": drivers[join.agent].iterations})
+
+    def _rewire(self, dropped: Sequence[tuple[int, int]],
+                new_edges: Sequence[tuple[int, int]], *, epoch: int) -> None:
+        """Each end of a dropped edge loses its terms, each end of a new one gets its seeds
+        (its shares, with the paper's fixed mask), drawn for `epoch`."""
+        touched = sorted({i for e in (*dropped, *new_edges) for i in e})
+        lost: dict[int, set[int]] = {i: set() for i in touched}
+        for a, b in dropped:
+            lost[a].add(b)
+            lost[b].add(a)
+        if self.seeds is not None:
+            added = new_edge_seeds(new_edges, noise_seed=self.noise_seed, epoch=epoch)
+            for i in touched:
+                seeds = add_seeds(drop_seeds(self.seeds[i], lost[i]), added.get(i, {}))
+                self.seeds[i] = seeds
+                self.providers[i] = reseeded(self.providers[i], seeds)
+        elif self.shares is not None:
+            spec = self.problem.noise_spec
+            fresh = new_edge_shares(new_edges, spec, noise_seed=self.noise_seed, epoch=epoch)
+            for i in touched:
+                self.shares[i] = self.shares[i].without(lost[i]).plus(fresh.get(i, {}))
+                self.providers[i] = self.shares[i].mask(spec.num_coefficients)
 
     def _remask(self, agents: Sequence[int], *, drop: set[int],
                 new_edges: Sequence[tuple[int, int]]) -> None:
@@ -237,7 +340,7 @@ class DepartureReplay:
     def check(self, t: int) -> None:
         """Round t's remaining masks sum to zero exactly (zero-sum masks, once anyone left;
         not in the one round in which a late neighbour still mixes the departed agent in)."""
-        if not self.departed or (self.seeds is None and self.shares is None):
+        if not self.changed or (self.seeds is None and self.shares is None):
             return
         if any(d.late and d.round == t for d in self.departures):
             return  # a late neighbour still holds the departed agent's terms this round
@@ -273,6 +376,7 @@ class DepartureReplay:
         objective = self.active if window is None else [*self.active, window.departure.agent]
         return {
             "departures": self.events,
+            **({"joins": self.joined} if self.joined else {}),
             "remaining": [_name(i) for i in self.active],
             "optimum_of": optimum_of(objective) if capped is None
             else capped_model(self.active, capped.departure.agent),
@@ -282,7 +386,7 @@ class DepartureReplay:
 
 
 def departures_line(record: dict[str, Any]) -> str:
-    """One line of the command's output from DepartureReplay.to_json: who left, when, and what
+    """One line of the command's output from MembershipReplay.to_json: who left, when, and what
     the model is the optimum of."""
     gone = "; ".join(f"{e['agent']} left {_when(e)} ({_after(e)})" for e in record["departures"])
     return (f"{gone}; the model is {record['optimum_of']}; remaining masks sum to zero "
@@ -316,3 +420,12 @@ def stopped_words(event: dict[str, Any]) -> str:
 
 def _when(event: dict[str, Any]) -> str:
     return "in phase I" if event.get("phase_one") else f"at round {event['round']}"
+
+
+def joins_line(record: dict[str, Any]) -> str:
+    """Who joined when, and with whom, in one line (MembershipReplay.to_json's `joins`)."""
+    return "; ".join(
+        f"{j['agent']} joined at round {j['round']} (neighbours {', '.join(j['neighbours'])}"
+        + "".join(f", new edge {a}-{b}" for a, b in j["new_edges"])
+        + "".join(f", edge {a}-{b} dropped" for a, b in j["dropped_edges"]) + ")"
+        for j in record.get("joins", []))

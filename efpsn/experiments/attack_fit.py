@@ -4,6 +4,9 @@ sample once the iterate and the residual are known:
 
     grad_W = (p - y) x^T,  grad_b = p - y,  p = softmax(W x + b)    (plus l2 * iterate, public)
 
+or a ridge regression (LinearModel.link "identity", one output): the same with p = w.x + b and
+y the sample's target, so everything below holds with the prediction in place of softmax's.
+
 A K = 1 mask's gradient is a constant vector, so the difference of two consecutive rounds removes
 the fixed part of any mask; what is left is d_t = (p_{t+1} - p_t) x^T (+ the bias part) plus
 the difference of the rounds' fresh parts, if any. The label cancels in d_t.
@@ -37,11 +40,18 @@ __all__ = ["Differences", "Levels", "LinearModel", "Prior", "differences", "leve
 
 @dataclass(frozen=True)
 class LinearModel:
-    """A softmax regression's public shape: W (classes, features) row-major, then b."""
+    """A linear model's public shape: W (classes, features) row-major, then b; `link`:
+    "softmax" (logistic regression's probabilities) or "identity" (ridge's one number)."""
 
     classes: int
     features: int
     l2: float
+    link: str = "softmax"
+
+    def outputs(self, scores: torch.Tensor) -> torch.Tensor:
+        """What the gradient's residual is made of: softmax over the last axis, or the
+        scores as they are (ridge)."""
+        return scores if self.link == "identity" else torch.softmax(scores, dim=-1)
 
     def split(self, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(..., d) -> weight block (..., classes, features), bias block (..., classes)."""
@@ -112,7 +122,7 @@ def _predict(model: LinearModel, diffs: Differences, x: torch.Tensor) -> torch.T
     probs = []
     for points in (diffs.before, diffs.after):
         weight, bias = model.split(torch.from_numpy(points))
-        probs.append(torch.softmax(weight @ x + bias, dim=-1))
+        probs.append(model.outputs(weight @ x + bias))
     change = probs[1] - probs[0]  # (P, C)
     grad_w = change[:, :, None] * x[None, None, :]
     return torch.cat([grad_w.reshape(len(change), -1), change], dim=1)
@@ -162,7 +172,7 @@ def _levels(model: LinearModel, points: np.ndarray, x: torch.Tensor) -> torch.Te
     """softmax(W_t x + b_t) (x, 1) per round: the gradient's part that varies with the round
     (the label's part -y (x, 1) is the same every round)."""
     weight, bias = model.split(torch.from_numpy(points))
-    probs = torch.softmax(weight @ x + bias, dim=-1)  # (T, C)
+    probs = model.outputs(weight @ x + bias)  # (T, C)
     grad_w = probs[:, :, None] * x[None, None, :]
     return torch.cat([grad_w.reshape(len(probs), -1), probs], dim=1)
 

@@ -1,6 +1,7 @@
 """Agent 1's perturbation round by round in the attack experiment: the paper's fixed mask, or a
-mask refreshed every R rounds from edge seeds (efpsn/masks/seeds.py, efpsn/masks/refresh.py), with the very
-integers a network with the same noise seed would use; and which rounds each attacker sees."""
+mask refreshed every R rounds from edge seeds (efpsn/masks/seeds.py, efpsn/masks/refresh.py), with
+the very integers a network with the same noise seed would use; and which rounds each attacker
+sees."""
 
 from __future__ import annotations
 

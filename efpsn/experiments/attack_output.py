@@ -42,10 +42,15 @@ OUTPUT_ATTACKERS = ("output only: others' data", "output only: pooled data",
 
 def sample_gradients(model: LinearModel, x_star: np.ndarray, features: np.ndarray,
                      labels: np.ndarray) -> np.ndarray:
-    """(n, d): each sample's cross-entropy gradient at x_star (no l2 term)."""
+    """(n, d): each sample's cross-entropy gradient at x_star (no l2 term); for ridge
+    (identity link) the squared loss's, (w.x + b - y) (x, 1)."""
     weight, bias = model.split(np.asarray(x_star, dtype=np.float64))
     feats = np.asarray(features, dtype=np.float64).reshape(len(features), -1)
     logits = feats @ weight.T + bias
+    if model.link == "identity":
+        resid = logits - np.asarray(labels, dtype=np.float64).reshape(-1, 1)
+        grad_w = resid[:, :, None] * feats[:, None, :]
+        return np.concatenate([grad_w.reshape(len(feats), -1), resid], axis=1)
     logits -= logits.max(axis=1, keepdims=True)
     probs = np.exp(logits)
     probs /= probs.sum(axis=1, keepdims=True)
@@ -85,6 +90,19 @@ def _map_fit(model: LinearModel, x_star: np.ndarray, target: np.ndarray, varianc
         starts.append(rank_one_sample(model, x_star, target))
     except ValueError:
         pass
+    if model.link == "identity":  # ridge: the target is unknown, the residual r free
+        f = model.features
+
+        def joint(z: torch.Tensor) -> torch.Tensor:
+            x, r = z[:f], z[f:]
+            pred = torch.cat([(r[:, None] * x[None, :]).reshape(-1), r])
+            gap = x - mu
+            return (inv * (pred - goal) ** 2).sum() + gap @ precision @ gap
+
+        residual = float(np.asarray(target - model.l2 * x_star)[-1])
+        _, z = lbfgs_from(joint, [np.append(s, residual) for s in starts], steps=steps,
+                          history=20, tolerance_grad=1e-12, tolerance_change=1e-14)
+        return np.asarray(z[:f])
     for label in range(model.classes):
         onehot = torch.zeros(model.classes, dtype=torch.float64)
         onehot[label] = 1.0

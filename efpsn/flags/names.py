@@ -1,27 +1,31 @@
 """The run parameters as the outside names them, and what is checked before a network starts.
 
-Torch-free and argparse-free, so the launcher, the coordinator and the compose file use it as the
-command line does (efpsn/flags/arguments.py builds the flags): a parameter's flag and environment
-variable, the rule a network resolves a run by, a --data-dir folder's agreement with the values
-given, the networked key policy, and the config's one crossing to the coordinator (a
-RunParameters file).
+Torch-free and argparse-free, so the launcher, the coordinator, the compose file and the
+notebook use it as the command line does (efpsn/flags/arguments.py builds the flags): a
+parameter's flag and environment variable, the run's config from the values given and a
+--data-dir folder inspected once (config_from_values), the rule a network resolves a run by, a
+folder's agreement with the values given, the networked key policy, and the config's one
+crossing to the coordinator (a RunParameters file).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from efpsn.params.checks import LOCAL_DATA
 from efpsn.params.config import Declaration, RunConfig, declarations
-from efpsn.params.schema import check_standard_masks, parse_shape
+from efpsn.params.schema import STANDARD, check_standard_masks, parse_shape
+from efpsn.params.table import TableSchema
 
 if TYPE_CHECKING:
     from efpsn.data.folders import DataDirLayout
+    from efpsn.data.inspection import DataFolder
 
-__all__ = ["check_flags_against_folder", "check_key_policy", "environment_variable",
-           "flag_of", "folder_values", "network_resolved", "run_parameter_variables",
-           "run_parameters_args"]
+__all__ = ["check_flags_against_folder", "check_key_policy", "config_from_values",
+           "environment_variable", "flag_of", "network_resolved", "run_parameter_variables",
+           "run_parameters_args", "run_values_by_name"]
 
 
 def flag_of(name: str, declared: Declaration) -> str:
@@ -112,20 +116,74 @@ def check_flags_against_folder(given: dict[str, Any], layout: DataDirLayout, *,
                          f"--label-column")
 
 
-def folder_values(layout: DataDirLayout, given: dict[str, Any],
-                   label_column: str | None) -> dict[str, Any]:
-    from efpsn.data.folder_schema import folder_run_values
+def run_values_by_name(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Run parameters given by name (efpsn.notebook.train's keywords) as the command line would
+    give them: a text parsed as its flag parses it (iterations="auto", l2="default",
+    gamma="1e3"), any other value as it is (RunConfig checks it). ValueError for a name that is
+    not a run parameter."""
+    declared = {f.name: (f, d) for f, d in declarations()}
+    out = {}
+    for name, value in values.items():
+        if name not in declared:
+            raise ValueError(f"{name!r} is not a run parameter; expected one of "
+                             f"{', '.join(sorted(declared))}")
+        f, d = declared[name]
+        if isinstance(value, str) and d.parse is not None:
+            value = d.parse(value)
+        elif isinstance(value, str) and f.type in ("int", "float", int, float):
+            kind = int if f.type in ("int", int) else float
+            try:
+                value = kind(value)
+            except ValueError:
+                raise ValueError(f"{name} must be {'an int' if kind is int else 'a number'}, "
+                                 f"got {value!r}") from None
+        if d.choices and value not in d.choices:  # as the flag's choices would, at once
+            raise ValueError(f"{name} must be one of {', '.join(d.choices)}, got {value!r}")
+        out[name] = value
+    return out
 
-    values: dict[str, Any] = layout.run_values()
-    shape = (("--input-shape", given["input_shape"]) if "input_shape" in given else
-             ("schema.json's input_shape", layout.schema.input_shape)
-             if layout.schema.input_shape else None)
-    values.update(folder_run_values(
-        layout.root, layout.files, layout.test, label_column=layout.label_column(label_column),
-        input_shape=None if shape is None else (shape[1], shape[0]),
-        classes=given.get("classes", layout.schema.classes),
-        scale=given.get("scale", layout.schema.scale)))
-    return values
+
+def config_from_values(given: Mapping[str, Any], *, folder: DataFolder | None = None,
+                       preset: str | None = None, derived: Mapping[str, Any] | None = None,
+                       label_column: str | None = None, resolve: bool = True) -> RunConfig:
+    """The RunConfig of the run values given (by flags or by name: efpsn.notebook.train).
+    Precedence: the values given, then a --data-dir folder as inspected once (`folder`: data
+    "local", its agent count, what its schema.json and files imply, the table schema), or a
+    table schema given (its input shape and classes, scale standard), then `derived`, then the
+    preset, then RunConfig's defaults; then the step rule where it was asked for
+    (RunConfig.resolved) unless `resolve` is False (a run whose l2 waits for the network's
+    sample count: efpsn/stats/standardise.py). A value the folder contradicts is refused in
+    one line first (check_flags_against_folder)."""
+    from efpsn.params.config import PRESETS
+
+    if preset is not None and preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}: expected one of {sorted(PRESETS)}")
+    values: dict[str, Any] = dict(PRESETS.get(preset or "", {}))
+    values.update(derived or {})
+    table = given.get("table")
+    if folder is not None:
+        check_flags_against_folder(dict(given), folder.layout, label_column=label_column)
+        values.update(folder.values)
+    elif table is not None and TableSchema.of(table).given:
+        values.update(_table_values(TableSchema.of(table)))
+    elif ("input_shape" in given or "classes" in given) and "data" not in given:
+        values["data"] = LOCAL_DATA  # a schema of one's own and no data set named: local data
+    values.update(given)
+    config = RunConfig(**values)
+    return config.resolved() if resolve else config
+
+
+def _table_values(table: TableSchema) -> dict[str, Any]:
+    """What a table schema implies: agent-local data, its features, its classes (when it
+    fixes them: class names, or 1 for a number), scale standard (a table's columns come in
+    any units) and, for a number, task ridge."""
+    out: dict[str, Any] = {"data": LOCAL_DATA, "input_shape": str(table.features),
+                           "scale": STANDARD}
+    if table.classes is not None:
+        out["classes"] = table.classes
+    if table.label == "number":
+        out["task"] = "ridge"
+    return out
 
 
 def run_parameters_args(config: RunConfig, folder: Path) -> list[str]:

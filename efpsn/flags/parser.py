@@ -23,7 +23,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def add_data_dir_arguments(parser: argparse.ArgumentParser) -> None:
-    """--data-dir/--holdout/--label-column of `efpsn simulate` and `efpsn up`."""
+    """--data-dir/--holdout/--label-column/--drop of `efpsn simulate` and `efpsn up`."""
     g = parser.add_argument_group("agent-local data (instead of --data)")
     g.add_argument("--data-dir", default=None,
                    help="private folders DIR/agent1..agentN, each with train.npz or train.csv "
@@ -33,7 +33,11 @@ def add_data_dir_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--holdout", type=float, default=0.2,
                    help="fraction of each agent's data held out locally for evaluation")
     g.add_argument("--label-column", default=None,
-                   help="label column of .csv files (default: schema.json's, else label)")
+                   help="label column of .csv files (default: schema.json's, else label): "
+                        "class indices 0, 1, ..., class names, or with --task ridge numbers")
+    g.add_argument("--drop", action="append", default=[], metavar="COLUMN[,COLUMN...]",
+                   help="columns of the .csv files that are not features (an id, free text, "
+                        "a date); also schema.json's \"drop\"; repeatable")
 
 
 def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None, *,

@@ -1,6 +1,6 @@
-"""The launcher's side of the fork server (agent/forkserver.py, started as a process): `efpsn up`'s agents are
-forked from one process that loaded the interpreter, numpy, torch and phe once, and share those
-pages; once the server has forked them all it exits, and the launcher adopts them (Linux's
+"""The launcher's side of the fork server (agent/forkserver.py, started as a process): `efpsn up`'s
+agents are forked from one process that loaded the interpreter, numpy, torch and phe once, and share
+those pages; once the server has forked them all it exits, and the launcher adopts them (Linux's
 child subreaper), so it waits for them and reads their exit codes as for any child."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["Child", "Process", "spawn", "stop_children", "wait_port"]
+__all__ = ["Child", "Process", "read_port", "spawn", "stop_children", "wait_port"]
 
 
 class Process(Protocol):
@@ -68,7 +68,8 @@ def spawn(name: str, module_args: Sequence[str], folder: Path, *,
           pass_fds: Sequence[int] = ()) -> Child:
     """`python -m MODULE ARGS --port-file FOLDER/ports/NAME`, output to FOLDER/logs/NAME.log, in a
     session of its own (our Ctrl-C is handled by the caller, which then stops it), with `env` on
-    top of this environment and the descriptors `pass_fds` (the lifeline: efpsn/process/lifeline.py)."""
+    top of this environment and the descriptors `pass_fds` (the lifeline:
+    efpsn/process/lifeline.py)."""
     log_path, port_file = child_files(name, folder)
     with open(log_path, "ab" if append_log else "wb") as log:
         process = subprocess.Popen(
@@ -89,16 +90,23 @@ class ExitedBeforeServing(RuntimeError):
         self.child = child
 
 
+def read_port(child: Child) -> int | None:
+    """The port `child` serves on if it has written it, else None (without waiting)."""
+    try:
+        return int(child.port_file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def wait_port(child: Child, timeout: float) -> int:
     """The port `child` serves on, once it wrote it (even if it has exited since: what it does
     after serving is the caller's to watch); ExitedBeforeServing if it exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         exited = child.process.poll() is not None
-        try:
-            return int(child.port_file.read_text())  # read after poll(): no exit is missed
-        except (OSError, ValueError):
-            pass
+        port = read_port(child)  # read after poll(): no exit is missed
+        if port is not None:
+            return port
         if exited:
             raise ExitedBeforeServing(child)
         time.sleep(0.05)

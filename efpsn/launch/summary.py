@@ -51,9 +51,10 @@ def check_results(results: list[dict], *, iterations: int, early: bool = False,
                   ends: set[int] | None = None) -> list[str]:
     """What is wrong with the agents' results as one run (empty: nothing): every agent must
     report the same run and have finished its last round: `iterations`, or with the stop rule
-    (`early`, efpsn/optimize/stopping.py) the same round at every agent, at most `iterations`; `ends`:
-    the stop round and the check round of a departure's last window, or the cap and the rounds
-    the waiting agents ended at after a departure too late to re-base (efpsn/departure/last_window.py)."""
+    (`early`, efpsn/optimize/stopping.py) the same round at every agent, at most `iterations`;
+    `ends`: the stop round and the check round of a departure's last window, or the cap and the
+    rounds the waiting agents ended at after a departure too late to re-base
+    (efpsn/departure/last_window.py)."""
     problems = []
     runs = sorted({str(r.get("run_id")) for r in results})
     if len(runs) != 1:
@@ -112,18 +113,37 @@ def summarize_reports(problem: Any, folder: Path, names: list[str], *,
     if test_path is not None:  # public: the same file every agent was given
         c = problem.config
         raw = read_data(test_path, who="efpsn up", label_column=label_column,
-                        classes=c.classes)
+                        classes=c.classes, table=c.table, regression=c.task.regression)
         test = check_arrays(raw.features, raw.labels, path=test_path, who="efpsn up",
                             shape=parse_shape(c.input_shape), classes=c.classes,
-                            divisor=c.divisor, cells=raw.cells)
+                            divisor=c.divisor, cells=raw.cells, regression=c.task.regression,
+                            missing=raw.missing, fills=c.scale.standard)
         if standardisation is not None:  # as every agent standardised its copy
             from efpsn.stats.standardise import standardise_dataset
 
             test = standardise_dataset(test, *standardisation)
         final["accuracy"] = float(problem.task.accuracy(x_bar, test))
+        if c.task.regression:
+            final["r2"] = final["accuracy"]
+        elif c.table.class_names:  # the classes by name: each one's share recognised
+            final["accuracy_by_class"] = per_class_accuracy(problem.task, x_bar, test,
+                                                            c.table.class_names)
     else:
         final["accuracy"] = final.get("mean_holdout_accuracy", math.nan)
     return _summary(problem, results, final, x_bar)
+
+
+def per_class_accuracy(task: Any, x: Any, data: Any, names: tuple[str, ...]
+                       ) -> dict[str, float | None]:
+    """Each class's share of its test samples the model predicts right, by class name (None:
+    the class has no sample in the set)."""
+    predicted = task.predict(x, data.images).numpy()
+    labels = data.labels.numpy()
+    out: dict[str, float | None] = {}
+    for k, name in enumerate(names):
+        mine = labels == k
+        out[name] = float((predicted[mine] == k).mean()) if mine.any() else None
+    return out
 
 
 def save_average(problem: Any, folder: Path, x_bar: Any, *,
@@ -134,7 +154,8 @@ def save_average(problem: Any, folder: Path, x_bar: Any, *,
     from efpsn.tasks.model_io import MODEL_FILE, save_model
 
     return save_model(folder / MODEL_FILE, task=problem.task, x=x_bar,
-                      scale=problem.config.scale, standardisation=standardisation)
+                      scale=problem.config.scale, standardisation=standardisation,
+                      table=problem.config.table)
 
 
 def _standardised_problem(problem: Any, folder: Path, names: list[str], results: list[dict]
@@ -155,24 +176,34 @@ def _standardised_problem(problem: Any, folder: Path, names: list[str], results:
             (np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)))
 
 
-def format_reports(final: dict[str, float], *, public_test: bool) -> str:
+def format_reports(final: dict[str, float], *, public_test: bool,
+                   score: str = "accuracy") -> str:
+    """The final line of agent-local data; `score`: what "accuracy" measures (the task's
+    score_name: accuracy, or R^2 for ridge)."""
     if public_test:
-        parts = [f"test accuracy {final['accuracy']:.4f} (x_bar, public test set)"]
+        parts = [f"test {score} {final['accuracy']:.4f} (x_bar, public test set)"]
     else:
         own = "the agents' own, on their held-out parts; no public test set"
-        parts = [f"accuracy {final['accuracy']:.4f} ({own})" if not math.isnan(final["accuracy"])
-                 else "accuracy n/a (no test set, no held-out part)"]
+        parts = [f"{score} {final['accuracy']:.4f} ({own})" if not math.isnan(final["accuracy"])
+                 else f"{score} n/a (no test set, no held-out part)"]
     if public_test and "mean_holdout_accuracy" in final:
-        parts.append(f"mean local holdout accuracy {final['mean_holdout_accuracy']:.4f}")
+        parts.append(f"mean local holdout {score} {final['mean_holdout_accuracy']:.4f}")
     parts += [f"mean local loss {final['mean_agent_loss']:.4g}",
               f"consensus {final['consensus']:.3g}"]
     return ", ".join(parts)
 
 
+def _edges(edges: list[list[int]]) -> tuple[tuple[int, int], ...]:
+    """A graph's edges as result.json has them (`final_edges`), as Graph takes them."""
+    return tuple(sorted((min(a, b), max(a, b)) for a, b in edges))
+
+
 def _summary(problem: Any, results: list[dict], final: dict[str, float],
              x_bar: Any) -> dict[str, Any]:
     """summary.json: the network's final metrics, each agent's own, whether the run is whole,
-    and whether it converged (efpsn/optimize/certificate.py, from the agents' own last-round measures)."""
+    and whether it converged (efpsn/optimize/certificate.py, from the agents' own last-round
+    measures)."""
+    import numpy as np
     import torch
 
     from efpsn.optimize.certificate import Certifier
@@ -181,7 +212,8 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     config = problem.config
     # a departure's re-base may have extended the cap (StopRule.rebased): the agents say so
     cap = max([config.iterations.total] + [int(e.get("cap", 0)) for r in results
-                                           for e in r.get("departures", [])])
+                                           for e in [*r.get("departures", []),
+                                                     *r.get("joins", [])]])
     window = next((e for r in results for e in r.get("departures", []) if "stopped" in e),
                   None)  # a departure in the stop's last window (efpsn/departure/last_window.py)
     capped = next((e for r in results for e in r.get("departures", []) if "capped" in e),
@@ -191,12 +223,21 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     problems = check_results(results, iterations=cap, early=not config.resolved().stop_every.never,
                              ends=ends)
     rounds = results[0]["final"].get("round") if results else None
-    weights = problem.weights
-    if any("departures" in r for r in results):  # the remaining agents' graph, re-based
+    weights = problem.member_weights
+    kept = sorted(int(r["index"]) for r in results)
+    edges = {_edges(r["final_edges"]) for r in results if "final_edges" in r}
+    if len(edges) > 1:
+        problems.append("the agents ran their last rounds on different graphs")
+    if any("joins" in r or "joined" in r for r in results):  # the members' last graph
+        from efpsn.topology import Graph, metropolis_weights
+
+        graph = Graph(problem.n, max(edges), name=problem.graph.name)
+        weights = metropolis_weights(graph)[np.ix_(kept, kept)]
+    elif any("departures" in r for r in results):  # the remaining agents' graph, re-based
         from efpsn.departure.membership import reconfigure
 
-        kept = {int(r["index"]) for r in results}
-        weights = reconfigure(problem.graph, set(range(problem.n)) - kept).remaining_weights()
+        weights = reconfigure(problem.graph, set(range(problem.n)) - set(kept)
+                              ).remaining_weights()
     convergence = Certifier.for_run(config, weights)(
         worst([r["final"] for r in results]), x_bar_norm=float(torch.linalg.vector_norm(x_bar)),
         rounds=int(rounds) if isinstance(rounds, int | float) else None)
@@ -217,7 +258,8 @@ def _summary(problem: Any, results: list[dict], final: dict[str, float],
     from efpsn.params.tail import record
     from efpsn.privacy.modes import privacy_statement
 
-    rule = StopRule.for_run(config, problem.weights)  # the run's graph's (efpsn/params/tail.py)
+    # the starting members' graph's (efpsn/params/tail.py)
+    rule = StopRule.for_run(config, problem.member_weights)
     tail = record(rule.tail, mode=config.tail, algorithm=config.algorithm, gamma=config.gamma,
                   active=rule.active)
     return {
@@ -242,7 +284,7 @@ def _public_problem(config: RunConfig, *, local: bool) -> tuple[Any, Any]:
 
     configure_threads()
     problem = build_problem(config, local={} if local else None)
-    if local or not problem.config.task.logreg:
+    if local or not problem.config.task.linear:
         return problem, None
     from efpsn.tasks.optimum import centralized_optimum
 
@@ -282,11 +324,12 @@ class ProblemBuild:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def format_metrics(metrics: dict[str, float]) -> str:
-    """One line of a metrics record for a person: accuracy, loss, optimality, consensus."""
+def format_metrics(metrics: dict[str, float], *, score: str = "accuracy") -> str:
+    """One line of a metrics record for a person: accuracy (`score`: R^2 for ridge), loss,
+    optimality, consensus."""
     accuracy = metrics["accuracy"]
-    parts = [f"accuracy {accuracy:.4f}" if not math.isnan(accuracy)
-             else "accuracy n/a (no test set, no held-out part)", f"loss {metrics['loss']:.4g}"]
+    parts = [f"{score} {accuracy:.4f}" if not math.isnan(accuracy)
+             else f"{score} n/a (no test set, no held-out part)", f"loss {metrics['loss']:.4g}"]
     if "deviation" in metrics:
         parts.append(f"||x_bar - x*|| {metrics['deviation']:.3g}"
                      f" (relative {metrics['relative_deviation']:.3g})")

@@ -30,9 +30,9 @@ division, the same bits on every machine.
 
 Why it keeps both promises: the fixed part is mixed away like the paper's mask; the fresh part's
 increments enter gradient tracking's trackers but die out no faster than the algorithm contracts
-(RHO is the step rule's rate, efpsn.params.step_rule.fading_rate), so the run ends where the unmasked
-run ends, while every two rounds' difference (which cancels a fixed mask) carries fresh noise
-that is large against the gradient's own change for as long as that change is.
+(RHO is the step rule's rate, efpsn.params.step_rule.fading_rate), so the run ends where the
+unmasked run ends, while every two rounds' difference (which cancels a fixed mask) carries fresh
+noise that is large against the gradient's own change for as long as that change is.
 
 What it costs, and why RHO is not faster (issue 29, docs/RESULTS.md "Why a masked run stops
 later"): the fresh part starts about sqrt(gamma) in size, orders above the gradient's change, and

@@ -1,4 +1,5 @@
-"""Per-period Gaussian noise from a secret seed: a ChaCha20 stream and only exactly rounded arithmetic.
+"""Per-period Gaussian noise from a secret seed: a ChaCha20 stream and only exactly rounded
+arithmetic.
 
 Both ends of an edge expand the same 32-byte seed into the same integers on any machine. The
 derivation therefore uses only operations IEEE-754 binary64 rounds exactly (+ - * / sqrt,

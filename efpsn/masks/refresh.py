@@ -2,12 +2,12 @@
 
 The per-round driver asks a MaskProvider for round t's coefficients. `FixedMask` returns phase
 I's mask every round (`--refresh never`, the paper). `RefreshedMask` derives period
-floor(t / R)'s numerators sum_j (z(s_ij) - z(s_ji)) from the agent's EdgeSeeds (efpsn/masks/seeds.py)
-and caches the current period; its `NoiseBlocks` derive the streams several periods at a time
-when N is small (one pass instead of one call per stream and period) and can be shared by the
-agents of one process (the simulator), so that each edge's stream is derived once. Every agent
-uses the same public R and NoiseSpec, so in every period each z(s_ij) appears once with + (at
-i) and once with - (at j): the masks sum to zero exactly, every round.
+floor(t / R)'s numerators sum_j (z(s_ij) - z(s_ji)) from the agent's EdgeSeeds
+(efpsn/masks/seeds.py) and caches the current period; its `NoiseBlocks` derive the streams several
+periods at a time when N is small (one pass instead of one call per stream and period) and can be
+shared by the agents of one process (the simulator), so that each edge's stream is derived once.
+Every agent uses the same public R and NoiseSpec, so in every period each z(s_ij) appears once with
++ (at i) and once with - (at j): the masks sum to zero exactly, every round.
 """
 
 from __future__ import annotations

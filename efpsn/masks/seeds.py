@@ -3,12 +3,12 @@
 Agent i draws a fresh secret seed s_ij for every neighbour j, encrypts it under j's Paillier key
 (one ciphertext per neighbour, whatever N is) and decrypts the seeds s_ji its neighbours sent.
 Both ends of edge (i, j) then hold s_ij and s_ji, and expand them every period into the same
-noise integers (efpsn/masks/keystream.py); agent i's numerators sum_j (z(s_ij) - z(s_ji)) cancel over
-the network exactly (efpsn/masks/refresh.py turns them into masks per round).
+noise integers (efpsn/masks/keystream.py); agent i's numerators sum_j (z(s_ij) - z(s_ji)) cancel
+over the network exactly (efpsn/masks/refresh.py turns them into masks per round).
 
 Production draws seeds with the `secrets` module; a noise seed (simulations and tests only,
-never private) draws them from efpsn.masks.zero_sum.noise_generator(noise_seed, agent) instead, 32 bytes
-per neighbour in ascending order, so a networked run can be compared with the simulator.
+never private) draws them from efpsn.masks.zero_sum.noise_generator(noise_seed, agent) instead, 32
+bytes per neighbour in ascending order, so a networked run can be compared with the simulator.
 """
 
 from __future__ import annotations
@@ -206,7 +206,8 @@ class SeedExchange:
             raise ValueError("keypair's private key does not belong to its public key")
         self._public_key, self._private_key = public_key, private_key
         self._check_key(self._public_key, f"agent {self.agent}")
-        # `seeds` (a restart, agent/rejoin_state.py): the ones drawn before it, not new ones
+        # `seeds` (a restart, agent/departure/exchange_file.py): the ones drawn before it, not new
+        # ones
         self._seeds = draw_seeds(self.neighbours, rng) if seeds is None else dict(
             _check_seed_map("seeds", seeds))
         if sorted(self._seeds) != list(self.neighbours):

@@ -1,7 +1,7 @@
 """Did the run converge? A bound on ||x_bar - x*|| / ||x*|| from what the agents already hold.
 
-For logistic regression with the step rule's public curvature bound L (efpsn/params/step_rule.py) and
-strong convexity mu = l2, gradient tracking keeps the average of the trackers equal to the
+For logistic regression with the step rule's public curvature bound L (efpsn/params/step_rule.py)
+and strong convexity mu = l2, gradient tracking keeps the average of the trackers equal to the
 average gradient at the points z_i the agents last evaluated (z = x for plain tracking). So,
 for the network objective F (its gradient the average of the perturbed ones, which equals the
 unperturbed one: the masks sum to zero):
@@ -16,8 +16,8 @@ diameter D times (n - 1) / n: 1.2 on the 5-ring where D = 2. (Issue 29: with the
 this gap term, not the tracker, is the certificate's largest term at the stop, so the tighter
 factor stops a masked run earlier; the bound is as sound as with D.)
 
-Under secure aggregation (efpsn/masks/aggregation.py) an agent never sees one neighbour's point, only
-their weighted mean z_hat_i = sum_j w_ij z_j / sum_j w_ij, and its gap is ||z_i - z_hat_i||.
+Under secure aggregation (efpsn/masks/aggregation.py) an agent never sees one neighbour's point,
+only their weighted mean z_hat_i = sum_j w_ij z_j / sum_j w_ij, and its gap is ||z_i - z_hat_i||.
 Those residuals are r = (I - P) z, P_ij = w_ij / sum_(k != i) w_ik off the diagonal; on the
 mean-free part (I - P) is invertible, so z_i - z_bar = sum_k G_ik r_k with G = Q ((I - P) Q)^+
 (Q an orthonormal basis of the vectors summing to 0), and ||z_i - z_bar|| <= S max_k ||r_k||
@@ -25,8 +25,8 @@ with S = max_i sum_k |G_ik| (`spread`, public: from the weights alone) in place 
 
 With that bound B, ||x*|| >= ||x_bar|| - B gives the certificate B / (||x_bar|| - B), an
 upper bound on the relative distance (infinite while B >= ||x_bar||). Every input is an
-agent's own measure of its last round (efpsn.optimize.driver.progress: tracker, gap, step), the public
-L, mu, beta and graph, and ||x_bar||: nobody needs x*, and nothing private is shared.
+agent's own measure of its last round (efpsn.optimize.driver.progress: tracker, gap, step), the
+public L, mu, beta and graph, and ||x_bar||: nobody needs x*, and nothing private is shared.
 
 A run is reported converged when the certificate is at most TARGET; models without a public
 curvature bound (LeNet, MLPs, a user's) and DSGD (no tracker) get no certificate, only the
@@ -106,6 +106,12 @@ class Certificate:
                 "line": self.line}
 
 
+def distance_bound(*, tracker: float, gap: float, step: float, curvature: float, l2: float,
+                   hops: float, momentum: float) -> float:
+    """B >= ||x_bar - x*||: (||y|| + L M gap) / mu + beta step (the module's docstring)."""
+    return (tracker + curvature * hops * gap) / l2 + momentum * step
+
+
 def certify(measures: Mapping[str, float], *, x_bar_norm: float, curvature: float | None,
             l2: float, hops: float, momentum: float, rounds: int, rate: float | None = None,
             fallback_rounds: int | None = None, target: float = TARGET) -> Certificate:
@@ -123,7 +129,8 @@ def certify(measures: Mapping[str, float], *, x_bar_norm: float, curvature: floa
                else "no tracker (DSGD)" if math.isnan(tracker)
                else "the measures of the last round are missing or not finite")
         return Certificate(None, False, _uncertified(measures, why))
-    bound = (tracker + curvature * hops * gap) / l2 + momentum * step
+    bound = distance_bound(tracker=tracker, gap=gap, step=step, curvature=curvature, l2=l2,
+                           hops=hops, momentum=momentum)
     value = bound / (x_bar_norm - bound) if bound < x_bar_norm else math.inf
     if value <= target:
         return Certificate(value, True, f"converged: ||x_bar - x*|| <= {value:.2g} ||x*|| "
@@ -162,8 +169,9 @@ class Certifier:
     def for_run(cls, config: RunConfig, weights: np.ndarray, *,
                 aggregate: bool = False) -> Certifier:
         """The step rule's curvature bound (logistic regression only), the L2 weight, the
-        graph's mean distance M (`aggregate`: the spread S of the neighbour-mean gap), the momentum, the rounds and, for a constant step, the contraction
-        per round (agt: 1 - sqrt(alpha l2); gt: 1 - alpha l2)."""
+        graph's mean distance M (`aggregate`: the spread S of the neighbour-mean gap), the momentum,
+        the rounds and, for a constant step, the contraction per round (agt: 1 - sqrt(alpha l2); gt:
+        1 - alpha l2)."""
         from efpsn.params.model_sizes import l2_weight
         from efpsn.params.schema import parse_shape
         from efpsn.params.step_rule import public_curvature, step_rule

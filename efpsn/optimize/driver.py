@@ -5,7 +5,7 @@ The driver owns what happens in a round besides moving messages: the step size o
 the step itself, when to evaluate, and the convergence measures an agent can compute from
 what it holds (its own iterates and its neighbours' messages), so that a run can tell whether
 it has converged without knowing x*. The caller moves the messages: the simulator hands each
-agent its neighbours' outboxes, the agent exchanges them over gRPC (agent/phase_two.py).
+agent its neighbours' outboxes, the agent exchanges them over gRPC (agent/phases/phase_two.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ __all__ = ["CHECK_STATE", "STOP_STATE", "RoundDriver", "checkpoint_shapes", "pro
 
 STOP_STATE = "stop_state"  # checkpoint tensor: [1, the 4 integers to send] or [0, 0, 0, 0, 0]
 # checkpoint tensors of the last check round's state (a departure in its window ends the run
-# there: efpsn/departure/last_window.py): [1, its round] or [0, 0], and CHECK_PREFIX + each state key
+# there: efpsn/departure/last_window.py): [1, its round] or [0, 0], and CHECK_PREFIX + each state
+# key
 CHECK_STATE, CHECK_PREFIX = "check_state", "check_"
 
 
@@ -100,7 +101,8 @@ class RoundDriver:
 
     def __init__(self, *, algorithm: Algorithm, context: StepContext, schedule: StepSize,
                  iterations: int, eval_every: int, x0: torch.Tensor | None = None,
-                 resume_from: AgentState | None = None, stop: StopRule | None = None) -> None:
+                 resume_from: AgentState | None = None, stop: StopRule | None = None,
+                 start: int = 0) -> None:
         if (x0 is None) == (resume_from is None):
             raise ValueError("give x0 (a fresh start) or resume_from (a saved state), not both")
         if iterations < 1 or eval_every < 1:
@@ -134,9 +136,9 @@ class RoundDriver:
             # an outbox is the state's message tensors (true of every algorithm's step)
             self.outbox: Message = {k: resume_from[k] for k in algorithm.message_keys}
         else:
-            assert x0 is not None
-            ctx = dataclasses.replace(context, lr=schedule(0))
-            self.state, self.outbox = algorithm.init(x0, ctx)
+            assert x0 is not None  # at round `start`: 0, or the round a party joins at
+            ctx = dataclasses.replace(context, lr=schedule(start))
+            self.state, self.outbox = algorithm.init(x0, ctx, t=start)
         self._attach_stop()  # a checkpoint inside a check window resumes its integers
 
     @property
@@ -227,7 +229,8 @@ class RoundDriver:
     def end_at_check(self, check_round: int) -> None:
         """End with the state of check round `check_round`: the run stopped on its window's
         certificate while a departure kept this agent from reaching the stop round
-        (efpsn/departure/last_window.py). ValueError when it does not hold that round's state (restarted
+        (efpsn/departure/last_window.py). ValueError when it does not hold that round's state
+        (restarted
         inside the window, or a round that was no check)."""
         if self.check is None or self.check.t != check_round or self.state.t < check_round:
             held = None if self.check is None else self.check.t

@@ -18,15 +18,15 @@ everyone). At round s + D all of them evaluate the same function of the same int
 
     B = (2^T + L M 2^G) / mu + beta 2^S,    n = 2^-N - M 2^G - 2 beta 2^S <= ||x_bar||,
 
-(M the graph's mean distance, efpsn.optimize.certificate.mean_distance, or the spread S of an aggregated
-gap; ||x_i - x_bar|| <= ||z_i - z_bar|| + beta ||(x_i - x_i^-) - mean|| <= M gap + 2 beta step),
-and stop there when B / (n - B) <= target (an upper bound on the certificate of round s).
+(M the graph's mean distance, efpsn.optimize.certificate.mean_distance, or the spread S of an
+aggregated gap; ||x_i - x_bar|| <= ||z_i - z_bar|| + beta ||(x_i - x_i^-) - mean|| <= M gap + 2 beta
+step), and stop there when B / (n - B) <= target (an upper bound on the certificate of round s).
 Otherwise the run goes on to the next check, and at the latest to the step rule's rounds (the
 cap).
 
-A departure (efpsn/departure/membership.py) at round T voids every window whose stop would be decided at
-round T or later (s + D > T: the departed agent's integers, and its relaying, are missing from
-some agent's maximum, and the remaining graph's diameter may be longer), opens no window until
+A departure (efpsn/departure/membership.py) at round T voids every window whose stop would be
+decided at round T or later (s + D > T: the departed agent's integers, and its relaying, are missing
+from some agent's maximum, and the remaining graph's diameter may be longer), opens no window until
 the re-base round R, and from R on the rule is the remaining graph's (its diameter D' and the
 certificate's numbers for its weights), with checks at R + k period, k >= 1 (`origin`). An agent
 close to the departed one learns of the departure before it can decide a window that opens
@@ -36,12 +36,12 @@ s + D) can complete the window of a check s < T before anyone knows: its maximum
 every party's integers, d's too, and when they certify it stops, exits and tells the
 coordinator, whose decision is then "the run had stopped at s + D" instead of a re-base; the
 agents that could not get that far end with their state of the check round s, which the
-driver keeps (RoundDriver.check; efpsn/departure/last_window.py). The fading mask's fresh part (efpsn/masks/fading.py) never rounds away: it sits in every
-agent's tracker and drives the agents apart, so the tracker and (at the stop, two to four times
-larger on the main job) the gap term hold the stop back until it has faded below the target;
-agt's consensus tails (efpsn/params/tail.py, `tail`) mix it away first: each ends in a check of this
-rule at a public round (is_check), and a regular check whose rounds meet a tail is none.
-"""
+driver keeps (RoundDriver.check; efpsn/departure/last_window.py). The fading mask's fresh part
+(efpsn/masks/fading.py) never rounds away: it sits in every agent's tracker and drives the agents
+apart, so the tracker and (at the stop, two to four times larger on the main job) the gap term hold
+the stop back until it has faded below the target; agt's consensus tails (efpsn/params/tail.py,
+`tail`) mix it away first: each ends in a check of this rule at a public round (is_check), and a
+regular check whose rounds meet a tail is none. """
 
 from __future__ import annotations
 

@@ -1,1 +1,2 @@
-"""The run's public parameters: their declarations, values, grammars, checks and the rules that resolve them."""
+"""The run's public parameters: their declarations, values, grammars, checks and the rules that
+resolve them."""

@@ -1,11 +1,12 @@
 """The checks and parsers of the run parameters' declarations (efpsn/params/config.py): each raises
 ValueError naming the parameter and the value it was given. The parameters with a grammar of
-their own are values that parse themselves: efpsn/params/values.py, efpsn/params/schema.py (task, scale),
-efpsn.perturbation.selection.Selection, efpsn.params.refresh_setting.Refresh."""
+their own are values that parse themselves: efpsn/params/values.py, efpsn/params/schema.py (task,
+scale), efpsn.perturbation.selection.Selection, efpsn.params.refresh_setting.Refresh."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -58,3 +59,25 @@ def check_test_fraction(value: float) -> None:
 def check_clip(value: float) -> None:
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"clip must be a finite number >= 0 (0: no clipping), got {value}")
+
+
+def seat_index(name: str, *, agents: int) -> int:
+    """`agentK` -> K - 1 (ValueError naming the run's seats otherwise)."""
+    match = re.fullmatch(r"agent(\d+)", name.strip())
+    if match is None or not 1 <= int(match.group(1)) <= agents:
+        raise ValueError(f"{name!r} is not a seat of this run (agent1..agent{agents})")
+    return int(match.group(1)) - 1
+
+
+def parse_late(text: str, *, agents: int) -> tuple[int, ...]:
+    """The run parameter `late` ("", or "agent5,agent6") -> the seats that start empty and join
+    later (0-based, ascending; efpsn/departure/joins.py). ValueError when one is named twice,
+    is no seat, or fewer than two agents would start."""
+    names = [n for n in (p.strip() for p in text.split(",")) if n]
+    seats = [seat_index(n, agents=agents) for n in names]
+    if len(set(seats)) != len(seats):
+        raise ValueError(f"late {text!r}: a seat is named twice")
+    if agents - len(seats) < 2:
+        raise ValueError(f"late {text!r}: {agents - len(seats)} of {agents} agents would start; "
+                         "a run starts with at least 2")
+    return tuple(sorted(seats))

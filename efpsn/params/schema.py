@@ -18,29 +18,32 @@ __all__ = ["STANDARD", "STANDARD_DISCLOSURE", "TASKS", "Scale", "TaskSpec", "che
 
 STANDARD = "standard"
 """The scale word of features standardised with the network's column statistics (mean and
-standard deviation by secure summation: efpsn/stats/column_sums.py): read raw, divided by nothing."""
+standard deviation by secure summation: efpsn/stats/column_sums.py): read raw, divided by
+nothing."""
 
 STANDARD_DISCLOSURE = ("disclosed by design to every agent (scale standard): every column's global "
-                       "mean and variance and the total sample count; opt out with a public "
-                       "scale (schema.json or --scale none|div:...)")
+                       "mean and variance and the total sample count (with a table's empty "
+                       "cells: how many cells of each column hold a value); opt out with a "
+                       "public scale (schema.json or --scale none|div:...)")
 """The named disclosure of a scale standard run (README: features in any units)."""
 
-TASKS = ("logreg", "lenet", "mlp:H1,H2,...", "python:MODULE:FACTORY")
+TASKS = ("logreg", "ridge", "lenet", "mlp:H1,H2,...", "python:MODULE:FACTORY")
 
-TaskKind = Literal["logreg", "lenet", "mlp", "python"]
+TaskKind = Literal["logreg", "ridge", "lenet", "mlp", "python"]
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """The `task` run parameter: logreg, lenet, mlp:H1,H2,... (`hidden` widths) or
-    python:MODULE:FACTORY (`factory`, "MODULE:FACTORY": a user's model). Wire: its text."""
+    """The `task` run parameter: logreg, ridge (a numeric target: squared loss + l2), lenet,
+    mlp:H1,H2,... (`hidden` widths) or python:MODULE:FACTORY (`factory`, "MODULE:FACTORY": a
+    user's model). Wire: its text."""
 
     kind: TaskKind
     hidden: tuple[int, ...] = ()
     factory: str = ""
 
     def __post_init__(self) -> None:
-        if self.kind not in ("logreg", "lenet", "mlp", "python"):
+        if self.kind not in ("logreg", "ridge", "lenet", "mlp", "python"):
             raise ValueError(f"task must be one of {TASKS}, got {self.kind!r}")
         if (self.kind == "mlp") != bool(self.hidden) or not all(
                 isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in self.hidden):
@@ -57,7 +60,7 @@ class TaskSpec:
         """logreg, lenet, mlp:H1,H2,... or python:MODULE:FACTORY; else ValueError saying which."""
         if not isinstance(task, str):
             raise TypeError(f"task must be a str, got {type(task).__name__}")
-        if task in ("logreg", "lenet"):
+        if task in ("logreg", "ridge", "lenet"):
             return cls(task)  # type: ignore[arg-type]
         if task.startswith("mlp:"):
             widths = task[4:].split(",")
@@ -87,8 +90,20 @@ class TaskSpec:
 
     @property
     def logreg(self) -> bool:
-        """Logistic regression: the one model with a public curvature bound and an x*."""
+        """Logistic regression (softmax cross-entropy on a linear model)."""
         return self.kind == "logreg"
+
+    @property
+    def regression(self) -> bool:
+        """A numeric target (ridge): one output per sample, labels are numbers, the score is
+        R^2; every other task classifies."""
+        return self.kind == "ridge"
+
+    @property
+    def linear(self) -> bool:
+        """A linear model with a convex loss (logreg, ridge): the tasks with a public curvature
+        bound (efpsn/params/step_rule.py), an x* and a convergence certificate."""
+        return self.kind in ("logreg", "ridge")
 
 
 def parse_shape(text: str) -> tuple[int, ...]:

@@ -7,7 +7,8 @@ graph. Logistic regression's smoothness is at most L = (d + 1) / 2 + l2: the sof
 cross-entropy's Hessian is at most half the largest eigenvalue of E[x~ x~^T] (x~ the features
 after the public scale, with the bias's constant 1), and every agent checks on its own training
 data, without telling anyone, that this eigenvalue is at most d + 1, which any data in [-1, 1]
-or standardised to unit variance meets (efpsn.data.local.check_second_moment).
+or standardised to unit variance meets (efpsn.data.local.check_second_moment). Ridge's
+squared loss has that matrix itself as its Hessian: L = d + 1 + l2.
 
 Accelerated gradient tracking (`agt`, the default) runs on the lazy matrix W' = (I + W) / 2. For
 one mode of W' (eigenvalue lam) and a curvature h in [l2, L], the iteration is linear in
@@ -111,12 +112,15 @@ def fading_rate(rule: StepRule, *, algorithm: str, step: float | None, mu: float
 
 
 def public_curvature(task: TaskSpec | str, *, features: int, l2: float) -> float | None:
-    """L = (d + 1) / 2 + l2 for logistic regression (lambda_max(E[x~ x~^T]) <= d + 1 after the
-    public scale, which each agent checks on its own data); None for models without such a
-    bound."""
-    if not TaskSpec.of(task).logreg:
+    """L = (d + 1) / 2 + l2 for logistic regression and L = d + 1 + l2 for ridge
+    (lambda_max(E[x~ x~^T]) <= d + 1 after the public scale, which each agent checks on its own
+    data; the softmax cross-entropy's Hessian is at most half of it, the squared loss's is it);
+    None for models without such a bound."""
+    spec = TaskSpec.of(task)
+    if not spec.linear:
         return None
-    return 0.5 * (features + 1) + l2_weight(task, l2)
+    factor = 1.0 if spec.regression else 0.5
+    return factor * (features + 1) + l2_weight(task, l2)
 
 
 def companion(lam: float, a: float, beta: float) -> np.ndarray:
@@ -163,7 +167,7 @@ def step_rule(*, algorithm: str, task: TaskSpec | str, features: int, l2: float,
         return StepRule(step=None, momentum=0.0, rounds=PAPER_ROUNDS, curvature=None)
     curvature = public_curvature(task, features=features, l2=l2)
     mu = l2_weight(task, l2)
-    if batch is not None and not TaskSpec.of(task).logreg:  # a neural network on batches
+    if batch is not None and not TaskSpec.of(task).linear:  # a neural network on batches
         return StepRule(step=MINI_BATCH_PEAK,
                         momentum=MINI_BATCH_MOMENTUM if algorithm == "agt" else 0.0,
                         rounds=mini_batch_rounds(batch), curvature=None, cycle=True)

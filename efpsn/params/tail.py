@@ -1,8 +1,8 @@
 """The consensus tail's public schedule: which kind of step every agent takes in round t.
 
 Why: with the fading mask (efpsn/masks/fading.py) the fresh part keeps the agents apart, and the
-certificate (efpsn/optimize/certificate.py) waits until that disagreement has faded at the mask's rate
-RHO (docs/RESULTS.md, "Why a masked run stops later (issue 29)"). Mixing without gradients
+certificate (efpsn/optimize/certificate.py) waits until that disagreement has faded at the mask's
+rate RHO (docs/RESULTS.md, "Why a masked run stops later (issue 29)"). Mixing without gradients
 removes it at the graph's mixing rate instead (0.54 per round on the 5-ring with W). So at a few
 public fractions of the step rule's rounds K the run tries a tail: after round a,
 
@@ -11,9 +11,9 @@ public fractions of the step rule's rounds K the run tries a tail: after round a
                                       at the mixed points p_i = z_i (that round's mask)
     steps a+m+1 .. e+D-1  "track":    y_i <- sum_j w_ij y_j (x, z, g unchanged)
 
-with e = a + 2m + 1 a check round of the stop rule (efpsn/optimize/stopping.py: the same four integers,
-the same max-consensus over the D = hops rounds e .. e+D-1). At e every agent's z is p_i and
-sum_i y_i = sum_i g_i(p_i) (W doubly stochastic, the masks of one round summing to zero), so the
+with e = a + 2m + 1 a check round of the stop rule (efpsn/optimize/stopping.py: the same four
+integers, the same max-consensus over the D = hops rounds e .. e+D-1). At e every agent's z is p_i
+and sum_i y_i = sum_i g_i(p_i) (W doubly stochastic, the masks of one round summing to zero), so the
 certificate's bound holds for p_bar with the step term 0; the window's rounds only mix y, which
 never raises max ||y_i||. A certified window stops the run at e+D with x_i = p_i; otherwise plain
 agt resumes at e+D from x = z = p (the momentum restarts from zero) and the y, g it holds:

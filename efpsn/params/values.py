@@ -3,9 +3,9 @@
 Each value has `parse(text)` (the command line's and the wire's text), `str()` (its show, which
 `parse` reads back), `of(x)` (a value, its text, or the wire's scalar: how RunConfig's
 constructor takes a field) and `wire()` (the scalar RunParameters carries, proto/efpsn/wire/v1/
-coordinator.proto). The wire keeps its scalars (0 rounds, -1.0 momentum, -1.0 l2 for "auto" and "the task's
-default"; -1 and 0 batch and stop-every for "auto" and "full" or "never"); those numbers live
-here and nowhere else: every other room asks the value (`rounds.auto`, `batch.full`,
+coordinator.proto). The wire keeps its scalars (0 rounds, -1.0 momentum, -1.0 l2 for "auto" and
+"the task's default"; -1 and 0 batch and stop-every for "auto" and "full" or "never"); those
+numbers live here and nowhere else: every other room asks the value (`rounds.auto`, `batch.full`,
 `momentum.auto`).
 
 Pure and free of numpy, torch and phe: the coordinator parses with it.
@@ -336,8 +336,8 @@ class Schedule:
 
 @dataclass(frozen=True)
 class StopEvery:
-    """How often the stop rule checks the convergence certificate (efpsn/optimize/stopping.py): every
-    `rounds` rounds, never (None), or `auto` (RunConfig.resolved picks: 25 when the rounds are
+    """How often the stop rule checks the convergence certificate (efpsn/optimize/stopping.py):
+    every `rounds` rounds, never (None), or `auto` (RunConfig.resolved picks: 25 when the rounds are
     the step rule's and the model has a certificate, never otherwise).
     Wire: sint32, -1 = auto, 0 = never."""
 

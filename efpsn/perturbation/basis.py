@@ -1,6 +1,7 @@
 """The exact Gram matrix of monomials on [-1, 1]^m and the orthonormal system e_1..e_N.
 
-The monomials themselves (families, choice, parsing, printing) live in efpsn/perturbation/monomials.py."""
+The monomials themselves (families, choice, parsing, printing) live in
+efpsn/perturbation/monomials.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Monomials on [-1, 1]^m: sparse exponents, the candidate families (graded, powers), the seeded
-choice of N of them, parsing and printing. The orthonormal system built on them is efpsn/perturbation/basis.py."""
+choice of N of them, parsing and printing. The orthonormal system built on them is
+efpsn/perturbation/basis.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Which parameters the perturbation acts on: the selection spec, parsed without torch.
 
-The coordinator (torch-free) validates a run's selection with this module; efpsn/perturbation/function.py
-turns a parsed selection into the flat indices of a real model.
+The coordinator (torch-free) validates a run's selection with this module;
+efpsn/perturbation/function.py turns a parsed selection into the flat indices of a real model.
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ refreshed every R > 1 rounds, a selection that leaves parameters unperturbed, an
 numbers are measurements (efpsn/experiments/attack.py, docs/RESULTS.md names the commands, the
 machine's load and the images): PSNR in dB of the best reconstruction of a neighbour's private
 training image by the strongest attacker measured on the mode, logistic regression and LeNet,
-at the largest measured gamma not above the run's. "any gamma": the attacker removes the mask
+at the largest measured gamma not above the run's; for a ridge run (a numeric target) instead
+the relative error of one private table row reconstructed by the best of the tabular
+many-round attackers on diabetes (efpsn/experiments/attack_rounds.py), against the mean guess,
+and the output's floor. "any gamma": the attacker removes the mask
 exactly, so gamma does not matter.
 
 Against whom. One curious neighbour of agent i sees x_i every round and i's messages; it holds
@@ -49,6 +52,18 @@ class Measured:
     source: str
     broken: str = ""  # why a neighbour recovers images whatever gamma (empty: not broken)
     caveat: str = ""  # a measured attack the mode does not stop, short of BROKEN
+    # ridge (a numeric target), by gamma: (the best many-round attacker's mean relative error
+    # ||x_hat - x|| / ||x|| of one private sample, the others' mean guess's); RIDGE_SOURCE
+    ridge: dict[float, tuple[float, float]] = field(default_factory=dict)
+    ridge_note: str = ""  # why nothing was measured on ridge in this mode
+
+    def worst_ridge(self, gamma: float) -> tuple[float, float, float] | None:
+        """(error, guess's error, at gamma) at the largest measured gamma <= `gamma`; None
+        where nothing was measured at or below it."""
+        if ANY_GAMMA in self.ridge:
+            return (*self.ridge[ANY_GAMMA], ANY_GAMMA)
+        below = [g for g in self.ridge if g <= gamma * (1 + 1e-9)]
+        return (*self.ridge[max(below)], max(below)) if below else None
 
     def worst(self, gamma: float) -> dict[str, tuple[float, float] | None]:
         """{model: (dB, at gamma)} at the largest measured gamma <= `gamma` (ANY_GAMMA first);
@@ -71,6 +86,7 @@ MEASURED: dict[str, Measured] = {
         logreg={1e3: 12.8, 1e6: 13.0}, lenet={1e3: 5.4},  # LeNet: its mini-batch default
         source="docs/RESULTS.md section 7, 'Attackers that use many or late rounds', and "
                "'Neural networks on mini-batches'",
+        ridge={1e3: (0.16, 1.0), 1e6: (0.45, 1.0)},
         caveat="on tabular data a model-aware regression reconstructs one private sample "
                "better than guessing (wine: 0.17 against 0.265), as the exact model alone "
                "does (0.17: no exact method prevents it)"),
@@ -78,24 +94,29 @@ MEASURED: dict[str, Measured] = {
         name="the paper's fixed mask",
         attackers=_DIFFERENCING[:2] + ("drops the perturbed coordinates",),
         logreg={ANY_GAMMA: 124.0}, lenet={ANY_GAMMA: 46.8},
+        ridge={1e3: (6.5e-7, 1.0), 1e6: (4.9e-7, 1.0)},
         source="docs/RESULTS.md section 7, 'The attack, with every parameter perturbed'",
         broken="the mask is the same every round, so two rounds' difference cancels it (K = 1)"),
     "fixed-k2": Measured(
         name="a fixed mask with K >= 2",
         attackers=_DIFFERENCING[:3],
         logreg={ANY_GAMMA: 40.6}, lenet={10.0: 3.4, 1e4: 3.3},
+        ridge_note="ridge not measured in this mode: its runs diverge on ridge (diabetes, "
+                   "gamma 1e3: NaN before the cap), so there was nothing to attack",
         source="docs/RESULTS.md section 7, 'The attack, with every parameter perturbed'",
         broken="the mask is the same every round: three rounds cancel a K = 2 perturbation"),
     "every:R": Measured(
         name="masks refreshed every R > 1 rounds",
         attackers=("2 rounds in a period", "mean of rounds"),
         logreg={ANY_GAMMA: 124.8}, lenet={ANY_GAMMA: 53.3},
+        ridge={1e3: (1.5e-12, 1.0), 1e6: (1.3e-12, 1.0)},
         source="docs/RESULTS.md section 7, 'Masks refreshed every R rounds'",
         broken="two rounds of one period cancel the period's mask (K = 1)"),
     "partial": Measured(
         name="a selection that leaves parameters unperturbed",
         attackers=("drops the perturbed coordinates",),
         logreg={ANY_GAMMA: 101.5}, lenet={ANY_GAMMA: 51.9},
+        ridge={1e3: (3.5e-7, 1.0), 1e6: (1.1e-8, 1.0)},
         source="docs/RESULTS.md section 7, 'The attack, with every parameter perturbed' "
                "(mean over 6 images; up to 119.7 dB)",
         broken="the unperturbed parameters' gradient is exact, and it alone recovers the image"),
@@ -105,11 +126,13 @@ MEASURED: dict[str, Measured] = {
         logreg={1.0: 60.5, 100.0: 40.8, 1e4: 21.0, 2e4: 18.1, 3e4: 16.2, 3.5e4: 11.2,
                 4e4: 10.5, 5e4: 10.5, 1e5: 10.5, 1e6: 10.5},
         lenet={1.0: 23.3, 100.0: 5.3, 1e4: 5.3, 3.5e4: 5.3, 4e4: 5.3, 1e5: 5.3, 1e6: 5.3},
+        ridge={1e3: (0.31, 1.0), 1e6: (0.34, 1.0)},
         source="docs/RESULTS.md section 7, 'Masks refreshed every R rounds' and 'The frontier'"),
     "none": Measured(
         name="no mask",
         attackers=("plain iDLG",),
         logreg={ANY_GAMMA: 124.1}, lenet={ANY_GAMMA: 52.6},
+        ridge={ANY_GAMMA: (6.3e-7, 1.0)},
         source="docs/RESULTS.md section 4",
         broken="nothing is masked: the gradients travel as they are"),
 }
@@ -143,6 +166,9 @@ class PrivacyStatement:
     epsilon: float | None
     epsilon_note: str
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    task: str = "logreg"  # ridge: the line gives the ridge measurements
+    ridge: tuple[float, float, float] | None = None  # (error, the guess's, at gamma)
+    ridge_note: str = ""  # nothing measured on ridge in this mode, and why
 
     def line(self) -> str:
         """The one line a run ends with (before its convergence line)."""
@@ -159,6 +185,16 @@ class PrivacyStatement:
         head = "privacy: BROKEN: " if any(w.startswith("BROKEN") for w in self.warnings) \
             else "privacy: "
         warn = "".join(f"; {w.removeprefix('BROKEN: ')}" for w in self.warnings)
+        if self.task == "ridge":
+            if self.ridge is None:
+                worst = self.ridge_note or "ridge not measured at this gamma in this mode"
+            else:
+                err, guess, gamma = self.ridge
+                at = "any gamma" if gamma == ANY_GAMMA else f"gamma {gamma:g}"
+                worst = (f"ridge: one private sample recovered to a relative error of "
+                         f"{err:.2g} ({at}), the mean guess's {guess:.2g}")
+            return (f"{head}{self.name}; against {self.against}: worst measured attack "
+                    f"{worst}; {eps}{warn}; see {self.source} and {RIDGE_SOURCE}")
         return (f"{head}{self.name}; against {self.against}: worst measured attack "
                 f"{shown('logreg')}, {shown('lenet')} PSNR; {eps}{warn}; see {self.source}")
 
@@ -167,6 +203,9 @@ class PrivacyStatement:
                 "worst_psnr_db": {m: None if v is None else {"psnr_db": v[0],
                                                              "gamma": v[1] or "any"}
                                   for m, v in self.worst.items()},
+                **({} if self.task != "ridge" else {"worst_ridge": None if self.ridge is None
+                    else {"relative_error": self.ridge[0], "guess": self.ridge[1],
+                          "gamma": self.ridge[2] or "any"}}),
                 "attackers": list(self.attackers), "source": self.source,
                 "epsilon": self.epsilon, "epsilon_note": self.epsilon_note,
                 "warnings": list(self.warnings), "line": self.line()}
@@ -198,13 +237,19 @@ def _epsilon(config: RunConfig) -> tuple[float | None, str]:
 def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = True,
                       messages: str = "clear") -> PrivacyStatement:
     """The statement of a (resolved) run on its graph (`messages`: "aggregate" for secure
-    neighbourhood aggregation, efpsn/masks/aggregation.py)."""
+    neighbourhood aggregation, efpsn/masks/aggregation.py). Seats that are empty (late ones
+    not joined yet) are isolated vertices of `graph`: the statement is of its members' graph;
+    a run with seats that join later says what a join changes."""
     mode = mode_of(config)
+    members = [i for i in range(graph.n) if graph.degree(i) > 0] or list(range(graph.n))
     warnings: list[str] = []
     measured = MEASURED[mode]
+    ridge = config.task.regression
     if measured.broken:
         warnings.append(f"BROKEN: {measured.broken}")
-    if measured.caveat:
+    if ridge:
+        warnings.append(RIDGE_FLOOR)
+    elif measured.caveat:
         warnings.append(measured.caveat)
     lonely = [i + 1 for i in range(graph.n) if graph.degree(i) == 1]
     if lonely and mode != "none":
@@ -214,10 +259,15 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
                         "holds every seed of its mask and removes it")
     if config.scale.standard:  # the named disclosure of features in any units
         warnings.append(STANDARD_DISCLOSURE)
+    agreed = config.table.disclosure()
+    if agreed is not None:  # the class names and categories agreed from the parties' tables
+        warnings.append(agreed)
     if messages == "aggregate":
         warnings.append(_aggregate_warning(graph))
-    if mode != "none" and _has_tails(config, graph):
+    if mode != "none" and _has_tails(config, graph.induced(members)):
         warnings.append(TAIL_WARNING)
+    if config.late and mode != "none":
+        warnings.append(JOIN_NOTE)
     epsilon, note = _epsilon(config) if with_epsilon else (None, "not computed")
     return PrivacyStatement(
         mode=mode, name=measured.name,
@@ -225,8 +275,21 @@ def privacy_statement(config: RunConfig, graph: Graph, *, with_epsilon: bool = T
                  "every seed of its mask)" if mode != "none" else "nobody"),
         worst=measured.worst(config.gamma), attackers=measured.attackers,
         source=measured.source, epsilon=epsilon, epsilon_note=note,
-        warnings=tuple(warnings))
+        warnings=tuple(warnings), task="ridge" if ridge else "logreg",
+        ridge=measured.worst_ridge(config.gamma) if ridge else None,
+        ridge_note=measured.ridge_note)
 
+
+RIDGE_SOURCE = "docs/RESULTS.md, 'Ridge: the tabular attackers'"
+RIDGE_FLOOR = ("on ridge the exact model alone gives one private sample away, to 1e-14, to "
+               "anyone who knows the other parties' data or only their pooled rows (diabetes; "
+               "no exact method prevents it)")
+
+
+JOIN_NOTE = ("a party that joins (--late-seats, efpsn/departure/joins.py): from the round it "
+             "joins its new neighbours see its masked iterates, as neighbours see every party's; "
+             "its mask holds only the seeds of its new edges, exchanged under Paillier then; "
+             "no statistic is recomputed (the run's feature scales are public)")
 
 TAIL_WARNING = ("consensus tails (efpsn/params/tail.py): in a tail's mixing rounds a neighbour also "
                 "learns the tracker of each agent two hops away, as that agent's own neighbours "
@@ -274,8 +337,8 @@ def basis_counts(config: RunConfig) -> tuple[int, int]:
 
 def refreshed_arguments(config: RunConfig, *, delta: float, attacker: str = "neighbour",
                         samples: int | None = None) -> dict[str, Any]:
-    """The keyword arguments of efpsn.privacy.accounting.account_refreshed (all but gamma) for a run:
-    its graph, noise decay, basis, model size, refresh, rounds, clip and batch."""
+    """The keyword arguments of efpsn.privacy.accounting.account_refreshed (all but gamma) for a
+    run: its graph, noise decay, basis, model size, refresh, rounds, clip and batch."""
     from efpsn.problem import build_task
     from efpsn.topology import build_graph
 

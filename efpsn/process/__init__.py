@@ -1,1 +1,2 @@
-"""Process-level plumbing of every command: runtime settings, stop signals, and the lifeline to the launcher."""
+"""Process-level plumbing of every command: runtime settings, stop signals, and the lifeline to the
+launcher."""

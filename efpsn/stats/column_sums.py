@@ -1,12 +1,14 @@
 """Secure summation of the features' column statistics: only the network's totals come out.
 
-Every agent i holds its training features x (n_i rows, d columns) and the secret seeds phase I
-shares with each neighbour (efpsn/masks/seeds.py). It encodes its local vector
+Every agent i holds its training features x (n_i rows, d columns; a table's empty number cells
+NaN) and the secret seeds phase I shares with each neighbour (efpsn/masks/seeds.py). It encodes
+its local vector
 
-    v_i = [n_i, sum_rows x_1, ..., sum_rows x_d, sum_rows x_1^2, ..., sum_rows x_d^2]
+    v_i = [n_i, c_1, ..., c_d, sum x_1, ..., sum x_d, sum x_1^2, ..., sum x_d^2]
 
-as integers in fixed point (FRACTION_BITS fractional bits; the count as an integer) modulo
-M = 2^STAT_BITS, and adds one uniform mask per edge:
+(c_k its rows where column k holds a value, the sums over those rows) as integers in fixed point
+(FRACTION_BITS fractional bits; the counts as integers) modulo M = 2^STAT_BITS, and adds one
+uniform mask per edge:
 
     masked_i = v_i + sum_{j in N(i)} sign_ij u(e_ij)   (mod M),
 
@@ -24,8 +26,11 @@ What one masked vector discloses: nothing to anyone who lacks one of its edges' 
 uniform pad mod M is a one-time pad). Like the optimisation's masks, it does NOT protect an
 agent from all of its neighbours together (they hold every seed of its edges) nor from a
 coordinator that colludes with them. What the sum discloses, by design, to every agent: the
-total sample count and every column's global mean and variance (the named disclosure
-"global column statistics" of README.md and docs/ARCHITECTURE.md).
+total sample count and every column's global mean and variance, and how many of its cells hold
+a value in all (the named disclosure "global column statistics" of README.md and
+docs/ARCHITECTURE.md). The mean is over the cells that hold a value: every party fills its empty
+cells with it, and the standard deviation is the filled column's (scikit-learn's
+SimpleImputer(strategy="mean") then StandardScaler, on the pooled rows).
 """
 
 from __future__ import annotations
@@ -65,13 +70,21 @@ def encode_value(value: float) -> int:
 
 
 def local_vector(features: np.ndarray) -> list[int]:
-    """v_i of an agent's training features (rows: samples; any trailing shape, flattened):
-    [n_i, column sums, column sums of squares], the sums in fixed point. Not yet masked: it
-    stays with the agent."""
+    """v_i of an agent's training features (rows: samples; any trailing shape, flattened; NaN
+    an empty cell): [n_i, each column's cells with a value, column sums, column sums of
+    squares], the sums over the cells with a value, in fixed point. Not yet masked: it stays
+    with the agent."""
     flat = np.asarray(features, dtype=np.float64).reshape(len(features), -1)
+    empty = np.isnan(flat)
+    if empty.any():
+        present = (~empty).sum(axis=0)
+        flat = np.where(empty, 0.0, flat)
+    else:
+        present = np.full(flat.shape[1], len(flat))
     sums = flat.sum(axis=0)
     squares = np.einsum("ij,ij->j", flat, flat)
-    out = [len(flat)] + [encode_value(v) for v in sums] + [encode_value(v) for v in squares]
+    out = ([len(flat)] + [int(c) for c in present] + [encode_value(v) for v in sums]
+           + [encode_value(v) for v in squares])
     top = max(abs(v) for v in out)
     if top >= _LIMIT:
         raise ValueError(f"features too large for the secure sum of column statistics (a sum "
@@ -136,39 +149,58 @@ def sum_masked(vectors: Sequence[Sequence[int]]) -> list[int]:
 
 @dataclass(frozen=True)
 class Totals:
-    """The network's totals: sample count, column sums and sums of squares (fixed point)."""
+    """The network's totals: sample count, each column's cells with a value (`present`;
+    empty: every row's), column sums and sums of squares over them (fixed point)."""
 
     count: int
     sums: tuple[int, ...]
     squares: tuple[int, ...]
+    present: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.present:
+            object.__setattr__(self, "present", (self.count,) * len(self.sums))
 
     def mean(self) -> np.ndarray:
-        """Every column's global mean, the float64 nearest the exact quotient."""
-        scale = self.count << FRACTION_BITS
-        return np.array([float(Fraction(s, scale)) for s in self.sums], dtype=np.float64)
+        """Every column's global mean over its cells with a value, the float64 nearest the
+        exact quotient (0 for a column without any: nothing to fill with)."""
+        return np.array([float(Fraction(s, c << FRACTION_BITS)) if c else 0.0
+                         for s, c in zip(self.sums, self.present, strict=True)],
+                        dtype=np.float64)
 
     def std(self) -> np.ndarray:
-        """Every column's global standard deviation (population, as scikit-learn's
-        StandardScaler), from the exact variance rounded once to float64; 1 for a column that
-        never varies (it is then only centred, as StandardScaler does)."""
-        scale = self.count << FRACTION_BITS
+        """Every column's global standard deviation once its empty cells are filled with the
+        mean (population, as scikit-learn's StandardScaler after SimpleImputer), from the exact
+        variance (q - s^2 / c) / n rounded once to float64; 1 for a column that never varies
+        (it is then only centred, as StandardScaler does)."""
         out = []
-        for s, q in zip(self.sums, self.squares, strict=True):
-            variance = Fraction(q, scale) - Fraction(s, scale) ** 2
+        unit = 1 << FRACTION_BITS
+        for s, q, c in zip(self.sums, self.squares, self.present, strict=True):
+            variance = ((Fraction(q, unit) - Fraction(s, unit) ** 2 / c) / self.count if c
+                        else Fraction(0))
             std = math.sqrt(float(variance)) if variance > 0 else 0.0
             out.append(std if std > 0 else 1.0)
         return np.array(out, dtype=np.float64)
 
+    @property
+    def filled(self) -> bool:
+        """Whether any column has empty cells somewhere in the network."""
+        return any(c != self.count for c in self.present)
+
 
 def decode_totals(total: Sequence[int]) -> Totals:
     """The summed vector (mod M) as Totals; ValueError when it cannot be a sum of statistics
-    (a count below 1, a sum of squares below zero, or a length that is not 1 + 2d)."""
-    if len(total) < 3 or len(total) % 2 == 0:
-        raise ValueError(f"a summed statistics vector has 1 + 2d entries, got {len(total)}")
+    (a count below 1, a column's present cells outside [0, count], a sum of squares below
+    zero, or a length that is not 1 + 3d)."""
+    if len(total) < 4 or (len(total) - 1) % 3:
+        raise ValueError(f"a summed statistics vector has 1 + 3d entries, got {len(total)}")
     signed = [v - MODULUS if v >= MODULUS // 2 else v for v in total]
-    d = (len(signed) - 1) // 2
-    count, sums, squares = signed[0], tuple(signed[1:1 + d]), tuple(signed[1 + d:])
-    if count < 1 or any(q < 0 for q in squares):
-        raise ValueError("the summed column statistics are inconsistent (a count below 1 or "
-                         "a negative sum of squares): an agent sent a wrong masked vector")
-    return Totals(count=count, sums=sums, squares=squares)
+    d = (len(signed) - 1) // 3
+    count = signed[0]
+    present = tuple(signed[1:1 + d])
+    sums, squares = tuple(signed[1 + d:1 + 2 * d]), tuple(signed[1 + 2 * d:])
+    if count < 1 or any(q < 0 for q in squares) or any(not 0 <= c <= count for c in present):
+        raise ValueError("the summed column statistics are inconsistent (a count below 1, a "
+                         "column with more values than rows, or a negative sum of squares): "
+                         "an agent sent a wrong masked vector")
+    return Totals(count=count, sums=sums, squares=squares, present=present)

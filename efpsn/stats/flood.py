@@ -2,8 +2,8 @@
 vector by flooding them over its neighbours for D rounds (D the graph's diameter, public).
 
 Round r (0 <= r < D): agent i sends each neighbour the masked vectors of every agent within r
-hops of i (efpsn/stats/column_sums.py's masked_vector: its own, plus what it learned). A neighbour j's
-round-r message must name exactly the agents within r hops of j (the graph is public), and a
+hops of i (efpsn/stats/column_sums.py's masked_vector: its own, plus what it learned). A neighbour
+j's round-r message must name exactly the agents within r hops of j (the graph is public), and a
 vector seen twice must be the same both times. After D rounds agent i holds all n masked vectors
 (an agent within D hops of i is within D - 1 hops of one of i's neighbours), sums them mod M and
 decodes the totals: every agent sums the same n integers, so every agent and the simulator
@@ -98,8 +98,8 @@ class StatsFlood:
 
     `own` is this agent's masked vector (secure_stats.masked_vector), of 1 + 2d entries.
     `gone`: the agents that left in phase I; `graph` is then the remaining graph (the
-    departed isolated, the pieces joined: efpsn.departure.membership's reconfigure) and the totals are
-    the remaining agents'."""
+    departed isolated, the pieces joined: efpsn.departure.membership's reconfigure) and the totals
+    are the remaining agents'."""
 
     def __init__(self, *, graph: Graph, agent: int, own: Sequence[int],
                  gone: Collection[int] = ()) -> None:

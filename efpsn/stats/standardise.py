@@ -8,14 +8,18 @@ The steps, the same at every agent and in the simulator (so both give the same n
 2. every agent standardises its training, held-out and public test features with the totals'
    mean and standard deviation (standardise_dataset): float64, one subtraction and one division
    per value, so every machine gets the same bits;
-3. with `l2` left to its default, logistic regression's l2 is 1 / N_total (count_l2): the
-   objective mean loss + (1 / (2 N)) ||x||^2 is scikit-learn's LogisticRegression(C=1) scaled by
-   1 / N (scikit-learn leaves the intercept unpenalised; here every parameter is);
+3. with `l2` left to its default, logistic regression's (and ridge's) l2 is 1 / N_total
+   (count_l2): the objective mean loss + (1 / (2 N)) ||x||^2 is scikit-learn's
+   LogisticRegression(C=1) (Ridge(alpha=1)) scaled by 1 / N (scikit-learn leaves the intercept
+   unpenalised; here every parameter is);
 4. the step rule's public curvature bound (efpsn/params/step_rule.py) holds for standardised data,
    which each agent checks on its own standardised training part (check_second_moment).
 
 What it discloses to every agent: the total number of training samples and every column's
-global mean and variance. Opt out with public scales in schema.json (`scale`: none, unit, div:...).
+global mean and variance (and how many of its cells hold a value). Opt out with public scales in
+schema.json (`scale`: none, unit, div:...). Empty number cells of a table (NaN) are filled with
+the global column mean at every party (standardise_dataset), before the standardisation: the
+same policy everywhere, and no party's own mean leaves it.
 """
 
 from __future__ import annotations
@@ -59,10 +63,10 @@ def count_l2(count: int) -> float:
 
 
 def with_count_l2(config: RunConfig, totals: Totals) -> RunConfig:
-    """The run with logistic regression's l2 from the total count when it was left to its
+    """The run with a linear task's l2 (logreg, ridge) from the total count when it was left to its
     default (a negative l2); otherwise unchanged. Not resolved (RunConfig.resolved applies the
     step rule with this l2)."""
-    if not config.task.logreg or not config.l2.default:
+    if not config.task.linear or not config.l2.default:
         return config
     return config.replace(l2=count_l2(totals.count))
 
@@ -79,10 +83,14 @@ def network_totals(features: Sequence[np.ndarray],
 
 
 def standardise_dataset(data: Dataset, mean: np.ndarray, std: np.ndarray) -> Dataset:
-    """(x - mean) / std per feature (float64, elementwise: the same bits everywhere)."""
+    """(x - mean) / std per feature (float64, elementwise: the same bits everywhere); an empty
+    cell (NaN) is filled with its column's mean first, so it becomes 0."""
     x = data.images.numpy().reshape(len(data), -1)
     if x.shape[1] != len(mean):
         raise ValueError(f"{data.name}: {x.shape[1]} features, the statistics have {len(mean)}")
+    empty = np.isnan(x)
+    if empty.any():
+        x = np.where(empty, mean, x)
     z = (x - mean) / std
     return dataclasses.replace(
         data, images=torch.from_numpy(np.ascontiguousarray(z.reshape(data.images.shape))))
@@ -101,7 +109,8 @@ def standardise_local(local: LocalData, totals: Totals, *, who: str,
     return LocalData(
         train=train,
         holdout=None if local.holdout is None else standardise_dataset(local.holdout, mean, std),
-        test=None if local.test is None else standardise_dataset(local.test, mean, std))
+        test=None if local.test is None else standardise_dataset(local.test, mean, std),
+        missing=local.missing)
 
 
 def standardise_all(local: Mapping[int, LocalData], seeds: Sequence[EdgeSeeds] | None, *,

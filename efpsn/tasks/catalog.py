@@ -1,4 +1,5 @@
-"""Tasks by name: logreg, lenet, mlp:H1,H2,... and a user's own model, python:MODULE:FACTORY."""
+"""Tasks by name: logreg, ridge, lenet, mlp:H1,H2,... and a user's own model,
+python:MODULE:FACTORY."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from efpsn.params.schema import TaskSpec
 from efpsn.tasks.logreg import LogisticRegressionTask
 from efpsn.tasks.models import MLP
 from efpsn.tasks.objective import LeNetTask, LossFn, Task
+from efpsn.tasks.ridge import RidgeTask
 
 __all__ = ["DataSchema", "MLPTask", "PythonTask", "make_task"]
 
@@ -140,7 +142,7 @@ def make_task(name: TaskSpec | str, *, l2: float | None = None,
               shape: tuple[int, ...] = IMAGE_SHAPE, classes: int = NUM_CLASSES) -> Task:
     """The task `name` (a run's TaskSpec, or its text) for data of per-sample `shape` and
     `classes` classes; `l2=None` takes the task family's DEFAULT_L2. logreg and mlp fit any
-    schema, lenet needs 1x28x28."""
+    schema, ridge any input shape with classes 1, lenet needs 1x28x28."""
     try:
         spec = TaskSpec.of(name)
     except ValueError as exc:
@@ -149,6 +151,8 @@ def make_task(name: TaskSpec | str, *, l2: float | None = None,
     built: Task
     if spec.kind == "logreg":
         built = LogisticRegressionTask(l2=weight, shape=shape, classes=classes)
+    elif spec.kind == "ridge":
+        built = RidgeTask(l2=weight, shape=shape, classes=classes)
     elif spec.kind == "lenet":
         built = LeNetTask(l2=weight, shape=shape, classes=classes)
     elif spec.kind == "mlp":

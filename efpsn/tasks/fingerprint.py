@@ -1,4 +1,5 @@
-"""A model's fingerprint: sha256 of a canonical text of its parameters, modules, traced graph and loss.
+"""A model's fingerprint: sha256 of a canonical text of its parameters, modules, traced graph and
+loss.
 
 What it sees. Every parameter and buffer (name, shape, dtype); every submodule: its path, its
 class's qualified name, its `extra_repr`, and its public attributes that are plain numbers,

@@ -5,7 +5,8 @@ model.safetensors holds `{parameter name: float64 tensor}`, the names of the run
 needed to use it again (format and version, task, per-sample input shape, classes, the public
 scale divisor's spec, the l2 weight, and the parameters' names and shapes in model order; with
 scale "standard", the network's column means and standard deviations the run standardised with,
-which SavedModel.inputs applies to raw features). It
+which SavedModel.inputs applies to raw features, an empty cell taking the mean; for a .csv
+table, its table schema: the class names and how a row becomes inputs). It
 loads with `safetensors.torch.load_file(path)` into any module with `load_state_dict`; the
 format is raw tensor bytes plus a JSON header, so reading it never runs code from the file. It
 is written atomically, readable by its owner only (like model.npy: a model trained on private
@@ -18,7 +19,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 
 from efpsn.params.schema import Scale, TaskSpec, parse_shape
+from efpsn.params.table import TableSchema
 from efpsn.tasks.catalog import make_task
 from efpsn.tasks.objective import Task
 
@@ -39,7 +41,8 @@ MODEL_FILE = "model.safetensors"
 _HEADER_KEY = "efpsn"  # the safetensors header entry holding the metadata (JSON)
 _FIELDS = ("format", "format_version", "task", "input_shape", "classes", "scale", "l2",
            "parameters")
-_OPTIONAL = ("standardisation",)  # {"mean": [...], "std": [...]}: only with scale "standard"
+_OPTIONAL = ("standardisation",  # {"mean": [...], "std": [...]}: only with scale "standard"
+             "table")  # a .csv table's schema (efpsn/params/table.py): class names, categories
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,10 +58,12 @@ class ModelMetadata:
     format_version: int = FORMAT_VERSION
     # scale "standard": per feature (global mean, global standard deviation) of the run
     standardisation: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    table: TableSchema = field(default_factory=TableSchema)  # a .csv's encoding, class names
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task", TaskSpec.of(self.task))
         object.__setattr__(self, "scale", Scale.of(self.scale))
+        object.__setattr__(self, "table", TableSchema.of(self.table))
         features = math.prod(parse_shape(self.input_shape))
         self.scale.divisor(features=features)
         if self.scale.standard != (self.standardisation is not None):
@@ -71,20 +76,31 @@ class ModelMetadata:
                     math.isfinite(s) and s > 0 for s in std):
                 raise ValueError(f"standardisation must give {features} finite means and "
                                  f"{features} positive standard deviations")
+        least = 1 if self.task.regression else 2
         if isinstance(self.classes, bool) or not isinstance(self.classes, int) \
-                or self.classes < 2:
-            raise ValueError(f"classes must be an integer >= 2, got {self.classes!r}")
+                or self.classes < least:
+            raise ValueError(f"classes must be an integer >= {least}, got {self.classes!r}")
+        if self.table.given and self.table.features != features:
+            raise ValueError(f"the table schema gives {self.table.features} features, the "
+                             f"input shape {features}")
         if not (isinstance(self.l2, int | float) and math.isfinite(self.l2) and self.l2 >= 0):
             raise ValueError(f"l2 must be a finite number >= 0, got {self.l2!r}")
         if self.format_version != FORMAT_VERSION:
             raise ValueError(f"format_version {self.format_version!r} is not supported; "
                              f"expected {FORMAT_VERSION} (a newer efpsn wrote it?)")
 
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        """The classes by name (a table's label column of names), else ()."""
+        return self.table.class_names
+
     @classmethod
     def of(cls, task: Task, *, scale: Scale | str,
-           standardisation: tuple[np.ndarray, np.ndarray] | None = None) -> ModelMetadata:
+           standardisation: tuple[np.ndarray, np.ndarray] | None = None,
+           table: TableSchema | None = None) -> ModelMetadata:
         """The metadata of `task`'s model, whose inputs were divided by `scale` (standard:
-        standardised with `standardisation`, the run's (mean, std) per feature)."""
+        standardised with `standardisation`, the run's (mean, std) per feature), from rows
+        encoded by `table` (a .csv table's schema)."""
         pair = None if standardisation is None else (
             tuple(float(v) for v in standardisation[0]),
             tuple(float(v) for v in standardisation[1]))
@@ -92,16 +108,16 @@ class ModelMetadata:
                    classes=task.classes, scale=scale, l2=task.l2,
                    parameters=tuple((name, tuple(t.shape))
                                     for name, t in task.unflatten(_zeros(task)).items()),
-                   standardisation=pair)
+                   standardisation=pair, table=table or TableSchema())
 
     def inputs(self, features: np.ndarray | torch.Tensor) -> torch.Tensor:
         """Raw features (samples first) as the model takes them: divided by the public scale,
         or standardised with the run's statistics; float64 of shape (n, *input_shape)."""
         shape = parse_shape(self.input_shape)
         x = torch.as_tensor(np.asarray(features, dtype=np.float64)).reshape(-1, math.prod(shape))
-        if self.standardisation is not None:
+        if self.standardisation is not None:  # an empty cell (NaN) is the mean: 0 after
             mean, std = (torch.tensor(v, dtype=torch.float64) for v in self.standardisation)
-            x = (x - mean) / std
+            x = (torch.where(torch.isnan(x), mean, x) - mean) / std
         else:
             div = torch.as_tensor(np.asarray(self.scale.divisor(features=x.shape[1]),
                                              dtype=np.float64))
@@ -115,6 +131,8 @@ class ModelMetadata:
         if self.standardisation is not None:
             out["standardisation"] = {"mean": list(self.standardisation[0]),
                                       "std": list(self.standardisation[1])}
+        if self.table.given:
+            out["table"] = self.table.to_json()
         return out
 
     @classmethod
@@ -145,7 +163,7 @@ class ModelMetadata:
         return cls(task=values["task"], input_shape=values["input_shape"],
                    classes=values["classes"], scale=values["scale"], l2=values["l2"],
                    parameters=parameters, format_version=values["format_version"],
-                   standardisation=pair)
+                   standardisation=pair, table=TableSchema.from_json(values.get("table")))
 
 
 @dataclass(frozen=True, eq=False)
@@ -197,16 +215,17 @@ def _write_private(path: Path, write: Callable[[IO[bytes]], None], *, mode: int)
 
 def save_model(path: str | Path, *, task: Task, x: torch.Tensor, scale: Scale | str,
                standardisation: tuple[np.ndarray, np.ndarray] | None = None,
-               mode: int = 0o600) -> Path:
+               table: TableSchema | None = None, mode: int = 0o600) -> Path:
     """Write `x` as a named state dict to `path` (e.g. RESULTS/agent1/model.safetensors), the
     metadata in its header; returns `path`. `scale` is the run's public scale spec (none, unit,
-    div:C or standard, with `standardisation` the run's (mean, std) per feature)."""
+    div:C or standard, with `standardisation` the run's (mean, std) per feature); `table` the
+    run's table schema (how a .csv's rows become inputs; the class names)."""
     from safetensors.torch import save as to_safetensors
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = json.dumps(ModelMetadata.of(task, scale=scale,
-                                         standardisation=standardisation).to_json())
+    header = json.dumps(ModelMetadata.of(task, scale=scale, standardisation=standardisation,
+                                         table=table).to_json())
     data = to_safetensors(state_dict_of(task, x), metadata={_HEADER_KEY: header})
     _write_private(path, lambda fh: fh.write(data), mode=mode)
     return path

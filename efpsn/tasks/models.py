@@ -1,4 +1,5 @@
-"""Models in float64: logistic regression and DLG's LeNet (the paper's), and a plain MLP."""
+"""Models in float64: logistic regression and DLG's LeNet (the paper's), a linear regression
+(ridge's), and a plain MLP."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import itertools
 import torch
 from torch import nn
 
-__all__ = ["MLP", "LeNet", "LogisticRegression", "count_parameters"]
+__all__ = ["MLP", "LeNet", "LinearRegression", "LogisticRegression", "count_parameters"]
 
 
 class LogisticRegression(nn.Module):
@@ -20,6 +21,20 @@ class LogisticRegression(nn.Module):
     def __init__(self, features: int = 784, classes: int = 10) -> None:
         super().__init__()
         self.linear = nn.Linear(features, classes, dtype=torch.float64)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.linear(images.reshape(images.shape[0], -1))
+
+
+class LinearRegression(nn.Module):
+    """One linear layer d -> 1 on the flattened input: ridge's model (one number per sample).
+
+    Flat parameter order: weight (1, d), then bias (1,).
+    """
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(features, 1, dtype=torch.float64)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.linear(images.reshape(images.shape[0], -1))

@@ -61,6 +61,8 @@ class Task:
     name: str
     convex: bool = False
     spec: TaskSpec | None = None  # the run's value, when built by make_task (catalog.py)
+    score_name: str = "accuracy"  # what accuracy() measures (ridge: "R^2")
+    label_dtype: torch.dtype = torch.int64  # class indices (ridge: float64 targets)
 
     def __init__(
         self,
@@ -149,9 +151,11 @@ class Task:
                 f"expected images (B, {wanted}) or (B, {self.features}) and labels (B,), got "
                 f"{tuple(images.shape)} and {tuple(labels.shape)}"
             )
-        if images.dtype != torch.float64 or labels.dtype != torch.int64:
+        if images.dtype != torch.float64 or labels.dtype != self.label_dtype:
+            kind = "int64" if self.label_dtype == torch.int64 else "float64"
             raise ValueError(
-                f"expected float64 images and int64 labels, got {images.dtype} and {labels.dtype}"
+                f"expected float64 images and {kind} labels, got {images.dtype} and "
+                f"{labels.dtype}"
             )
 
     # ------------------------------------------------------------------ init

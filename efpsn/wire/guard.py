@@ -236,8 +236,9 @@ def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescript
     before the body; the service's Gatekeeper (an interceptor the server is built with) admits
     the caller (certificate, per-method size cap), and only then does `guarded` read and parse
     the body (see Unread). A client-streaming method (`guarded_stream`) is admitted once, when
-    the stream opens, and then each message is read, capped and parsed the same way. Bytes that are not the expected message reach the
-    handler as Undecodable and get INVALID_ARGUMENT. Returns the service's full name."""
+    the stream opens, and then each message is read, capped and parsed the same way. Bytes that are
+    not the expected message reach the handler as Undecodable and get INVALID_ARGUMENT. Returns the
+    service's full name."""
     handlers = {}
     for method in service.methods:
         if method.server_streaming:

@@ -20,7 +20,7 @@ MAX_MESSAGE_BYTES: int = 64 * 1024 * 1024
 # What a server reads at most, before anything else is known: gRPC refuses a longer body from its
 # length prefix (and a compressed one by its decompressed size) without buffering it. Servers
 # read a body only after the caller's certificate is admitted (efpsn.wire.guard.add_service), and
-# each method has its own, smaller cap derived from the run (agent.servicer.AgentService.admit).
+# each method has its own, smaller cap derived from the run (agent.router.AgentService.admit).
 # 16 MiB holds every phase II message (215 kB for LeNet under GT) and phase I unpacked at 3072
 # bits for 13,426 coefficients (10.3 MB); larger phase I payloads need packing (the default).
 AGENT_RECEIVE_BYTES: int = 16 * 1024 * 1024

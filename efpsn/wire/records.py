@@ -203,6 +203,18 @@ class Assignment:
     neighbours: tuple[Peer, ...]
     self_weight: float
     num_agents: int
+    # every party's name by index (empty from an older coordinator, or an older saved state)
+    members: tuple[str, ...] = ()
+    # a party that joined the running network: the round it takes part from (0: it started
+    # with the run), its join's number, and the members' graph from then on (index pairs)
+    join_round: int = 0
+    join_epoch: int = 0
+    edges: tuple[tuple[int, int], ...] = ()
+    join_cap: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "members", tuple(self.members))  # a list, as saved in JSON
+        object.__setattr__(self, "edges", tuple((int(a), int(b)) for a, b in self.edges))
 
 
 def assignment_to_proto(assignment: Assignment) -> coordinator_pb2.Assignment:
@@ -218,6 +230,11 @@ def assignment_to_proto(assignment: Assignment) -> coordinator_pb2.Assignment:
         ],
         self_weight=assignment.self_weight,
         num_agents=assignment.num_agents,
+        members=assignment.members,
+        join_round=assignment.join_round,
+        join_epoch=assignment.join_epoch,
+        edges=[coordinator_pb2.Edge(a=a, b=b) for a, b in assignment.edges],
+        join_cap=assignment.join_cap,
     )
 
 
@@ -232,6 +249,11 @@ def assignment_from_proto(pb: coordinator_pb2.Assignment) -> Assignment:
         neighbours=tuple(Peer(p.name, p.index, p.address, p.weight) for p in pb.neighbours),
         self_weight=pb.self_weight,
         num_agents=pb.num_agents,
+        members=tuple(pb.members),
+        join_round=int(pb.join_round),
+        join_epoch=int(pb.join_epoch),
+        edges=tuple((int(e.a), int(e.b)) for e in pb.edges),
+        join_cap=int(pb.join_cap),
     )
     check_assignment(assignment)
     return assignment
@@ -245,6 +267,10 @@ def check_assignment(a: Assignment) -> None:
         raise WireError(f"assignment needs a run_id and a name, got {a.run_id!r}, {a.name!r}")
     if not 0 <= a.index < a.num_agents:
         raise WireError(f"index {a.index} is out of range for {a.num_agents} agents")
+    if a.members and (len(a.members) != a.num_agents or a.members[a.index] != a.name
+                      or len(set(a.members)) != len(a.members) or not all(a.members)):
+        raise WireError(f"members must be {a.num_agents} distinct names with {a.name!r} at "
+                        f"index {a.index}, got {list(a.members)[:8]}")
     indices = [p.index for p in a.neighbours]
     if any(i == a.index for i in indices):
         raise WireError(f"agent {a.index} lists itself as a neighbour")
@@ -262,3 +288,15 @@ def check_assignment(a: Assignment) -> None:
         raise WireError(f"neighbour weights must be > 0, got {[p.weight for p in a.neighbours]}")
     if abs(math.fsum(weights) - 1.0) > _WEIGHT_TOLERANCE:
         raise WireError(f"mixing weights must sum to 1, got {math.fsum(weights)!r}")
+    if (bool(a.join_round) != bool(a.edges) or (a.join_epoch > 0) != bool(a.join_round)
+            or (a.join_cap > a.join_round) != bool(a.join_round)):
+        raise WireError(f"a join's assignment has its round, its number and its graph "
+                        f"(got round {a.join_round}, number {a.join_epoch}, "
+                        f"{len(a.edges)} edges)")
+    for x, y in a.edges:
+        if not (0 <= x < y < a.num_agents):
+            raise WireError(f"edge ({x}, {y}) is no pair of agents 0..{a.num_agents - 1}")
+    if a.edges and {b if x == a.index else x for x, b in a.edges
+                    if a.index in (x, b)} != set(indices):
+        raise WireError(f"the join's graph gives agent {a.index} other neighbours than "
+                        f"{indices}")

@@ -81,7 +81,7 @@ def _wrap_shares_to_one(module: Any, who: str) -> None:
 
 def _wrap_rejoin(module: Any, who: str, at: str) -> None:
     """`rejoin-keys` / `rejoin-shares`: die before sending a new edge's key / shares (a
-    phase I message with the re-base round in its header, agent/rejoin.py)."""
+    phase I message with the re-base round in its header, agent/departure/new_edges.py)."""
     send = module.Peers.send
     method = {"rejoin-keys": "PutPublicKey", "rejoin-shares": "PutShares"}[at]
 
@@ -96,7 +96,7 @@ def _wrap_rejoin(module: Any, who: str, at: str) -> None:
 
 def _wrap_adopt(module: Any, who: str) -> None:
     """`adopt`: die when phase II is about to save the departures decided in phase I as
-    adopted (agent/departing.py's Silence.adopt): after phase I's result and its decisions
+    adopted (agent/departure/silence.py's Silence.adopt): after phase I's result and its decisions
     were saved, before its first round."""
     save = module.save
 
@@ -193,7 +193,7 @@ def _parse(text: str) -> tuple[str, int | str]:
 if _SPEC:
     _specs = [_parse(part) for part in _SPEC.split(";")]
     if any(at == "adopt" for _, at in _specs):  # phase I's departures saved
-        _MODULE = "agent.departure_state"
+        _MODULE = "agent.departure.records"
     elif any(isinstance(at, str) and not at.endswith(("!", "~")) for _, at in _specs):
         _MODULE = "agent.peers"  # a phase I step (keys, shares): the client side's method
     if _MODULE in sys.modules:

@@ -88,7 +88,7 @@ class StatusRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ...) -> None: ...
 
 class AgentStatus(_message.Message):
-    __slots__ = ("run_id", "name", "phase", "round", "total_rounds", "loss", "accuracy", "error", "finished", "rejections", "resumed_from_round", "waiting_for")
+    __slots__ = ("run_id", "name", "phase", "round", "total_rounds", "loss", "accuracy", "error", "finished", "rejections", "resumed_from_round", "waiting_for", "neighbour_count", "departed_count", "last_round", "neighbours", "departed")
     class RejectionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -108,6 +108,11 @@ class AgentStatus(_message.Message):
     REJECTIONS_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_ROUND_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOUR_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DEPARTED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOURS_FIELD_NUMBER: _ClassVar[int]
+    DEPARTED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     name: str
     phase: _common_pb2.Phase
@@ -120,4 +125,19 @@ class AgentStatus(_message.Message):
     rejections: _containers.ScalarMap[str, int]
     resumed_from_round: int
     waiting_for: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., phase: _Optional[_Union[_common_pb2.Phase, str]] = ..., round: _Optional[int] = ..., total_rounds: _Optional[int] = ..., loss: _Optional[float] = ..., accuracy: _Optional[float] = ..., error: _Optional[str] = ..., finished: _Optional[bool] = ..., rejections: _Optional[_Mapping[str, int]] = ..., resumed_from_round: _Optional[int] = ..., waiting_for: _Optional[_Iterable[str]] = ...) -> None: ...
+    neighbour_count: int
+    departed_count: int
+    last_round: int
+    neighbours: _containers.RepeatedCompositeFieldContainer[NeighbourView]
+    departed: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., name: _Optional[str] = ..., phase: _Optional[_Union[_common_pb2.Phase, str]] = ..., round: _Optional[int] = ..., total_rounds: _Optional[int] = ..., loss: _Optional[float] = ..., accuracy: _Optional[float] = ..., error: _Optional[str] = ..., finished: _Optional[bool] = ..., rejections: _Optional[_Mapping[str, int]] = ..., resumed_from_round: _Optional[int] = ..., waiting_for: _Optional[_Iterable[str]] = ..., neighbour_count: _Optional[int] = ..., departed_count: _Optional[int] = ..., last_round: _Optional[int] = ..., neighbours: _Optional[_Iterable[_Union[NeighbourView, _Mapping]]] = ..., departed: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NeighbourView(_message.Message):
+    __slots__ = ("name", "address", "heard_seconds_ago")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HEARD_SECONDS_AGO_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    heard_seconds_ago: float
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., heard_seconds_ago: _Optional[float] = ...) -> None: ...

@@ -55,6 +55,16 @@ class CoordinatorStub:
                 request_serializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.SilenceReport.SerializeToString,
                 response_deserializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.Departures.FromString,
                 _registered_method=True)
+        self.Join = channel.unary_unary(
+                '/efpsn.v1.Coordinator/Join',
+                request_serializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RegisterRequest.SerializeToString,
+                response_deserializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.Assignment.FromString,
+                _registered_method=True)
+        self.PollMembership = channel.unary_unary(
+                '/efpsn.v1.Coordinator/PollMembership',
+                request_serializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.MembershipPoll.SerializeToString,
+                response_deserializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.MembershipNews.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -109,6 +119,26 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Join(self, request, context):
+        """A party of a seat the run left empty (RunParameters.late) asks to join the running network:
+        its name, address and declaration are checked as a registration's (its refusal cancels
+        nothing: FAILED_PRECONDITION with the reason). The coordinator decides the round R from
+        which it takes part (the next check round no member has polled: coordinator/joins.py) and
+        answers its assignment at R: its neighbours and weights then, the members, the graph.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PollMembership(self, request, context):
+        """A member of a run with late seats, before stepping each check round (every 25th round,
+        and its last): the joins decided since the ones it knows, each taking effect at its round.
+        Names and round numbers only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -131,6 +161,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ReportSilence,
                     request_deserializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.SilenceReport.FromString,
                     response_serializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.Departures.SerializeToString,
+            ),
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RegisterRequest.FromString,
+                    response_serializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.Assignment.SerializeToString,
+            ),
+            'PollMembership': grpc.unary_unary_rpc_method_handler(
+                    servicer.PollMembership,
+                    request_deserializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.MembershipPoll.FromString,
+                    response_serializer=efpsn_dot_wire_dot_v1_dot_coordinator__pb2.MembershipNews.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -242,6 +282,60 @@ class Coordinator:
             '/efpsn.v1.Coordinator/ReportSilence',
             efpsn_dot_wire_dot_v1_dot_coordinator__pb2.SilenceReport.SerializeToString,
             efpsn_dot_wire_dot_v1_dot_coordinator__pb2.Departures.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/efpsn.v1.Coordinator/Join',
+            efpsn_dot_wire_dot_v1_dot_coordinator__pb2.RegisterRequest.SerializeToString,
+            efpsn_dot_wire_dot_v1_dot_coordinator__pb2.Assignment.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PollMembership(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/efpsn.v1.Coordinator/PollMembership',
+            efpsn_dot_wire_dot_v1_dot_coordinator__pb2.MembershipPoll.SerializeToString,
+            efpsn_dot_wire_dot_v1_dot_coordinator__pb2.MembershipNews.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,7 +7,8 @@ for good, decrypts d's ciphertexts alone and subtracts z_id - z_di
 (efpsn.masks.zero_sum.Masker.edge_terms): exactly the terms it shares with d, which it could always
 read, and what the simulator's replay does with efpsn/departure/remask.py's PairShares. A new
 edge (a departure that cut the graph) runs the paper's phase I for that edge alone
-(agent/rejoin.py, a Masker on the new neighbours), whose terms are added at the re-base round.
+(agent/departure/new_edges.py, a Masker on the new neighbours), whose terms are added at the re-base
+round.
 
 A neighbour that left in phase I itself (Masker.drop) never had terms in the mask: dropping
 it subtracts nothing.
@@ -15,31 +16,27 @@ it subtracts nothing.
 A restart: when departures are on (--departure-deadline > 0), the agent decrypts every edge's
 terms alone as soon as phase I ends (`save_phase_one`: deg * ceil(N / slots) decryptions, once)
 and saves them in STATE/edge_terms.json before its mask (0600, written atomically and synced,
-deleted with the phase I seeds and departures.json when the run ends;
-agent/departure_state.py); each departure's new edges' terms are added to it. Integers only,
-z_ij and z_ji per edge, with the fingerprints of the Paillier keys they were received under:
-mask shares, random integers drawn for the run, nothing derived from the agent's data, and
-nothing the agent could not read (the same secrets as the seeds a refreshed mask saves); never
-the private key. A restarted agent reloads them (`restore`: their phase I edges must add up to
-its saved mask), so a departure after the restart, or one before it that it re-applies
-(agent/departing.py), subtracts the same integers as the replay.
+deleted with the run's other secrets when it ends: agent/state.py); each departure's new edges'
+terms are added to it. Integers only, z_ij and z_ji per edge, with the fingerprints of the Paillier
+keys they were received under: mask shares, random integers drawn for the run, nothing derived from
+the agent's data, and nothing the agent could not read (the same secrets as the seeds a refreshed
+mask saves); never the private key. A restarted agent reloads them (`restore`: their phase I edges
+must add up to its saved mask), so a departure after the restart, or one before it that it
+re-applies (agent/departure/local.py), subtracts the same integers as the replay.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from pathlib import Path
-from typing import Any
 
+from agent.state import EDGE_TERMS, StateStore
 from efpsn.crypto import paillier
-from efpsn.jsonfile import read_run_json, write_json
 from efpsn.masks.refresh import FixedMask
 from efpsn.masks.zero_sum import MaskCoefficients, Masker
 
-__all__ = ["FILE", "EdgeTerms", "save_phase_one"]
+__all__ = ["EdgeTerms", "save_phase_one"]
 
-FILE = "edge_terms.json"
 FORMAT = 1
 Terms = tuple[tuple[int, ...], tuple[int, ...]]
 
@@ -100,28 +97,29 @@ class EdgeTerms:
         """The mask with the terms of the new edges to the agents in `new`."""
         return self._shifted(mask, new, +1)
 
-    def save(self, folder: str | Path, *, run_id: str) -> None:
+    def save(self, store: StateStore, *, run_id: str) -> None:
         """Every edge's terms (decrypted alone, once) to STATE/edge_terms.json, for a restart."""
         for masker in self._maskers:
             for j in masker.neighbours:
                 self._terms(j)
         left = self._left | {j for m in self._maskers for j in m.departed}
         keys = self._keys + [paillier.fingerprint(m.public_key).hex() for m in self._maskers]
-        write_json(Path(folder) / FILE, {
+        store.save_record(EDGE_TERMS, {
             "format": FORMAT, "run_id": run_id, "keys": sorted(set(keys)),
             "phase_one": sorted(self._phase_one), "left_in_phase_one": sorted(left),
             "terms": {str(j): [list(out), list(back)] for j, (out, back) in
                       sorted(self._known.items())},
-        }, mode=0o600, sync=True)
+        })
 
-    def restore(self, folder: str | Path, *, run_id: str, mask: FixedMask) -> None:
+    def restore(self, store: StateStore, *, run_id: str, mask: FixedMask) -> None:
         """The terms saved before a restart; ValueError when missing, another run's, damaged or
         not the terms of `mask` (phase I's saved mask: its edges' z_ij - z_ji add up to it)."""
-        path = Path(folder) / FILE
-        if not path.exists():
+        path = store.record_path(EDGE_TERMS)
+        if not store.has_record(EDGE_TERMS):
             raise ValueError(f"no per-edge terms of the fixed mask in {path}")
         try:
-            payload: dict[str, Any] = read_run_json(path, fmt=FORMAT, run_id=run_id)
+            payload = store.load_record(EDGE_TERMS, fmt=FORMAT, run_id=run_id)
+            assert payload is not None
             known = {int(j): (tuple(int(z) for z in out), tuple(int(z) for z in back))
                      for j, (out, back) in payload["terms"].items()}
             phase_one = {int(j) for j in payload["phase_one"]}
@@ -143,13 +141,13 @@ class EdgeTerms:
         self._phase_one, self._left, self._keys = phase_one, left, keys
 
 
-def save_phase_one(masker: Masker, folder: str | Path, *, run_id: str
+def save_phase_one(masker: Masker, store: StateStore, *, run_id: str
                    ) -> tuple[EdgeTerms, dict[str, float]]:
     """Phase I just ended with departures on: every edge's terms, decrypted alone and saved
     for a restart (before the mask is saved, so a saved mask always has its terms); the terms
     and what it cost phase I (seconds, decryptions: deg * ceil(N / slots))."""
     start, before = time.perf_counter(), masker.decryptions
     terms = EdgeTerms(masker)
-    terms.save(folder, run_id=run_id)
+    terms.save(store, run_id=run_id)
     return terms, {"edge_terms_seconds": time.perf_counter() - start,
                    "edge_terms_decryptions": masker.decryptions - before}

@@ -1,8 +1,9 @@
 """A neighbour that leaves in phase I itself, at one agent: its key or its shares never come.
 
-Phase I (agent/phase_one.py) sends and collects through this object when departures are on.
-A neighbour silent past the departure deadline is reported to the coordinator as in phase II
-(agent/departing.py: only a neighbour that does not answer GetStatus is named; the report says
+Phase I (agent/phases/phase_one.py) sends and collects through this object when departures are
+on (agent/membership.py's PhaseOneMembership). A neighbour silent past the departure deadline is
+reported to the coordinator as in phase II (agent/departure/silence.py: only a neighbour that
+does not answer GetStatus is named; the report says
 it comes from phase I, at round 0), and this agent waits for the decision, the same for every
 agent (coordinator/departures.py): a departure at round 0 (re-base round n), marked as one in
 phase I. It then finishes phase I without the departed neighbour: the Masker / SeedExchange
@@ -12,7 +13,7 @@ decision before round 0 (Silence.adopt: the new edges' seeds, the re-base at n),
 equals `efpsn simulate --leave agentK@0:n` bit for bit.
 
 With --scale standard, the secure sum of column statistics between phase I and phase II
-(agent/secure_sum.py) reports and recovers through this object too: an agent far from the
+(agent/phases/secure_sum.py) reports and recovers through this object too: an agent far from the
 departed one, already flooding, reports from there (round 0, phase I); a departure during the
 flood is decided the same way. The flood then starts again on the remaining graph, without the
 departed agents' vectors and pads, so the totals (and l2 = 1/N_total) are the remaining
@@ -31,30 +32,29 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
 
-from agent import departure_state
-from agent.bootstrap import report_silence
+from agent.departure import records
+from agent.departure.reports import report_silence
 from agent.mailbox import Mailbox
-from agent.options import AgentFailure, AgentOptions, RefusedByNeighbour
+from agent.options import AgentFailure, RefusedByNeighbour
 from agent.peers import Peers
-from agent.servicer import AgentService
 from agent.session import Session
+from agent.state import StateStore
 from efpsn.departure.membership import Departure
 from efpsn.masks.seeds import SeedExchange
 from efpsn.masks.zero_sum import Masker
 
-__all__ = ["Decided", "PhaseOneDecision", "PhaseOneDepartures", "phase_one_departures"]
+__all__ = ["Decided", "PhaseOneDecision", "PhaseOneDepartures"]
 
 log = logging.getLogger("efpsn.agent")
 
 
 @dataclass
 class PhaseOneDecision:
-    """Departures decided in phase I, as phase II adopts them (agent/departing.py's
+    """Departures decided in phase I, as phase II adopts them (agent/departure/silence.py's
     Silence.adopt): what PhaseOneDepartures collected, or a restart reloaded."""
 
     decided: list[Departure]
@@ -64,10 +64,11 @@ class PhaseOneDecision:
 
     @classmethod
     def reloaded(cls, record: dict[str, Any], session: Session) -> PhaseOneDecision:
-        """A restart before phase II adopted them (agent/departure_state.py's record, not
+        """A restart before phase II adopted them (agent/departure/records.py's record, not
         adopted): the departed neighbours dropped from the session again, as phase I had. An
         end of a new edge adopts it again: its seed exchange resumes from what it saved
-        (agent/rejoin_state.py), or starts, when nothing of it was saved, hence sent."""
+        (agent/departure/exchange_file.py), or starts, when nothing of it was saved, hence
+        sent."""
         name = session.assignment.name
         for d in record["decided"]:
             gone = record["names"][d.agent]
@@ -101,13 +102,13 @@ class PhaseOneDepartures:
         self.joining: dict[str, tuple[int, str]] = {}
         self.epoch = 0
 
-    def save(self, folder: str | Path) -> None:
+    def save(self, store: StateStore) -> None:
         """The decisions so far (none: nothing), saved before phase I's result and the totals
         of the secure sum are, so that a restart before phase II adopted them knows who left
-        (agent/departure_state.py, `adopted` False; agent/departing.py re-adopts them)."""
+        (agent/departure/records.py, `adopted` False; Silence.adopt re-adopts them)."""
         if self.decided:
-            departure_state.save(
-                folder, run_id=self.session.run_id, decided=self.decided, epoch=self.epoch,
+            records.save(
+                store, run_id=self.session.run_id, decided=self.decided, epoch=self.epoch,
                 events=[], names=self.names, seeds={}, adopted=False,
                 joining={n: self.session.joining[n] for n in self.joining})
 
@@ -191,21 +192,3 @@ class PhaseOneDepartures:
 
 Decided = PhaseOneDecision | PhaseOneDepartures  # what phase II adopts (Silence.adopt)
 
-
-def phase_one_departures(session: Session, *, options: AgentOptions, peers: Peers,
-                         mailbox: Mailbox, service: AgentService
-                         ) -> PhaseOneDepartures | None:
-    """How a silent neighbour is handled in phase I, and in a scale standard run's secure sum
-    of column statistics after it (agent/secure_sum.py); None when departures are off
-    (--departure-deadline 0)."""
-    cfg = session.config
-    if options.departure_deadline == 0:
-        return None
-    deadline = options.departure_deadline or cfg.round_timeout_seconds
-
-    def deciding(awaited: bool) -> None:
-        service.deciding = awaited
-
-    return PhaseOneDepartures(session=session, peers=peers, mailbox=mailbox,
-                              coordinator=peers.coordinator(), deadline=deadline,
-                              wait=deadline + cfg.round_timeout_seconds, deciding=deciding)

@@ -1,5 +1,5 @@
-"""A decision that ends the run for this agent instead of a re-base (agent/departing.py): the
-departure came after the run had ended for agents far from it, so the others end too, each
+"""A decision that ends the run for this agent instead of a re-base (agent/departure/silence.py):
+the departure came after the run had ended for agents far from it, so the others end too, each
 where the rule says (efpsn/departure/last_window.py), the same as `efpsn simulate --leave` replays:
 
 - the run had stopped at S on the stop rule's certificate (Departure.stopped): end with the
@@ -20,7 +20,7 @@ from efpsn.departure.last_window import cap_end, capped_model, capped_words, rea
 from efpsn.departure.membership import Departure, optimum_of
 from efpsn.optimize.driver import RoundDriver
 
-# `local` below is agent/departing.py's LocalDepartures (which imports this module: no cycle)
+# `local` below is agent/departure/local.py's LocalDepartures (which imports this module)
 LocalDepartures = Any
 
 __all__ = ["end_at_cap", "end_in_window", "records"]
@@ -87,16 +87,29 @@ def _record(local: LocalDepartures, new: list[Departure], **extra: object) -> No
 
 
 def records(local: LocalDepartures) -> dict[str, Any] | None:
-    """What the records of `local`'s departures say (None when nobody left)."""
-    if not local.decided:
+    """What the records of `local`'s departures and joins say (None when nobody left or
+    joined): who left and joined when, who is in the run at the end, and what the model is the
+    optimum of. A party that joined records its own join too (`joined`)."""
+    assignment = local.session.assignment
+    if not local.decided and not local.join_events and not assignment.join_round:
         return None
-    remaining = [i for i in range(local.session.config.agents) if i not in local.gone]
+    out = local.gone | local.absent
+    remaining = [i for i in range(local.session.config.agents) if i not in out]
     # stopped in a departure's last window: certified on the objective of the agents in
     # the run at the check round, the one that left then among them; ended at the cap:
     # that objective's iterate, no optimum
     objective = remaining if local.window is None else sorted([*remaining, local.window])
     model = (optimum_of(objective) if local.capped is None else
              capped_model(remaining, local.capped.departure.agent))
-    return {"departures": local.events,
-            "remaining": [local.names.get(i, f"agent{i + 1}") for i in remaining],
-            "optimum_of": model}
+    record: dict[str, Any] = {
+        "departures": local.events,
+        "remaining": [local.names.get(i, f"agent{i + 1}") for i in remaining],
+        "optimum_of": model,
+        # the members' graph the last rounds ran on (public): the summary's certificate
+        "final_edges": [list(e) for e in local.graph.edges]}
+    if local.join_events:
+        record["joins"] = local.join_events
+    if assignment.join_round:  # this party's own join: the round, its neighbours then
+        record["joined"] = {"round": assignment.join_round, "epoch": assignment.join_epoch,
+                            "neighbours": sorted(p.name for p in assignment.neighbours)}
+    return record

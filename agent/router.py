@@ -1,33 +1,38 @@
-"""The agent's gRPC edge: admit, authenticate, validate once, ask the ledger, file the message.
+"""The agent's gRPC edge, a router: admit, authenticate, validate once, and hand each message to
+the phase that owns it.
 
 Every handler checks, before it touches any state: the caller's certificate names the claimed
 sender (mutual TLS), the sender is a neighbour, and the message passes the wire checks (run,
 phase, round, tensors: efpsn/wire/rounds.py; keys and ciphertexts: efpsn/wire/serde.py and
-efpsn/crypto/paillier.py). Whether a valid message is taken (window, duplicates) is the ledger's
-verdict (efpsn/ledger.py). Refusals are counted (GetStatus.rejections) and logged; no
-exception escapes as UNKNOWN (efpsn/wire/guard.py). It never drives the run: the phases wait on
-the mailbox it fills.
+efpsn/crypto/paillier.py). Then the message goes to its owner, which judges it by its own
+ledger (efpsn/ledger.py) and files it: phase I's keys and shares to PhaseOne, a new edge's to
+the membership's NewEdges, the flood's statistics to SecureSum, round messages to PhaseTwo
+(agent/phases/). Refusals are counted (GetStatus.rejections) and logged; no exception escapes
+as UNKNOWN (efpsn/wire/guard.py). The router holds no phase state and never drives the run.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
-from agent.intake import Intake
 from agent.life import Life
-from agent.mailbox import Mailbox
+from agent.membership import Membership
+from agent.options import NotReady
 from agent.outbox import Outbox
-from agent.secure_sum import StatsLedger, stats_length
+from agent.phases.phase_one import PhaseOne
+from agent.phases.phase_two import PhaseTwo
+from agent.phases.secure_sum import SecureSum, stats_length
+from agent.phases.shares import ShareCheck
 from agent.session import Session
 from agent.status import Status
 from efpsn.crypto import paillier
-from efpsn.ledger import Judgement, PhaseOneLedger, Verdict
+from efpsn.ledger import Judgement, Verdict
 from efpsn.stats.flood import flood_wire_rounds
 from efpsn.wire import limits, records, serde
 from efpsn.wire.guard import (
@@ -65,39 +70,23 @@ class Identity:
     allow_insecure_keys: bool = False
 
 
-@dataclass(frozen=True)
-class ShareCheck:
-    """What this agent's phase I expects in a neighbour's shares: ciphertexts under its own
-    key, so many of them (set once its key exists)."""
-
-    public_key: paillier.PublicKey
-    count: int
-    packed: bool
-
-
 class AgentService(agent_pb2_grpc.AgentServicer):
     """Serves one agent: phase I keys and shares, phase II rounds, replays and status."""
 
-    def __init__(self, *, identity: Identity, mailbox: Mailbox, intake: Intake, outbox: Outbox,
-                 status: Status, rejections: RejectionLog,
-                 waiting: Callable[[], set[str]]) -> None:
+    def __init__(self, *, identity: Identity, phase_one: PhaseOne, secure_sum: SecureSum,
+                 phase_two: PhaseTwo, membership: Membership, outbox: Outbox, status: Status,
+                 rejections: RejectionLog, waiting: Callable[[], set[str]]) -> None:
         self.identity = identity
-        self.mailbox = mailbox
-        self.intake = intake  # round messages: parse, ledger, mailbox (agent/intake.py)
-        self.outbox = outbox
+        # the owners of what comes in (agent/phases/, agent/membership.py)
+        self.phase_one = phase_one
+        self.secure_sum = secure_sum
+        self.phase_two = phase_two
+        self.membership = membership
+        self.outbox = outbox  # what GetRound serves
         self.status = status
         self.rejections = rejections
         self._waiting = waiting
-        self.phase_one = PhaseOneLedger()
-        self.stats = StatsLedger()  # scale standard: the secure sum's flood
-        self.shares: ShareCheck | None = None
-        # a new edge's seed exchange after a departure cut the graph (agent/rejoin.py)
-        self.rejoin = PhaseOneLedger()
-        self.rejoin_shares: ShareCheck | None = None
-        # per new neighbour: its message on disk before the ack (agent/rejoin_state.py)
-        self.rejoin_keep: dict[str, Callable[[str, str, object], None]] = {}
-        self.deciding = False  # a departure decision is awaited: unknown callers may be new
-        self._in_flight: Counter[str] = Counter()
+        self._in_flight: Counter[str] = Counter()  # calls per caller (admission)
 
     def gatekeeper(self) -> Gatekeeper:
         """This service's admission, for its server's interceptors (efpsn.wire.guard)."""
@@ -163,7 +152,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             raise Reject(StatusCode.PERMISSION_DENIED,
                          f"sender {_short(min(names))} is not a neighbour of {self.identity.name} "
                          f"in run {s.run_id} (neighbours: {', '.join(sorted(s.neighbour_names))})")
-        if self.deciding:  # a new neighbour told of the decision a moment before this agent
+        # a new neighbour told of a decision before this agent: a departure's, or, in a run
+        # with seats that join later, a join's (heard at the next check round)
+        if self.membership.deciding or (s.config.late_seats
+                                        and not names.isdisjoint(s.assignment.members)):
             raise Reject(StatusCode.UNAVAILABLE, "awaiting the coordinator's decision",
                          early=True)
         raise Reject(
@@ -187,6 +179,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                              f"claims to come from {_short(claimed)}")
         s = self._assigned()
         self._may_send(s, frozenset({claimed}), certificate=False)
+        self.status.hear(claimed)  # the one place a neighbour's last message time is kept
         return s
 
     def _assigned(self) -> Session:
@@ -223,63 +216,29 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         parsed = records.validate_header(header, run_id=s.run_id, phase=phase, round=joining[2])
         return s, parsed.sender
 
-    def _late_phase_one(self, kind: str, sender: str, digest: bytes) -> common_pb2.Ack:
-        """A retry after phase I ended here (its acknowledgement may have been lost in a
-        crash): acknowledged when identical to what was received, refused otherwise."""
-        return common_pb2.Ack(accepted=True,
-                              detail=self._obey(self.phase_one.judge(kind, sender, digest)))
+    @staticmethod
+    def _ack(judgement: Judgement) -> common_pb2.Ack:
+        return common_pb2.Ack(accepted=True, detail=AgentService._obey(judgement))
 
-    def _rejoin_keep(self, sender: str) -> Callable[[str, str, object], None]:
-        keep = self.rejoin_keep.get(sender)
-        if keep is None:  # this end's exchange is not saved yet: the sender retries
-            raise Reject(StatusCode.UNAVAILABLE, "its new edge's key is not ready", early=True)
-        return keep
+    @staticmethod
+    def _not_ready(exc: NotReady) -> Reject:
+        """A message before its owner can take it: the sender retries UNAVAILABLE."""
+        return Reject(StatusCode.UNAVAILABLE, str(exc), early=True)
 
-    @guarded
-    async def PutPublicKey(
-        self, request: agent_pb2.PublicKeyMessage, context: grpc.aio.ServicerContext
-    ) -> common_pb2.Ack:
-        if request.header.round > 0:  # a new edge's (agent/rejoin.py)
-            _, sender = self._rejoin_header(request.header, context, Phase.KEYS)
-            key = paillier.public_key_from_n(serde.public_key_from_proto(request.key))
-            paillier.check_key_size(key, allow_insecure=self.identity.allow_insecure_keys)
-            keep = self._rejoin_keep(sender)
-            judgement = self.rejoin.judge("key", sender, serde.key_fingerprint(key.n))
-            if judgement.verdict == Verdict.ACCEPT:
-                await asyncio.to_thread(keep, "key", sender, key)
-                self.mailbox.put("key", request.header.round, sender, key)
-            return common_pb2.Ack(accepted=True, detail=self._obey(judgement))
-        _, sender = self._phase_one_header(request.header, context, Phase.KEYS)
-        n = serde.public_key_from_proto(request.key)
-        digest = serde.key_fingerprint(n)
-        if self.phase_one.closed:
-            return self._late_phase_one("key", sender, digest)
-        key = paillier.public_key_from_n(n)
-        paillier.check_key_size(key, allow_insecure=self.identity.allow_insecure_keys)
-        judgement = self.phase_one.judge("key", sender, digest)
-        if judgement.verdict == Verdict.ACCEPT:
-            self.mailbox.put("key", 0, sender, key)
-        return common_pb2.Ack(accepted=True, detail=self._obey(judgement))
+    def _new_edges(self) -> Any:
+        edges = self.membership.new_edges
+        if edges is None:  # departures off: _rejoin_header refuses first (no new edges)
+            raise Reject(StatusCode.FAILED_PRECONDITION, "this agent has no new edges")
+        return edges
 
-    @guarded
-    async def PutShares(
-        self, request: agent_pb2.SharesMessage, context: grpc.aio.ServicerContext
-    ) -> common_pb2.Ack:
-        rejoin = request.header.round > 0  # a new edge's (agent/rejoin.py)
-        if rejoin:
-            s, sender = self._rejoin_header(request.header, context, Phase.SHARES)
-        else:
-            s, sender = self._phase_one_header(request.header, context, Phase.SHARES)
-        digest = serde.shares_digest(request.batch)
-        if self.phase_one.closed and not rejoin:
-            return self._late_phase_one("shares", sender, digest)
-        expected = self.rejoin_shares if rejoin else self.shares
-        keep = self._rejoin_keep(sender) if rejoin else None
-        if expected is None:
-            raise Reject(StatusCode.UNAVAILABLE, "phase I key not ready yet", early=True)
+    @staticmethod
+    def _ciphertexts(request: agent_pb2.SharesMessage, expected: ShareCheck, *,
+                     coefficients: int) -> list[int]:
+        """The shares' ciphertexts, checked once: under the receiver's key, as many as its
+        phase expects, each a valid ciphertext."""
         batch = serde.ciphertexts_from_proto(
             request.batch, expected_fingerprint=paillier.fingerprint(expected.public_key),
-            expected_num_coefficients=s.problem.N, expected_packed=expected.packed)
+            expected_num_coefficients=coefficients, expected_packed=expected.packed)
         if len(batch.ciphertexts) != expected.count:
             raise WireError(f"expected {expected.count} ciphertexts, got {len(batch.ciphertexts)}")
         for i, c in enumerate(batch.ciphertexts):
@@ -287,12 +246,51 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 paillier.validate_ciphertext(expected.public_key, c)
             except ValueError as exc:
                 raise WireError(f"ciphertext {i}: {exc}") from None
-        judgement = (self.rejoin if rejoin else self.phase_one).judge("shares", sender, digest)
-        if judgement.verdict == Verdict.ACCEPT:
-            if keep is not None:
-                await asyncio.to_thread(keep, "shares", sender, list(batch.ciphertexts))
-            self.mailbox.put("shares", request.header.round, sender, list(batch.ciphertexts))
-        return common_pb2.Ack(accepted=True, detail=self._obey(judgement))
+        return list(batch.ciphertexts)
+
+    @guarded
+    async def PutPublicKey(
+        self, request: agent_pb2.PublicKeyMessage, context: grpc.aio.ServicerContext
+    ) -> common_pb2.Ack:
+        new_edge = request.header.round > 0  # a new edge's (agent/departure/new_edges.py)
+        if new_edge:
+            _, sender = self._rejoin_header(request.header, context, Phase.KEYS)
+        else:
+            _, sender = self._phase_one_header(request.header, context, Phase.KEYS)
+        n = serde.public_key_from_proto(request.key)
+        digest = serde.key_fingerprint(n)
+        try:
+            if not new_edge:  # PhaseOne checks the key (after phase I: a copy, or refused)
+                return self._ack(self.phase_one.take_key(sender, n, digest))
+            key = paillier.public_key_from_n(n)
+            paillier.check_key_size(key, allow_insecure=self.identity.allow_insecure_keys)
+            return self._ack(await self._new_edges().take_key(
+                sender, request.header.round, key, digest))
+        except NotReady as exc:
+            raise self._not_ready(exc) from None
+
+    @guarded
+    async def PutShares(
+        self, request: agent_pb2.SharesMessage, context: grpc.aio.ServicerContext
+    ) -> common_pb2.Ack:
+        new_edge = request.header.round > 0  # a new edge's (agent/departure/new_edges.py)
+        if new_edge:
+            s, sender = self._rejoin_header(request.header, context, Phase.SHARES)
+        else:
+            s, sender = self._phase_one_header(request.header, context, Phase.SHARES)
+        digest = serde.shares_digest(request.batch)
+        try:
+            if not new_edge and self.phase_one.closed:
+                return self._ack(self.phase_one.late("shares", sender, digest))
+            owner = self._new_edges() if new_edge else self.phase_one
+            ciphertexts = self._ciphertexts(request, owner.expected_shares(),
+                                            coefficients=s.problem.N)
+            if new_edge:
+                return self._ack(await owner.take_shares(sender, request.header.round,
+                                                         ciphertexts, digest))
+            return self._ack(self.phase_one.take_shares(sender, ciphertexts, digest))
+        except NotReady as exc:
+            raise self._not_ready(exc) from None
 
     # ---------------------------------------------------------- the secure sum
 
@@ -308,10 +306,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         record = parse_stats(request, run_id=s.run_id, senders=s.admitted_names,
                              rounds=flood_wire_rounds(s.config.agents), agents=s.config.agents,
                              length=stats_length(s))
-        judgement = self.stats.judge(record.sender, record.round, record.digest)
-        if judgement.verdict == Verdict.ACCEPT:
-            self.mailbox.put("stats", record.round, record.sender, record.vectors)
-        return common_pb2.Ack(accepted=True, detail=self._obey(judgement))
+        return self._ack(self.secure_sum.take(record))
 
     # ---------------------------------------------------------------- phase II
 
@@ -332,16 +327,16 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     def _file_round(self, request: agent_pb2.RoundMessage,
                     context: grpc.aio.ServicerContext) -> str:
-        """Authenticate, then the one intake (validate once, ask the ledger, file an accepted
-        message); the acknowledgement's detail (empty for a fresh message)."""
+        """Authenticate, then phase II's one intake (validate once, ask its ledger, file an
+        accepted message); the acknowledgement's detail (empty for a fresh message)."""
         if not isinstance(request.header, common_pb2.Header):
             raise TypeError(f"expected efpsn.v1.Header, got {type(request.header).__name__}")
         s = self._authenticate(context, request.header.sender)
-        if self.life.rounds is None:  # scale standard: phase II starts after the secure sum
-            raise Reject(StatusCode.UNAVAILABLE, "phase II has not started here yet",
-                         early=True)
-        return self._obey(self.intake.take_round(
-            request, senders=s.round_senders(request.header.round)))
+        try:  # scale standard: phase II starts after the secure sum
+            return self._obey(self.phase_two.take_round(
+                request, senders=s.round_senders(request.header.round)))
+        except NotReady as exc:
+            raise self._not_ready(exc) from None
 
     @guarded
     async def GetRound(
@@ -350,8 +345,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         s = self._authenticate(context, request.header.sender)
         header = records.validate_header(request.header, run_id=s.run_id, phase=Phase.OPTIMIZE)
         t = header.round
-        rounds = self.life.rounds
-        last = rounds.last if rounds is not None else s.config.iterations.total
+        last = self.phase_two.last_round(s)
         if t > last:  # the ledger's: a departure's re-base may extend the cap
             raise WireError(f"round {t} is beyond the run's last round {last}")
         message = self.outbox.get(t)
@@ -381,15 +375,32 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         if s is not None and (names is None or names & s.neighbour_names):
             # whom it waits for (messages, acknowledgements): lets neighbours name a stall
             reply.waiting_for.extend(sorted(self._waiting()))
+        if s is not None:
+            self._progress(reply, s, party=names is None or bool(
+                names & (s.admitted_names | s.departed.keys() | set(s.assignment.members)))
+                or self._is_operator(context))
         if not self._is_operator(context):
             return reply  # liveness only: loss and accuracy are values of this agent's f_i
         reply.run_id = s.run_id if s else ""
         reply.loss, reply.accuracy = st.loss, st.accuracy
         reply.rejections.update(self.rejections.counts)
-        rounds = self.life.rounds
-        if rounds is not None and rounds.resumed_from is not None:
-            reply.resumed_from_round = rounds.resumed_from
+        if self.phase_two.resumed_from is not None:
+            reply.resumed_from_round = self.phase_two.resumed_from
         return reply
+
+    def _progress(self, reply: agent_pb2.AgentStatus, s: Session, *, party: bool) -> None:
+        """The run's progress as this agent sees it: counts for everyone; for the run's parties
+        (`party`) also the neighbours' names, addresses and when each was last heard, and who
+        left. Names and times only, nothing of this agent's data."""
+        ledger = self.phase_two.ledger
+        reply.last_round = ledger.last if ledger is not None else 0
+        reply.neighbour_count, reply.departed_count = len(s.addresses), len(s.departed)
+        if not party:
+            return
+        reply.neighbours.extend(agent_pb2.NeighbourView(
+            name=n, address=a, heard_seconds_ago=self.status.heard_ago(n))
+            for n, a in sorted(s.addresses.items()))
+        reply.departed.extend(sorted(s.departed))
 
     def _is_operator(self, context: grpc.aio.ServicerContext) -> bool:
         """Under mutual TLS only the operator's certificate (--operator-name, default this

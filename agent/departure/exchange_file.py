@@ -1,61 +1,56 @@
 """A new edge's seed exchange, on disk while it runs, so that an end killed in the middle of it
 and restarted (the same command) finishes it instead of stopping: STATE/rejoin.json (0600,
-written atomically and synced, deleted once the edge's seeds are in departures.json).
+written atomically and synced by the state store, deleted once the edge's seeds are in
+departures.json).
 
-agent/rejoin.py writes it before it sends anything for the edge: this end's Paillier key pair
-for the exchange (its primes p and q), the seeds it drew (s_ij, hex; with the paper's fixed
+agent/departure/new_edges.py writes it before it sends anything for the edge: this end's Paillier
+key pair for the exchange (its primes p and q), the seeds it drew (s_ij, hex; with the paper's fixed
 mask, the 128-bit seed of the generator its shares z_ij are drawn from, or none given a test
 noise seed, which draws them again), the run, the decision epoch, the re-base round and the
 new neighbours. Then, each before it is used or acknowledged:
 the ciphertexts it sends (before the first PutShares, so a retransmission repeats them exactly
 and the other end's ledger acknowledges it as a duplicate), and what the other end sent (its
 public key's modulus, its ciphertexts: the servicer acknowledges a message of a new edge only
-after it is here, agent/servicer.py's `rejoin_keep`). A restart reloads it, sends its own
+after it is here: NewEdges.take_key / take_shares). A restart reloads it, sends its own
 messages again and awaits only what is not in the file, so neither end has to run anything
 twice: the exchange's messages are the same, and the seeds are the ones drawn before.
 
 What it holds is secret like the seeds it becomes (the private key decrypts only the other
-end's seed or shares for this edge, which departures.json or edge_terms.json then keep anyway); JSON integers and hex, with
-the fingerprint of the key pair; never pickle, nothing of the agent's data.
+end's seed or shares for this edge, which departures.json or edge_terms.json then keep anyway); JSON
+integers and hex, with the fingerprint of the key pair; never pickle, nothing of the agent's data.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
+from agent.state import EXCHANGE, StateStore
 from efpsn.crypto import paillier
-from efpsn.jsonfile import read_run_json, write_json
 
-__all__ = ["FILE", "ExchangeState", "discard"]
+__all__ = ["ExchangeState"]
 
-FILE = "rejoin.json"
 FORMAT = 1
-
-
-def _path(folder: str | Path) -> Path:
-    return Path(folder) / FILE
 
 
 class ExchangeState:
     """One end's exchange for the new edges of one decision (`epoch`), as saved."""
 
-    def __init__(self, folder: str | Path, payload: dict[str, Any]) -> None:
-        self.folder = Path(folder)
+    def __init__(self, store: StateStore, payload: dict[str, Any]) -> None:
+        self.store = store
         self._payload = payload
         self._lock = threading.Lock()  # the servicer's threads and the exchange write it
 
     @classmethod
-    def create(cls, folder: str | Path, *, run_id: str, epoch: int, rebase_round: int,
+    def create(cls, store: StateStore, *, run_id: str, epoch: int, rebase_round: int,
                joiners: Mapping[str, int],
                keypair: tuple[paillier.PublicKey, paillier.PrivateKey],
                seeds: Mapping[int, bytes], entropy: int | None = None) -> ExchangeState:
         """Saved (synced) before anything of the exchange is sent (`entropy`: the fixed
         mask's generator seed, with no `seeds`)."""
         public, private = keypair
-        state = cls(folder, {
+        state = cls(store, {
             "format": FORMAT, "run_id": run_id, "epoch": int(epoch),
             "rebase_round": int(rebase_round),
             "joiners": {str(n): int(j) for n, j in sorted(joiners.items())},
@@ -68,16 +63,17 @@ class ExchangeState:
         return state
 
     @classmethod
-    def load(cls, folder: str | Path, *, run_id: str, epoch: int, rebase_round: int,
+    def load(cls, store: StateStore, *, run_id: str, epoch: int, rebase_round: int,
              joiners: Mapping[str, int], allow_insecure: bool) -> ExchangeState | None:
         """The exchange saved for these new neighbours (None: none was started, so nothing of
         it was sent, and it starts afresh). ValueError when the file is damaged or another's."""
-        path = _path(folder)
-        if not path.exists():
+        path = store.record_path(EXCHANGE)
+        if not store.has_record(EXCHANGE):
             return None
         try:
-            payload = read_run_json(path, fmt=FORMAT, run_id=run_id)
-            state = cls(folder, payload)
+            payload = store.load_record(EXCHANGE, fmt=FORMAT, run_id=run_id)
+            assert payload is not None
+            state = cls(store, payload)
             if (int(payload["epoch"]) != epoch or int(payload["rebase_round"]) != rebase_round
                     or payload["joiners"] != {str(n): int(j) for n, j in joiners.items()}):
                 return None  # another decision's (it gave no edge to finish here)
@@ -131,9 +127,8 @@ class ExchangeState:
             self._write()
 
     def _write(self) -> None:
-        write_json(_path(self.folder), self._payload, mode=0o600, sync=True)
+        self.store.save_record(EXCHANGE, self._payload)
 
-
-def discard(folder: str | Path) -> None:
-    """The exchange's seeds are in departures.json (or the run ended): nothing to resume."""
-    _path(folder).unlink(missing_ok=True)
+    def discard(self) -> None:
+        """The exchange's seeds are in departures.json (or the run ended): nothing to resume."""
+        self.store.discard(EXCHANGE)

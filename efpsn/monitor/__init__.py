@@ -1,0 +1,1 @@
+"""`efpsn status`: a run's progress gathered from its agents (gather) and shown (lines)."""
