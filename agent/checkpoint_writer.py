@@ -3,7 +3,7 @@
 A checkpoint's files are fsync'ed (agent/state.py). Written on the event loop, every fsync
 stopped this agent, and with it its neighbours, which wait for its next message: every agent
 checkpoints at the same rounds, so the whole ring stood still while the disk flushed five
-folders (issue 29: 56-63 ms of wall time per checkpoint per agent, 0.7 ms of it CPU, at load
+folders (measured: 56-63 ms of wall time per checkpoint per agent, 0.7 ms of it CPU, at load
 8). Now the loop only takes the checkpoint's bytes from the tensors (`prepare_checkpoint`:
 the rounds that follow cannot change them), and a worker thread writes, fsyncs and renames
 exactly as before, then deletes the checkpoint before the previous one (deleting its files

@@ -21,7 +21,7 @@ Before each fork every object the server holds is frozen (gc.freeze(): moved to 
 permanent generation), so an agent's full garbage collections never traverse them: a traversal
 writes into every inherited object's collector header and so copies every page holding one
 (+27 MB of private memory per agent when the agents' first full collection fell inside the run,
-issue 29). An agent still collects its own objects; the frozen ones are the server's modules and
+docs/RESULTS.md). An agent still collects its own objects; the frozen ones are the server's modules and
 the parsed public data, alive for the whole run anyway.
 """
 

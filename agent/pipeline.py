@@ -262,8 +262,10 @@ class Pipeline:
 
     @staticmethod
     def _masks(session: Session, result: PhaseOneResult) -> MaskProvider:
-        """This agent's mask of every round from phase I's result (efpsn/masks/factory.py)."""
-        return mask_of(result, spec=session.problem.noise_spec, refresh=session.config.refresh)
+        """This agent's mask of every round from phase I's result (efpsn/masks/factory.py); a
+        party that joined at round R has only its join's edges, which fade from R."""
+        return mask_of(result, spec=session.problem.noise_spec, refresh=session.config.refresh,
+                       since=session.assignment.join_round)
 
     async def _phase_two(self, session: Session, saved: SavedAssignment, masks: MaskProvider,
                          *, history: list[dict[str, float]], replay: set[str],

@@ -42,6 +42,9 @@ class Session:
     # new neighbours after a departure cut the graph: name -> (index, address, the re-base round
     # from which they exchange round messages); until then only the new edge's seed exchange
     joining: dict[str, tuple[int, str, int]] = field(default_factory=dict)
+    # former neighbours (a join dropped the edge at round R): name -> R; still admitted, so that
+    # one restarted from a checkpoint before R can fetch this agent's rounds before R again
+    former: dict[str, int] = field(default_factory=dict)
 
     @property
     def run_id(self) -> str:
@@ -57,8 +60,9 @@ class Session:
 
     @property
     def admitted_names(self) -> frozenset[str]:
-        """Who may call this agent: its neighbours and its new neighbours to come."""
-        return frozenset(self.addresses) | frozenset(self.joining)
+        """Who may call this agent: its neighbours, its new neighbours to come, and its former
+        neighbours (for the rounds they shared)."""
+        return frozenset(self.addresses) | frozenset(self.joining) | frozenset(self.former)
 
     def address_of(self, name: str) -> str:
         if name in self.addresses:
@@ -66,10 +70,11 @@ class Session:
         return self.joining[name][1]
 
     def round_senders(self, t: int) -> frozenset[str]:
-        """Whose round-t messages are taken: the neighbours, and a new neighbour from its
-        re-base round on (it can be a round ahead of this agent)."""
-        return self.neighbour_names | frozenset(n for n, (_, _, r) in self.joining.items()
-                                                if t >= r)
+        """Whose round-t messages are taken: the neighbours, a new neighbour from its re-base
+        round on (it can be a round ahead of this agent), a former one before its edge went."""
+        return (self.neighbour_names
+                | frozenset(n for n, (_, _, r) in self.joining.items() if t >= r)
+                | frozenset(n for n, r in self.former.items() if t < r))
 
     def join(self, name: str) -> None:
         """A new neighbour (agent/departure/new_edges.py) from its re-base round on: a neighbour
@@ -78,10 +83,12 @@ class Session:
         self.addresses[name] = address
         self.names = dict(sorted({**self.names, index: name}.items()))
 
-    def unlink(self, name: str) -> None:
+    def unlink(self, name: str, *, until: int | None = None) -> None:
         """A neighbour this agent no longer shares an edge with (a join rewired the graph,
-        efpsn/departure/joins.py): no more round messages to or from it; it is still in the
-        run."""
+        efpsn/departure/joins.py): no round messages to or from it from round `until` on; it
+        is still in the run, and may still fetch the rounds before `until` (a restart)."""
+        if until is not None and name in self.addresses:
+            self.former[name] = until
         self.addresses.pop(name, None)
         self.names = {i: n for i, n in self.names.items() if n != name}
 

@@ -1,4 +1,4 @@
-"""The floor: a bare grpc.aio ring with the real step, against our agents (issue 29).
+"""The floor: a bare grpc.aio ring with the real step, against our agents.
 
     python benchmarks/bench_ring_floor.py --data-dir D [--iterations 2000] [--repeat 3]
         [--warmup 30] [--variants a,b,c] [--json OUT] [--run-flag=--preset --run-flag=paper]

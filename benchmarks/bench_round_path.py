@@ -19,7 +19,7 @@ machine one pair moves by tens of percent with the load, so each pair's ratio is
 the load is about the same, and the medians (of the CPU figures and of the pairs' ratios) are
 the figures to quote.
 
-Trying gRPC's own settings (issue 29): `--option KEY=VALUE` (repeatable; an integer value is
+Trying gRPC's own settings: `--option KEY=VALUE` (repeatable; an integer value is
 passed as one) adds a channel and server argument to every channel and server of both ends, in
 both paths; `--env KEY=VALUE` (repeatable) sets an environment variable of both processes (e.g.
 GRPC_POLL_STRATEGY=poll). With either, each of the R repeats runs the path(s) of `--paths`

@@ -1,5 +1,5 @@
 """The output-only attackers (efpsn/experiments/attack_output.py): what x* alone tells a curious
-neighbour about agent 0's single sample, the floor every exact method has (issue 26)."""
+neighbour about agent 0's single sample, the floor every exact method has."""
 
 from __future__ import annotations
 

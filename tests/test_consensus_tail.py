@@ -1,4 +1,4 @@
-"""Issue 29's consensus tail (efpsn/experiments/consensus_tail.py): mixing away the fresh part's
+"""The consensus tail (efpsn/experiments/consensus_tail.py): mixing away the fresh part's
 disagreement certifies a masked run near the unmasked run's round, and the bound stays a bound."""
 
 from __future__ import annotations

@@ -189,3 +189,43 @@ def test_values_summed_as_floats_equal_the_integer_path_bit_for_bit() -> None:
             integers, k = b.fresh(t)
             assert np.array_equal(a._fresh_values(t)[0], integers.astype(np.float64))
             assert a._fresh_values(t)[1] == k
+
+
+def _joined(graph: Graph, joiner: int, at: int) -> list[FadingMask]:
+    """The masks after `joiner` came in at round `at`: its edges fade from `at` (a join's),
+    the others' from 0 (efpsn.departure.remask.reseeded, efpsn.masks.factory.mask_of)."""
+    return [FadingMask(seeds=s, spec=SPEC, refresh=RATE,
+                       starts={j: at for j in s.neighbours if joiner in (s.agent, j)})
+            for s in exchange_seeds_fast(graph, noise_seed=11)]
+
+
+@settings(max_examples=15, deadline=None)
+@given(at=st.integers(1, 300), rounds=st.lists(st.integers(0, 600), min_size=1, max_size=5))
+def test_a_joins_edges_sum_to_zero_over_their_own_denominator(at: int, rounds: list[int]) -> None:
+    from efpsn.departure.remask import part_totals, sums_to_zero
+
+    agents = _joined(FIVE, joiner=3, at=at)
+    for t in rounds:
+        totals = part_totals(agents, t)
+        assert set(totals) == {"fixed", "fresh", f"fresh from round {at}"}
+        assert sums_to_zero(agents, t) and sums_to_zero(agents, t, exact=False), t
+        assert abs(sum(m.values(t) for m in agents)).max() < 1e-6  # the floats too, nearly
+
+
+def test_a_joiner_is_masked_at_its_join_as_a_starter_is_at_round_zero() -> None:
+    """Without its own start, a party joining at round 200 would get a fresh part faded by
+    0.9^200 (about 1e-9): its first rounds' differences were then bare (with wine's rate, a
+    many-round regression recovered a private row to 0.011 of its norm for a join at round
+    200, 1.7e-5 at round 500; docs/RESULTS.md, 'A party that joins')."""
+    at = 200
+    joined, started = _joined(FIVE, joiner=3, at=at), masks(FIVE, noise_seed=11)
+    # the joiner's edges' fresh part at `at` is round 0's size; its differences carry it
+    lead = float(np.std(started[3].values(0) - started[3].values(1)))
+    own = float(np.std(joined[3].values(at) - joined[3].values(at + 1)))
+    assert 0.5 < own / lead < 2.0
+    # a member's phase I edges have faded meanwhile, the join's edges have not
+    member = joined[2]  # neighbour of 3 in FIVE, with phase I edges to 1
+    ((_, _, k),) = member.later_parts(at)
+    assert k == 0 and member.exponent(at) > 20
+    # and the joiner's part fades from `at` at the run's rate, as phase I's does from 0
+    assert joined[3].later_parts(at + 50)[0][2] == started[3].exponent(50)

@@ -32,7 +32,7 @@ from efpsn.topology import graph_over
 
 
 def test_members_poll_every_check_round_but_the_first_and_the_last() -> None:
-    assert [t for t in range(0, 101) if check_round(t, last=100)] == [25, 50, 75]
+    assert [t for t in range(101) if check_round(t, last=100)] == [25, 50, 75]
     assert JOIN_CHECK_EVERY == 25
 
 
@@ -48,6 +48,42 @@ def test_a_joins_seeds_are_drawn_for_an_epoch_no_departure_uses() -> None:
 def test_a_bad_join_is_refused_with_what_is_wrong(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_join(text, agents=5)
+
+
+def test_a_join_reads_and_writes_the_command_lines_agentK_at_R() -> None:
+    join = parse_join(" agent1@75 ", agents=5)
+    assert join == Join(agent=0, round=75) and join.label() == "agent1@75"
+    assert parse_join("agent5@1", agents=5).to_json() == {"agent": "agent5", "round": 1}
+    chosen = Join(agent=4, round=50, neighbours=(2, 0, 2))
+    assert chosen.neighbours == (0, 2)  # sorted, each once
+    assert chosen.to_json() == {"agent": "agent5", "round": 50,
+                                "chosen_neighbours": ["agent1", "agent3"]}
+    assert not check_round(JOIN_EPOCHS, last=JOIN_EPOCHS)  # the last round polls no more
+    assert check_round(JOIN_CHECK_EVERY, last=JOIN_CHECK_EVERY + 1)
+    assert JOIN_EPOCHS == 2**20  # far above any departure's epoch: no seed is drawn twice
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"agent": -1, "round": 5}, r"join agent must be an int >= 0, got -1"),
+    ({"agent": True, "round": 5}, r"join agent must be an int >= 0, got True"),
+    ({"agent": 1, "round": 2.0}, r"join round must be an int >= 0, got 2.0"),
+    ({"agent": 1, "round": 0}, (r"^agent2 joins at round 0: a join takes effect at a round of "
+                                r"phase II after round 0$")),
+    ({"agent": 1, "round": 5, "neighbours": (1,)}, r"^agent2 cannot be its own neighbour$")])
+def test_a_join_that_cannot_be_is_refused_by_name(values: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Join(**values)
+
+
+def test_chosen_neighbours_must_be_members() -> None:
+    before = graph_over("ring", [0, 1, 2, 3], agents=5)
+    with pytest.raises(ValueError, match=r"^agent5@9: its chosen neighbours \['agent3'\] are not "
+                                         r"members of the run$"):
+        join_reconfiguration(before, members=[0, 1, 3],
+                             join=Join(agent=4, round=9, neighbours=(2,)), topology="ring")
+    with pytest.raises(ValueError, match=r"^agent4 is already a member of the run$"):
+        join_reconfiguration(before, members=[0, 1, 2, 3], join=Join(agent=3, round=9),
+                             topology="ring")
 
 
 def test_a_ring_takes_the_newcomer_between_its_first_and_last_members() -> None:

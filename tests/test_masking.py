@@ -352,3 +352,27 @@ def test_independent_masks_variance_is_two_deg_sigma2() -> None:
         assert np.all(np.abs(empirical - expected) <= covariance_tolerance(expected, DRAWS))
         # Not zero-sum: the sum over agents has variance 2 * sum(deg) * sigma_k^2.
         assert np.std(x.sum(axis=1)) > 0.5 * math.sqrt(2 * degrees.sum() * sigma2)
+
+
+def test_neighbours_gone_in_phase_one_add_up_and_decryptions_are_counted() -> None:
+    masker = make_masker(1)  # neighbours 0 and 2 on the path
+    keys = {i: key_pool(512)[i][0] for i in range(3)}
+    ends = {j: make_masker(j) for j in (0, 2)}
+    with pytest.raises(MaskingStateError, match=r"^agent 1: edge_terms\(\) needs finish\(\) "
+                                                r"first$"):
+        masker.edge_terms(0)
+    masker.drop([7])  # not a neighbour: nothing to drop
+    assert masker.departed == frozenset() and masker.neighbours == (0, 2)
+    masker.drop([2])
+    masker.drop([9])  # a later report keeps the earlier departure
+    assert masker.departed == frozenset({2}) and masker.neighbours == (0,)
+    sent = masker.outgoing(keys)
+    assert list(sent) == [0]
+    ends[0].outgoing(keys)
+    ends[0].drop([])
+    before = masker.decryptions
+    masker.finish({0: ends[0].outgoing(keys)[1]})
+    assert masker.decryptions > before >= 0
+    after = masker.decryptions
+    mine, theirs = masker.edge_terms(0)
+    assert len(mine) == len(theirs) == 3 and masker.decryptions > after

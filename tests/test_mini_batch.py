@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from efpsn.departure.remask import integer_parts
+from efpsn.departure.remask import part_totals
 from efpsn.masks.fading import FadingMask
 from efpsn.params.config import RunConfig
 from efpsn.params.schedules import OneCycle, make_schedule
@@ -30,9 +30,8 @@ def test_the_mini_batch_default_s_masks_sum_to_zero_every_round() -> None:
     # assert: both integer parts of round t's masks sum to zero over the agents, every round;
     # the fresh part is new every round (what differencing two rounds sees)
     for t in range(ROUNDS):
-        parts = [integer_parts(p, t) for p in providers]
-        for k in range(len(parts[0])):
-            assert not np.any(sum(part[k] for part in parts)), (t, k)
+        totals = part_totals(providers, t)
+        assert totals and all(not np.any(total) for total in totals.values()), t
     assert not np.array_equal(providers[0].fresh(1)[0], providers[0].fresh(2)[0])
     # execute: the run itself checks its masks in every round it steps
     result = run_simulation(LENET, noise_seed=3)

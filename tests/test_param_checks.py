@@ -62,3 +62,28 @@ def test_the_check_factories_refuse_exactly_outside_their_range() -> None:
     one_of("mode", ("a", "b"))("b")
     with pytest.raises(ValueError, match=r"mode must be one of \('a', 'b'\), got 'c'"):
         one_of("mode", ("a", "b"))("c")
+
+
+def test_a_seat_is_named_agentK_one_based() -> None:
+    from efpsn.params.checks import seat_index
+
+    assert [seat_index(n, agents=6) for n in ("agent1", " agent6 ")] == [0, 5]
+    for bad in ("agent0", "agent7", "agentx", "5", "Agent2"):
+        with pytest.raises(ValueError, match=rf"^{bad!r} is not a seat of this run "
+                                             r"\(agent1\.\.agent6\)$"):
+            seat_index(bad, agents=6)
+
+
+def test_the_late_seats_are_named_once_each_and_two_agents_start() -> None:
+    from efpsn.params.checks import parse_late
+
+    assert parse_late("", agents=5) == ()
+    assert parse_late(" agent5 , agent2,", agents=5) == (1, 4)
+    with pytest.raises(ValueError, match=r"^late 'agent2,agent2': a seat is named twice$"):
+        parse_late("agent2,agent2", agents=5)
+    with pytest.raises(ValueError, match=r"^'agent6' is not a seat"):
+        parse_late("agent6", agents=5)
+    assert parse_late("agent1,agent2,agent3", agents=5) == (0, 1, 2)  # two start
+    with pytest.raises(ValueError, match=r"^late 'agent1,agent2,agent3,agent4': 1 of 5 agents "
+                                         r"would start; a run starts with at least 2$"):
+        parse_late("agent1,agent2,agent3,agent4", agents=5)

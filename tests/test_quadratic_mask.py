@@ -1,4 +1,4 @@
-"""The degree-2 zero-sum mask experiment (efpsn/experiments/quadratic_mask.py, issue 26 B): the
+"""The degree-2 zero-sum mask experiment (efpsn/experiments/quadratic_mask.py): the
 matrices cancel over the agents, the masked run still ends at x*, and the step rule with the
 masked curvature is the default's when the mask is off."""
 

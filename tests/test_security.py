@@ -133,6 +133,10 @@ class Harness:
             CoordinatorService(self.registry, register_timeout=0.0, tls_required=True),
             CoordinatorService(Registry(CONFIG, run_id=RUN), register_timeout=0.0,
                                tls_required=False),
+            # a run whose seat agent5 joins later: its Join checks the caller first too
+            CoordinatorService(Registry(CONFIG.replace(late="agent5"), run_id=RUN,
+                                        expected_names=default_names(5)),
+                               register_timeout=0.0, tls_required=True),
         ]
 
     def close(self) -> None:
@@ -465,11 +469,12 @@ def test_fuzz_coordinator_service_in_process(harness: Harness) -> None:
 
     @settings(FUZZ, max_examples=PER_SERVICE // 2 + 100)
     @given(name=names | st.sampled_from(sorted(default_names(5))), address=addresses,
-           who=identities, which=st.integers(0, 1))
+           who=identities, which=st.integers(0, 2))
     def register(name: str, address: str, who: str, which: int) -> None:
         service = h.coordinators[which]
-        h.call("coordinator", service.Register,
-               coordinator_pb2.RegisterRequest(name=name, address=address), who)
+        request = coordinator_pb2.RegisterRequest(name=name, address=address)
+        h.call("coordinator", service.Register, request, who)
+        h.call("coordinator", service.Join, request, who)  # a party asking to join
         h.call("coordinator", service.GetRunStatus, coordinator_pb2.RunStatusRequest(), who)
 
     started = time.perf_counter()
@@ -482,8 +487,12 @@ def test_fuzz_coordinator_service_in_process(harness: Harness) -> None:
     assert sent >= PER_SERVICE
     assert all("INTERNAL" not in c for c in counted) and "UNKNOWN" not in codes
     assert codes.get("PERMISSION_DENIED", 0) > 0 and codes.get("INVALID_ARGUMENT", 0) > 0
-    # only expected names that proved their identity ever got into the TLS registry
+    # only expected names that proved their identity ever got into the TLS registry, and no
+    # join was decided for a caller that is not the late seat's party
     assert set(h.registry.addresses) <= default_names(5)
+    late = h.coordinators[2]
+    assert set(late.registry.addresses) <= default_names(5)
+    assert all(name == "agent5" for _, _, name in late.joins.decided)
 
 
 # ----------------------------------------------------------------------------- live network

@@ -295,3 +295,70 @@ def test_edge_seeds_name_the_bad_seed_and_keep_plain_ints() -> None:
     seeds = EdgeSeeds(agent=np.int64(4), sent=((1, good),), received=((1, good),))
     assert type(seeds.agent) is int
     assert EdgeSeeds.from_json(seeds.to_json(), agent=4) == seeds
+
+
+# ------------------------------------------------------------------ restarts and departures
+
+
+def test_a_restart_sends_the_same_seeds_and_ciphertexts_again() -> None:
+    a, b = make_pair()
+    sent = a.outgoing({1: b.public_key})
+    again = SeedExchange(agent=0, neighbours=[1], keypair=keys()[0], allow_insecure=True,
+                         seeds=a.seeds)
+    assert again.seeds == a.seeds  # the seeds drawn before it, not new ones
+    with pytest.raises(ValueError, match=r"^seeds are for neighbours \[2\], expected \[1\]$"):
+        SeedExchange(agent=0, neighbours=[1], keypair=keys()[0], allow_insecure=True,
+                     seeds={2: bytes(32)})
+    with pytest.raises(ValueError, match="seeds"):
+        SeedExchange(agent=0, neighbours=[1], keypair=keys()[0], allow_insecure=True,
+                     seeds={1: b"short"})
+    with pytest.raises(TypeError, match=r"^public key of neighbour 1 must be a PublicKey, got "
+                                        r"int$"):
+        again.restore_outgoing({1: 7}, sent)  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match=r"^expected 1 ciphertext for neighbour 1, got 2$"):
+        again.restore_outgoing({1: b.public_key}, {1: sent[1] * 2})
+    with pytest.raises(ValueError, match="0 < c < n"):
+        again.restore_outgoing({1: b.public_key}, {1: [b.public_key.n ** 2]})
+    again.restore_outgoing({1: b.public_key}, sent)
+    assert again.outgoing({1: b.public_key}) == sent and again.encryptions == 0
+    with pytest.raises(MaskingStateError, match=r"^agent 0: outgoing\(\) was already called$"):
+        again.restore_outgoing({1: b.public_key}, sent)
+    with pytest.raises(MaskingStateError, match=r"^agent 0: outgoing\(\) was already called "
+                                                r"with different neighbour keys$"):
+        again.outgoing({1: keys()[3][0]})
+    b.outgoing({0: a.public_key})
+    assert b.finish({0: again.outgoing({1: b.public_key})[1]}).received == (
+        (0, a.seeds[1]),)
+
+
+def test_a_neighbour_gone_in_phase_one_is_neither_sent_nor_awaited() -> None:
+    pool = keys()
+    mid = SeedExchange(agent=1, neighbours=[0, 2], keypair=pool[1], allow_insecure=True)
+    left = SeedExchange(agent=0, neighbours=[1], keypair=pool[0], allow_insecure=True)
+    drawn = mid.seeds
+    mid.outgoing({0: left.public_key, 2: pool[2][0]})
+    mid.drop([2])
+    assert mid.neighbours == (0,) and mid.seeds == {0: drawn[0]}
+    assert list(mid.outgoing({0: left.public_key})) == [0]
+    left.outgoing({1: mid.public_key})
+    seeds = mid.finish({0: left.outgoing({1: mid.public_key})[1]})
+    assert seeds.neighbours == (0,) and dict(seeds.sent) == {0: drawn[0]}
+    with pytest.raises(MaskingStateError, match=r"^agent 1: drop\(\) comes before finish\(\)$"):
+        mid.drop([0])
+
+
+def test_edge_seeds_refuse_what_does_not_pair_and_write_a_stable_document() -> None:
+    s = bytes(range(32))
+    with pytest.raises(ValueError, match=r"^sent and received must cover the same neighbours"):
+        EdgeSeeds(agent=0, sent=((1, s),), received=((2, s),))
+    with pytest.raises(ValueError, match=r"^sent and received must name each neighbour once$"):
+        EdgeSeeds(agent=0, sent=((1, s), (1, s)), received=((1, s),))
+    with pytest.raises(ValueError, match=r"sent.*int"):
+        EdgeSeeds(agent=0, sent=((1, 5),), received=((1, s),))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"received"):
+        EdgeSeeds(agent=0, sent=((1, s),), received=((1, b"x"),))
+    seeds = EdgeSeeds(agent=0, sent=((2, s), (1, s)), received=((1, s), (2, s)))
+    assert seeds.sent == ((1, s), (2, s)) and seeds.received == ((1, s), (2, s))
+    text = seeds.to_json()
+    assert text.index('"agent"') < text.index('"format"') < text.index('"received"') < text.index(
+        '"sent"')  # sorted keys: the same bytes on every machine

@@ -38,6 +38,8 @@ def test_public_curvature_is_half_the_features_plus_one_plus_l2() -> None:
     assert public_curvature("logreg", features=13, l2=-1.0) == 7.0 + 0.01  # the default l2
     assert public_curvature("lenet", features=784, l2=0.0) is None
     assert public_curvature("mlp:32", features=13, l2=0.01) is None
+    # ridge: the squared loss's Hessian is E[x~ x~^T] itself, <= d + 1
+    assert public_curvature("ridge", features=10, l2=0.5) == 11.0 + 0.5
 
 
 def test_the_rule_s_numbers_for_the_mnist_ring_are_pinned() -> None:

@@ -251,7 +251,7 @@ def _simulate(wine_problem, **changes: object):  # type: ignore[no-untyped-def]
 
 def test_the_defaults_end_on_a_tail_earlier_certified_and_within_the_bound(wine_problem) -> None:
     on, off = _simulate(wine_problem), _simulate(wine_problem, tail="off")
-    # off: the stop rule as before the tails (docs/RESULTS.md, issue 29's table: 752 rounds)
+    # off: the stop rule as before the tails (docs/RESULTS.md's table: 752 rounds)
     assert off.timings["rounds"] == 752
     rule = StopRule.for_run(on.config, wine_problem[1].weights)
     assert rule.tail is not None and rule.tail.is_check(on.timings["rounds"] - rule.hops)

@@ -289,13 +289,14 @@ class LocalDepartures:
         new = sorted({b if a == me else a for a, b in recon.new_edges if me in (a, b)})
         if isinstance(self.masks, (FadingMask, RefreshedMask)):
             self.masks = reseeded(self.masks, add_seeds(
-                drop_seeds(self.masks.seeds, lost), {j: self.new_seeds.pop(j) for j in new}))
+                drop_seeds(self.masks.seeds, lost), {j: self.new_seeds.pop(j) for j in new}),
+                since=notice.round)
         elif self.terms is not None and isinstance(self.masks, FixedMask):
             self.masks = self.terms.joined(self.terms.dropped(self.masks, lost), new)
         unlinked = [self._name(j) for j in lost]
         linked = [self._name(j) for j in new]
         for n in unlinked:
-            self.session.unlink(n)
+            self.session.unlink(n, until=notice.round)
         for n in linked:
             self.session.join(n)
         self._refresh(driver)

@@ -36,7 +36,7 @@ def _simulate(args: argparse.Namespace) -> int:
                 config, local, noise_seed=args.noise_seed,
                 departures=[parse_leave(text, agents=config.agents) for text in args.leave])
     degree_two = args.mask_degree == 2
-    if degree_two:  # simulator-only experiment (issue 26): the step the masked objectives need
+    if degree_two:  # simulator-only experiment: the step the masked objectives need
         from efpsn.experiments.quadratic_mask import SCALE, masked_config, with_degree_two
 
         if args.leave:

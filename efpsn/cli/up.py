@@ -99,7 +99,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_run_arguments(up)
     add_data_dir_arguments(up)
     add_launch_flags(up)
-    up.add_argument("--join", action="append", default=[], metavar="agentK@R",
+    up.add_argument("--late", "--join", dest="join", action="append", default=[],
+                    metavar="agentK@R",
                     help="agent K's seat starts empty (--late-seats, implied) and its process "
                          "starts once every other agent has passed round R; it asks the "
                          "coordinator to join, which names the round it takes part from (the "

@@ -44,6 +44,7 @@ __all__ = [
     "exchange_new_edge_seeds",
     "new_edge_seeds",
     "new_edge_shares",
+    "part_totals",
     "rejoin_generator",
     "reseeded",
 ]
@@ -122,13 +123,19 @@ def exchange_new_edge_seeds(
     return out
 
 
-def reseeded(provider: MaskProvider, seeds: EdgeSeeds) -> MaskProvider:
-    """A seeded mask of the same kind, spec, refresh and shared NoiseBlocks, from other seeds."""
+def reseeded(provider: MaskProvider, seeds: EdgeSeeds, *, since: int = 0) -> MaskProvider:
+    """A seeded mask of the same kind, spec, refresh and shared NoiseBlocks, from other seeds.
+    A fading mask's kept edges fade from where they did; its new ones from round `since` (a
+    join's round: the newcomer's first rounds get a fresh part of full size; a departure's
+    re-base keeps 0)."""
     if not isinstance(provider, FadingMask | RefreshedMask):
         raise TypeError(f"only seeded masks are rebuilt from seeds, got {type(provider).__name__}")
     # a refreshed mask's NoiseBlocks are shared (the simulator's agents); a fading one's are its own
     blocks = provider.blocks if isinstance(provider, RefreshedMask) else None
-    return seeded_mask(seeds, spec=provider.spec, refresh=provider.refresh, blocks=blocks)
+    starts = ({j: provider.starts.get(j, since) for j in seeds.neighbours}
+              if isinstance(provider, FadingMask) else None)
+    return seeded_mask(seeds, spec=provider.spec, refresh=provider.refresh, blocks=blocks,
+                       starts=starts)
 
 
 @dataclass(frozen=True)
@@ -196,22 +203,34 @@ def new_edge_shares(edges: Sequence[tuple[int, int]], spec: NoiseSpec, *,
             for i, js in nbrs.items()}
 
 
-def integer_parts(provider: MaskProvider, t: int) -> tuple[np.ndarray, ...]:
-    """The integer vectors of round t's mask that must each sum to zero over the agents."""
+def integer_parts(provider: MaskProvider, t: int) -> dict[str, np.ndarray]:
+    """The integer vectors of round t's mask that must each sum to zero over the agents, by
+    name (an agent without a join's edges has no vector of that join: zero)."""
     if isinstance(provider, FadingMask):
-        return provider.integer_parts(t)
+        return provider.integer_groups(t)
     if isinstance(provider, RefreshedMask):
-        return (provider.numerators(t),)
-    return (np.array(provider.coefficients(t).numerators, dtype=object),)
+        return {"numerators": provider.numerators(t)}
+    return {"numerators": np.array(provider.coefficients(t).numerators, dtype=object)}
 
 
-def sums_to_zero(providers: Iterable[MaskProvider], t: int) -> bool:
-    """Whether round t's masks of these agents sum to zero exactly, part by part (integers)."""
-    providers = list(providers)
-    if not providers:
-        return True
-    totals = [np.zeros(len(p), dtype=object) for p in integer_parts(providers[0], t)]
+def part_totals(providers: Iterable[MaskProvider], t: int, *,
+                exact: bool = True) -> dict[str, np.ndarray]:
+    """Each named integer part of round t's masks summed over these agents: as Python integers
+    (`exact`), or in the parts' own dtype (int64: the simulator's check every round, whose
+    masks are built so that their sums stay in range)."""
+    totals: dict[str, np.ndarray] = {}
     for provider in providers:
-        for total, part in zip(totals, integer_parts(provider, t), strict=True):
-            total += part.astype(object)
-    return not any(bool(np.any(total != 0)) for total in totals)
+        for name, part in integer_parts(provider, t).items():
+            part = part.astype(object) if exact else part
+            if name in totals:
+                totals[name] += part
+            else:
+                totals[name] = part.copy()
+    return totals
+
+
+def sums_to_zero(providers: Iterable[MaskProvider], t: int, *, exact: bool = True) -> bool:
+    """Whether round t's masks of these agents sum to zero exactly, part by part (integers;
+    `exact`: as part_totals)."""
+    return not any(bool(np.any(total != 0))
+                   for total in part_totals(providers, t, exact=exact).values())

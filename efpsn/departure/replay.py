@@ -268,7 +268,7 @@ class MembershipReplay:
         self.absent.discard(join.agent)
         for i in recon.remaining:
             self.weights[i] = recon.agent_weights(i)
-        self._rewire(recon.dropped_edges, recon.new_edges, epoch=seed_epoch(number))
+        self._rewire(recon.dropped_edges, recon.new_edges, epoch=seed_epoch(number), since=t)
         newcomer = drivers[join.agent]
         self._refresh(recon.remaining, drivers)
         drivers[join.agent] = RoundDriver(
@@ -294,9 +294,10 @@ class MembershipReplay:
                             "cap": drivers[join.agent].iterations})
 
     def _rewire(self, dropped: Sequence[tuple[int, int]],
-                new_edges: Sequence[tuple[int, int]], *, epoch: int) -> None:
+                new_edges: Sequence[tuple[int, int]], *, epoch: int, since: int) -> None:
         """Each end of a dropped edge loses its terms, each end of a new one gets its seeds
-        (its shares, with the paper's fixed mask), drawn for `epoch`."""
+        (its shares, with the paper's fixed mask), drawn for `epoch`; a fading mask's new
+        edges fade from round `since`."""
         touched = sorted({i for e in (*dropped, *new_edges) for i in e})
         lost: dict[int, set[int]] = {i: set() for i in touched}
         for a, b in dropped:
@@ -307,7 +308,7 @@ class MembershipReplay:
             for i in touched:
                 seeds = add_seeds(drop_seeds(self.seeds[i], lost[i]), added.get(i, {}))
                 self.seeds[i] = seeds
-                self.providers[i] = reseeded(self.providers[i], seeds)
+                self.providers[i] = reseeded(self.providers[i], seeds, since=since)
         elif self.shares is not None:
             spec = self.problem.noise_spec
             fresh = new_edge_shares(new_edges, spec, noise_seed=self.noise_seed, epoch=epoch)

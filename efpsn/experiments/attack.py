@@ -158,7 +158,7 @@ class AttackSettings:
 QUICK_MANY_ROUNDS = ManyRoundSettings(
     modes=ManyRoundSettings().modes[:3], tables=("wine",), samples=2, gammas=(1e3,), images=1,
     image_shard=100, pairs=60, steps=30)
-"""Issue 26's many-round attackers in the quick profile: the defaults, the fixed mask and
+"""The many-round attackers in the quick profile: the defaults, the fixed mask and
 every:1 on wine; one digit on the defaults and the fixed mask."""
 
 PROFILES: dict[str, AttackSettings] = {

@@ -1,4 +1,4 @@
-"""The floor every exact method has (issue 26): what the OUTPUT alone, x*, tells a curious
+"""The floor every exact method has: what the OUTPUT alone, x*, tells a curious
 neighbour about agent 0's single sample, whatever the run's masks.
 
 Every party ends with the exact minimiser x* of sum_i f_i (the accuracy promise), so at x*

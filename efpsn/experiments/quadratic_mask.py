@@ -1,4 +1,4 @@
-"""A fixed zero-sum mask of degree 2 (issue 26, question B), simulator experiment only.
+"""A fixed zero-sum mask of degree 2 (question B), simulator experiment only.
 
 Diagnosis: the fading noise moves agent 0's iterates, and the released gradients' differences
 reveal H_0 dx; a single sample's Hessian is (diag(p) - p p^T) (x) (x, 1)(x, 1)^T, so x is in the

@@ -103,7 +103,7 @@ class DeathWatch:
         self.close()
 
     def watch(self, child: Child, *, joining: Callable[[], bool]) -> None:
-        """An agent started later (efpsn up --join) is watched too, once it has joined
+        """An agent started later (efpsn up --late) is watched too, once it has joined
         (`joining()` False: the launcher says itself why one could not, efpsn/launch/late.py)."""
         self._joining[child.name] = joining
         self._agents = [*self._agents, child]

@@ -1,4 +1,4 @@
-"""`efpsn up --join agentK@R`: agent K's seat starts empty (the run's --late-seats); its process
+"""`efpsn up --late agentK@R`: agent K's seat starts empty (the run's --late-seats); its process
 is started only once every member has passed round R, and it joins the running network the way
 any party does (`efpsn agent --join`, coordinator/joins.py). One that ends before the
 coordinator gave it its seat (a refused join: the run ends before a join could take effect,

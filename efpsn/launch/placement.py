@@ -1,4 +1,4 @@
-"""Which CPUs each of `efpsn up`'s agents runs on (issue 29): the launcher's own CPUs
+"""Which CPUs each of `efpsn up`'s agents runs on: the launcher's own CPUs
 (os.sched_getaffinity) shared out among its agents, each agent's set applied in its process
 right after the fork, before gRPC or torch start a thread (a thread inherits its creator's CPUs).
 
@@ -31,7 +31,7 @@ from efpsn.process.runtime import CPUS_ENV
 __all__ = ["DEFAULT_PLACEMENT", "PLACEMENTS", "assign_cpus", "cpus_env", "launcher_cpus"]
 
 PLACEMENTS = ("blocks", "spread", "none")
-DEFAULT_PLACEMENT = "blocks"  # measured on the main job: docs/RESULTS.md, issue 29, seventh pass
+DEFAULT_PLACEMENT = "blocks"  # measured on the main job: docs/RESULTS.md, "Local agents placed on CPUs"
 
 
 def assign_cpus(mode: str, agents: int, cpus: Iterable[int]) -> list[frozenset[int] | None]:

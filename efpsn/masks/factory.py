@@ -10,6 +10,8 @@ the experiments all build their masks here, so the kind never depends on who ask
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from efpsn.masks.fading import FadingMask
 from efpsn.masks.refresh import FixedMask, MaskProvider, NoiseBlocks, RefreshedMask
 from efpsn.masks.seeds import EdgeSeeds
@@ -30,18 +32,23 @@ def seeded_blocks(spec: NoiseSpec, refresh: Refresh) -> NoiseBlocks:
 
 
 def seeded_mask(seeds: EdgeSeeds, *, spec: NoiseSpec, refresh: Refresh,
-                blocks: NoiseBlocks | None = None) -> SeededMask:
-    """The mask edge seeds give under `refresh`: fading or refreshed every R rounds."""
+                blocks: NoiseBlocks | None = None,
+                starts: Mapping[int, int] | None = None) -> SeededMask:
+    """The mask edge seeds give under `refresh`: fading or refreshed every R rounds. `starts`:
+    per neighbour, the round its edge's fresh part fades from (a join's; default 0); a
+    refreshed mask draws every period afresh, whoever joined."""
     if not refresh.refreshed:
         raise ValueError(f"refresh {refresh} keeps phase I's fixed mask: it has no seeds")
     if refresh.fading:
-        return FadingMask(seeds=seeds, spec=spec, refresh=refresh, blocks=blocks)
+        return FadingMask(seeds=seeds, spec=spec, refresh=refresh, blocks=blocks, starts=starts)
     return RefreshedMask(seeds=seeds, spec=spec, refresh=refresh, blocks=blocks)
 
 
 def mask_of(phase_one: MaskCoefficients | EdgeSeeds, *, spec: NoiseSpec,
-            refresh: Refresh) -> MaskProvider:
-    """An agent's mask of every round from what its phase I ended with."""
+            refresh: Refresh, since: int = 0) -> MaskProvider:
+    """An agent's mask of every round from what its phase I ended with; `since`: the round its
+    edges' fresh part fades from (a party that joined then: its edges are its join's)."""
     if isinstance(phase_one, EdgeSeeds):
-        return seeded_mask(phase_one, spec=spec, refresh=refresh)
+        starts = {j: since for j in phase_one.neighbours} if since else None
+        return seeded_mask(phase_one, spec=spec, refresh=refresh, starts=starts)
     return FixedMask(phase_one)

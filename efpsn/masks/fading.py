@@ -34,7 +34,7 @@ increments enter gradient tracking's trackers but die out no faster than the alg
 unmasked run ends, while every two rounds' difference (which cancels a fixed mask) carries fresh
 noise that is large against the gradient's own change for as long as that change is.
 
-What it costs, and why RHO is not faster (issue 29, docs/RESULTS.md "Why a masked run stops
+What it costs, and why RHO is not faster (docs/RESULTS.md "Why a masked run stops
 later"): the fresh part starts about sqrt(gamma) in size, orders above the gradient's change, and
 drives the agents apart by that much, so the stop rule's certificate waits until it has faded
 below the target: about twice the unmasked run's rounds. Fading faster (RHO^1.5, RHO^2) ends
@@ -49,6 +49,7 @@ from __future__ import annotations
 import hashlib
 import math
 import numbers
+from collections.abc import Mapping
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
@@ -148,7 +149,8 @@ class FadingMask:
     new_values = True  # values(t) is a new array at every call (a round's perturbation keeps it)
 
     def __init__(self, *, seeds: EdgeSeeds, spec: NoiseSpec, refresh: Refresh,
-                 blocks: NoiseBlocks | None = None) -> None:
+                 blocks: NoiseBlocks | None = None,
+                 starts: Mapping[int, int] | None = None) -> None:
         # two fixed streams and one fresh stream per neighbour
         check_seeded_mask(seeds, spec, blocks, streams_per_neighbour=3)
         if not isinstance(refresh, Refresh) or refresh.fade is None:
@@ -161,10 +163,18 @@ class FadingMask:
         self.fixed = rows[:deg].sum(axis=0) - rows[deg:].sum(axis=0)
         self.fixed.setflags(write=False)
         sent, received = dict(seeds.sent), dict(seeds.received)
-        self.edges = tuple(
-            (1, edge_seed(sent[j], received[j])) if seeds.agent < j
-            else (-1, edge_seed(received[j], sent[j]))
-            for j in seeds.neighbours)
+        # the round each edge's fresh part fades from: 0 (phase I's), or a join's round
+        self.starts = {j: int((starts or {}).get(j, 0)) for j in seeds.neighbours}
+        if any(v < 0 for v in self.starts.values()):
+            raise ValueError(f"an edge's fading starts at a round >= 0, got {self.starts}")
+        signed = {j: (1, edge_seed(sent[j], received[j])) if seeds.agent < j
+                  else (-1, edge_seed(received[j], sent[j])) for j in seeds.neighbours}
+        self.edges = tuple(signed[j] for j in seeds.neighbours if not self.starts[j])
+        # the edges a join made, by the round they fade from (efpsn/departure/joins.py)
+        self.later = {r: tuple(signed[j] for j in seeds.neighbours if self.starts[j] == r)
+                      for r in sorted(set(self.starts.values()) - {0})}
+        self._later_t: int | None = None
+        self._later: tuple[tuple[int, np.ndarray, int], ...] = ()
         self.scales = fresh_scales(spec)
         self._fixed_values = self.fixed.astype(np.float64)  # what adding the int64s converts
         self._divisor = float(10**spec.precision)
@@ -209,17 +219,52 @@ class FadingMask:
         return self._fresh, self._exponent
 
     def integer_parts(self, t: int) -> tuple[np.ndarray, np.ndarray]:
-        """(fixed, fresh(t)): the two integer vectors that each sum to zero over the agents."""
+        """(fixed, fresh(t)): the two integer vectors of phase I's edges that each sum to zero
+        over the agents (integer_groups adds the edges a join made)."""
         return self.fixed, self.fresh(t)[0]
+
+    def later_parts(self, t: int) -> tuple[tuple[int, np.ndarray, int], ...]:
+        """The fresh part of the edges a join made at round r, per r: (r, its integers (int64,
+        read-only), k(t - r)); it fades from r as phase I's edges fade from 0, so a party
+        that joins late is not masked by a part already faded. Cached for the last round."""
+        if t != self._later_t:
+            parts = []
+            for start, edges in self.later.items():
+                age = max(0, t - start)
+                exponent = self.exponent(age)
+                factor = math.ldexp(fade(self.rate, age), exponent)  # exact: a power of two
+                fresh = np.zeros(self.spec.num_coefficients, dtype=np.int64)
+                for sign, seed in edges:  # the round's own keystream (nonce t), faded from r
+                    term = self._scratch.term_of(seed, t, self.scales, factor)
+                    if sign > 0:
+                        fresh += term
+                    else:
+                        fresh -= term
+                fresh.setflags(write=False)
+                parts.append((start, fresh, exponent))
+            self._later_t, self._later = t, tuple(parts)
+        return self._later
+
+    def integer_groups(self, t: int) -> dict[str, np.ndarray]:
+        """Every integer vector of round t's mask that sums to zero over the agents, by name:
+        "fixed", "fresh" (phase I's edges) and "fresh from round r" per join."""
+        groups = {"fixed": self.fixed, "fresh": self.fresh(t)[0]}
+        for start, fresh, _ in self.later_parts(t):
+            groups[f"fresh from round {start}"] = fresh
+        return groups
 
     def coefficients(self, t: int) -> MaskCoefficients:
         """Round t's mask as exact integers over 10^P: only while k(t) = 0 (the first rounds,
         where the fresh part shares the fixed part's denominator)."""
         fresh, exponent = self.fresh(t)
-        if exponent:
-            raise ValueError(f"round {t}'s fresh part has denominator 10^P 2^{exponent}: use "
+        later = self.later_parts(t)
+        if exponent or any(k for _, _, k in later):
+            raise ValueError(f"round {t}'s fresh part has denominator 10^P 2^k, k > 0: use "
                              "integer_parts()")
-        return MaskCoefficients(tuple((self.fixed + fresh).tolist()), self.spec.precision)
+        total = self.fixed + fresh
+        for _, part, _ in later:
+            total = total + part
+        return MaskCoefficients(tuple(total.tolist()), self.spec.precision)
 
     def values(self, t: int) -> np.ndarray:
         """eta_bar_i(t) = (fixed + ldexp(fresh, -k)) / 10^P as float64 (|integers| < 2^53), a
@@ -233,6 +278,8 @@ class FadingMask:
             total = fresh.astype(np.float64)
             if exponent:
                 np.ldexp(total, -exponent, out=total)
+        for _, part, k in self.later_parts(t):  # each join's edges over their own 2^k
+            total += np.ldexp(part.astype(np.float64), -k)
         total += self._fixed_values
         total /= self._divisor
         return total

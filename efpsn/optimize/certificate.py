@@ -12,7 +12,7 @@ unperturbed one: the masks sum to zero):
 
 M = max_i (1/n) sum_j dist(i, j) the graph's largest mean hop distance (`mean_distance`, public:
 ||z_i - z_j|| <= dist(i, j) times the largest edge gap along a shortest path), at most the
-diameter D times (n - 1) / n: 1.2 on the 5-ring where D = 2. (Issue 29: with the fading mask
+diameter D times (n - 1) / n: 1.2 on the 5-ring where D = 2. (With the fading mask
 this gap term, not the tracker, is the certificate's largest term at the stop, so the tighter
 factor stops a masked run earlier; the bound is as sound as with D.)
 

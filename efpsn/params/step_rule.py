@@ -99,7 +99,7 @@ def fading_rate(rule: StepRule, *, algorithm: str, step: float | None, mu: float
     that fades the fresh part to 1e-9 of its size over the run's `rounds`. Rounded up to six
     significant digits of 1 - RHO (a public number every machine reads the same). Not faster:
     RHO^1.5 or RHO^2 would stop a masked run near the unmasked round but was measured to leak
-    (issue 29, efpsn/masks/fading.py)."""
+    (efpsn/masks/fading.py)."""
     rate = None
     if step is not None and mu > 0 and algorithm in ("agt", "gt"):
         average = 1 - math.sqrt(step * mu) if algorithm == "agt" else 1 - step * mu

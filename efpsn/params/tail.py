@@ -2,7 +2,7 @@
 
 Why: with the fading mask (efpsn/masks/fading.py) the fresh part keeps the agents apart, and the
 certificate (efpsn/optimize/certificate.py) waits until that disagreement has faded at the mask's
-rate RHO (docs/RESULTS.md, "Why a masked run stops later (issue 29)"). Mixing without gradients
+rate RHO (docs/RESULTS.md, "Why a masked run stops later"). Mixing without gradients
 removes it at the graph's mixing rate instead (0.54 per round on the 5-ring with W). So at a few
 public fractions of the step rule's rounds K the run tries a tail: after round a,
 

@@ -27,8 +27,8 @@ uniform pad mod M is a one-time pad). Like the optimisation's masks, it does NOT
 agent from all of its neighbours together (they hold every seed of its edges) nor from a
 coordinator that colludes with them. What the sum discloses, by design, to every agent: the
 total sample count and every column's global mean and variance, and how many of its cells hold
-a value in all (the named disclosure "global column statistics" of README.md and
-docs/ARCHITECTURE.md). The mean is over the cells that hold a value: every party fills its empty
+a value in all (disclosed by design: the user guide for tables, docs/own-data.md, says so for
+`scale standard`). The mean is over the cells that hold a value: every party fills its empty
 cells with it, and the standard deviation is the filled column's (scikit-learn's
 SimpleImputer(strategy="mean") then StandardScaler, on the pooled rows).
 """
