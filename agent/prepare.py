@@ -84,7 +84,7 @@ def prepare(config: RunConfig, options: AgentOptions) -> Prepared:
     local = load_local_data(
         options.data, who=who, shape=parse_shape(config.input_shape), classes=config.classes,
         divisor=config.divisor, seed=config.seed, holdout=options.holdout,
-        batch_size=config.batch_size.wire(), test_path=options.test_data,
+        batch_size=config.batch.wire(), test_path=options.test_data,
         label_column=table.label_column or options.label_column or "label", table=table,
         regression=config.task.regression, fills=standard,  # standard: empty cells filled
         moment_bound=None if standard else config.moment_bound,  # standard: checked after

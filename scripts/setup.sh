@@ -1,9 +1,31 @@
 #!/usr/bin/env bash
 # Create .venv with EFPSN and everything its runs and tests need. Idempotent and quick when done.
 # Usage: scripts/setup.sh            (PYTHON=python3.11 to choose the interpreter)
+#        scripts/setup.sh --fashion-mnist   also Debian's dataset-fashion-mnist (apt-get; its
+#                                           60,000 + 10,000 images in /usr/share/datasets/
+#                                           fashion-mnist, read by `efpsn data split --data
+#                                           fashion-mnist`)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+
+fashion=0
+for arg in "$@"; do
+  case "$arg" in
+    --fashion-mnist) fashion=1 ;;
+    *) echo "setup: unknown argument $arg; expected --fashion-mnist or nothing" >&2; exit 2 ;;
+  esac
+done
+if [[ "$fashion" == 1 && ! -d /usr/share/datasets/fashion-mnist ]]; then
+  command -v apt-get >/dev/null 2>&1 || {
+    echo "setup: --fashion-mnist installs Debian's dataset-fashion-mnist with apt-get, which this" \
+         "system lacks; put the four IDX files in a folder and use --data idx:FOLDER" >&2; exit 1; }
+  sudo=()
+  [[ "$(id -u)" == 0 ]] || sudo=(sudo)
+  "${sudo[@]}" apt-get update -q
+  "${sudo[@]}" apt-get install -y -q dataset-fashion-mnist
+  echo "setup: Fashion-MNIST installed in /usr/share/datasets/fashion-mnist"
+fi
 
 py="${PYTHON:-}"
 if [[ -z "$py" ]]; then

@@ -153,7 +153,8 @@ def test_healthcheck_exit_codes(tmp_path: Path, processes: Processes) -> None:
     (("--schedule", "constant"), "constant schedule needs a learning rate, e.g. 'constant:0.05'"),
     (("--schedule", "paper:-1"), "learning rates must be positive, got lr0=-1.0, final=4e-05"),
     (("--schedule", "cosine"),
-     "unknown schedule 'cosine': expected 'auto', 'paper', 'paper:LR0' or 'constant:LR'"),
+     ("unknown schedule 'cosine': expected 'auto', 'paper', 'paper:LR0', 'constant:LR' or "
+      "'onecycle:LR'")),
 ])
 def test_bad_schedules_are_one_line_errors(args: tuple[str, ...], message: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
@@ -199,7 +200,8 @@ def test_a_usage_error_is_one_line_naming_the_valid_values(tmp_path: Path) -> No
     (["up", "--iterations", "0"], ("efpsn up: error: argument --iterations: iterations must be "
                                    "a positive integer or 'auto', got '0' (see efpsn up --help)")),
     (["simulate", "--batch-size", "-3"], ("efpsn simulate: error: argument --batch-size: batch "
-                                          "size must be a positive integer or 'full', got '-3'")),
+                                          "size must be a positive integer, 'full' or 'auto', "
+                                          "got '-3'")),
     (["privacy", "--momentum", "1"], ("efpsn privacy: error: argument --momentum: momentum "
                                       "must be a number in [0, 1) or 'auto', got '1'")),
     (["nope"], "efpsn: error: argument command: invalid choice: 'nope' (choose from"),

@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from efpsn.launch.network import launch_local_network
 from efpsn.launch.summary import load_agent_results
 from efpsn.params.config import RunConfig
+from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
 
 pytestmark = pytest.mark.timeout(600)
@@ -77,6 +78,24 @@ def test_network_matches_the_simulator_bitwise(dsgd_run) -> None:
     sim_masks = [[str(v) for v in m.numerators] for m in sim.masks]
     results, _ = load_agent_results(folder, NAMES)
     assert [r["debug_mask_numerators"] for r in results] == sim_masks
+
+
+@pytest.mark.process
+def test_lenet_on_its_mini_batch_default_matches_the_simulator_bitwise(tmp_path: Path) -> None:
+    # prepare: LeNet with every default of a neural network (batches of 64, agt with momentum,
+    # the one-cycle step, the fading masks from seeds), 6 rounds
+    config = RunConfig(task="lenet", iterations=6, eval_every=3, key_bits=2048)
+    assert config.resolved().batch_size.size == 64
+    # execute: over the network and in the simulator, the same noise seed
+    summary = launch_local_network(config, results=tmp_path, quiet=True, insecure_noise_seed=5)
+    sim = run_simulation(config, noise_seed=5)
+    # assert: the same mini-batches, masks and steps: the iterates agree bit for bit
+    _, xs = load_agent_results(tmp_path, NAMES)
+    assert summary["ok"] and [float((a - b).abs().max()) for a, b in
+                              zip(xs, sim.xs, strict=True)] == [0.0] * 5
+    x0 = build_problem(config).initial_params()
+    assert all(float((x - x0).abs().max()) > 0 for x in xs)  # the rounds moved every agent
+    assert summary["final"]["accuracy"] == sim.final["accuracy"]
 
 
 @pytest.mark.process

@@ -14,11 +14,12 @@ from efpsn.params.refresh_setting import Refresh
 from efpsn.params.values import BatchSize, Momentum, Rounds
 
 
-def test_batch_sizes_are_positive_integers_or_full() -> None:
+def test_batch_sizes_are_positive_integers_full_or_auto() -> None:
     assert tuple(BatchSize.parse(t).size for t in ("full", "1", "64")) == (None, 1, 64)
+    assert BatchSize.parse("auto").auto and not BatchSize.parse("full").auto
     for bad in ("0", "-3", "2.5", "lots", ""):
-        with pytest.raises(ValueError, match=f"batch size must be a positive integer or "
-                                             f"'full', got '{bad}'"):
+        with pytest.raises(ValueError, match=f"batch size must be a positive integer, 'full' "
+                                             f"or 'auto', got '{bad}'"):
             BatchSize.parse(bad)
 
 

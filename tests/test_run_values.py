@@ -17,10 +17,11 @@ from efpsn.perturbation.selection import Selection
 
 TEXTS = {
     Rounds: ["auto", "1", "6502"],
-    BatchSize: ["full", "1", "64"],
+    BatchSize: ["auto", "full", "1", "64"],
     Momentum: ["auto", "0.0", "0.5", "0.993565"],
     L2: ["default", "0.0", "0.01"],
-    Schedule: ["auto", "auto:0.00104197", "paper", "paper:0.1", "constant:0.05"],
+    Schedule: ["auto", "auto:0.00104197", "paper", "paper:0.1", "constant:0.05",
+               "onecycle:0.1"],
     Selection: ["all", "last-bias", "random", "random:200", "indices:3,17,42",
                 "all@lebesgue", "last-bias@uniform"],
     Refresh: ["never", "every:1", "every:10", "fading", "fading:0.5"],
@@ -41,9 +42,10 @@ def test_every_value_shows_the_text_it_parses_and_crosses_the_wire_unchanged(
 
 
 def test_the_sentinels_live_only_in_the_wire_scalars() -> None:
-    assert (Rounds(None).wire(), BatchSize(None).wire(), Momentum(None).wire(),
-            L2(None).wire(), StopEvery(None, auto=True).wire(), StopEvery(None).wire()) == (
-        0, 0, -1.0, -1.0, -1, 0)
+    assert (Rounds(None).wire(), BatchSize(None).wire(), BatchSize(None, auto=True).wire(),
+            Momentum(None).wire(), L2(None).wire(), StopEvery(None, auto=True).wire(),
+            StopEvery(None).wire()) == (0, 0, -1, -1.0, -1.0, -1, 0)
+    assert BatchSize.of(-1).auto and not BatchSize.of(-1).full and BatchSize.of(0).full
     assert StopEvery.of(-1).auto and StopEvery.of(0).never and StopEvery.of(7).rounds == 7
     assert not StopEvery(None, auto=True).never and not StopEvery(3).never
     assert Rounds.of(0).auto and BatchSize.of(0).full and Momentum.of(-1.0).auto
@@ -63,13 +65,15 @@ def test_an_unresolved_value_refuses_to_give_a_number() -> None:
 def test_the_values_refuse_what_is_out_of_range_naming_it() -> None:
     for bad, match in ((lambda: Rounds(0), "iterations must be a positive integer"),
                        (lambda: Rounds.of(-1), "iterations must be >= 0"),
-                       (lambda: BatchSize.of(-5), "batch_size must be >= 0"),
+                       (lambda: BatchSize.of(-5), "batch_size must be >= -1"),
+                       (lambda: BatchSize(64, auto=True), "not both"),
                        (lambda: Momentum(1.0), r"momentum must be in \[0, 1\)"),
                        (lambda: L2(-0.5), "l2 must be a finite number >= 0"),
                        (lambda: L2.parse("nan"), "l2 must be a finite number or 'default'"),
                        (lambda: Schedule.parse("paper:fast"), "'fast' is not a number"),
                        (lambda: Schedule.parse("cosine"), "unknown schedule 'cosine'"),
                        (lambda: Schedule.parse("constant"), "constant schedule needs"),
+                       (lambda: Schedule.parse("onecycle"), "onecycle schedule needs"),
                        (lambda: StopEvery.parse("0"), "stop every must be a positive integer"),
                        (lambda: StopEvery.of(-2), "stop_every must be >= -1"),
                        (lambda: StopEvery(5, auto=True), "not both")):
@@ -84,8 +88,8 @@ def test_the_values_refuse_what_is_out_of_range_naming_it() -> None:
 def test_the_schedule_says_what_the_step_rule_left_and_its_constant_step() -> None:
     assert Schedule.parse("auto").unresolved and not Schedule.parse("auto:0.1").unresolved
     assert Schedule.parse("auto:0.1").auto and not Schedule.parse("paper").auto
-    assert [Schedule.parse(t).constant_step for t in ("auto:0.1", "constant:0.2", "paper:0.3")] \
-        == [0.1, 0.2, None]
+    assert [Schedule.parse(t).constant_step for t in ("auto:0.1", "constant:0.2", "paper:0.3",
+                                                      "onecycle:0.1")] == [0.1, 0.2, None, None]
 
 
 def test_run_config_holds_values_never_text_or_sentinels() -> None:
@@ -113,7 +117,7 @@ def test_run_config_holds_values_never_text_or_sentinels() -> None:
 
 
 @pytest.mark.parametrize(("make", "error", "words"), [
-    (lambda: BatchSize.parse("abc"), ValueError, r"^batch size must be a positive integer or 'full', got 'abc'$"),
+    (lambda: BatchSize.parse("abc"), ValueError, r"^batch size must be a positive integer, 'full' or 'auto', got 'abc'$"),
     (lambda: BatchSize(0), ValueError, r"^batch size "),
     (lambda: Momentum.parse("1.0"), ValueError, r"^momentum must be a number in \[0, 1\) or 'auto'"),
     (lambda: Momentum(1.0), ValueError, r"^momentum must be in \[0, 1\)"),
@@ -122,7 +126,7 @@ def test_run_config_holds_values_never_text_or_sentinels() -> None:
     (lambda: L2.of(object()), TypeError, r"^l2 must be a number"),
     (lambda: L2.of(math.inf), ValueError, r"^l2 must be finite, got inf$"),
     (lambda: Schedule.parse(3), TypeError, r"^schedule must be a str, got int$"),
-    (lambda: Schedule.parse("warm"), ValueError, r"'paper:LR0' or 'constant:LR'$"),
+    (lambda: Schedule.parse("warm"), ValueError, r"'paper:LR0', 'constant:LR' or 'onecycle:LR'$"),
     (lambda: StopEvery(5, auto=True), ValueError, r"^stop every is a number of rounds or auto, not both$"),
     (lambda: StopEvery(0), ValueError, r"^stop every "),
     (lambda: StopEvery.of(2.5), TypeError, r"^stop_every must be StopEvery, a str or an int, got 2\.5$"),
@@ -140,5 +144,5 @@ def test_a_momentum_keeps_its_beta_as_a_float() -> None:
 def test_the_declared_schedule_kinds_are_the_parsed_ones() -> None:
     from efpsn.params.values import ScheduleKind
 
-    kinds = {Schedule.parse(t).kind for t in ("auto", "paper", "constant:0.1")}
+    kinds = {Schedule.parse(t).kind for t in ("auto", "paper", "constant:0.1", "onecycle:0.1")}
     assert kinds == set(typing.get_args(ScheduleKind))

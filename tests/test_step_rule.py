@@ -20,6 +20,7 @@ from efpsn.params.step_rule import (
     NO_BOUND_ROUNDS,
     NO_BOUND_STEP,
     companion,
+    mini_batch_rounds,
     nesterov_margin,
     public_curvature,
     step_rule,
@@ -227,20 +228,46 @@ def test_a_certifier_for_a_run_uses_its_public_numbers() -> None:
 
 
 
-def test_without_strong_convexity_or_a_curvature_bound_the_step_is_constant() -> None:
+def test_without_strong_convexity_or_a_curvature_bound_full_batch_the_step_is_constant() -> None:
     # logistic regression with l2 = 0 (no strong convexity: no rate) and LeNet with an L2 weight
-    # (no public curvature bound): the documented constant step and rounds, without momentum,
-    # for both tracking algorithms; never a division by zero or a step from a missing bound
+    # (no public curvature bound), on the full batch: the documented constant step and rounds,
+    # without momentum, for both tracking algorithms; never a division by zero or a step from a
+    # missing bound
     for task, l2 in (("logreg", 0.0), ("lenet", 0.01)):
         for algorithm in ("agt", "gt"):
             rule = step_rule(algorithm=algorithm, task=task, features=784, l2=l2,
                              weights=ring(5))
             assert (rule.step, rule.momentum, rule.rounds) == (0.05, 0.0, 2000), (task, l2)
-    # a LeNet run resolves to that constant step, not to the paper's decaying schedule
-    resolved = RunConfig(task="lenet").resolved()
+    # a LeNet run on the full batch resolves to that constant step
+    resolved = RunConfig(task="lenet", batch_size="full").resolved()
     schedule = make_schedule(resolved.schedule, iterations=resolved.iterations.total)
     assert resolved.schedule.kind != "paper" and schedule(0) == schedule(1999) == 0.05
     assert (resolved.iterations.count, resolved.momentum.beta) == (2000, 0.0)
+
+
+def test_a_neural_network_trains_on_mini_batches_by_default() -> None:
+    # prepare / execute: the defaults of LeNet, an MLP and logistic regression
+    lenet, mlp = (RunConfig(task=t).resolved() for t in ("lenet", "mlp:32"))
+    logreg = RunConfig().resolved()
+    # assert: the networks on batches of 64, agt with momentum 0.9 and the one-cycle step for
+    # a budget of 128,000 samples per agent (2,000 rounds), without a stop rule (no
+    # certificate); logistic regression keeps the full batch, its constant step and the rule
+    for c in (lenet, mlp):
+        assert (c.batch_size.size, c.algorithm, c.momentum.beta) == (64, "agt", 0.9)
+        assert str(c.schedule) == "onecycle:0.1" and c.iterations.count == 2000
+        assert c.stop_every.never and c.refresh.fading and c.resolved_ok
+    assert logreg.batch_size.full and logreg.schedule.kind == "auto"
+    assert logreg.stop_every.rounds == 25
+    # the budget is samples: a batch of 32 runs twice the rounds; full batch the old guess
+    assert RunConfig(task="lenet", batch_size=32).resolved().iterations.count == 4000
+    assert mini_batch_rounds(64) == 2000 and mini_batch_rounds(1) == MAX_ROUNDS
+    # the warm-up then the linear decay, never zero
+    step = make_schedule(lenet.schedule, iterations=2000)
+    assert step(0) == pytest.approx(0.01) and step(300) == 0.1 and step(1999) == 0.1 / 1700
+    assert all(step(t) > 0 for t in range(0, 2001, 50))
+    # gt has no momentum; dsgd keeps the paper's schedule
+    assert RunConfig(task="lenet", algorithm="gt").resolved().momentum.beta == 0.0
+    assert RunConfig(task="lenet", algorithm="dsgd").resolved().schedule.kind == "paper"
 
 
 def test_gradient_tracking_s_rounds_add_the_disagreement_term_below_the_cap() -> None:

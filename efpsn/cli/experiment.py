@@ -90,6 +90,7 @@ def _attack(args: argparse.Namespace, out: str | Path | None) -> dict[str, Any]:
         refreshes=getattr(args, "refreshes", None),
         refresh_gammas=getattr(args, "refresh_gammas", None),
         averaging_rounds=getattr(args, "averaging_rounds", None),
+        base=attack.base_config(args.base) if getattr(args, "base", None) else None,
     )
     if getattr(args, "no_many_rounds", False):
         settings = attack.dataclasses.replace(settings, many_rounds=None)
@@ -294,6 +295,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "K=1); 'none' runs only the fixed masks")
     p.add_argument("--refresh-gammas", type=parse_floats, default=None, metavar="1,1e2,...",
                    help="noise levels of the refreshed rows")
+    p.add_argument("--base", choices=("paper", "defaults"), default=None,
+                   help="the run agent 1's iterates and mask rate come from: the paper's "
+                        "preset (DSGD, batch 64; the default) or the defaults (logreg: agt full "
+                        "batch; lenet: agt on batches of 64, the one-cycle step, 1,500 rounds)")
     p.add_argument("--averaging-rounds", type=int, default=None, metavar="A",
                    help="rounds the averaging attacker averages over (default: the run's "
                         "10,000; quick: 1,000)")

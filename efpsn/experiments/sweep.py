@@ -165,7 +165,7 @@ def run_series(
         row: dict[str, Any] = {
             "series": s.name,
             "algorithm": config.algorithm,
-            "batch_size": config.batch_size.size or "full",
+            "batch_size": config.batch.size or "full",
             "schedule": str(config.schedule),
             "iterations": config.iterations.total,
             "selection": str(config.selection),

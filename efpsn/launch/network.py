@@ -472,8 +472,10 @@ def _summarise(config: RunConfig, build: ProblemBuild, folder: Path, names: list
     picture = _picture(folder)
     for line in summary["problems"]:
         print(f"efpsn up: {line}", file=sys.stderr)
-    print("final: " + (format_reports(summary["final"], public_test=test is not None)
-                       if config.data == LOCAL_DATA else format_metrics(summary["final"])))
+    score = "R^2" if config.task.regression else "accuracy"  # the task's score_name
+    print("final: " + (format_reports(summary["final"], public_test=test is not None, score=score)
+                       if config.data == LOCAL_DATA else format_metrics(summary["final"],
+                                                                         score=score)))
     print(f"wall time {summary['wall_seconds']:.1f}s; summary in {folder / 'summary.json'}; "
           f"{picture}")
     print(summary["privacy"]["line"])

@@ -149,12 +149,14 @@ class RunConfig:
     iterations: Rounds = param(Rounds(None), parse=Rounds.parse,
                                help="phase II rounds (a positive integer), or 'auto': the step "
                                     "rule's, with --schedule auto")
-    batch_size: BatchSize = param(BatchSize(None), parse=BatchSize.parse,
-                                  help="mini-batch size per agent and round, or 'full' (the "
-                                       "whole local data set)")
+    batch_size: BatchSize = param(BatchSize(None, auto=True), parse=BatchSize.parse,
+                                  help="mini-batch size per agent and round, 'full' (the "
+                                       "whole local data set), or 'auto': full for logreg, "
+                                       "64 for a neural network (lenet, mlp:..., python:...)")
     schedule: Schedule = param(Schedule("auto"),
                                help="step size: auto (from public quantities only: "
-                                    "efpsn/params/step_rule.py), paper, paper:LR0 or constant:LR")
+                                    "efpsn/params/step_rule.py), paper, paper:LR0, constant:LR "
+                                    "or onecycle:LR (a warm-up to LR, then a linear decay)")
     momentum: Momentum = param(Momentum(None), parse=Momentum.parse,
                                help="agt's Nesterov momentum beta in [0, 1), or 'auto': the "
                                     "step rule's")
@@ -368,12 +370,24 @@ class RunConfig:
         return float(math.prod(parse_shape(self.input_shape)) + 1)
 
     @property
+    def batch(self) -> BatchSize:
+        """The batch size `auto` stands for: the full local data set for the linear models
+        (logistic regression, ridge: their step rule and certificate are full-batch),
+        AUTO_MINI_BATCH samples for a model without a curvature bound (efpsn/params/
+        step_rule.py); a given size or full as given."""
+        if not self.batch_size.auto:
+            return self.batch_size
+        from efpsn.params.step_rule import AUTO_MINI_BATCH
+
+        return BatchSize(None if self.task.linear else AUTO_MINI_BATCH)
+
+    @property
     def resolved_ok(self) -> bool:
-        """Whether nothing is left for the step rule (schedule, rounds, momentum, the fading
-        rate)."""
+        """Whether nothing is left for the step rule (batch size, schedule, rounds, momentum,
+        the fading rate)."""
         return (not self.schedule.unresolved and not self.iterations.auto
                 and not self.momentum.auto and not self.stop_every.auto
-                and not self.refresh.fade_auto)
+                and not self.refresh.fade_auto and not self.batch_size.auto)
 
     def resolved(self) -> RunConfig:
         """This run with the step rule applied where it was asked for (--schedule auto,
@@ -384,17 +398,20 @@ class RunConfig:
         from efpsn.params.step_rule import fading_rate, step_rule
         from efpsn.topology import build_graph, metropolis_weights
 
+        batch = self.batch
         rule = step_rule(algorithm=self.algorithm, task=self.task,
                          features=math.prod(parse_shape(self.input_shape)), l2=self.l2,
                          weights=metropolis_weights(build_graph(self.topology, self.agents,
-                                                                seed=self.seed)))
-        changes: dict[str, Any] = {}
+                                                                seed=self.seed)),
+                         batch=batch.size)
+        changes: dict[str, Any] = {"batch_size": batch} if self.batch_size.auto else {}
         if self.stop_every.auto:  # stop at the target when the rounds are the rule's
             certified = rule.curvature is not None and self.algorithm in ("agt", "gt")
             changes["stop_every"] = StopEvery(STOP_EVERY if self.iterations.auto and certified
                                               else None)
         if self.schedule.unresolved:
             changes["schedule"] = (Schedule("paper") if rule.step is None
+                                   else Schedule("onecycle", rule.step) if rule.cycle
                                    else Schedule("auto", rule.step))
         if self.iterations.auto:
             changes["iterations"] = Rounds(rule.rounds)

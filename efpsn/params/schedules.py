@@ -60,9 +60,45 @@ class PaperSchedule:
         return self.lr0 * (self.final / self.lr0) ** frac
 
 
+@dataclass(frozen=True)
+class OneCycle:
+    """A warm-up, then a linear decay (Smith's one-cycle policy, for mini-batch training of
+    neural networks): alpha_t rises linearly from peak / 10 at t = 0 to `peak` at t = `warmup`,
+    then falls linearly to peak / (total - warmup) at the last round t = total - 1 (never 0);
+    rounds past the end keep that last value.
+
+    The warm-up keeps the first rounds' steps small while gradient tracking's trackers still
+    carry the zero-sum masks' start (efpsn/masks/fading.py: the fixed part mixes away within a
+    few dozen rounds, the fresh part fades): a neural network's iterates then stay where its
+    gradients mean something. The decay averages the mini-batches' noise away at the end.
+    Every value is a few exact float operations on public numbers (the same bits anywhere)."""
+
+    peak: float
+    warmup: int
+    total: int
+
+    def __post_init__(self) -> None:
+        if not (self.peak > 0 and math.isfinite(self.peak)):
+            raise ValueError(f"onecycle's peak step must be a finite positive number, got "
+                             f"{self.peak!r}")
+        if not 0 <= self.warmup < self.total:
+            raise ValueError(f"need 0 <= warmup < total, got warmup={self.warmup}, "
+                             f"total={self.total}")
+
+    def __call__(self, t: int) -> float:
+        if t < self.warmup:
+            return self.peak * (0.1 + 0.9 * t / self.warmup)
+        left = self.total - min(t, self.total - 1)  # total - warmup at the peak, 1 at the end
+        return self.peak * left / (self.total - self.warmup)
+
+
+ONECYCLE_WARMUP = 0.15  # of the rounds: onecycle's warm-up
+
+
 def make_schedule(spec: Schedule | str, *, iterations: int) -> StepSize:
     """The step size of a schedule (efpsn.params.values.Schedule, or its text): "paper",
-    "paper:LR0", "constant:LR", or "auto:LR" (the constant step the public step rule gave,
+    "paper:LR0", "constant:LR", "onecycle:LR" (a warm-up over the first 15% of rounds, then a
+    linear decay: OneCycle) or "auto:LR" (the constant step the public step rule gave,
     efpsn/params/step_rule.py).
 
     "paper" keeps the paper's proportions (hold for the first 20% of rounds, reach 4e-5 at the last)
@@ -75,6 +111,10 @@ def make_schedule(spec: Schedule | str, *, iterations: int) -> StepSize:
     if schedule.kind in ("auto", "constant"):
         assert schedule.lr is not None
         return Constant(schedule.lr)
+    if schedule.kind == "onecycle":
+        assert schedule.lr is not None
+        return OneCycle(peak=schedule.lr, warmup=math.floor(iterations * ONECYCLE_WARMUP),
+                        total=max(1, iterations))
     lr0 = 0.2 if schedule.lr is None else schedule.lr
     if iterations < 3:
         return Constant(lr0)

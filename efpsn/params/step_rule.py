@@ -20,9 +20,21 @@ the first term the average's rate 1 - q from a distance 1 to 1e-9, the second th
 disagreement mode rho of those matrices (where the zero-sum masks start, of size sqrt(gamma)
 <= 1e3), capped at MAX_ROUNDS. Measured on five data sets, the rule's rounds sufficed with
 margin (docs/RESULTS.md). Plain gradient tracking (`gt`) gets DIGing's margin alpha = 0.9 (1 +
-lambda_min(W))^2 / (2 L); DSGD gets the paper's schedule. Models without a public curvature
-bound (LeNet, MLPs, a user's model) get a constant step of 0.05 and 2,000 rounds, without
-momentum: a guess, not a guarantee, and the run's convergence report says how far it got.
+lambda_min(W))^2 / (2 L); DSGD gets the paper's schedule.
+
+Models without a public curvature bound (LeNet, MLPs, a user's model) train on mini-batches by
+default (`--batch-size auto`: AUTO_MINI_BATCH samples per agent and round, a stochastic
+gradient tracking): agt with Nesterov momentum 0.9 and the one-cycle step (efpsn/params/
+schedules.py, OneCycle: a warm-up over the first 15% of rounds from 0.01 to the peak 0.1, then
+a linear decay), for a round budget of MINI_BATCH_SAMPLES samples per agent (1,500 rounds at
+batch 64; 96,000 / B at batch B: the budget is samples, so a smaller batch runs more rounds).
+There is no certificate without a curvature bound, so the budget is the stop rule; its numbers
+were measured on LeNet (docs/RESULTS.md, "Neural networks on mini-batches"), a guess for other
+models. The warm-up matters for the masks: gradient tracking's trackers carry the zero-sum
+masks' start, and a neural network whose agents' iterates it drives far apart under a full
+step saturates and never recovers (measured: LeNet stuck at chance). Full batch (`--batch-size
+full`) keeps the former guess: a constant step of 0.05 and 2,000 rounds, without momentum. The
+run's convergence report says how far it got.
 """
 
 from __future__ import annotations
@@ -35,11 +47,16 @@ import numpy as np
 from efpsn.params.model_sizes import l2_weight
 from efpsn.params.schema import TaskSpec
 
-__all__ = ["MAX_ROUNDS", "NO_BOUND_ROUNDS", "NO_BOUND_STEP", "StepRule", "companion",
-           "fading_rate", "public_curvature", "step_rule"]
+__all__ = ["AUTO_MINI_BATCH", "MAX_ROUNDS", "MINI_BATCH_MOMENTUM", "MINI_BATCH_PEAK",
+           "MINI_BATCH_SAMPLES", "NO_BOUND_ROUNDS", "NO_BOUND_STEP", "StepRule", "companion",
+           "fading_rate", "mini_batch_rounds", "public_curvature", "step_rule"]
 
-NO_BOUND_STEP = 0.05  # models without a public curvature bound
+NO_BOUND_STEP = 0.05  # models without a public curvature bound, full batch
 NO_BOUND_ROUNDS = 2000
+AUTO_MINI_BATCH = 64  # --batch-size auto for a model without a curvature bound (the paper's)
+MINI_BATCH_PEAK = 0.1  # the one-cycle step's peak, with momentum MINI_BATCH_MOMENTUM (agt)
+MINI_BATCH_MOMENTUM = 0.9
+MINI_BATCH_SAMPLES = 128_000  # per agent: the round budget is this over the batch size
 PAPER_ROUNDS = 10_000  # DSGD with the paper's schedule
 # The rounds rule's disagreement term grows fast on large sparse graphs (a 100-ring: millions of
 # rounds), where it is also far too pessimistic (about 12x on a 30-ring, measured): the default
@@ -52,16 +69,25 @@ _BISECTIONS = 14
 
 @dataclass(frozen=True)
 class StepRule:
-    """What the rule gives: a constant step size (None: the paper's decaying schedule), the
-    momentum of accelerated tracking, the rounds, the public curvature bound it used, and the
-    contraction of the slowest disagreement mode per round (`mixing`; None for DSGD and models
-    without a curvature bound)."""
+    """What the rule gives: a constant step size (None: the paper's decaying schedule; with
+    `cycle`, the one-cycle schedule's peak), the momentum of accelerated tracking, the rounds,
+    the public curvature bound it used, and the contraction of the slowest disagreement mode
+    per round (`mixing`; None for DSGD and models without a curvature bound)."""
 
     step: float | None
     momentum: float
     rounds: int
     curvature: float | None
     mixing: float | None = None
+    cycle: bool = False  # the step is OneCycle's peak (mini-batches without a curvature bound)
+
+
+def mini_batch_rounds(batch: int) -> int:
+    """The round budget of mini-batch training without a curvature bound: MINI_BATCH_SAMPLES
+    samples per agent, ceil(96,000 / batch) rounds (1,500 at batch 64)."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a positive integer, got {batch!r}")
+    return min(MAX_ROUNDS, -(-MINI_BATCH_SAMPLES // batch))
 
 
 def fading_rate(rule: StepRule, *, algorithm: str, step: float | None, mu: float,
@@ -133,13 +159,18 @@ def _rounded(value: float) -> float:
 
 
 def step_rule(*, algorithm: str, task: TaskSpec | str, features: int, l2: float,
-              weights: np.ndarray) -> StepRule:
+              weights: np.ndarray, batch: int | None = None) -> StepRule:
     """The default step size, momentum and rounds of `algorithm` for this model and mixing
-    matrix (efpsn.topology.metropolis_weights)."""
+    matrix (efpsn.topology.metropolis_weights), on mini-batches of `batch` samples (None: the
+    full local data set)."""
     if algorithm == "dsgd":
         return StepRule(step=None, momentum=0.0, rounds=PAPER_ROUNDS, curvature=None)
     curvature = public_curvature(task, features=features, l2=l2)
     mu = l2_weight(task, l2)
+    if batch is not None and not TaskSpec.of(task).linear:  # a neural network on batches
+        return StepRule(step=MINI_BATCH_PEAK,
+                        momentum=MINI_BATCH_MOMENTUM if algorithm == "agt" else 0.0,
+                        rounds=mini_batch_rounds(batch), curvature=None, cycle=True)
     if curvature is None or mu <= 0:
         return StepRule(step=NO_BOUND_STEP, momentum=0.0, rounds=NO_BOUND_ROUNDS,
                         curvature=curvature)

@@ -3,9 +3,9 @@
 Each value has `parse(text)` (the command line's and the wire's text), `str()` (its show, which
 `parse` reads back), `of(x)` (a value, its text, or the wire's scalar: how RunConfig's
 constructor takes a field) and `wire()` (the scalar RunParameters carries, proto/efpsn/wire/v1/
-coordinator.proto). The wire keeps its scalars (0 rounds, -1.0 momentum, 0 batch, -1.0 l2 for
-"auto", "full" and "the task's default"; -1 and 0 stop-every for "auto" and "never"); those numbers
-live here and nowhere else: every other room asks the value (`rounds.auto`, `batch.full`,
+coordinator.proto). The wire keeps its scalars (0 rounds, -1.0 momentum, -1.0 l2 for "auto" and
+"the task's default"; -1 and 0 batch and stop-every for "auto" and "full" or "never"); those
+numbers live here and nowhere else: every other room asks the value (`rounds.auto`, `batch.full`,
 `momentum.auto`).
 
 Pure and free of numpy, torch and phe: the coordinator parses with it.
@@ -97,19 +97,30 @@ class Rounds:
 
 @dataclass(frozen=True)
 class BatchSize:
-    """Samples per agent and round: `size`, or None for the whole local data set (`full`).
-    Wire: uint32, 0 = full."""
+    """Samples per agent and round: `size`, None for the whole local data set (`full`), or
+    `auto` (RunConfig.resolved picks by the task: full for logistic regression, whose step
+    rule and certificate are full-batch; AUTO_MINI_BATCH for a neural network).
+    Wire: sint32, 0 = full, -1 = auto."""
 
     size: int | None
+    auto: bool = False
 
     def __post_init__(self) -> None:
         if self.size is not None:
             object.__setattr__(self, "size", _positive_int(self.size, "batch size"))
+            if self.auto:
+                raise ValueError("batch size is a number, full or auto, not both")
 
     @classmethod
     def parse(cls, text: str) -> BatchSize:
-        """"full" or a positive integer."""
-        return cls(_count_text(text, word="full", name="batch size"))
+        """"auto", "full" or a positive integer."""
+        if isinstance(text, str) and text.strip() == "auto":
+            return cls(None, auto=True)
+        try:
+            return cls(_count_text(text, word="full", name="batch size"))
+        except ValueError:
+            raise ValueError(f"batch size must be a positive integer, 'full' or 'auto', got "
+                             f"{text!r}") from None
 
     @classmethod
     def of(cls, value: Any) -> BatchSize:
@@ -121,19 +132,20 @@ class BatchSize:
             return cls(None)
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise TypeError(f"batch_size must be BatchSize, a str or an int, got {value!r}")
-        if value < 0:
-            raise ValueError(f"batch_size must be >= 0 (0: full), got {value}")
-        return cls(int(value) or None)
+        if value < -1:
+            raise ValueError(f"batch_size must be >= -1 (-1: auto, 0: full), got {value}")
+        return cls(None, auto=True) if value == -1 else cls(int(value) or None)
 
     def wire(self) -> int:
-        return self.size or 0
+        return -1 if self.auto else (self.size or 0)
 
     def __str__(self) -> str:
-        return "full" if self.size is None else str(self.size)
+        return "auto" if self.auto else "full" if self.size is None else str(self.size)
 
     @property
     def full(self) -> bool:
-        return self.size is None
+        """The whole local data set every round (False while auto: resolve first)."""
+        return self.size is None and not self.auto
 
 
 @dataclass(frozen=True)
@@ -251,34 +263,38 @@ class L2:
         return self.weight
 
 
-ScheduleKind = Literal["auto", "paper", "constant"]
+ScheduleKind = Literal["auto", "paper", "constant", "onecycle"]
+SCHEDULE_KINDS = ("auto", "paper", "constant", "onecycle")
 
 
 @dataclass(frozen=True)
 class Schedule:
     """The step size: `auto` (the step rule's; `auto:LR` once resolved), `paper[:LR0]` (the
-    paper's decay, LR0 0.2 by default) or `constant:LR`. Wire: its text."""
+    paper's decay, LR0 0.2 by default), `constant:LR` or `onecycle:LR` (a warm-up to LR, then
+    a linear decay: efpsn/params/schedules.py). Wire: its text."""
 
     kind: ScheduleKind
     lr: float | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ("auto", "paper", "constant"):
-            raise ValueError(f"schedule kind must be auto, paper or constant, got {self.kind!r}")
+        if self.kind not in SCHEDULE_KINDS:
+            raise ValueError(f"schedule kind must be auto, paper, constant or onecycle, got "
+                             f"{self.kind!r}")
         if self.lr is not None:  # its range is the step size's (efpsn/params/schedules.py)
             object.__setattr__(self, "lr", _real(self.lr, "learning rate"))
-        elif self.kind == "constant":
-            raise ValueError("constant schedule needs a learning rate, e.g. 'constant:0.05'")
+        elif self.kind in ("constant", "onecycle"):
+            raise ValueError(f"{self.kind} schedule needs a learning rate, e.g. "
+                             f"'{self.kind}:0.05'")
 
     @classmethod
     def parse(cls, text: str) -> Schedule:
-        """"auto", "auto:LR", "paper", "paper:LR0" or "constant:LR"."""
+        """"auto", "auto:LR", "paper", "paper:LR0", "constant:LR" or "onecycle:LR"."""
         if not isinstance(text, str):
             raise TypeError(f"schedule must be a str, got {type(text).__name__}")
         name, sep, arg = text.strip().partition(":")
-        if name not in ("auto", "paper", "constant"):
+        if name not in SCHEDULE_KINDS:
             raise ValueError(f"unknown schedule {text!r}: expected 'auto', 'paper', "
-                             "'paper:LR0' or 'constant:LR'")
+                             "'paper:LR0', 'constant:LR' or 'onecycle:LR'")
         if not sep:
             return cls(name)  # type: ignore[arg-type]
         try:
@@ -313,7 +329,8 @@ class Schedule:
 
     @property
     def constant_step(self) -> float | None:
-        """The constant step of `auto:LR` or `constant:LR`; None for the paper's decay."""
+        """The constant step of `auto:LR` or `constant:LR`; None for a decaying schedule (the
+        paper's, onecycle)."""
         return self.lr if self.kind in ("auto", "constant") else None
 
 

@@ -1,0 +1,1 @@
+"""EFPSN's main job as a Flower App: softmax regression in numpy (benchmarks/bench_flower.py)."""
