@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import time
@@ -202,6 +203,23 @@ class LocalNet:
         """GetStatus as the agent's operator (its own certificate), so private figures show."""
         tls = TlsConfig.from_dir(self.tls_dir, name) if self.monitor is not None else None
         return asyncio.run(fetch_status(name, self.address(name), timeout=timeout, tls=tls))
+
+    def join_frozen(self, joiner: str, members: list[str], *, timeout: float = 120) -> int:
+        """Start the late seat `joiner` with the members frozen (SIGSTOP), so that none passes
+        another check round before the coordinator decides; thaw them; the decided round."""
+        for name in members:
+            self.signal(name, signal.SIGSTOP)
+        try:
+            time.sleep(0.3)  # a status answered while stopping: not one round further
+            self.start_agent(joiner, wait=False)
+            self.wait_for(lambda: f"{joiner} joins at round" in self.log("coordinator"),
+                          timeout=timeout, what="the coordinator's decision")
+        finally:
+            for name in members:
+                self.signal(name, signal.SIGCONT)
+        decided = re.search(rf"{joiner} joins at round (\d+)", self.log("coordinator"))
+        assert decided is not None
+        return int(decided.group(1))
 
     def wait_for(self, predicate, *, timeout: float, what: str, every: float = 0.05) -> None:
         deadline = time.monotonic() + timeout
