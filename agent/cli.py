@@ -11,7 +11,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from efpsn.flags.parser import OneLineParser
+from efpsn.flags.parser import HOLDOUT_HELP, OneLineParser, holdout_fraction
 from efpsn.flags.services import (
     add_debug_flags,
     add_departure_flag,
@@ -119,8 +119,8 @@ def configure(agent: argparse.ArgumentParser) -> None:
     data.add_argument("--label-column", default=None,
                       help="label column of a .csv (default: the run's table schema's, else "
                            "label)")
-    data.add_argument("--holdout", type=float, default=0.2,
-                      help="fraction held out locally for evaluation (default 0.2; 0: none)")
+    data.add_argument("--holdout", type=holdout_fraction, default=None, metavar="F|auto",
+                      help=HOLDOUT_HELP)
     data.add_argument("--test-data", default=None,
                       help="a public test set in the same format, the same at every agent")
     add_tls_flags(agent, own_name="--name")

@@ -70,7 +70,7 @@ class AgentOptions:
     # folder, the fraction held out locally for evaluation, an optional public test set, and
     # the label column of .csv files.
     data: Path | None = None
-    holdout: float = 0.2
+    holdout: float | None = None  # None: auto (efpsn.data.local.resolve_holdout)
     test_data: Path | None = None
     label_column: str | None = None  # None: the run's table schema's, else "label"
     quiet: bool = False  # no progress line per evaluation
@@ -95,7 +95,7 @@ class AgentOptions:
                 f"({self.checkpoint_every + 2}): a neighbour restarted from its last checkpoint "
                 "replays up to checkpoint_every + 2 rounds from our history"
             )
-        if not 0.0 <= self.holdout < 1.0:
+        if self.holdout is not None and not 0.0 <= self.holdout < 1.0:
             raise ValueError(f"holdout must lie in [0, 1), got {self.holdout}")
         if self.departure_deadline is not None and self.departure_deadline < 0:
             raise ValueError(f"departure_deadline must be >= 0 (0: off), got "

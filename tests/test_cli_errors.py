@@ -204,6 +204,8 @@ def test_a_usage_error_is_one_line_naming_the_valid_values(tmp_path: Path) -> No
                                           "got '-3'")),
     (["privacy", "--momentum", "1"], ("efpsn privacy: error: argument --momentum: momentum "
                                       "must be a number in [0, 1) or 'auto', got '1'")),
+    (["up", "--holdout", "1"], ("efpsn up: error: argument --holdout: expected a fraction in "
+                                "[0, 1) or auto, got '1' (see efpsn up --help)")),
     (["nope"], "efpsn: error: argument command: invalid choice: 'nope' (choose from"),
     (["up", "--mask", "zerosum"], "(choose from 'zero-sum', 'independent', 'none')"),
 ])

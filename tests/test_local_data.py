@@ -15,7 +15,7 @@ from agent.options import AgentOptions
 from agent.prepare import prepare
 from coordinator.registry import Declaration, Registry, RunCancelled
 from efpsn.data.folders import dirichlet_partition, load_data_dir, split_data
-from efpsn.data.local import DataError, load_local_data
+from efpsn.data.local import AUTO_HOLDOUT, DataError, load_local_data, resolve_holdout
 from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
 from efpsn.simulator import run_simulation
@@ -153,6 +153,26 @@ def test_csv_npz_and_idx_give_the_same_samples(tmp_path: Path) -> None:
     assert len(none.train) == 40 and none.holdout is None
 
 
+def test_holdout_auto_keeps_every_row_when_a_public_test_set_scores_the_model(
+        tmp_path: Path) -> None:
+    # prepare: an agent's rows, and a public test file
+    x, y = tabular()
+    np.savez(tmp_path / "d.npz", X=x, y=y)
+    np.savez(tmp_path / "test.npz", X=x[:10], y=y[:10])
+    common = {"who": "agent1", "shape": (6,), "classes": 3, "divisor": 1.0, "seed": 0}
+    # act: the default (auto) with and without the test file; a fraction given with it
+    scored = load_local_data(tmp_path / "d.npz", test_path=tmp_path / "test.npz", **common)
+    alone = load_local_data(tmp_path / "d.npz", **common)
+    kept = load_local_data(tmp_path / "d.npz", test_path=tmp_path / "test.npz", holdout=0.25,
+                           **common)
+    # assert: all 40 rows train beside a test file; 0.2 held out without one; a fraction wins
+    assert len(scored.train) == 40 and scored.holdout is None and len(scored.test) == 10
+    assert len(alone.train) == 32 and len(alone.holdout) == 8
+    assert len(kept.train) == 30 and len(kept.holdout) == 10
+    assert (resolve_holdout(None, public_test=True), resolve_holdout(None, public_test=False),
+            resolve_holdout(0.1, public_test=True)) == (0.0, AUTO_HOLDOUT, 0.1)
+
+
 def test_scale_divides_by_a_public_constant(tmp_path: Path) -> None:
     np.savez(tmp_path / "d.npz", X=np.full((4, 6), 255, dtype=np.uint8), y=np.zeros(4, int))
     data = load_local_data(tmp_path / "d.npz", who="a", shape=(6,), classes=3, divisor=255.0,
@@ -256,7 +276,7 @@ def test_split_then_simulate_from_the_folders(tmp_path: Path) -> None:
     assert (tmp_path / "test.npz").is_file()
     config = RunConfig(data="local", agents=3, scale="unit", iterations=20, eval_every=10,
                        batch_size=16)
-    local = load_data_dir(config, tmp_path)
+    local = load_data_dir(config, tmp_path, holdout=0.2)  # a local score beside the test's
     result = run_simulation(config, problem=build_problem(config, local=local))
     assert result.final["accuracy"] > 0.5
     assert 0.0 < result.final["holdout_accuracy"] <= 1.0

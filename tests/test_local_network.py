@@ -50,7 +50,7 @@ def test_up_on_private_folders_equals_the_simulator_bitwise(tmp_path: Path) -> N
     _, xs = load_agent_results(tmp_path / "run", NAMES)
     assert max(float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)) == 0.0
     assert summary["final"]["accuracy"] == sim.final["accuracy"] > 0.6
-    assert 0.5 < summary["final"]["mean_holdout_accuracy"] <= 1.0
+    assert "mean_holdout_accuracy" not in summary["final"]  # every row trains beside a test set
     # the network certifies what the simulator certifies (the same x_bar, the same rule)
     assert summary["convergence"] == sim.convergence.to_json()
     # each agent was given only its own folder; the coordinator never heard of any file

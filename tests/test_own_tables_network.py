@@ -72,7 +72,7 @@ def test_a_free_text_and_a_date_column_are_one_message_then_dropped(runs) -> Non
 
 
 def simulated(data: Path, label: str, given: dict[str, Any], drop: tuple[str, ...] = ()):
-    """The simulator's run of the folder with the network's noise seed (holdout 0.2)."""
+    """The simulator's run of the folder with the network's noise seed (the default holdout)."""
     from efpsn.data.folders import load_data_dir
     from efpsn.data.inspection import inspect_folder
     from efpsn.flags.names import config_from_values
@@ -82,7 +82,7 @@ def simulated(data: Path, label: str, given: dict[str, Any], drop: tuple[str, ..
 
     folder = inspect_folder(data, label_column=label, given=given, drop=drop)
     config = config_from_values(given, folder=folder, resolve=False)
-    local = load_data_dir(config, folder.layout, holdout=0.2)
+    local = load_data_dir(config, folder.layout)
     config, local, _ = simulate_standardising(config, local, noise_seed=NOISE_SEED)
     config = config.resolved()
     return config, run_simulation(config, problem=build_problem(config, local=local),

@@ -435,7 +435,8 @@ def inspect_data_dir(data_dir: str | Path) -> DataDirLayout:
 
 
 def load_data_dir(config: RunConfig, data_dir: str | Path | DataDirLayout, *,
-                  holdout: float = 0.2, label_column: str | None = None) -> dict[int, LocalData]:
+                  holdout: float | None = None, label_column: str | None = None
+                  ) -> dict[int, LocalData]:
     """Every agent's LocalData from DIR/agentK/train.npz or train.csv (agent index i reads the
     folder of the i-th sorted name, as the coordinator assigns them), with the public
     DIR/test.npz or test.csv if present, each read by the run's table schema (config.table)

@@ -31,6 +31,7 @@ from efpsn.data.tables import (
 from efpsn.params.table import TableSchema
 
 __all__ = [
+    "AUTO_HOLDOUT",
     "HEADROOM",
     "DataError",
     "LocalData",
@@ -43,12 +44,14 @@ __all__ = [
     "read_data",
     "read_data_file",
     "second_moment",
+    "resolve_holdout",
     "split_holdout",
     "text_label_hint",
 ]
 
 # The factor of float64's range kept free above features x value^2 (see feature_limit).
 HEADROOM = 2.0**32
+AUTO_HOLDOUT = 0.2  # --holdout auto without a public test set: the agent scores itself
 
 EXPECTED_FORMATS = ("an .npz with arrays X and y, a .csv with a header row, or a folder of "
                     "IDX files")
@@ -358,6 +361,15 @@ def check_arrays(
                    name=f"{who}:{path.name}", shape=tuple(shape), classes=classes)
 
 
+def resolve_holdout(fraction: float | None, *, public_test: bool) -> float:
+    """The fraction of an agent's rows it holds out: `fraction` as given, or for None (`--holdout
+    auto`, the default) none when a public test set scores the model (holding private rows
+    out would only shrink the training data), else AUTO_HOLDOUT (the agent's own score)."""
+    if fraction is None:
+        return 0.0 if public_test else AUTO_HOLDOUT
+    return fraction
+
+
 def split_holdout(data: Dataset, *, fraction: float, seed: int, who: str,
                   path: Path) -> tuple[Dataset, Dataset | None]:
     """(train, holdout): round(fraction * n) samples held out, chosen by a permutation of the
@@ -378,7 +390,7 @@ def split_holdout(data: Dataset, *, fraction: float, seed: int, who: str,
 
 def load_local_data(
     path: str | Path, *, who: str, shape: tuple[int, ...], classes: int,
-    divisor: float | np.ndarray, seed: int, holdout: float = 0.2, batch_size: int = 0,
+    divisor: float | np.ndarray, seed: int, holdout: float | None = None, batch_size: int = 0,
     test_path: str | Path | None = None, label_column: str = "label",
     moment_bound: float | None = None, table: TableSchema | None = None,
     regression: bool = False, fills: bool = False,
@@ -386,8 +398,9 @@ def load_local_data(
     """Read and check an agent's own data (and the public test set) against the run's schema
     (`table`: a .csv's table schema; `regression`: numeric targets; `fills`: empty number
     cells are kept, NaN, for the network's column means); with `moment_bound`, its training
-    part must pass check_second_moment."""
+    part must pass check_second_moment. `holdout`: resolve_holdout's (None: auto)."""
     path = Path(path)
+    holdout = resolve_holdout(holdout, public_test=test_path is not None)
     kinds = {"table": table, "regression": regression}
     raw = read_data(path, who=who, label_column=label_column, classes=classes, **kinds)
     data = check_arrays(raw.features, raw.labels, path=path, who=who, shape=shape,

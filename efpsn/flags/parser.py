@@ -22,6 +22,24 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+HOLDOUT_HELP = ("fraction of each agent's rows held out locally for evaluation, in [0, 1); "
+                "auto (the default): none when a public test set scores the model, else 0.2")
+
+
+def holdout_fraction(text: str) -> float | None:
+    """--holdout's value: a fraction in [0, 1), or auto (None: efpsn.data.local.resolve_holdout)."""
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1) or auto, got {text!r}") \
+            from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1) or auto, got {text!r}")
+    return value
+
+
 def add_data_dir_arguments(parser: argparse.ArgumentParser) -> None:
     """--data-dir/--holdout/--label-column/--drop of `efpsn simulate` and `efpsn up`."""
     g = parser.add_argument_group("agent-local data (instead of --data)")
@@ -30,8 +48,8 @@ def add_data_dir_arguments(parser: argparse.ArgumentParser) -> None:
                         "(efpsn data split writes them), an optional public DIR/test.npz or "
                         "test.csv and DIR/schema.json: agent K reads only DIR/agentK; the "
                         "agent count and the schema come from the folder")
-    g.add_argument("--holdout", type=float, default=0.2,
-                   help="fraction of each agent's data held out locally for evaluation")
+    g.add_argument("--holdout", type=holdout_fraction, default=None, metavar="F|auto",
+                   help=HOLDOUT_HELP)
     g.add_argument("--label-column", default=None,
                    help="label column of .csv files (default: schema.json's, else label): "
                         "class indices 0, 1, ..., class names, or with --task ridge numbers")

@@ -66,7 +66,7 @@ class LaunchOptions:
     checkpoint_every: int | None = 50  # the agents' (None: their own default)
     data_dir: Path | None = None  # agent-local data: the folder (its layout is read here) ...
     folder: DataFolder | None = None  # ... or the folder as the command inspected it, once
-    holdout: float = 0.2
+    holdout: float | None = None  # None: auto (efpsn.data.local.resolve_holdout)
     label_column: str | None = None  # .csv label column (default: schema.json's, else label)
     start_timeout: float = 120.0
     fork_agents: bool = True  # fork the agents from one fork server (shared imports)
@@ -100,7 +100,8 @@ def _agent_args(config: RunConfig, opts: LaunchOptions, names: list[str],
     if layout is not None:
         column = config.table.label_column or layout.label_column(opts.label_column)
         for name in names:
-            out[name] += ["--data", str(layout.files[name]), "--holdout", repr(opts.holdout),
+            out[name] += ["--data", str(layout.files[name]), "--holdout",
+                          "auto" if opts.holdout is None else repr(opts.holdout),
                           "--label-column", column]
             if layout.test is not None:
                 out[name] += ["--test-data", str(layout.test)]
