@@ -29,6 +29,7 @@ from docker_fixtures import AGENTS
 from test_compose import check_records
 
 from efpsn.data.folders import load_data_dir
+from efpsn.data.local import resolve_holdout
 from efpsn.launch.summary import load_agent_results
 from efpsn.params.config import RunConfig
 from efpsn.problem import build_problem
@@ -358,8 +359,12 @@ def test_stack_deploy_runs_five_parties_and_resumes_a_killed_agent(
             records[name] = json.loads((results / name / "result.json").read_text())
         check_records(records, iterations=ITERATIONS, eval_every=EVAL_EVERY)
         _, xs = load_agent_results(results, AGENTS)
+        # each container mounts only its own folder, no public test set: --holdout auto
+        # holds its share out to score itself, so the simulator holds out the same rows
+        holdout = resolve_holdout(None, public_test=False)
+        local = load_data_dir(CONFIG, data, holdout=holdout)
         sim = run_simulation(CONFIG, noise_seed=NOISE_SEED,
-                             problem=build_problem(CONFIG, local=load_data_dir(CONFIG, data)))
+                             problem=build_problem(CONFIG, local=local))
         assert [float((a - b).abs().max()) for a, b in zip(xs, sim.xs, strict=True)] == [
             0.0] * len(AGENTS)
 
