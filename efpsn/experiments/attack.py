@@ -188,7 +188,16 @@ def settings_for(profile: str, **overrides: Any) -> AttackSettings:
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}: expected one of {sorted(PROFILES)}")
     changes = {k: v for k, v in overrides.items() if v is not None}
+    if "attack_rounds" in changes and "extended_rounds" not in changes:
+        # the rounds asked for get the all-parameter, multi-round and refreshed attackers too
+        # (round 0, the initial point, only the last-bias ones, as in the profiles)
+        changes["extended_rounds"] = tuple(r for r in changes["attack_rounds"] if r > 0)
     s = dataclasses.replace(PROFILES[profile], **changes)
+    if s.models and not any(_jobs(s, rnd) for rnd in s.attack_rounds):
+        raise ValueError(
+            f"nothing to attack at rounds {', '.join(map(str, s.attack_rounds))} with "
+            f"perturbations {', '.join(s.perturbations) or 'none'} and refreshes "
+            f"{', '.join(s.refreshes) or 'none'}: give a perturbation, a refresh or a round > 0")
     return dataclasses.replace(s, profile=profile if not changes else f"{profile} (modified)")
 
 
