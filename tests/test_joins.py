@@ -5,9 +5,16 @@ every round and whose run ends at the optimum of every member's data."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
+from agent.departure import silence as silence_module
+from agent.departure.reports import JoinNotice
+from agent.departure.silence import Silence
+from agent.state import StateStore
 from coordinator.joins import JoinBoard, JoinRefused
 from coordinator.registry import NotExpected, Registry
 from efpsn.data.folders import inspect_data_dir, load_data_dir, split_data
@@ -221,3 +228,50 @@ def test_a_join_is_refused_during_a_departures_rebase_and_after_the_cap(cancer) 
                        joins=[Join(agent=4, round=200)])
     with pytest.raises(ValueError, match="the run ended at round 1500, before the joins"):
         run_simulation(config, noise_seed=3, problem=problem, joins=[Join(agent=4, round=1500)])
+
+
+def test_a_member_exchanges_a_new_edges_seeds_at_the_join_round_not_when_it_learns(
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    # prepare: a member that learns at check round 450 of a join at 475 (another member may
+    # learn of it only at 475, and could not get there while this one waited in the exchange)
+    notice = JoinNotice(name="agent5", index=4, round=475, address="127.0.0.1:9", number=1,
+                        edges=(), cap=2000, ends={})
+    polls = {450: [notice], 475: [], 500: []}
+
+    async def poll(_coordinator, *, round_, **_kw):
+        return polls[round_]
+
+    monkeypatch.setattr(silence_module, "poll_membership", poll)
+    saved: list[int] = []
+    departures = SimpleNamespace(
+        session=SimpleNamespace(assignment=SimpleNamespace(name="agent4"),
+                                config=SimpleNamespace(round_timeout_seconds=1.0)),
+        known_joins=0, learn_join=lambda n, driver: {"agent5": n.index},
+        save=lambda store: saved.append(1))
+    silence = Silence(departures=departures, coordinator=None, mailbox=None,  # type: ignore[arg-type]
+                      store=StateStore(tmp_path), timeout=1.0, edges=None,  # type: ignore[arg-type]
+                      deciding=lambda awaited: None)
+    exchanged: list[tuple[int, dict[str, int]]] = []
+    current = {"t": 0}
+
+    async def new_edges(partners, *, epoch=None):
+        exchanged.append((current["t"], partners))
+
+    silence._new_edges = new_edges  # type: ignore[method-assign]
+
+    async def step(t: int, **kw) -> None:
+        current["t"] = t
+        await silence.learn_joins(t, driver=None, **kw)  # type: ignore[arg-type]
+
+    # execute / assert: learned at 450, exchanged (and saved) only before stepping 475, once
+    asyncio.run(step(450))
+    assert (exchanged, saved) == ([], [])
+    asyncio.run(step(475))
+    assert (exchanged, saved) == ([(475, {"agent5": 4})], [1])
+    asyncio.run(step(500))
+    assert len(exchanged) == 1
+    # a member that ends before the join's round exchanges at once (the newcomer waits for it)
+    polls[450] = [JoinNotice(name="agent6", index=5, round=475, address="127.0.0.1:8",
+                             number=2, edges=(), cap=2000, ends={})]
+    asyncio.run(step(450, finished=True))
+    assert exchanged[-1] == (450, {"agent5": 5})

@@ -51,6 +51,8 @@ class Silence:
         self.timeout = timeout  # how long a report waits for the others to report too
         self.applied: int | None = None  # the round at which a departure was last applied
         self.unfinished: dict[str, int] = {}  # new neighbours whose exchange is still to run
+        # joins learned before their round: (round, number, partners), exchanged at the round
+        self.due: list[tuple[int, int, dict[str, int]]] = []
 
     def resume(self, driver: RoundDriver) -> PhaseOneDecision | None:
         """A restarted agent: re-apply the departures it had applied (none saved: nothing);
@@ -160,15 +162,22 @@ class Silence:
     async def learn_joins(self, t: int, driver: RoundDriver, *, finished: bool = False) -> None:
         """A run with seats that join later, before stepping check round t (or ended there):
         the joins decided since the last poll, each recorded, and this agent's new edges'
-        seeds exchanged at once (the newcomer waits for them), saved before the join's round."""
+        seeds exchanged at the join's round R, before it is stepped (the newcomer waits for
+        them; at once when this agent ends first). Not at the check round it learns of the
+        join: another member may learn of it only at R (the coordinator decides between two
+        members' polls of one check round), and it cannot reach R while this agent waits in
+        the exchange for a newcomer that waits for every new neighbour's key."""
         local = self.departures
         notices = await poll_membership(
             self.coordinator, session=local.session, name=local.session.assignment.name,
             round_=t, known=local.known_joins, finished=finished,
             timeout=local.session.config.round_timeout_seconds)
         for notice in notices:
-            partners = local.learn_join(notice, driver)
-            await self._new_edges(partners, epoch=seed_epoch(notice.number))
+            self.due.append((notice.round, notice.number, local.learn_join(notice, driver)))
+        now = [d for d in self.due if finished or d[0] <= t]
+        self.due = [d for d in self.due if d not in now]
+        for _, number, partners in now:  # a restart before R learns of the join again
+            await self._new_edges(partners, epoch=seed_epoch(number))
             local.save(self.store)  # a restart knows the join (and its seeds)
 
     async def finished(self, driver: RoundDriver) -> None:
