@@ -406,7 +406,7 @@ def test_quick_attack_has_refreshed_and_fixed_multi_round_rows() -> None:
         attack.settings_for("quick", refreshes=("never",))
 
 
-def test_attack_rounds_asked_for_get_every_attacker_or_a_refusal() -> None:
+def test_attack_rounds_asked_for_get_every_attacker_or_a_refusal(tmp_path: Path) -> None:
     # a late round asked for runs the refreshed masks' attackers there, not an empty table
     late = attack.settings_for("quick", attack_rounds=(1900,), perturbations=(),
                                refreshes=("fading",))
@@ -414,9 +414,11 @@ def test_attack_rounds_asked_for_get_every_attacker_or_a_refusal() -> None:
     assert [(name, refresh) for name, refresh, _ in attack._jobs(late, 1900)] == [
         ("all-k1", "fading")]
     assert attack.settings_for("quick", attack_rounds=(0, 50)).extended_rounds == (50,)
+    empty = attack.settings_for("quick", attack_rounds=(0,), perturbations=(), refreshes=())
     with pytest.raises(ValueError, match="nothing to attack at rounds 0 with perturbations "
                                          "none and refreshes none"):
-        attack.settings_for("quick", attack_rounds=(0,), perturbations=(), refreshes=())
+        attack.run(empty, out=tmp_path)
+    assert list(tmp_path.iterdir()) == []  # refused before it wrote anything
 
 
 @pytest.mark.slow

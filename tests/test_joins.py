@@ -246,7 +246,7 @@ def test_a_member_exchanges_a_new_edges_seeds_at_the_join_round_not_when_it_lear
     departures = SimpleNamespace(
         session=SimpleNamespace(assignment=SimpleNamespace(name="agent4"),
                                 config=SimpleNamespace(round_timeout_seconds=1.0)),
-        known_joins=0, learn_join=lambda n, driver: {"agent5": n.index},
+        known_joins=0, learn_join=lambda n, driver: {n.name: n.index},
         save=lambda store: saved.append(1))
     silence = Silence(departures=departures, coordinator=None, mailbox=None,  # type: ignore[arg-type]
                       store=StateStore(tmp_path), timeout=1.0, edges=None,  # type: ignore[arg-type]
@@ -274,4 +274,4 @@ def test_a_member_exchanges_a_new_edges_seeds_at_the_join_round_not_when_it_lear
     polls[450] = [JoinNotice(name="agent6", index=5, round=475, address="127.0.0.1:8",
                              number=2, edges=(), cap=2000, ends={})]
     asyncio.run(step(450, finished=True))
-    assert exchanged[-1] == (450, {"agent5": 5})
+    assert exchanged[-1] == (450, {"agent6": 5})

@@ -175,7 +175,7 @@ class Silence:
         for notice in notices:
             self.due.append((notice.round, notice.number, local.learn_join(notice, driver)))
         now = [d for d in self.due if finished or d[0] <= t]
-        self.due = [d for d in self.due if d not in now]
+        self.due = [d for d in self.due if not finished and d[0] > t]
         for _, number, partners in now:  # a restart before R learns of the join again
             await self._new_edges(partners, epoch=seed_epoch(number))
             local.save(self.store)  # a restart knows the join (and its seeds)

@@ -43,8 +43,8 @@ __all__ = [
     "load_local_data",
     "read_data",
     "read_data_file",
-    "second_moment",
     "resolve_holdout",
+    "second_moment",
     "split_holdout",
     "text_label_hint",
 ]

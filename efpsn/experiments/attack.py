@@ -193,11 +193,6 @@ def settings_for(profile: str, **overrides: Any) -> AttackSettings:
         # (round 0, the initial point, only the last-bias ones, as in the profiles)
         changes["extended_rounds"] = tuple(r for r in changes["attack_rounds"] if r > 0)
     s = dataclasses.replace(PROFILES[profile], **changes)
-    if s.models and not any(_jobs(s, rnd) for rnd in s.attack_rounds):
-        raise ValueError(
-            f"nothing to attack at rounds {', '.join(map(str, s.attack_rounds))} with "
-            f"perturbations {', '.join(s.perturbations) or 'none'} and refreshes "
-            f"{', '.join(s.refreshes) or 'none'}: give a perturbation, a refresh or a round > 0")
     return dataclasses.replace(s, profile=profile if not changes else f"{profile} (modified)")
 
 
@@ -325,6 +320,12 @@ def _attack(settings: AttackSettings, target: _Target, attacker: str, noise: Age
 def run(settings: AttackSettings, *, out: str | Path | None = None,
         figures_to: str | Path | None = None) -> dict[str, Any]:
     """Attack every (model, round, perturbation, refresh, attacker, gamma, seed, image)."""
+    if settings.models and not any(_jobs(settings, rnd) for rnd in settings.attack_rounds):
+        raise ValueError(
+            f"nothing to attack at rounds {', '.join(map(str, settings.attack_rounds))} with "
+            f"perturbations {', '.join(settings.perturbations) or 'none'} and refreshes "
+            f"{', '.join(settings.refreshes) or 'none'}: give a perturbation, a refresh or a "
+            "round > 0")
     folder = output_dir(out, NAME)
     points = _snapshot_points(settings)
     rows: list[dict[str, Any]] = []
