@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -89,7 +88,6 @@ def main() -> None:
                         help="comma-separated L2 weights, 'default' for the task's")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     weights = [w.strip() for w in args.l2.split(",") if w.strip()]
     data = pooled(args.data_dir)
     n = len(data[1])
