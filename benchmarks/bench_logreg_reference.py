@@ -4,8 +4,9 @@
 
 F is a data folder of `efpsn data split` with npz images and a public test.npz (e.g. `--data
 fashion-mnist --agents 5`). Per L2 weight (`default`: the logreg task's, 1e-2):
-- ours: `efpsn up --data-dir F --quiet [--l2 L]` alone, its public-test accuracy, whether the
-  certificate came and after how many rounds, and its own wall time;
+- ours: `efpsn up --data-dir F --quiet [--l2 L]` alone (every private row trained on: the folder
+  has a public test file), its public-test accuracy, whether the certificate came and after how
+  many rounds, and its own wall time;
 - the reference: scikit-learn's LogisticRegression (lbfgs) on every agent's rows pooled, pixels
   / 255 as the schema's unit scale gives them, at the same objective (mean loss + (l2 / 2)
   ||(W, b)||^2: C = 1 / (n l2), the bias a column of ones so that it is penalised as ours is),
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -43,6 +45,9 @@ def pooled(folder: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
     if not (folder / "test.npz").exists():
         raise SystemExit(f"{folder}: no public test.npz to score on")
     x_test, y_test = read_data_file(folder / "test.npz", who="test")
+    if any(x.dtype != np.uint8 for x in (x_test, *(x for x, _ in parts))):
+        raise SystemExit(f"{folder}: images of uint8 pixels only (the reference scales them "
+                         "by 1 / 255, as the schema's unit scale does)")
 
     def flat(x: np.ndarray) -> np.ndarray:
         return x.reshape(len(x), -1).astype(np.float64) / 255.0
@@ -81,14 +86,29 @@ def ours(folder: Path, l2: str) -> dict[str, Any]:
             "line": summary["convergence"]["line"]}
 
 
+def l2_list(text: str) -> list[str]:
+    """'default,3e-3' -> ['default', '3e-3'], each a weight >= 0 or 'default'."""
+    weights = [w.strip() for w in text.split(",") if w.strip()]
+    for w in weights:
+        try:
+            ok = w == "default" or math.isfinite(float(w)) and float(w) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise argparse.ArgumentTypeError(f"{w!r} is not 'default' or a weight > 0")
+    if not weights:
+        raise argparse.ArgumentTypeError("no L2 weight given")
+    return weights
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True)
-    parser.add_argument("--l2", default="default",
-                        help="comma-separated L2 weights, 'default' for the task's")
+    parser.add_argument("--l2", type=l2_list, default=["default"],
+                        help="comma-separated L2 weights > 0, 'default' for the task's")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    weights = [w.strip() for w in args.l2.split(",") if w.strip()]
+    weights = args.l2
     data = pooled(args.data_dir)
     n = len(data[1])
     rows = []
