@@ -137,6 +137,36 @@ def test_the_refresh_grammar_names_fading() -> None:
             Refresh.parse(bad)
     with pytest.raises(ValueError, match="changes every round"):
         Refresh(2, fade=0.5)
+    # a floor: the third field, written only when it is not 0
+    floored = Refresh.parse("fading:0.99:1e-3")
+    assert (floored.fade, floored.floor) == (0.99, 1e-3) and str(floored) == "fading:0.99:0.001"
+    assert Refresh.parse(str(floored)) == floored and Refresh.parse("fading:0.99:0") == rate
+    for bad in ("fading:0.99:", "fading:0.99:1", "fading:0.99:-1e-3", "fading:0.99:x",
+                "fading::1e-3", "fading:0.99:1e-3:2", "fading:0.99:inf"):
+        with pytest.raises(ValueError, match="'fading:RHO:FLOOR' with 0 <= FLOOR < 1"):
+            Refresh.parse(bad)
+    with pytest.raises(ValueError, match="comes with its rate"):
+        Refresh(1, fade_auto=True, floor=1e-3)
+    with pytest.raises(ValueError, match=r"floor must lie in \[0, 1\)"):
+        Refresh(1, fade=0.9, floor=math.nan)
+
+
+def test_a_floored_fresh_part_stops_shrinking_at_its_floor_and_still_sums_to_zero() -> None:
+    # prepare: the same seeds, without a floor and with 1e-3 (0.9^t passes it near round 66)
+    floored = masks(FIVE, refresh=Refresh.parse("fading:0.9:1e-3"))
+    plain = masks(FIVE)
+    # execute / assert: equal before the floor; after it the fresh part keeps its size while
+    # the plain one fades on; both integer parts sum to zero over the agents in every round
+    for t in (0, 10, 60):
+        assert np.array_equal(floored[0].values(t), plain[0].values(t)), t
+    assert floored[0].faded(65) > 1e-3 and floored[0].faded(70) == floored[0].faded(400) == 1e-3
+    late = [float(np.abs(floored[0].values(t + 1) - floored[0].values(t)).mean())
+            for t in (100, 400)]
+    early = float(np.abs(floored[0].values(1) - floored[0].values(0)).mean())
+    assert 0.5 < late[1] / late[0] < 2 and 3e-4 < late[0] / early < 3e-3
+    for t in (0, 66, 67, 100, 400):
+        assert len({m.exponent(t) for m in floored}) == 1  # a public denominator
+        assert not np.any(sum(m.fresh(t)[0] for m in floored)), t
 
 
 def test_the_rate_is_the_algorithm_s_own_never_faster() -> None:
@@ -161,12 +191,18 @@ def test_the_defaults_resolve_to_every_parameter_and_a_fading_rate() -> None:
     step = resolved.schedule.lr
     assert rate is not None and rate >= 1 - math.sqrt(step * 1e-2)
     assert rate ** resolved.iterations.total < 1e-8  # the fresh part is gone by the last round
+    assert resolved.refresh.floor == 0.0  # full batch: nothing stays
     # masks that are not zero-sum have nothing to fade; `every:R` is refused with trackers
     assert not RunConfig(mask="none").refresh.refreshed
     assert not RunConfig.preset("paper").refresh.refreshed
     with pytest.raises(ValueError, match="never converge"):
         RunConfig(refresh="every:2")
     assert RunConfig(refresh="every:2", algorithm="dsgd").refresh == Refresh.parse("every:2")
+    # a floor keeps fresh noise to the end: refused where the run is to end at x* (full batch)
+    for task, batch in (("logreg", "auto"), ("lenet", "full")):
+        with pytest.raises(ValueError, match="would never end at x\\*"):
+            RunConfig(task=task, batch_size=batch, refresh="fading:0.99:1e-3")
+    assert RunConfig(task="lenet", refresh="fading:0.99:1e-3").refresh.floor == 1e-3
 
 
 def test_values_summed_as_floats_equal_the_integer_path_bit_for_bit() -> None:

@@ -12,6 +12,7 @@ from efpsn.departure.remask import part_totals
 from efpsn.masks.fading import FadingMask
 from efpsn.params.config import RunConfig
 from efpsn.params.schedules import OneCycle, make_schedule
+from efpsn.params.step_rule import MINI_BATCH_FADE_FLOOR
 from efpsn.problem import build_problem
 from efpsn.simulator import make_mask_providers, run_simulation
 from efpsn.tasks.batches import BatchSampler
@@ -26,13 +27,17 @@ def test_the_mini_batch_default_s_masks_sum_to_zero_every_round() -> None:
     problem = build_problem(config)
     providers = make_mask_providers(problem, noise_seed=3)
     assert config.batch_size.size == 64 and config.refresh.fading
+    assert config.refresh.floor == MINI_BATCH_FADE_FLOOR  # the batch noise never dies out
     assert all(isinstance(p, FadingMask) for p in providers)
-    # assert: both integer parts of round t's masks sum to zero over the agents, every round;
-    # the fresh part is new every round (what differencing two rounds sees)
-    for t in range(ROUNDS):
+    # assert: both integer parts of round t's masks sum to zero over the agents, every round
+    # (and in the budget's last rounds, where the fresh part sits at its floor); the fresh
+    # part is new every round (what differencing two rounds sees)
+    budget = RunConfig(task="lenet").resolved().iterations.total
+    for t in (*range(ROUNDS), budget - 101, budget - 100, budget - 1):
         totals = part_totals(providers, t)
         assert totals and all(not np.any(total) for total in totals.values()), t
     assert not np.array_equal(providers[0].fresh(1)[0], providers[0].fresh(2)[0])
+    assert providers[0].faded(budget - 100) == MINI_BATCH_FADE_FLOOR
     # execute: the run itself checks its masks in every round it steps
     result = run_simulation(LENET, noise_seed=3)
     assert result.periods_zero_sum == ROUNDS and result.every_period_zero_sum

@@ -85,7 +85,10 @@ def test_lenet_on_its_mini_batch_default_matches_the_simulator_bitwise(tmp_path:
     # prepare: LeNet with every default of a neural network (batches of 64, agt with momentum,
     # the one-cycle step, the fading masks from seeds), 6 rounds
     config = RunConfig(task="lenet", iterations=6, eval_every=3, key_bits=2048)
-    assert config.resolved().batch_size.size == 64
+    resolved = config.resolved()
+    assert resolved.batch_size.size == 64
+    refresh = resolved.refresh  # 6 rounds: the fresh part is at its floor from round 3 on
+    assert refresh.floor > 0 and refresh.fade is not None and refresh.fade**3 < refresh.floor
     # execute: over the network and in the simulator, the same noise seed
     summary = launch_local_network(config, results=tmp_path, quiet=True, insecure_noise_seed=5)
     sim = run_simulation(config, noise_seed=5)

@@ -24,7 +24,7 @@ TEXTS = {
                "onecycle:0.1"],
     Selection: ["all", "last-bias", "random", "random:200", "indices:3,17,42",
                 "all@lebesgue", "last-bias@uniform"],
-    Refresh: ["never", "every:1", "every:10", "fading", "fading:0.5"],
+    Refresh: ["never", "every:1", "every:10", "fading", "fading:0.5", "fading:0.5:0.001"],
     StopEvery: ["auto", "never", "25"],
     TaskSpec: ["logreg", "lenet", "mlp:32,16", "python:mymodel:make"],
     Scale: ["none", "unit", "standard", "div:255", "div:2,4,0.5"],

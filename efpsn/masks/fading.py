@@ -1,10 +1,12 @@
-"""The default mask (`--refresh fading:RHO`): a fixed zero-sum part and a fresh zero-sum part
-every round that fades as RHO^t, both from the seeds phase I shares under Paillier.
+"""The default mask (`--refresh fading:RHO[:FLOOR]`): a fixed zero-sum part and a fresh zero-sum
+part every round that fades as RHO^t down to FLOOR (0 unless given), both from the seeds phase I
+shares under Paillier.
 
 Agent i's mask of round t, two integer vectors over public denominators:
 
     eta_bar_i(t) = fixed_i / 10^P + fresh_i(t) / (10^P 2^k(t)),
-    fresh_i(t) = sum_{j in N(i)} sign_ij trunc(fade(RHO, t) 2^k(t) w_k(e_ij, t)),
+    fresh_i(t) = sum_{j in N(i)} sign_ij trunc(f(t) 2^k(t) w_k(e_ij, t)),
+    f(t) = max(fade(RHO, t), FLOOR),
 
 - fixed_i = sum_j (z(s_ij, 0) - z(s_ji, 0)): period 0 of the per-direction seed streams
   (efpsn/masks/keystream.py), the same integers `every:R` uses for its first period;
@@ -19,7 +21,7 @@ Agent i's mask of round t, two integer vectors over public denominators:
   normal;
 - sign_ij = +1 when i < j, -1 otherwise, and fade(RHO, t) = RHO^t by binary powering, every
   step one IEEE multiplication (the same bits on every machine);
-- k(t) >= 0 the public exponent that puts fade(RHO, t) 2^k(t) in [1/2, 1] (math.frexp, exact),
+- k(t) >= 0 the public exponent that puts f(t) 2^k(t) in [1/2, 1] (math.frexp, exact),
   so the fresh integers keep their 40-odd significant bits in every round: the fresh part
   shrinks as RHO^t but never rounds to zero, and late rounds are never bare.
 
@@ -42,6 +44,12 @@ near the unmasked round but leaves the last rounds with less fresh noise than gr
 and the many-round regressions then recover a private sample better than the output alone
 does (wine: 0.155 at RHO^1.1 down to 0.002 at RHO^2, against 0.175 at RHO and 0.169 from the
 output), even on the rounds the stop rule really runs.
+
+The floor is for mini-batch training (efpsn.params.step_rule.fading_floor): there the steps' own
+batch noise never dies out, so a fresh part that does leaves late rounds' difference a bare batch
+gradient, from which iDLG reconstructed a LeNet training image (docs/RESULTS.md section 12,
+with the floor's figures). Full-batch runs have none: a fresh part that stays would keep their
+iterates apart, so RunConfig refuses a floor there.
 """
 
 from __future__ import annotations
@@ -156,7 +164,7 @@ class FadingMask:
         if not isinstance(refresh, Refresh) or refresh.fade is None:
             raise ValueError(f"FadingMask needs a resolved 'fading:RHO' refresh, got {refresh}")
         self.seeds, self.spec, self.refresh = seeds, spec, refresh
-        self.rate = refresh.fade
+        self.rate, self.floor = refresh.fade, refresh.floor
         blocks = NoiseBlocks(spec, periods=1) if blocks is None else blocks
         rows = blocks.noise([s for _, s in seeds.sent] + [s for _, s in seeds.received], 0)
         deg = len(seeds.neighbours)
@@ -190,9 +198,13 @@ class FadingMask:
         self._float_fresh = np.zeros(spec.num_coefficients)
         self._float_exponent = 0
 
+    def faded(self, t: int) -> float:
+        """The fresh part's size at round t: max(RHO^t, FLOOR), the same float64 everywhere."""
+        return max(fade(self.rate, t), self.floor)
+
     def exponent(self, t: int) -> int:
-        """k(t): fade(RHO, t) 2^k(t) lies in [1/2, 1] (k = 0 while fade > 1/2)."""
-        mantissa, power = math.frexp(fade(self.rate, t))
+        """k(t): faded(t) 2^k(t) lies in [1/2, 1] (k = 0 while it is above 1/2)."""
+        mantissa, power = math.frexp(self.faded(t))
         return max(0, -power) if mantissa else 0
 
     def fresh(self, t: int) -> tuple[np.ndarray, int]:
@@ -206,7 +218,7 @@ class FadingMask:
                 fresh = values.astype(np.int64)
             else:
                 exponent = self.exponent(t)
-                factor = math.ldexp(fade(self.rate, t), exponent)  # exact: a power of two
+                factor = math.ldexp(self.faded(t), exponent)  # exact: a power of two
                 fresh = np.zeros(self.spec.num_coefficients, dtype=np.int64)
                 for sign, seed in self.edges:  # binomial_noise's words, weighted, truncated
                     term = self._scratch.term_of(seed, t, self.scales, factor)
@@ -232,7 +244,7 @@ class FadingMask:
             for start, edges in self.later.items():
                 age = max(0, t - start)
                 exponent = self.exponent(age)
-                factor = math.ldexp(fade(self.rate, age), exponent)  # exact: a power of two
+                factor = math.ldexp(self.faded(age), exponent)  # exact: a power of two
                 fresh = np.zeros(self.spec.num_coefficients, dtype=np.int64)
                 for sign, seed in edges:  # the round's own keystream (nonce t), faded from r
                     term = self._scratch.term_of(seed, t, self.scales, factor)
@@ -291,7 +303,7 @@ class FadingMask:
         0 - 0 and x - x are +0.0, as the conversion of an int64 0 gives."""
         if t != self._float_t:
             exponent = self.exponent(t)
-            factor = math.ldexp(fade(self.rate, t), exponent)  # exact: a power of two
+            factor = math.ldexp(self.faded(t), exponent)  # exact: a power of two
             total = self._float_fresh
             for e, (sign, seed) in enumerate(self.edges):
                 term = self._scratch.truncated(seed, t, self.scales, factor)

@@ -198,7 +198,8 @@ class RunConfig:
                          help="how the zero-sum masks change, from seeds shared under Paillier "
                               "in phase I, exactly zero-sum every round: fading (the default: a "
                               "fixed part plus fresh noise every round fading at the "
-                              "algorithm's own rate; exact), fading:RHO, every:1 (DSGD only; "
+                              "algorithm's own rate, on mini-batches down to a floor; exact), "
+                              "fading:RHO, fading:RHO:FLOOR, every:1 (DSGD only; "
                               "--preset dp), every:R with R > 1 (BROKEN: two rounds of one "
                               "period cancel it, 125 dB measured) or never (the paper's fixed "
                               "mask, BROKEN: two rounds' difference cancels it, 124 dB)")
@@ -272,6 +273,11 @@ class RunConfig:
                              f"{self.algorithm}'s trackers add it up: the run would never "
                              "converge. Use --refresh fading (the default: fresh noise every "
                              "round, exact) or --algorithm dsgd")
+        if refresh.floor and self.batch.size is None and self.algorithm in ("agt", "gt"):
+            raise ValueError(f"refresh {self.refresh} keeps fresh noise of at least its floor in "
+                             "every round, and on full batches nothing else moves: the run "
+                             "would never end at x*. A floor is for mini-batches (--batch-size "
+                             "N); use --refresh fading or fading:RHO")
         self.basis_counts()
         if self.late_seats and self.scale.standard:  # a seat the run has, each once, two start
             raise ValueError("--late-seats with scale standard: a party that joins later has no "
@@ -395,7 +401,7 @@ class RunConfig:
         (efpsn/params/step_rule.py). Every agent receives the coordinator's resolved parameters."""
         if self.resolved_ok:
             return self
-        from efpsn.params.step_rule import fading_rate, step_rule
+        from efpsn.params.step_rule import fading_floor, fading_rate, step_rule
         from efpsn.topology import build_graph, metropolis_weights
 
         batch = self.batch
@@ -424,7 +430,7 @@ class RunConfig:
             rate = fading_rate(rule, algorithm=self.algorithm, step=schedule.constant_step,
                                mu=l2_weight(self.task, self.l2),
                                rounds=changes.get("iterations", self.iterations).total)
-            changes["refresh"] = Refresh(1, fade=rate)
+            changes["refresh"] = Refresh(1, fade=rate, floor=fading_floor(rule))
         return self.replace(**changes)
 
     def to_dict(self) -> dict[str, Any]:

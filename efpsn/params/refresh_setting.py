@@ -6,11 +6,13 @@ parse as the agents:
 - `never`: phase I's mask every round (the paper). Differencing two rounds cancels it (K = 1).
 - `every:R`: fresh zero-sum noise every R rounds from the seeds phase I shares under Paillier.
   Gradient tracking accumulates the fresh increments and does not converge, so only DSGD takes it.
-- `fading` / `fading:RHO`: the default. A fixed zero-sum part plus a fresh zero-sum part every
-  round scaled by RHO^t, RHO in (0, 1) public and no faster than the algorithm's own contraction
-  (`fading` alone: the step rule's rate, efpsn.params.step_rule.fading_rate). The fresh part keeps
-  every two rounds' difference noisy while it lasts, and dies out at the rate the algorithm forgets,
-  so the run still ends where the unmasked run ends (efpsn/masks/fading.py).
+- `fading` / `fading:RHO` / `fading:RHO:FLOOR`: the default. A fixed zero-sum part plus a fresh
+  zero-sum part every round scaled by max(RHO^t, FLOOR), RHO in (0, 1) public and no faster than
+  the algorithm's own contraction, FLOOR in [0, 1) (0 unless given; `fading` alone: the step
+  rule's rate, efpsn.params.step_rule.fading_rate, and its floor, which only mini-batch training
+  has). The fresh part keeps every two rounds' difference noisy while it lasts, and dies out at
+  the rate the algorithm forgets, so the run still ends where the unmasked run ends; a floor
+  keeps it from dying out where the steps' own noise never does (efpsn/masks/fading.py).
 """
 
 from __future__ import annotations
@@ -24,13 +26,16 @@ __all__ = ["Refresh"]
 
 @dataclass(frozen=True)
 class Refresh:
-    """`every` rounds per period (None: never), or a fading rate (`fade`, with `every` 1).
+    """`every` rounds per period (None: never), or a fading rate (`fade`, with `every` 1) and
+    the fresh part's floor (`floor`, 0: none).
 
-    `fade_auto`: `fading` without a rate, which RunConfig.resolved() turns into `fading:RHO`."""
+    `fade_auto`: `fading` without a rate, which RunConfig.resolved() turns into `fading:RHO`
+    (or `fading:RHO:FLOOR`)."""
 
     every: int | None
     fade: float | None = None
     fade_auto: bool = False
+    floor: float = 0.0
 
     def __post_init__(self) -> None:
         if self.every is not None:
@@ -49,10 +54,18 @@ class Refresh:
             raise ValueError("a fading refresh changes every round (every = 1)")
         if self.fade is not None and self.fade_auto:
             raise ValueError("a fading refresh has a rate or is auto, not both")
+        if isinstance(self.floor, bool) or not isinstance(self.floor, numbers.Real):
+            raise TypeError(f"fading floor must be a number, got {type(self.floor)}")
+        if not (math.isfinite(self.floor) and 0.0 <= self.floor < 1.0):
+            raise ValueError(f"fading floor must lie in [0, 1), got {self.floor!r}")
+        object.__setattr__(self, "floor", float(self.floor))
+        if self.floor and self.fade is None:
+            raise ValueError("a fading floor comes with its rate ('fading:RHO:FLOOR')")
 
     @classmethod
     def parse(cls, text: str) -> Refresh:
-        """"never", "every:R" (R >= 1), "fading" or "fading:RHO" (0 < RHO < 1)."""
+        """"never", "every:R" (R >= 1), "fading", "fading:RHO" (0 < RHO < 1) or
+        "fading:RHO:FLOOR" (0 <= FLOOR < 1)."""
         if not isinstance(text, str):
             raise TypeError(f"refresh must be a str, got {type(text).__name__}")
         body = text.strip()
@@ -65,14 +78,13 @@ class Refresh:
         if kind == "every" and arg.isdigit() and int(arg) >= 1:
             return cls(int(arg))
         if kind == "fading":
-            try:
-                rate = float(arg)
-            except ValueError:
-                rate = math.nan
-            if math.isfinite(rate) and 0.0 < rate < 1.0:
-                return cls(1, fade=rate)
-        raise ValueError(f"refresh must be 'never', 'every:R' with R >= 1, 'fading' or "
-                         f"'fading:RHO' with 0 < RHO < 1, got {text!r}")
+            rate_text, colon, floor_text = arg.partition(":")
+            rate, floor = _number(rate_text), _number(floor_text) if colon else 0.0
+            if 0.0 < rate < 1.0 and 0.0 <= floor < 1.0:
+                return cls(1, fade=rate, floor=floor)
+        raise ValueError(f"refresh must be 'never', 'every:R' with R >= 1, 'fading', "
+                         f"'fading:RHO' with 0 < RHO < 1 or 'fading:RHO:FLOOR' with "
+                         f"0 <= FLOOR < 1, got {text!r}")
 
     @classmethod
     def of(cls, value: Refresh | str) -> Refresh:
@@ -86,7 +98,7 @@ class Refresh:
         if self.fade_auto:
             return "fading"
         if self.fade is not None:
-            return f"fading:{self.fade!r}"
+            return f"fading:{self.fade!r}" + (f":{self.floor!r}" if self.floor else "")
         return "never" if self.every is None else f"every:{self.every}"
 
     @property
@@ -109,3 +121,12 @@ class Refresh:
         if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
             raise ValueError(f"round must be an int >= 0, got {t!r}")
         return 0 if self.every is None else int(t) // self.every
+
+
+def _number(text: str) -> float:
+    """A finite float, or NaN (which every range check refuses)."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        return math.nan
+    return value if math.isfinite(value) else math.nan

@@ -30,7 +30,8 @@ a linear decay), for a round budget of MINI_BATCH_SAMPLES samples per agent (1,5
 batch 64; 96,000 / B at batch B: the budget is samples, so a smaller batch runs more rounds).
 There is no certificate without a curvature bound, so the budget is the stop rule; its numbers
 were measured on LeNet (docs/RESULTS.md, "Neural networks on mini-batches"), a guess for other
-models. The warm-up matters for the masks: gradient tracking's trackers carry the zero-sum
+models. The fading mask's fresh part stops at a floor there (fading_floor): the batches' noise
+never dies out, so neither may the noise that hides them. The warm-up matters for the masks: gradient tracking's trackers carry the zero-sum
 masks' start, and a neural network whose agents' iterates it drives far apart under a full
 step saturates and never recovers (measured: LeNet stuck at chance). Full batch (`--batch-size
 full`) keeps the former guess: a constant step of 0.05 and 2,000 rounds, without momentum. The
@@ -47,9 +48,9 @@ import numpy as np
 from efpsn.params.model_sizes import l2_weight
 from efpsn.params.schema import TaskSpec
 
-__all__ = ["AUTO_MINI_BATCH", "MAX_ROUNDS", "MINI_BATCH_MOMENTUM", "MINI_BATCH_PEAK",
+__all__ = ["AUTO_MINI_BATCH", "MAX_ROUNDS", "MINI_BATCH_FADE_FLOOR", "MINI_BATCH_MOMENTUM", "MINI_BATCH_PEAK",
            "MINI_BATCH_SAMPLES", "NO_BOUND_ROUNDS", "NO_BOUND_STEP", "StepRule", "companion",
-           "fading_rate", "mini_batch_rounds", "public_curvature", "step_rule"]
+           "fading_floor", "fading_rate", "mini_batch_rounds", "public_curvature", "step_rule"]
 
 NO_BOUND_STEP = 0.05  # models without a public curvature bound, full batch
 NO_BOUND_ROUNDS = 2000
@@ -57,6 +58,8 @@ AUTO_MINI_BATCH = 64  # --batch-size auto for a model without a curvature bound 
 MINI_BATCH_PEAK = 0.1  # the one-cycle step's peak, with momentum MINI_BATCH_MOMENTUM (agt)
 MINI_BATCH_MOMENTUM = 0.9
 MINI_BATCH_SAMPLES = 128_000  # per agent: the round budget is this over the batch size
+# the fading mask's fresh part never shrinks below this fraction of its start on mini-batches
+MINI_BATCH_FADE_FLOOR = 1e-3
 PAPER_ROUNDS = 10_000  # DSGD with the paper's schedule
 # The rounds rule's disagreement term grows fast on large sparse graphs (a 100-ring: millions of
 # rounds), where it is also far too pessimistic (about 12x on a 30-ring, measured): the default
@@ -109,6 +112,14 @@ def fading_rate(rule: StepRule, *, algorithm: str, step: float | None, mu: float
         rate = 1e-9 ** (1.0 / max(1, rounds))
     digits = 10 ** (5 - math.floor(math.log10(1 - rate)))  # six significant digits of 1 - rate
     return min(1 - 1 / digits, 1 - math.floor((1 - rate) * digits) / digits)
+
+
+def fading_floor(rule: StepRule) -> float:
+    """The fading mask's public floor: MINI_BATCH_FADE_FLOOR for mini-batch training without a
+    curvature bound (`rule.cycle`), whose batch noise never dies out, so a fresh part that did
+    would leave late rounds' difference a bare batch gradient; 0 otherwise, where the fresh part
+    must die out for the run to end at x* (efpsn/masks/fading.py)."""
+    return MINI_BATCH_FADE_FLOOR if rule.cycle else 0.0
 
 
 def public_curvature(task: TaskSpec | str, *, features: int, l2: float) -> float | None:
