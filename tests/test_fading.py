@@ -19,7 +19,7 @@ from efpsn.masks.seeds import exchange_seeds_fast
 from efpsn.masks.zero_sum import NoiseSpec
 from efpsn.params.config import RunConfig
 from efpsn.params.refresh_setting import Refresh
-from efpsn.params.step_rule import StepRule, fading_rate
+from efpsn.params.step_rule import MINI_BATCH_FADE_FLOOR, StepRule, fading_rate
 from efpsn.topology import Graph, build_graph
 
 SPEC = NoiseSpec(gamma=1e6, p=1.0, precision=6, num_coefficients=50)
@@ -203,6 +203,10 @@ def test_the_defaults_resolve_to_every_parameter_and_a_fading_rate() -> None:
         with pytest.raises(ValueError, match="would never end at x\\*"):
             RunConfig(task=task, batch_size=batch, refresh="fading:0.99:1e-3")
     assert RunConfig(task="lenet", refresh="fading:0.99:1e-3").refresh.floor == 1e-3
+    # the step rule's floor follows the batches, whatever the model
+    for task, batch, floor in (("logreg", "64", MINI_BATCH_FADE_FLOOR), ("lenet", "full", 0.0),
+                               ("lenet", "auto", MINI_BATCH_FADE_FLOOR)):
+        assert RunConfig(task=task, batch_size=batch).resolved().refresh.floor == floor
 
 
 def test_values_summed_as_floats_equal_the_integer_path_bit_for_bit() -> None:

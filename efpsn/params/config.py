@@ -430,7 +430,7 @@ class RunConfig:
             rate = fading_rate(rule, algorithm=self.algorithm, step=schedule.constant_step,
                                mu=l2_weight(self.task, self.l2),
                                rounds=changes.get("iterations", self.iterations).total)
-            changes["refresh"] = Refresh(1, fade=rate, floor=fading_floor(rule))
+            changes["refresh"] = Refresh(1, fade=rate, floor=fading_floor(batch.size))
         return self.replace(**changes)
 
     def to_dict(self) -> dict[str, Any]:

@@ -30,8 +30,8 @@ a linear decay), for a round budget of MINI_BATCH_SAMPLES samples per agent (1,5
 batch 64; 96,000 / B at batch B: the budget is samples, so a smaller batch runs more rounds).
 There is no certificate without a curvature bound, so the budget is the stop rule; its numbers
 were measured on LeNet (docs/RESULTS.md, "Neural networks on mini-batches"), a guess for other
-models. The fading mask's fresh part stops at a floor there (fading_floor): the batches' noise
-never dies out, so neither may the noise that hides them. The warm-up matters for the masks: gradient tracking's trackers carry the zero-sum
+models. The fading mask's fresh part stops at a floor on any mini-batches (fading_floor): the
+batches' noise never dies out, so neither may the noise that hides them. The warm-up matters for the masks: gradient tracking's trackers carry the zero-sum
 masks' start, and a neural network whose agents' iterates it drives far apart under a full
 step saturates and never recovers (measured: LeNet stuck at chance). Full batch (`--batch-size
 full`) keeps the former guess: a constant step of 0.05 and 2,000 rounds, without momentum. The
@@ -114,12 +114,12 @@ def fading_rate(rule: StepRule, *, algorithm: str, step: float | None, mu: float
     return min(1 - 1 / digits, 1 - math.floor((1 - rate) * digits) / digits)
 
 
-def fading_floor(rule: StepRule) -> float:
-    """The fading mask's public floor: MINI_BATCH_FADE_FLOOR for mini-batch training without a
-    curvature bound (`rule.cycle`), whose batch noise never dies out, so a fresh part that did
-    would leave late rounds' difference a bare batch gradient; 0 otherwise, where the fresh part
-    must die out for the run to end at x* (efpsn/masks/fading.py)."""
-    return MINI_BATCH_FADE_FLOOR if rule.cycle else 0.0
+def fading_floor(batch: int | None) -> float:
+    """The fading mask's public floor for a run on batches of `batch` samples (None: full):
+    MINI_BATCH_FADE_FLOOR on mini-batches, whose noise never dies out, so a fresh part that did
+    would leave late rounds' difference a bare batch gradient; 0 on full batches, where the
+    fresh part must die out for the run to end at x* (efpsn/masks/fading.py)."""
+    return 0.0 if batch is None else MINI_BATCH_FADE_FLOOR
 
 
 def public_curvature(task: TaskSpec | str, *, features: int, l2: float) -> float | None:
