@@ -31,9 +31,10 @@ batch 64; 96,000 / B at batch B: the budget is samples, so a smaller batch runs 
 There is no certificate without a curvature bound, so the budget is the stop rule; its numbers
 were measured on LeNet (docs/RESULTS.md, "Neural networks on mini-batches"), a guess for other
 models. The fading mask's fresh part stops at a floor on any mini-batches (fading_floor): the
-batches' noise never dies out, so neither may the noise that hides them. The warm-up matters for the masks: gradient tracking's trackers carry the zero-sum
-masks' start, and a neural network whose agents' iterates it drives far apart under a full
-step saturates and never recovers (measured: LeNet stuck at chance). Full batch (`--batch-size
+batches' noise never dies out, so neither may the noise that hides them. The warm-up matters
+for the masks: gradient tracking's trackers carry the zero-sum masks' start, and a neural
+network whose agents' iterates it drives far apart under a full step saturates and never
+recovers (measured: LeNet stuck at chance). Full batch (`--batch-size
 full`) keeps the former guess: a constant step of 0.05 and 2,000 rounds, without momentum. The
 run's convergence report says how far it got.
 """
@@ -48,8 +49,8 @@ import numpy as np
 from efpsn.params.model_sizes import l2_weight
 from efpsn.params.schema import TaskSpec
 
-__all__ = ["AUTO_MINI_BATCH", "MAX_ROUNDS", "MINI_BATCH_FADE_FLOOR", "MINI_BATCH_MOMENTUM", "MINI_BATCH_PEAK",
-           "MINI_BATCH_SAMPLES", "NO_BOUND_ROUNDS", "NO_BOUND_STEP", "StepRule", "companion",
+__all__ = ["AUTO_MINI_BATCH", "MAX_ROUNDS", "MINI_BATCH_FADE_FLOOR", "MINI_BATCH_MOMENTUM",
+           "MINI_BATCH_PEAK", "MINI_BATCH_SAMPLES", "NO_BOUND_ROUNDS", "NO_BOUND_STEP", "StepRule", "companion",
            "fading_floor", "fading_rate", "mini_batch_rounds", "public_curvature", "step_rule"]
 
 NO_BOUND_STEP = 0.05  # models without a public curvature bound, full batch
