@@ -273,16 +273,24 @@ class RunConfig:
                              f"{self.algorithm}'s trackers add it up: the run would never "
                              "converge. Use --refresh fading (the default: fresh noise every "
                              "round, exact) or --algorithm dsgd")
-        if refresh.floor and self.batch.size is None and self.algorithm in ("agt", "gt"):
-            raise ValueError(f"refresh {self.refresh} keeps fresh noise of at least its floor in "
-                             "every round, and on full batches nothing else moves: the run "
-                             "would never end at x*. A floor is for mini-batches (--batch-size "
-                             "N); use --refresh fading or fading:RHO")
+        if refresh.floor and self.algorithm in ("agt", "gt"):
+            self._check_floor()
         self.basis_counts()
         if self.late_seats and self.scale.standard:  # a seat the run has, each once, two start
             raise ValueError("--late-seats with scale standard: a party that joins later has no "
                              "part in phase I's column statistics; give public scales (--scale "
                              "none, unit or div:..., or schema.json's `scale`)")
+
+    def _check_floor(self) -> None:
+        """A floor only where the step rule gives one (mini-batches, efpsn/params/step_rule.py
+        fading_floor): on full batches the fresh part must die out for the run to end at x*."""
+        from efpsn.params.step_rule import fading_floor
+
+        if not fading_floor(self.batch.size):
+            raise ValueError(f"refresh {self.refresh} keeps fresh noise of at least its floor in "
+                             "every round, and on full batches nothing else moves: the run "
+                             "would never end at x*. A floor is for mini-batches (--batch-size "
+                             "N); use --refresh fading or fading:RHO")
 
     @property
     def late_seats(self) -> tuple[int, ...]:

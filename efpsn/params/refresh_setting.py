@@ -45,20 +45,12 @@ class Refresh:
                 raise ValueError(f"refresh period must be >= 1 round, got {self.every}")
             object.__setattr__(self, "every", int(self.every))
         if self.fade is not None:
-            if isinstance(self.fade, bool) or not isinstance(self.fade, numbers.Real):
-                raise TypeError(f"fading rate must be a number, got {type(self.fade)}")
-            if not (math.isfinite(self.fade) and 0.0 < self.fade < 1.0):
-                raise ValueError(f"fading rate must lie in (0, 1), got {self.fade!r}")
-            object.__setattr__(self, "fade", float(self.fade))
+            object.__setattr__(self, "fade", _fraction(self.fade, "fading rate", zero=False))
         if (self.fade is not None or self.fade_auto) and self.every != 1:
             raise ValueError("a fading refresh changes every round (every = 1)")
         if self.fade is not None and self.fade_auto:
             raise ValueError("a fading refresh has a rate or is auto, not both")
-        if isinstance(self.floor, bool) or not isinstance(self.floor, numbers.Real):
-            raise TypeError(f"fading floor must be a number, got {type(self.floor)}")
-        if not (math.isfinite(self.floor) and 0.0 <= self.floor < 1.0):
-            raise ValueError(f"fading floor must lie in [0, 1), got {self.floor!r}")
-        object.__setattr__(self, "floor", float(self.floor))
+        object.__setattr__(self, "floor", _fraction(self.floor, "fading floor", zero=True))
         if self.floor and self.fade is None:
             raise ValueError("a fading floor comes with its rate ('fading:RHO:FLOOR')")
 
@@ -121,6 +113,16 @@ class Refresh:
         if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
             raise ValueError(f"round must be an int >= 0, got {t!r}")
         return 0 if self.every is None else int(t) // self.every
+
+
+def _fraction(value: object, what: str, *, zero: bool) -> float:
+    """`value` as a float in (0, 1), or [0, 1) with `zero`; TypeError / ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a number, got {type(value)}")
+    number = float(value)
+    if not (math.isfinite(number) and (0.0 <= number if zero else 0.0 < number) and number < 1.0):
+        raise ValueError(f"{what} must lie in {'[0' if zero else '(0'}, 1), got {value!r}")
+    return number
 
 
 def _number(text: str) -> float:
